@@ -1,0 +1,5 @@
+"""`python -m seamguard` is the same as the `seamguard` console script."""
+
+from seamguard.cli import main
+
+main()
