@@ -127,6 +127,10 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     _, clock_med = robust_z(clock, job_group, n_jobs, floor=5.0)
     deficit = 1.0 - clock / clock_med
     s_clock = ramp(deficit, *cfg.clock_deficit)
+    # Normalise compute time by the GPU's clock against its peers': a throttled GPU is
+    # slow because of its clock (thermal evidence covers it); a fail-slow GPU is slow at
+    # full clock, which is what this channel is for.
+    compute = compute * (clock / clock_med)
     z_comp, comp_med = robust_z(compute, job_group, n_jobs, floor=1e-3)
     excess = compute / comp_med - 1.0
     s_compute = np.where(z_comp >= 4.0, ramp(excess, *cfg.compute_excess), 0.0)

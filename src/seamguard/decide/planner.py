@@ -19,7 +19,7 @@ from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, Decisions, Verb, action_key
 from seamguard.decide.breaker import BreakerState, admit
 from seamguard.decide.policy import Policy
-from seamguard.fleet.model import JOB_CLASS_BY_LABEL, Fleet, Kind
+from seamguard.fleet.model import JOB_CLASS_BY_LABEL, JOB_CLASS_SYNCHRONY, Fleet, Kind
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class DecideState:
     """What decide carries from tick to tick: the breaker and job-exposure episodes."""
 
     breaker: BreakerState = field(default_factory=BreakerState)
-    exposure: tuple[tuple[str, int, float], ...] = ()  # (job, level, onset t_s)
+    exposure: tuple[tuple[str, int, float], ...] = ()  # (job, level, last checkpoint request t_s)
 
 
 def _codes(labels: list[str]) -> np.ndarray:
@@ -83,8 +83,13 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
             evidence=_evidence(reasons), benefit_gpu_h_per_h=round(b, 3), cost_gpu_h_per_h=round(cost, 3),
             criticality=float(node_w[i])))
 
+    # The breaker bounds capacity the controller takes out of service on gray evidence;
+    # a node that has already failed is out of service whatever the controller does.
+    failed = {fleet.node_names[i] for i in np.flatnonzero(a.node_state == State.FAILED)}
     breaker, admitted, held_nodes = admit(state.breaker, fleet, policy.breaker, a.t_s,
-                                          [d.target for d in drains if d.key not in in_effect])
+                                          [d.target for d in drains if d.key not in in_effect
+                                           and d.target not in failed])
+    admitted = admitted + sorted(failed)
     allowed = set(admitted)
     held = [d for d in drains if d.target in held_nodes]
     for d in drains:
@@ -114,18 +119,22 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     job_level = np.zeros(len(fleet.job_names), dtype=np.int64)
     placed = node_job >= 0
     np.maximum.at(job_level, node_job[placed], level_node[placed])
-    onsets = {(jn, lv): t for jn, lv, t in state.exposure}
+    # One request when a job first becomes exposed; while the exposure is severe (a
+    # component of its footprint quarantine-level or worse), another every
+    # severe_checkpoint_interval_s, so a failure rolls back at most that far.
+    last_request = {jn: t for jn, _, t in state.exposure}
     new_exposure: list[tuple[str, int, float]] = []
     for j in np.flatnonzero((job_level > 0) & ckpt_cls).tolist():
         jn = fleet.job_names[j]
-        for lv in range(1, int(job_level[j]) + 1):
-            t0 = onsets.get((jn, lv), a.t_s)
-            new_exposure.append((jn, lv, t0))
         lv = int(job_level[j])
-        t0 = onsets.get((jn, lv), a.t_s)
-        worst = int(np.flatnonzero(placed & (node_job == j) & (level_node == lv))[0])
+        t0 = last_request.get(jn)
+        if t0 is None or (lv == 2 and a.t_s - t0 >= rules.severe_checkpoint_interval_s):
+            t0 = a.t_s
+        new_exposure.append((jn, lv, t0))
+        mine = np.flatnonzero(placed & (node_job == j))
+        worst = int(mine[np.argmax(exposure_node[mine])])
         _, fae_w, reasons = node_cause(fleet, a.kinds, worst)
-        act = Action(key=action_key(Verb.CHECKPOINT_NOW, jn, f"L{lv}-t{int(t0)}"), verb=Verb.CHECKPOINT_NOW,
+        act = Action(key=action_key(Verb.CHECKPOINT_NOW, jn, f"t{int(t0)}"), verb=Verb.CHECKPOINT_NOW,
                      target=jn, target_kind="job",
                      reason=f"seamguard: job exposed to {'severe' if lv == 2 else 'degraded'} "
                             f"{fleet.node_names[worst]} ({_summary(reasons)})",
@@ -150,18 +159,32 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
 
     # ---- move critical synchronous jobs off a degraded cooling domain --------------
     move_cls = np.isin(fleet.job_class, [JOB_CLASS_BY_LABEL[c] for c in rules.move_job_classes])
+    sync = JOB_CLASS_SYNCHRONY[fleet.job_class]
     loops = a.kinds[Kind.COOLING_LOOP]
-    bad_loops = np.flatnonzero(np.isin(loops.states.state, _codes(rules.move_job_domain_states)))
-    for lp in bad_loops.tolist():
+    bad = np.isin(loops.states.state, _codes(rules.move_job_domain_states))
+    # Capacity a move can land on: healthy idle nodes and nodes of work that tolerates a
+    # warm loop (less synchronous, less critical), all off the troubled loops.
+    off_bad = ~bad[fleet.node_loop]
+    landing_free = int((free & off_bad).sum())
+    for lp in np.flatnonzero(bad).tolist():
         on_loop = placed & (fleet.node_loop == lp)
         reasons = loops.reasons(lp)
-        for j in np.unique(node_job[on_loop]).tolist():
+        jobs_here = np.unique(node_job[on_loop])
+        for j in sorted(jobs_here.tolist(), key=lambda j: -fleet.job_criticality[j]):
             if not move_cls[j] or fleet.job_criticality[j] < rules.move_job_min_criticality:
                 continue
             jn, ln = fleet.job_names[j], fleet.loop_names[lp]
             key = action_key(Verb.MOVE_JOB, jn, ln)
             if breaker.tripped and key not in in_effect:
                 continue
+            need = int((on_loop & (node_job == j)).sum())
+            tolerant = placed & off_bad & (node_job != j) & (a.node_state == State.HEALTHY)
+            tj = np.maximum(node_job, 0)
+            tolerant &= (sync[tj] < sync[j]) & (fleet.job_criticality[tj] < fleet.job_criticality[j])
+            room = landing_free + int(tolerant.sum())
+            if key not in in_effect and need > room:
+                continue  # a synchronous job half-moved still runs at its slowest rank
+            landing_free = max(0, landing_free - need)
             # Benefit: the throttling the loop's GFS predicts, paid by the whole job.
             b = job_size[j] * 0.3 * float(loops.gfs[lp]) * float(crit[j])
             cost = job_size[j] * obj.migrate_h / obj.horizon_h

@@ -52,6 +52,7 @@ class ActionRules(_Strict):
     drain_states: list[str]
     label_degraded: bool = True
     checkpoint_classes: list[str]
+    severe_checkpoint_interval_s: float = Field(120.0, gt=0)
     avoid_link_states: list[str]
     avoid_storage_states: list[str]
     move_job_domain_states: list[str]

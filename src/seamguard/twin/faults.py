@@ -133,7 +133,7 @@ def default_scenario(fleet: Fleet, duration_s: float, seed: int) -> list[FaultSp
     used_loops.add(loop)
     # The flow loss starts early enough that, unchecked, it throttles GPUs within the run.
     specs.append(FaultSpec(FaultKind.COOLING_FLOW_LOSS, loop, float(rng.uniform(0.08, 0.3) * duration_s),
-                           magnitude=0.15, ramp_s=min(600.0, 0.3 * duration_s)))
+                           magnitude=0.10, ramp_s=min(600.0, 0.3 * duration_s)))
 
     n = pick_node(in_sync_job)
     gpus = np.flatnonzero(fleet.gpu_node == n)

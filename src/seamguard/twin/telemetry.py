@@ -35,6 +35,8 @@ class TwinConfig:
     clock_max_mhz: float = 1980.0  # H100 SXM boost clock
     clock_idle_mhz: float = 345.0
     throttle_slope_per_c: float = 0.06  # clock fraction lost per degree past the throttle point
+    thermal_trip_over_c: float = 11.0  # beyond this the clock floor (0.35) cannot hold the temperature
+    thermal_trip_after_s: float = 30.0
     compute_share: float = 0.7  # share of an ideal step spent computing; the rest in collectives
     latency_comm_weight: float = 0.25  # collective time grows by this times (latency ratio - 1)
     checkpoint_interval_s: float = 600.0
@@ -83,6 +85,8 @@ class Twin:
         self.gpu_xid = np.zeros(n_g)
         self.gpu_thermal_ns = np.zeros(n_g)
         self.gpu_dead = np.zeros(n_g, dtype=bool)
+        self.gpu_off_bus = np.zeros(n_g, dtype=bool)  # stops reporting altogether
+        self.gpu_overheat_s = np.zeros(n_g)
         self.nic_down_until_s = np.full(n_nic, -1.0)
         self.nic_downed = rng.integers(0, 3, n_nic).astype(float)
         self.nic_symbol = rng.integers(0, 100, n_nic).astype(float)
@@ -97,10 +101,14 @@ class Twin:
         n_j = len(f.job_names)
         self.jobs = JobState(np.zeros(n_j), np.zeros(n_j), np.zeros(n_j),
                              np.zeros(n_j), np.zeros(n_j), np.zeros(n_j, dtype=np.int64), np.ones(n_j))
+        for s in self.faults:
+            n = f.count(s.entity_kind)
+            if not 0 <= s.index < n:
+                raise ValueError(f"fault {s.kind.value}: {s.entity_kind.label} index {s.index} out of range "
+                                 f"(fleet {f.name!r} has {n})")
         self.truth = [FaultTruth(s, f.names(s.entity_kind)[s.index],
                                  affected_entities(f, s, self.gpu_job)) for s in self.faults]
         self.events: list[dict] = []  # what happened to jobs (failures, migrations), for the demo
-        self._actions_applied: set[str] = set()
 
     # ---- placement -------------------------------------------------------
     def placement_fleet(self) -> Fleet:
@@ -203,6 +211,15 @@ class Twin:
         self.gpu_clock_frac = np.where(throttled, clock_frac, 1.0)
         self.gpu_thermal_ns += throttled * dt * 1e9
         self._record_throttle(throttled, t)
+        # Past the bottom of its clock range a GPU cannot shed more heat: it overheats
+        # until the driver's thermal shutdown takes it off the bus.
+        self.gpu_overheat_s = np.where((over > c.thermal_trip_over_c) & ~self.gpu_dead, self.gpu_overheat_s + dt, 0.0)
+        tripped = np.flatnonzero(self.gpu_overheat_s >= c.thermal_trip_after_s)
+        if tripped.size:
+            self.gpu_dead[tripped] = True
+            self.gpu_off_bus[tripped] = True
+            self.gpu_xid[tripped] = 79
+            self._fail_jobs_on_gpus(tripped, "thermal shutdown (xid79)")
 
         # Errors: correctable ECC as a Poisson process, fatal XID at the end of an escalation.
         self.gpu_sbe += self.rng.poisson(sbe_rate_h * dt / 3600.0)
@@ -324,12 +341,19 @@ class Twin:
             self.checkpoint_job(j)
 
     def _fail_jobs_on_gpus(self, gpus: np.ndarray, why: str) -> None:
-        """A hard failure: jobs on these GPUs roll back and restart; a spare replaces the node."""
+        """A hard failure: a synchronous job rolls back and restarts on a spare; inference
+        loses only the failed GPU's share."""
         f = self.fleet
         for g in gpus.tolist():
             j = int(self.gpu_job[g])
             if j < 0:
                 continue
+            if JOB_CLASS_SYNCHRONY[f.job_class[j]] < 0.5:
+                self.events.append({"t_s": self.t_s, "event": "gpu_lost", "job": f.job_names[j],
+                                    "gpu": f.gpu_names[g], "why": why})
+                continue
+            if self.jobs.busy_until_s[j] > self.t_s + self.cfg.restart_s / 2:
+                continue  # already restarting from this event
             self.pause_job(j, self.cfg.restart_s, rollback=True)
             node = int(f.gpu_node[g])
             spares = self.free_nodes()
@@ -361,6 +385,9 @@ class Twin:
         storage_ms = c.storage_latency_ms * self._storage_mult * (1.0 + 0.15 * np.tanh(writing / 16.0)) * \
             np.exp(0.1 * rng.standard_normal(n_s))
         flow = f.loop_rated_flow_lpm * flow_frac * (1.0 + 0.01 * rng.standard_normal(len(flow_frac)))
+        for arr in (temp, clock, compute):
+            arr[self.gpu_off_bus] = np.nan
+        power_w = np.where(self.gpu_off_bus, np.nan, power_w)
         values = {
             "DCGM_FI_DEV_GPU_TEMP": temp,
             "DCGM_FI_DEV_SM_CLOCK": clock,
