@@ -18,6 +18,11 @@ twin_app = typer.Typer(help="The digital twin: simulated telemetry and discrete-
                        no_args_is_help=True)
 app.add_typer(twin_app, name="twin")
 
+from seamguard.twin.events.cli import report, simulate  # noqa: E402
+
+twin_app.command("simulate")(simulate)
+twin_app.command("report")(report)
+
 
 def main() -> None:
     app()

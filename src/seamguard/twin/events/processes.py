@@ -18,7 +18,7 @@ import numpy as np
 from seamguard.twin.events.calibration import COMPONENTS_PER_NODE
 from seamguard.twin.events.config import ClusterConfig
 
-__all__ = ["Streams", "poisson_times", "generate_streams"]
+__all__ = ["Streams", "poisson_times", "generate_streams", "empty_streams", "inject_failure"]
 
 
 @dataclass(frozen=True)
@@ -134,3 +134,29 @@ def generate_streams(cfg: ClusterConfig, rng: np.random.Generator) -> Streams:
         slow_t=slow_t, slow_node=slow_node, slow_comm=slow_comm, slow_dur_s=slow_dur,
         slow_sev=slow_sev, flap_t=flap_t, flap_node=flap_node,
         cool_t=cool_t, cool_loop=cool_loop, cool_dur_s=cool_dur, cool_trip=cool_trip)
+
+
+def empty_streams() -> Streams:
+    """A run with no exogenous events (base for fault injection in tests and demos)."""
+    f, i, b = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    return Streams(fail_t=f, fail_cause=i, fail_node=i, fail_nnodes=i,
+                   fail_has_precursor=b, fail_lead_s=f, planned_t=f, planned_node=i,
+                   slow_t=f, slow_node=i, slow_comm=b, slow_dur_s=f, slow_sev=f,
+                   flap_t=f, flap_node=i, cool_t=f, cool_loop=i, cool_dur_s=f, cool_trip=b)
+
+
+def inject_failure(s: Streams, t_s: float, cause_index: int, node: int, nnodes: int = 1,
+                   precursor_lead_s: float | None = None) -> Streams:
+    """Return ``s`` with one more hard failure at ``t_s`` (streams stay time-sorted)."""
+    from dataclasses import replace
+
+    t = np.append(s.fail_t, t_s)
+    order = np.argsort(t, kind="stable")
+    pre = precursor_lead_s is not None
+    return replace(
+        s, fail_t=t[order],
+        fail_cause=np.append(s.fail_cause, cause_index)[order],
+        fail_node=np.append(s.fail_node, node)[order],
+        fail_nnodes=np.append(s.fail_nnodes, nnodes)[order],
+        fail_has_precursor=np.append(s.fail_has_precursor, pre)[order],
+        fail_lead_s=np.append(s.fail_lead_s, precursor_lead_s or 0.0)[order])

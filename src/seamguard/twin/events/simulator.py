@@ -28,7 +28,7 @@ from seamguard.twin.events.config import ClusterConfig, JobSpec, PolicyParams, w
 from seamguard.twin.events.kernel import EventQueue
 from seamguard.twin.events.processes import Streams, generate_streams
 
-__all__ = ["RunResult", "simulate_run", "tier_costs", "rollback_scope_hazards"]
+__all__ = ["RunResult", "simulate_run", "simulate_streams", "tier_costs", "rollback_scope_hazards"]
 
 # Event kinds and their tie-break priority (lower first at equal time).
 _REPAIR, _EP_END, _FAIL, _PLANNED, _SLOW, _COOL, _COOL_END, _FLAP, _DETECT, _COOL_DETECT = \
@@ -713,9 +713,22 @@ def simulate_run(cfg: ClusterConfig, pp: PolicyParams,
     """Simulate one run. The same seed gives the same streams for every policy."""
     t0 = time.perf_counter()
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-    s_streams, s_policy = ss.spawn(2)
+    # Derive children without ss.spawn(): spawn() mutates ss, and the same seed object is
+    # reused for every policy (common random numbers) and must give the same streams.
+    s_streams, s_policy = (np.random.SeedSequence(ss.entropy, spawn_key=ss.spawn_key + (k,),
+                                                  pool_size=ss.pool_size) for k in (0, 1))
     streams = generate_streams(cfg, np.random.default_rng(s_streams))
     run = _Run(cfg, pp, streams, np.random.default_rng(s_policy))
+    n_events = run.run()
+    return _summarise(run, n_events, ss, time.perf_counter() - t0)
+
+
+def simulate_streams(cfg: ClusterConfig, pp: PolicyParams, streams: Streams,
+                     seed: int = 0) -> RunResult:
+    """Simulate given streams (fault injection: build them with ``inject_failure``)."""
+    t0 = time.perf_counter()
+    ss = np.random.SeedSequence(seed)
+    run = _Run(cfg, pp, streams, np.random.default_rng(ss))
     n_events = run.run()
     return _summarise(run, n_events, ss, time.perf_counter() - t0)
 
