@@ -21,8 +21,9 @@ The model
   unprotected progress.
 * Storage safety: a storage path whose assessed state is ``checkpoint_unsafe`` (or worse)
   is never chosen; with none left, only memory tiers remain and the plan says why.
-* Early checkpoint: on pre-failure evidence the plan asks for a checkpoint now when the
-  expected rollback it avoids exceeds the stall it costs.
+* Early checkpoint: pre-failure evidence adds a short-term hazard; the plan asks for a
+  checkpoint now when the expected rollback it avoids exceeds the stall it costs, or when
+  the raised hazard makes the work since the last checkpoint overdue.
 """
 
 from __future__ import annotations
@@ -161,8 +162,9 @@ class PlannerInput:
     """Work lost by a failure no tier protects against (progress since the last safe copy)."""
     since_last_checkpoint_s: float = 0.0
     """Work accumulated since the last committed checkpoint of the frequent tier."""
-    precursor: bool = False
-    """Pre-failure evidence (e.g. rising ECC, thermal trend) on the footprint."""
+    precursor_hazard_per_s: float = 0.0
+    """Short-term hazard implied by pre-failure evidence on the footprint (rising ECC,
+    a thermal trend, a degrading cooling loop), on top of the planning hazard; 0 = none."""
     allowed_modes: Sequence[Mode] = tuple(Mode)
     """Modes the runtime can actually perform."""
     max_backstop_interval_s: float = 4 * 3600.0
@@ -302,10 +304,15 @@ def plan_checkpoint(inp: PlannerInput) -> CheckpointPlan:
                    f"MTTF {plan.mttf_s / 3600:.2f} h)")
 
     now = False
-    if inp.precursor:
+    if inp.since_last_checkpoint_s >= plan.interval_s:
+        # The (possibly raised) hazard makes the work at risk already overdue.
+        now = True
+        reasons.append("checkpoint now: work since last checkpoint exceeds the interval "
+                       "for the current hazard")
+    elif inp.precursor_hazard_per_s > 0:
         remaining = max(plan.interval_s - inp.since_last_checkpoint_s, 0.0)
-        now = should_checkpoint_now(hazard, inp.since_last_checkpoint_s, remaining,
-                                    plan.stall_s)
+        now = should_checkpoint_now(hazard + inp.precursor_hazard_per_s,
+                                    inp.since_last_checkpoint_s, remaining, plan.stall_s)
         reasons.append("pre-failure evidence: " + (
             "checkpoint now (expected rollback avoided exceeds stall)" if now
             else "no early checkpoint (too little work at risk)"))

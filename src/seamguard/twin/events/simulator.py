@@ -339,7 +339,7 @@ class _Run:
         job.backstop_s = plan.backstop_interval_s or math.inf
         job.base_speed = 1.0 / self.pp.runtime.wall_ratio
 
-    def _planner(self, job: _Job, precursor: bool = False):
+    def _planner(self, job: _Job, precursor_hazard_per_s: float = 0.0):
         total = sum(self.scope_hz.values())
         mults = np.ones(job.spec.nodes)
         if job.mults:
@@ -348,7 +348,8 @@ class _Run:
             entity_hazard_per_s=total, hazard_multipliers=mults, costs=self.costs,
             scope_fractions=self.scope_hz or {Scope.PROCESS: 1.0},
             storage_paths=(StoragePath("storage"),),
-            since_last_checkpoint_s=job.uncommitted, precursor=precursor))
+            since_last_checkpoint_s=job.uncommitted,
+            precursor_hazard_per_s=precursor_hazard_per_s))
 
     # ------------------------------------------------------------- loading
     def load(self) -> None:
@@ -660,7 +661,8 @@ class _Run:
                 for k in range(cnt):
                     job.mults[k] = mult
                 job.advance(t)
-                plan = self._planner(job, precursor=True)
+                plan = self._planner(job, fm.cooling_trip_probability
+                                     / max(end_t - t, 1.0))
                 job.tau, job.delta = plan.interval_s, plan.stall_s
                 if plan.checkpoint_now and job.block_until <= t:
                     job.commit_now()
