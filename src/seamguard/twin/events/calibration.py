@@ -91,10 +91,14 @@ HPN_TOR_FAIL_PER_MONTH = 0.051e-2
 
 
 def link_rate_per_day_from_mttf_years(mttf_years: float) -> float:
-    """Per-link failure rate per day for an exponential lifetime with the given MTTF."""
+    """Per-link failure rate per day for an exponential lifetime with the given MTTF.
+
+    Years of 365 days, as the seed claim's 26.28 min implies (5 * 365 * 1440 / 100,000);
+    365.25-day years would give 26.30 min.
+    """
     if mttf_years <= 0:
         raise ValueError("link MTTF must be > 0 years")
-    return 1.0 / (mttf_years * 365.25)
+    return 1.0 / (mttf_years * 365.0)
 
 
 def first_failure_mean_min(n_components: int, rate_per_day: float) -> float:
