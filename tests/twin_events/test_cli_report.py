@@ -106,3 +106,11 @@ def test_report_writes_plots_and_summary(tmp_path):
 def test_report_rejects_bad_sizes(tmp_path):
     res = runner.invoke(app, ["twin", "report", "--out", str(tmp_path), "--sizes", "1k,2k"])
     assert res.exit_code == 2 and "--sizes" in res.output
+
+
+def test_ray_executor_is_optional_and_guarded():
+    from seamguard.twin.events.montecarlo import ray_available
+    if ray_available():
+        pytest.skip("ray installed: the guard is not exercised")
+    res = _run("--gpus", "1024", "--days", "1", "--executor", "ray")
+    assert res.exit_code == 2 and "seamguard[ray]" in res.output
