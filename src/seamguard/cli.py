@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from seamguard.twin.events import cli as twin_events_cli
+
 app = typer.Typer(
     name="seamguard",
     help="Gray-failure control plane, resilient runtime and digital twin for GPU clusters.",
@@ -25,6 +27,8 @@ policy_app = typer.Typer(help="Decision policy: show the default, validate a fil
 app.add_typer(twin_app, name="twin")
 app.add_typer(fleet_app, name="fleet")
 app.add_typer(policy_app, name="policy")
+twin_app.command("simulate")(twin_events_cli.simulate)
+twin_app.command("report")(twin_events_cli.report)
 
 
 def _fail(msg: str) -> None:
