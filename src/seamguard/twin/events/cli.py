@@ -85,8 +85,8 @@ _CI = typer.Option(60.0, "--checkpoint-interval-min",
 _CW = typer.Option(5.0, "--checkpoint-write-min",
                    help="Full checkpoint write stall to storage (Meta: ~5 min).")
 _RC = typer.Option(10.0, "--restart-cost-min", help="Baseline restart overhead (Meta: 5-20 min).")
-_DD = typer.Option(300.0, "--detection-delay-s",
-                   help="Gray-failure detection delay (pass the telemetry twin's median).")
+_DD = typer.Option(PolicyParams.__dataclass_fields__["detection_delay_s"].default, "--detection-delay-s",
+                   help="Gray-failure detection delay (default: the telemetry twin's measured median).")
 _DP = typer.Option(0.9, "--detection-precision", help="Share of gray alarms that are true.")
 _SG = typer.Option(28.0, "--state-gib-per-gpu", help="Checkpoint state per GPU (HPN: 30 GB).")
 _MEAS = typer.Option(None, "--measured",

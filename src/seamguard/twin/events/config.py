@@ -107,12 +107,15 @@ class PolicyParams:
     """Stall of a full checkpoint to storage (Meta RSC w_cp ~ 5 min)."""
     restart_cost_min: float = 10.0
     """Baseline's full-restart overhead (Meta RSC u0 5-20 min: requeue, init, reload)."""
-    detection_delay_s: float = 300.0
-    """Gray-failure detection delay; default = Meta's 5-min health-check cadence. Pass
-    the telemetry twin's measured median detection delay here."""
+    detection_delay_s: float = 31.0
+    """Gray-failure detection delay: the telemetry twin's measured median detection delay
+    (`seamguard demo --json --seed S`, seeds 0/1/2: 31.2 s, 30.1 s, 32.1 s). Meta's 5-min
+    health-check cadence would be 300."""
     detection_precision: float = 0.9
-    """Share of gray-failure alarms that are true (assumed default); each true alarm
-    comes with (1-p)/p false ones on average, which the policy also acts on."""
+    """Share of gray-failure alarms that are true; each true alarm comes with (1-p)/p
+    false ones on average, which the policy also acts on. The telemetry twin measured 0
+    false actions over three seeds (precision 1.0 there); 0.9 keeps a margin for fleets
+    noisier than the twin."""
     replica_group_gpus: int = 64
     """GPUs in one replica group: the failure domain live recovery re-forms (torchft)."""
     step_time_s: float = 5.0
