@@ -259,8 +259,3 @@ def storage_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidenc
     none = np.zeros(n, dtype=bool)
     return Evidence(Kind.STORAGE, ("latency_ratio", "latency_ms"), ("ratio", "milliseconds"),
                     _stack([s_rel, s_abs]), _stack([ratio, lat]), none, none)
-
-
-def empty_evidence(kind: Kind, n: int) -> Evidence:
-    none = np.zeros(n, dtype=bool)
-    return Evidence(kind, (), (), np.zeros((n, 0)), np.zeros((n, 0)), none, none)

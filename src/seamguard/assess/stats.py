@@ -47,9 +47,3 @@ def ramp(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
 def noisy_or(scores: np.ndarray) -> np.ndarray:
     """Combine independent evidence in [0, 1] along the last axis."""
     return 1.0 - np.prod(1.0 - scores, axis=-1)
-
-
-def group_max(x: np.ndarray, group: np.ndarray, n_groups: int, initial: float = 0.0) -> np.ndarray:
-    out = np.full(n_groups, initial, dtype=float)
-    np.maximum.at(out, group, x)
-    return out

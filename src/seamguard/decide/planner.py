@@ -59,7 +59,8 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     drain_mask = np.isin(a.node_state, _codes(rules.drain_states))
     free = (node_job < 0) & (a.node_state == State.HEALTHY) & a.admissible.all(axis=1)
     drained_now = {k.split(":", 1)[1] for k in in_effect if k.startswith(Verb.DRAIN.value + ":")}
-    free &= ~np.isin(np.array(fleet.node_names), list(drained_now)) if drained_now else True
+    if drained_now:
+        free &= ~np.isin(np.array(fleet.node_names), list(drained_now))
     spares_left = int(free.sum())
     cands = np.flatnonzero(drain_mask)
     benefit = node_fae[cands] * node_w[cands]

@@ -12,7 +12,7 @@ real exporter names and obeys the controller's actions through `TwinActuator`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -76,6 +76,7 @@ class Twin:
         self.t_s = 0.0
         n_g, n_n, n_nic, n_l = f.count(Kind.GPU), f.count(Kind.NODE), f.count(Kind.NIC), f.count(Kind.LINK)
         self.gpu_job = f.gpu_job.copy()
+        self._placed = f  # the Fleet handed out for the current placement
         self.gpu_offset_c = rng.normal(0.0, 1.2, n_g)  # paste/mounting spread, fixed per GPU
         self.loop_offset_c = rng.normal(0.0, 0.3, f.count(Kind.COOLING_LOOP))
         self.gpu_temp_c = np.full(n_g, self.cfg.supply_temp_c + 30.0)
@@ -112,11 +113,12 @@ class Twin:
 
     # ---- placement -------------------------------------------------------
     def placement_fleet(self) -> Fleet:
-        """The fleet as the scheduler sees it now (current placement)."""
-        if np.array_equal(self.gpu_job, self.fleet.gpu_job):
-            return self.fleet
-        from dataclasses import replace
-        return replace(self.fleet, gpu_job=self.gpu_job.copy(), _index={})
+        """The fleet as the scheduler sees it now (same object until placement changes)."""
+        if np.array_equal(self._placed.gpu_job, self.gpu_job):
+            return self._placed
+        self._placed = self.fleet if np.array_equal(self.gpu_job, self.fleet.gpu_job) else \
+            replace(self.fleet, gpu_job=self.gpu_job.copy(), _index={})
+        return self._placed
 
     def node_job(self) -> np.ndarray:
         out = np.full(self.fleet.count(Kind.NODE), -1, dtype=np.int64)
