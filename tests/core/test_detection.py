@@ -114,3 +114,19 @@ def test_missing_gpu_is_a_hard_signal():
     assert states[Kind.GPU].state[42] == State.FAILED
     tr = [t for t in a.transitions if t.kind == Kind.GPU]
     assert [t.index for t in tr] == [42] and tr[0].reasons[0].channel == "missing"
+
+
+def test_flapping_link_is_dampened_then_returned_to_service():
+    """A NIC that flaps is quarantined (its node drained) and, once it has stayed stable
+    long enough, returned to service: the drain is reverted, the NIC is healthy again."""
+    spec = FaultSpec(FaultKind.NIC_FLAP, _spec(FaultKind.NIC_FLAP).index, 60.0, magnitude=30.0, duration_s=240.0)
+    cfg = TwinConfig(tick_s=5.0, diurnal_period_s=20 * 60)
+    res = demo.run(FLEET, [spec], cfg, 20.0, seed=3, control=True)
+    node = FLEET.node_names[FLEET.nic_node[spec.index]]
+    events = [(e["event"], e["target"]) for e in res.twin.events]
+    assert ("drain", node) in events and ("revert_drain", node) in events
+    assert events.index(("drain", node)) < events.index(("revert_drain", node))
+    nic_states = [(t.t_s, t.to_state) for t in res.transitions if t.kind == Kind.NIC and t.index == spec.index]
+    assert nic_states[-1][1] == State.HEALTHY
+    # it stayed out until stable: recovery comes well after the last flap
+    assert nic_states[-1][0] >= spec.start_s + spec.duration_s + 120
