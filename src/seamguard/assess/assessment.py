@@ -95,6 +95,7 @@ class KindAssessment:
     prs: np.ndarray
     fae: np.ndarray
     states: StateVector
+    slowdown: np.ndarray  # throughput the entity costs what waits on it now (0..1)
 
     def reasons(self, i: int, min_score: float = 0.05) -> tuple[Reason, ...]:
         e = self.evidence
@@ -166,11 +167,12 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         e = evid[kind]
         gfs = e.gfs
         p = prs(deps[kind], cfg.propagation)
-        f = fae(deps[kind], gfs, _slowdown(kind, e, cfg), cfg.propagation)
+        slow = np.clip(np.nan_to_num(_slowdown(kind, e, cfg), nan=0.0), 0.0, 1.0)
+        f = fae(deps[kind], gfs, slow, cfg.propagation)
         before = prev[kind]
         hard = e.hard_event | ((before.state == State.FAILED) & e.hard_level)
         after = step_states(before, gfs, p, hard, cfg.hysteresis_for(kind), frame.t_s)
-        ka = KindAssessment(kind, e, gfs, p, f, after)
+        ka = KindAssessment(kind, e, gfs, p, f, after, slow)
         kinds[kind] = ka
         for i in np.flatnonzero(after.state != before.state).tolist():
             transitions.append(Transition(

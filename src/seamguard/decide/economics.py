@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from seamguard.fleet.model import JOB_CLASS_BY_LABEL, JobClass
+
 __all__ = [
     "JobClass",
     "Criticality",
@@ -31,13 +33,8 @@ __all__ = [
 ]
 
 
-class JobClass(str, Enum):
-    """Workload classes with different sensitivity to one slow or lost node."""
-
-    HIGH_SYNC_TRAINING = "high_sync_training"
-    PIPELINE_TRAINING = "pipeline_training"
-    ASYNC_BATCH_INFERENCE = "async_batch_inference"
-    LATENCY_INFERENCE = "latency_inference"
+def _as_job_class(job_class: JobClass | str) -> JobClass:
+    return job_class if isinstance(job_class, JobClass) else JOB_CLASS_BY_LABEL[str(job_class)]
 
 
 class Criticality(str, Enum):
@@ -72,7 +69,7 @@ def impact_fraction(job_class: JobClass, job_gpus: int, node_gpus: int,
         raise ValueError("job_gpus and node_gpus must be > 0")
     s = min(max(slowdown, 0.0), 1.0)
     share = min(node_gpus / job_gpus, 1.0)
-    jc = JobClass(job_class)
+    jc = _as_job_class(job_class)
     if jc in (JobClass.HIGH_SYNC_TRAINING, JobClass.PIPELINE_TRAINING):
         return s
     if jc is JobClass.ASYNC_BATCH_INFERENCE:
@@ -122,8 +119,8 @@ class DegradedNodeContext:
 
     job_class: JobClass
     """Class of the job running on the node."""
-    criticality: Criticality
-    """Criticality of that job."""
+    criticality: Criticality | float
+    """Criticality of that job: a class, or directly its weight (a topology's number)."""
     job_gpus: int
     """GPUs in the job."""
     node_gpus: int
@@ -172,10 +169,13 @@ def quarantine_decision(ctx: DegradedNodeContext,
     pool for ``hold_h`` (unweighted: it is plain capacity). Without a spare the job would
     have to stop for the swap until capacity returns, so the node stays.
     """
-    w = (weights or CRITICALITY_WEIGHT)[Criticality(ctx.criticality)]
+    if isinstance(ctx.criticality, int | float):
+        w = float(ctx.criticality)
+    else:
+        w = (weights or CRITICALITY_WEIGHT)[Criticality(ctx.criticality)]
     impact = impact_fraction(ctx.job_class, ctx.job_gpus, ctx.node_gpus, ctx.slowdown)
     extra_hazard_per_h = max(ctx.hazard_multiplier - 1.0, 0.0) * ctx.node_hazard_per_h
-    jc = JobClass(ctx.job_class)
+    jc = _as_job_class(ctx.job_class)
     if jc in (JobClass.HIGH_SYNC_TRAINING, JobClass.PIPELINE_TRAINING):
         failure_gpus = ctx.job_gpus            # a node failure stops the whole job
         stall_gpus = ctx.job_gpus

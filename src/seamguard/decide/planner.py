@@ -18,8 +18,9 @@ from seamguard.assess.assessment import Assessment, node_cause
 from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, Decisions, Verb, action_key
 from seamguard.decide.breaker import BreakerState, admit
+from seamguard.decide.economics import DegradedNodeContext, quarantine_decision
 from seamguard.decide.policy import Policy
-from seamguard.fleet.model import JOB_CLASS_BY_LABEL, JOB_CLASS_SYNCHRONY, Fleet, Kind
+from seamguard.fleet.model import JOB_CLASS_BY_LABEL, JOB_CLASS_SYNCHRONY, Fleet, JobClass, Kind
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,13 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     job_size = fleet.job_gpu_count.astype(float)
 
     # ---- drains (quarantine) ------------------------------------------------
-    node_fae = np.zeros(fleet.count(Kind.NODE))
-    np.maximum.at(node_fae, fleet.gpu_node, a.kinds[Kind.GPU].fae)
-    np.maximum.at(node_fae, fleet.nic_node, a.kinds[Kind.NIC].fae)
+    # Whether a quarantine pays is the economic model's call (decide/economics.py): the
+    # job's throughput the node costs plus the extra hard failures it risks, weighted by
+    # criticality, against the swap stall and the capacity removed.
+    prop = policy.assess.propagation
+    node_slow = np.zeros(fleet.count(Kind.NODE))
+    np.maximum.at(node_slow, fleet.gpu_node, a.kinds[Kind.GPU].slowdown)
+    np.maximum.at(node_slow, fleet.nic_node, a.kinds[Kind.NIC].slowdown)
     drain_mask = np.isin(a.node_state, _codes(rules.drain_states))
     free = (node_job < 0) & (a.node_state == State.HEALTHY) & a.admissible.all(axis=1)
     drained_now = {k.split(":", 1)[1] for k in in_effect if k.startswith(Verb.DRAIN.value + ":")}
@@ -63,25 +68,32 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
         free &= ~np.isin(np.array(fleet.node_names), list(drained_now))
     spares_left = int(free.sum())
     cands = np.flatnonzero(drain_mask)
-    benefit = node_fae[cands] * node_w[cands]
     drains: list[Action] = []
-    for i, b in sorted(zip(cands.tolist(), benefit.tolist()), key=lambda x: -x[1]):
+    for i in sorted(cands.tolist(), key=lambda i: -a.node_gfs[i] * node_w[i]):
         name = fleet.node_names[i]
         j = int(node_job[i])
-        dep = job_size[j] if j >= 0 else 0.0
-        has_spare = spares_left > 0 or j < 0
-        cost = (0.0 if has_spare else float(fleet.node_gpu_count[i]) * float(node_w[i])) + \
-            dep * obj.migrate_h / obj.horizon_h
         st = State(int(a.node_state[i]))
         _, _, reasons = node_cause(fleet, a.kinds, i)
-        if st != State.FAILED and b < obj.min_benefit_ratio * cost:
-            continue
-        if j >= 0 and name not in drained_now:
-            spares_left -= 1
+        benefit = cost = 0.0
+        if j >= 0 and st != State.FAILED:
+            dec = quarantine_decision(DegradedNodeContext(
+                job_class=JobClass(int(fleet.job_class[j])), criticality=float(node_w[i]),
+                job_gpus=int(job_size[j]), node_gpus=int(fleet.node_gpu_count[i]),
+                slowdown=float(node_slow[i]), hazard_multiplier=1.0 + float(a.node_gfs[i]) ** 2,
+                node_hazard_per_h=prop.hazard_per_h_at_gfs1,
+                loss_per_failure_h=prop.checkpoint_interval_h / 2.0 + prop.restart_h,
+                horizon_h=obj.horizon_h, swap_cost_s=obj.migrate_h * 3600.0,
+                spare_available=spares_left > 0 or name in drained_now, hold_h=obj.hold_h,
+                removed_capacity_value=0.0 if spares_left > 0 else 1.0))
+            benefit, cost = dec.benefit_gpu_h / obj.horizon_h, dec.cost_gpu_h / obj.horizon_h
+            if dec.action != "quarantine" and name not in drained_now:
+                continue
+            if name not in drained_now:
+                spares_left -= 1
         drains.append(Action(
             key=action_key(Verb.DRAIN, name), verb=Verb.DRAIN, target=name, target_kind="node",
             reason=f"seamguard: {st.label} {_summary(reasons)}", cause=name,
-            evidence=_evidence(reasons), benefit_gpu_h_per_h=round(b, 3), cost_gpu_h_per_h=round(cost, 3),
+            evidence=_evidence(reasons), benefit_gpu_h_per_h=round(benefit, 3), cost_gpu_h_per_h=round(cost, 3),
             criticality=float(node_w[i])))
 
     # The breaker bounds capacity the controller takes out of service on gray evidence;
@@ -186,10 +198,18 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
             if key not in in_effect and need > room:
                 continue  # a synchronous job half-moved still runs at its slowest rank
             landing_free = max(0, landing_free - need)
-            # Benefit: the throttling the loop's GFS predicts, paid by the whole job.
-            b = job_size[j] * 0.3 * float(loops.gfs[lp]) * float(crit[j])
-            cost = job_size[j] * obj.migrate_h / obj.horizon_h
-            if b < obj.min_benefit_ratio * cost:
+            # The loop's GFS predicts throttling (up to a 30 % slower step for the whole
+            # job) and thermal trips; a move costs one swap stall and removes no capacity.
+            g = float(loops.gfs[lp])
+            dec = quarantine_decision(DegradedNodeContext(
+                job_class=JobClass(int(fleet.job_class[j])), criticality=float(crit[j]),
+                job_gpus=int(job_size[j]), node_gpus=need * int(fleet.node_gpu_count.max()),
+                slowdown=0.3 * g, hazard_multiplier=1.0 + g * g, node_hazard_per_h=prop.hazard_per_h_at_gfs1,
+                loss_per_failure_h=prop.checkpoint_interval_h / 2.0 + prop.restart_h,
+                horizon_h=obj.horizon_h, swap_cost_s=obj.migrate_h * 3600.0, spare_available=True,
+                hold_h=obj.hold_h, removed_capacity_value=0.0))
+            b, cost = dec.benefit_gpu_h / obj.horizon_h, dec.cost_gpu_h / obj.horizon_h
+            if dec.action != "quarantine" and key not in in_effect:
                 continue
             desired[key] = Action(key=key, verb=Verb.MOVE_JOB, target=jn, target_kind="job",
                                   params=(("domain", ln), ("domain_kind", "cooling_loop")),

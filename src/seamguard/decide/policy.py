@@ -42,7 +42,7 @@ def _classes(v: list[str]) -> list[str]:
 
 class Objective(_Strict):
     criticality_exponent: float = Field(1.0, ge=0)
-    min_benefit_ratio: float = Field(1.0, gt=0)
+    hold_h: float = Field(24.0, gt=0)
     horizon_h: float = Field(4.0, gt=0)
     migrate_h: float = Field(0.0125, ge=0)
     idle_criticality: float = Field(0.5, ge=0)
