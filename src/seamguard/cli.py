@@ -97,5 +97,46 @@ def policy_validate(path: Path = typer.Argument(..., help="Policy YAML to check.
     typer.echo(json.dumps({"file": str(path), "mode": pol.mode, "valid": True}))
 
 
+# ---- telemetry in / actions out (issue 3): twin serve, replay, run -------------------------
+@twin_app.command("serve")
+def twin_serve(
+    gpus: int = typer.Option(256, min=8, help="GPUs in the simulated fleet."),
+    seed: int = typer.Option(0, help="Seed for the fleet, the faults and the noise."),
+    tick_s: float = typer.Option(5.0, min=0.01, help="Simulated seconds per twin tick."),
+    speed: float = typer.Option(1.0, min=0.01, help="Simulated seconds per wall second."),
+    minutes: float = typer.Option(30.0, min=1.0, help="Scenario length in simulated minutes (fault timing)."),
+    scenario: str = typer.Option("default", help="'default' (one fault of each kind) or 'none'."),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(9400, min=0, max=65535, help="0 picks a free port (printed)."),
+    truth_out: Path | None = typer.Option(None, help="Write the injected faults' ground truth (JSON) here."),
+    topology_out: Path | None = typer.Option(None, help="Write the simulated fleet's topology YAML here."),
+) -> None:
+    """Expose the twin's telemetry on /metrics under the real exporter names and labels."""
+    import signal
+
+    from seamguard.twin.serve import ServeOptions, TwinExporter
+
+    if scenario not in ("default", "none"):
+        _fail(f"--scenario must be 'default' or 'none', got {scenario!r}")
+    from seamguard.demo import build
+
+    fleet, specs, cfg = build(gpus, minutes, seed, tick_s=tick_s)
+    if scenario == "none":
+        specs = []
+    if topology_out is not None:
+        import yaml
+
+        from seamguard.fleet import fleet_to_topology
+
+        topology_out.write_text(yaml.safe_dump(fleet_to_topology(fleet), sort_keys=False, width=120))
+    exp = TwinExporter(fleet, specs, cfg, seed, ServeOptions(host, port, speed, truth_out))
+    signal.signal(signal.SIGTERM, lambda *_: exp.stop())
+    signal.signal(signal.SIGINT, lambda *_: exp.stop())
+    typer.echo(json.dumps({"url": f"http://{host}:{exp.port}/metrics", "gpus": len(fleet.gpu_names),
+                           "faults": len(specs), "period_s": tick_s / speed}))
+    sys.stdout.flush()
+    exp.run()
+
+
 def main() -> None:
     app()
