@@ -106,3 +106,23 @@ def _clean(o: object) -> object:
 def dumps(ev: dict) -> str:
     """Strict JSON of one event (NaN/Inf become null)."""
     return json.dumps(_clean(ev), allow_nan=False)
+
+
+def detected_faults(events: Iterable[dict], faults: list[dict], to_fault_time=lambda ev: ev["t"]) -> dict[str, dict]:
+    """Which ground-truth faults the events detect: a non-healthy transition of the faulted
+    entity at or after the fault's start (the demo's rule). ``faults`` as written by
+    `twin serve --truth-out`; ``to_fault_time`` maps an event to the fault clock.
+
+    Returns {entity: {"kind", "start_s", "detected_s" or None}}.
+    """
+    first: dict[tuple[str, str], float] = {}
+    for ev in events:
+        if ev.get("to") in (None, "healthy") or ev.get("entity") is None:
+            continue
+        t = to_fault_time(ev)
+        k = (ev["kind"], ev["entity"])
+        for f in faults:
+            if (f["entity_kind"], f["entity"]) == k and t >= f["start_s"] and k not in first:
+                first[k] = t
+    return {f["entity"]: {"kind": f["kind"], "start_s": f["start_s"],
+                          "detected_s": first.get((f["entity_kind"], f["entity"]))} for f in faults}
