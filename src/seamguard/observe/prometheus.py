@@ -54,6 +54,7 @@ class PromConfig(BaseModel):
     retries: int = Field(1, ge=0, le=5, description="retries of a retryable failure within one tick")
     max_concurrency: int = Field(4, ge=1, le=64, description="queries in flight at once")
     verify_tls: bool = True
+    compression: bool = Field(True, description="ask for gzip; turn off on loopback, where it only costs CPU")
     range_chunk_steps: int = Field(360, ge=1, le=MAX_POINTS_PER_SERIES,
                                    description="steps per query_range request (batched history fetch)")
     mapping: Mapping = Field(default_factory=Mapping)
@@ -71,6 +72,8 @@ class PromConfig(BaseModel):
 
     def headers(self) -> dict[str, str]:
         h = {"Accept": "application/json"}
+        if not self.compression:
+            h["Accept-Encoding"] = "identity"
         if self.tenant:
             h["X-Scope-OrgID"] = self.tenant
         token = self.bearer_token
