@@ -101,5 +101,129 @@ def policy_validate(path: Path = typer.Argument(..., help="Policy YAML to check.
     typer.echo(json.dumps({"file": str(path), "mode": pol.mode, "valid": True}))
 
 
+# ---- telemetry in / actions out (issue 3): twin serve, replay, run -------------------------
+@twin_app.command("serve")
+def twin_serve(
+    gpus: int = typer.Option(256, min=8, help="GPUs in the simulated fleet."),
+    seed: int = typer.Option(0, help="Seed for the fleet, the faults and the noise."),
+    tick_s: float = typer.Option(5.0, min=0.01, help="Simulated seconds per twin tick."),
+    speed: float = typer.Option(1.0, min=0.01, help="Simulated seconds per wall second."),
+    minutes: float = typer.Option(30.0, min=1.0, help="Scenario length in simulated minutes (fault timing)."),
+    scenario: str = typer.Option("default", help="'default' (one fault of each kind) or 'none'."),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(9400, min=0, max=65535, help="0 picks a free port (printed)."),
+    truth_out: Path | None = typer.Option(None, help="Write the injected faults' ground truth (JSON) here."),
+    topology_out: Path | None = typer.Option(None, help="Write the simulated fleet's topology YAML here."),
+) -> None:
+    """Expose the twin's telemetry on /metrics under the real exporter names and labels."""
+    import signal
+
+    from seamguard.twin.serve import ServeOptions, TwinExporter
+
+    if scenario not in ("default", "none"):
+        _fail(f"--scenario must be 'default' or 'none', got {scenario!r}")
+    from seamguard.demo import build
+
+    fleet, specs, cfg = build(gpus, minutes, seed, tick_s=tick_s)
+    if scenario == "none":
+        specs = []
+    if topology_out is not None:
+        import yaml
+
+        from seamguard.fleet import fleet_to_topology
+
+        topology_out.write_text(yaml.safe_dump(fleet_to_topology(fleet), sort_keys=False, width=120))
+    exp = TwinExporter(fleet, specs, cfg, seed, ServeOptions(host, port, speed, truth_out))
+    signal.signal(signal.SIGTERM, lambda *_: exp.stop())
+    signal.signal(signal.SIGINT, lambda *_: exp.stop())
+    typer.echo(json.dumps({"url": f"http://{host}:{exp.port}/metrics", "gpus": len(fleet.gpu_names),
+                           "faults": len(specs), "period_s": tick_s / speed}))
+    sys.stdout.flush()
+    exp.run()
+
+
+def _parse_time(v: str) -> float:
+    """Unix seconds or RFC 3339 (e.g. 2025-01-31T12:00:00Z)."""
+    from datetime import datetime
+
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        _fail(f"cannot read time {v!r}: give Unix seconds or RFC 3339")
+        raise
+
+
+@app.command()
+def replay(
+    prometheus: str = typer.Option(..., help="Base URL of a Prometheus-compatible API."),
+    topology: Path = typer.Option(..., help="Fleet topology YAML."),
+    start: str = typer.Option(..., help="Start (Unix seconds or RFC 3339)."),
+    end: str = typer.Option(..., help="End (Unix seconds or RFC 3339)."),
+    step: float = typer.Option(15.0, min=0.001, help="Seconds between frames; the controller's tick."),
+    out: Path = typer.Option(..., help="JSON lines: one per state change or decision."),
+    policy: Path | None = typer.Option(None, help="Policy YAML (merged over the default)."),
+    config: Path | None = typer.Option(None, help="Run config whose prometheus: section (auth, mapping) to use."),
+    path_prefix: str = typer.Option("", help="API path prefix ('/prometheus' for Mimir)."),
+    tenant: str | None = typer.Option(None, help="X-Scope-OrgID tenant header."),
+) -> None:
+    """Backtest: run the controller (dry run) over history and write what it would have done."""
+    import logging
+
+    from seamguard.backtest import replay as run_replay
+    from seamguard.control import Controller
+    from seamguard.decide import PolicyError, load_policy
+    from seamguard.decide.policy import default_policy
+    from seamguard.fleet import TopologyError, load_topology
+    from seamguard.live import ConfigError, load_run_config
+    from seamguard.observe.prometheus import PromConfig, PrometheusSource
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        fleet = load_topology(topology)
+        pol = load_policy(policy) if policy else default_policy()
+        if config is not None:
+            pcfg = load_run_config(config).prometheus.model_copy(update={"url": prometheus})
+        else:
+            pcfg = PromConfig(url=prometheus, path_prefix=path_prefix, tenant=tenant)
+    except (TopologyError, PolicyError, ConfigError, ValueError) as e:
+        _fail(str(e))
+    t0, t1 = _parse_time(start), _parse_time(end)
+    ctl = Controller(fleet, pol, [], None, tick_s=step, mode="dry_run")
+    ticks = errors = 0
+    with PrometheusSource(fleet, pcfg) as src, open(out, "w", encoding="utf-8") as fh:
+        for rep in run_replay(ctl, src.frames(t0, t1, step), fh):
+            ticks += 1
+            errors += bool(rep.error)
+    typer.echo(json.dumps({"out": str(out), "ticks": ticks, "tick_errors": errors}))
+
+
+@app.command()
+def run(config: Path = typer.Option(..., help="Run config YAML (docs/prometheus-slurm.md).")) -> None:
+    """Live controller against Prometheus on a schedule (dry run unless the config says enforce)."""
+    import logging
+    import signal
+
+    from seamguard.decide import PolicyError
+    from seamguard.fleet import TopologyError
+    from seamguard.live import ConfigError, LiveRunner, load_run_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        cfg = load_run_config(config)
+        runner = LiveRunner(cfg)
+    except (ConfigError, TopologyError, PolicyError) as e:
+        _fail(str(e))
+    # Finish the tick in progress, then close the ledger (LiveRunner.run's finally).
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
+    ticks = runner.run()
+    typer.echo(json.dumps({"ticks": ticks, "mode": cfg.mode, "ledger": str(cfg.ledger)}))
+
+
 def main() -> None:
     app()

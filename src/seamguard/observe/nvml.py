@@ -1,0 +1,88 @@
+"""Local GPU telemetry through NVML (nvidia-ml-py) for a node agent.
+
+Reads the same quantities dcgm-exporter exports (REFERENCE.md section 1) straight from
+the driver. Without a driver or a GPU it degrades cleanly: one clear log line, a Frame
+with every GPU signal missing (NaN) and a flag saying why — never an exception into the
+controller. XID events need an NVML event set and a waiting thread; they are not read
+here (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS covers them), which the flags state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from seamguard.fleet.model import Fleet, Kind
+from seamguard.observe.frame import Frame, make_frame
+
+log = logging.getLogger("seamguard.observe.nvml")
+
+_SIGNALS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL",
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+            "DCGM_FI_DEV_THERMAL_VIOLATION")
+
+
+class NvmlSource:
+    """GPUs of ``node`` (fleet name) read through NVML, GPU i -> '<node>/gpu<i>'."""
+
+    def __init__(self, fleet: Fleet, node: str) -> None:
+        self.fleet = fleet
+        self.node = node
+        self.nvml = None
+        self.error = ""
+        self.handles: list[tuple[int, object]] = []
+        try:
+            import pynvml  # nvidia-ml-py (extra `nvml`)
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                idx = fleet.index_of(Kind.GPU, f"{node}/gpu{i}")
+                self.handles.append((idx, pynvml.nvmlDeviceGetHandleByIndex(i)))
+        except ImportError:
+            self.error = "nvidia-ml-py is not installed (pip install 'seamguard[nvml]')"
+        except KeyError as e:
+            self.error = f"NVML GPU not in the fleet: {e}"
+        except Exception as e:  # pynvml.NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self.error = f"NVML unavailable: {e}"
+        if self.error:
+            log.warning("nvml source on %s: %s; GPU signals will be missing", node, self.error)
+
+    def _one(self, h) -> dict[str, float]:
+        n = self.nvml
+        out: dict[str, float] = {}
+
+        def get(name: str, fn) -> None:
+            try:
+                out[name] = float(fn())
+            except Exception:  # unsupported on this GPU/driver: leave it missing
+                out[name] = np.nan
+
+        get("DCGM_FI_DEV_GPU_TEMP", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+        get("DCGM_FI_DEV_SM_CLOCK", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
+        get("DCGM_FI_DEV_POWER_USAGE", lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0)  # mW -> W
+        get("DCGM_FI_DEV_GPU_UTIL", lambda: n.nvmlDeviceGetUtilizationRates(h).gpu)
+        get("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", lambda: n.nvmlDeviceGetTotalEccErrors(
+            h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC))
+        get("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", lambda: n.nvmlDeviceGetRemappedRows(h)[0])
+        get("DCGM_FI_DEV_THERMAL_VIOLATION", lambda: n.nvmlDeviceGetViolationStatus(
+            h, n.NVML_PERF_POLICY_THERMAL).violationTime)
+        return out
+
+    def read(self, t_s: float) -> Frame:
+        n_g = self.fleet.count(Kind.GPU)
+        values = {s: np.full(n_g, np.nan) for s in _SIGNALS}
+        if self.error:
+            return make_frame(self.fleet, t_s, values, (f"nvml: {self.error}",))
+        for idx, h in self.handles:
+            for name, v in self._one(h).items():
+                values[name][idx] = v
+        return make_frame(self.fleet, t_s, values, ("nvml: XID events not read (use dcgm-exporter)",))
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
