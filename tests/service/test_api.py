@@ -62,7 +62,7 @@ def test_bad_parameters_get_clear_4xx(http):
     r = http.get("/api/v1/entities/gpu/gpu999/gpu9")
     assert r.status_code == 404 and "no gpu named 'gpu999/gpu9'" in r.json()["detail"]
     r = http.get("/api/v1/entities?kind=gpu&domain=fabric")
-    assert r.status_code == 422 and "compute" in r.json()["detail"]
+    assert r.status_code == 400 and "compute" in r.json()["detail"]
     r = http.get("/api/v1/admissibility?job_class=training")
     assert r.status_code == 422 and "high_sync_training" in r.text
 

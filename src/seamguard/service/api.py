@@ -30,6 +30,8 @@ from seamguard.service.runner import ServiceRunner, ServiceUnavailable
 API = "/api/v1"
 _bearer = HTTPBearer(auto_error=False, description="the token printed by `seamguard serve` (or --token)")
 _E404 = {404: {"model": m.Problem, "description": "no such entity, loop or rack"}}
+_E400 = {400: {"model": m.Problem, "description": "parameters that contradict each other"}}
+_EBODY = {400: {"model": m.Problem, "description": "the body is not valid JSON"}}
 _E401 = {401: {"model": m.Problem, "description": "missing or wrong bearer token"}}
 _E503 = {503: {"model": m.Problem, "description": "the controller thread did not answer in time"}}
 
@@ -58,6 +60,21 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
             raise HTTPException(401, "bearer token not accepted", headers={"WWW-Authenticate": "Bearer"})
         return "operator"
 
+    @app.middleware("http")
+    async def _auth_first(request: Request, call_next):
+        # Mutating calls are refused before their body or parameters are even parsed, so
+        # a caller without the token learns nothing but "401".
+        if request.method in ("PUT", "POST", "DELETE", "PATCH") and request.url.path.startswith(API):
+            got = request.headers.get("authorization", "")
+            scheme, _, cred = got.partition(" ")
+            if scheme.lower() != "bearer" or not cred:
+                return JSONResponse({"detail": "this call changes the controller: send 'Authorization: Bearer <token>'"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            if not hmac.compare_digest(cred.strip().encode(), want):
+                return JSONResponse({"detail": "bearer token not accepted"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
     @app.exception_handler(ServiceUnavailable)
     def _unavailable(_req: Request, e: ServiceUnavailable) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, status_code=503)
@@ -85,7 +102,7 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
     def summary() -> m.Summary:
         return render.summary(runner.snapshot(), breaker_cfg)
 
-    @app.get(f"{API}/entities", response_model=m.EntityPage, tags=["fleet"], responses=_E404)
+    @app.get(f"{API}/entities", response_model=m.EntityPage, tags=["fleet"], responses={**_E400, **_E404})
     def entities(kind: m.KindName = m.KindName("gpu"),  # type: ignore[valid-type]
                  state: Annotated[list[m.StateName] | None, Query(description="repeat to match several")] = None,  # type: ignore[valid-type]
                  domain: m.DomainName | None = None, loop: LoopName = None,
@@ -95,7 +112,7 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
         s = runner.snapshot()
         k = _kind(kind)
         if domain is not None and render.KIND_DOMAIN[k] != domain.value:
-            raise HTTPException(422, f"kind {k.label!r} belongs to domain {render.KIND_DOMAIN[k]!r}, "
+            raise HTTPException(400, f"kind {k.label!r} belongs to domain {render.KIND_DOMAIN[k]!r}, "
                                      f"not {domain.value!r}")
         try:
             return render.entities(s, k, limit, offset, states=[x.value for x in state] if state else None,
@@ -176,7 +193,7 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
         return [render.pin_out(p) for p in runner.snapshot().pins]
 
     # ---- mutations (bearer token) -----------------------------------------------------------------
-    @app.put(f"{API}/mode", response_model=m.Summary, tags=["controls"], responses={**_E401, **_E503})
+    @app.put(f"{API}/mode", response_model=m.Summary, tags=["controls"], responses={**_EBODY, **_E401, **_E503})
     def set_mode(body: m.ModeIn, _who: str = Depends(require_token)) -> m.Summary:
         return render.summary(runner.set_mode(body.mode.value), breaker_cfg)
 
@@ -185,7 +202,7 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
         return render.breaker(runner.reset_breaker(), breaker_cfg)
 
     @app.put(API + "/pins/{kind}/{name:path}", response_model=m.PinOut, tags=["controls"],
-             responses={**_E401, **_E404, **_E503})
+             responses={**_EBODY, **_E401, **_E404, **_E503})
     def pin(kind: m.PinnableKind, name: EntityName, body: m.PinIn,  # type: ignore[valid-type]
             who: str = Depends(require_token)) -> m.PinOut:
         try:
