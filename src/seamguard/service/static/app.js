@@ -215,7 +215,10 @@ function renderFabric(m) {
   drawCodes($("linkmap"), link.codes, "link");
   const sum = f => STATES.filter(s => s !== "healthy" && f.states[s]).map(s => `${f.states[s]} ${s.replace("_", " ")}`).join(", ") || "all healthy";
   $("fabricsum").textContent = `NICs: ${sum(nic)} · links: ${sum(link)}` + (nic.codes == null ? " (too many to draw; listed below)" : "");
-  $("storage").innerHTML = m.storage.map(e => `<span class="st" data-kind="storage" data-name="${esc(e.name)}" style="background:${e.state === "healthy" ? "#223" : COLOR[e.state]};color:${e.state === "healthy" ? "#aab" : "#0e1217"}" title="${esc(e.name)}: ${e.state}, GFS ${e.gfs}">${esc(e.name)}</span>`).join("");
+  // Many paths: show the count and only the paths that are not healthy.
+  const shown = m.storage.length > 48 ? m.storage.filter(e => e.state !== "healthy") : m.storage;
+  const hiddenNote = shown.length < m.storage.length ? `<span class="muted small">${m.storage.length - shown.length} of ${m.storage.length} paths healthy (not listed)</span>` : "";
+  $("storage").innerHTML = hiddenNote + shown.map(e => `<span class="st" data-kind="storage" data-name="${esc(e.name)}" style="background:${e.state === "healthy" ? "#223" : COLOR[e.state]};color:${e.state === "healthy" ? "#aab" : "#0e1217"}" title="${esc(e.name)}: ${e.state}, GFS ${e.gfs}">${esc(e.name)}</span>`).join("");
   const bad = [...nic.not_healthy, ...link.not_healthy];
   $("fabricbad").innerHTML = bad.length ? bad.map(e => `<span class="st" data-kind="${e.kind}" data-name="${esc(e.name)}" style="border-color:${COLOR[e.state]}">${esc(e.name)} · ${e.state}</span>`).join("") : "";
 }
@@ -244,7 +247,7 @@ function renderTimeline(events, s) {
 
 // ---- throughput ----------------------------------------------------------------------------------
 function renderThroughput(tp) {
-  const svg = $("tput"), w = svg.clientWidth || 400, h = 150, pad = 28;
+  const svg = $("tput"), w = svg.clientWidth || 400, h = 150, pad = 36;
   const pts = tp.series;
   if (!pts.length) { svg.innerHTML = `<text x="10" y="20" fill="#8995a3">no throughput data from this source</text>`; }
   else {
