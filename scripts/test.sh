@@ -11,5 +11,5 @@ if command -v apt-get >/dev/null 2>&1; then
   apt-get install -y -qq prometheus slurmctld slurm-client munge chromium iproute2 >/dev/null
 fi
 python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e '.[test,runtime]'
+python -m pip install -q --disable-pip-version-check -e '.[test,runtime,service]'
 python -m pytest "$@"

@@ -224,6 +224,54 @@ def run(config: Path = typer.Option(..., help="Run config YAML (docs/prometheus-
     ticks = runner.run()
     typer.echo(json.dumps({"ticks": ticks, "mode": cfg.mode, "ledger": str(cfg.ledger)}))
 
+# ---- seamguard serve (service, API and dashboard) -------------------------------------------------
+@app.command()
+def serve(
+    config: Path | None = typer.Option(None, help="Run against a live source (Prometheus) from this config "
+                                       "instead of the twin."),
+    gpus: int = typer.Option(2048, min=8, help="GPUs in the simulated fleet (twin)."),
+    minutes: float = typer.Option(30.0, min=2.0, help="Length of the twin's fault scenario, simulated minutes."),
+    seed: int = typer.Option(0, help="Seed for the twin's fleet, faults and noise."),
+    speed: float = typer.Option(10.0, min=0.0, help="Simulated seconds per wall second (twin); 0 = paused."),
+    mode: str = typer.Option("enforce", help="dry_run or enforce (against the twin, enforce is safe)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8642, min=0, max=65535, help="Port to listen on (0 = any free port)."),
+    token: str | None = typer.Option(None, envvar="SEAMGUARD_TOKEN",
+                                     help="Bearer token for mutating calls (default: generated and printed)."),
+    ledger: Path | None = typer.Option(None, help="Keep the controller's SQLite ledger here (default: temporary)."),
+) -> None:
+    """Run the controller (on the twin by default) with the HTTP API, /metrics and the dashboard."""
+    import secrets
+
+    try:
+        from seamguard.service.runner import ServiceRunner
+        from seamguard.service.server import Server
+        from seamguard.service.sources import SourceUnavailable, TwinSource, source_from_config
+    except ImportError as e:
+        _fail(f"`seamguard serve` needs the service extra ({e.name} is missing): pip install 'seamguard[service]'")
+    if mode not in ("dry_run", "enforce"):
+        _fail(f"--mode must be dry_run or enforce, got {mode!r}")
+    try:
+        source = source_from_config(config) if config is not None else TwinSource(gpus, minutes, seed)
+    except SourceUnavailable as e:
+        _fail(str(e))
+    if config is not None:  # a real cluster: its config's mode, real time
+        mode, speed = source.mode, 1.0
+    token = token or secrets.token_urlsafe(24)
+    runner = ServiceRunner(source, mode=mode, speed=speed, ledger_path=ledger)
+    server = Server(runner, token, host=host, port=port, log_level="warning")
+    sizes = runner.snapshot().fleet.summary()
+    typer.echo(f"seamguard serve: {source.name}, {sizes['gpu']} GPUs on {sizes['cooling_loop']} cooling loops, "
+               f"mode {mode}, speed {speed:g}x")
+    typer.echo(f"  dashboard  {server.url}/")
+    typer.echo(f"  API docs   {server.url}/docs   metrics {server.url}/metrics")
+    typer.echo(f"  token      {token}   (Authorization: Bearer <token> for mode, breaker reset, pins)")
+    runner.start()
+    try:
+        server.serve_forever()
+    finally:
+        runner.stop()
+
 
 def main() -> None:
     app()

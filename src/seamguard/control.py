@@ -17,6 +17,8 @@ import numpy as np
 from seamguard.act.base import Actuator
 from seamguard.act.reconcile import Change, observe_all, reconcile
 from seamguard.assess.assessment import ASSESSED_KINDS, Assessment, assess, initial_states
+from seamguard.assess.overrides import Pin, apply_pins
+from seamguard.assess.states import State
 from seamguard.assess.propagation import all_dependents
 from seamguard.assess.states import StateVector
 from seamguard.decide.actions import Decisions
@@ -63,6 +65,7 @@ class Controller:
         self.dstate = DecideState()
         self.tick_no = 0
         self.last: TickReport | None = None
+        self.pins: dict[tuple[Kind, int], Pin] = {}
         self._deps = all_dependents(fleet)
         if ledger is not None:
             self._restore()
@@ -113,6 +116,20 @@ class Controller:
         if self.ledger is not None:
             self._persist()
 
+    def pin(self, kind: Kind, name: str, state: State, note: str, by: str = "operator",
+            since_wall_s: float = 0.0) -> Pin:
+        """Hold an assessed entity in ``state`` from the next tick until unpinned."""
+        if kind not in ASSESSED_KINDS:
+            raise ValueError(f"cannot pin a {kind.label}: only {', '.join(k.label for k in ASSESSED_KINDS)} "
+                             "have a state machine")
+        p = Pin(kind, self.fleet.index_of(kind, name), name, State(state), note, by, since_wall_s)
+        self.pins[(kind, p.index)] = p
+        return p
+
+    def unpin(self, kind: Kind, name: str) -> Pin | None:
+        """Release a pin; the state machine carries on from the pinned state."""
+        return self.pins.pop((kind, self.fleet.index_of(kind, name)), None)
+
     def set_fleet(self, fleet: Fleet) -> None:
         """Adopt a new placement (same entities, jobs moved)."""
         if fleet is self.fleet:
@@ -133,6 +150,9 @@ class Controller:
                 self.ledger.begin_tick(tick, frame.t_s, self.mode, frame.flags)
             a = assess(self.fleet, frame, self.history, self.states, self.policy.assess, self._deps,
                        self.node_state)
+            if self.pins:
+                a = apply_pins(self.fleet, a, self.pins, {k: sv.state for k, sv in self.states.items()},
+                               self.node_state, self.policy.assess.admissibility)
             self.history.push(frame)
             t1 = time.perf_counter()
             in_effect = observe_all(self.actuators)

@@ -1,0 +1,234 @@
+"""The HTTP API, `/metrics`, `/healthz` and the dashboard's static files (FastAPI).
+
+Handlers are thin: take the current Snapshot from the runner, hand it to a renderer in
+`render.py`, return a typed model. Mutating calls (mode, breaker reset, pins) need the
+bearer token and run on the controller thread through `ServiceRunner.submit`. Every
+error is a 4xx/503 with a `detail` that says what was wrong.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from importlib import resources
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+
+from seamguard.assess.states import STATE_BY_LABEL
+from seamguard.fleet.model import KIND_BY_LABEL, Kind
+from seamguard.service import models as m
+from seamguard.service import render
+from seamguard.service.ledger_reader import LedgerReader
+from seamguard.service.metrics import make_registry
+from seamguard.service.metrics import render as render_metrics
+from seamguard.service.runner import ServiceRunner, ServiceUnavailable
+
+API = "/api/v1"
+_bearer = HTTPBearer(auto_error=False, description="the token printed by `seamguard serve` (or --token)")
+_E404 = {404: {"model": m.Problem, "description": "no such entity, loop or rack"}}
+_E400 = {400: {"model": m.Problem, "description": "parameters that contradict each other"}}
+_EBODY = {400: {"model": m.Problem, "description": "the body is not valid JSON"}}
+_E401 = {401: {"model": m.Problem, "description": "missing or wrong bearer token"}}
+_E503 = {503: {"model": m.Problem, "description": "the controller thread did not answer in time"}}
+
+Limit = Annotated[int, Query(ge=1, le=1000, description="page size")]
+Offset = Annotated[int, Query(ge=0, le=10_000_000, description="rows to skip")]
+EntityName = Annotated[str, Path(min_length=1, max_length=256, description="entity name, e.g. gpu000/gpu3")]
+LoopName = Annotated[str | None, Query(max_length=256, description="only entities on this cooling loop")]
+
+
+def create_app(runner: ServiceRunner, token: str) -> FastAPI:
+    if not token:
+        raise ValueError("the service needs a non-empty bearer token for mutating calls")
+    app = FastAPI(title="seamguard", version="1",
+                  description="Gray-failure control plane: fleet state, evidence, decisions and operator controls. "
+                              "Every read renders one immutable snapshot published after a controller tick.")
+    reader = LedgerReader(runner.ledger_path)
+    registry = make_registry(runner.snapshot)
+    breaker_cfg = runner.controller.policy.breaker
+    want = token.encode()
+
+    def require_token(cred: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> str:
+        if cred is None or cred.scheme.lower() != "bearer":
+            raise HTTPException(401, "this call changes the controller: send 'Authorization: Bearer <token>'",
+                                headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(cred.credentials.encode(), want):
+            raise HTTPException(401, "bearer token not accepted", headers={"WWW-Authenticate": "Bearer"})
+        return "operator"
+
+    @app.middleware("http")
+    async def _auth_first(request: Request, call_next):
+        # Mutating calls are refused before their body or parameters are even parsed, so
+        # a caller without the token learns nothing but "401".
+        if request.method in ("PUT", "POST", "DELETE", "PATCH") and request.url.path.startswith(API):
+            got = request.headers.get("authorization", "")
+            scheme, _, cred = got.partition(" ")
+            if scheme.lower() != "bearer" or not cred:
+                return JSONResponse({"detail": "this call changes the controller: send 'Authorization: Bearer <token>'"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            if not hmac.compare_digest(cred.strip().encode(), want):
+                return JSONResponse({"detail": "bearer token not accepted"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
+    @app.exception_handler(ServiceUnavailable)
+    def _unavailable(_req: Request, e: ServiceUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=503)
+
+    def _kind(k: m.KindName) -> Kind:  # type: ignore[valid-type]
+        return KIND_BY_LABEL[k.value]
+
+    def _not_found(e: KeyError) -> HTTPException:
+        return HTTPException(404, str(e.args[0]) if e.args else "not found")
+
+    # ---- health and metrics -----------------------------------------------------------
+    @app.get("/healthz", response_model=m.Health, tags=["ops"])
+    def healthz() -> m.Health:
+        s = runner.snapshot()
+        return m.Health(status="ok" if runner.running else "stopped", tick=s.tick,
+                        controller_running=runner.running, snapshot_age_s=round(time.time() - s.wall_s, 3))
+
+    @app.get("/metrics", tags=["ops"], response_class=Response,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition"}})
+    def metrics() -> Response:
+        return Response(render_metrics(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # ---- reads ------------------------------------------------------------------------------
+    @app.get(f"{API}/summary", response_model=m.Summary, tags=["fleet"])
+    def summary() -> m.Summary:
+        return render.summary(runner.snapshot(), breaker_cfg)
+
+    @app.get(f"{API}/entities", response_model=m.EntityPage, tags=["fleet"], responses={**_E400, **_E404})
+    def entities(kind: m.KindName = m.KindName("gpu"),  # type: ignore[valid-type]
+                 state: Annotated[list[m.StateName] | None, Query(description="repeat to match several")] = None,  # type: ignore[valid-type]
+                 domain: m.DomainName | None = None, loop: LoopName = None,
+                 rack: Annotated[str | None, Query(max_length=256)] = None,
+                 min_gfs: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
+                 sort: m.SortKey = m.SortKey.name, limit: Limit = 100, offset: Offset = 0) -> m.EntityPage:
+        s = runner.snapshot()
+        k = _kind(kind)
+        if domain is not None and render.KIND_DOMAIN[k] != domain.value:
+            raise HTTPException(400, f"kind {k.label!r} belongs to domain {render.KIND_DOMAIN[k]!r}, "
+                                     f"not {domain.value!r}")
+        try:
+            return render.entities(s, k, limit, offset, states=[x.value for x in state] if state else None,
+                                   loop=loop, rack=rack, min_gfs=min_gfs, sort=sort.value)
+        except KeyError as e:
+            raise _not_found(e) from None
+
+    @app.get(API + "/entities/{kind}/{name:path}", response_model=m.EntityDetail, tags=["fleet"], responses=_E404)
+    def entity(kind: m.KindName, name: EntityName,  # type: ignore[valid-type]
+               history: Annotated[int, Query(ge=1, le=500, description="transitions to return")] = 50,
+               points: Annotated[int | None, Query(ge=1, le=10_000, description="signal points per series")] = None,
+               ) -> m.EntityDetail:
+        s = runner.snapshot()
+        try:
+            return render.entity_detail(s, runner.ring, reader, _kind(kind), name, history, points)
+        except KeyError as e:
+            raise _not_found(e) from None
+
+    @app.get(f"{API}/admissibility", response_model=m.AdmissibleNodes, tags=["scheduling"], responses=_E404)
+    def admissibility(job_class: m.JobClassName, loop: LoopName = None,  # type: ignore[valid-type]
+                      limit: Limit = 1000, offset: Offset = 0) -> m.AdmissibleNodes:
+        try:
+            return render.admissible(runner.snapshot(), job_class.value, limit, offset, loop)
+        except KeyError as e:
+            raise _not_found(e) from None
+
+    @app.get(f"{API}/admissibility/summary", response_model=m.AdmissibilitySummary, tags=["scheduling"])
+    def admissibility_summary() -> m.AdmissibilitySummary:
+        return render.admissibility_summary(runner.snapshot())
+
+    @app.get(f"{API}/jobs", response_model=list[m.JobOut], tags=["jobs"])
+    def jobs() -> list[m.JobOut]:
+        return render.jobs(runner.snapshot())
+
+    @app.get(f"{API}/throughput", response_model=m.Throughput, tags=["jobs"])
+    def throughput() -> m.Throughput:
+        return render.throughput(runner.snapshot())
+
+    @app.get(f"{API}/transitions", response_model=list[m.TransitionOut], tags=["record"])
+    def transitions(entity: Annotated[str | None, Query(max_length=256)] = None,
+                    kind: m.KindName | None = None,  # type: ignore[valid-type]
+                    limit: Limit = 100, offset: Offset = 0) -> list[m.TransitionOut]:
+        rows = reader.transitions(runner.snapshot().tick, entity=entity, kind=kind.value if kind else None,
+                                  limit=limit, offset=offset)
+        return [m.TransitionOut(**r) for r in rows]
+
+    @app.get(f"{API}/decisions", response_model=list[m.DecisionOut], tags=["record"])
+    def decisions(entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
+                  event: Annotated[str | None, Query(pattern="^(decided|withdrawn|held_by_breaker)$")] = None,
+                  limit: Limit = 100, offset: Offset = 0) -> list[m.DecisionOut]:
+        rows = reader.decisions(runner.snapshot().tick, entity=entity, event=event, limit=limit, offset=offset)
+        return [m.DecisionOut(**r) for r in rows]
+
+    @app.get(f"{API}/actions", response_model=list[m.ActionOut], tags=["record"])
+    def actions(entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
+                status: Annotated[str | None, Query(pattern="^(pending|done|failed|dry_run|interrupted)$")] = None,
+                limit: Limit = 100, offset: Offset = 0) -> list[m.ActionOut]:
+        rows = reader.actions(runner.snapshot().tick, entity=entity, status=status, limit=limit, offset=offset)
+        return [m.ActionOut(**r) for r in rows]
+
+    @app.get(f"{API}/timeline", response_model=list[m.TimelineEvent], tags=["record"])
+    def timeline(limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[m.TimelineEvent]:
+        return render.timeline(runner.snapshot(), reader, limit)
+
+    @app.get(f"{API}/map", response_model=m.FleetMap, tags=["fleet"], responses=_E404)
+    def fleet_map(loop: LoopName = None) -> m.FleetMap:
+        try:
+            return render.fleet_map(runner.snapshot(), loop)
+        except KeyError as e:
+            raise _not_found(e) from None
+
+    @app.get(f"{API}/breaker", response_model=m.Breaker, tags=["controls"])
+    def breaker() -> m.Breaker:
+        return render.breaker(runner.snapshot(), breaker_cfg)
+
+    @app.get(f"{API}/pins", response_model=list[m.PinOut], tags=["controls"])
+    def pins() -> list[m.PinOut]:
+        return [render.pin_out(p) for p in runner.snapshot().pins]
+
+    # ---- mutations (bearer token) -----------------------------------------------------------------
+    @app.put(f"{API}/mode", response_model=m.Summary, tags=["controls"], responses={**_EBODY, **_E401, **_E503})
+    def set_mode(body: m.ModeIn, _who: str = Depends(require_token)) -> m.Summary:
+        return render.summary(runner.set_mode(body.mode.value), breaker_cfg)
+
+    @app.post(f"{API}/breaker/reset", response_model=m.Breaker, tags=["controls"], responses={**_E401, **_E503})
+    def reset_breaker(_who: str = Depends(require_token)) -> m.Breaker:
+        return render.breaker(runner.reset_breaker(), breaker_cfg)
+
+    @app.put(API + "/pins/{kind}/{name:path}", response_model=m.PinOut, tags=["controls"],
+             responses={**_EBODY, **_E401, **_E404, **_E503})
+    def pin(kind: m.PinnableKind, name: EntityName, body: m.PinIn,  # type: ignore[valid-type]
+            who: str = Depends(require_token)) -> m.PinOut:
+        try:
+            p = runner.pin(KIND_BY_LABEL[kind.value], name, STATE_BY_LABEL[body.state.value], body.note, by=who)
+        except KeyError as e:
+            raise _not_found(e) from None
+        return render.pin_out(p)
+
+    @app.delete(API + "/pins/{kind}/{name:path}", response_model=m.PinOut, tags=["controls"],
+                responses={**_E401, **_E404, **_E503})
+    def unpin(kind: m.PinnableKind, name: EntityName,  # type: ignore[valid-type]
+              _who: str = Depends(require_token)) -> m.PinOut:
+        try:
+            p = runner.unpin(KIND_BY_LABEL[kind.value], name)
+        except KeyError as e:
+            raise _not_found(e) from None
+        if p is None:
+            raise HTTPException(404, f"{kind.value} {name!r} is not pinned")
+        return render.pin_out(p)
+
+    # ---- the dashboard --------------------------------------------------------------------------------
+    static = resources.files("seamguard.service") / "static"
+    app.mount("/static", StaticFiles(directory=str(static)), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(str(static / "index.html"), media_type="text/html")
+
+    return app

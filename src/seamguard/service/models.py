@@ -1,0 +1,314 @@
+"""Typed response and request bodies of the HTTP API (they make /openapi.json useful).
+
+Plain pydantic models, no logic: the renderers in `api.py` fill them from a Snapshot.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
+from seamguard.assess.states import State
+from seamguard.service.snapshot import ENTITY_KINDS
+
+KindName = Enum("KindName", {k.label: k.label for k in ENTITY_KINDS}, type=str)  # type: ignore[misc]
+KindName.__doc__ = "Entity kinds the API lists."
+PinnableKind = Enum("PinnableKind", {k: k for k in ("cooling_loop", "rack", "gpu", "nic", "link", "storage")},
+                    type=str)  # type: ignore[misc]
+PinnableKind.__doc__ = "Entity kinds with a state machine, which an operator may pin."
+StateName = Enum("StateName", {s.label: s.label for s in State}, type=str)  # type: ignore[misc]
+StateName.__doc__ = "Entity states, least to most severe."
+JobClassName = Enum("JobClassName", {c: c for c in ADMISSIBILITY_COLUMNS}, type=str)  # type: ignore[misc]
+JobClassName.__doc__ = "Job classes (and the checkpoint/restore path) admissibility is judged for."
+
+
+class DomainName(str, Enum):
+    compute = "compute"
+    fabric = "fabric"
+    facilities = "facilities"
+    storage = "storage"
+    runtime = "runtime"
+
+
+class SortKey(str, Enum):
+    name = "name"
+    gfs = "gfs"
+    prs = "prs"
+    fae = "fae"
+    state = "state"
+
+
+class Mode(str, Enum):
+    dry_run = "dry_run"
+    enforce = "enforce"
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Breaker(_M):
+    tripped: bool
+    reason: str
+    tripped_at_s: float | None
+    disrupted_nodes_in_window: int = Field(description="unique nodes drained or moved within the window")
+    window_s: float
+    max_fleet_fraction: float
+    max_loop_fraction: float
+
+
+class TickTiming(_M):
+    tick_s: float = Field(description="wall seconds of the last controller tick")
+    assess_s: float
+    decide_s: float
+    act_s: float
+    error: str = Field(description="why the last tick failed; empty when it did not")
+
+
+class PinOut(_M):
+    kind: str
+    entity: str
+    state: str
+    note: str
+    by: str
+    since_wall_s: float
+
+
+class Summary(_M):
+    tick: int = Field(description="controller tick this snapshot was taken after (-1 before the first)")
+    t_s: float = Field(description="controller time of the tick (simulated seconds for the twin)")
+    wall_s: float
+    source: str
+    mode: Mode
+    speed: float = Field(description="simulated seconds per wall second (twin); 0 = manual ticking")
+    tick_interval_s: float
+    sizes: dict[str, int] = Field(description="entity count per kind")
+    states: dict[str, dict[str, int]] = Field(description="kind -> state -> count")
+    domains: dict[str, dict[str, int]] = Field(description="domain (compute, fabric, facilities, storage, "
+                                                           "runtime) -> state -> count")
+    loops_not_healthy: int = Field(description="cooling loops with at least one non-healthy GPU or node")
+    breaker: Breaker
+    timing: TickTiming
+    pins: int
+    actions_in_effect: int
+    useful_throughput: float | None = Field(description="useful work / ideal with control (twin only)")
+    useful_throughput_without_control: float | None
+
+
+class EntityRow(_M):
+    kind: str
+    name: str
+    state: str
+    gfs: float = Field(description="gray-failure score in [0, 1]")
+    prs: float = Field(description="propagation risk in [0, 1]")
+    fae: float = Field(description="failure amplification: healthy GPU-hours per hour at risk")
+    loop: str | None
+    rack: str | None
+    since_t_s: float = Field(description="when the entity entered its current state")
+    pinned: bool
+
+
+class EntityPage(_M):
+    total: int
+    limit: int
+    offset: int
+    items: list[EntityRow]
+
+
+class ReasonOut(_M):
+    channel: str
+    score: float
+    value: float | None
+    unit: str
+
+
+class TransitionOut(_M):
+    tick: int
+    t_s: float
+    kind: str
+    entity: str
+    from_state: str
+    to_state: str
+    gfs: float
+    prs: float
+    fae: float
+    reasons: list[ReasonOut]
+
+
+class DecisionOut(_M):
+    tick: int
+    t_s: float
+    key: str
+    event: str = Field(description="decided, withdrawn or held_by_breaker")
+    verb: str
+    target: str
+    reason: str
+    cause: str
+    evidence: list[ReasonOut]
+    benefit_gpu_h_per_h: float | None
+    cost_gpu_h_per_h: float | None
+    criticality: float | None
+
+
+class ActionOut(_M):
+    tick: int
+    t_s: float
+    op: str = Field(description="apply or revert")
+    key: str
+    verb: str
+    actuator: str
+    status: str = Field(description="pending, done, failed, dry_run or interrupted")
+    detail: str
+    target: str
+    reason: str
+    cause: str
+
+
+class SignalSeries(_M):
+    name: str
+    unit: str
+    help: str
+    t_s: list[float]
+    values: list[float | None]
+
+
+class ChildCount(_M):
+    kind: str
+    states: dict[str, int]
+
+
+class EntityDetail(_M):
+    entity: EntityRow
+    parents: dict[str, str] = Field(description="containing entities: cooling_loop, rack, node, job")
+    children: list[ChildCount]
+    evidence: list[ReasonOut] = Field(description="current evidence behind the score, strongest first")
+    why: str = Field(description="one-line reason for the current state")
+    entered_by: TransitionOut | None = Field(description="the transition that put it in its current state")
+    history: list[TransitionOut] = Field(description="state history, newest first")
+    signals: list[SignalSeries]
+    decisions: list[DecisionOut]
+    actions: list[ActionOut]
+    pin: PinOut | None
+
+
+class AdmissibleNodes(_M):
+    job_class: str
+    admissible: int
+    total_nodes: int
+    limit: int
+    offset: int
+    nodes: list[str]
+
+
+class AdmissibilitySummary(_M):
+    total_nodes: int
+    admissible: dict[str, int] = Field(description="job class -> admissible node count")
+
+
+class JobOut(_M):
+    name: str
+    job_class: str
+    criticality: float
+    gpus: int
+    nodes: int
+    state: str = Field(description="worst state of the nodes it runs on")
+    exposure: dict[str, int] = Field(description="its nodes per state")
+    exposed_to: list[str] = Field(description="non-healthy nodes it runs on (first 20)")
+    fae: float
+    useful_throughput: float | None = Field(description="useful work / ideal, with control (twin only)")
+    useful_throughput_without_control: float | None
+
+
+class ThroughputPointOut(_M):
+    t_s: float
+    with_control: float
+    without_control: float | None
+
+
+class Throughput(_M):
+    source: str
+    useful_with_control: float | None
+    useful_without_control: float | None
+    gpu_hours_with_control: float | None
+    gpu_hours_without_control: float | None
+    gpu_hours_saved: float | None = Field(description="useful GPU-hours gained by control so far")
+    job_failures_with_control: int | None
+    job_failures_without_control: int | None
+    fae_in_effect_gpu_h_per_h: float = Field(description="FAE summed over non-healthy GPUs, NICs, links, "
+                                                         "storage and loops now")
+    fae_contained_gpu_h_per_h: float = Field(description="FAE of entities whose nodes/paths seamguard took "
+                                                         "out of the critical path (failure amplification avoided)")
+    series: list[ThroughputPointOut]
+
+
+class TimelineEvent(_M):
+    t_s: float
+    tick: int
+    type: str = Field(description="transition or action")
+    entity: str
+    kind: str
+    text: str
+    state: str | None
+    status: str | None
+
+
+class MapLoop(_M):
+    name: str
+    index: int
+    gpu_states: dict[str, int]
+    node_states: dict[str, int]
+    worst: str
+
+
+class MapRack(_M):
+    name: str
+    nodes: list[str]
+    node_states: str = Field(description="one digit per node: its state code")
+    gpu_states: list[str] = Field(description="per node, one digit per GPU: state codes")
+    gpu_names: list[list[str]]
+
+
+class MapDetail(_M):
+    loop: str
+    state: str
+    racks: list[MapRack]
+
+
+class MapFabric(_M):
+    kind: str
+    total: int
+    states: dict[str, int]
+    codes: str | None = Field(description="one digit per entity when the kind is small enough to draw")
+    not_healthy: list[EntityRow]
+
+
+class FleetMap(_M):
+    tick: int
+    state_codes: list[str] = Field(description="state name per digit used in the code strings")
+    aggregated: bool = Field(description="true when only loop summaries are sent (large fleets)")
+    loops: list[MapLoop]
+    detail: list[MapDetail]
+    fabric: list[MapFabric]
+    storage: list[EntityRow]
+
+
+class ModeIn(_M):
+    mode: Mode
+
+
+class PinIn(_M):
+    state: StateName  # type: ignore[valid-type]
+    note: str = Field(min_length=1, max_length=500, description="why the operator pinned it (recorded)")
+
+
+class Health(_M):
+    status: str
+    tick: int
+    controller_running: bool
+    snapshot_age_s: float
+
+
+class Problem(_M):
+    detail: str

@@ -1,0 +1,385 @@
+"""Pure renderers: Snapshot (+ ledger rows) -> API models. No I/O of their own.
+
+Each function reads one snapshot and builds only what the response carries: filters are
+numpy masks over the per-kind arrays, pages are slices of the matching indices, so the
+cost of a request does not grow with the fleet beyond one vectorized pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
+from seamguard.assess.overrides import Pin
+from seamguard.assess.states import STATE_BY_LABEL, State
+from seamguard.fleet.model import JobClass, Kind
+from seamguard.observe.signals import signals_for
+from seamguard.service import models as m
+from seamguard.service.snapshot import ENTITY_KINDS, KIND_DOMAIN, Snapshot
+
+STATE_LABELS = [s.label for s in State]
+_SORTABLE = {"gfs", "prs", "fae", "state"}
+
+
+def _f(x: float) -> float:
+    x = float(x)
+    return 0.0 if x != x else round(x, 4)
+
+
+def breaker(s: Snapshot, policy_breaker) -> m.Breaker:
+    b = s.breaker
+    return m.Breaker(tripped=b.tripped, reason=b.reason, tripped_at_s=b.tripped_at_s,
+                     disrupted_nodes_in_window=len({n for _, n in b.drained}),
+                     window_s=policy_breaker.window_s, max_fleet_fraction=policy_breaker.max_fleet_fraction,
+                     max_loop_fraction=policy_breaker.max_loop_fraction)
+
+
+def summary(s: Snapshot, policy_breaker) -> m.Summary:
+    states = {k.label: s.kinds[k].counts() for k in ENTITY_KINDS}
+    domains: dict[str, dict[str, int]] = {}
+    for k in ENTITY_KINDS:
+        d = domains.setdefault(KIND_DOMAIN[k], dict.fromkeys(STATE_LABELS, 0))
+        for st, n in states[k.label].items():
+            d[st] += n
+    bad_loops = int(((s.loop_counts[Kind.GPU][:, 1:].sum(axis=1) + s.loop_counts[Kind.NODE][:, 1:].sum(axis=1)) > 0).sum())
+    p = s.progress
+    return m.Summary(
+        tick=s.tick, t_s=s.t_s, wall_s=s.wall_s, source=s.source, mode=m.Mode(s.mode), speed=s.speed,
+        tick_interval_s=s.tick_interval_s, sizes={k.label: s.fleet.count(k) for k in Kind}, states=states,
+        domains=domains, loops_not_healthy=bad_loops, breaker=breaker(s, policy_breaker),
+        timing=m.TickTiming(tick_s=s.tick_s, assess_s=s.assess_s, decide_s=s.decide_s, act_s=s.act_s,
+                            error=s.tick_error),
+        pins=len(s.pins), actions_in_effect=len(s.in_effect),
+        useful_throughput=None if p is None else round(p.useful_with, 5),
+        useful_throughput_without_control=None if p is None or p.useful_without is None else round(p.useful_without, 5))
+
+
+def _pinned_mask(s: Snapshot, kind: Kind) -> np.ndarray:
+    mask = np.zeros(s.fleet.count(kind), dtype=bool)
+    for p in s.pins:
+        if p.kind == kind:
+            mask[p.index] = True
+    return mask
+
+
+def entity_row(s: Snapshot, kind: Kind, i: int, pinned: bool | None = None) -> m.EntityRow:
+    v = s.kinds[kind]
+    lp, rk = int(v.loop[i]), int(v.rack[i])
+    if pinned is None:
+        pinned = any(p.kind == kind and p.index == i for p in s.pins)
+    return m.EntityRow(kind=kind.label, name=v.names[i], state=STATE_LABELS[int(v.state[i])], gfs=_f(v.gfs[i]),
+                       prs=_f(v.prs[i]), fae=_f(v.fae[i]),
+                       loop=s.fleet.loop_names[lp] if lp >= 0 else None,
+                       rack=s.fleet.rack_names[rk] if rk >= 0 else None,
+                       since_t_s=float(v.entered_t_s[i]), pinned=pinned)
+
+
+def select(s: Snapshot, kind: Kind, states: list[str] | None = None, loop: str | None = None,
+           rack: str | None = None, min_gfs: float | None = None, sort: str = "name") -> np.ndarray:
+    """Indices of matching entities, in the requested order. Raises KeyError on unknown loop/rack."""
+    v = s.kinds[kind]
+    mask = np.ones(v.count, dtype=bool)
+    if states:
+        mask &= np.isin(v.state, [STATE_BY_LABEL[x] for x in states])
+    if loop is not None:
+        mask &= v.loop == s.fleet.index_of(Kind.COOLING_LOOP, loop)
+    if rack is not None:
+        mask &= v.rack == s.fleet.index_of(Kind.RACK, rack)
+    if min_gfs is not None:
+        mask &= np.nan_to_num(v.gfs) >= min_gfs
+    idx = np.flatnonzero(mask)
+    if sort in _SORTABLE and idx.size:
+        key = getattr(v, sort)[idx]
+        # Worst first; ties keep name (index) order.
+        idx = idx[np.argsort(-np.nan_to_num(key.astype(float)), kind="stable")]
+    return idx
+
+
+def entities(s: Snapshot, kind: Kind, limit: int, offset: int, **filters) -> m.EntityPage:
+    idx = select(s, kind, **filters)
+    page = idx[offset:offset + limit]
+    pinned = _pinned_mask(s, kind)
+    return m.EntityPage(total=int(idx.size), limit=limit, offset=offset,
+                        items=[entity_row(s, kind, int(i), bool(pinned[i])) for i in page])
+
+
+def reasons_out(reasons) -> list[m.ReasonOut]:
+    return [m.ReasonOut(channel=r.channel, score=_f(r.score), value=None if r.value != r.value else float(r.value),
+                        unit=r.unit) for r in reasons]
+
+
+def why(row: m.EntityRow, evidence: list[m.ReasonOut], entered_by: dict | None, pin: Pin | None) -> str:
+    if pin is not None:
+        return f"pinned {pin.state.label} by {pin.by}: {pin.note}"
+    if row.state == "healthy":
+        if evidence:
+            top = evidence[0]
+            return f"healthy; strongest evidence {top.channel} (score {top.score:.2f}) is below the degrade threshold"
+        return "healthy: no evidence above the noise floor"
+    src = entered_by["reasons"] if entered_by and entered_by.get("reasons") else [e.model_dump() for e in evidence]
+    parts = [f"{r['channel']}={_fmt(r['value'])}{(' ' + r['unit']) if r['unit'] else ''} (score {r['score']:.2f})"
+             for r in src[:3]]
+    when = f" since t={entered_by['t_s']:.0f}s" if entered_by else ""
+    return f"{row.state}{when}: " + (", ".join(parts) if parts else "no recorded evidence")
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.3g}"
+
+
+def parents(s: Snapshot, kind: Kind, i: int) -> dict[str, str]:
+    f = s.fleet
+    out: dict[str, str] = {}
+    node = None
+    if kind == Kind.GPU:
+        node = int(f.gpu_node[i])
+    elif kind == Kind.NIC:
+        node = int(f.nic_node[i])
+    elif kind == Kind.LINK and f.link_nic[i] >= 0:
+        node = int(f.nic_node[f.link_nic[i]])
+        out["nic"] = f.nic_names[int(f.link_nic[i])]
+    elif kind == Kind.NODE:
+        node = i
+    if kind == Kind.LINK:
+        out["leaf"] = f.switch_names[int(f.link_leaf[i])]
+        if f.link_spine[i] >= 0:
+            out["spine"] = f.switch_names[int(f.link_spine[i])]
+    if node is not None:
+        if kind != Kind.NODE:
+            out["node"] = f.node_names[node]
+        j = int(f.node_job[node])
+        if j >= 0:
+            out["job"] = f.job_names[j]
+        out["storage"] = f.storage_names[int(f.node_storage[node])]
+    v = s.kinds[kind]
+    if v.rack[i] >= 0 and kind != Kind.RACK:
+        out["rack"] = f.rack_names[int(v.rack[i])]
+    if v.loop[i] >= 0 and kind != Kind.COOLING_LOOP:
+        out["cooling_loop"] = f.loop_names[int(v.loop[i])]
+    return out
+
+
+def _counts(states: np.ndarray) -> dict[str, int]:
+    c = np.bincount(states.astype(np.int64), minlength=len(State))
+    return {STATE_LABELS[j]: int(c[j]) for j in range(len(State))}
+
+
+def children(s: Snapshot, kind: Kind, i: int) -> list[m.ChildCount]:
+    f = s.fleet
+    out = []
+    g, nd = s.kinds[Kind.GPU], s.kinds[Kind.NODE]
+    if kind == Kind.COOLING_LOOP:
+        out.append(m.ChildCount(kind="rack", states=_counts(s.kinds[Kind.RACK].state[f.rack_loop == i])))
+        out.append(m.ChildCount(kind="node", states=_counts(nd.state[nd.loop == i])))
+        out.append(m.ChildCount(kind="gpu", states=_counts(g.state[g.loop == i])))
+    elif kind == Kind.RACK:
+        out.append(m.ChildCount(kind="node", states=_counts(nd.state[nd.rack == i])))
+        out.append(m.ChildCount(kind="gpu", states=_counts(g.state[g.rack == i])))
+    elif kind == Kind.NODE:
+        out.append(m.ChildCount(kind="gpu", states=_counts(g.state[f.gpu_node == i])))
+        out.append(m.ChildCount(kind="nic", states=_counts(s.kinds[Kind.NIC].state[f.nic_node == i])))
+    elif kind == Kind.STORAGE:
+        out.append(m.ChildCount(kind="node", states=_counts(nd.state[f.node_storage == i])))
+    elif kind == Kind.JOB:
+        out.append(m.ChildCount(kind="node", states=_counts(nd.state[f.node_job == i])))
+    return out
+
+
+def signals(s: Snapshot, ring, kind: Kind, i: int, last: int | None = None) -> list[m.SignalSeries]:
+    out = []
+    for sig in signals_for(kind):
+        t, vals = ring.series(sig.name, i, s.ring_upto, last)
+        out.append(m.SignalSeries(name=sig.name, unit=sig.unit, help=sig.help, t_s=t, values=vals))
+    return out
+
+
+def pin_out(p: Pin) -> m.PinOut:
+    return m.PinOut(kind=p.kind.label, entity=p.entity, state=p.state.label, note=p.note, by=p.by,
+                    since_wall_s=p.since_wall_s)
+
+
+def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limit: int = 50,
+                  signal_points: int | None = None) -> m.EntityDetail:
+    i = s.fleet.index_of(kind, name)  # KeyError -> 404
+    row = entity_row(s, kind, i)
+    ev = reasons_out(s.reasons(kind, i))
+    hist = reader.transitions(s.tick, entity=name, limit=history_limit)
+    entered = hist[0] if hist and hist[0]["to_state"] == row.state else None
+    pin = next((p for p in s.pins if p.kind == kind and p.index == i), None)
+    targets = [name]
+    node = parents(s, kind, i).get("node")
+    decisions = reader.decisions(s.tick, entity=name, limit=50)
+    actions = reader.actions(s.tick, entity=name, limit=50)
+    if node is not None and not decisions:
+        # A GPU's or NIC's actions usually target its node.
+        decisions = reader.decisions(s.tick, entity=node, limit=50)
+        actions = reader.actions(s.tick, entity=node, limit=50)
+        targets.append(node)
+    return m.EntityDetail(
+        entity=row, parents=parents(s, kind, i), children=children(s, kind, i), evidence=ev,
+        why=why(row, ev, entered, pin),
+        entered_by=m.TransitionOut(**entered) if entered else None,
+        history=[m.TransitionOut(**h) for h in hist],
+        signals=signals(s, ring, kind, i, signal_points),
+        decisions=[m.DecisionOut(**d) for d in decisions], actions=[m.ActionOut(**a) for a in actions],
+        pin=pin_out(pin) if pin else None)
+
+
+def admissible(s: Snapshot, job_class: str, limit: int, offset: int, loop: str | None = None) -> m.AdmissibleNodes:
+    n = s.fleet.count(Kind.NODE)
+    a = s.assessment
+    j = ADMISSIBILITY_COLUMNS.index(job_class)
+    ok = a.admissible[:, j] if a is not None else np.ones(n, dtype=bool)
+    if loop is not None:
+        ok = ok & (s.fleet.node_loop == s.fleet.index_of(Kind.COOLING_LOOP, loop))
+    idx = np.flatnonzero(ok)
+    return m.AdmissibleNodes(job_class=job_class, admissible=int(idx.size), total_nodes=n, limit=limit,
+                             offset=offset, nodes=[s.fleet.node_names[int(i)] for i in idx[offset:offset + limit]])
+
+
+def admissibility_summary(s: Snapshot) -> m.AdmissibilitySummary:
+    n = s.fleet.count(Kind.NODE)
+    a = s.assessment
+    counts = a.admissible.sum(axis=0) if a is not None else np.full(len(ADMISSIBILITY_COLUMNS), n)
+    return m.AdmissibilitySummary(total_nodes=n, admissible={c: int(counts[k]) for k, c in enumerate(ADMISSIBILITY_COLUMNS)})
+
+
+def jobs(s: Snapshot) -> list[m.JobOut]:
+    f = s.fleet
+    nd, jv = s.kinds[Kind.NODE], s.kinds[Kind.JOB]
+    p = s.progress
+    out = []
+    for j, name in enumerate(f.job_names):
+        nodes = np.flatnonzero(f.node_job == j)
+        bad = nodes[nd.state[nodes] != State.HEALTHY]
+        out.append(m.JobOut(
+            name=name, job_class=JobClass(int(f.job_class[j])).label, criticality=float(f.job_criticality[j]),
+            gpus=int(f.job_gpu_count[j]), nodes=int(nodes.size), state=STATE_LABELS[int(jv.state[j])],
+            exposure=_counts(nd.state[nodes]), exposed_to=[f.node_names[int(x)] for x in bad[:20]],
+            fae=_f(jv.fae[j]),
+            useful_throughput=None if p is None else round(float(p.job_useful_with[j]), 5),
+            useful_throughput_without_control=None if p is None or p.job_useful_without is None
+            else round(float(p.job_useful_without[j]), 5)))
+    return out
+
+
+def _contained_fae(s: Snapshot) -> float:
+    """FAE of entities whose node or path is held out of the critical path by an action in effect."""
+    f = s.fleet
+    held = {k.split(":", 1)[1].split("@")[0] for k in s.in_effect if k.startswith(("drain:", "avoid_link:", "avoid_storage:"))}
+    if not held:
+        return 0.0
+    total = 0.0
+    g, nic = s.kinds[Kind.GPU], s.kinds[Kind.NIC]
+    drained = []
+    for n in held:
+        try:
+            drained.append(f.index_of(Kind.NODE, n))
+        except KeyError:
+            pass
+    if drained:
+        total += float(np.nan_to_num(g.fae[np.isin(f.gpu_node, drained)]).sum())
+        total += float(np.nan_to_num(nic.fae[np.isin(f.nic_node, drained)]).sum())
+    for kind in (Kind.LINK, Kind.STORAGE):
+        v = s.kinds[kind]
+        for n in held:
+            try:
+                total += float(np.nan_to_num(v.fae[f.index_of(kind, n)]))
+            except KeyError:
+                pass
+    return round(total, 3)
+
+
+def throughput(s: Snapshot) -> m.Throughput:
+    p = s.progress
+    fae_now = 0.0
+    for kind in (Kind.COOLING_LOOP, Kind.GPU, Kind.NIC, Kind.LINK, Kind.STORAGE):
+        v = s.kinds[kind]
+        fae_now += float(np.nan_to_num(v.fae[v.state != State.HEALTHY]).sum())
+    saved = None
+    if p is not None and p.gpu_hours_without is not None:
+        saved = round(p.gpu_hours_with - p.gpu_hours_without, 3)
+    return m.Throughput(
+        source=s.source,
+        useful_with_control=None if p is None else round(p.useful_with, 5),
+        useful_without_control=None if p is None or p.useful_without is None else round(p.useful_without, 5),
+        gpu_hours_with_control=None if p is None else round(p.gpu_hours_with, 3),
+        gpu_hours_without_control=None if p is None or p.gpu_hours_without is None else round(p.gpu_hours_without, 3),
+        gpu_hours_saved=saved,
+        job_failures_with_control=None if p is None else p.failures_with,
+        job_failures_without_control=None if p is None else p.failures_without,
+        fae_in_effect_gpu_h_per_h=round(fae_now, 3), fae_contained_gpu_h_per_h=_contained_fae(s),
+        series=[m.ThroughputPointOut(t_s=x.t_s, with_control=x.useful_with, without_control=x.useful_without)
+                for x in s.throughput])
+
+
+def timeline(s: Snapshot, reader, limit: int) -> list[m.TimelineEvent]:
+    trs = reader.transitions(s.tick, non_healthy_only=True, limit=limit)
+    acts = reader.actions(s.tick, limit=limit)
+    ev = [m.TimelineEvent(t_s=t["t_s"], tick=t["tick"], type="transition", entity=t["entity"], kind=t["kind"],
+                          text=f"{t['from_state']} → {t['to_state']}" +
+                               (f": {t['reasons'][0]['channel']}" if t["reasons"] else ""),
+                          state=t["to_state"], status=None) for t in trs]
+    ev += [m.TimelineEvent(t_s=a["t_s"], tick=a["tick"], type="action", entity=a["target"], kind=a["verb"],
+                           text=f"{a['op']} {a['verb']} {a['target']} [{a['status']}]" +
+                                (f": {a['reason']}" if a["reason"] else ""),
+                           state=None, status=a["status"]) for a in acts]
+    ev.sort(key=lambda e: (e.tick, e.type == "action"), reverse=True)
+    return ev[:limit]
+
+
+# ---- the fleet map ----------------------------------------------------------------------------
+DETAIL_MAX_GPUS = 4096
+FABRIC_CODES_MAX = 20000
+
+
+def _codes(states: np.ndarray) -> str:
+    return (states.astype(np.uint8) + 48).tobytes().decode("ascii")
+
+
+def _loop_detail(s: Snapshot, loop: int) -> m.MapDetail:
+    f = s.fleet
+    g, nd = s.kinds[Kind.GPU], s.kinds[Kind.NODE]
+    racks = []
+    for r in np.flatnonzero(f.rack_loop == loop).tolist():
+        nodes = np.flatnonzero(f.node_rack == r)
+        gpu_codes, gpu_names = [], []
+        for n in nodes.tolist():
+            gs = np.flatnonzero(f.gpu_node == n)
+            gpu_codes.append(_codes(g.state[gs]))
+            gpu_names.append([f.gpu_names[int(x)] for x in gs])
+        racks.append(m.MapRack(name=f.rack_names[r], nodes=[f.node_names[int(n)] for n in nodes],
+                               node_states=_codes(nd.state[nodes]), gpu_states=gpu_codes, gpu_names=gpu_names))
+    return m.MapDetail(loop=f.loop_names[loop], state=STATE_LABELS[int(s.kinds[Kind.COOLING_LOOP].state[loop])],
+                       racks=racks)
+
+
+def fleet_map(s: Snapshot, loop: str | None = None, not_healthy_limit: int = 50) -> m.FleetMap:
+    f = s.fleet
+    lc_g, lc_n = s.loop_counts[Kind.GPU], s.loop_counts[Kind.NODE]
+    loop_state = s.kinds[Kind.COOLING_LOOP].state
+    loops = []
+    for i, name in enumerate(f.loop_names):
+        worst_child = max([j for j in range(len(State)) if lc_g[i, j] or lc_n[i, j]] or [0])
+        loops.append(m.MapLoop(name=name, index=i, gpu_states={STATE_LABELS[j]: int(lc_g[i, j]) for j in range(len(State))},
+                               node_states={STATE_LABELS[j]: int(lc_n[i, j]) for j in range(len(State))},
+                               worst=STATE_LABELS[max(int(loop_state[i]), worst_child)]))
+    aggregated = f.count(Kind.GPU) > DETAIL_MAX_GPUS
+    if loop is not None:
+        detail = [_loop_detail(s, f.index_of(Kind.COOLING_LOOP, loop))]
+    elif not aggregated:
+        detail = [_loop_detail(s, i) for i in range(len(f.loop_names))]
+    else:
+        detail = []
+    fabric = []
+    for kind in (Kind.NIC, Kind.LINK):
+        v = s.kinds[kind]
+        bad = select(s, kind, states=STATE_LABELS[1:], sort="gfs")[:not_healthy_limit]
+        fabric.append(m.MapFabric(kind=kind.label, total=v.count, states=v.counts(),
+                                  codes=_codes(v.state) if v.count <= FABRIC_CODES_MAX else None,
+                                  not_healthy=[entity_row(s, kind, int(i)) for i in bad]))
+    storage = [entity_row(s, Kind.STORAGE, i) for i in range(f.count(Kind.STORAGE))]
+    return m.FleetMap(tick=s.tick, state_codes=STATE_LABELS, aggregated=aggregated and loop is None, loops=loops,
+                      detail=detail, fabric=fabric, storage=storage)

@@ -1,0 +1,57 @@
+"""Starting and stopping the HTTP server around a runner (the CLI, tests, benchmarks).
+
+`Server` runs uvicorn in a background thread on a given (or free) loopback port and
+stops it with a bounded wait, so tests and benchmarks start and stop real servers.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from seamguard.service.api import create_app
+from seamguard.service.runner import ServiceRunner
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, runner: ServiceRunner, token: str, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning") -> None:
+        self.runner = runner
+        self.host = host
+        self.port = port or free_port(host)
+        self.app = create_app(runner, token)
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=self.port, log_level=log_level,
+                                                     access_log=False, lifespan="off"))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> Server:
+        self._thread = threading.Thread(target=self._server.run, name="seamguard-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"HTTP server did not start on {self.url} within {timeout_s:g} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def serve_forever(self) -> None:
+        """Run in the calling thread until interrupted (the CLI)."""
+        self._server.run()
