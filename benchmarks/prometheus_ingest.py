@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer repeats (about a minute in all)")
+    ap.add_argument("--concurrency", type=int, default=2, help="queries in flight (seamguard path)")
     args = ap.parse_args()
     repeat = 2 if args.quick else args.repeat
 
@@ -76,7 +77,7 @@ def main() -> None:
         backfill_s = time.perf_counter() - t0
         with PrometheusServer(wd / "prom", tsdb_dir=wd / "tsdb") as prom:
             t_eval = base + frames[-1].t_s
-            cfg = PromConfig(url=prom.url, timeout_s=60)
+            cfg = PromConfig(url=prom.url, timeout_s=60, compression=False, max_concurrency=args.concurrency)
             ours, shares, series = [], [], 0
             with PrometheusSource(fleet, cfg) as src:
                 src.frame_at(t_eval)  # warm: connections, Prometheus' caches, our label cache

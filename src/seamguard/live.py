@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from seamguard.act.slurm import SlurmConfig
 from seamguard.backtest import EventStream, dumps
 from seamguard.observe.prometheus import PromConfig
+from seamguard.validation import format_validation_error
 
 log = logging.getLogger("seamguard.live")
 
@@ -86,13 +87,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as err:
-        lines = [f"{p}: invalid run config ({err.error_count()} problem(s))"]
-        for e in err.errors():
-            loc = ".".join(str(x) for x in e["loc"])
-            got = e.get("input")
-            got_s = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-            lines.append(f"  {loc}: {e['msg']}{got_s}")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(format_validation_error(str(p), "run config", err)) from None
     # Relative paths are relative to the config file.
     base = p.parent
     upd: dict[str, Any] = {}

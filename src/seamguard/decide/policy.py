@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from seamguard.assess.assessment import AssessConfig
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL
+from seamguard.validation import format_validation_error
 
 
 class PolicyError(ValueError):
@@ -100,13 +101,7 @@ def parse_policy(data: Any, source: str = "<policy>") -> Policy:
     try:
         return Policy.model_validate(merged)
     except ValidationError as err:
-        lines = [f"{source}: invalid policy ({err.error_count()} problem(s))"]
-        for e in err.errors():
-            loc = ".".join(str(p) for p in e["loc"])
-            got = e.get("input")
-            got_s = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-            lines.append(f"  {loc}: {e['msg']}{got_s}")
-        raise PolicyError("\n".join(lines)) from None
+        raise PolicyError(format_validation_error(source, "policy", err)) from None
 
 
 def default_policy(**overrides: Any) -> Policy:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL, Fleet, JobClass, SwitchTier
+from seamguard.validation import format_validation_error
 
 TOPOLOGY_VERSION = 1
 
@@ -87,22 +88,6 @@ class TopologySpec(_Strict):
     storage_paths: list[str] = Field(min_length=1)
     nodes: list[NodeSpec] = Field(min_length=1)
     jobs: list[JobSpec] = Field(default_factory=list)
-
-
-def _loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _format_validation(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: invalid topology ({err.error_count()} problem(s))"]
-    for e in err.errors():
-        got = e.get("input")
-        got_s = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-        lines.append(f"  {_loc(e['loc'])}: {e['msg']}{got_s}")
-    return "\n".join(lines)
 
 
 def _check_names(source: str, kind: str, names: list[str]) -> dict[str, int]:
@@ -229,7 +214,7 @@ def parse_topology(data: Any, source: str = "<topology>") -> Fleet:
     try:
         spec = TopologySpec.model_validate(data)
     except ValidationError as err:
-        raise TopologyError(_format_validation(source, err)) from None
+        raise TopologyError(format_validation_error(source, "topology", err)) from None
     return fleet_from_spec(spec, source)
 
 
