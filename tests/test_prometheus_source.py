@@ -151,7 +151,7 @@ def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_run_config(p)
     msg = str(e.value)
-    assert str(p) in msg and "prometheus.timeout_s" in msg and "actuators.0.slurm.timeout_s" in msg
+    assert str(p) in msg and "prometheus.timeout_s" in msg and "actuators[0].slurm.timeout_s" in msg
     p.write_text("version: 1\ntopology: t.yaml\nprometheus: {url: 'http://x', mapping: {signals: {NOPE: {}}}}\n")
     with pytest.raises(ConfigError, match="unknown signal 'NOPE'"):
         load_run_config(p)
