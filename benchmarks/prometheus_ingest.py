@@ -77,7 +77,7 @@ def main() -> None:
         backfill_s = time.perf_counter() - t0
         with PrometheusServer(wd / "prom", tsdb_dir=wd / "tsdb") as prom:
             t_eval = base + frames[-1].t_s
-            cfg = PromConfig(url=prom.url, timeout_s=60, compression=False, max_concurrency=args.concurrency)
+            cfg = PromConfig(url=prom.url, timeout_s=60, max_concurrency=args.concurrency)
             ours, shares, series = [], [], 0
             with PrometheusSource(fleet, cfg) as src:
                 src.frame_at(t_eval)  # warm: connections, Prometheus' caches, our label cache

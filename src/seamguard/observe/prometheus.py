@@ -52,9 +52,10 @@ class PromConfig(BaseModel):
     timeout_s: float = Field(10.0, gt=0, description="read timeout of one query")
     connect_timeout_s: float = Field(3.0, gt=0)
     retries: int = Field(1, ge=0, le=5, description="retries of a retryable failure within one tick")
-    max_concurrency: int = Field(4, ge=1, le=64, description="queries in flight at once")
+    max_concurrency: int = Field(2, ge=1, le=64, description="queries in flight at once")
     verify_tls: bool = True
-    compression: bool = Field(True, description="ask for gzip; turn off on loopback, where it only costs CPU")
+    compression: bool = Field(False, description="ask for gzip: worth it only over slow links; on a LAN or loopback "
+                                                 "compressing ~20 MB of JSON per tick costs seconds of CPU on both sides")
     range_chunk_steps: int = Field(360, ge=1, le=MAX_POINTS_PER_SERIES,
                                    description="steps per query_range request (batched history fetch)")
     mapping: Mapping = Field(default_factory=Mapping)
