@@ -51,7 +51,12 @@ class KubernetesActuatorConfig(_Strict):
     label_selector: str | None = None
 
 
-ActuatorConfig = Annotated[LogActuatorConfig | SlurmActuatorConfig | KubernetesActuatorConfig,
+class RuntimeActuatorConfig(_Strict):
+    type: Literal["runtime"]
+    hint_dirs: dict[str, Path] = Field(description="job name -> the --hint-dir its `seamguard launch` polls")
+
+
+ActuatorConfig = Annotated[LogActuatorConfig | SlurmActuatorConfig | KubernetesActuatorConfig | RuntimeActuatorConfig,
                            Field(discriminator="type")]
 
 
@@ -115,6 +120,10 @@ def build_actuators(cfg: RunConfig) -> list:
             from seamguard.act.slurm import SlurmActuator
 
             out.append(SlurmActuator(SlurmConfig(**a.model_dump(exclude={"type"}))))
+        elif isinstance(a, RuntimeActuatorConfig):
+            from seamguard.act.runtime import RuntimeHintActuator
+
+            out.append(RuntimeHintActuator(a.hint_dirs))
         else:
             from seamguard.act.kubernetes import KubernetesActuator, KubernetesConfig
 

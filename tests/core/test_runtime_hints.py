@@ -1,0 +1,43 @@
+"""The control plane asks a seamguard-runtime job to checkpoint through its hint directory."""
+
+from seamguard.act.reconcile import diff
+from seamguard.act.runtime import RuntimeHintActuator
+from seamguard.decide.actions import Action, Verb, action_key
+
+
+def _ckpt(job: str, t: int) -> Action:
+    return Action(key=action_key(Verb.CHECKPOINT_NOW, job, f"t{t}"), verb=Verb.CHECKPOINT_NOW, target=job,
+                  target_kind="job", reason="seamguard: job exposed to degraded gpu007")
+
+
+def test_checkpoint_now_becomes_a_hint_file_once(tmp_path):
+    act = RuntimeHintActuator({"train": tmp_path / "hints"})
+    a = _ckpt("train", 100)
+    assert act.apply(a).ok
+    hint = tmp_path / "hints" / "checkpoint_now"
+    assert hint.read_text().startswith("seamguard: job exposed")
+    # a restarted actuator (new object, same directory) knows the hint was delivered
+    again = RuntimeHintActuator({"train": tmp_path / "hints"})
+    assert a.key in again.observe()
+    apply, revert = diff({a.key: a}, again.observe(), set())
+    assert apply == [] and revert == []
+    # the runtime consumes the file; a later episode asks again
+    hint.unlink()
+    b = _ckpt("train", 400)
+    apply, _ = diff({b.key: b}, again.observe(), set())
+    assert apply == [b] and again.apply(b).ok and hint.exists()
+
+
+def test_jobs_outside_the_runtime_are_left_alone(tmp_path):
+    act = RuntimeHintActuator({"train": tmp_path / "hints"})
+    res = act.apply(_ckpt("other-job", 5))
+    assert res.ok and "no hint directory" in res.detail
+    assert not (tmp_path / "hints").exists()
+
+
+def test_unwritable_directory_is_a_retryable_failure(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    act = RuntimeHintActuator({"train": blocker / "hints"})
+    res = act.apply(_ckpt("train", 1))
+    assert not res.ok and res.retryable and "cannot write the hint" in res.detail
