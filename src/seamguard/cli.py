@@ -18,6 +18,10 @@ twin_app = typer.Typer(help="The digital twin: simulated telemetry and discrete-
                        no_args_is_help=True)
 app.add_typer(twin_app, name="twin")
 
+from seamguard.runtime.cli import LAUNCH_CONTEXT, launch  # noqa: E402
+
+app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
+
 
 def main() -> None:
     app()
