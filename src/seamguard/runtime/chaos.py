@@ -70,8 +70,11 @@ def render_plan(triggers: list[Trigger]) -> str:
 
 def random_plan(seed: int, world_size: int, first_step: int, last_step: int, n: int,
                 phases: tuple[str, ...] = PHASES, actions: tuple[str, ...] = ACTIONS,
-                min_gap_steps: int = 3) -> list[Trigger]:
-    """n triggers at distinct random steps at least `min_gap_steps` apart (seeded)."""
+                min_gap_steps: int = 3, persist_every: int = 0) -> list[Trigger]:
+    """n triggers at distinct random steps at least `min_gap_steps` apart (seeded).
+
+    With `persist_every`, a persist-phase trigger is moved to a step that persists.
+    """
     rng = random.Random(seed)
     steps: list[int] = []
     candidates = list(range(first_step, last_step))
@@ -81,8 +84,13 @@ def random_plan(seed: int, world_size: int, first_step: int, last_step: int, n: 
             steps.append(s)
         if len(steps) == n:
             break
-    return [Trigger(rng.choice(actions), rng.randrange(world_size), s, rng.choice(phases))
-            for s in sorted(steps)]
+    out = []
+    for s in sorted(steps):
+        phase = rng.choice(phases)
+        if phase == "persist" and persist_every:
+            s = max(persist_every, s - s % persist_every)
+        out.append(Trigger(rng.choice(actions), rng.randrange(world_size), s, phase))
+    return out
 
 
 @dataclass

@@ -229,7 +229,7 @@ class Coordinator:
                 self._fail(f"gen {self.plan.gen}: no common in-memory step and no verified "
                            "checkpoint to fall back to")
                 choice = {"source": "none", "step": -1}
-        self.log({"event": "resume_chosen", "gen": self.plan.gen, **choice})
+        self.log({"event": "resume_chosen", "gen": self.plan.gen, **choice, "holdings": holdings})
         return choice
 
     def _fail(self, why: str) -> str:

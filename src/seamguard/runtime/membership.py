@@ -102,7 +102,7 @@ def resume_step(plan: Plan, holdings: dict[int, dict]) -> int | None:
         return None
     common: set[int] | None = None
     for wid, role in zip(plan.ranks, plan.roles):
-        if wid == role:
+        if role not in plan.holders:
             steps = set(holdings.get(wid, {}).get("own", []))
         else:
             holder = plan.holders.get(role)

@@ -47,6 +47,10 @@ class JobFinished(Exception):
     """The job ended while this process was waiting (a spare that was never needed)."""
 
 
+class JobFailed(RuntimeError):
+    """The coordinator gave the job up (no consistent state left); see the launcher log."""
+
+
 def _connect(host: str, port: int, timeout_s: float) -> dist.TCPStore:
     return dist.TCPStore(host, port, None, False,
                          timeout=datetime.timedelta(seconds=timeout_s))
@@ -138,7 +142,10 @@ class Runtime:
             return
         while True:
             if self._failed or self._gen_seen > self.gen:
-                self._recover()
+                try:
+                    self._recover()
+                except JobFinished:
+                    return  # finished without us (we had already been replaced)
             if self.step >= total_steps:
                 if self._final_barrier():
                     break
@@ -381,8 +388,7 @@ class Runtime:
                 return self.store.get(key)
             if self._gen_seen > gen:
                 raise GenerationChanged(key)
-            if self.store.check([keys.JOB_DONE]):
-                raise JobFinished()
+            self._check_job_done()
             if not spare and time.monotonic() > deadline:
                 raise RecoveryError(f"worker {self.wid}: no {key!r} within {timeout_s}s")
             time.sleep(0.002)
@@ -408,7 +414,7 @@ class Runtime:
                 self._note("recovered", gen=gen, step=self.step, rank=self.rank,
                            seconds=time.monotonic() - t0)
                 return
-            except JobFinished:
+            except (JobFinished, JobFailed):
                 raise
             except (GenerationChanged, RecoveryError, replica.ReplicaError, CheckpointError,
                     RuntimeError, OSError) as exc:
@@ -421,6 +427,12 @@ class Runtime:
                 self._abandon_group()
                 self.gen = gen
 
+    def _check_job_done(self) -> None:
+        if self.store.check([keys.JOB_DONE]):
+            if self.store.get(keys.JOB_DONE) != b"ok":
+                raise JobFailed("the coordinator gave the job up; see the launcher's events")
+            raise JobFinished()
+
     def _next_generation(self) -> int:
         """Block (bounded unless a spare) until a generation newer than ours exists."""
         spare = self.plan is None
@@ -430,8 +442,7 @@ class Runtime:
                 g = int(self.store.get(keys.GENERATION))
                 if g > self.gen:
                     return g
-            if self.store.check([keys.JOB_DONE]):
-                raise JobFinished()
+            self._check_job_done()
             if not spare and time.monotonic() > deadline:
                 raise RecoveryError(f"worker {self.wid}: coordinator announced no new generation "
                                     f"within {self.settings.recovery_timeout_s}s")
@@ -446,7 +457,7 @@ class Runtime:
         self.gen, self.plan, self.rank = gen, plan, rank
         step, source = int(resume["step"]), resume["source"]
         if source == "none":
-            raise JobFinished()
+            raise JobFailed(f"generation {gen}: no consistent state to recover from")
         if source == "memory":
             self._restore_memory(plan, role, step)
         elif source == "disk":
@@ -474,7 +485,7 @@ class Runtime:
                        json.dumps({"ok": True, "checksum": checksum, "step": step}))
 
     def _restore_memory(self, plan: Plan, role: int, step: int) -> None:
-        if role == self.wid:
+        if role not in plan.holders:
             slot = self.slots.find(step)
             if slot is None:
                 raise RecoveryError(f"worker {self.wid}: own snapshot of step {step} is gone")
