@@ -45,3 +45,11 @@ def test_resume_step_none_when_replica_missing_or_disk_forced():
 def test_plan_json_round_trip():
     p = next_plan(initial_plan([0, 1], [2]), {0}, 2, "lost 0")
     assert Plan.from_json(p.to_json()) == p
+
+
+def test_pending_recovery_carries_holders_and_detects_lost_holder():
+    g1 = next_plan(initial_plan([0, 1], [2, 3]), {0}, 2, "lost 0")  # 2 takes role 0, holder 1
+    g2 = next_plan(g1, {1}, 2, "lost 1", pending=True)  # holder of role 0 died mid-recovery
+    assert g2.ranks == [2, 3] and g2.holders == {0: 1, 1: 2}
+    holdings = {2: {"own": [], "replicas": {"1": [8]}}, 3: {"own": []}}
+    assert resume_step(g2, holdings) is None  # role 0's replica died with worker 1

@@ -172,7 +172,8 @@ class Coordinator:
         if self.recoveries > self.settings.max_recoveries:
             return self._fail(f"more than {self.settings.max_recoveries} recoveries")
         try:
-            plan = next_plan(self.plan, lost, self.settings.nproc, reason, force_disk)
+            plan = next_plan(self.plan, lost, self.settings.nproc, reason, force_disk,
+                             pending=self.phase == "recovering")
         except ValueError as exc:
             return self._fail(str(exc))
         self._start_generation(plan, now)

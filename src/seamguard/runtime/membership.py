@@ -62,15 +62,19 @@ def initial_plan(trainers: list[int], spares: list[int]) -> Plan:
 
 
 def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
-              force_disk: bool = False) -> Plan:
+              force_disk: bool = False, pending: bool = False) -> Plan:
     """Replace every lost rank by a spare (lowest id first) or drop it (shrink).
 
-    Lost spares are simply removed. Raises ValueError when no rank would remain.
+    `pending` says the current generation never finished recovering: its newcomers hold
+    no state yet, so their roles still come from the holders recorded before (carried
+    over; if such a holder is lost too, memory recovery is impossible and the caller
+    falls back to disk). Lost spares are simply removed. Raises ValueError when no rank
+    would remain.
     """
     spares = [w for w in current.spares if w not in lost]
     ranks: list[int] = []
     roles: list[int] = []
-    holders: dict[int, int] = {}
+    holders: dict[int, int] = dict(current.holders) if pending else {}
     old_world = current.world_size
     for r, (wid, role) in enumerate(zip(current.ranks, current.roles)):
         if wid not in lost:
@@ -81,7 +85,9 @@ def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
         if spares:
             ranks.append(spares.pop(0))
             roles.append(role)
-            holders[role] = holder
+            holders.setdefault(role, holder)
+        else:
+            holders.pop(role, None)
     if not ranks:
         raise ValueError(f"generation {current.gen}: every rank lost ({sorted(lost)}), "
                          "nothing left to continue")

@@ -126,6 +126,8 @@ class Runtime:
         params = [p for p in model.parameters() if p.requires_grad]
         self._params = params
         self._flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        if self.settings.checkpoint_dir is not None:
+            self._ensure_persister()  # start it now, not at the first persist
 
     @property
     def world_size(self) -> int:
