@@ -158,12 +158,14 @@ class Coordinator:
 
     # ---------------------------------------------------------------- generations
     def _start_generation(self, plan: Plan, now: float) -> None:
+        previous = set(self.plan.ranks) if self.plan else set()
         self.plan = plan
         self.store.set(keys.plan(plan.gen), plan.to_json())
         self.store.set(keys.GENERATION, str(plan.gen))
         self.phase, self._phase_since_s, self._resume_written = "recovering", now, False
         for w in plan.ranks:
-            self.tracker.forget(w)
+            if w not in previous:  # a member already being watched keeps its evidence
+                self.tracker.forget(w)
         self.log({"event": "plan", "gen": plan.gen, "ranks": plan.ranks, "roles": plan.roles,
                   "spares": plan.spares, "reason": plan.reason, "force_disk": plan.force_disk})
 
