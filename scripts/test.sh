@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian machine, then runs the whole suite.
+# System packages: servers the integration tests start themselves (Prometheus, slurmctld
+# with munge, Chromium for the dashboard) and iproute2 for namespaced test networks.
+# torch is pinned first so pip takes the CPU wheel on disk, never a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if command -v apt-get >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq prometheus slurmctld slurm-client munge chromium iproute2 >/dev/null
+fi
+python -m pip install -q --disable-pip-version-check torch==2.13.0
+python -m pip install -q --disable-pip-version-check -e '.[test,runtime]'
+python -m pytest "$@"

@@ -1,0 +1,76 @@
+"""Level-triggered reconciliation: desired state vs actual, apply the difference once.
+
+Every change is recorded as pending in the ledger before the actuator is called and
+closed after, so a controller killed between the two finds the pending row on restart
+and settles it from the actuator's actual state instead of repeating the action.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from seamguard.act.base import ActionResult, Actuator, verb_of
+from seamguard.decide.actions import Action, Decisions, Verb
+
+log = logging.getLogger("seamguard.act")
+
+# Protect the job before disrupting it; disrupt before relabelling.
+_ORDER = {Verb.CHECKPOINT_NOW: 0, Verb.MOVE_JOB: 1, Verb.DRAIN: 2, Verb.AVOID_STORAGE: 3,
+          Verb.AVOID_LINK: 4, Verb.LABEL_DEGRADED: 5}
+
+
+@dataclass(frozen=True)
+class Change:
+    op: str  # apply | revert
+    key: str
+    action: Action | None
+    actuator: str
+    status: str  # done | failed | dry_run
+    detail: str
+
+
+def observe_all(actuators: list[Actuator]) -> set[str]:
+    held: set[str] = set()
+    for act in actuators:
+        held |= act.observe()
+    return held
+
+
+def diff(desired: dict[str, Action], actual: set[str], done_one_shots: set[str]) -> tuple[list[Action], list[str]]:
+    """(actions to apply, keys to revert). Pure."""
+    apply = [a for k, a in desired.items()
+             if k not in actual and not (a.verb.one_shot and k in done_one_shots)]
+    revert = [k for k in actual if k not in desired and not verb_of(k).one_shot]
+    apply.sort(key=lambda a: (_ORDER[a.verb], a.key))
+    revert.sort()
+    return apply, revert
+
+
+def reconcile(decisions: Decisions, actuators: list[Actuator], ledger, tick: int, enforce: bool) -> list[Change]:
+    actual = observe_all(actuators)
+    done = ledger.done_keys() if ledger is not None else set()
+    apply, revert = diff(decisions.desired, actual, done | actual)
+    changes: list[Change] = []
+    for op, key, action in [("apply", a.key, a) for a in apply] + [("revert", k, None) for k in revert]:
+        verb = action.verb if action else verb_of(key)
+        for act in actuators:
+            if verb not in act.verbs:
+                continue
+            if not enforce:
+                ch = Change(op, key, action, act.name, "dry_run", "dry run: not applied")
+                if ledger is not None:
+                    ledger.record_dry_run(tick, decisions.t_s, op, key, verb.value, act.name)
+            else:
+                if ledger is not None:
+                    ledger.begin_action(tick, decisions.t_s, op, key, verb.value, act.name)
+                try:
+                    res = act.apply(action) if action is not None else act.revert(key)
+                except Exception as e:  # an actuator must never take the controller down
+                    log.exception("actuator %s failed on %s %s", act.name, op, key)
+                    res = ActionResult(False, f"{type(e).__name__}: {e}", retryable=True)
+                ch = Change(op, key, action, act.name, "done" if res.ok else "failed", res.detail)
+                if ledger is not None:
+                    ledger.finish_action(key, op, ch.status, ch.detail)
+            changes.append(ch)
+    return changes

@@ -1,0 +1,217 @@
+"""One tick of assessment: Frame + bounded history + previous states -> Assessment.
+
+Pure: no clock, no I/O. The Assessment is the single record the decide stage, the
+ledger, the API and the dashboard read; every state change in it carries the evidence
+that drove it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from seamguard.assess import evidence as ev
+from seamguard.assess.admissibility import AdmissibilityConfig, node_admissibility, node_domain_states
+from seamguard.assess.propagation import PropagationConfig, all_dependents, fae, prs
+from seamguard.assess.states import Hysteresis, State, StateVector, step_states
+from seamguard.fleet.model import Fleet, Kind
+from seamguard.observe.frame import Frame
+from seamguard.observe.history import History
+
+ASSESSED_KINDS = (Kind.COOLING_LOOP, Kind.RACK, Kind.GPU, Kind.NIC, Kind.LINK, Kind.STORAGE)
+
+
+def _default_hysteresis() -> dict[str, Hysteresis]:
+    return {
+        "cooling_loop": Hysteresis(enter_ticks=2, quarantine_ticks=3),
+        "rack": Hysteresis(),
+        "gpu": Hysteresis(),
+        "nic": Hysteresis(recover_ticks=36),  # flap dampening: stay out until stable
+        "link": Hysteresis(),
+        "storage": Hysteresis(severe_state="checkpoint_unsafe"),
+    }
+
+
+class AssessConfig(BaseModel):
+    """Everything the assess stage is tuned by (the `assess:` section of a policy)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig)
+    propagation: PropagationConfig = Field(default_factory=PropagationConfig)
+    hysteresis: dict[str, Hysteresis] = Field(default_factory=_default_hysteresis)
+    admissibility: AdmissibilityConfig = Field(default_factory=AdmissibilityConfig)
+
+    def hysteresis_for(self, kind: Kind) -> Hysteresis:
+        return self.hysteresis.get(kind.label) or Hysteresis()
+
+    def history_depths(self, tick_s: float) -> dict[str, int]:
+        """Rows each counter signal must keep for the windows that read it."""
+        e = self.evidence
+        rate = int(np.ceil(e.rate_window_s / tick_s)) + 1
+        flap = int(np.ceil(e.flap_window_s / tick_s)) + 1
+        return {
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": rate,
+            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": rate,
+            "node_infiniband_symbol_error_total": rate,
+            "node_infiniband_link_downed_total": flap,
+            "node_infiniband_state_id": max(e.link_down_hard_ticks, 2),
+        }
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One channel of evidence behind a score: what was measured and how much it counted."""
+
+    channel: str
+    score: float
+    value: float
+    unit: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A state change of one entity, with the evidence that drove it."""
+
+    t_s: float
+    kind: Kind
+    index: int
+    entity: str
+    from_state: State
+    to_state: State
+    gfs: float
+    prs: float
+    fae: float
+    reasons: tuple[Reason, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class KindAssessment:
+    kind: Kind
+    evidence: ev.Evidence
+    gfs: np.ndarray
+    prs: np.ndarray
+    fae: np.ndarray
+    states: StateVector
+
+    def reasons(self, i: int, min_score: float = 0.05) -> tuple[Reason, ...]:
+        e = self.evidence
+        row_s, row_v = e.score[i], e.value[i]
+        order = np.argsort(-row_s)
+        return tuple(Reason(e.channels[c], round(float(row_s[c]), 4), float(row_v[c]), e.units[c])
+                     for c in order if row_s[c] >= min_score)
+
+
+@dataclass(frozen=True, eq=False)
+class Assessment:
+    t_s: float
+    kinds: dict[Kind, KindAssessment]
+    node_gfs: np.ndarray
+    node_state: np.ndarray  # int8 State, the most severe of the node's GPUs and NICs
+    node_domain_state: np.ndarray  # [nodes, 4]: compute, fabric, facilities, storage
+    admissible: np.ndarray  # [nodes, classes + 1]: job classes then checkpoint/restore path
+    transitions: list[Transition] = field(default_factory=list)
+
+    def state(self, kind: Kind) -> np.ndarray:
+        return self.node_state if kind == Kind.NODE else self.kinds[kind].states.state
+
+    def counts_by_state(self, kind: Kind) -> dict[str, int]:
+        c = np.bincount(self.state(kind), minlength=len(State))
+        return {s.label: int(c[s]) for s in State}
+
+
+def initial_states(fleet: Fleet) -> dict[Kind, StateVector]:
+    return {k: StateVector.initial(fleet.count(k)) for k in ASSESSED_KINDS}
+
+
+def _slowdown(kind: Kind, e: ev.Evidence, cfg: AssessConfig) -> np.ndarray:
+    p = cfg.propagation
+    col = {c: i for i, c in enumerate(e.channels)}
+    if kind == Kind.GPU:
+        return np.maximum(np.nan_to_num(e.value[:, col["clock_deficit"]]),
+                          np.nan_to_num(e.value[:, col["compute_excess"]]))
+    if kind == Kind.NIC:
+        flaps_per_h = e.value[:, col["flaps"]] * 3600.0 / cfg.evidence.flap_window_s
+        return flaps_per_h * p.flap_stall_s / 3600.0
+    if kind == Kind.LINK:
+        return (np.nan_to_num(e.value[:, col["latency"]], nan=1.0) - 1.0) * p.comm_share
+    if kind == Kind.STORAGE:
+        return (np.nan_to_num(e.value[:, col["latency_ratio"]], nan=1.0) - 1.0) * p.checkpoint_share
+    return np.zeros(e.score.shape[0])
+
+
+def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVector],
+           cfg: AssessConfig, deps: dict[Kind, np.ndarray] | None = None,
+           prev_node_state: np.ndarray | None = None) -> Assessment:
+    """Score, classify and explain every entity for one frame.
+
+    ``hist`` holds the frames before ``frame``; ``deps`` may be passed in when the
+    placement has not changed since the last tick (it is the only costly topology walk).
+    """
+    deps = deps if deps is not None else all_dependents(fleet)
+    e_cfg = cfg.evidence
+    evid: dict[Kind, ev.Evidence] = {}
+    evid[Kind.COOLING_LOOP] = ev.loop_evidence(fleet, frame, e_cfg)
+    evid[Kind.RACK] = ev.rack_evidence(fleet, frame, e_cfg)
+    evid[Kind.GPU] = ev.gpu_evidence(fleet, frame, hist, e_cfg, loop_gfs=evid[Kind.COOLING_LOOP].gfs)
+    evid[Kind.NIC] = ev.nic_evidence(fleet, frame, hist, e_cfg)
+    evid[Kind.LINK] = ev.link_evidence(fleet, frame, e_cfg)
+    evid[Kind.STORAGE] = ev.storage_evidence(fleet, frame, e_cfg)
+
+    kinds: dict[Kind, KindAssessment] = {}
+    transitions: list[Transition] = []
+    for kind in ASSESSED_KINDS:
+        e = evid[kind]
+        gfs = e.gfs
+        p = prs(deps[kind], cfg.propagation)
+        f = fae(deps[kind], gfs, _slowdown(kind, e, cfg), cfg.propagation)
+        before = prev[kind]
+        hard = e.hard_event | ((before.state == State.FAILED) & e.hard_level)
+        after = step_states(before, gfs, p, hard, cfg.hysteresis_for(kind), frame.t_s)
+        ka = KindAssessment(kind, e, gfs, p, f, after)
+        kinds[kind] = ka
+        for i in np.flatnonzero(after.state != before.state).tolist():
+            transitions.append(Transition(
+                t_s=frame.t_s, kind=kind, index=i, entity=fleet.names(kind)[i],
+                from_state=State(int(before.state[i])), to_state=State(int(after.state[i])),
+                gfs=round(float(gfs[i]), 4), prs=round(float(p[i]), 4), fae=round(float(f[i]), 3),
+                reasons=ka.reasons(i)))
+
+    n_nodes = fleet.count(Kind.NODE)
+    node_gfs = np.zeros(n_nodes)
+    np.maximum.at(node_gfs, fleet.gpu_node, kinds[Kind.GPU].gfs)
+    np.maximum.at(node_gfs, fleet.nic_node, kinds[Kind.NIC].gfs)
+    domain = node_domain_states(fleet, {k: kinds[k].states.state for k in ASSESSED_KINDS})
+    node_state = np.maximum(domain[:, 0], domain[:, 1]).astype(np.int8)
+    if prev_node_state is not None:
+        for i in np.flatnonzero(node_state != prev_node_state).tolist():
+            cause = node_cause(fleet, kinds, i)
+            transitions.append(Transition(
+                t_s=frame.t_s, kind=Kind.NODE, index=i, entity=fleet.node_names[i],
+                from_state=State(int(prev_node_state[i])), to_state=State(int(node_state[i])),
+                gfs=round(float(node_gfs[i]), 4), prs=round(float(prs(deps[Kind.NODE][i:i + 1], cfg.propagation)[0]), 4),
+                fae=round(float(cause[1]), 3), reasons=cause[2]))
+    return Assessment(
+        t_s=frame.t_s, kinds=kinds, node_gfs=node_gfs, node_state=node_state,
+        node_domain_state=domain,
+        admissible=node_admissibility(domain, cfg.admissibility),
+        transitions=transitions,
+    )
+
+
+def node_cause(fleet: Fleet, kinds: dict[Kind, KindAssessment], node: int) -> tuple[str, float, tuple[Reason, ...]]:
+    """The worst component of a node, its FAE and its reasons (prefixed with its name)."""
+    best: tuple[float, str, float, tuple[Reason, ...]] = (-1.0, "", 0.0, ())
+    for kind, owner in ((Kind.GPU, fleet.gpu_node), (Kind.NIC, fleet.nic_node)):
+        ka = kinds[kind]
+        idx = np.flatnonzero(owner == node)
+        if idx.size == 0:
+            continue
+        j = int(idx[np.argmax(ka.gfs[idx])])
+        if ka.gfs[j] > best[0]:
+            name = fleet.names(kind)[j]
+            reasons = tuple(Reason(f"{name}:{r.channel}", r.score, r.value, r.unit) for r in ka.reasons(j))
+            best = (float(ka.gfs[j]), name, float(ka.fae[j]), reasons)
+    return best[1], best[2], best[3]

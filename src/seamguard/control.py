@@ -1,0 +1,169 @@
+"""The control loop: Frame -> assess -> decide -> act, every step in the ledger.
+
+The controller owns the only mutable state of the core (history, state vectors,
+breaker) and hands it to the pure stages each tick. Time comes from the frames it is
+given, so the same controller runs live, in a backtest and inside the twin. A tick
+that fails (bad data, a bug) is recorded and skipped; the controller keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from seamguard.act.base import Actuator
+from seamguard.act.reconcile import Change, observe_all, reconcile
+from seamguard.assess.assessment import ASSESSED_KINDS, Assessment, assess, initial_states
+from seamguard.assess.propagation import all_dependents
+from seamguard.assess.states import StateVector
+from seamguard.decide.actions import Decisions
+from seamguard.decide.breaker import BreakerState
+from seamguard.decide.planner import DecideState, decide
+from seamguard.decide.policy import Policy
+from seamguard.fleet.model import Fleet, Kind
+from seamguard.ledger.sqlite import Ledger
+from seamguard.observe.frame import Frame
+from seamguard.observe.history import History
+
+log = logging.getLogger("seamguard.control")
+
+_SV_FIELDS = ("state", "dwell", "above_degrade", "above_quarantine", "below_exit", "entered_t_s")
+
+
+@dataclass
+class TickReport:
+    tick: int
+    t_s: float
+    assessment: Assessment | None
+    decisions: Decisions | None
+    changes: list[Change] = field(default_factory=list)
+    assess_s: float = 0.0
+    decide_s: float = 0.0
+    act_s: float = 0.0
+    tick_s: float = 0.0
+    error: str = ""
+
+
+class Controller:
+    def __init__(self, fleet: Fleet, policy: Policy, actuators: list[Actuator] | None = None,
+                 ledger: Ledger | None = None, tick_s: float = 15.0, mode: str | None = None) -> None:
+        self.fleet = fleet
+        self.policy = policy
+        self.actuators = list(actuators or [])
+        self.ledger = ledger
+        self.mode = mode or policy.mode
+        if self.mode not in ("dry_run", "enforce"):
+            raise ValueError(f"mode must be 'dry_run' or 'enforce', got {self.mode!r}")
+        self.history = History(tick_s, default_depth=2, depth_by_signal=policy.assess.history_depths(tick_s))
+        self.states: dict[Kind, StateVector] = initial_states(fleet)
+        self.node_state = np.zeros(fleet.count(Kind.NODE), dtype=np.int8)
+        self.dstate = DecideState()
+        self.tick_no = 0
+        self.last: TickReport | None = None
+        self._deps = all_dependents(fleet)
+        if ledger is not None:
+            self._restore()
+
+    # ---- state across restarts ------------------------------------------------------
+    def _restore(self) -> None:
+        assert self.ledger is not None
+        self.tick_no = self.ledger.last_tick() + 1
+        snap = self.ledger.load_snapshot()
+        if snap is not None:
+            _, arrays = snap
+            states = {}
+            for kind in ASSESSED_KINDS:
+                cols = [arrays.get(f"{kind.label}.{f}") for f in _SV_FIELDS]
+                if any(c is None or c.shape[0] != self.fleet.count(kind) for c in cols):
+                    log.warning("ledger snapshot does not match this fleet's %s; starting that kind fresh",
+                                kind.label)
+                    states[kind] = self.states[kind]
+                    continue
+                states[kind] = StateVector(*cols)
+            self.states = states
+            ns = arrays.get("node.state")
+            if ns is not None and ns.shape[0] == self.fleet.count(Kind.NODE):
+                self.node_state = ns.astype(np.int8)
+        d = self.ledger.get_meta("decide_state")
+        if d:
+            self.dstate = DecideState(BreakerState.from_json(d["breaker"]),
+                                      tuple((j, int(lv), float(t)) for j, lv, t in d["exposure"]))
+        settled = self.ledger.settle_pending(observe_all(self.actuators))
+        if settled:
+            log.warning("restart: settled %d action(s) left pending by the previous controller", settled)
+
+    def _persist(self) -> None:
+        assert self.ledger is not None
+        arrays = {f"{k.label}.{f}": getattr(sv, f) for k, sv in self.states.items() for f in _SV_FIELDS}
+        arrays["node.state"] = self.node_state
+        self.ledger.save_snapshot(self.tick_no, arrays)
+        self.ledger.set_meta("decide_state", {"breaker": self.dstate.breaker.to_json(),
+                                              "exposure": [list(x) for x in self.dstate.exposure]})
+
+    # ---- operator controls -------------------------------------------------------------
+    @property
+    def breaker(self) -> BreakerState:
+        return self.dstate.breaker
+
+    def reset_breaker(self) -> None:
+        self.dstate = DecideState(self.dstate.breaker.reset(), self.dstate.exposure)
+        if self.ledger is not None:
+            self._persist()
+
+    def set_fleet(self, fleet: Fleet) -> None:
+        """Adopt a new placement (same entities, jobs moved)."""
+        if fleet is self.fleet:
+            return
+        if fleet.summary() != self.fleet.summary():
+            raise ValueError("set_fleet: entity counts changed; restart the controller with the new topology")
+        self.fleet = fleet
+        self._deps = all_dependents(fleet)
+
+    # ---- one tick -------------------------------------------------------------------------
+    def tick(self, frame: Frame) -> TickReport:
+        t0 = time.perf_counter()
+        tick = self.tick_no
+        rep = TickReport(tick, frame.t_s, None, None)
+        enforce = self.mode == "enforce"
+        try:
+            if self.ledger is not None:
+                self.ledger.begin_tick(tick, frame.t_s, self.mode, frame.flags)
+            a = assess(self.fleet, frame, self.history, self.states, self.policy.assess, self._deps,
+                       self.node_state)
+            self.history.push(frame)
+            t1 = time.perf_counter()
+            in_effect = observe_all(self.actuators)
+            decisions, dstate = decide(self.fleet, a, self.policy, self.dstate, in_effect)
+            t2 = time.perf_counter()
+            events: list[tuple[str, str]] = []
+            if self.ledger is not None:
+                self.ledger.record_transitions(tick, a.transitions)
+                events = self.ledger.record_decisions(tick, frame.t_s, decisions.desired, decisions.held)
+            if enforce:
+                changes = reconcile(decisions, self.actuators, self.ledger, tick, enforce=True)
+            else:
+                # Dry run: report each change once, when the decision first appears or is withdrawn.
+                new = {k for ev, k in events if ev == "decided"} if self.ledger is not None else set(decisions.desired)
+                shown = Decisions(decisions.t_s, {k: v for k, v in decisions.desired.items() if k in new})
+                changes = reconcile(shown, self.actuators, self.ledger, tick, enforce=False)
+            t3 = time.perf_counter()
+            self.states = {k: a.kinds[k].states for k in ASSESSED_KINDS}
+            self.node_state = a.node_state
+            self.dstate = dstate
+            rep = TickReport(tick, frame.t_s, a, decisions, changes, t1 - t0, t2 - t1, t3 - t2)
+        except Exception as e:  # the controller outlives any one bad tick
+            log.exception("tick %d at t=%.1f failed; state kept from the previous tick", tick, frame.t_s)
+            rep.error = f"{type(e).__name__}: {e}"
+        rep.tick_s = time.perf_counter() - t0
+        if self.ledger is not None:
+            if rep.error:
+                self.ledger.set_meta(f"tick_error.{tick}", rep.error)
+            else:
+                self._persist()
+            self.ledger.finish_tick(tick, rep.tick_s)
+        self.tick_no += 1
+        self.last = rep
+        return rep

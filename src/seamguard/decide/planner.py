@@ -1,0 +1,202 @@
+"""Assessment -> desired state. Pure: no clock, no I/O.
+
+The objective is explicit: preserve useful throughput and minimise failure
+amplification, weighted by job criticality. Each action states its benefit (the FAE it
+removes, weighted) and its cost (capacity it takes away, migrations it forces), both in
+healthy GPU-hours per hour, and is taken only when the benefit pays for the cost. The
+breaker then bounds how much the controller may disrupt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
+from seamguard.assess.assessment import Assessment, node_cause
+from seamguard.assess.states import STATE_BY_LABEL, State
+from seamguard.decide.actions import Action, Decisions, Verb, action_key
+from seamguard.decide.breaker import BreakerState, admit
+from seamguard.decide.policy import Policy
+from seamguard.fleet.model import JOB_CLASS_BY_LABEL, JOB_CLASS_SYNCHRONY, Fleet, Kind
+
+
+@dataclass(frozen=True)
+class DecideState:
+    """What decide carries from tick to tick: the breaker and job-exposure episodes."""
+
+    breaker: BreakerState = field(default_factory=BreakerState)
+    exposure: tuple[tuple[str, int, float], ...] = ()  # (job, level, last checkpoint request t_s)
+
+
+def _codes(labels: list[str]) -> np.ndarray:
+    return np.array([STATE_BY_LABEL[s] for s in labels], dtype=np.int8)
+
+
+def _evidence(reasons) -> tuple[tuple[str, float, float, str], ...]:
+    return tuple((r.channel, r.score, r.value, r.unit) for r in reasons)
+
+
+def _summary(reasons) -> str:
+    return ", ".join(f"{r.channel}={r.value:.3g}" for r in reasons[:3]) or "no evidence"
+
+
+def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
+           in_effect: set[str]) -> tuple[Decisions, DecideState]:
+    """The desired state for this tick. ``in_effect``: keys the actuators report held."""
+    obj, rules = policy.objective, policy.actions
+    desired: dict[str, Action] = {}
+    crit = fleet.job_criticality ** obj.criticality_exponent
+    node_job = fleet.node_job
+    node_w = np.where(node_job >= 0, crit[np.maximum(node_job, 0)] if len(crit) else 1.0, obj.idle_criticality)
+    job_size = fleet.job_gpu_count.astype(float)
+
+    # ---- drains (quarantine) ------------------------------------------------
+    node_fae = np.zeros(fleet.count(Kind.NODE))
+    np.maximum.at(node_fae, fleet.gpu_node, a.kinds[Kind.GPU].fae)
+    np.maximum.at(node_fae, fleet.nic_node, a.kinds[Kind.NIC].fae)
+    drain_mask = np.isin(a.node_state, _codes(rules.drain_states))
+    free = (node_job < 0) & (a.node_state == State.HEALTHY) & a.admissible.all(axis=1)
+    drained_now = {k.split(":", 1)[1] for k in in_effect if k.startswith(Verb.DRAIN.value + ":")}
+    free &= ~np.isin(np.array(fleet.node_names), list(drained_now)) if drained_now else True
+    spares_left = int(free.sum())
+    cands = np.flatnonzero(drain_mask)
+    benefit = node_fae[cands] * node_w[cands]
+    drains: list[Action] = []
+    for i, b in sorted(zip(cands.tolist(), benefit.tolist()), key=lambda x: -x[1]):
+        name = fleet.node_names[i]
+        j = int(node_job[i])
+        dep = job_size[j] if j >= 0 else 0.0
+        has_spare = spares_left > 0 or j < 0
+        cost = (0.0 if has_spare else float(fleet.node_gpu_count[i]) * float(node_w[i])) + \
+            dep * obj.migrate_h / obj.horizon_h
+        st = State(int(a.node_state[i]))
+        _, _, reasons = node_cause(fleet, a.kinds, i)
+        if st != State.FAILED and b < obj.min_benefit_ratio * cost:
+            continue
+        if j >= 0 and name not in drained_now:
+            spares_left -= 1
+        drains.append(Action(
+            key=action_key(Verb.DRAIN, name), verb=Verb.DRAIN, target=name, target_kind="node",
+            reason=f"seamguard: {st.label} {_summary(reasons)}", cause=name,
+            evidence=_evidence(reasons), benefit_gpu_h_per_h=round(b, 3), cost_gpu_h_per_h=round(cost, 3),
+            criticality=float(node_w[i])))
+
+    # The breaker bounds capacity the controller takes out of service on gray evidence;
+    # a node that has already failed is out of service whatever the controller does.
+    failed = {fleet.node_names[i] for i in np.flatnonzero(a.node_state == State.FAILED)}
+    breaker, admitted, held_nodes = admit(state.breaker, fleet, policy.breaker, a.t_s,
+                                          [d.target for d in drains if d.key not in in_effect
+                                           and d.target not in failed])
+    admitted = admitted + sorted(failed)
+    allowed = set(admitted)
+    held = [d for d in drains if d.target in held_nodes]
+    for d in drains:
+        if d.key in in_effect or d.target in allowed:
+            desired[d.key] = d
+
+    # ---- admissibility labels for degraded nodes ------------------------------
+    if rules.label_degraded:
+        # Storage-only trouble is handled by avoiding the path, not by relabelling nodes.
+        n_cls = len(ADMISSIBILITY_COLUMNS) - 1
+        jobs_ok = a.admissible[:, :n_cls]
+        partial = ~jobs_ok.all(axis=1) & jobs_ok.any(axis=1) & ~drain_mask
+        for i in np.flatnonzero(partial).tolist():
+            name = fleet.node_names[i]
+            classes = ",".join(c for c, ok in zip(ADMISSIBILITY_COLUMNS, a.admissible[i]) if ok)
+            _, _, reasons = node_cause(fleet, a.kinds, i)
+            act = Action(key=action_key(Verb.LABEL_DEGRADED, f"{name}={classes}"), verb=Verb.LABEL_DEGRADED,
+                         target=name, target_kind="node", params=(("classes", classes),),
+                         reason=f"seamguard: degraded, admissible for {classes}", cause=name,
+                         evidence=_evidence(reasons), criticality=float(node_w[i]))
+            desired[act.key] = act
+
+    # ---- checkpoint now for exposed training jobs ------------------------------
+    ckpt_cls = np.isin(fleet.job_class, [JOB_CLASS_BY_LABEL[c] for c in rules.checkpoint_classes])
+    exposure_node = np.maximum(a.node_state, a.node_domain_state[:, 2])
+    level_node = np.where(exposure_node >= State.QUARANTINE, 2, np.where(exposure_node >= State.DEGRADED, 1, 0))
+    job_level = np.zeros(len(fleet.job_names), dtype=np.int64)
+    placed = node_job >= 0
+    np.maximum.at(job_level, node_job[placed], level_node[placed])
+    # One request when a job first becomes exposed; while the exposure is severe (a
+    # component of its footprint quarantine-level or worse), another every
+    # severe_checkpoint_interval_s, so a failure rolls back at most that far.
+    last_request = {jn: t for jn, _, t in state.exposure}
+    new_exposure: list[tuple[str, int, float]] = []
+    for j in np.flatnonzero((job_level > 0) & ckpt_cls).tolist():
+        jn = fleet.job_names[j]
+        lv = int(job_level[j])
+        t0 = last_request.get(jn)
+        if t0 is None or (lv == 2 and a.t_s - t0 >= rules.severe_checkpoint_interval_s):
+            t0 = a.t_s
+        new_exposure.append((jn, lv, t0))
+        mine = np.flatnonzero(placed & (node_job == j))
+        worst = int(mine[np.argmax(exposure_node[mine])])
+        _, fae_w, reasons = node_cause(fleet, a.kinds, worst)
+        act = Action(key=action_key(Verb.CHECKPOINT_NOW, jn, f"t{int(t0)}"), verb=Verb.CHECKPOINT_NOW,
+                     target=jn, target_kind="job",
+                     reason=f"seamguard: job exposed to {'severe' if lv == 2 else 'degraded'} "
+                            f"{fleet.node_names[worst]} ({_summary(reasons)})",
+                     cause=fleet.node_names[worst], evidence=_evidence(reasons),
+                     benefit_gpu_h_per_h=round(fae_w * float(crit[j]), 3), criticality=float(crit[j]))
+        desired[act.key] = act
+
+    # ---- fabric paths and storage paths -----------------------------------------
+    for kind, verb, states in ((Kind.LINK, Verb.AVOID_LINK, rules.avoid_link_states),
+                               (Kind.STORAGE, Verb.AVOID_STORAGE, rules.avoid_storage_states)):
+        ka = a.kinds[kind]
+        for i in np.flatnonzero(np.isin(ka.states.state, _codes(states))).tolist():
+            if kind == Kind.LINK and fleet.link_nic[i] >= 0:
+                continue  # a NIC's own link is handled by its node
+            name = fleet.names(kind)[i]
+            reasons = ka.reasons(i)
+            act = Action(key=action_key(verb, name), verb=verb, target=name, target_kind=kind.label,
+                         reason=f"seamguard: {State(int(ka.states.state[i])).label} {_summary(reasons)}",
+                         cause=name, evidence=_evidence(reasons),
+                         benefit_gpu_h_per_h=round(float(ka.fae[i]), 3))
+            desired[act.key] = act
+
+    # ---- move critical synchronous jobs off a degraded cooling domain --------------
+    move_cls = np.isin(fleet.job_class, [JOB_CLASS_BY_LABEL[c] for c in rules.move_job_classes])
+    sync = JOB_CLASS_SYNCHRONY[fleet.job_class]
+    loops = a.kinds[Kind.COOLING_LOOP]
+    bad = np.isin(loops.states.state, _codes(rules.move_job_domain_states))
+    # Capacity a move can land on: healthy idle nodes and nodes of work that tolerates a
+    # warm loop (less synchronous, less critical), all off the troubled loops.
+    off_bad = ~bad[fleet.node_loop]
+    landing_free = int((free & off_bad).sum())
+    for lp in np.flatnonzero(bad).tolist():
+        on_loop = placed & (fleet.node_loop == lp)
+        reasons = loops.reasons(lp)
+        jobs_here = np.unique(node_job[on_loop])
+        for j in sorted(jobs_here.tolist(), key=lambda j: -fleet.job_criticality[j]):
+            if not move_cls[j] or fleet.job_criticality[j] < rules.move_job_min_criticality:
+                continue
+            jn, ln = fleet.job_names[j], fleet.loop_names[lp]
+            key = action_key(Verb.MOVE_JOB, jn, ln)
+            if breaker.tripped and key not in in_effect:
+                continue
+            need = int((on_loop & (node_job == j)).sum())
+            tolerant = placed & off_bad & (node_job != j) & (a.node_state == State.HEALTHY)
+            tj = np.maximum(node_job, 0)
+            tolerant &= (sync[tj] < sync[j]) & (fleet.job_criticality[tj] < fleet.job_criticality[j])
+            room = landing_free + int(tolerant.sum())
+            if key not in in_effect and need > room:
+                continue  # a synchronous job half-moved still runs at its slowest rank
+            landing_free = max(0, landing_free - need)
+            # Benefit: the throttling the loop's GFS predicts, paid by the whole job.
+            b = job_size[j] * 0.3 * float(loops.gfs[lp]) * float(crit[j])
+            cost = job_size[j] * obj.migrate_h / obj.horizon_h
+            if b < obj.min_benefit_ratio * cost:
+                continue
+            desired[key] = Action(key=key, verb=Verb.MOVE_JOB, target=jn, target_kind="job",
+                                  params=(("domain", ln), ("domain_kind", "cooling_loop")),
+                                  reason=f"seamguard: {ln} {State(int(loops.states.state[lp])).label} "
+                                         f"({_summary(reasons)})",
+                                  cause=ln, evidence=_evidence(reasons), benefit_gpu_h_per_h=round(b, 3),
+                                  cost_gpu_h_per_h=round(cost, 3), criticality=float(crit[j]))
+
+    decisions = Decisions(t_s=a.t_s, desired=desired, held=held, breaker_tripped=breaker.tripped,
+                          breaker_reason=breaker.reason)
+    return decisions, replace(state, breaker=breaker, exposure=tuple(new_exposure))

@@ -1,0 +1,189 @@
+"""The cluster model every stage shares: entities as index-based arrays.
+
+Each entity kind has a name list and integer arrays that point at the entities that
+contain or serve it, so every later stage (assess, decide, twin) can compute over whole
+kinds at once with numpy instead of looping over Python objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import cached_property
+
+import numpy as np
+
+
+class Kind(IntEnum):
+    """Entity kinds, in containment/dependency order."""
+
+    COOLING_LOOP = 0
+    RACK = 1
+    NODE = 2
+    GPU = 3
+    NIC = 4
+    LINK = 5
+    SWITCH = 6
+    STORAGE = 7
+    JOB = 8
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+KIND_BY_LABEL = {k.label: k for k in Kind}
+
+
+class JobClass(IntEnum):
+    """How a job reacts to a slow or failing member (its synchrony)."""
+
+    HIGH_SYNC_TRAINING = 0
+    PIPELINE_TRAINING = 1
+    ASYNC_BATCH_INFERENCE = 2
+    LATENCY_INFERENCE = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+JOB_CLASS_BY_LABEL = {c.label: c for c in JobClass}
+
+# Fraction of a job that waits when one member is slow or gone. A synchronous
+# data-parallel step runs at its slowest rank (1.0); a pipeline stalls its stage
+# neighbours and, through bubbles, most of the job; batch inference loses only the
+# member itself; latency-critical serving loses the replica plus tail-latency headroom.
+JOB_CLASS_SYNCHRONY = np.array([1.0, 0.7, 0.0, 0.25])
+
+
+class SwitchTier(IntEnum):
+    LEAF = 0
+    SPINE = 1
+
+
+NO_INDEX = -1
+
+
+@dataclass(frozen=True, eq=False)
+class Fleet:
+    """A whole cluster. Arrays are aligned to the entity index of their kind.
+
+    Links are of two sorts in one array: NIC-to-leaf (``link_nic >= 0``) and
+    leaf-to-spine (``link_nic == -1``, ``link_spine >= 0``).
+    """
+
+    loop_names: list[str]
+    loop_rated_flow_lpm: np.ndarray
+    rack_names: list[str]
+    rack_loop: np.ndarray
+    node_names: list[str]
+    node_rack: np.ndarray
+    node_storage: np.ndarray
+    node_spare: np.ndarray  # bool: held back as a hot spare
+    gpu_names: list[str]
+    gpu_node: np.ndarray
+    gpu_throttle_temp_c: np.ndarray
+    gpu_tdp_w: np.ndarray
+    nic_names: list[str]
+    nic_node: np.ndarray
+    nic_rail: np.ndarray
+    switch_names: list[str]
+    switch_tier: np.ndarray
+    link_names: list[str]
+    link_nic: np.ndarray
+    link_leaf: np.ndarray
+    link_spine: np.ndarray
+    storage_names: list[str]
+    job_names: list[str]
+    job_class: np.ndarray
+    job_criticality: np.ndarray  # weight >= 0; 1 = ordinary, higher = release-critical
+    gpu_job: np.ndarray  # job index per GPU, -1 = idle
+    name: str = "fleet"
+    _index: dict = field(default_factory=dict, repr=False)
+
+    # ---- sizes -------------------------------------------------------------
+    def count(self, kind: Kind) -> int:
+        return len(self.names(kind))
+
+    def names(self, kind: Kind) -> list[str]:
+        return {
+            Kind.COOLING_LOOP: self.loop_names,
+            Kind.RACK: self.rack_names,
+            Kind.NODE: self.node_names,
+            Kind.GPU: self.gpu_names,
+            Kind.NIC: self.nic_names,
+            Kind.LINK: self.link_names,
+            Kind.SWITCH: self.switch_names,
+            Kind.STORAGE: self.storage_names,
+            Kind.JOB: self.job_names,
+        }[kind]
+
+    def index_of(self, kind: Kind, name: str) -> int:
+        """Entity index by name; raises KeyError naming the kind."""
+        table = self._index.get(kind)
+        if table is None:
+            table = {n: i for i, n in enumerate(self.names(kind))}
+            self._index[kind] = table
+        try:
+            return table[name]
+        except KeyError:
+            raise KeyError(f"no {kind.label} named {name!r} in fleet {self.name!r}") from None
+
+    # ---- derived relations (computed once) ---------------------------------
+    @cached_property
+    def gpu_rack(self) -> np.ndarray:
+        return self.node_rack[self.gpu_node]
+
+    @cached_property
+    def gpu_loop(self) -> np.ndarray:
+        return self.rack_loop[self.gpu_rack]
+
+    @cached_property
+    def node_loop(self) -> np.ndarray:
+        return self.rack_loop[self.node_rack]
+
+    @cached_property
+    def nic_link(self) -> np.ndarray:
+        """The NIC-to-leaf link of each NIC (-1 when the NIC has none)."""
+        out = np.full(len(self.nic_names), NO_INDEX, dtype=np.int64)
+        edge = self.link_nic >= 0
+        out[self.link_nic[edge]] = np.flatnonzero(edge)
+        return out
+
+    @cached_property
+    def nic_leaf(self) -> np.ndarray:
+        link = self.nic_link
+        return np.where(link >= 0, self.link_leaf[np.maximum(link, 0)], NO_INDEX)
+
+    @cached_property
+    def job_gpu_count(self) -> np.ndarray:
+        placed = self.gpu_job >= 0
+        return np.bincount(self.gpu_job[placed], minlength=len(self.job_names)).astype(np.int64)
+
+    @cached_property
+    def node_job(self) -> np.ndarray:
+        """Job on each node (the job of its first placed GPU; -1 = idle)."""
+        out = np.full(len(self.node_names), NO_INDEX, dtype=np.int64)
+        placed = self.gpu_job >= 0
+        out[self.gpu_node[placed]] = self.gpu_job[placed]
+        return out
+
+    @cached_property
+    def node_gpu_count(self) -> np.ndarray:
+        return np.bincount(self.gpu_node, minlength=len(self.node_names)).astype(np.int64)
+
+    @cached_property
+    def gpu_synchrony(self) -> np.ndarray:
+        """Synchrony of the job each GPU runs (0 when idle)."""
+        job = self.gpu_job
+        cls = np.where(job >= 0, self.job_class[np.maximum(job, 0)], 0)
+        return np.where(job >= 0, JOB_CLASS_SYNCHRONY[cls], 0.0)
+
+    @cached_property
+    def gpu_job_size(self) -> np.ndarray:
+        job = self.gpu_job
+        return np.where(job >= 0, self.job_gpu_count[np.maximum(job, 0)], 0)
+
+    def summary(self) -> dict[str, int]:
+        return {k.label: self.count(k) for k in Kind}

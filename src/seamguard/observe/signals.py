@@ -1,0 +1,86 @@
+"""The signal registry: every signal seamguard reads, with unit, domain and direction.
+
+Names are the real exporter names (dcgm-exporter, node_exporter's infiniband collector)
+where a standard exists (REFERENCE.md section 1) and seamguard's own documented names
+(`seamguard_*`) where none does (facilities, storage paths, runtime progress), so a
+Prometheus source and the twin fill the same frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from seamguard.fleet.model import Kind
+
+
+class Domain(str, Enum):
+    FACILITIES = "facilities"
+    COMPUTE = "compute"
+    FABRIC = "fabric"
+    STORAGE = "storage"
+    RUNTIME = "runtime"
+    ECONOMICS = "economics"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One signal: a float per entity of ``kind`` per frame."""
+
+    name: str
+    kind: Kind
+    unit: str
+    domain: Domain
+    direction: int  # +1: higher is worse, -1: lower is worse, 0: context only
+    counter: bool = False  # monotonically increasing; assess uses rates, never levels
+    help: str = ""
+
+
+_G, _N, _L, _C, _R, _S, _J = Kind.GPU, Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK, Kind.STORAGE, Kind.JOB
+F, C, FB, ST, RT = Domain.FACILITIES, Domain.COMPUTE, Domain.FABRIC, Domain.STORAGE, Domain.RUNTIME
+
+SIGNALS: tuple[Signal, ...] = (
+    # dcgm-exporter
+    Signal("DCGM_FI_DEV_GPU_TEMP", _G, "celsius", C, +1, help="GPU die temperature"),
+    Signal("DCGM_FI_DEV_SM_CLOCK", _G, "MHz", C, -1, help="SM clock"),
+    Signal("DCGM_FI_DEV_POWER_USAGE", _G, "watts", C, 0, help="board power draw"),
+    Signal("DCGM_FI_DEV_GPU_UTIL", _G, "percent", C, 0, help="GPU utilisation"),
+    Signal("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", _G, "errors", C, +1, counter=True,
+           help="volatile single-bit (correctable) ECC errors"),
+    Signal("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", _G, "rows", C, +1, counter=True,
+           help="HBM rows remapped after correctable errors"),
+    Signal("DCGM_FI_DEV_XID_ERRORS", _G, "xid", C, +1,
+           help="value of the last XID error (a gauge: changes matter, not levels)"),
+    Signal("DCGM_FI_DEV_THERMAL_VIOLATION", _G, "ns", C, +1, counter=True,
+           help="time spent clock-limited by thermal violation"),
+    # runtime progress, per rank (one rank per GPU)
+    Signal("seamguard_rank_compute_seconds", _G, "seconds", RT, +1,
+           help="compute time of the rank's last step before its collective"),
+    # node_exporter infiniband collector, one series per {device,port}
+    Signal("node_infiniband_state_id", _N, "state", FB, -1, help="port state, 4 = ACTIVE"),
+    Signal("node_infiniband_link_downed_total", _N, "events", FB, +1, counter=True,
+           help="times the link went down"),
+    Signal("node_infiniband_symbol_error_total", _N, "errors", FB, +1, counter=True,
+           help="physical-layer symbol errors"),
+    Signal("node_infiniband_port_transmit_wait_total", _N, "ticks", FB, +1, counter=True,
+           help="ticks with data to send but no credits (congestion)"),
+    # fabric path probes (seamguard's own; no standard exporter name exists)
+    Signal("seamguard_fabric_link_latency_us", _L, "microseconds", FB, +1,
+           help="probe round-trip latency across the link"),
+    # facilities (Redfish CoolingUnit fields under seamguard's names)
+    Signal("seamguard_coolant_flow_lpm", _C, "litres/min", F, -1, help="Redfish FlowLitersPerMinute"),
+    Signal("seamguard_coolant_supply_temp_c", _C, "celsius", F, +1, help="Redfish SupplyTemperatureCelsius"),
+    Signal("seamguard_coolant_return_temp_c", _C, "celsius", F, +1, help="Redfish ReturnTemperatureCelsius"),
+    Signal("seamguard_rack_inlet_temp_c", _R, "celsius", F, +1, help="rack coolant inlet temperature"),
+    # storage paths
+    Signal("seamguard_storage_write_latency_ms", _S, "milliseconds", ST, +1,
+           help="p99 write latency of the path as seen by checkpoint writers"),
+    # jobs
+    Signal("seamguard_job_step_seconds", _J, "seconds", RT, +1, help="wall time of the job's last step"),
+)
+
+REGISTRY: dict[str, Signal] = {s.name: s for s in SIGNALS}
+
+
+def signals_for(kind: Kind) -> list[Signal]:
+    return [s for s in SIGNALS if s.kind == kind]

@@ -1,0 +1,219 @@
+"""Settings of one event-mode simulation: cluster, workload and policy, validated.
+
+Why this file exists: every knob of the twin is a documented field of a frozen
+dataclass, validated once, with units in its name; the CLI only fills these in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from seamguard.decide.economics import Criticality, JobClass
+from seamguard.twin.events.calibration import FailureModel, llama3_failure_model
+from seamguard.twin.events.measured import REFERENCE_FIGURES, RuntimeFigures
+
+__all__ = ["JobSpec", "ClusterConfig", "PolicyParams", "workload", "POLICIES", "WORKLOADS"]
+
+POLICIES = ("baseline", "seamguard")
+WORKLOADS = ("single", "mix")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job, placed on a contiguous range of nodes."""
+
+    name: str
+    """Job name."""
+    first_node: int
+    """Index of its first node."""
+    nodes: int
+    """Number of nodes."""
+    job_class: JobClass
+    """Workload class."""
+    criticality: Criticality
+    """Criticality."""
+
+    @property
+    def training(self) -> bool:
+        """Training jobs checkpoint and roll back; inference replicas fail alone."""
+        return self.job_class in (JobClass.HIGH_SYNC_TRAINING, JobClass.PIPELINE_TRAINING)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The simulated cluster and horizon."""
+
+    gpus: int
+    """GPUs in the cluster (spares included)."""
+    days: float
+    """Simulated horizon in days."""
+    gpus_per_node: int = 8
+    """GPUs per node (H100 HGX)."""
+    spare_fraction: float = 0.02
+    """Share of nodes held as spares (both policies use the same pool)."""
+    nodes_per_loop: int = 64
+    """Nodes cooled by one cooling loop (16 racks of 4 nodes; assumed)."""
+    workload: str = "mix"
+    """``single`` (one release-critical synchronous job on all non-spare nodes) or
+    ``mix`` (jobs of several sizes, classes and criticalities)."""
+    planned_ettr: float = 0.9
+    """ETTR a job's schedule assumed (Llama 3: effective training time > 90%); a job
+    whose productive time falls short has slipped."""
+    failures: FailureModel = field(default_factory=llama3_failure_model)
+    """Failure processes."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.gpus, int) and self.gpus > 0):
+            raise ValueError(f"--gpus must be a positive integer, got {self.gpus!r}")
+        if self.gpus % self.gpus_per_node:
+            raise ValueError(f"--gpus ({self.gpus}) must be a multiple of {self.gpus_per_node}")
+        if not (self.days > 0 and math.isfinite(self.days)):
+            raise ValueError(f"--days must be > 0, got {self.days!r}")
+        if not 0.0 <= self.spare_fraction < 0.5:
+            raise ValueError("--spare-fraction must be in [0, 0.5)")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"--workload must be one of {WORKLOADS}, got {self.workload!r}")
+        if not 0.0 < self.planned_ettr <= 1.0:
+            raise ValueError("planned ETTR must be in (0, 1]")
+        if self.nodes_per_loop <= 0:
+            raise ValueError("nodes per cooling loop must be > 0")
+
+    @property
+    def nodes(self) -> int:
+        """Nodes in the cluster."""
+        return self.gpus // self.gpus_per_node
+
+    @property
+    def spare_nodes(self) -> int:
+        """Nodes in the spare pool."""
+        return int(round(self.nodes * self.spare_fraction))
+
+    @property
+    def horizon_s(self) -> float:
+        """Horizon in seconds."""
+        return self.days * 86_400.0
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    """A policy and the costs it runs with."""
+
+    name: str
+    """``baseline`` or ``seamguard``."""
+    checkpoint_interval_min: float = 60.0
+    """Baseline's fixed compute time between checkpoints (HPN runs every 2-4 h)."""
+    checkpoint_write_min: float = 5.0
+    """Stall of a full checkpoint to storage (Meta RSC w_cp ~ 5 min)."""
+    restart_cost_min: float = 10.0
+    """Baseline's full-restart overhead (Meta RSC u0 5-20 min: requeue, init, reload)."""
+    detection_delay_s: float = 300.0
+    """Gray-failure detection delay; default = Meta's 5-min health-check cadence. Pass
+    the telemetry twin's measured median detection delay here."""
+    detection_precision: float = 0.9
+    """Share of gray-failure alarms that are true (assumed default); each true alarm
+    comes with (1-p)/p false ones on average, which the policy also acts on."""
+    replica_group_gpus: int = 64
+    """GPUs in one replica group: the failure domain live recovery re-forms (torchft)."""
+    step_time_s: float = 5.0
+    """Training step time, to turn ``steps_lost`` into seconds (assumed)."""
+    state_gib_per_gpu: float = 28.0
+    """Checkpoint state per GPU (Alibaba HPN: 30 GB/GPU = 28 GiB)."""
+    quarantine_hold_h: float = 4.0
+    """How long a quarantined node stays out for investigation (assumed)."""
+    runtime: RuntimeFigures = REFERENCE_FIGURES
+    """Measured runtime figures (seamguard policy)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ValueError(f"--policy must be one of {POLICIES + ('both',)}, got {self.name!r}")
+        for opt, v in (("--checkpoint-interval-min", self.checkpoint_interval_min),
+                       ("--checkpoint-write-min", self.checkpoint_write_min),
+                       ("--restart-cost-min", self.restart_cost_min),
+                       ("--step-time-s", self.step_time_s),
+                       ("--state-gib-per-gpu", self.state_gib_per_gpu)):
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{opt} must be > 0, got {v!r}")
+        if not self.detection_delay_s >= 0:
+            raise ValueError("--detection-delay-s must be >= 0")
+        if not 0.0 < self.detection_precision <= 1.0:
+            raise ValueError("--detection-precision must be in (0, 1]")
+        if self.replica_group_gpus < 1:
+            raise ValueError("--replica-group-gpus must be >= 1")
+        if self.quarantine_hold_h < 0:
+            raise ValueError("quarantine hold must be >= 0 h")
+
+    # ---- the documented scaling model (docs/twin-events.md, "Recovery model") ----
+
+    def _rank_scale(self, ranks: int) -> float:
+        """Communicator re-formation grows with log2 of the ranks involved."""
+        m = max(self.runtime.measured_ranks, 2)
+        return max(1.0, math.log2(max(ranks, 2)) / math.log2(m))
+
+    @property
+    def full_write_s(self) -> float:
+        """Full checkpoint stall to storage."""
+        return self.checkpoint_write_min * 60.0
+
+    @property
+    def in_memory_stall_s(self) -> float:
+        """Snapshot stall: a copy of this GPU's state into host memory, at the measured
+        rate (save time per GiB x snapshot_stall_ratio); it scales with bytes per GPU,
+        not with the cluster's storage bandwidth."""
+        r = self.runtime
+        return self.state_gib_per_gpu * r.save_s_per_gib * r.snapshot_stall_ratio
+
+    @property
+    def in_memory_restore_s(self) -> float:
+        """Restore of this GPU's state from host memory: measured save time per GiB
+        divided by the measured restore speedup, times bytes per GPU."""
+        r = self.runtime
+        return self.state_gib_per_gpu * r.save_s_per_gib / r.restore_speedup
+
+    @property
+    def live_recovery_s(self) -> float:
+        """Node loss under live recovery: measured resume, scaled to the replica group,
+        plus the spare loading its shard from a peer's memory."""
+        return (self.runtime.live_resume_s * self._rank_scale(self.replica_group_gpus)
+                + self.in_memory_restore_s)
+
+    def relaunch_recovery_s(self, job_gpus: int) -> float:
+        """Job-wide crash: measured relaunch scaled to the job's ranks + memory restore."""
+        return self.runtime.relaunch_s * self._rank_scale(job_gpus) + self.in_memory_restore_s
+
+    @property
+    def restart_s(self) -> float:
+        """Baseline restart overhead."""
+        return self.restart_cost_min * 60.0
+
+
+def workload(cfg: ClusterConfig) -> tuple[JobSpec, ...]:
+    """Place the workload on contiguous node ranges; spares take the last nodes."""
+    usable = cfg.nodes - cfg.spare_nodes
+    if usable <= 0:
+        raise ValueError("no nodes left for jobs after spares")
+    J, C = JobClass, Criticality
+    if cfg.workload == "single":
+        return (JobSpec("pretrain", 0, usable, J.HIGH_SYNC_TRAINING, C.RELEASE_CRITICAL),)
+    # A mix of sizes: one big release-critical pretraining run, pipeline fine-tunes,
+    # batch inference and latency-critical serving (shares of the usable nodes).
+    plan = [("pretrain", 0.50, J.HIGH_SYNC_TRAINING, C.RELEASE_CRITICAL),
+            ("pipeline-a", 0.10, J.PIPELINE_TRAINING, C.HIGH),
+            ("pipeline-b", 0.10, J.PIPELINE_TRAINING, C.NORMAL),
+            ("research-a", 0.03, J.HIGH_SYNC_TRAINING, C.NORMAL),
+            ("research-b", 0.02, J.HIGH_SYNC_TRAINING, C.LOW),
+            ("batch-a", 0.08, J.ASYNC_BATCH_INFERENCE, C.LOW),
+            ("batch-b", 0.07, J.ASYNC_BATCH_INFERENCE, C.LOW),
+            ("serve-a", 0.05, J.LATENCY_INFERENCE, C.HIGH),
+            ("serve-b", 0.05, J.LATENCY_INFERENCE, C.HIGH)]
+    jobs: list[JobSpec] = []
+    start = 0
+    for name, share, jc, crit in plan:
+        n = int(usable * share)
+        if n < 1:
+            continue
+        jobs.append(JobSpec(name, start, n, jc, crit))
+        start += n
+    if not jobs:
+        return (JobSpec("pretrain", 0, usable, J.HIGH_SYNC_TRAINING, C.RELEASE_CRITICAL),)
+    return tuple(jobs)
