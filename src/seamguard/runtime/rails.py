@@ -47,7 +47,7 @@ class RailSettings:
     """Fixed number of chunks per collective; 0 = one per rail. Never depends on health."""
     op_timeout_s: float = 0.5
     """A chunk not finished on a rail by then counts as that rail failing (silent faults)."""
-    gloo_timeout_s: float = 4.0
+    gloo_timeout_s: float = 2.0
     """gloo's own per-op and connect timeout; bounds abandoned ops and rebuild attempts."""
     poll_s: float = 0.02
     """Carrier and peer-announcement poll interval of the watcher thread."""
@@ -63,6 +63,8 @@ class RailSettings:
     """Chunks smaller than this are latency-bound and not used to judge bandwidth."""
     probe_bytes: int = 1 << 20
     """Size of the allreduce that probes a rebuilt rail's bandwidth."""
+    start_timeout_s: float = 120.0
+    """Bound on waiting for every rank to arrive before the first groups are built."""
     vote_timeout_s: float = 15.0
     """Bound on waiting for every rank's vote (a rank that never votes is a dead process)."""
     max_wait_no_rail_s: float = 60.0
@@ -227,6 +229,12 @@ class RailGroup:
         self._stop = threading.Event()
         self._watch_store = store.clone() if hasattr(store, "clone") else store
         self.events: list[dict] = []  # rail transitions, for the job's log
+        self.causes: list[dict] = []  # why this rank abandoned chunks (carrier, peer flag, timeout)
+        # Processes start with seconds of skew; gloo's connect timeout is short by design,
+        # so meet on the store first.
+        store.set(f"{prefix}/arrived/{rank}", "1")
+        store.wait([f"{prefix}/arrived/{r}" for r in range(world)],
+                   datetime.timedelta(seconds=settings.start_timeout_s))
         for r in range(n):
             self._start_build(r, 0, probe=False)
         for t in list(self._builders.values()):
@@ -300,6 +308,8 @@ class RailGroup:
                     continue
                 gen = st.gen
                 if not up:
+                    if self._local_fail[r] < gen:
+                        self.causes.append({"rail": r, "gen": gen, "cause": "carrier", "t_wall": time.time()})
                     self._announce(r, gen, self._watch_store)
                 elif self._local_fail[r] < gen:
                     try:
@@ -389,12 +399,17 @@ class RailGroup:
                         work.wait()
                         ok[c] = True
                         elapsed.setdefault(r, []).append((chunks[c].numel() * 4, now - t0))
-                    except Exception:  # noqa: BLE001 - peer gone / gloo timeout
+                    except Exception as e:  # noqa: BLE001 - peer gone / gloo timeout
+                        self.causes.append({"rail": r, "gen": gen, "after_s": round(now - t0, 3),
+                                            "cause": f"error: {str(e)[:80]}"})
                         ok[c] = False
                         failed.add(r)
                         self._announce(r, gen, self.store)
                     del pending[c]
                 elif self._local_fail[r] >= gen or r in failed or now - t0 > self.s.op_timeout_s:
+                    self.causes.append({"rail": r, "gen": gen, "after_s": round(now - t0, 3),
+                                        "cause": "flagged" if self._local_fail[r] >= gen else
+                                        ("sibling" if r in failed else "timeout")})
                     ok[c] = False  # abandoned: the buffer is private, the group gets parked
                     failed.add(r)
                     self._announce(r, gen, self.store)

@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                               "failed": rep.failed_rails, "bytes_per_rail": rep.bytes_per_rail,
                               "loss": float(loss.detach())}) + "\n")
     log.close()
-    (a.out / f"rail_events.{a.rank}.json").write_text(json.dumps(rails.events))
+    (a.out / f"rail_events.{a.rank}.json").write_text(json.dumps({"events": rails.events,
+                                                                  "causes": rails.causes}))
     (a.out / f"final.{a.rank}.json").write_text(json.dumps({"checksum": checksum(model), "steps": a.steps}))
     rails.close()
     # Rank 0 hosts the store, so it leaves last: after every rank's last vote was read.

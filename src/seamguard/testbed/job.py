@@ -119,6 +119,7 @@ class JobResult:
     t_start: float  # wall clock when every rank was training
     t_end: float
     stderr_tail: str = ""
+    causes: list[list[dict]] = field(default_factory=list)  # per rank: why chunks were abandoned
 
     @property
     def ok(self) -> bool:
@@ -126,7 +127,7 @@ class JobResult:
 
     def to_json(self) -> dict:
         return {"returncodes": self.returncodes, "checksums": self.checksums, "steps": self.steps,
-                "rail_events": self.rail_events, "t_start": self.t_start, "t_end": self.t_end,
+                "rail_events": self.rail_events, "causes": self.causes, "t_start": self.t_start, "t_end": self.t_end,
                 "faults": [{**asdict(r.fault), "applied_t": r.applied_t, "reverted_t": r.reverted_t}
                            for r in self.faults]}
 
@@ -183,8 +184,9 @@ def run_rail_job(tb: Testbed, spec: JobSpec, faults: list[Fault], out: Path,
         checks.append(json.loads(f.read_text())["checksum"] if f.exists() else None)
     steps_f = out / "steps.0.jsonl"
     steps = [json.loads(x) for x in steps_f.read_text().splitlines()] if steps_f.exists() else []
-    ev_f = out / "rail_events.0.json"
+    evs = [json.loads((out / f"rail_events.{h}.json").read_text()) if (out / f"rail_events.{h}.json").exists()
+           else {"events": [], "causes": []} for h in range(hosts)]
     tail = "".join((out / f"stderr.{h}.txt").read_text()[-1500:] for h in range(hosts))
     return JobResult([p.returncode for p in procs], checks, steps,
-                     json.loads(ev_f.read_text()) if ev_f.exists() else [], player.records, samples,
-                     t_start, t_end, tail)
+                     evs[0]["events"], player.records, samples, t_start, t_end, tail,
+                     [e["causes"] for e in evs])

@@ -35,6 +35,7 @@ NAME_RE = re.compile(r"^sg(\d+)t(\d+)-(fab|h\d+)$")
 
 
 class TestbedError(RuntimeError):
+    __test__ = False
     """A namespace/link operation failed; the message carries the command and its stderr."""
 
 
@@ -81,6 +82,7 @@ def clean(all_testbeds: bool = False) -> list[str]:
 
 @dataclass(frozen=True)
 class TestbedSpec:
+    __test__ = False  # not a pytest class
     hosts: int = 4
     rails: int = 2
     mtu_bytes: int = 9000  # jumbo frames like a real RoCE fabric; also cheaper per byte on veth
@@ -107,6 +109,8 @@ atexit.register(_atexit_cleanup)
 @dataclass(eq=False)
 class Testbed:
     """The namespaces and links of one testbed; a context manager that always tears down."""
+
+    __test__ = False  # not a pytest class
 
     spec: TestbedSpec = field(default_factory=TestbedSpec)
     prefix: str = ""
