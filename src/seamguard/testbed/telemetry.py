@@ -76,7 +76,7 @@ def exposition(tb: Testbed, samples: list[LinkSample], bw: dict[tuple[int, int],
     return "\n".join(lines) + "\n"
 
 
-def testbed_fleet(tb: Testbed) -> Fleet:
+def fleet_of_testbed(tb: Testbed) -> Fleet:
     """A Fleet of the testbed: one node per host, one NIC per rail on leaf switch br<r>."""
     rails = range(tb.spec.rails)
     topo = {
