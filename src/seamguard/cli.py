@@ -102,6 +102,9 @@ def policy_validate(path: Path = typer.Argument(..., help="Policy YAML to check.
 
 from seamguard.runtime.cli import LAUNCH_CONTEXT, launch  # noqa: E402
 
+from seamguard.testbed.cli import app as testbed_app  # noqa: E402  (rails: namespaced testbed)
+app.add_typer(testbed_app, name="testbed")
+
 app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
 
 
