@@ -41,7 +41,8 @@ def flap_figures(commit_t: list[float], rails_used: list[list[int]] | None, n_ra
     pre = rate(t, applied_t - pre_s, applied_t)
     win = t[(t >= applied_t) & (t <= reverted_t + 5.0)]
     before = t[t < applied_t]
-    edges = np.concatenate([before[-1:], win])
+    after = t[t > reverted_t + 5.0]  # a job that stalls past the window still ends its gap here
+    edges = np.concatenate([before[-1:], win, after[:1]])
     stall = float(np.diff(edges).max()) if edges.size > 1 else float("nan")
     regain = first_window_at(t, applied_t, 0.95 * pre) - applied_t
     if rails_used is not None:
