@@ -12,7 +12,7 @@ import pytest
 
 from seamguard.testbed.job import Fault, JobResult, JobSpec, run_rail_job
 
-HOSTS, STEPS = 3, 220
+HOSTS, STEPS = 3, 300
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -44,7 +44,7 @@ def _out_and_back(res: JobResult, rail: int, after_t: float) -> None:
     assert out, f"rail{rail} never taken out: {ev}"
     assert back and back[-1]["t_wall"] > out[0]["t_wall"], f"rail{rail} never back: {ev}"
     assert back[-1]["t_wall"] >= after_t, "rail re-admitted while its fault was still on"
-    assert res.steps[-1]["rails"] == [0, 1]
+    assert any(s["rails"] == [0, 1] for s in res.steps if s["t_wall"] > back[-1]["t_wall"])
 
 
 def test_flap_during_a_collective(make_testbed, tmp_path, reference):
