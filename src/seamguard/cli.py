@@ -100,6 +100,13 @@ def policy_validate(path: Path = typer.Argument(..., help="Policy YAML to check.
         _fail(str(e))
     typer.echo(json.dumps({"file": str(path), "mode": pol.mode, "valid": True}))
 
+from seamguard.runtime.cli import LAUNCH_CONTEXT, launch  # noqa: E402
+
+from seamguard.testbed.cli import app as testbed_app  # noqa: E402  (rails: namespaced testbed)
+app.add_typer(testbed_app, name="testbed")
+
+app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
+
 
 # ---- telemetry in / actions out (issue 3): twin serve, replay, run -------------------------
 @twin_app.command("serve")

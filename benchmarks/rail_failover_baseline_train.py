@@ -1,0 +1,59 @@
+"""Baseline worker for benchmarks/rail_failover.py: plain torch.distributed gloo under torchrun.
+
+One process group on one interface (GLOO_SOCKET_IFNAME=rail0), a bounded collective
+timeout, a checkpoint every --ckpt-every steps; a failed collective raises, the process
+exits non-zero, and torchrun's elastic agent restarts the whole worker group, which
+resumes from the last checkpoint. Same model and data as seamguard.runtime.rails_job.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from seamguard.runtime.rails_job import batch, build_model
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, required=True)
+ap.add_argument("--out", type=Path, required=True)
+ap.add_argument("--timeout-s", type=float, default=5.0)
+ap.add_argument("--ckpt-every", type=int, default=20)
+a = ap.parse_args()
+torch.set_num_threads(1)
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout_s))
+model = build_model(1024, 0)
+params = list(model.parameters())
+ckpt = a.out / "ckpt.pt"
+start = 0
+if ckpt.exists():
+    state = torch.load(ckpt)
+    model.load_state_dict(state["model"])
+    start = state["step"]
+log = (a.out / f"steps.{rank}.jsonl").open("a", buffering=1)
+log.write(json.dumps({"event": "start", "restart": restart, "step": start, "t_wall": time.time()}) + "\n")
+loss_fn = torch.nn.CrossEntropyLoss()
+for step in range(start, a.steps):
+    x, y = batch(0, rank, step)
+    model.zero_grad(set_to_none=False)
+    loss_fn(model(x), y).backward()
+    g = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(g)
+    g.div_(world)
+    with torch.no_grad():
+        off = 0
+        for p in params:
+            p.sub_(0.01 * g[off:off + p.numel()].view_as(p))
+            off += p.numel()
+    log.write(json.dumps({"step": step, "t_wall": time.time(), "restart": restart}) + "\n")
+    if rank == 0 and (step + 1) % a.ckpt_every == 0:
+        tmp = a.out / "ckpt.tmp"
+        torch.save({"model": model.state_dict(), "step": step + 1}, tmp)
+        os.replace(tmp, ckpt)
+dist.destroy_process_group()

@@ -1,0 +1,148 @@
+"""Fault injection as product code: kill or freeze a rank at a chosen step and phase.
+
+Used by the tests, the chaos suite, the failover benchmark and demos. A plan is a
+string (usually the SEAMGUARD_CHAOS environment variable, set through
+`seamguard launch --chaos ...`):
+
+    kill:rank=1,step=40,phase=step; stop:rank=2,step=90; kill:rank=0,step=120,phase=persist
+
+actions: `kill` (SIGKILL), `stop` (SIGSTOP: alive but frozen, the coordinator must notice
+and evacuate it). phases: `step` (before the step's compute), `snapshot` (half-way
+through copying state into the host buffers), `replicate` (half-way through pushing
+the replica to the peer), `persist` (in the persister, after the data file and before
+the commit marker; it kills the worker and itself, like a node dying mid-write).
+
+Each trigger fires once per job, not once per process: a spare that replays the step
+after a rollback must not die again. The claim is an O_EXCL file in SEAMGUARD_CHAOS_DIR
+(shared by all processes of a node; a shared directory for multi-node chaos). Every
+firing appends a line with the wall time to `kills.jsonl` in that directory, so a
+benchmark can measure from the moment of the fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ACTIONS = ("kill", "stop")
+PHASES = ("step", "snapshot", "replicate", "persist")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    action: str
+    rank: int
+    step: int
+    phase: str = "step"
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"chaos action {self.action!r} not in {ACTIONS}")
+        if self.phase not in PHASES:
+            raise ValueError(f"chaos phase {self.phase!r} not in {PHASES}")
+
+    def render(self) -> str:
+        return f"{self.action}:rank={self.rank},step={self.step},phase={self.phase}"
+
+
+def parse_plan(text: str) -> list[Trigger]:
+    """Parse 'kill:rank=1,step=40,phase=step; stop:rank=2,step=9' (see module doc)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        action, _, args = part.partition(":")
+        fields = dict(kv.split("=", 1) for kv in args.split(",") if kv)
+        try:
+            out.append(Trigger(action.strip(), int(fields["rank"]), int(fields["step"]),
+                               fields.get("phase", "step").strip()))
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"bad chaos trigger {part!r}: {exc}") from exc
+    return out
+
+
+def render_plan(triggers: list[Trigger]) -> str:
+    return "; ".join(t.render() for t in triggers)
+
+
+def random_plan(seed: int, world_size: int, first_step: int, last_step: int, n: int,
+                phases: tuple[str, ...] = PHASES, actions: tuple[str, ...] = ACTIONS,
+                min_gap_steps: int = 3, persist_every: int = 0) -> list[Trigger]:
+    """n triggers at distinct random steps at least `min_gap_steps` apart (seeded).
+
+    With `persist_every`, a persist-phase trigger is moved to a step that persists.
+    """
+    rng = random.Random(seed)
+    steps: list[int] = []
+    candidates = list(range(first_step, last_step))
+    rng.shuffle(candidates)
+    for s in candidates:
+        if all(abs(s - t) >= min_gap_steps for t in steps):
+            steps.append(s)
+        if len(steps) == n:
+            break
+    out = []
+    for s in sorted(steps):
+        phase = rng.choice(phases)
+        if phase == "persist" and persist_every:
+            s = max(persist_every, s - s % persist_every)
+        out.append(Trigger(rng.choice(actions), rng.randrange(world_size), s, phase))
+    return out
+
+
+@dataclass
+class Injector:
+    """Fires the triggers of a plan at the matching (rank, step, phase)."""
+
+    triggers: list[Trigger]
+    state_dir: Path | None
+
+    def _claim(self, index: int) -> bool:
+        if self.state_dir is None:
+            return True
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.state_dir / f"fired_{index}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+    def _record(self, trigger: Trigger, pid: int) -> None:
+        if self.state_dir is None:
+            return
+        line = json.dumps({"time_s": time.time(), "pid": pid, **trigger.__dict__})
+        with open(self.state_dir / "kills.jsonl", "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def maybe_fire(self, phase: str, rank: int, step: int, pid: int | None = None) -> None:
+        """Called by the runtime at each phase; kills/stops `pid` (default: this process)."""
+        for i, t in enumerate(self.triggers):
+            if t.phase == phase and t.rank == rank and t.step == step and self._claim(i):
+                target = os.getpid() if pid is None else pid
+                self._record(t, target)
+                os.kill(target, signal.SIGKILL if t.action == "kill" else signal.SIGSTOP)
+
+    def maybe_fire_persist(self, rank: int, step: int) -> None:
+        """Persist phase: take the worker (our parent) and this persister down mid-write."""
+        for i, t in enumerate(self.triggers):
+            if t.phase == "persist" and t.rank == rank and t.step == step and self._claim(i):
+                self._record(t, os.getppid())
+                os.kill(os.getppid(), signal.SIGKILL if t.action == "kill" else signal.SIGSTOP)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def from_env_without_store(environ: dict[str, str] | None = None) -> Injector:
+    env = os.environ if environ is None else environ
+    state = env.get("SEAMGUARD_CHAOS_DIR")
+    return Injector(parse_plan(env.get("SEAMGUARD_CHAOS", "")), Path(state) if state else None)
+
+
+def kill_process(pid: int, action: str = "kill") -> None:
+    """External injection (benchmarks, demos): SIGKILL or SIGSTOP a process by id."""
+    os.kill(pid, signal.SIGKILL if action == "kill" else signal.SIGSTOP)

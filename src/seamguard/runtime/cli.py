@@ -1,0 +1,67 @@
+"""`seamguard launch [options] -- train.py args…`: the runtime's command-line edge.
+
+Reads flags, turns them into LaunchSettings/RuntimeSettings and hands over to the
+launcher. torch is imported only when a launch actually starts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from seamguard.runtime.settings import LaunchSettings, RuntimeSettings
+
+LAUNCH_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def launch(
+    ctx: typer.Context,
+    nproc: int = typer.Option(1, "--nproc", help="training ranks per node"),
+    spares: int = typer.Option(0, "--spares", help="hot spare processes per node"),
+    nnodes: int = typer.Option(1, "--nnodes"),
+    node_rank: int = typer.Option(0, "--node-rank"),
+    master_addr: str = typer.Option("127.0.0.1", "--master-addr"),
+    master_port: int = typer.Option(0, "--master-port", help="0: pick a free port (one node)"),
+    run_id: str = typer.Option("seamguard", "--run-id"),
+    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir"),
+    snapshot_every: int = typer.Option(1, "--snapshot-every", help="steps between snapshots"),
+    persist_every: int = typer.Option(50, "--persist-every", help="steps between persisted checkpoints"),
+    collective_timeout_s: float = typer.Option(30.0, "--collective-timeout-s"),
+    hang_timeout_s: float = typer.Option(1.0, "--hang-timeout-s"),
+    stall_timeout_s: float = typer.Option(10.0, "--stall-timeout-s"),
+    evacuate_stragglers: bool = typer.Option(False, "--evacuate-stragglers"),
+    no_dedup: bool = typer.Option(False, "--no-dedup", help="send full replicas"),
+    hint_dir: Optional[Path] = typer.Option(None, "--hint-dir", help="watched for hint files"),
+    events_file: Optional[Path] = typer.Option(None, "--events-file"),
+    chaos: str = typer.Option("", "--chaos", help="fault plan, see seamguard.runtime.chaos"),
+    chaos_dir: Optional[Path] = typer.Option(None, "--chaos-dir"),
+) -> None:
+    """Run a training script with hot spares, in-memory snapshots and recovery."""
+    from seamguard.runtime.launcher import launch as run
+
+    script = list(ctx.args)
+    if script and script[0] == "--":
+        script = script[1:]
+    try:
+        rt = RuntimeSettings(snapshot_every_steps=snapshot_every, persist_every_steps=persist_every,
+                             checkpoint_dir=checkpoint_dir, collective_timeout_s=collective_timeout_s,
+                             dedup_replicas=not no_dedup)
+        env = {"SEAMGUARD_SETTINGS": json.dumps({k: (str(v) if isinstance(v, Path) else v)
+                                                 for k, v in asdict(rt).items()})}
+        if chaos:
+            env["SEAMGUARD_CHAOS"] = chaos
+        if chaos_dir:
+            env["SEAMGUARD_CHAOS_DIR"] = str(chaos_dir)
+        settings = LaunchSettings(script=script, nproc=nproc, spares=spares, nnodes=nnodes,
+                                  node_rank=node_rank, master_addr=master_addr,
+                                  master_port=master_port, run_id=run_id,
+                                  hang_timeout_s=hang_timeout_s, stall_timeout_s=stall_timeout_s,
+                                  evacuate_stragglers=evacuate_stragglers, hint_dir=hint_dir,
+                                  events_file=events_file, env=env)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    raise typer.Exit(run(settings))

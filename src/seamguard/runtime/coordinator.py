@@ -1,0 +1,242 @@
+"""The coordinator: one decision maker per job for membership, rollback and recovery.
+
+Runs inside the launcher of node 0, next to the rendezvous store. Each `tick()` it reads
+process exits (reported by every node's launcher), heartbeats and control-plane hints
+from the store, judges them (detect.HeartbeatTracker), and when a rank is lost writes
+the next generation's plan (membership.next_plan), collects what every member holds,
+chooses the newest common step (membership.resume_step) or the last verified checkpoint
+on storage (manifest.latest_verified), and waits for every member to confirm recovery
+with matching parameter checksums. A failed or timed-out recovery is retried from disk.
+It never imports torch: the store handle is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from seamguard.runtime import keys
+from seamguard.runtime.detect import Beat, HeartbeatTracker
+from seamguard.runtime.manifest import latest_verified
+from seamguard.runtime.membership import Plan, initial_plan, next_plan, resume_step
+from seamguard.runtime.settings import LaunchSettings
+
+
+@dataclass
+class Coordinator:
+    store: Any
+    settings: LaunchSettings
+    trainers: list[int]
+    spares: list[int]
+    checkpoint_dir: Path | None
+    recovery_timeout_s: float
+    log: Callable[[dict], None]
+    clock: Callable[[], float] = time.monotonic
+    plan: Plan | None = None
+    phase: str = "starting"  # starting | recovering | running | done | failed
+    lost: set[int] = field(default_factory=set)
+    finished: set[int] = field(default_factory=set)
+    recoveries: int = 0
+    _resume_written: bool = False
+    _phase_since_s: float = 0.0
+    _detected_at_s: float = 0.0
+    _hint_checkpoint: int = 0
+    tracker: HeartbeatTracker = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.tracker = HeartbeatTracker(s.hang_timeout_s, s.stall_timeout_s, s.straggler_factor,
+                                        s.straggler_window)
+        self._phase_since_s = self.clock()
+
+    @property
+    def all_workers(self) -> list[int]:
+        return self.trainers + self.spares
+
+    def _get(self, key: str) -> bytes | None:
+        return self.store.get(key) if self.store.check([key]) else None
+
+    def tick(self) -> str:
+        """One pass of observe → judge → act; returns the phase."""
+        if self.phase in ("done", "failed"):
+            return self.phase
+        now = self.clock()
+        if self.phase == "starting":
+            if all(self.store.check([keys.worker_addr(w)]) for w in self.all_workers):
+                self._start_generation(initial_plan(self.trainers, self.spares), now)
+            elif now - self._phase_since_s > self.settings.startup_timeout_s:
+                return self._fail("not every worker registered within "
+                                  f"{self.settings.startup_timeout_s}s")
+            return self.phase
+        newly_lost = self._read_exits() | self._judge_heartbeats(now) | self._read_evacuations()
+        self._read_checkpoint_hint()
+        if self._job_complete():
+            self.phase = "done"
+            self.store.set(keys.JOB_DONE, "ok")
+            self.log({"event": "job_done", "gen": self.plan.gen})
+            return self.phase
+        members = set(self.plan.ranks) | set(self.plan.spares)
+        if newly_lost & members and not self.finished:
+            self._detected_at_s = now
+            return self._replan(newly_lost & members, now, reason="lost "
+                                + ",".join(map(str, sorted(newly_lost & members))))
+        if self.phase == "recovering":
+            self._advance_recovery(now)
+        return self.phase
+
+    # ---------------------------------------------------------------- observation
+    def _read_exits(self) -> set[int]:
+        out = set()
+        for w in self.all_workers:
+            if w in self.lost or w in self.finished:
+                continue
+            code = self._get(keys.exit_code(w))
+            if code is None:
+                continue
+            if int(code) == 0 and self.store.check([keys.done(w)]):
+                self.finished.add(w)
+                continue
+            self.lost.add(w)
+            out.add(w)
+            self.log({"event": "detected", "wid": w, "kind": "exited", "code": int(code)})
+        return out
+
+    def _judge_heartbeats(self, now: float) -> set[int]:
+        active = [w for w in self.plan.ranks if w not in self.lost and w not in self.finished]
+        for w in active:
+            raw = self._get(keys.heartbeat(w))
+            if raw is not None:
+                hb = json.loads(raw)
+                self.tracker.observe(w, Beat(hb["n"], hb["step"], hb["phase"], hb["compute_s"]), now)
+        out = set()
+        for v in self.tracker.verdicts(active, now):
+            if v.kind == "straggler" and not self.settings.evacuate_stragglers:
+                self.log({"event": "straggler", "wid": v.wid, "evidence": v.evidence})
+                continue
+            self.log({"event": "detected", "wid": v.wid, "kind": v.kind, "evidence": v.evidence})
+            self._evict(v.wid)
+            out.add(v.wid)
+        return out
+
+    def _read_evacuations(self) -> set[int]:
+        raw = self._get(keys.HINT_EVACUATE)
+        if not raw:
+            return set()
+        self.store.set(keys.HINT_EVACUATE, "")
+        out = set()
+        for r in filter(None, raw.decode().split(",")):
+            r = int(r)
+            if 0 <= r < self.plan.world_size:
+                w = self.plan.ranks[r]
+                self.log({"event": "detected", "wid": w, "kind": "evacuate_hint", "rank": r})
+                self._evict(w)
+                out.add(w)
+        return out
+
+    def _read_checkpoint_hint(self) -> None:
+        raw = self._get(keys.HINT_CHECKPOINT)
+        if raw is None or int(raw) <= self._hint_checkpoint:
+            return
+        self._hint_checkpoint = int(raw)
+        steps = [json.loads(r)["step"] for w in self.plan.ranks
+                 if (r := self._get(keys.heartbeat(w))) is not None]
+        target = max(steps, default=0) + 2
+        self.store.set(keys.HINT_PERSIST_AT, str(target))
+        self.log({"event": "checkpoint_hint", "persist_at": target})
+
+    def _evict(self, wid: int) -> None:
+        self.lost.add(wid)
+        self.tracker.forget(wid)
+        self.store.set(keys.kill_request(wid), "1")
+
+    def _job_complete(self) -> bool:
+        alive = [w for w in self.plan.ranks if w not in self.lost]
+        return bool(alive) and all(self.store.check([keys.done(w)]) for w in alive)
+
+    # ---------------------------------------------------------------- generations
+    def _start_generation(self, plan: Plan, now: float) -> None:
+        previous = set(self.plan.ranks) if self.plan else set()
+        self.plan = plan
+        self.store.set(keys.plan(plan.gen), plan.to_json())
+        self.store.set(keys.GENERATION, str(plan.gen))
+        self.phase, self._phase_since_s, self._resume_written = "recovering", now, False
+        for w in plan.ranks:
+            if w not in previous:  # a member already being watched keeps its evidence
+                self.tracker.forget(w)
+        self.log({"event": "plan", "gen": plan.gen, "ranks": plan.ranks, "roles": plan.roles,
+                  "spares": plan.spares, "reason": plan.reason, "force_disk": plan.force_disk})
+
+    def _replan(self, lost: set[int], now: float, reason: str, force_disk: bool = False) -> str:
+        self.recoveries += 1
+        if self.recoveries > self.settings.max_recoveries:
+            return self._fail(f"more than {self.settings.max_recoveries} recoveries")
+        try:
+            plan = next_plan(self.plan, lost, self.settings.nproc, reason, force_disk,
+                             pending=self.phase == "recovering")
+        except ValueError as exc:
+            return self._fail(str(exc))
+        self._start_generation(plan, now)
+        return self.phase
+
+    def _advance_recovery(self, now: float) -> None:
+        gen = self.plan.gen
+        if now - self._phase_since_s > self.recovery_timeout_s:
+            self.log({"event": "recovery_timeout", "gen": gen})
+            self._replan(set(), now, reason=f"recovery of gen {gen} timed out", force_disk=True)
+            return
+        if not self._resume_written:
+            holdings = {}
+            for w in self.plan.ranks:
+                raw = self._get(keys.have(gen, w))
+                if raw is None:
+                    return
+                holdings[w] = json.loads(raw)
+            self.store.set(keys.resume(gen), json.dumps(self._choose_resume(holdings)))
+            self._resume_written = True
+            return
+        results = {}
+        for w in self.plan.ranks:
+            raw = self._get(keys.recovered(gen, w))
+            if raw is None:
+                return
+            results[w] = json.loads(raw)
+        if all(r["ok"] for r in results.values()):
+            self.phase = "running"
+            self.log({"event": "resumed", "gen": gen, "step": results[self.plan.ranks[0]]["step"],
+                      "checksum": results[self.plan.ranks[0]]["checksum"],
+                      "recovery_s": now - self._phase_since_s,
+                      "since_detection_s": now - self._detected_at_s if gen else None})
+            return
+        errors = {w: r.get("error") for w, r in results.items() if not r["ok"]}
+        self.log({"event": "recovery_failed", "gen": gen, "errors": errors})
+        self._replan(set(), now, reason=f"recovery of gen {gen} failed", force_disk=True)
+
+    def _choose_resume(self, holdings: dict[int, dict]) -> dict:
+        step = resume_step(self.plan, holdings) if self.plan.gen > 0 else None
+        if step is not None:
+            choice = {"source": "memory", "step": step}
+        else:
+            why: list[str] = []
+            found = latest_verified(self.checkpoint_dir, why) if self.checkpoint_dir else None
+            for line in why:
+                self.log({"event": "checkpoint_rejected", "detail": line})
+            if found is not None:
+                choice = {"source": "disk", "step": found[0], "world_size": found[1]}
+            elif self.plan.gen == 0:
+                choice = {"source": "fresh", "step": 0}
+            else:
+                # never continue from a state we cannot prove consistent
+                self._fail(f"gen {self.plan.gen}: no common in-memory step and no verified "
+                           "checkpoint to fall back to")
+                choice = {"source": "none", "step": -1}
+        self.log({"event": "resume_chosen", "gen": self.plan.gen, **choice, "holdings": holdings})
+        return choice
+
+    def _fail(self, why: str) -> str:
+        self.phase = "failed"
+        self.store.set(keys.JOB_DONE, "failed")
+        self.log({"event": "job_failed", "reason": why})
+        return self.phase

@@ -1,0 +1,111 @@
+"""Failure detection from heartbeats: unresponsive, stalled and straggling workers.
+
+Each worker's heartbeat thread writes a counter, its step, its phase and the compute
+time of its last step. The coordinator feeds what it reads into a HeartbeatTracker with
+its own clock (injected, so tests drive time). A SIGSTOPped process stops its counter
+(unresponsive). A process whose main thread is stuck keeps beating but its step does not
+move while every peer waits in the collective (stalled). A persistently slow one shows
+compute times far above its peers' median (straggler). Process exits are detected by
+the launcher directly and never wait for these timeouts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Beat:
+    counter: int
+    step: int
+    phase: str
+    compute_s: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    wid: int
+    kind: str  # "unresponsive" | "stalled" | "straggler"
+    evidence: str
+
+
+@dataclass
+class _Track:
+    counter: int
+    counter_since_s: float
+    step: int
+    step_since_s: float
+    phase: str
+    compute_s: float
+    slow_steps: int = 0
+    last_judged_step: int = -1
+
+
+@dataclass
+class HeartbeatTracker:
+    hang_timeout_s: float
+    stall_timeout_s: float
+    straggler_factor: float
+    straggler_window: int
+    tracks: dict[int, _Track] = field(default_factory=dict)
+
+    def forget(self, wid: int) -> None:
+        self.tracks.pop(wid, None)
+
+    def observe(self, wid: int, beat: Beat, now_s: float) -> None:
+        t = self.tracks.get(wid)
+        if t is None:
+            self.tracks[wid] = _Track(beat.counter, now_s, beat.step, now_s, beat.phase,
+                                      beat.compute_s)
+            return
+        if beat.counter != t.counter:
+            t.counter, t.counter_since_s = beat.counter, now_s
+        if beat.step != t.step:
+            t.step, t.step_since_s = beat.step, now_s
+        t.phase, t.compute_s = beat.phase, beat.compute_s
+
+    def verdicts(self, active: list[int], now_s: float) -> list[Verdict]:
+        """Judge the workers in `active` (the current ranks) at time `now_s`."""
+        out: list[Verdict] = []
+        tracks = {w: self.tracks[w] for w in active if w in self.tracks}
+        for wid, t in tracks.items():
+            silent = now_s - t.counter_since_s
+            if silent > self.hang_timeout_s:
+                out.append(Verdict(wid, "unresponsive",
+                                   f"heartbeat silent {silent:.2f}s > {self.hang_timeout_s}s "
+                                   f"at step {t.step} phase {t.phase}"))
+        flagged = {v.wid for v in out}
+        waiting = [w for w, t in tracks.items() if t.phase == "collective"]
+        for wid, t in tracks.items():
+            if wid in flagged or t.phase != "compute" or len(waiting) != len(tracks) - 1:
+                continue
+            stuck = now_s - t.step_since_s
+            if stuck > self.stall_timeout_s:
+                out.append(Verdict(wid, "stalled",
+                                   f"step {t.step} not advancing for {stuck:.1f}s while "
+                                   f"{len(waiting)} peers wait in the collective"))
+        out.extend(self._stragglers(tracks))
+        return out
+
+    def _stragglers(self, tracks: dict[int, _Track]) -> list[Verdict]:
+        out = []
+        if len(tracks) < 3:
+            return out
+        for wid, t in tracks.items():
+            if t.step == t.last_judged_step or t.compute_s <= 0:
+                continue
+            t.last_judged_step = t.step
+            peers = [o.compute_s for w, o in tracks.items() if w != wid and o.compute_s > 0]
+            if not peers:
+                continue
+            median = statistics.median(peers)
+            if t.compute_s > self.straggler_factor * median:
+                t.slow_steps += 1
+            else:
+                t.slow_steps = 0
+            if t.slow_steps >= self.straggler_window:
+                out.append(Verdict(wid, "straggler",
+                                   f"compute {t.compute_s * 1e3:.0f}ms > {self.straggler_factor}x "
+                                   f"peer median {median * 1e3:.0f}ms for {t.slow_steps} steps"))
+        return out

@@ -1,0 +1,94 @@
+"""The rendezvous-store key layout shared by launcher, coordinator, workers and hints.
+
+Everything the processes of one job say to each other through the TCPStore is named
+here, so the protocol can be read in one place (docs/runtime.md documents it for
+operators and for the control plane, which writes the hint keys).
+"""
+
+from __future__ import annotations
+
+ROOT = "sg"
+
+
+def worker_addr(wid: int) -> str:
+    """host:port of the worker's replica side channel, written once at start."""
+    return f"{ROOT}/worker/{wid}/addr"
+
+
+def worker_pid(wid: int) -> str:
+    return f"{ROOT}/worker/{wid}/pid"
+
+
+def heartbeat(wid: int) -> str:
+    """JSON progress beat: counter, step, phase, compute seconds of the last step."""
+    return f"{ROOT}/hb/{wid}"
+
+
+GENERATION = f"{ROOT}/gen"
+"""Current membership generation (decimal string); bumped by the coordinator only."""
+
+
+def plan(gen: int) -> str:
+    """JSON membership plan of a generation (see membership.Plan)."""
+    return f"{ROOT}/gen/{gen}/plan"
+
+
+def have(gen: int, wid: int) -> str:
+    """JSON: snapshot steps this worker holds (own and replicas), for the rollback choice."""
+    return f"{ROOT}/gen/{gen}/have/{wid}"
+
+
+def resume(gen: int) -> str:
+    """JSON: the step every member restores and where from (memory or disk)."""
+    return f"{ROOT}/gen/{gen}/resume"
+
+
+def recovered(gen: int, wid: int) -> str:
+    """JSON: the member finished recovery (with its parameter checksum) or failed."""
+    return f"{ROOT}/gen/{gen}/recovered/{wid}"
+
+
+def group_prefix(gen: int) -> str:
+    """Store prefix under which the gloo group of a generation rendezvous."""
+    return f"{ROOT}/pg/{gen}/"
+
+
+def progress(wid: int) -> str:
+    """Last committed step of a worker (written each step)."""
+    return f"{ROOT}/progress/{wid}"
+
+
+def exit_code(wid: int) -> str:
+    """Written by the worker's node launcher when the process ends."""
+    return f"{ROOT}/exit/{wid}"
+
+
+def kill_request(wid: int) -> str:
+    """Written by the coordinator; the worker's node launcher SIGKILLs the process."""
+    return f"{ROOT}/kill/{wid}"
+
+
+def done(wid: int) -> str:
+    return f"{ROOT}/done/{wid}"
+
+
+JOB_DONE = f"{ROOT}/job/done"
+"""Set when training finished or failed for good; spares and launchers exit."""
+
+HINT_CHECKPOINT = f"{ROOT}/hint/checkpoint"
+"""Control-plane hint: a counter; when it grows, workers persist the next snapshot."""
+
+HINT_EVACUATE = f"{ROOT}/hint/evacuate"
+"""Control-plane hint: comma-separated ranks to move onto spares at the next chance."""
+
+CHAOS_FIRED_PREFIX = f"{ROOT}/chaos/fired/"
+"""One counter per chaos trigger so a trigger fires once per job, not once per process."""
+
+EVENT_COUNT = f"{ROOT}/events/n"
+
+
+def event(n: int) -> str:
+    return f"{ROOT}/events/{n}"
+
+HINT_PERSIST_AT = f"{ROOT}/hint/persist_at"
+"""Set by the coordinator from a checkpoint hint: every rank persists this step."""

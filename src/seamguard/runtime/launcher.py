@@ -1,0 +1,153 @@
+"""`seamguard launch`: starts the workers and spares of one node and supervises them.
+
+Speaks torchrun's environment contract (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE) so scripts and schedulers (Slurm, Kubernetes) see what they
+expect, plus SEAMGUARD_* variables for the runtime. Node 0 hosts the TCPStore and runs the
+Coordinator; every node's launcher reports its children's exits to the store the moment
+`waitpid` sees them (this is how a killed rank is detected in milliseconds), carries out
+kill requests for its own children, and turns hint files into store keys.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from seamguard.runtime import keys
+from seamguard.runtime.coordinator import Coordinator
+from seamguard.runtime.settings import LaunchSettings
+
+POLL_S = 0.005
+
+
+@dataclass
+class Child:
+    wid: int
+    proc: subprocess.Popen
+    reported: bool = False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _command(script: list[str]) -> list[str]:
+    return [sys.executable, *script] if script[0].endswith(".py") else list(script)
+
+
+def _worker_env(s: LaunchSettings, port: int, wid: int, local: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(s.env)
+    trainer = local < s.nproc
+    env.update({
+        "MASTER_ADDR": s.master_addr, "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(s.nnodes * s.nproc), "LOCAL_WORLD_SIZE": str(s.nproc),
+        "LOCAL_RANK": str(local),
+        # initial rank only; after a recovery the runtime's rank is authoritative
+        "RANK": str(s.node_rank * s.nproc + local) if trainer else "-1",
+        "SEAMGUARD_WORKER_ID": str(wid), "SEAMGUARD_RUN_ID": s.run_id,
+        "SEAMGUARD_RANKS_PER_NODE": str(s.nproc), "SEAMGUARD_ROLE": "trainer" if trainer else "spare",
+    })
+    return env
+
+
+def _hint_files(store, hint_dir: Path | None) -> None:
+    """checkpoint_now -> bump the checkpoint hint; evacuate_rank_<r> -> evacuate hint."""
+    if hint_dir is None or not hint_dir.is_dir():
+        return
+    for p in sorted(hint_dir.iterdir()):
+        if p.name == "checkpoint_now":
+            store.add(keys.HINT_CHECKPOINT, 1)
+        elif p.name.startswith("evacuate_rank_"):
+            cur = store.get(keys.HINT_EVACUATE).decode() if store.check([keys.HINT_EVACUATE]) else ""
+            store.set(keys.HINT_EVACUATE, ",".join(filter(None, [cur, p.name.rsplit("_", 1)[1]])))
+        else:
+            continue
+        p.unlink(missing_ok=True)
+
+
+def launch(s: LaunchSettings) -> int:
+    """Run one node of a job to completion; returns the exit code for the CLI."""
+    import torch.distributed as dist  # lazy: the CLI must work without torch
+
+    port = s.master_port or free_port()
+    master = s.node_rank == 0
+    store = dist.TCPStore(s.master_addr, port, None, master,
+                          timeout=datetime.timedelta(seconds=s.startup_timeout_s),
+                          wait_for_workers=False)
+    if s.events_file:
+        s.events_file.parent.mkdir(parents=True, exist_ok=True)
+    events = open(s.events_file, "a") if s.events_file else None
+
+    def log(event: dict) -> None:
+        event = {"t": time.time(), **event}
+        line = json.dumps(event)
+        print(f"[seamguard] {line}", file=sys.stderr, flush=True)
+        if events:
+            events.write(line + "\n")
+            events.flush()
+
+    per_node = s.nproc + s.spares
+    settings_env = json.loads(s.env.get("SEAMGUARD_SETTINGS", "{}"))
+    children = []
+    for local in range(per_node):
+        wid = s.node_rank * per_node + local
+        children.append(Child(wid, subprocess.Popen(_command(s.script),
+                                                    env=_worker_env(s, port, wid, local))))
+    coord = None
+    if master:
+        trainers = [n * per_node + i for n in range(s.nnodes) for i in range(s.nproc)]
+        spares = [n * per_node + s.nproc + i for n in range(s.nnodes) for i in range(s.spares)]
+        ckpt = settings_env.get("checkpoint_dir")
+        coord = Coordinator(store, s, trainers, spares, Path(ckpt) if ckpt else None,
+                            float(settings_env.get("recovery_timeout_s", 60.0)), log)
+    code = 1
+    try:
+        while True:
+            for c in children:
+                if not c.reported and c.proc.poll() is not None:
+                    c.reported = True
+                    store.set(keys.exit_code(c.wid), str(c.proc.returncode))
+                if not c.reported and store.check([keys.kill_request(c.wid)]):
+                    c.proc.send_signal(signal.SIGKILL)
+            if master:
+                _hint_files(store, s.hint_dir)
+                phase = coord.tick()
+                if phase in ("done", "failed"):
+                    code = 0 if phase == "done" else 1
+                    break
+            elif store.check([keys.JOB_DONE]):
+                code = 0 if store.get(keys.JOB_DONE) == b"ok" else 1
+                break
+            if all(c.reported for c in children) and not master:
+                break
+            time.sleep(POLL_S)
+        _drain(children, timeout_s=30.0)
+    finally:
+        for c in children:
+            if c.proc.poll() is None:
+                c.proc.kill()
+        if events:
+            events.close()
+    return code
+
+
+def _drain(children: list[Child], timeout_s: float) -> None:
+    """Let finished trainers exit; spares leave on JOB_DONE by themselves (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    for c in children:
+        try:
+            c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait(timeout=5)

@@ -1,0 +1,122 @@
+"""Pure planning of membership generations and of the rollback step.
+
+The coordinator calls these with what it observed; they decide who holds which rank
+after a loss (a spare takes the lost rank's place, else the group shrinks), who holds
+whose replica, and the newest step every member can restore. No clock, no I/O, so the
+decisions are tested with tables (tests/runtime/test_membership.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Membership of one generation.
+
+    ranks[r] is the worker id running rank r; roles[r] is the worker id whose state rank
+    r continues (itself, or the lost worker a spare replaces); holders maps a role to the
+    worker that held its replica in the previous generation.
+    """
+
+    gen: int
+    ranks: list[int]
+    roles: list[int]
+    spares: list[int]
+    holders: dict[int, int] = field(default_factory=dict)
+    lost: list[int] = field(default_factory=list)
+    reason: str = ""
+    force_disk: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str | bytes) -> "Plan":
+        raw = json.loads(text)
+        raw["holders"] = {int(k): int(v) for k, v in raw.get("holders", {}).items()}
+        return Plan(**raw)
+
+
+def replica_holder(rank: int, world_size: int, ranks_per_node: int) -> int:
+    """Rank that holds rank `rank`'s replica: the same local slot on the next node.
+
+    With one node that is simply the next rank (ring). Placing the replica a node away
+    means losing a whole node never loses both a state and its replica.
+    """
+    if world_size < 2:
+        return rank
+    step = ranks_per_node if world_size > ranks_per_node else 1
+    return (rank + step) % world_size
+
+
+def initial_plan(trainers: list[int], spares: list[int]) -> Plan:
+    return Plan(gen=0, ranks=list(trainers), roles=list(trainers), spares=list(spares),
+                reason="start")
+
+
+def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
+              force_disk: bool = False, pending: bool = False) -> Plan:
+    """Replace every lost rank by a spare (lowest id first) or drop it (shrink).
+
+    `pending` says the current generation never finished recovering: its newcomers hold
+    no state yet, so their roles still come from the holders recorded before (carried
+    over; if such a holder is lost too, memory recovery is impossible and the caller
+    falls back to disk). Lost spares are simply removed. Raises ValueError when no rank
+    would remain.
+    """
+    spares = [w for w in current.spares if w not in lost]
+    ranks: list[int] = []
+    roles: list[int] = []
+    holders: dict[int, int] = dict(current.holders) if pending else {}
+    old_world = current.world_size
+    for r, (wid, role) in enumerate(zip(current.ranks, current.roles)):
+        if wid not in lost:
+            ranks.append(wid)
+            roles.append(role)
+            continue
+        holder = current.ranks[replica_holder(r, old_world, ranks_per_node)]
+        if spares:
+            ranks.append(spares.pop(0))
+            roles.append(role)
+            holders.setdefault(role, holder)
+        else:
+            holders.pop(role, None)
+    if not ranks:
+        raise ValueError(f"generation {current.gen}: every rank lost ({sorted(lost)}), "
+                         "nothing left to continue")
+    return Plan(gen=current.gen + 1, ranks=ranks, roles=roles, spares=spares,
+                holders=holders, lost=sorted(lost & set(current.ranks + current.spares)),
+                reason=reason, force_disk=force_disk)
+
+
+def resume_step(plan: Plan, holdings: dict[int, dict]) -> int | None:
+    """Newest step that every rank of `plan` can restore from memory, or None.
+
+    holdings[wid] = {"own": [steps], "replicas": {role: [steps]}} as each member
+    published it. A rank continuing its own role needs the step in its own snapshots; a
+    spare continuing a lost role needs it in that role's replica at the recorded holder
+    (only when the holder survived). With no common step the caller falls back to disk.
+    """
+    if plan.force_disk:
+        return None
+    common: set[int] | None = None
+    for wid, role in zip(plan.ranks, plan.roles):
+        if role not in plan.holders:
+            steps = set(holdings.get(wid, {}).get("own", []))
+        else:
+            holder = plan.holders.get(role)
+            if holder is None or holder not in plan.ranks:
+                return None
+            replicas = holdings.get(holder, {}).get("replicas", {})
+            steps = set(replicas.get(str(role), replicas.get(role, [])))
+        common = steps if common is None else common & steps
+    if not common:
+        return None
+    return max(common)

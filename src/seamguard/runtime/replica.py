@@ -1,0 +1,251 @@
+"""Peer replicas over a side channel: each rank keeps its ring predecessor's snapshot.
+
+A plain TCP channel, separate from the training process group, so replication runs on
+a background thread without interleaving with the gradient collectives, and a dead
+peer only breaks this socket. PUSH sends a snapshot's manifest; the holder answers
+which tensors it needs: with deduplication, a tensor whose hash equals the holder's own
+snapshot of the same step (all replicated data-parallel state) is kept by reference
+and never sent, so only rank-private bytes (RNG, data position) cross the wire. FETCH
+streams a held replica to a spare, which verifies every hash before using it.
+
+Frames: 8-byte big-endian length + JSON header, followed by raw tensor bytes in
+manifest order. Every socket operation has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from seamguard.runtime.manifest import Manifest, hash_bytes
+from seamguard.runtime.snapshot import META, SlotStore
+
+
+class ReplicaError(Exception):
+    """A replica push/fetch failed or a received tensor did not match its hash."""
+
+
+def _send_json(sock: socket.socket, obj: dict) -> None:
+    data = json.dumps(obj).encode()
+    sock.sendall(struct.pack(">Q", len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int, into: np.ndarray | None = None) -> bytes | None:
+    if into is not None:
+        view = memoryview(into)[:n]
+        got = 0
+        while got < n:
+            k = sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise ReplicaError("peer closed the replica channel")
+            got += k
+        return None
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise ReplicaError("peer closed the replica channel")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv_json(sock: socket.socket) -> dict:
+    (n,) = struct.unpack(">Q", _recv_exact(sock, 8))
+    return json.loads(_recv_exact(sock, n))
+
+
+@dataclass
+class HeldReplica:
+    step: int
+    manifest: Manifest
+    # name -> own bytes buffer, or None when kept by reference to the holder's own slot
+    data: dict[str, np.ndarray | None]
+
+
+@dataclass
+class ReplicaStore:
+    """Replicas this worker holds for other roles: the newest two steps per role."""
+
+    slots: SlotStore
+    keep: int = 2
+    held: dict[int, list[HeldReplica]] = field(default_factory=dict)
+    pool: dict[tuple[int, str], list[np.ndarray]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _buffer(self, role: int, name: str, nbytes: int, busy: set[int]) -> np.ndarray:
+        """A reusable receive buffer (allocated once per role/tensor/position)."""
+        bufs = self.pool.setdefault((role, name), [])
+        for b in bufs:
+            if id(b) not in busy and b.size >= nbytes:
+                return b
+        b = np.empty(nbytes, dtype=np.uint8)
+        bufs.append(b)
+        return b
+
+    def valid_steps(self) -> dict[str, list[int]]:
+        """Per role, steps whose every by-reference tensor is still in our own slots."""
+        out: dict[str, list[int]] = {}
+        with self.lock:
+            for role, reps in self.held.items():
+                out[str(role)] = [r.step for r in reps if self._refs_intact(r)]
+        return out
+
+    def _refs_intact(self, rep: HeldReplica) -> bool:
+        refs = [e for e in rep.manifest.entries if rep.data.get(e.name) is None]
+        if not refs:
+            return True
+        own = self.slots.find(rep.step)
+        if own is None or own.manifest is None:
+            return False
+        own_hash = {e.name: e.xxh3 for e in own.manifest.entries}
+        return all(own_hash.get(e.name) == e.xxh3 for e in refs)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.held.clear()
+
+
+class ReplicaServer:
+    """Accepts PUSH and FETCH requests on a loopback/cluster address (one thread each)."""
+
+    def __init__(self, store: ReplicaStore, host: str, timeout_s: float, dedup: bool) -> None:
+        self.store = store
+        self.timeout_s = timeout_s
+        self.dedup = dedup
+        self.sock = socket.create_server((host, 0))
+        self.sock.settimeout(0.5)
+        self.address = f"{host}:{self.sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, name="sg-replica-server", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            conn.settimeout(self.timeout_s)
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                req = _recv_json(conn)
+                if req["op"] == "push":
+                    self._on_push(conn, req)
+                elif req["op"] == "fetch":
+                    self._on_fetch(conn, req)
+            except (OSError, ReplicaError, ValueError, KeyError):
+                return  # the peer will see the broken channel and report it
+
+    def _own_hashes(self, step: int) -> dict[str, str]:
+        slots = self.store.slots
+        with slots.cond:
+            slots.cond.wait_for(lambda: (s := slots.find(step)) is not None
+                                and s.manifest is not None, timeout=min(2.0, self.timeout_s))
+            own = slots.find(step)
+            return {e.name: e.xxh3 for e in own.manifest.entries} if own and own.manifest else {}
+
+    def _on_push(self, conn: socket.socket, req: dict) -> None:
+        role, manifest = int(req["role"]), Manifest.from_json(req["manifest"])
+        own = self._own_hashes(manifest.step) if self.dedup else {}
+        need = [e.name for e in manifest.entries if e.name == META or own.get(e.name) != e.xxh3]
+        _send_json(conn, {"need": need})
+        with self.store.lock:
+            reps = self.store.held.get(role, [])
+            busy = {id(b) for r in reps[-(self.store.keep - 1):] for b in r.data.values()
+                    if b is not None} if self.store.keep > 1 else set()
+        data: dict[str, np.ndarray | None] = {}
+        by_name = {e.name: e for e in manifest.entries}
+        for name in need:
+            e = by_name[name]
+            buf = self.store._buffer(role, name, e.nbytes, busy)
+            busy.add(id(buf))
+            _recv_exact(conn, e.nbytes, into=buf)
+            if hash_bytes(buf[:e.nbytes]) != e.xxh3:
+                raise ReplicaError(f"replica of role {role} step {manifest.step}: tensor "
+                                   f"{name!r} arrived corrupted")
+            data[name] = buf
+        for e in manifest.entries:
+            data.setdefault(e.name, None)
+        with self.store.lock:
+            reps = [r for r in self.store.held.get(role, []) if r.step != manifest.step]
+            reps.append(HeldReplica(manifest.step, manifest, data))
+            self.store.held[role] = reps[-self.store.keep:]
+        _send_json(conn, {"ok": True})
+
+    def _on_fetch(self, conn: socket.socket, req: dict) -> None:
+        role, step = int(req["role"]), int(req["step"])
+        slots = self.store.slots
+        with self.store.lock:
+            rep = next((r for r in self.store.held.get(role, []) if r.step == step), None)
+        if rep is None:
+            _send_json(conn, {"error": f"no replica of role {role} at step {step}"})
+            return
+        with slots.cond:
+            own = slots.find(step)
+            if own is not None:
+                own.readers += 1
+        try:
+            if not self.store._refs_intact(rep):
+                _send_json(conn, {"error": f"replica of role {role} step {step} lost its "
+                                  "by-reference tensors"})
+                return
+            _send_json(conn, {"manifest": rep.manifest.to_json()})
+            for e in rep.manifest.entries:
+                buf = rep.data.get(e.name)
+                src = buf[:e.nbytes] if buf is not None else own.array[e.offset:e.offset + e.nbytes]
+                conn.sendall(memoryview(src))
+        finally:
+            with slots.cond:
+                if own is not None:
+                    own.readers -= 1
+                    slots.cond.notify_all()
+
+
+def push(address: str, role: int, manifest: Manifest, payload: np.ndarray, timeout_s: float,
+         midway=None) -> int:
+    """Send a snapshot to its holder; returns the bytes actually sent."""
+    host, port = address.rsplit(":", 1)
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        _send_json(sock, {"op": "push", "role": role, "manifest": manifest.to_json()})
+        need = _recv_json(sock)["need"]
+        by_name = {e.name: e for e in manifest.entries}
+        for i, name in enumerate(need):
+            if midway is not None and i == len(need) // 2:
+                midway()
+            e = by_name[name]
+            sock.sendall(memoryview(payload[e.offset:e.offset + e.nbytes]))
+            sent += e.nbytes
+        if not _recv_json(sock).get("ok"):
+            raise ReplicaError(f"holder {address} refused replica of step {manifest.step}")
+    return sent
+
+
+def fetch(address: str, role: int, step: int, timeout_s: float) -> tuple[Manifest, np.ndarray]:
+    """Fetch role's replica at step from its holder, verifying every tensor's hash."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        _send_json(sock, {"op": "fetch", "role": role, "step": step})
+        head = _recv_json(sock)
+        if "error" in head:
+            raise ReplicaError(f"holder {address}: {head['error']}")
+        manifest = Manifest.from_json(head["manifest"])
+        payload = np.empty(manifest.total_bytes, dtype=np.uint8)
+        for e in manifest.entries:
+            _recv_exact(sock, e.nbytes, into=payload[e.offset:e.offset + e.nbytes])
+            if hash_bytes(payload[e.offset:e.offset + e.nbytes]) != e.xxh3:
+                raise ReplicaError(f"replica of role {role} step {step} from {address}: "
+                                   f"tensor {e.name!r} failed its hash check")
+    return manifest, payload

@@ -1,0 +1,99 @@
+"""Typed settings for the runtime worker and the launcher, in one place.
+
+The CLI and :meth:`Runtime.from_environment` are the only readers of flags and
+environment; everything below them receives these frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How a training process snapshots, replicates, persists and waits."""
+
+    snapshot_every_steps: int = 1
+    """Copy state into host buffers every k committed steps (1 = at most one step lost)."""
+    persist_every_steps: int = 50
+    """Hand a snapshot to the persister process every p steps (multiple of k); 0 = never."""
+    checkpoint_dir: Path | None = None
+    """Storage directory for persisted checkpoints (shared storage when multi-node)."""
+    keep_checkpoints: int = 2
+    """Complete persisted checkpoints kept per rank; older ones are deleted."""
+    snapshot_slots: int = 3
+    """Host buffers rotated per rank: latest, previous, and one pinned while persisting."""
+    collective_timeout_s: float = 30.0
+    """Upper bound on one gradient collective before the rank reports a suspect group."""
+    heartbeat_interval_s: float = 0.05
+    """Period of the liveness/progress heartbeat written to the store."""
+    recovery_timeout_s: float = 60.0
+    """Bound on every wait inside a recovery (plan, state transfer, group formation)."""
+    replica_timeout_s: float = 20.0
+    """Bound on one replica push or fetch over the side channel."""
+    dedup_replicas: bool = True
+    """Send a tensor to the peer only when its hash differs from the peer's own copy."""
+
+    def __post_init__(self) -> None:
+        if self.snapshot_every_steps < 1:
+            raise ValueError(f"snapshot_every_steps must be >= 1, got {self.snapshot_every_steps}")
+        if self.persist_every_steps < 0:
+            raise ValueError(f"persist_every_steps must be >= 0, got {self.persist_every_steps}")
+        if self.persist_every_steps and self.persist_every_steps % self.snapshot_every_steps:
+            raise ValueError("persist_every_steps must be a multiple of snapshot_every_steps "
+                             f"({self.persist_every_steps} % {self.snapshot_every_steps} != 0)")
+        if self.snapshot_slots < 3:
+            raise ValueError(f"snapshot_slots must be >= 3, got {self.snapshot_slots}")
+        for name in ("collective_timeout_s", "heartbeat_interval_s", "recovery_timeout_s",
+                     "replica_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What ``seamguard launch`` starts and how its coordinator judges the workers."""
+
+    script: list[str]
+    """The training command after ``--`` (a .py file is run with the current Python)."""
+    nproc: int = 1
+    """Training ranks per node."""
+    spares: int = 0
+    """Hot spare processes per node, started with the job and waiting for a rank."""
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    """Rendezvous TCPStore port; 0 picks a free one (single node only)."""
+    run_id: str = "seamguard"
+    hang_timeout_s: float = 1.0
+    """A worker whose heartbeat counter has not moved this long is declared hung."""
+    stall_timeout_s: float = 10.0
+    """A worker computing while all peers wait in the collective this long is stalled."""
+    straggler_factor: float = 1.5
+    """Compute time above factor x median of peers counts as slow."""
+    straggler_window: int = 8
+    """Consecutive slow steps before a straggler verdict."""
+    evacuate_stragglers: bool = False
+    """Replace a persistent straggler by a spare (otherwise only report it)."""
+    max_recoveries: int = 100
+    """Give up (exit non-zero) after this many recoveries."""
+    startup_timeout_s: float = 120.0
+    """Bound on the wait for every worker to register."""
+    hint_dir: Path | None = None
+    """Directory the launcher watches for control-plane hint files (see docs/runtime.md)."""
+    events_file: Path | None = None
+    """JSON-lines log of detections and recoveries."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the workers (settings, chaos plan)."""
+
+    def __post_init__(self) -> None:
+        if not self.script:
+            raise ValueError("no training command given after '--'")
+        if self.nproc < 1 or self.spares < 0 or self.nnodes < 1:
+            raise ValueError("need nproc >= 1, spares >= 0, nnodes >= 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} outside 0..{self.nnodes - 1}")
+        if self.nnodes > 1 and self.master_port == 0:
+            raise ValueError("multi-node launch needs an explicit --master-port")

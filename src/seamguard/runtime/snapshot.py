@@ -1,0 +1,304 @@
+"""Snapshots of a training process's state into preallocated, reused host buffers.
+
+`TrainingState` knows what to capture (model tensors, optimizer tensors, and a small
+pickled meta blob: optimizer hyper-parameters, RNG states, data position) and how to
+put it back. `SlotStore` owns N shared-memory slots (files in /dev/shm, so the persister
+process reads them without a copy), allocated once for the state's layout and reused for
+every snapshot; the layout is rebuilt only if the set of tensors changes (e.g. once,
+when the optimizer creates its state at the first step). CUDA tensors are copied with
+non_blocking copies on a side stream into host memory registered as pinned.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from seamguard.runtime.manifest import Manifest, TensorEntry, hash_bytes
+
+META = "__meta__"
+_ALIGN = 64
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each tensor of a snapshot lives in a slot: (name, dtype, shape, offset, nbytes)."""
+
+    items: tuple[tuple[str, str, tuple[int, ...], int, int], ...]
+    meta_offset: int
+    meta_capacity: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.meta_offset + self.meta_capacity
+
+    @staticmethod
+    def build(named: list[tuple[str, torch.Tensor]], meta_len: int) -> "Layout":
+        items, off = [], 0
+        for name, t in named:
+            nbytes = t.numel() * t.element_size()
+            items.append((name, _dtype_name(t.dtype), tuple(t.shape), off, nbytes))
+            off += -(-nbytes // _ALIGN) * _ALIGN
+        return Layout(tuple(items), off, max(1 << 16, 2 * meta_len))
+
+    def signature(self) -> tuple:
+        return tuple((n, d, s) for n, d, s, _, _ in self.items)
+
+
+class TrainingState:
+    """The model, optimizer and data position of one rank, as named tensors plus meta."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 data_state: Any = None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.data_state = data_state  # callable step -> dict, or None
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        out = [(f"model/{k}", v.detach()) for k, v in self.model.state_dict(keep_vars=True).items()]
+        for pid, p in enumerate(self._params):
+            for k, v in sorted(self.optimizer.state.get(p, {}).items()):
+                if isinstance(v, torch.Tensor):
+                    out.append((f"optim/{pid}/{k}", v.detach()))
+        return out
+
+    def meta(self, step: int) -> bytes:
+        opt_scalars = {pid: {k: v for k, v in self.optimizer.state.get(p, {}).items()
+                             if not isinstance(v, torch.Tensor)}
+                       for pid, p in enumerate(self._params)}
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        rng: dict[str, Any] = {"torch": torch.get_rng_state().numpy().tobytes(),
+                               "python": random.getstate(), "numpy": np.random.get_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
+        data = self.data_state(step) if callable(self.data_state) else {"step": step}
+        return pickle.dumps({"step": step, "groups": groups, "opt_scalars": opt_scalars,
+                             "rng": rng, "data": data}, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def restore(self, tensors: dict[str, torch.Tensor], meta_bytes: bytes) -> dict[str, Any]:
+        """Put a snapshot back (bytes are copied, never aliased). Returns the meta dict."""
+        meta = pickle.loads(meta_bytes)
+        msd = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for k, v in msd.items():
+                src = tensors.get(f"model/{k}")
+                if src is None:
+                    raise KeyError(f"snapshot has no tensor 'model/{k}'")
+                v.copy_(src.view(v.shape))
+        self._restore_optimizer(tensors, meta)
+        rng = meta["rng"]
+        torch.set_rng_state(torch.frombuffer(bytearray(rng["torch"]), dtype=torch.uint8))
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(b), dtype=torch.uint8)
+                                          for b in rng["cuda"]])
+        return meta
+
+    def _restore_optimizer(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        wanted: dict[int, dict[str, torch.Tensor]] = {}
+        for name, arr in tensors.items():
+            if name.startswith("optim/"):
+                _, pid, k = name.split("/", 2)
+                wanted.setdefault(int(pid), {})[k] = arr
+        for g, saved in zip(self.optimizer.param_groups, meta["groups"]):
+            g.update(saved)
+        in_place = all(set(k for k, v in self.optimizer.state.get(p, {}).items()
+                           if isinstance(v, torch.Tensor)) == set(wanted.get(pid, {}))
+                       for pid, p in enumerate(self._params))
+        with torch.no_grad():
+            for pid, p in enumerate(self._params):
+                if not in_place:
+                    self.optimizer.state.pop(p, None)
+                saved = wanted.get(pid, {})
+                if not saved and not meta["opt_scalars"].get(pid):
+                    continue
+                st = self.optimizer.state[p] if in_place else {}
+                for k, arr in saved.items():
+                    if in_place:
+                        t = st[k]
+                        t.copy_(arr.view(t.shape))
+                    else:
+                        # fresh optimizer (a spare): own copies; scalar 'step' stays on CPU
+                        dev = p.device if arr.dim() > 0 else torch.device("cpu")
+                        st[k] = arr.clone().to(dev)
+                st.update(meta["opt_scalars"].get(pid, {}))
+                if not in_place:
+                    self.optimizer.state[p] = st
+
+
+@dataclass
+class Slot:
+    index: int
+    path: Path
+    array: np.ndarray
+    step: int = -1
+    meta_len: int = 0
+    manifest: Manifest | None = None
+    readers: int = 0  # pipeline / replica server reading it: do not overwrite
+    pinned: bool = False  # persister reading it
+
+
+@dataclass
+class SlotStore:
+    """Rotating shared-memory snapshot slots of one worker (see module docstring)."""
+
+    prefix: str
+    n_slots: int
+    rank_fn: Any = None
+    slots: list[Slot] = field(default_factory=list)
+    layout: Layout | None = None
+    allocations: int = 0
+    latest: int = -1
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    _stream: Any = None
+
+    def _allocate(self, layout: Layout) -> None:
+        for s in self.slots:
+            del s.array
+            s.path.unlink(missing_ok=True)
+        self.slots = []
+        for i in range(self.n_slots):
+            path = Path(f"/dev/shm/{self.prefix}-slot{i}")
+            arr = np.memmap(path, dtype=np.uint8, mode="w+", shape=(layout.total_bytes,))
+            if torch.cuda.is_available():
+                # page-locked so device->host copies run asynchronously (not testable on CI)
+                torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0)
+            self.slots.append(Slot(i, path, arr))
+        self.layout = layout
+        self.latest = -1
+        self.allocations += 1
+
+    def close(self) -> None:
+        with self.cond:
+            for s in self.slots:
+                s.path.unlink(missing_ok=True)
+            self.slots = []
+
+    def _pick(self, timeout_s: float) -> Slot | None:
+        with self.cond:
+            def free() -> list[Slot]:
+                return [s for s in self.slots
+                        if s.index != self.latest and not s.readers and not s.pinned]
+            if not self.cond.wait_for(lambda: free(), timeout=timeout_s):
+                return None
+            slot = min(free(), key=lambda s: s.step)
+            slot.step, slot.manifest = -1, None
+            return slot
+
+    def capture(self, state: TrainingState, step: int, timeout_s: float,
+                midway=None) -> Slot | None:
+        """Copy the state at `step` into a free slot; None if no slot freed in time."""
+        named = state.named_tensors()
+        meta = state.meta(step)
+        if self.layout is None or Layout.build(named, 0).signature() != self.layout.signature() \
+                or len(meta) > self.layout.meta_capacity:
+            with self.cond:
+                self.cond.wait_for(lambda: not any(s.readers or s.pinned for s in self.slots),
+                                   timeout=timeout_s)
+                self._allocate(Layout.build(named, len(meta)))
+        slot = self._pick(timeout_s)
+        if slot is None:
+            return None
+        host = torch.from_numpy(slot.array)
+        cuda = any(t.is_cuda for _, t in named)
+        if cuda and self._stream is None:
+            self._stream = torch.cuda.Stream()
+        ctx = torch.cuda.stream(self._stream) if cuda else _nullcontext()
+        if cuda:
+            self._stream.wait_stream(torch.cuda.current_stream())
+        with ctx, torch.no_grad():
+            half = len(named) // 2
+            for i, ((name, t), (_, d, shape, off, nbytes)) in enumerate(zip(named, self.layout.items)):
+                if i == half and midway is not None:
+                    midway()
+                dst = host[off:off + nbytes].view(t.dtype).view(t.shape)
+                dst.copy_(t, non_blocking=t.is_cuda)
+        if cuda:
+            self._stream.synchronize()
+        lo = self.layout.meta_offset
+        slot.array[lo:lo + len(meta)] = np.frombuffer(meta, dtype=np.uint8)
+        with self.cond:
+            slot.meta_len = len(meta)
+            slot.step = step
+            self.latest = slot.index
+            self.cond.notify_all()
+        return slot
+
+    def build_manifest(self, slot: Slot, rank: int, world_size: int) -> Manifest:
+        """Hash every tensor of a captured slot (called off the training thread)."""
+        assert self.layout is not None
+        entries = [TensorEntry(n, d, list(s), off, nb, hash_bytes(slot.array[off:off + nb]))
+                   for n, d, s, off, nb in self.layout.items]
+        lo = self.layout.meta_offset
+        entries.append(TensorEntry(META, "uint8", [slot.meta_len], lo, slot.meta_len,
+                                   hash_bytes(slot.array[lo:lo + slot.meta_len])))
+        return Manifest(slot.step, rank, world_size, entries)
+
+    def find(self, step: int) -> Slot | None:
+        for s in self.slots:
+            if s.step == step:
+                return s
+        return None
+
+    def steps(self) -> list[int]:
+        with self.cond:
+            return sorted(s.step for s in self.slots if s.step >= 0)
+
+    def forget_after(self, step: int) -> None:
+        """Drop snapshots newer than a rollback step (they belong to a cancelled future)."""
+        with self.cond:
+            for s in self.slots:
+                if s.step > step and not s.readers and not s.pinned:
+                    s.step, s.manifest = -1, None
+            keep = self.find(step)
+            self.latest = keep.index if keep else -1
+
+
+def tensors_of(manifest: Manifest, payload: np.ndarray) -> tuple[dict[str, torch.Tensor], bytes]:
+    """Split a packed payload into named typed tensors (views, no copy) and the meta bytes."""
+    out, meta = {}, b""
+    for e in manifest.entries:
+        raw = payload[e.offset:e.offset + e.nbytes]
+        if e.name == META:
+            meta = raw.tobytes()
+        else:
+            out[e.name] = typed(raw, e.dtype, e.shape)
+    return out, meta
+
+
+def typed(arr: np.ndarray, dtype: str, shape: list[int]) -> torch.Tensor:
+    t = torch.from_numpy(arr)
+    return (t.view(getattr(torch, dtype)) if arr.size else
+            torch.empty(0, dtype=getattr(torch, dtype))).view(shape)
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def state_checksum(model: torch.nn.Module) -> str:
+    """xxh3 over every model tensor's bytes in state_dict order (cross-rank agreement)."""
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    for _, v in model.state_dict().items():
+        t = v.detach().cpu().contiguous()
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()

@@ -1,0 +1,539 @@
+"""The training-process side of the runtime: the step as a transaction, and recovery.
+
+A training script creates one `Runtime` (via `seamguard.runtime.init()`), registers its
+model, optimizer and sampler, and iterates `steps()`. Each step is a transaction: the
+gradient collective in `sync_gradients()` never raises into model code; a failure (a
+peer's socket closed, the coordinator announced a new generation, the collective timed
+out) cancels the step and the next iteration of `steps()` recovers: the broken group is
+abandoned, every member restores the same step (own snapshot, a peer replica for a
+spare, or the last verified checkpoint on storage), a new gloo group is formed under a
+new store prefix, parameter checksums are compared, and training goes on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from seamguard.runtime import chaos, keys, replica
+from seamguard.runtime.data import GlobalBatchSampler
+from seamguard.runtime.manifest import CheckpointError, read_checkpoint
+from seamguard.runtime.membership import Plan, replica_holder
+from seamguard.runtime.settings import RuntimeSettings
+from seamguard.runtime.snapshot import SlotStore, TrainingState, state_checksum, tensors_of
+
+
+class RecoveryError(Exception):
+    """A recovery attempt failed; the coordinator plans another (eventually from disk)."""
+
+
+class GenerationChanged(Exception):
+    """The coordinator moved to a newer generation while this process was waiting."""
+
+
+class JobFinished(Exception):
+    """The job ended while this process was waiting (a spare that was never needed)."""
+
+
+class JobFailed(RuntimeError):
+    """The coordinator gave the job up (no consistent state left); see the launcher log."""
+
+
+def _connect(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    return dist.TCPStore(host, port, None, False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class Runtime:
+    """One training process of a seamguard job (see module docstring and docs/runtime.md)."""
+
+    def __init__(self, wid: int, master_addr: str, master_port: int, ranks_per_node: int,
+                 settings: RuntimeSettings, run_id: str, advertise_host: str = "127.0.0.1"):
+        self.wid = wid
+        self.settings = settings
+        self.ranks_per_node = ranks_per_node
+        self._addr = (master_addr, master_port)
+        self.store = _connect(master_addr, master_port, settings.recovery_timeout_s)
+        self.slots = SlotStore(f"seamguard-{run_id}-{os.getpid()}-w{wid}", settings.snapshot_slots)
+        self.replicas = replica.ReplicaStore(self.slots)
+        self.server = replica.ReplicaServer(self.replicas, advertise_host,
+                                            settings.replica_timeout_s, settings.dedup_replicas)
+        self.injector = chaos.from_env_without_store()
+        self.plan: Plan | None = None
+        self.gen = -1
+        self.rank = -1
+        self.group: dist.ProcessGroupGloo | None = None
+        self._graveyard: list = []  # abandoned groups: destroying one can block on a dead peer
+        self.step = 0
+        self.state: TrainingState | None = None
+        self.sampler: GlobalBatchSampler | None = None
+        self._flat: torch.Tensor | None = None
+        self._failed = False
+        self._gen_seen = -1
+        self._phase = "start"
+        self._compute_s = 0.0
+        self._t_compute = 0.0
+        self._local_n = 0
+        self._persist_at = -1
+        self._pipeline: queue.Queue = queue.Queue()
+        self._side_store: dist.TCPStore | None = None
+        self._persist_lock = threading.Lock()
+        self._persister: subprocess.Popen | None = None
+        self._persist_pending: dict[int, int] = {}  # slot index -> step
+        self.stats = {"snapshots": 0, "snapshot_stall_s": 0.0, "recoveries": 0,
+                      "replica_bytes_sent": 0, "persisted": 0, "persist_errors": 0}
+        self.events: list[dict] = []
+        self.store.set(keys.worker_addr(wid), self.server.address)
+        self.store.set(keys.worker_pid(wid), str(os.getpid()))
+        self._stop = threading.Event()
+        threading.Thread(target=self._heartbeat_loop, name="sg-heartbeat", daemon=True).start()
+        threading.Thread(target=self._pipeline_loop, name="sg-snapshot-pipeline", daemon=True).start()
+
+    # ------------------------------------------------------------------ setup
+    @classmethod
+    def from_environment(cls, settings: RuntimeSettings | None = None) -> "Runtime":
+        env = os.environ
+        if "SEAMGUARD_WORKER_ID" not in env:
+            raise RuntimeError("seamguard.runtime.init() must run under `seamguard launch` "
+                               "(SEAMGUARD_WORKER_ID is not set)")
+        if settings is None:
+            raw = json.loads(env.get("SEAMGUARD_SETTINGS", "{}"))
+            if raw.get("checkpoint_dir"):
+                raw["checkpoint_dir"] = Path(raw["checkpoint_dir"])
+            settings = RuntimeSettings(**raw)
+        return cls(int(env["SEAMGUARD_WORKER_ID"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]),
+                   int(env.get("SEAMGUARD_RANKS_PER_NODE", env.get("LOCAL_WORLD_SIZE", "1"))),
+                   settings, env.get("SEAMGUARD_RUN_ID", "seamguard"),
+                   env.get("SEAMGUARD_ADVERTISE_HOST", "127.0.0.1"))
+
+    def register(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 sampler: GlobalBatchSampler) -> None:
+        """Hand the runtime what it snapshots, replicates and restores."""
+        self.state = TrainingState(model, optimizer, sampler.state_dict)
+        self.sampler = sampler
+        params = [p for p in model.parameters() if p.requires_grad]
+        self._params = params
+        self._flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        if self.settings.checkpoint_dir is not None:
+            self._ensure_persister()  # start it now, not at the first persist
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size if self.plan else 0
+
+    # ------------------------------------------------------------------ the loop
+    def steps(self, total_steps: int) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (step, sample indices of this rank) until `total_steps` are committed."""
+        if self.state is None or self.sampler is None:
+            raise RuntimeError("call register(model, optimizer, sampler) before steps()")
+        try:
+            self._recover()  # generation 0, or a spare waiting for a rank
+        except JobFinished:
+            return
+        while True:
+            if self._failed or self._gen_seen > self.gen:
+                try:
+                    self._recover()
+                except JobFinished:
+                    return  # finished without us (we had already been replaced)
+            if self.step >= total_steps:
+                if self._final_barrier():
+                    break
+                continue
+            self._maybe_snapshot()
+            self.injector.maybe_fire("step", self.rank, self.step)
+            self._phase, self._t_compute = "compute", time.perf_counter()
+            idx = self.sampler.indices(self.step, self.rank, self.world_size)
+            self._local_n = len(idx)
+            yield self.step, idx
+            if not self._failed:
+                self.step += 1
+        self._phase = "done"
+        self._persist_final()
+        self.store.set(keys.done(self.wid), str(self.step))
+
+    def sync_gradients(self) -> bool:
+        """Average gradients over the group; False means the step is cancelled (skip it).
+
+        Gradients are weighted by shard size so a shrunk group with uneven shards still
+        computes the mean over the whole global batch.
+        """
+        assert self._flat is not None and self.sampler is not None
+        self._compute_s = time.perf_counter() - self._t_compute
+        if self._failed or self._gen_seen > self.gen:
+            self._failed = True
+            return False
+        off = 0
+        scale = self._local_n / self.sampler.global_batch
+        for p in self._params:
+            n = p.numel()
+            view = self._flat[off:off + n]
+            if p.grad is None:
+                view.zero_()
+            else:
+                torch.mul(p.grad.reshape(-1), scale, out=view)
+            off += n
+        if not self._collective(lambda: self.group.allreduce([self._flat])):
+            self._failed = True
+            return False
+        off = 0
+        for p in self._params:
+            n = p.numel()
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+            p.grad.copy_(self._flat[off:off + n].view_as(p))
+            off += n
+        return True
+
+    def finish(self) -> None:
+        """Stop background threads, the persister, and free the shared-memory slots."""
+        self._stop.set()
+        self._pipeline.put(None)
+        if self._persister is not None and self._persister.poll() is None:
+            self._persister.stdin.close()
+            try:
+                self._persister.wait(timeout=self.settings.recovery_timeout_s)
+            except subprocess.TimeoutExpired:
+                self._persister.kill()
+        self.server.close()
+        self.slots.close()
+
+    # ------------------------------------------------------------------ collectives
+    def _collective(self, issue) -> bool:
+        """Run one collective, polling so a new generation or a timeout cancels it."""
+        self._phase = "collective"
+        deadline = time.monotonic() + self.settings.collective_timeout_s
+        try:
+            work = issue()
+            while not work.is_completed():
+                if self._gen_seen > self.gen or time.monotonic() > deadline:
+                    self._note("collective_cancelled", reason="new generation"
+                               if self._gen_seen > self.gen else "timeout")
+                    return False
+                time.sleep(0.0005)
+            work.wait()
+            return True
+        except RuntimeError as exc:
+            self._note("collective_error", error=str(exc)[:200])
+            return False
+        finally:
+            self._phase = "idle"
+
+    def _final_barrier(self) -> bool:
+        flag = torch.ones(1)
+        ok = self._collective(lambda: self.group.allreduce([flag]))
+        self._failed = not ok
+        return ok
+
+    # ------------------------------------------------------------------ snapshots
+    def _maybe_snapshot(self) -> None:
+        k = self.settings.snapshot_every_steps
+        latest = self.slots.find(self.step)
+        if self.step % k or (latest is not None and latest.index == self.slots.latest):
+            return
+        self._phase = "snapshot"
+        t0 = time.perf_counter()
+        slot = self.slots.capture(
+            self.state, self.step, timeout_s=self.settings.replica_timeout_s,
+            midway=lambda: self.injector.maybe_fire("snapshot", self.rank, self.step))
+        self.stats["snapshot_stall_s"] += time.perf_counter() - t0
+        if slot is None:
+            self._note("snapshot_skipped", step=self.step, reason="no free slot in time")
+            return
+        self.stats["snapshots"] += 1
+        persist = self._persist_due(self.step)
+        with self.slots.cond:
+            slot.readers += 1
+        self._pipeline.put((slot, self.step, self.gen, persist))
+
+    def _persist_due(self, step: int) -> bool:
+        s = self.settings
+        if s.checkpoint_dir is None:
+            return False
+        return bool((s.persist_every_steps and step % s.persist_every_steps == 0 and step > 0)
+                    or (self._persist_at >= 0 and step >= self._persist_at))
+
+    def _pipeline_loop(self) -> None:
+        """Off the training thread: hash, replicate to the holder, hand to the persister."""
+        while True:
+            item = self._pipeline.get()
+            if item is None:
+                return
+            slot, step, gen, persist = item
+            try:
+                if slot.step != step:
+                    continue
+                manifest = self.slots.build_manifest(slot, self.rank, self.world_size)
+                with self.slots.cond:
+                    if slot.step == step:
+                        slot.manifest = manifest
+                    self.slots.cond.notify_all()
+                self._replicate(slot, manifest, gen)
+                if persist and slot.step == step:
+                    self._persist(slot, manifest)
+            except (OSError, replica.ReplicaError, ValueError) as exc:
+                self._note("replication_failed", step=step, error=str(exc)[:200])
+            finally:
+                with self.slots.cond:
+                    slot.readers -= 1
+                    self.slots.cond.notify_all()
+
+    def _replicate(self, slot, manifest, gen: int) -> None:
+        plan = self.plan
+        if plan is None or gen != self.gen or plan.world_size < 2:
+            return
+        holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node)]
+        if self._side_store is None:  # the pipeline thread's own store connection
+            self._side_store = _connect(*self._addr, self.settings.recovery_timeout_s)
+        addr = self._side_store.get(keys.worker_addr(holder)).decode()
+        role = plan.roles[self.rank]
+        sent = replica.push(addr, role, manifest, slot.array, self.settings.replica_timeout_s,
+                            midway=lambda: self.injector.maybe_fire("replicate", self.rank,
+                                                                    manifest.step))
+        self.stats["replica_bytes_sent"] += sent
+
+    # ------------------------------------------------------------------ persistence
+    def _ensure_persister(self) -> subprocess.Popen:
+        if self._persister is None or self._persister.poll() is not None:
+            if self._persister is not None:
+                self._note("persister_restarted", code=self._persister.returncode)
+                with self.slots.cond:
+                    for idx in self._persist_pending:
+                        self.slots.slots[idx].pinned = False
+                    self._persist_pending.clear()
+                    self.slots.cond.notify_all()
+            self._persister = subprocess.Popen(
+                [sys.executable, "-m", "seamguard.runtime.persist"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True, bufsize=1)
+            threading.Thread(target=self._persist_replies, args=(self._persister,),
+                             daemon=True).start()
+        return self._persister
+
+    def _persist(self, slot, manifest) -> None:
+        proc = self._ensure_persister()
+        with self.slots.cond:
+            slot.pinned = True
+            self._persist_pending[slot.index] = manifest.step
+        req = {"slot": slot.index, "slot_path": str(slot.path), "manifest": manifest.to_json(),
+               "dir": str(self.settings.checkpoint_dir), "keep": self.settings.keep_checkpoints}
+        try:
+            proc.stdin.write(json.dumps(req) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            with self.slots.cond:
+                slot.pinned = False
+                self._persist_pending.pop(slot.index, None)
+
+    def _persist_replies(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            reply = json.loads(line)
+            with self.slots.cond:
+                self.slots.slots[reply["slot"]].pinned = False
+                self._persist_pending.pop(reply["slot"], None)
+                self.slots.cond.notify_all()
+            if reply["ok"]:
+                self.stats["persisted"] += 1
+            else:
+                self.stats["persist_errors"] += 1
+                self._note("persist_failed", step=reply["step"], error=reply["error"])
+
+    def _persist_final(self) -> None:
+        if self.settings.checkpoint_dir is None:
+            return
+        self._persist_at = self.step
+        slot = self.slots.find(self.step)
+        if slot is None:
+            self._maybe_snapshot()
+        deadline = time.monotonic() + self.settings.recovery_timeout_s
+        while time.monotonic() < deadline and (self._pipeline.qsize() or any(
+                s.readers or s.pinned for s in self.slots.slots)):
+            time.sleep(0.01)
+
+    # ------------------------------------------------------------------ heartbeats
+    def _heartbeat_loop(self) -> None:
+        store = _connect(*self._addr, self.settings.recovery_timeout_s)
+        counter = 0
+        while not self._stop.is_set():
+            counter += 1
+            try:
+                store.set(keys.heartbeat(self.wid), json.dumps(
+                    {"n": counter, "step": self.step, "phase": self._phase,
+                     "compute_s": self._compute_s, "gen": self.gen}))
+                if store.check([keys.GENERATION]):
+                    self._gen_seen = int(store.get(keys.GENERATION))
+                if store.check([keys.HINT_PERSIST_AT]):
+                    self._persist_at = int(store.get(keys.HINT_PERSIST_AT))
+            except (RuntimeError, ValueError, OSError):
+                pass  # store unreachable: the launcher is gone or restarting; keep beating
+            self._stop.wait(self.settings.heartbeat_interval_s)
+
+    def _note(self, kind: str, **fields) -> None:
+        self.events.append({"t": time.time(), "wid": self.wid, "kind": kind, **fields})
+
+    # ------------------------------------------------------------------ recovery
+    def _wait(self, key: str, gen: int, timeout_s: float, spare: bool = False) -> bytes:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.store.check([key]):
+                return self.store.get(key)
+            if self._gen_seen > gen:
+                raise GenerationChanged(key)
+            self._check_job_done()
+            if not spare and time.monotonic() > deadline:
+                raise RecoveryError(f"worker {self.wid}: no {key!r} within {timeout_s}s")
+            time.sleep(0.002)
+
+    def _recover(self) -> None:
+        """Follow the coordinator's generations until one recovers cleanly."""
+        self._phase = "recover"
+        self._abandon_group()
+        t0 = time.monotonic()
+        while True:
+            gen = self._next_generation()
+            plan = Plan.from_json(self._wait(keys.plan(gen), gen, self.settings.recovery_timeout_s))
+            if self.wid not in plan.ranks:
+                if self.wid in plan.spares:
+                    self.gen, self.plan = gen, None
+                    continue
+                self._note("evacuated", gen=gen)
+                self.finish()
+                os._exit(3)
+            try:
+                self._recover_into(gen, plan)
+                self.stats["recoveries"] += 1 if gen > 0 else 0
+                self._note("recovered", gen=gen, step=self.step, rank=self.rank,
+                           seconds=time.monotonic() - t0)
+                return
+            except (JobFinished, JobFailed):
+                raise
+            except (GenerationChanged, RecoveryError, replica.ReplicaError, CheckpointError,
+                    RuntimeError, OSError) as exc:
+                self._note("recovery_failed", gen=gen, error=str(exc)[:300])
+                try:
+                    self.store.set(keys.recovered(gen, self.wid),
+                                   json.dumps({"ok": False, "error": str(exc)[:300]}))
+                except RuntimeError:
+                    pass
+                self._abandon_group()
+                self.gen = gen
+
+    def _check_job_done(self) -> None:
+        if self.store.check([keys.JOB_DONE]):
+            if self.store.get(keys.JOB_DONE) != b"ok":
+                raise JobFailed("the coordinator gave the job up; see the launcher's events")
+            raise JobFinished()
+
+    def _next_generation(self) -> int:
+        """Block (bounded unless a spare) until a generation newer than ours exists."""
+        spare = self.plan is None
+        deadline = time.monotonic() + self.settings.recovery_timeout_s
+        while True:
+            if self.store.check([keys.GENERATION]):
+                g = int(self.store.get(keys.GENERATION))
+                if g > self.gen:
+                    return g
+            self._check_job_done()
+            if not spare and time.monotonic() > deadline:
+                raise RecoveryError(f"worker {self.wid}: coordinator announced no new generation "
+                                    f"within {self.settings.recovery_timeout_s}s")
+            time.sleep(0.002)
+
+    def _recover_into(self, gen: int, plan: Plan) -> None:
+        timeout = self.settings.recovery_timeout_s
+        self.store.set(keys.have(gen, self.wid), json.dumps(
+            {"own": self.slots.steps(), "replicas": self.replicas.valid_steps()}))
+        resume = json.loads(self._wait(keys.resume(gen), gen, timeout))
+        rank, role = plan.ranks.index(self.wid), plan.roles[plan.ranks.index(self.wid)]
+        self.gen, self.plan, self.rank = gen, plan, rank
+        step, source = int(resume["step"]), resume["source"]
+        if source == "none":
+            raise JobFailed(f"generation {gen}: no consistent state to recover from")
+        if source == "memory":
+            self._restore_memory(plan, role, step)
+        elif source == "disk":
+            self._restore_disk(step, int(resume["world_size"]), rank)
+        self.group = dist.ProcessGroupGloo(
+            dist.PrefixStore(keys.group_prefix(gen), self.store), rank, plan.world_size,
+            datetime.timedelta(seconds=self.settings.collective_timeout_s))
+        if source == "fresh":
+            self._broadcast_model()
+        checksum = state_checksum(self.state.model)
+        self._verify_checksums(checksum)
+        self.step = step
+        self._failed = False
+        self.slots.forget_after(step)
+        if source != "memory":
+            self.replicas.clear()
+        self._phase = "idle"
+        # re-replicate the restored step to the new ring successor before moving on
+        slot = self.slots.find(step)
+        if slot is not None and slot.manifest is not None:
+            with self.slots.cond:
+                slot.readers += 1
+            self._pipeline.put((slot, step, gen, False))
+        self.store.set(keys.recovered(gen, self.wid),
+                       json.dumps({"ok": True, "checksum": checksum, "step": step}))
+
+    def _restore_memory(self, plan: Plan, role: int, step: int) -> None:
+        if role not in plan.holders:
+            slot = self.slots.find(step)
+            if slot is None:
+                raise RecoveryError(f"worker {self.wid}: own snapshot of step {step} is gone")
+            manifest = slot.manifest or self.slots.build_manifest(slot, self.rank, plan.world_size)
+            tensors, meta = tensors_of(manifest, slot.array)
+        else:
+            holder = plan.holders[role]
+            addr = self.store.get(keys.worker_addr(holder)).decode()
+            manifest, payload = replica.fetch(addr, role, step, self.settings.replica_timeout_s)
+            tensors, meta = tensors_of(manifest, payload)
+            self._note("state_received", role=role, holder=holder, step=step,
+                       bytes=manifest.total_bytes)
+        restored = self.state.restore(tensors, meta)
+        self.sampler.check_state(restored["data"])
+
+    def _restore_disk(self, step: int, ckpt_world: int, rank: int) -> None:
+        root = self.settings.checkpoint_dir
+        if root is None:
+            raise RecoveryError("resume from disk requested but no checkpoint_dir is set")
+        # data-parallel state is replicated: a rank beyond the saved world reads rank 0
+        manifest, payload = read_checkpoint(root, step, rank if rank < ckpt_world else 0)
+        tensors, meta = tensors_of(manifest, payload)
+        restored = self.state.restore(tensors, meta)
+        self.sampler.check_state(restored["data"])
+        self.slots.forget_after(-1)
+        self._note("restored_from_disk", step=step)
+
+    def _broadcast_model(self) -> None:
+        for t in self.state.model.state_dict().values():
+            if not self._collective(lambda t=t: self.group.broadcast(t, 0)):
+                raise RecoveryError("initial broadcast of the model failed")
+
+    def _verify_checksums(self, checksum: str) -> None:
+        mine = torch.tensor([int(checksum, 16) - (1 << 63)], dtype=torch.int64)
+        out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.plan.world_size)]
+        if not self._collective(lambda: self.group.allgather([out], [mine])):
+            raise RecoveryError("checksum exchange failed")
+        if any(int(o) != int(mine) for o in out):
+            raise RecoveryError(f"parameter checksums disagree after recovery to gen {self.gen}: "
+                                f"{[hex(int(o) + (1 << 63)) for o in out]}")
+
+    def _abandon_group(self) -> None:
+        if self.group is not None:
+            try:
+                self.group.abort()
+            except RuntimeError:
+                pass
+            self._graveyard.append(self.group)
+            self.group = None

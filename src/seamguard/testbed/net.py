@@ -1,0 +1,288 @@
+"""A small multi-rail cluster on one machine: hosts as network namespaces, rails as bridges.
+
+Why this exists: rail failover must be shown on real sockets over real interfaces whose
+carrier really drops, not on mocks. Tests, the rail-failover benchmark and
+`seamguard testbed demo` all build their cluster here and inject faults through it.
+
+Layout (everything lives in namespaces this module creates; the host's own network
+namespace is never touched):
+
+    <prefix>-fab      the "fabric" namespace: one bridge per rail (``br<r>``, the leaf
+                      switch of rail r) and one management bridge (``brm``)
+    <prefix>-h<i>     host i: interfaces ``rail<r>`` (10.213.<r>.<i+1>/24) and ``mgmt``
+                      (10.213.200.<i+1>/24), plus ``lo``
+
+Each host interface is one end of a veth pair; the other end (``h<i>r<r>`` / ``h<i>m``)
+is a port of the bridge in the fabric namespace. Faults are applied on the fabric side
+(a switch port going down is what a host sees as a carrier loss) or on the bridge itself
+(a whole rail's switch). Deleting the namespaces deletes every link, bridge and qdisc
+with them, so cleanup is one operation per namespace and cannot leave a veth behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+SUBNET = "10.213"  # private test subnet, only ever configured inside our namespaces
+MGMT_OCTET = 200
+NAME_RE = re.compile(r"^sg(\d+)t(\d+)-(fab|h\d+)$")
+
+
+class TestbedError(RuntimeError):
+    __test__ = False
+    """A namespace/link operation failed; the message carries the command and its stderr."""
+
+
+def _ip(*args: str, timeout_s: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = ["ip", *args]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise TestbedError(f"{' '.join(cmd)}: timed out after {timeout_s}s") from e
+    if check and p.returncode != 0:
+        raise TestbedError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return p
+
+
+def _tc(ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = ["tc", "-n", ns, *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=10.0)
+    if check and p.returncode != 0:
+        raise TestbedError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return p
+
+
+def list_namespaces() -> list[str]:
+    p = _ip("netns", "list", check=False)
+    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
+
+
+def ours(names: list[str] | None = None) -> list[str]:
+    """Namespaces that a seamguard testbed created (by name pattern)."""
+    return [n for n in (list_namespaces() if names is None else names) if NAME_RE.match(n)]
+
+
+def clean(all_testbeds: bool = False) -> list[str]:
+    """Delete leftover testbed namespaces whose creating process is gone (or all of them)."""
+    removed = []
+    for ns in ours():
+        pid = int(NAME_RE.match(ns).group(1))  # type: ignore[union-attr]
+        alive = pid != os.getpid() and os.path.exists(f"/proc/{pid}")
+        if all_testbeds or not alive:
+            _ip("netns", "delete", ns, check=False)
+            removed.append(ns)
+    return removed
+
+
+@dataclass(frozen=True)
+class TestbedSpec:
+    __test__ = False  # not a pytest class
+    hosts: int = 4
+    rails: int = 2
+    mtu_bytes: int = 9000  # jumbo frames like a real RoCE fabric; also cheaper per byte on veth
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.hosts <= 60:
+            raise ValueError(f"hosts must be in 1..60, got {self.hosts}")
+        if not 1 <= self.rails <= 8:
+            raise ValueError(f"rails must be in 1..8, got {self.rails}")
+
+
+_COUNTER = [0]
+_LIVE: set["Testbed"] = set()
+
+
+def _atexit_cleanup() -> None:
+    for tb in list(_LIVE):
+        tb.down()
+
+
+atexit.register(_atexit_cleanup)
+
+
+@dataclass(eq=False)
+class Testbed:
+    """The namespaces and links of one testbed; a context manager that always tears down."""
+
+    __test__ = False  # not a pytest class
+
+    spec: TestbedSpec = field(default_factory=TestbedSpec)
+    prefix: str = ""
+    _timers: list[threading.Timer] = field(default_factory=list, repr=False)
+    _gray: set[tuple[int, int]] = field(default_factory=set, repr=False)
+    _up: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.prefix:
+            _COUNTER[0] += 1
+            self.prefix = f"sg{os.getpid()}t{_COUNTER[0]}"
+
+    # ---- names and addresses ---------------------------------------------------------
+    @property
+    def fabric_ns(self) -> str:
+        return f"{self.prefix}-fab"
+
+    def host_ns(self, host: int) -> str:
+        return f"{self.prefix}-h{host}"
+
+    @staticmethod
+    def rail_if(rail: int) -> str:
+        return f"rail{rail}"
+
+    @staticmethod
+    def port(host: int, rail: int | None) -> str:
+        """The switch-side end of a host's link (rail None = management)."""
+        return f"h{host}m" if rail is None else f"h{host}r{rail}"
+
+    @staticmethod
+    def addr(host: int, rail: int | None) -> str:
+        return f"{SUBNET}.{MGMT_OCTET if rail is None else rail}.{host + 1}"
+
+    def namespaces(self) -> list[str]:
+        return [self.fabric_ns] + [self.host_ns(h) for h in range(self.spec.hosts)]
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def up(self) -> "Testbed":
+        if self._up:
+            return self
+        _LIVE.add(self)
+        self._up = True
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self) -> None:
+        s, fab = self.spec, self.fabric_ns
+        for ns in self.namespaces():
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        bridges = [(f"br{r}", r) for r in range(s.rails)] + [("brm", None)]
+        for br, _ in bridges:
+            _ip("-n", fab, "link", "add", br, "type", "bridge", "stp_state", "0", "forward_delay", "0")
+            _ip("-n", fab, "link", "set", br, "up")
+        for h in range(s.hosts):
+            hns = self.host_ns(h)
+            for br, rail in bridges:
+                inner = "mgmt" if rail is None else self.rail_if(rail)
+                outer = self.port(h, rail)
+                _ip("-n", fab, "link", "add", outer, "mtu", str(s.mtu_bytes), "type", "veth",
+                    "peer", "name", inner, "netns", hns, "mtu", str(s.mtu_bytes))
+                _ip("-n", fab, "link", "set", outer, "master", br)
+                _ip("-n", fab, "link", "set", outer, "up")
+                _ip("-n", hns, "addr", "add", f"{self.addr(h, rail)}/24", "dev", inner)
+                _ip("-n", hns, "link", "set", inner, "up")
+
+    def down(self) -> None:
+        """Delete everything this testbed created. Idempotent; never raises."""
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+        for ns in self.namespaces():
+            _ip("netns", "delete", ns, check=False)
+        self._gray.clear()
+        self._up = False
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "Testbed":
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # ---- running things inside a host --------------------------------------------------
+    def exec_prefix(self, host: int) -> list[str]:
+        """Command prefix that runs a process inside host's namespace (own /sys view)."""
+        return ["ip", "netns", "exec", self.host_ns(host)]
+
+    # ---- faults (each reversible) ------------------------------------------------------
+    def set_link(self, host: int, rail: int, up: bool) -> None:
+        """The switch port of (host, rail) up or down: the host sees carrier change."""
+        _ip("-n", self.fabric_ns, "link", "set", self.port(host, rail), "up" if up else "down")
+
+    def flap(self, host: int, rail: int, down_s: float) -> threading.Timer:
+        """Take a host's rail link down now and bring it back after down_s (non-blocking)."""
+        self.set_link(host, rail, False)
+        t = threading.Timer(down_s, self._restore_link, args=(host, rail))
+        t.daemon = True
+        self._timers.append(t)
+        t.start()
+        return t
+
+    def _restore_link(self, host: int, rail: int) -> None:
+        if self._up:
+            try:
+                self.set_link(host, rail, True)
+            except TestbedError:
+                pass  # torn down meanwhile
+
+    def set_switch(self, rail: int, up: bool) -> None:
+        """A whole rail's leaf switch stops (or resumes) forwarding. Host carriers stay up:
+        this is the silent failure that only a bounded collective timeout can catch."""
+        _ip("-n", self.fabric_ns, "link", "set", f"br{rail}", "up" if up else "down")
+
+    def set_gray(self, host: int, rail: int, rate_mbit: float | None) -> None:
+        """Bandwidth collapse on both directions of (host, rail) via tbf; None restores."""
+        for ns, dev in ((self.host_ns(host), self.rail_if(rail)), (self.fabric_ns, self.port(host, rail))):
+            _tc(ns, "qdisc", "del", "dev", dev, "root", check=False)
+            if rate_mbit is not None:
+                _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
+                    "burst", "32kbit", "latency", "400ms")
+        if rate_mbit is None:
+            self._gray.discard((host, rail))
+        else:
+            self._gray.add((host, rail))
+
+    # ---- observation ---------------------------------------------------------------------
+    def host_link_stats(self, host: int) -> dict[str, dict[str, float]]:
+        """sysfs counters of a host's rail interfaces, read inside its namespace."""
+        ifs = " ".join(self.rail_if(r) for r in range(self.spec.rails))
+        script = (f"for i in {ifs}; do d=/sys/class/net/$i; "
+                  "echo $i $(cat $d/operstate) $(cat $d/carrier 2>/dev/null || echo 0) "
+                  "$(cat $d/carrier_changes) $(cat $d/carrier_down_count) "
+                  "$(cat $d/statistics/rx_bytes) $(cat $d/statistics/tx_bytes); done")
+        p = subprocess.run([*self.exec_prefix(host), "sh", "-c", script], capture_output=True,
+                           text=True, timeout=10.0)
+        if p.returncode != 0:
+            raise TestbedError(f"reading link stats of host {host}: {p.stderr.strip()}")
+        out = {}
+        for line in p.stdout.splitlines():
+            name, oper, carrier, changes, downs, rx, tx = line.split()
+            out[name] = {"up": float(oper == "up"), "carrier": float(carrier), "carrier_changes": float(changes),
+                         "carrier_down_changes": float(downs), "rx_bytes": float(rx), "tx_bytes": float(tx)}
+        return out
+
+    def fabric_tx_bytes(self) -> dict[tuple[int, int], float]:
+        """Bytes each switch port sent towards its host = the host's inbound bytes per rail."""
+        import json
+
+        p = _ip("-n", self.fabric_ns, "-j", "-s", "link", "show")
+        out = {}
+        for link in json.loads(p.stdout):
+            m = re.match(r"^h(\d+)r(\d+)$", link.get("ifname", ""))
+            if m:
+                out[(int(m.group(1)), int(m.group(2)))] = float(link["stats64"]["tx"]["bytes"])
+        return out
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What of this testbed still exists (namespaces); empty after down()."""
+        present = set(list_namespaces())
+        return {"namespaces": [ns for ns in self.namespaces() if ns in present]}
+
+
+def wait_carrier(tb: Testbed, host: int, rail: int, up: bool, timeout_s: float = 5.0) -> bool:
+    """Bounded wait until a host interface's carrier reaches the given state."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (tb.host_link_stats(host)[tb.rail_if(rail)]["carrier"] == 1.0) == up:
+            return True
+        time.sleep(0.05)
+    return False

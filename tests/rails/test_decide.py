@@ -1,0 +1,71 @@
+"""The pure agreement step: same votes -> same decision, gray detection, rebuild gating."""
+
+from __future__ import annotations
+
+from seamguard.runtime.rails import BUILDING, DEAD, LIVE, Agreed, RailSettings, RailState, Vote, decide
+
+S = RailSettings(interfaces=("rail0", "rail1"), gray_ratio=0.25, gray_steps=2, stable_s=0.3,
+                 probe_interval_s=1.0)
+
+
+def vote(rank, ok=(True, True), failed=(), up=(5.0, 5.0), built=None, bw=None, t=100.0):
+    return Vote(rank, list(ok), list(failed), list(up), built or {}, bw or {}, t)
+
+
+def live2():
+    return Agreed([RailState(LIVE, 0), RailState(LIVE, 0)])
+
+
+def test_a_chunk_commits_only_if_every_rank_finished_it():
+    a = live2()
+    d = decide(a, [vote(0), vote(1, ok=(False, True), failed=[0])], S)
+    assert d.commit_chunks == [False, True]
+    assert d.newly_dead == [0] and a.rails[0].status == DEAD and a.rails[1].status == LIVE
+
+
+def test_decision_does_not_depend_on_vote_order():
+    vs = [vote(0, bw={0: 1e9, 1: 1e9}), vote(1, failed=[1], bw={0: 1e9}), vote(2, ok=(True, False))]
+    a1, a2 = live2(), live2()
+    d1, d2 = decide(a1, vs, S), decide(a2, list(reversed(vs)), S)
+    assert d1 == d2 and a1 == a2
+
+
+def test_gray_needs_consecutive_slow_steps_and_the_slowest_rank_counts():
+    a = live2()
+    slow = [vote(0, bw={0: 1e9, 1: 1e9}), vote(1, bw={0: 1e9, 1: 1e8})]  # rank 1 sees rail 1 at 10 %
+    assert decide(a, slow, S).newly_dead == []
+    assert a.rails[1].slow_count == 1
+    assert decide(a, slow, S).newly_dead == [1]
+    assert a.rails[1].status == DEAD and a.rails[1].reason.startswith("gray")
+    b = live2()
+    fast_again = [vote(0, bw={0: 1e9, 1: 1e9}), vote(1, bw={0: 1e9, 1: 9e8})]
+    decide(b, slow, S)
+    decide(b, fast_again, S)
+    assert b.rails[1].slow_count == 0 and b.rails[1].status == LIVE
+
+
+def test_dead_rail_rebuilds_only_when_every_carrier_is_stable_and_probe_interval_passed():
+    a = Agreed([RailState(DEAD, 0, last_try_t_s=99.5), RailState(LIVE, 0)])
+    assert decide(a, [vote(0, t=100.0), vote(1)], S).start_builds == []  # 0.5 s since last try
+    assert decide(a, [vote(0, t=101.0), vote(1, up=(0.1, 5.0))], S).start_builds == []  # host 1 unstable
+    d = decide(a, [vote(0, t=101.0), vote(1)], S)
+    assert d.start_builds == [0] and a.rails[0].status == BUILDING and a.rails[0].gen == 1
+
+
+def test_build_goes_live_when_all_ranks_built_it_with_a_healthy_probe():
+    a = Agreed([RailState(BUILDING, 1), RailState(LIVE, 0)], bw_ref_bytes_per_s=1e9)
+    assert decide(a, [vote(0, built={0: (1, True, 9e8)}), vote(1)], S).newly_live == []  # rank 1 pending
+    assert a.rails[0].status == BUILDING
+    d = decide(a, [vote(0, built={0: (1, True, 9e8)}), vote(1, built={0: (1, True, 8e8)})], S)
+    assert d.newly_live == [0] and a.rails[0].status == LIVE
+
+
+def test_stale_or_failed_or_gray_probes_keep_the_rail_out():
+    a = Agreed([RailState(BUILDING, 2), RailState(LIVE, 0)], bw_ref_bytes_per_s=1e9)
+    decide(a, [vote(0, built={0: (1, True, 9e8)}), vote(1, built={0: (1, True, 9e8)})], S)  # old gen
+    assert a.rails[0].status == BUILDING
+    decide(a, [vote(0, built={0: (2, True, 9e8)}), vote(1, built={0: (2, False, 0.0)})], S)
+    assert a.rails[0].status == DEAD and a.rails[0].reason == "rebuild failed"
+    b = Agreed([RailState(BUILDING, 1), RailState(LIVE, 0)], bw_ref_bytes_per_s=1e9)
+    decide(b, [vote(0, built={0: (1, True, 9e8)}), vote(1, built={0: (1, True, 1e7)})], S)
+    assert b.rails[0].status == DEAD and b.rails[0].reason.startswith("probe gray")

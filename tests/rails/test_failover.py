@@ -1,0 +1,83 @@
+"""Rail failover end to end: a real gloo job on the namespaced testbed under link faults.
+
+Every faulty run must finish with the same final parameter checksum as a flap-free run,
+fail the faulty rail over, and take it back into use once it is healthy again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seamguard.testbed.job import Fault, JobResult, JobSpec, run_rail_job
+
+HOSTS, STEPS = 3, 300
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Final checksum of a flap-free run (own testbed, torn down at once)."""
+    from seamguard.testbed.net import Testbed, TestbedSpec
+
+    with Testbed(TestbedSpec(hosts=HOSTS, rails=2)) as tb:
+        res = run_rail_job(tb, JobSpec(steps=STEPS, timeout_s=120), [], tmp_path_factory.mktemp("ref"))
+    assert res.ok, res.stderr_tail
+    assert all(s["attempts"] == 1 and s["rails"] == [0, 1] for s in res.steps)  # both rails carry traffic
+    return res.checksums[0]
+
+
+def _run(make_testbed, tmp_path: Path, faults: list[Fault], steps: int = STEPS) -> JobResult:
+    tb = make_testbed(hosts=HOSTS, rails=2)
+    res = run_rail_job(tb, JobSpec(steps=steps, timeout_s=150), faults, tmp_path / "job")
+    assert res.ok, f"rc={res.returncodes} checksums={res.checksums}\n{res.stderr_tail}"
+    assert all(r.applied_t and r.reverted_t for r in res.faults), "fault schedule did not play out"
+    return res
+
+
+def _out_and_back(res: JobResult, rail: int, after_t: float) -> None:
+    """The rail was taken out, then back in, and later steps use every rail again."""
+    ev = res.rail_events
+    out = [e for e in ev if e["rail"] == rail and e["event"] == "out"]
+    back = [e for e in ev if e["rail"] == rail and e["event"] == "in" and e["gen"] > 0]
+    assert out, f"rail{rail} never taken out: {ev}"
+    assert back and back[-1]["t_wall"] > out[0]["t_wall"], f"rail{rail} never back: {ev}"
+    assert back[-1]["t_wall"] >= after_t, "rail re-admitted while its fault was still on"
+    assert any(s["rails"] == [0, 1] for s in res.steps if s["t_wall"] > back[-1]["t_wall"])
+
+
+def test_flap_during_a_collective(make_testbed, tmp_path, reference):
+    res = _run(make_testbed, tmp_path, [Fault(1.0, "flap", host=1, rail=0, duration_s=1.5)])
+    assert res.checksums[0] == reference
+    retried = [s for s in res.steps if s["attempts"] > 1]
+    assert retried and 0 in retried[0]["failed"] and retried[0]["rails"] == [1]
+    assert any(c["cause"] == "carrier" and c["rail"] == 0 for c in res.causes[1])  # noticed from carrier
+    _out_and_back(res, 0, res.faults[0].reverted_t)
+
+
+@pytest.mark.slow
+def test_flap_of_both_rails_in_turn(make_testbed, tmp_path, reference):
+    res = _run(make_testbed, tmp_path, [Fault(1.0, "flap", host=1, rail=0, duration_s=1.5),
+                                        Fault(4.0, "flap", host=2, rail=1, duration_s=1.5)])
+    assert res.checksums[0] == reference
+    _out_and_back(res, 0, res.faults[0].reverted_t)
+    _out_and_back(res, 1, res.faults[1].reverted_t)
+    assert any(s["rails"] == [0] for s in res.steps) and any(s["rails"] == [1] for s in res.steps)
+
+
+def test_whole_rail_switch_down_is_caught_by_the_bounded_timeout(make_testbed, tmp_path, reference):
+    res = _run(make_testbed, tmp_path, [Fault(1.0, "switch", rail=1, duration_s=2.0)])
+    assert res.checksums[0] == reference
+    causes = [c for rank in res.causes for c in rank if c["rail"] == 1]
+    assert any(c["cause"] == "timeout" for c in causes)  # carrier stayed up: silent failure
+    assert not any(c["cause"] == "carrier" for c in causes)
+    _out_and_back(res, 1, res.faults[0].reverted_t)
+
+
+def test_gray_rail_is_avoided_and_reused_after(make_testbed, tmp_path, reference):
+    res = _run(make_testbed, tmp_path, [Fault(1.0, "gray", host=2, rail=0, duration_s=2.0, rate_mbit=50)])
+    assert res.checksums[0] == reference
+    faulty = [s for s in res.steps if res.faults[0].applied_t + 1.0 < s["t_wall"] < res.faults[0].reverted_t]
+    assert faulty and all(s["rails"] == [1] for s in faulty)  # avoided while gray
+    _out_and_back(res, 0, res.faults[0].reverted_t)

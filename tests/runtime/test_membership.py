@@ -1,0 +1,55 @@
+"""Decision tables for membership planning and the rollback-step choice."""
+
+import pytest
+
+from seamguard.runtime.membership import Plan, initial_plan, next_plan, replica_holder, resume_step
+
+
+@pytest.mark.parametrize("rank,world,per_node,holder", [
+    (0, 4, 4, 1), (3, 4, 4, 0), (0, 8, 4, 4), (5, 8, 4, 1), (0, 1, 1, 0), (1, 2, 2, 0)])
+def test_replica_holder_is_next_rank_or_next_node(rank, world, per_node, holder):
+    assert replica_holder(rank, world, per_node) == holder
+
+
+def test_spare_takes_lost_rank_and_records_holder():
+    p = next_plan(initial_plan([0, 1, 2, 3], [4]), {2}, 4, "lost 2")
+    assert p.gen == 1 and p.ranks == [0, 1, 4, 3] and p.roles == [0, 1, 2, 3]
+    assert p.holders == {2: 3} and p.spares == [] and p.lost == [2]
+
+
+def test_without_spare_the_group_shrinks_keeping_order():
+    p = next_plan(initial_plan([0, 1, 2, 3], []), {1}, 4, "lost 1")
+    assert p.ranks == [0, 2, 3] and p.roles == [0, 2, 3] and p.holders == {}
+
+
+def test_losing_everyone_is_an_error():
+    with pytest.raises(ValueError, match="every rank lost"):
+        next_plan(initial_plan([0, 1], []), {0, 1}, 2, "x")
+
+
+def test_resume_step_is_newest_common_step():
+    p = next_plan(initial_plan([0, 1, 2], [3]), {1}, 3, "lost 1")  # 3 replaces role 1, holder 2
+    holdings = {0: {"own": [7, 8]}, 2: {"own": [7, 8], "replicas": {"1": [7, 8]}}, 3: {"own": []}}
+    assert resume_step(p, holdings) == 8
+    holdings[0] = {"own": [6, 7]}  # rank 0 is one step behind
+    assert resume_step(p, holdings) == 7
+
+
+def test_resume_step_none_when_replica_missing_or_disk_forced():
+    p = next_plan(initial_plan([0, 1, 2], [3]), {1}, 3, "lost 1")
+    assert resume_step(p, {0: {"own": [8]}, 2: {"own": [8], "replicas": {}}}) is None
+    forced = Plan(**{**p.__dict__, "force_disk": True})
+    assert resume_step(forced, {0: {"own": [8]}, 2: {"own": [8], "replicas": {"1": [8]}}}) is None
+
+
+def test_plan_json_round_trip():
+    p = next_plan(initial_plan([0, 1], [2]), {0}, 2, "lost 0")
+    assert Plan.from_json(p.to_json()) == p
+
+
+def test_pending_recovery_carries_holders_and_detects_lost_holder():
+    g1 = next_plan(initial_plan([0, 1], [2, 3]), {0}, 2, "lost 0")  # 2 takes role 0, holder 1
+    g2 = next_plan(g1, {1}, 2, "lost 1", pending=True)  # holder of role 0 died mid-recovery
+    assert g2.ranks == [2, 3] and g2.holders == {0: 1, 1: 2}
+    holdings = {2: {"own": [], "replicas": {"1": [8]}}, 3: {"own": []}}
+    assert resume_step(g2, holdings) is None  # role 0's replica died with worker 1
