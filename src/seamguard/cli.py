@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from seamguard.runtime import cli as runtime_cli
+from seamguard.testbed import cli as testbed_cli
 from seamguard.twin.events import cli as twin_events_cli
 
 app = typer.Typer(
@@ -100,12 +102,10 @@ def policy_validate(path: Path = typer.Argument(..., help="Policy YAML to check.
         _fail(str(e))
     typer.echo(json.dumps({"file": str(path), "mode": pol.mode, "valid": True}))
 
-from seamguard.runtime.cli import LAUNCH_CONTEXT, launch  # noqa: E402
 
-from seamguard.testbed.cli import app as testbed_app  # noqa: E402  (rails: namespaced testbed)
-app.add_typer(testbed_app, name="testbed")
-
-app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
+# ---- training runtime (torch is imported inside these commands, never here) -----------------
+app.command("launch", context_settings=runtime_cli.LAUNCH_CONTEXT)(runtime_cli.launch)
+app.add_typer(testbed_cli.app, name="testbed")
 
 
 # ---- telemetry in / actions out (issue 3): twin serve, replay, run -------------------------
