@@ -141,9 +141,11 @@ class Coordinator:
         if raw is None or int(raw) <= self._hint_checkpoint:
             return
         self._hint_checkpoint = int(raw)
-        steps = [json.loads(r)["step"] for w in self.plan.ranks
-                 if (r := self._get(keys.heartbeat(w))) is not None]
-        target = max(steps, default=0) + 2
+        beats = [json.loads(r) for w in self.plan.ranks if (r := self._get(keys.heartbeat(w)))]
+        step_s = max((b["compute_s"] for b in beats), default=0.0)
+        # far enough ahead that every rank reads the key before reaching the step
+        margin = 2 + min(50, int(0.5 / step_s) if step_s > 0 else 50)
+        target = max((b["step"] for b in beats), default=0) + margin
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self.log({"event": "checkpoint_hint", "persist_at": target})
 
