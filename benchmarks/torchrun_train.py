@@ -38,9 +38,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # torch 2.13 torchrun reuses the agent's store across restarts; with the default
+    # prefix, re-formed gloo groups of 4 ranks read stale peer addresses from the
+    # previous round and time out (seen here), so each round gets its own prefix
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"round{restart}/", store),
+                            rank=rank, world_size=world)
     x, y = make_data(args.dataset, args.dim, 10, args.seed)
     model = make_model(args.dim, args.hidden, args.layers, 0.0, args.seed)
     ddp = torch.nn.parallel.DistributedDataParallel(model)

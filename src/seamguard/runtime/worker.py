@@ -140,6 +140,7 @@ class Runtime:
         """Yield (step, sample indices of this rank) until `total_steps` are committed."""
         if self.state is None or self.sampler is None:
             raise RuntimeError("call register(model, optimizer, sampler) before steps()")
+        self.store.set(keys.ready(self.wid), "1")
         try:
             self._recover()  # generation 0, or a spare waiting for a rank
         except JobFinished:
