@@ -153,11 +153,13 @@ def run_torchrun(cfg: Config, work: Path, faults: bool, name: str) -> dict:
 
 def run_torchft(cfg: Config, work: Path) -> dict:
     """4 replica groups of one rank + Lighthouse; a killed replica is restarted by us."""
+    os.environ.setdefault("RUST_LOG", "error")
     from torchft._torchft import LighthouseServer
 
     out, chaos_dir = work / "torchft", work / "torchft_chaos"
     env = {**ENV, "SEAMGUARD_CHAOS_DIR": str(chaos_dir), "SEAMGUARD_CHAOS": cfg.chaos()}
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=3, join_timeout_ms=100)
+    limit_s = 600.0
     logf = open(work / "torchft.log", "w")
 
     def start(i: int) -> subprocess.Popen:
@@ -168,8 +170,9 @@ def run_torchft(cfg: Config, work: Path) -> dict:
 
     t0 = time.perf_counter()
     procs = {i: start(i) for i in range(4)}
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + limit_s
     try:
+        finished_at = None
         while procs and time.monotonic() < deadline:
             for i, p in list(procs.items()):
                 code = p.poll()
@@ -177,11 +180,18 @@ def run_torchft(cfg: Config, work: Path) -> dict:
                     continue
                 if code == 0:
                     del procs[i]
-                else:
+                    finished_at = finished_at or time.monotonic()
+                elif finished_at is None:
                     procs[i] = start(i)  # what a scheduler would do
+                else:
+                    del procs[i]  # the job is over; a late restart has nobody to heal from
+            if finished_at is not None and time.monotonic() - finished_at > 20:
+                for p in procs.values():
+                    p.kill()
+                procs = {}
             time.sleep(0.05)
         if procs:
-            raise RuntimeError("torchft run did not finish in time")
+            raise RuntimeError(f"torchft run did not finish within {limit_s:.0f}s")
     finally:
         for p in procs.values():
             p.kill()
@@ -283,7 +293,7 @@ def main() -> None:
             cfg = Config(steps=30, fail_steps=(10, 20), ckpt_every=8, **small)
         else:
             every = max(5, round(30.0 / step_s))  # one failure per ~30 s of training
-            cfg = Config(steps=4 * every, fail_steps=(every, 2 * every, 3 * every),
+            cfg = Config(steps=3 * every, fail_steps=(every, 2 * every),
                          ckpt_every=max(5, every // 3))
         print(f"step ~{step_s:.3f}s; {cfg.steps} steps, kills at {list(cfg.fail_steps)}, "
               f"torchrun checkpoints every {cfg.ckpt_every} steps", flush=True)
