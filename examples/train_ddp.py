@@ -65,7 +65,7 @@ def main() -> None:
             time.sleep(args.step_sleep_s)
         if rt.sync_gradients():  # sg (was: DDP's implicit all-reduce)
             opt.step()
-            log.write(f"{step} {time.time():.6f} {rt.rank} {rt.world_size}\n")
+            log.write(f"{step} {time.time():.6f} {rt.rank} {rt.world_size} {rt.gen}\n")
             log.flush()
     if rt.rank == 0 and rt.step >= args.steps:
         from seamguard.runtime.snapshot import state_checksum

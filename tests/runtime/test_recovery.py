@@ -43,6 +43,7 @@ def test_shrink_without_spare_keeps_global_batch_and_order(tmp_path):
     args = ("--dropout", "0")
     clean = launch(tmp_path, "clean3", nproc=3, steps=16, script_args=args)
     r = launch(tmp_path, "shrink", nproc=3, spares=0, steps=16, chaos="kill:rank=1,step=6",
+               extra=("--no-replenish-spares",),
                script_args=args)
     assert clean.code == 0 and r.code == 0, r.stderr
     plans = r.kinds("plan")
@@ -53,8 +54,7 @@ def test_shrink_without_spare_keeps_global_batch_and_order(tmp_path):
     for k in a:
         np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), rtol=0, atol=1e-4)
     # every committed step after the rollback ran with 2 ranks on the 3-way global batch
-    lines = (r.out / "worker_0.log").read_text().split()
-    assert lines[-1] == "2"
+    assert (r.out / "worker_0.log").read_text().splitlines()[-1].split()[3] == "2"
 
 
 def test_corrupt_checkpoint_falls_back_to_previous_good(tmp_path, clean_checksums):
@@ -87,3 +87,14 @@ def test_missing_replica_falls_back_to_disk(tmp_path, clean_checksums):
     sources = [e["source"] for e in r.kinds("resume_chosen") if e["gen"] > 0]
     assert sources[-1] == "disk"
     assert r.checksum == clean_checksums(16)
+
+
+def test_replenished_spare_keeps_world_size_through_repeated_failures(tmp_path, clean_checksums):
+    # one spare, three failures several seconds apart: every lost process is replaced by
+    # a freshly started spare, so the world size and bit-identity hold throughout
+    r = launch(tmp_path, "replenish", spares=1, steps=40, script_args=("--step-sleep-s", "0.3"),
+               chaos="kill:rank=1,step=5; kill:rank=0,step=20; kill:rank=1,step=35", timeout_s=150)
+    assert r.code == 0, r.stderr
+    assert all(len(p["ranks"]) == 2 for p in r.kinds("plan"))
+    assert len([e for e in r.kinds("resumed") if e["gen"] > 0]) == 3
+    assert r.checksum == clean_checksums(40)

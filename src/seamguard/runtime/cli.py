@@ -34,6 +34,8 @@ def launch(
     hang_timeout_s: float = typer.Option(1.0, "--hang-timeout-s"),
     stall_timeout_s: float = typer.Option(10.0, "--stall-timeout-s"),
     evacuate_stragglers: bool = typer.Option(False, "--evacuate-stragglers"),
+    replenish_spares: bool = typer.Option(True, "--replenish-spares/--no-replenish-spares",
+                                          help="start a fresh spare after every loss"),
     no_dedup: bool = typer.Option(False, "--no-dedup", help="send full replicas"),
     hint_dir: Optional[Path] = typer.Option(None, "--hint-dir", help="watched for hint files"),
     events_file: Optional[Path] = typer.Option(None, "--events-file"),
@@ -61,6 +63,7 @@ def launch(
                                   master_port=master_port, run_id=run_id,
                                   hang_timeout_s=hang_timeout_s, stall_timeout_s=stall_timeout_s,
                                   evacuate_stragglers=evacuate_stragglers, hint_dir=hint_dir,
+                                  replenish_spares=replenish_spares,
                                   events_file=events_file, env=env)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

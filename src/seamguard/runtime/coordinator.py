@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +44,8 @@ class Coordinator:
     _phase_since_s: float = 0.0
     _detected_at_s: float = 0.0
     _hint_checkpoint: int = 0
+    joined: list[int] = field(default_factory=list)  # replacement spares, ready or not
+    _joined_seen: int = 0
     tracker: HeartbeatTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -54,7 +56,7 @@ class Coordinator:
 
     @property
     def all_workers(self) -> list[int]:
-        return self.trainers + self.spares
+        return self.trainers + self.spares + self.joined
 
     def _get(self, key: str) -> bytes | None:
         return self.store.get(key) if self.store.check([key]) else None
@@ -71,6 +73,7 @@ class Coordinator:
                 return self._fail("not every worker registered within "
                                   f"{self.settings.startup_timeout_s}s")
             return self.phase
+        self._read_joined()
         newly_lost = self._read_exits() | self._judge_heartbeats(now) | self._read_evacuations()
         self._read_checkpoint_hint()
         if self._job_complete():
@@ -88,6 +91,22 @@ class Coordinator:
         return self.phase
 
     # ---------------------------------------------------------------- observation
+    def _read_joined(self) -> None:
+        """Replacement spares started by node launchers enter the pool once ready."""
+        raw = self._get(keys.JOINED_COUNT)
+        while raw is not None and self._joined_seen < int(raw):
+            wid = self._get(keys.joined(self._joined_seen + 1))
+            if wid is None:
+                break
+            self._joined_seen += 1
+            self.joined.append(int(wid))
+        in_plan = set(self.plan.ranks) | set(self.plan.spares)
+        fresh = [w for w in self.joined if w not in in_plan and w not in self.lost
+                 and self.store.check([keys.ready(w)])]
+        if fresh:
+            self.plan = replace(self.plan, spares=self.plan.spares + fresh)
+            self.log({"event": "spare_ready", "wids": fresh})
+
     def _read_exits(self) -> set[int]:
         out = set()
         for w in self.all_workers:
@@ -141,9 +160,11 @@ class Coordinator:
         if raw is None or int(raw) <= self._hint_checkpoint:
             return
         self._hint_checkpoint = int(raw)
-        steps = [json.loads(r)["step"] for w in self.plan.ranks
-                 if (r := self._get(keys.heartbeat(w))) is not None]
-        target = max(steps, default=0) + 2
+        beats = [json.loads(r) for w in self.plan.ranks if (r := self._get(keys.heartbeat(w)))]
+        step_s = max((b["compute_s"] for b in beats), default=0.0)
+        # far enough ahead that every rank reads the key before reaching the step
+        margin = 2 + min(50, int(0.5 / step_s) if step_s > 0 else 50)
+        target = max((b["step"] for b in beats), default=0) + margin
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self.log({"event": "checkpoint_hint", "persist_at": target})
 

@@ -92,3 +92,18 @@ def event(n: int) -> str:
 
 HINT_PERSIST_AT = f"{ROOT}/hint/persist_at"
 """Set by the coordinator from a checkpoint hint: every rank persists this step."""
+
+NEXT_WID = f"{ROOT}/wid/next"
+"""Counter handing out worker ids to replacement spares started after a loss."""
+
+JOINED_COUNT = f"{ROOT}/joined/n"
+
+
+def joined(n: int) -> str:
+    """Worker id of the n-th replacement spare (1-based), written by its node launcher."""
+    return f"{ROOT}/joined/{n}"
+
+
+def ready(wid: int) -> str:
+    """The worker registered its model and waits in steps(): it can take a rank now."""
+    return f"{ROOT}/worker/{wid}/ready"

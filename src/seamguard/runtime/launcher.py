@@ -112,12 +112,17 @@ def launch(s: LaunchSettings) -> int:
         coord = Coordinator(store, s, trainers, spares, Path(ckpt) if ckpt else None,
                             float(settings_env.get("recovery_timeout_s", 60.0)), log)
     code = 1
+    respawned = 0
     try:
         while True:
-            for c in children:
+            for c in list(children):
                 if not c.reported and c.proc.poll() is not None:
                     c.reported = True
                     store.set(keys.exit_code(c.wid), str(c.proc.returncode))
+                    if c.proc.returncode != 0 and s.replenish_spares and \
+                            not store.check([keys.JOB_DONE]) and respawned < s.max_recoveries:
+                        respawned += 1
+                        children.append(_spawn_spare(s, store, port, per_node))
                 if not c.reported and store.check([keys.kill_request(c.wid)]):
                     c.proc.send_signal(signal.SIGKILL)
             if master:
@@ -140,6 +145,15 @@ def launch(s: LaunchSettings) -> int:
         if events:
             events.close()
     return code
+
+
+def _spawn_spare(s: LaunchSettings, store, port: int, per_node: int) -> Child:
+    """Start a fresh hot spare in place of a lost process (new worker id)."""
+    wid = s.nnodes * per_node + store.add(keys.NEXT_WID, 1) - 1
+    env = _worker_env(s, port, wid, s.nproc)  # a local slot past the trainers: a spare
+    child = Child(wid, subprocess.Popen(_command(s.script), env=env))
+    store.set(keys.joined(store.add(keys.JOINED_COUNT, 1)), str(wid))
+    return child
 
 
 def _drain(children: list[Child], timeout_s: float) -> None:

@@ -77,6 +77,8 @@ class LaunchSettings:
     """Consecutive slow steps before a straggler verdict."""
     evacuate_stragglers: bool = False
     """Replace a persistent straggler by a spare (otherwise only report it)."""
+    replenish_spares: bool = True
+    """Start a fresh spare whenever a process is lost, so the pool does not run dry."""
     max_recoveries: int = 100
     """Give up (exit non-zero) after this many recoveries."""
     startup_timeout_s: float = 120.0

@@ -173,6 +173,7 @@ class SlotStore:
         for i in range(self.n_slots):
             path = Path(f"/dev/shm/{self.prefix}-slot{i}")
             arr = np.memmap(path, dtype=np.uint8, mode="w+", shape=(layout.total_bytes,))
+            arr[:] = 0  # fault every page in now, not during the first snapshots
             if torch.cuda.is_available():
                 # page-locked so device->host copies run asynchronously (not testable on CI)
                 torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0)

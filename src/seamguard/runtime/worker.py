@@ -87,6 +87,8 @@ class Runtime:
         self._t_compute = 0.0
         self._local_n = 0
         self._persist_at = -1
+        self._hint_persisted = -1
+        self._force_persist = False
         self._pipeline: queue.Queue = queue.Queue()
         self._side_store: dist.TCPStore | None = None
         self._persist_lock = threading.Lock()
@@ -138,6 +140,7 @@ class Runtime:
         """Yield (step, sample indices of this rank) until `total_steps` are committed."""
         if self.state is None or self.sampler is None:
             raise RuntimeError("call register(model, optimizer, sampler) before steps()")
+        self.store.set(keys.ready(self.wid), "1")
         try:
             self._recover()  # generation 0, or a spare waiting for a rank
         except JobFinished:
@@ -241,7 +244,8 @@ class Runtime:
     def _maybe_snapshot(self) -> None:
         k = self.settings.snapshot_every_steps
         latest = self.slots.find(self.step)
-        if self.step % k or (latest is not None and latest.index == self.slots.latest):
+        if (self.step % k and not self._force_persist) or (
+                latest is not None and latest.index == self.slots.latest):
             return
         self._phase = "snapshot"
         t0 = time.perf_counter()
@@ -262,8 +266,14 @@ class Runtime:
         s = self.settings
         if s.checkpoint_dir is None:
             return False
-        return bool((s.persist_every_steps and step % s.persist_every_steps == 0 and step > 0)
-                    or (self._persist_at >= 0 and step >= self._persist_at))
+        if self.store.check([keys.HINT_PERSIST_AT]):  # read here, not by the heartbeat, so
+            self._persist_at = int(self.store.get(keys.HINT_PERSIST_AT))  # ranks agree
+        if self._force_persist:
+            return True
+        if self._persist_at > self._hint_persisted and step >= self._persist_at:
+            self._hint_persisted = self._persist_at
+            return True
+        return bool(s.persist_every_steps and step % s.persist_every_steps == 0 and step > 0)
 
     def _pipeline_loop(self) -> None:
         """Off the training thread: hash, replicate to the holder, hand to the persister."""
@@ -289,6 +299,7 @@ class Runtime:
                 with self.slots.cond:
                     slot.readers -= 1
                     self.slots.cond.notify_all()
+                self._pipeline.task_done()
 
     def _replicate(self, slot, manifest, gen: int) -> None:
         plan = self.plan
@@ -350,14 +361,14 @@ class Runtime:
                 self._note("persist_failed", step=reply["step"], error=reply["error"])
 
     def _persist_final(self) -> None:
+        """Persist the final state (every rank, same step) and wait, bounded, for it."""
         if self.settings.checkpoint_dir is None:
             return
-        self._persist_at = self.step
-        slot = self.slots.find(self.step)
-        if slot is None:
-            self._maybe_snapshot()
+        self._force_persist = True
+        self._maybe_snapshot()
+        self._force_persist = False
         deadline = time.monotonic() + self.settings.recovery_timeout_s
-        while time.monotonic() < deadline and (self._pipeline.qsize() or any(
+        while time.monotonic() < deadline and (self._pipeline.unfinished_tasks or any(
                 s.readers or s.pinned for s in self.slots.slots)):
             time.sleep(0.01)
 
@@ -373,8 +384,6 @@ class Runtime:
                      "compute_s": self._compute_s, "gen": self.gen}))
                 if store.check([keys.GENERATION]):
                     self._gen_seen = int(store.get(keys.GENERATION))
-                if store.check([keys.HINT_PERSIST_AT]):
-                    self._persist_at = int(store.get(keys.HINT_PERSIST_AT))
             except (RuntimeError, ValueError, OSError):
                 pass  # store unreachable: the launcher is gone or restarting; keep beating
             self._stop.wait(self.settings.heartbeat_interval_s)

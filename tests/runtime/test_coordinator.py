@@ -1,0 +1,122 @@
+"""The coordinator's decisions, driven through an in-memory store and an injected clock."""
+
+from __future__ import annotations
+
+import json
+
+from seamguard.runtime import keys
+from seamguard.runtime.coordinator import Coordinator
+from seamguard.runtime.settings import LaunchSettings
+
+
+class DictStore:
+    def __init__(self):
+        self.d: dict[str, bytes] = {}
+
+    def check(self, ks):
+        return all(k in self.d for k in ks)
+
+    def get(self, k):
+        return self.d[k]
+
+    def set(self, k, v):
+        self.d[k] = v.encode() if isinstance(v, str) else v
+
+    def add(self, k, n):
+        v = int(self.d.get(k, b"0")) + n
+        self.d[k] = str(v).encode()
+        return v
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(trainers=(0, 1), spares=(2,), ckpt=None):
+    store, clock, log = DictStore(), Clock(), []
+    c = Coordinator(store, LaunchSettings(script=["x.py"], nproc=len(trainers)), list(trainers),
+                    list(spares), ckpt, 30.0, log.append, clock=clock)
+    return c, store, clock, log
+
+
+def beat(store, wid, n, step, phase="compute"):
+    store.set(keys.heartbeat(wid), json.dumps({"n": n, "step": step, "phase": phase,
+                                               "compute_s": 0.1, "gen": 0}))
+
+
+def finish_generation(c, store, steps):
+    gen = c.plan.gen
+    for w in c.plan.ranks:
+        store.set(keys.have(gen, w), json.dumps({"own": steps.get(w, []),
+                                                  "replicas": {"1": steps.get("r", [])}}))
+    c.tick()
+    resume = json.loads(store.get(keys.resume(gen)))
+    for w in c.plan.ranks:
+        store.set(keys.recovered(gen, w), json.dumps({"ok": True, "checksum": "ab", "step": resume["step"]}))
+    c.tick()
+    return resume
+
+
+def test_start_kill_replace_and_finish():
+    c, store, clock, log = make()
+    for w in (0, 1, 2):
+        store.set(keys.worker_addr(w), "h:1")
+    c.tick()
+    assert c.plan.gen == 0 and store.get(keys.GENERATION) == b"0"
+    assert finish_generation(c, store, {}) == {"source": "fresh", "step": 0}
+    assert c.phase == "running"
+    store.set(keys.exit_code(1), "-9")
+    c.tick()
+    assert c.plan.gen == 1 and c.plan.ranks == [0, 2] and c.plan.holders == {1: 0}
+    resume = finish_generation(c, store, {0: [6, 7, 8], "r": [7, 8]})
+    assert resume == {"source": "memory", "step": 8}
+    for w in (0, 2):
+        store.set(keys.done(w), "20")
+    assert c.tick() == "done" and store.get(keys.JOB_DONE) == b"ok"
+
+
+def test_frozen_heartbeat_is_evicted_and_failed_recovery_goes_to_disk(tmp_path):
+    c, store, clock, log = make(ckpt=tmp_path)
+    for w in (0, 1, 2):
+        store.set(keys.worker_addr(w), "h:1")
+    c.tick()
+    finish_generation(c, store, {})
+    for n in range(30):
+        clock.t = n * 0.1
+        beat(store, 0, n, n)
+        beat(store, 1, min(n, 5), 5)  # frozen after 0.5 s
+        c.tick()
+    assert store.check([keys.kill_request(1)])
+    assert any(e["event"] == "detected" and e["kind"] == "unresponsive" for e in log)
+    assert c.plan.gen == 1
+    gen = c.plan.gen
+    for w in c.plan.ranks:
+        store.set(keys.have(gen, w), json.dumps({"own": [5], "replicas": {"1": [5]}}))
+    c.tick()
+    store.set(keys.recovered(gen, 0), json.dumps({"ok": True, "checksum": "a", "step": 5}))
+    store.set(keys.recovered(gen, 2), json.dumps({"ok": False, "error": "hash mismatch"}))
+    c.tick()
+    assert c.plan.gen == 2 and c.plan.force_disk
+    # no verified checkpoint exists: the job fails loudly instead of continuing torn
+    for w in c.plan.ranks:
+        store.set(keys.have(2, w), json.dumps({"own": [5]}))
+    assert c.tick() == "failed" and store.get(keys.JOB_DONE) == b"failed"
+
+
+def test_evacuate_hint_and_checkpoint_hint():
+    c, store, clock, log = make()
+    for w in (0, 1, 2):
+        store.set(keys.worker_addr(w), "h:1")
+    c.tick()
+    finish_generation(c, store, {})
+    beat(store, 0, 1, 40)
+    beat(store, 1, 1, 40)
+    store.add(keys.HINT_CHECKPOINT, 1)
+    store.set(keys.HINT_EVACUATE, "0")
+    c.tick()
+    assert int(store.get(keys.HINT_PERSIST_AT)) > 40
+    assert store.check([keys.kill_request(0)]) and c.plan.ranks == [2, 1]
