@@ -417,7 +417,8 @@ class Runtime:
             gen = self._next_generation()
             plan = Plan.from_json(self._wait(keys.plan(gen), gen, self.settings.recovery_timeout_s))
             if self.wid not in plan.ranks:
-                if self.wid in plan.spares:
+                # a spare, or a replacement spare the plan does not list yet: keep waiting
+                if self.wid in plan.spares or self.rank < 0:
                     self.gen, self.plan = gen, None
                     continue
                 self._note("evacuated", gen=gen)
