@@ -220,12 +220,16 @@ class Runtime:
         deadline = time.monotonic() + self.settings.collective_timeout_s
         try:
             work = issue()
+            nap_s = 0.0002
             while not work.is_completed():
                 if self._gen_seen > self.gen or time.monotonic() > deadline:
                     self._note("collective_cancelled", reason="new generation"
                                if self._gen_seen > self.gen else "timeout")
                     return False
-                time.sleep(0.0005)
+                time.sleep(nap_s)
+                # back off to 5 ms: waking thousands of times a second would steal the
+                # cores the gloo threads need; 5 ms is nothing next to detection times
+                nap_s = min(0.005, nap_s * 1.5)
             work.wait()
             return True
         except RuntimeError as exc:
@@ -413,7 +417,8 @@ class Runtime:
             gen = self._next_generation()
             plan = Plan.from_json(self._wait(keys.plan(gen), gen, self.settings.recovery_timeout_s))
             if self.wid not in plan.ranks:
-                if self.wid in plan.spares:
+                # a spare, or a replacement spare the plan does not list yet: keep waiting
+                if self.wid in plan.spares or self.rank < 0:
                     self.gen, self.plan = gen, None
                     continue
                 self._note("evacuated", gen=gen)
