@@ -47,16 +47,6 @@ def launch(tmp: Path, name: str, *, nproc=2, spares=0, steps=20, chaos="", extra
     return Run(p.returncode, out, events, p.stderr[-4000:])
 
 
-def pytest_collection_modifyitems(config, items):
-    """Slow tests (the long chaos set) run only when asked: `-m slow` or SEAMGUARD_RUN_SLOW=1."""
-    if config.getoption("-m") or os.environ.get("SEAMGUARD_RUN_SLOW"):
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow or SEAMGUARD_RUN_SLOW=1")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
-
-
 @pytest.fixture(scope="session")
 def clean_checksums(tmp_path_factory):
     """Failure-free reference runs, computed once per session: {steps: checksum}."""
