@@ -48,7 +48,9 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=100_000)
     ap.add_argument("--days", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--detection-delay-s", type=float, default=300.0)
+    ap.add_argument("--detection-delay-s", type=float,
+                    default=PolicyParams.__dataclass_fields__["detection_delay_s"].default,
+                    help="default: the telemetry twin's measured median detection delay")
     args = ap.parse_args()
     if args.gpus <= 0 or args.days <= 0:
         raise SystemExit("--gpus and --days must be > 0")
@@ -80,6 +82,11 @@ def main() -> None:
     t0 = time.perf_counter()
     b, s = run_monte_carlo(base_cfg, pols, runs, args.seed)
     mc_wall = time.perf_counter() - t0
+    # The pessimistic bound: every step slowed by the runtime's failure-free wall ratio as
+    # measured on the 2-core CPU VM, where snapshot copy and hashing cannot overlap compute.
+    _, s_cpu = run_monte_carlo(base_cfg, [pols[0], replace(pols[1], runtime_overhead="measured_wall")],
+                               runs, args.seed)
+    cm, clo, chi = s_cpu.metric("ettr")
     (bm, blo, bhi), (sm, slo, shi) = b.metric("ettr"), s.metric("ettr")
     print(f"\n# ETTR at {args.gpus:,} GPUs (one job on all non-spare nodes), {runs} seeds, "
           f"{mc_wall:.1f} s")
@@ -94,7 +101,9 @@ def main() -> None:
     top = sorted(lost.items(), key=lambda kv: -kv[1])[:6]
     print("seamguard's largest losses (share of allocated GPU-hours): "
           + ", ".join(f"{k} {v / alloc:.3%}" for k, v in top))
-    print(f"goal seamguard ETTR >= 0.97: {'met' if sm >= 0.97 else 'NOT met'}")
+    print(f"seamguard ETTR with the CPU-measured runtime wall ratio ({figs.wall_ratio:g}x) on every step: "
+          f"{cm:.4f}  95% CI [{clo:.4f}, {chi:.4f}]")
+    print(f"goal seamguard ETTR >= 0.97: {'met' if sm >= 0.97 else 'NOT met'} (snapshot-stall model)")
     print(json.dumps({
         "gpus": args.gpus, "days": args.days, "wall_s": round(timing[args.gpus], 4),
         "gpus_small": small, "wall_s_small": round(timing[small], 4),
@@ -103,6 +112,7 @@ def main() -> None:
         "ettr_baseline": round(bm, 4), "ettr_baseline_ci95": [round(blo, 4), round(bhi, 4)],
         "ettr_seamguard": round(sm, 4), "ettr_seamguard_ci95": [round(slo, 4), round(shi, 4)],
         "seamguard_goal_0_97_met": bool(sm >= 0.97), "runs": runs,
+        "ettr_seamguard_cpu_wall_ratio": round(cm, 4), "runtime_wall_ratio_cpu": figs.wall_ratio,
         "node_failure_rate_per_node_day": META_RSC_RF_PER_NODE_DAY,
         "detection_delay_s": args.detection_delay_s, "measured_source": figs.source}))
 

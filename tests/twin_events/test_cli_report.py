@@ -70,20 +70,22 @@ def test_measured_file_is_used_and_named(tmp_path):
     f.write_text(json.dumps({
         "seamguard": {"resume_s_max": 2.0, "steps_lost_max": 0, "wall_ratio": 1.01},
         "torchrun": {"resume_s_max": 4.0, "steps_lost_max": 20, "wall_ratio": 1.0},
-        "snapshot_stall_ratio": 0.05, "restore_speedup": 10.0}))
+        "snapshot_stall_ratio": 0.05, "restore_speedup": 10.0, "seamguard_no_failure_wall_ratio": 1.01}))
     res = _run("--gpus", "1024", "--days", "1", "--policy", "seamguard", "--json",
                "--measured", str(f))
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert str(f) in doc["measured_source"] and "fallback" in doc["measured_source"]
-    assert "runtime_overhead" in doc["gpu_hours_lost_by_cause"]   # wall_ratio 1.01 applied
+    # The default model charges each snapshot its measured stall, not the CPU wall ratio.
+    assert "runtime_overhead" not in doc["gpu_hours_lost_by_cause"]
+    assert "checkpoint_overhead" in doc["gpu_hours_lost_by_cause"]
 
 
 def test_parse_runtime_figures_fallbacks():
     full = parse_runtime_figures({"systems": {
         "seamguard": {"resume_s_max": 2.0, "steps_lost_max": 0, "wall_ratio": 1.02},
         "torchrun": {"resume_s_max": 4.0}}, "snapshot_stall_ratio": 0.05,
-        "restore_speedup": 10.0, "save_s_per_gib": 0.5}, "r.json")
+        "restore_speedup": 10.0, "save_s_per_gib": 0.5, "seamguard_no_failure_wall_ratio": 1.02}, "r.json")
     assert full.source == "r.json"
     assert (full.live_resume_s, full.relaunch_s, full.steps_lost, full.wall_ratio) == \
         (2.0, 4.0, 0.0, 1.02)
@@ -114,3 +116,19 @@ def test_ray_executor_is_optional_and_guarded():
         pytest.skip("ray installed: the guard is not exercised")
     res = _run("--gpus", "1024", "--days", "1", "--executor", "ray")
     assert res.exit_code == 2 and "seamguard[ray]" in res.output
+
+
+def test_measured_wall_model_slows_every_step():
+    from dataclasses import replace as dc_replace
+
+    from seamguard.twin.events.config import ClusterConfig, PolicyParams
+    from seamguard.twin.events.measured import REFERENCE_FIGURES
+    from seamguard.twin.events.montecarlo import run_monte_carlo
+
+    figs = dc_replace(REFERENCE_FIGURES, wall_ratio=1.5)
+    cfg = ClusterConfig(gpus=2048, days=2, workload="single")
+    stall = PolicyParams("seamguard", runtime=figs)
+    wall = PolicyParams("seamguard", runtime=figs, runtime_overhead="measured_wall")
+    a, b = run_monte_carlo(cfg, [stall, wall], 1, 0)
+    assert "runtime_overhead" in b.mean_dict("gpu_hours_lost_by_cause")
+    assert b.metric("ettr")[0] < a.metric("ettr")[0]

@@ -126,6 +126,12 @@ class PolicyParams:
     """How long a quarantined node stays out for investigation (assumed)."""
     runtime: RuntimeFigures = REFERENCE_FIGURES
     """Measured runtime figures (seamguard policy)."""
+    runtime_overhead: str = "snapshot_stall"
+    """How the runtime's steady cost enters: ``snapshot_stall`` (default) charges each
+    in-memory snapshot its measured stall (the part that cannot overlap compute on a GPU
+    node, where the device-to-host copy runs on a side stream); ``measured_wall`` slows
+    every step by the benchmark's failure-free wall ratio, measured on a 2-core CPU VM
+    where copy and hashing compete with compute for the same cores (a pessimistic bound)."""
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -137,6 +143,9 @@ class PolicyParams:
                        ("--state-gib-per-gpu", self.state_gib_per_gpu)):
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{opt} must be > 0, got {v!r}")
+        if self.runtime_overhead not in ("snapshot_stall", "measured_wall"):
+            raise ValueError("runtime_overhead must be 'snapshot_stall' or 'measured_wall', "
+                             f"got {self.runtime_overhead!r}")
         if not self.detection_delay_s >= 0:
             raise ValueError("--detection-delay-s must be >= 0")
         if not 0.0 < self.detection_precision <= 1.0:

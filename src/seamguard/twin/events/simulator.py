@@ -337,7 +337,8 @@ class _Run:
         job.tau, job.delta = plan.interval_s, plan.stall_s
         job.mode = plan.mode.value
         job.backstop_s = plan.backstop_interval_s or math.inf
-        job.base_speed = 1.0 / self.pp.runtime.wall_ratio
+        if self.pp.runtime_overhead == "measured_wall":
+            job.base_speed = 1.0 / self.pp.runtime.wall_ratio
 
     def _planner(self, job: _Job, precursor_hazard_per_s: float = 0.0):
         total = sum(self.scope_hz.values())
