@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seamguard.act.slurm import SlurmConfig
 from seamguard.backtest import EventStream, dumps
 from seamguard.observe.prometheus import PromConfig
-from seamguard.validation import format_validation_error
+from seamguard.validation import format_validation_error, read_yaml
 
 log = logging.getLogger("seamguard.live")
 
@@ -81,12 +80,7 @@ def _resolve(base: Path, p: Path | None) -> Path | None:
 
 def load_run_config(path: str | Path) -> RunConfig:
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read config: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    data = read_yaml(p, "config", ConfigError)
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level")
     try:

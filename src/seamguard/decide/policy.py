@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from seamguard.assess.assessment import AssessConfig
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL
-from seamguard.validation import format_validation_error
+from seamguard.validation import format_validation_error, read_yaml
 
 
 class PolicyError(ValueError):
@@ -109,11 +109,4 @@ def default_policy(**overrides: Any) -> Policy:
 
 
 def load_policy(path: str | Path) -> Policy:
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise PolicyError(f"{p}: cannot read policy file: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise PolicyError(f"{p}: not valid YAML: {e}") from None
-    return parse_policy(data, str(p))
+    return parse_policy(read_yaml(path, "policy file", PolicyError), str(path))

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL, Fleet, JobClass, SwitchTier
-from seamguard.validation import format_validation_error
+from seamguard.validation import format_validation_error, read_yaml
 
 TOPOLOGY_VERSION = 1
 
@@ -220,18 +219,7 @@ def parse_topology(data: Any, source: str = "<topology>") -> Fleet:
 
 def load_topology(path: str | Path) -> Fleet:
     """Read and validate a topology file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise TopologyError(f"{p}: cannot read topology file: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise TopologyError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    return parse_topology(data, str(p))
+    return parse_topology(read_yaml(path, "topology file", TopologyError), str(path))
 
 
 def fleet_to_topology(fleet: Fleet) -> dict[str, Any]:

@@ -96,7 +96,7 @@ class TwinExporter:
     def _advance(self) -> None:
         frame = self.twin.step()
         self.ticks += 1
-        meta = [f"# TYPE seamguard_twin_time_seconds gauge", f"seamguard_twin_time_seconds {self.twin.t_s!r}"]
+        meta = ["# TYPE seamguard_twin_time_seconds gauge", f"seamguard_twin_time_seconds {self.twin.t_s!r}"]
         body = render_text(frame, self.labels, meta).encode()
         with self._lock:
             self._body = body
