@@ -23,7 +23,9 @@ def test_kill_with_spare_is_bit_identical(tmp_path, clean_checksums):
     assert r.code == 0, r.stderr
     assert r.checksum == clean_checksums(20)
     resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
-    assert len(resumed) == 1 and resumed[0]["step"] in (7, 8)
+    # Resume at the kill step or one before; two before when the kill lands while the
+    # newest replica is still in flight (replication lags one step, docs/runtime.md).
+    assert len(resumed) == 1 and resumed[0]["step"] in (6, 7, 8)
     chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
     assert chosen[0]["source"] == "memory"
 
