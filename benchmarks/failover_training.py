@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+WORLD_SIZE = 4  # training ranks of every system (seamguard adds one hot spare)
 sys.path.insert(0, str(REPO / "benchmarks"))
 from _model import make_model  # noqa: E402
 
@@ -114,7 +115,7 @@ def run_plain(cfg: Config, work: Path) -> dict:
     """Failure-free reference: torchrun + DDP, no checkpoints, no fault tolerance."""
     out = work / "plain"
     wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "4", str(REPO / "benchmarks" / "torchrun_train.py"),
+                "--nproc-per-node", str(WORLD_SIZE), str(REPO / "benchmarks" / "torchrun_train.py"),
                 "--steps", str(cfg.steps), "--ckpt-every", "0", "--out", str(out),
                 *cfg.model_args()], work / "plain.log", ENV, 900)
     return {"wall_s": wall, "window_s": window_s(out)}
@@ -122,7 +123,7 @@ def run_plain(cfg: Config, work: Path) -> dict:
 
 def run_seamguard(cfg: Config, work: Path, faults: bool, name: str) -> dict:
     out, chaos_dir = work / name, work / f"{name}_chaos"
-    cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", "4", "--spares", "1",
+    cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", str(WORLD_SIZE), "--spares", "1",
            "--snapshot-every", "1", "--events-file", str(out / "events.jsonl"),
            "--chaos-dir", str(chaos_dir)]
     if faults:
@@ -143,7 +144,7 @@ def run_torchrun(cfg: Config, work: Path, faults: bool, name: str) -> dict:
     if faults:
         env["SEAMGUARD_CHAOS"] = cfg.chaos()
     wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "4", "--max-restarts", str(len(cfg.fail_steps) + 1),
+                "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", str(len(cfg.fail_steps) + 1),
                 "--monitor-interval", "0.1", str(REPO / "benchmarks" / "torchrun_train.py"),
                 "--steps", str(cfg.steps), "--ckpt-every", str(cfg.ckpt_every), "--out",
                 str(out), *cfg.model_args()], work / f"{name}.log", env, 900)
@@ -338,7 +339,7 @@ def main() -> None:
             "snapshot_stall_ratio": round(micro["snapshot_s"] / micro["save_fsync_s"], 4),
             "restore_speedup": round(micro["torch_load_s"] / micro["restore_ram_s"], 2),
             "mode": "quick" if args.quick else "full",
-            "config": {"steps": cfg.steps, "fail_steps": list(cfg.fail_steps),
+            "config": {"world_size": WORLD_SIZE, "steps": cfg.steps, "fail_steps": list(cfg.fail_steps),
                        "torchrun_ckpt_every": cfg.ckpt_every, "step_s": round(step_s, 3),
                        "hidden": cfg.hidden, "layers": cfg.layers,
                        "micro_params": micro["params"], "micro_state_bytes": micro["state_bytes"]},

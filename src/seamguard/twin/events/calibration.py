@@ -34,6 +34,7 @@ __all__ = [
     "first_failure_mean_min",
     "link_profile",
     "PRECURSOR_FRACTION",
+    "HANG_CAUSES",
 ]
 
 DAYS_PER_MONTH = 365.25 / 12.0
@@ -73,6 +74,10 @@ LLAMA3_UNEXPECTED: dict[str, tuple[int, str, Scope]] = {
     "cpu": (2, "node", Scope.NODE),
     "system_memory": (2, "node", Scope.NODE),
 }
+
+#: Causes that surface as a hang (every rank blocked in a collective, no process exits):
+#: they cost a detection timeout before any recovery can start.
+HANG_CAUSES = frozenset({"nccl_watchdog_timeout"})
 
 #: Share of each cause that shows usable pre-failure evidence (an assumption, documented
 #: in docs/twin-events.md): HBM failures are often preceded by rising correctable ECC and

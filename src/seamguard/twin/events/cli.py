@@ -35,7 +35,9 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
                    checkpoint_interval_min: float, checkpoint_write_min: float,
                    restart_cost_min: float, detection_delay_s: float,
                    detection_precision: float, state_gib_per_gpu: float,
-                   measured: Optional[Path]) -> tuple[ClusterConfig, list[PolicyParams], str]:
+                   measured: Optional[Path],
+                   job_wide_crash_fraction: float = PolicyParams.job_wide_crash_fraction,
+                   ) -> tuple[ClusterConfig, list[PolicyParams], str]:
     """Validate flags and build the cluster config and the policies to run."""
     if gpus <= 0:
         raise ValueError(f"--gpus must be a positive number of GPUs, got {gpus}")
@@ -64,7 +66,9 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
                          restart_cost_min=restart_cost_min,
                          detection_delay_s=detection_delay_s,
                          detection_precision=detection_precision,
-                         state_gib_per_gpu=state_gib_per_gpu, runtime=figs) for n in names]
+                         state_gib_per_gpu=state_gib_per_gpu,
+                         job_wide_crash_fraction=job_wide_crash_fraction, runtime=figs)
+            for n in names]
     return cfg, pols, figs.source
 
 
@@ -89,6 +93,9 @@ _DD = typer.Option(PolicyParams.__dataclass_fields__["detection_delay_s"].defaul
                    help="Gray-failure detection delay (default: the telemetry twin's measured median).")
 _DP = typer.Option(0.9, "--detection-precision", help="Share of gray alarms that are true.")
 _SG = typer.Option(28.0, "--state-gib-per-gpu", help="Checkpoint state per GPU (HPN: 30 GB).")
+_JW = typer.Option(PolicyParams.job_wide_crash_fraction, "--job-wide-crash-fraction",
+                   help="Share of process crashes that kill every rank at once (seamguard "
+                        "relaunches those; it replaces a single crashed rank live).")
 _MEAS = typer.Option(None, "--measured",
                      help=f"Runtime results file (default {DEFAULT_RESULTS_PATH}, "
                           "falls back to REFERENCE.md figures when absent).")
@@ -108,7 +115,7 @@ def simulate(
     checkpoint_write_min: float = _CW, restart_cost_min: float = _RC,
     detection_delay_s: float = _DD, detection_precision: float = _DP,
     state_gib_per_gpu: float = _SG, measured: Optional[Path] = _MEAS,
-    runs: int = _RUNS, seed: int = _SEED, executor: str = _EXEC,
+    job_wide_crash_fraction: float = _JW, runs: int = _RUNS, seed: int = _SEED, executor: str = _EXEC,
     workers: Optional[int] = _WORK,
 ) -> None:
     """Discrete-event simulation of a GPU cluster under baseline and/or seamguard."""
@@ -120,7 +127,8 @@ def simulate(
             checkpoint_interval_min=checkpoint_interval_min,
             checkpoint_write_min=checkpoint_write_min, restart_cost_min=restart_cost_min,
             detection_delay_s=detection_delay_s, detection_precision=detection_precision,
-            state_gib_per_gpu=state_gib_per_gpu, measured=measured)
+            state_gib_per_gpu=state_gib_per_gpu, measured=measured,
+            job_wide_crash_fraction=job_wide_crash_fraction)
         sums = run_monte_carlo(cfg, pols, runs, seed, executor, workers)
     except ValueError as exc:
         _fail(str(exc))

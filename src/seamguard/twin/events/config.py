@@ -124,6 +124,17 @@ class PolicyParams:
     """Checkpoint state per GPU (Alibaba HPN: 30 GB/GPU = 28 GiB)."""
     quarantine_hold_h: float = 4.0
     """How long a quarantined node stays out for investigation (assumed)."""
+    job_wide_crash_fraction: float = 0.25
+    """Share of process crashes (software bug, NCCL timeout, dependency) that take down
+    every rank at once, so that even the seamguard runtime must relaunch the job. The rest
+    kill one rank's process, which the runtime replaces exactly like a lost node (the kill
+    its benchmark measures). Assumed: no public source splits Llama 3's counts this way."""
+    hang_detect_s: float = 30.0
+    """Time for the seamguard runtime to notice a hung collective
+    (``--collective-timeout-s`` default, docs/runtime.md)."""
+    baseline_hang_detect_s: float = 600.0
+    """Time for a plain PyTorch job to notice a hung collective: the NCCL watchdog's
+    default collective timeout (10 min)."""
     runtime: RuntimeFigures = REFERENCE_FIGURES
     """Measured runtime figures (seamguard policy)."""
     runtime_overhead: str = "snapshot_stall"
@@ -146,6 +157,11 @@ class PolicyParams:
         if self.runtime_overhead not in ("snapshot_stall", "measured_wall"):
             raise ValueError("runtime_overhead must be 'snapshot_stall' or 'measured_wall', "
                              f"got {self.runtime_overhead!r}")
+        if not 0.0 <= self.job_wide_crash_fraction <= 1.0:
+            raise ValueError("--job-wide-crash-fraction must be in [0, 1], "
+                             f"got {self.job_wide_crash_fraction!r}")
+        if not (self.hang_detect_s >= 0 and self.baseline_hang_detect_s >= 0):
+            raise ValueError("hang detection times must be >= 0 s")
         if not self.detection_delay_s >= 0:
             raise ValueError("--detection-delay-s must be >= 0")
         if not 0.0 < self.detection_precision <= 1.0:
@@ -177,10 +193,9 @@ class PolicyParams:
 
     @property
     def in_memory_restore_s(self) -> float:
-        """Restore of this GPU's state from host memory: measured save time per GiB
-        divided by the measured restore speedup, times bytes per GPU."""
-        r = self.runtime
-        return self.state_gib_per_gpu * r.save_s_per_gib / r.restore_speedup
+        """Restore of this GPU's state from host memory: measured copy-back time per GiB
+        times bytes per GPU."""
+        return self.state_gib_per_gpu * self.runtime.restore_s_per_gib
 
     @property
     def live_recovery_s(self) -> float:

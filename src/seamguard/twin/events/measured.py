@@ -44,6 +44,9 @@ class RuntimeFigures:
     save_s_per_gib: float = 0.667
     """Full save (torch.save + fsync) time per GiB on the measuring machine; the base the
     two ratios above are relative to (REFERENCE.md §4: 667 ms for 1 GiB)."""
+    restore_s_per_gib: float = 0.051
+    """Copy back from host memory per GiB on the measuring machine (REFERENCE.md §4: 51 ms
+    for 1 GiB)."""
     notes: tuple[str, ...] = ()
     """Which figure came from where."""
 
@@ -72,7 +75,11 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
     Accepted layout: per-system objects (``seamguard``, ``torchft``, ``torchrun``) either
     at the top level or under ``systems``, each with ``resume_s_max``,
     ``steps_lost_max``, ``wall_ratio``; top-level ``snapshot_stall_ratio``,
-    ``restore_speedup`` and optionally ``world_size``.
+    ``restore_speedup`` and optionally ``world_size`` (top level or under ``config``).
+    When the file carries the micro-benchmark (``micro_s`` with ``save_fsync_s`` and
+    ``restore_ram_s``, ``config.micro_state_bytes``), the per-GiB save and restore rates
+    come from it, so stall and restore are measured on one machine, not mixed with
+    REFERENCE.md's.
     """
     systems = data.get("systems", data)
     if not isinstance(systems, Mapping):
@@ -93,6 +100,20 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
     sg = systems.get("seamguard", {})
     tr = systems.get("torchrun", {})
     tops = data if isinstance(data, Mapping) else {}
+    cfg = tops.get("config", {}) if isinstance(tops.get("config"), Mapping) else {}
+    micro = tops.get("micro_s", {}) if isinstance(tops.get("micro_s"), Mapping) else {}
+    gib = (_num(cfg, "micro_state_bytes") or 0.0) / 2**30
+    save_rate = _num(tops, "save_s_per_gib")
+    restore_rate = None
+    if gib > 0:
+        save_fsync, restore_ram = _num(micro, "save_fsync_s"), _num(micro, "restore_ram_s")
+        if save_rate is None and save_fsync:
+            save_rate = save_fsync / gib
+        if restore_ram:
+            restore_rate = restore_ram / gib
+    save_s_per_gib = pick(save_rate, ref.save_s_per_gib, "save_s_per_gib")
+    restore_speedup = max(1.0, pick(_num(tops, "restore_speedup"), ref.restore_speedup,
+                                    "restore_speedup"))
     figs = RuntimeFigures(
         source="",
         live_resume_s=pick(_num(sg, "resume_s_max"), ref.live_resume_s, "live_resume_s"),
@@ -103,11 +124,13 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
         wall_ratio=max(1.0, pick(_num(tops, "seamguard_no_failure_wall_ratio"), ref.wall_ratio, "wall_ratio")),
         snapshot_stall_ratio=pick(_num(tops, "snapshot_stall_ratio"),
                                   ref.snapshot_stall_ratio, "snapshot_stall_ratio"),
-        restore_speedup=max(1.0, pick(_num(tops, "restore_speedup"), ref.restore_speedup,
-                                      "restore_speedup")),
-        measured_ranks=int(_num(tops, "world_size") or ref.measured_ranks),
-        save_s_per_gib=pick(_num(tops, "save_s_per_gib"), ref.save_s_per_gib,
-                            "save_s_per_gib"),
+        restore_speedup=restore_speedup,
+        measured_ranks=int(_num(tops, "world_size") or _num(cfg, "world_size")
+                           or ref.measured_ranks),
+        save_s_per_gib=save_s_per_gib,
+        # Without a measured copy-back rate, the restore speedup relative to a save.
+        restore_s_per_gib=(pick(restore_rate, 0.0, "restore_s_per_gib") if restore_rate
+                           else save_s_per_gib / restore_speedup),
         notes=tuple(notes),
     )
     all_file = all(source in n for n in notes)

@@ -24,6 +24,7 @@ from seamguard.decide.checkpoint import (Mode, PlannerInput, Scope, StoragePath,
                                          plan_checkpoint)
 from seamguard.decide.economics import (CRITICALITY_WEIGHT, DegradedNodeContext, JobClass,
                                         impact_fraction, quarantine_decision)
+from seamguard.twin.events.calibration import HANG_CAUSES
 from seamguard.twin.events.config import ClusterConfig, JobSpec, PolicyParams, workload
 from seamguard.twin.events.kernel import EventQueue
 from seamguard.twin.events.processes import Streams, generate_streams
@@ -115,11 +116,13 @@ def tier_costs(pp: PolicyParams) -> TierCosts:
                      backstop_async=True)
 
 
-def rollback_scope_hazards(cfg: ClusterConfig, live_recovery: bool) -> dict[Scope, float]:
+def rollback_scope_hazards(cfg: ClusterConfig) -> dict[Scope, float]:
     """Per-node hazard (1/s) of failures that roll a training job back, by scope.
 
-    Under live recovery (seamguard runtime) node and domain losses are absorbed by
-    healthy replicas, so only process crashes and state corruption roll back.
+    Every hard failure rolls a training job back to its newest usable checkpoint tier;
+    live recovery (seamguard runtime) changes what the rollback costs (no restart, a spare
+    restores from a peer's snapshot), not the fact that work since the last snapshot is
+    redone. Which tier survives which scope is the planner's business.
     """
     fm = cfg.failures
     out: dict[Scope, float] = defaultdict(float)
@@ -127,9 +130,6 @@ def rollback_scope_hazards(cfg: ClusterConfig, live_recovery: bool) -> dict[Scop
         out[c.scope] += c.rate_per_node_day() / 86_400.0
     trip = fm.cooling_event_per_loop_day * fm.cooling_trip_probability / cfg.nodes_per_loop
     out[Scope.DOMAIN] += trip / 86_400.0
-    if live_recovery:
-        out.pop(Scope.NODE, None)
-        out.pop(Scope.DOMAIN, None)
     return dict(out)
 
 
@@ -317,7 +317,7 @@ class _Run:
         self.cool_evacuated: dict[int, set[int]] = {}
         fm = cfg.failures
         self.node_hazard_per_h = fm.rf_per_node_day() / 24.0
-        self.scope_hz = rollback_scope_hazards(cfg, live_recovery=self.sg)
+        self.scope_hz = rollback_scope_hazards(cfg)
         self.costs = tier_costs(pp)
         for job in self.jobs:
             self._plan(job, 0.0)
@@ -439,34 +439,36 @@ class _Run:
             return
         if needs_nodes:
             self._schedule_repair(t, n_nodes, repair_h)
-        live = self.sg and scope in (Scope.NODE, Scope.DOMAIN)
         if self.sg and precursor_usable and needs_nodes:
             # Evidence came early enough: node drained and swapped before it failed.
             self.prevented += 1
             self._take_spares(job_idx, n_nodes, t, cause, self.pp.live_recovery_s, False)
             job.direct_gpu_s += n_nodes * gpn * self.pp.live_recovery_s
             return
-        if live:
-            lr = min(job.uncommitted, self.pp.runtime.steps_lost * self.pp.step_time_s)
-            job.uncommitted -= lr
-            job.lost[cause] += lr
-            job.rollback += lr
-            rec, reset = self.pp.live_recovery_s, False
-        else:
-            job.rollback_to_checkpoint(cause)
-            if scope is Scope.PERSISTED and self.sg and math.isfinite(job.backstop_s):
-                # Corrupted state: memory tiers are suspect, roll back to the backstop.
-                extra = min(job.committed, float(self.rng.uniform(0, job.backstop_s))
-                            * job.base_speed)
-                job.committed -= extra
-                job.lost[cause] += extra
-                job.rollback += extra
-            rec, reset = self._recovery_s(job, live=False), True
+        # A hang (no process exits) first has to be noticed by a timeout.
+        detect = 0.0
+        if cause in HANG_CAUSES:
+            detect = self.pp.hang_detect_s if self.sg else self.pp.baseline_hang_detect_s
+        # Under the seamguard runtime a node loss, and a crash of one rank's process, are
+        # absorbed live: survivors are not restarted and a spare (a fresh process on the
+        # same healthy node for a crash) restores from a peer's snapshot. Only a crash of
+        # every rank at once needs a relaunch.
+        live = self.sg and (needs_nodes or (scope is Scope.PROCESS and self.rng.random()
+                                            >= self.pp.job_wide_crash_fraction))
+        job.rollback_to_checkpoint(cause)
+        if scope is Scope.PERSISTED and self.sg and math.isfinite(job.backstop_s):
+            # Corrupted state: memory tiers are suspect, roll back to the backstop.
+            extra = min(job.committed, float(self.rng.uniform(0, job.backstop_s))
+                        * job.base_speed)
+            job.committed -= extra
+            job.lost[cause] += extra
+            job.rollback += extra
+        rec = detect + self._recovery_s(job, live=live)
         job.direct_gpu_s += n_nodes * gpn * rec
         if needs_nodes:
-            self._take_spares(job_idx, n_nodes, t, cause, rec, reset)
+            self._take_spares(job_idx, n_nodes, t, cause, rec, True)
         else:
-            job.block(t, t + rec, cause, reset)
+            job.block(t, t + rec, cause, True)
 
     def _episode(self, job: _Job, t: float, dur: float, impact: float, cause: str) -> int:
         job.advance(t)
@@ -546,20 +548,31 @@ class _Run:
         if eid not in job.episodes:
             return
         fm, gpn = self.cfg.failures, self.cfg.gpus_per_node
-        if comm:  # fail over to the other rail: residual loss of one failed-over link
+        if comm:
+            # Fail over to the other rail at once: the residual is one failed-over link.
+            # Whether the node is then worth swapping out is the economic model's call.
             job.advance(t)
-            imp = impact_fraction(job.spec.job_class, job.gpus, gpn,
-                                  min(sev, fm.failover_throughput_loss))
+            sev = min(sev, fm.failover_throughput_loss)
+            imp = impact_fraction(job.spec.job_class, job.gpus, gpn, sev)
             job.episodes[eid] = (imp, job.episodes[eid][1])
             job._refresh()
-            return
-        horizon_h = fm.fail_slow_compute_mean_min / 60.0   # memoryless remaining duration
+            mean_min = fm.fail_slow_comm_mean_min
+        else:
+            mean_min = fm.fail_slow_compute_mean_min
+        self._decide_degraded(t, j, eid, sev, mean_min / 60.0)   # memoryless remainder
+
+    def _decide_degraded(self, t: float, j: int, eid: int, sev: float,
+                         horizon_h: float) -> None:
+        """Keep or swap a node detected as degraded (true alarm plus its false ones)."""
+        job = self.jobs[j]
+        gpn = self.cfg.gpus_per_node
+        cause = job.episodes[eid][1]
         ctx = self._ctx(job, gpn, sev, horizon_h, 1.0)
         dec = quarantine_decision(ctx)
         if dec.action == "quarantine":
             job.advance(t)
             job.end_episode(eid)
-            self._quarantine(j, t, "fail_slow_compute", 1)
+            self._quarantine(j, t, cause, 1)
         # False alarms look the same and get the same decision.
         n_fp = int(self.rng.poisson((1.0 - self.pp.detection_precision)
                                     / self.pp.detection_precision))

@@ -37,11 +37,9 @@ def interval_vs_hazard(cfg: ClusterConfig, pp: PolicyParams, job_nodes: int,
                        ) -> list[tuple[float, float, str]]:
     """(hazard per hour, chosen interval in minutes, mode) as the footprint degrades.
 
-    The footprint's multiplier is applied uniformly; with seamguard's live recovery
-    only rollback-causing scopes count.
+    The footprint's multiplier is applied uniformly.
     """
-    hz = rollback_scope_hazards(cfg, live_recovery=pp.name == "seamguard") or \
-        {Scope.PROCESS: 1e-9}
+    hz = rollback_scope_hazards(cfg) or {Scope.PROCESS: 1e-9}
     total = sum(hz.values())
     out = []
     for m in multipliers:
