@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--step-sleep-s", type=float, default=0.0)
+    ap.add_argument("--batchnorm", action="store_true",
+                    help="add a BatchNorm layer (rank-private running statistics)")
     ap.add_argument("--out", type=Path, default=Path("runs/train_ddp"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -47,6 +49,8 @@ def main() -> None:
     x, y = make_data(args.dataset, args.dim, 10, args.seed)
     torch.manual_seed(args.seed)
     blocks = [torch.nn.Linear(args.dim, args.hidden), torch.nn.ReLU(), torch.nn.Dropout(args.dropout)]
+    if args.batchnorm:
+        blocks.append(torch.nn.BatchNorm1d(args.hidden))
     for _ in range(args.layers - 1):
         blocks += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
     model = torch.nn.Sequential(*blocks, torch.nn.Linear(args.hidden, 10))

@@ -23,11 +23,28 @@ def test_kill_with_spare_is_bit_identical(tmp_path, clean_checksums):
     assert r.code == 0, r.stderr
     assert r.checksum == clean_checksums(20)
     resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
-    # Resume at the kill step or one before; two before when the kill lands while the
-    # newest replica is still in flight (replication lags one step, docs/runtime.md).
-    assert len(resumed) == 1 and resumed[0]["step"] in (6, 7, 8)
+    # The victim delivered step 8's private bytes before the step began and the survivor
+    # offers its live state: everyone resumes at the kill step, even while the newest full
+    # replica is still in flight.
+    assert len(resumed) == 1 and resumed[0]["step"] == 8, resumed
     chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
     assert chosen[0]["source"] == "memory"
+
+
+@pytest.mark.parametrize("bn", [False, True], ids=["dropout", "dropout+batchnorm"])
+def test_live_state_recovery_redoes_only_the_step_in_flight(tmp_path, bn):
+    # Full snapshots every 10 steps only; the kill lands at step 17. Survivors offer their
+    # live state, the spare takes the lost rank's start-of-step RNG and buffers from its
+    # holder: everyone resumes at 17, not at 10, and the result stays bit-identical.
+    args = ("--batchnorm",) if bn else ()
+    clean = launch(tmp_path, "clean", steps=24, extra=("--snapshot-every", "10"),
+                   script_args=args)
+    r = launch(tmp_path, "live", spares=1, steps=24, chaos="kill:rank=1,step=17",
+               extra=("--snapshot-every", "10"), script_args=args)
+    assert clean.code == 0 and r.code == 0, r.stderr
+    assert r.checksum == clean.checksum
+    resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
+    assert len(resumed) == 1 and resumed[0]["step"] == 17, resumed
 
 
 def test_sigstop_and_kill_in_snapshot_and_replication(tmp_path, clean_checksums):

@@ -137,7 +137,7 @@ def launch(s: LaunchSettings) -> int:
             if all(c.reported for c in children) and not master:
                 break
             time.sleep(POLL_S)
-        _drain(children, timeout_s=30.0)
+        _drain(children, timeout_s=30.0, log=log)
     finally:
         for c in children:
             if c.proc.poll() is None:
@@ -156,12 +156,19 @@ def _spawn_spare(s: LaunchSettings, store, port: int, per_node: int) -> Child:
     return child
 
 
-def _drain(children: list[Child], timeout_s: float) -> None:
-    """Let finished trainers exit; spares leave on JOB_DONE by themselves (bounded)."""
+def _drain(children: list[Child], timeout_s: float, log) -> None:
+    """Let finished trainers exit; spares leave on JOB_DONE by themselves (bounded).
+
+    The job's outcome is already decided here: a process that outlives the bound is
+    killed, and one that does not even die within 5 s more is reported, not waited for.
+    """
     deadline = time.monotonic() + timeout_s
     for c in children:
         try:
             c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             c.proc.kill()
-            c.proc.wait(timeout=5)
+            try:
+                c.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log({"event": "child_not_reaped", "wid": c.wid, "pid": c.proc.pid})

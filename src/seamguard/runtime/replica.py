@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from seamguard.runtime.manifest import Manifest, hash_bytes
+from seamguard.runtime.manifest import Manifest, TensorEntry, hash_bytes
 from seamguard.runtime.snapshot import META, SlotStore
 
 
@@ -69,11 +69,21 @@ class HeldReplica:
 
 @dataclass
 class ReplicaStore:
-    """Replicas this worker holds for other roles: the newest two steps per role."""
+    """Replicas this worker holds for other roles: the newest two steps per role.
+
+    Besides full replicas it keeps each role's step-private bytes of every recent step
+    (meta blob: RNG, optimizer scalars, data position; and model buffers), pushed at the
+    start of each step. With replicated data-parallel parameters and optimizer state,
+    those bytes plus the holder's *own* snapshot of the same step are the role's whole
+    state at that step (a "live" replica): a spare can restore the step the survivors
+    are at, even when the last full snapshot is many steps older.
+    """
 
     slots: SlotStore
     keep: int = 2
+    keep_meta: int = 4
     held: dict[int, list[HeldReplica]] = field(default_factory=dict)
+    metas: dict[int, dict[int, dict[str, bytes]]] = field(default_factory=dict)
     pool: dict[tuple[int, str], list[np.ndarray]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -87,13 +97,53 @@ class ReplicaStore:
         bufs.append(b)
         return b
 
-    def valid_steps(self) -> dict[str, list[int]]:
-        """Per role, steps whose every by-reference tensor is still in our own slots."""
+    def valid_steps(self, live: bool = False) -> dict[str, list[int]]:
+        """Per role, steps whose every by-reference tensor is still in our own slots;
+        with ``live``, also steps for which we hold the role's meta and our own hashed
+        snapshot of that step."""
         out: dict[str, list[int]] = {}
+        own = {s.step for s in self.slots.slots if s.step >= 0 and s.manifest is not None}
         with self.lock:
             for role, reps in self.held.items():
                 out[str(role)] = [r.step for r in reps if self._refs_intact(r)]
+            if live:
+                for role, metas in self.metas.items():
+                    steps = set(out.get(str(role), [])) | (own & set(metas))
+                    out[str(role)] = sorted(steps)
         return out
+
+    def put_meta(self, role: int, step: int, private: dict[str, bytes]) -> None:
+        with self.lock:
+            m = self.metas.setdefault(role, {})
+            m[step] = private
+            for old in sorted(m)[:-self.keep_meta]:
+                del m[old]
+
+    def live_replica(self, role: int, step: int) -> tuple[Manifest, dict[str, bytes]] | None:
+        """The role's state at ``step``: our own snapshot's parameters and optimizer state
+        with the role's step-private bytes (meta, buffers) in place of ours."""
+        with self.lock:
+            private = self.metas.get(role, {}).get(step)
+        own = self.slots.find(step)
+        if private is None or own is None or own.manifest is None:
+            return None
+        assert self.slots.layout is not None
+        entries = []
+        for e in own.manifest.entries:
+            data = private.get(e.name)
+            if data is None:
+                entries.append(e)
+            elif e.name == META:
+                if len(data) > self.slots.layout.meta_capacity:
+                    return None
+                entries.append(TensorEntry(META, "uint8", [len(data)], e.offset, len(data),
+                                           hash_bytes(data)))
+            elif len(data) == e.nbytes:
+                entries.append(TensorEntry(e.name, e.dtype, e.shape, e.offset, e.nbytes,
+                                           hash_bytes(data)))
+            else:
+                return None   # layouts differ: not data-parallel replicas of one model
+        return Manifest(step, own.manifest.rank, own.manifest.world_size, entries), private
 
     def _refs_intact(self, rep: HeldReplica) -> bool:
         refs = [e for e in rep.manifest.entries if rep.data.get(e.name) is None]
@@ -108,6 +158,7 @@ class ReplicaStore:
     def clear(self) -> None:
         with self.lock:
             self.held.clear()
+            self.metas.clear()
 
 
 class ReplicaServer:
@@ -143,6 +194,8 @@ class ReplicaServer:
                 req = _recv_json(conn)
                 if req["op"] == "push":
                     self._on_push(conn, req)
+                elif req["op"] == "meta":
+                    self._on_meta(conn, req)
                 elif req["op"] == "fetch":
                     self._on_fetch(conn, req)
             except (OSError, ReplicaError, ValueError, KeyError):
@@ -184,19 +237,39 @@ class ReplicaServer:
             self.store.held[role] = reps[-self.store.keep:]
         _send_json(conn, {"ok": True})
 
+    def _on_meta(self, conn: socket.socket, req: dict) -> None:
+        private: dict[str, bytes] = {}
+        for name, nbytes, digest in req["parts"]:
+            data = _recv_exact(conn, int(nbytes)) if nbytes else b""
+            if hash_bytes(data) != digest:
+                raise ReplicaError(f"step-private {name!r} of role {req['role']} step "
+                                   f"{req['step']} arrived corrupted")
+            private[name] = data
+        self.store.put_meta(int(req["role"]), int(req["step"]), private)
+        _send_json(conn, {"ok": True})
+
     def _on_fetch(self, conn: socket.socket, req: dict) -> None:
         role, step = int(req["role"]), int(req["step"])
         slots = self.store.slots
         with self.store.lock:
             rep = next((r for r in self.store.held.get(role, []) if r.step == step), None)
-        if rep is None:
-            _send_json(conn, {"error": f"no replica of role {role} at step {step}"})
-            return
         with slots.cond:
             own = slots.find(step)
             if own is not None:
                 own.readers += 1
         try:
+            if rep is None:
+                live = self.store.live_replica(role, step) if self.dedup else None
+                if live is None:
+                    _send_json(conn, {"error": f"no replica of role {role} at step {step}"})
+                    return
+                manifest, private = live
+                _send_json(conn, {"manifest": manifest.to_json()})
+                for e in manifest.entries:
+                    data = private.get(e.name)
+                    conn.sendall(data if data is not None else
+                                 memoryview(own.array[e.offset:e.offset + e.nbytes]))
+                return
             if not self.store._refs_intact(rep):
                 _send_json(conn, {"error": f"replica of role {role} step {step} lost its "
                                   "by-reference tensors"})
@@ -231,6 +304,20 @@ def push(address: str, role: int, manifest: Manifest, payload: np.ndarray, timeo
         if not _recv_json(sock).get("ok"):
             raise ReplicaError(f"holder {address} refused replica of step {manifest.step}")
     return sent
+
+
+def push_meta(address: str, role: int, step: int, private: dict[str, bytes],
+              timeout_s: float) -> None:
+    """Send one step's private bytes of ``role`` (meta, buffers; small) to its holder."""
+    host, port = address.rsplit(":", 1)
+    parts = [(name, len(data), hash_bytes(data)) for name, data in private.items()]
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        _send_json(sock, {"op": "meta", "role": role, "step": step, "parts": parts})
+        for data in private.values():
+            if data:
+                sock.sendall(data)
+        if not _recv_json(sock).get("ok"):
+            raise ReplicaError(f"holder {address} refused step-private bytes of step {step}")
 
 
 def fetch(address: str, role: int, step: int, timeout_s: float) -> tuple[Manifest, np.ndarray]:

@@ -74,6 +74,22 @@ class TrainingState:
                     out.append((f"optim/{pid}/{k}", v.detach()))
         return out
 
+    def buffer_names(self) -> list[str]:
+        """Snapshot names of model tensors that are not parameters (e.g. BatchNorm running
+        statistics): the forward pass changes them, so they are private to a step and,
+        unlike parameters, may differ between data-parallel ranks."""
+        params = {id(p) for p in self.model.parameters()}
+        return [f"model/{k}" for k, v in self.model.state_dict(keep_vars=True).items()
+                if id(v) not in params]
+
+    def step_private(self, step: int) -> dict[str, bytes]:
+        """What changes during a step before the optimizer runs: the meta blob and the
+        model buffers, as bytes (small; taken at the start of every step)."""
+        sd = self.model.state_dict(keep_vars=True)
+        out = {name: _bytes_of(sd[name[len("model/"):]]) for name in self.buffer_names()}
+        out[META] = self.meta(step)
+        return out
+
     def meta(self, step: int) -> bytes:
         opt_scalars = {pid: {k: v for k, v in self.optimizer.state.get(p, {}).items()
                              if not isinstance(v, torch.Tensor)}
@@ -248,6 +264,23 @@ class SlotStore:
                                    hash_bytes(slot.array[lo:lo + slot.meta_len])))
         return Manifest(slot.step, rank, world_size, entries)
 
+    def overwrite(self, slot: Slot, private: dict[str, bytes]) -> None:
+        """Replace a captured slot's meta and buffer bytes (same layout) before hashing."""
+        assert self.layout is not None
+        where = {n: (off, nb) for n, _, _, off, nb in self.layout.items}
+        for name, data in private.items():
+            if name == META:
+                if len(data) > self.layout.meta_capacity:
+                    raise ValueError("meta blob larger than the slot's meta capacity")
+                lo = self.layout.meta_offset
+                slot.array[lo:lo + len(data)] = np.frombuffer(data, dtype=np.uint8)
+                slot.meta_len = len(data)
+                continue
+            off, nb = where[name]
+            if nb != len(data):
+                raise ValueError(f"buffer {name!r}: {len(data)} bytes, slot holds {nb}")
+            slot.array[off:off + nb] = np.frombuffer(data, dtype=np.uint8)
+
     def find(self, step: int) -> Slot | None:
         for s in self.slots:
             if s.step == step:
@@ -294,12 +327,20 @@ class _nullcontext:
         return None
 
 
-def state_checksum(model: torch.nn.Module) -> str:
-    """xxh3 over every model tensor's bytes in state_dict order (cross-rank agreement)."""
+def state_checksum(model: torch.nn.Module, params_only: bool = False) -> str:
+    """xxh3 over every model tensor's bytes in state_dict order; with ``params_only``,
+    over the parameters alone: what data-parallel ranks must agree on (buffers such as
+    BatchNorm statistics are per rank)."""
     import xxhash
 
     h = xxhash.xxh3_64()
-    for _, v in model.state_dict().items():
-        t = v.detach().cpu().contiguous()
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    tensors = (model.named_parameters() if params_only else model.state_dict().items())
+    for _, v in tensors:
+        h.update(_bytes_of(v))
     return h.hexdigest()
+
+
+def _bytes_of(t: torch.Tensor) -> bytes:
+    """A tensor's raw bytes (0-d tensors such as BatchNorm's step counter included)."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""

@@ -81,6 +81,9 @@ class Runtime:
         self.sampler: GlobalBatchSampler | None = None
         self._flat: torch.Tensor | None = None
         self._failed = False
+        self._live_ok = False  # the live model/optimizer hold exactly the start of self.step
+        self._private: tuple[int, dict[str, bytes]] = (-1, {})  # start-of-step meta + buffers
+        self._meta_target: tuple[int, str, int] = (-1, "", -1)  # (gen, holder address, role)
         self._gen_seen = -1
         self._phase = "start"
         self._compute_s = 0.0
@@ -94,7 +97,7 @@ class Runtime:
         self._persist_lock = threading.Lock()
         self._persister: subprocess.Popen | None = None
         self._persist_pending: dict[int, int] = {}  # slot index -> step
-        self.stats = {"snapshots": 0, "snapshot_stall_s": 0.0, "recoveries": 0,
+        self.stats = {"snapshots": 0, "snapshot_stall_s": 0.0, "recoveries": 0, "live_captures": 0,
                       "replica_bytes_sent": 0, "persisted": 0, "persist_errors": 0}
         self.events: list[dict] = []
         self.store.set(keys.worker_addr(wid), self.server.address)
@@ -155,6 +158,7 @@ class Runtime:
                 if self._final_barrier():
                     break
                 continue
+            self._send_meta()
             self._maybe_snapshot()
             self.injector.maybe_fire("step", self.rank, self.step)
             self._phase, self._t_compute = "compute", time.perf_counter()
@@ -245,6 +249,65 @@ class Runtime:
         return ok
 
     # ------------------------------------------------------------------ snapshots
+    def _live_recovery(self) -> bool:
+        """Recovery from live state needs replicated (data-parallel) model and optimizer:
+        the same condition under which replicas are deduplicated."""
+        return self.settings.dedup_replicas and self.plan is not None and self.plan.world_size > 1
+
+    def _send_meta(self) -> None:
+        """Send this step's private bytes (meta blob: RNG, optimizer scalars, data position;
+        model buffers) to the replica holder before the step's compute starts: with them, a
+        spare can take over at this very step from a survivor's live state.
+
+        Synchronous on purpose (a few KiB, one round trip): a rank lost during the step has
+        always delivered them. A frozen holder is killed by hang detection (1 s), which
+        breaks the connection; one that still does not answer within 5 s costs this step's
+        live replica only (a recovery then resumes from an older common step).
+        """
+        if not self._live_recovery():
+            return
+        self._private = (self.step, self.state.step_private(self.step))
+        try:
+            if self._meta_target[0] != self.gen:
+                plan = self.plan
+                holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node)]
+                self._meta_target = (self.gen, self.store.get(keys.worker_addr(holder)).decode(),
+                                     plan.roles[self.rank])
+            _, addr, role = self._meta_target
+            replica.push_meta(addr, role, self.step, self._private[1],
+                              min(5.0, self.settings.replica_timeout_s))
+        except (OSError, replica.ReplicaError, ValueError, RuntimeError) as exc:
+            self._note("meta_push_failed", step=self.step, error=str(exc)[:200])
+
+    def _capture_live(self) -> None:
+        """Snapshot the live state at the start of ``self.step`` before a recovery.
+
+        The step in flight was cancelled on every rank (no optimizer step ran), so the
+        live model and optimizer are the state at the start of ``self.step``; offering it
+        lets every member resume there instead of at the last periodic snapshot.
+        """
+        if not (self._live_ok and self._live_recovery()):
+            return
+        slot = self.slots.find(self.step)
+        if slot is not None and slot.manifest is not None:
+            return
+        if slot is None:   # else: captured this step, still being hashed by the pipeline
+            if self._private[0] != self.step:
+                return   # no start-of-step meta and buffers for this step
+            slot = self.slots.capture(self.state, self.step,
+                                      timeout_s=self.settings.replica_timeout_s)
+            if slot is None:
+                self._note("live_capture_skipped", step=self.step, reason="no free slot in time")
+                return
+            # the cancelled step moved the RNG and the buffers: put the start's back
+            self.slots.overwrite(slot, self._private[1])
+            self.stats["live_captures"] += 1
+        manifest = self.slots.build_manifest(slot, self.rank, self.plan.world_size)
+        with self.slots.cond:
+            if slot.step == self.step and slot.manifest is None:
+                slot.manifest = manifest
+            self.slots.cond.notify_all()
+
     def _maybe_snapshot(self) -> None:
         k = self.settings.snapshot_every_steps
         latest = self.slots.find(self.step)
@@ -466,14 +529,17 @@ class Runtime:
 
     def _recover_into(self, gen: int, plan: Plan) -> None:
         timeout = self.settings.recovery_timeout_s
+        self._capture_live()
         self.store.set(keys.have(gen, self.wid), json.dumps(
-            {"own": self.slots.steps(), "replicas": self.replicas.valid_steps()}))
+            {"own": self.slots.steps(),
+             "replicas": self.replicas.valid_steps(live=self.settings.dedup_replicas)}))
         resume = json.loads(self._wait(keys.resume(gen), gen, timeout))
         rank, role = plan.ranks.index(self.wid), plan.roles[plan.ranks.index(self.wid)]
         self.gen, self.plan, self.rank = gen, plan, rank
         step, source = int(resume["step"]), resume["source"]
         if source == "none":
             raise JobFailed(f"generation {gen}: no consistent state to recover from")
+        self._live_ok = False  # until this recovery completes, the live state is in flux
         if source == "memory":
             self._restore_memory(plan, role, step)
         elif source == "disk":
@@ -483,10 +549,11 @@ class Runtime:
             datetime.timedelta(seconds=self.settings.collective_timeout_s))
         if source == "fresh":
             self._broadcast_model()
-        checksum = state_checksum(self.state.model)
+        checksum = state_checksum(self.state.model, params_only=True)
         self._verify_checksums(checksum)
         self.step = step
         self._failed = False
+        self._live_ok = True
         self.slots.forget_after(step)
         if source != "memory":
             self.replicas.clear()
