@@ -18,14 +18,13 @@ from seamguard.act.base import Actuator
 from seamguard.act.reconcile import Change, observe_all, reconcile
 from seamguard.assess.assessment import ASSESSED_KINDS, Assessment, assess, initial_states
 from seamguard.assess.overrides import Pin, apply_pins
-from seamguard.assess.states import State
 from seamguard.assess.propagation import all_dependents
-from seamguard.assess.states import StateVector
+from seamguard.assess.states import STATE_BY_LABEL, State, StateVector
 from seamguard.decide.actions import Decisions
 from seamguard.decide.breaker import BreakerState
 from seamguard.decide.planner import DecideState, decide
 from seamguard.decide.policy import Policy
-from seamguard.fleet.model import Fleet, Kind
+from seamguard.fleet.model import KIND_BY_LABEL, Fleet, Kind
 from seamguard.ledger.sqlite import Ledger
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
@@ -97,6 +96,37 @@ class Controller:
         settled = self.ledger.settle_pending(observe_all(self.actuators))
         if settled:
             log.warning("restart: settled %d action(s) left pending by the previous controller", settled)
+        self._restore_pins()
+
+    def _restore_pins(self) -> None:
+        """Put back the pins the ledger has in force. One this fleet cannot take (the entity
+        is gone, the kind has no state machine, the state is unknown) is skipped with a
+        warning and an event; its row stays in the ledger."""
+        assert self.ledger is not None
+        for row in self.ledger.pins():
+            label, name = row["kind"], row["name"]
+            kind = KIND_BY_LABEL.get(label)
+            state = STATE_BY_LABEL.get(row["state"])
+            why = ""
+            if kind is None or kind not in ASSESSED_KINDS:
+                why = f"kind {label!r} cannot be pinned"
+            elif state is None:
+                why = f"unknown state {row['state']!r}"
+            else:
+                try:
+                    index = self.fleet.index_of(kind, name)
+                except KeyError:
+                    why = f"no {label} named {name!r} in this fleet"
+            if why:
+                log.warning("restart: pin of %s %r to %s (by %s: %s) not restored: %s; it stays in the ledger",
+                            label, name, row["state"], row["by"], row["note"], why)
+                self.ledger.record_pin_not_restored(self.tick_no, label, name, why)
+                continue
+            assert kind is not None and state is not None
+            self.pins[(kind, index)] = Pin(kind, index, name, state, row["note"], row["by"], row["created_wall_s"])
+        if self.pins:
+            log.warning("restart: %d operator pin(s) restored from the ledger: %s", len(self.pins),
+                        ", ".join(f"{p.kind.label} {p.entity}={p.state.label}" for p in self.pins.values()))
 
     def _persist(self) -> None:
         assert self.ledger is not None
@@ -118,17 +148,25 @@ class Controller:
 
     def pin(self, kind: Kind, name: str, state: State, note: str, by: str = "operator",
             since_wall_s: float = 0.0) -> Pin:
-        """Hold an assessed entity in ``state`` from the next tick until unpinned."""
+        """Hold an assessed entity in ``state`` from the next tick until unpinned.
+
+        With a ledger the pin is recorded (and restored by a controller started on it)."""
         if kind not in ASSESSED_KINDS:
             raise ValueError(f"cannot pin a {kind.label}: only {', '.join(k.label for k in ASSESSED_KINDS)} "
                              "have a state machine")
         p = Pin(kind, self.fleet.index_of(kind, name), name, State(state), note, by, since_wall_s)
+        if self.ledger is not None:
+            self.ledger.record_pin(self.tick_no, kind.label, name, p.state.label, note, by,
+                                   since_wall_s or time.time())
         self.pins[(kind, p.index)] = p
         return p
 
-    def unpin(self, kind: Kind, name: str) -> Pin | None:
+    def unpin(self, kind: Kind, name: str, by: str = "operator") -> Pin | None:
         """Release a pin; the state machine carries on from the pinned state."""
-        return self.pins.pop((kind, self.fleet.index_of(kind, name)), None)
+        p = self.pins.pop((kind, self.fleet.index_of(kind, name)), None)
+        if p is not None and self.ledger is not None:
+            self.ledger.record_unpin(self.tick_no, kind.label, name, by)
+        return p
 
     def set_fleet(self, fleet: Fleet) -> None:
         """Adopt a new placement (same entities, jobs moved)."""

@@ -156,6 +156,6 @@ def test_killed_mid_tick_resumes_without_repeating_or_losing_actions(tmp_path):
     assert len(applies) == len(set(applies)), "an action was applied twice"
     assert {"drain:" + FLEET.node_names[3], "drain:" + FLEET.node_names[9]} <= set(applies), "an action was lost"
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    statuses = {a["key"]: a["status"] for a in ledger.actions()}
+    statuses = {a["key"]: a["status"] for a in reversed(ledger.actions())}  # the latest row per key wins
     assert "pending" not in statuses.values()
     assert statuses[pending[0]["key"]] == "done"  # settled from the world's actual state

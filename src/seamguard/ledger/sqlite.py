@@ -1,16 +1,26 @@
 """The durable record: SQLite in WAL mode.
 
 Transitions with their evidence, decisions with their reasons, actions with their
-results, and the controller's own state (assessment state vectors, breaker, exposure
-episodes) so a controller killed mid-tick resumes without repeating or losing actions.
+results, operator pins (the ones in force, and every pin and unpin as an event), and the
+controller's own state (assessment state vectors, breaker, exposure episodes) so a
+controller killed mid-tick resumes without repeating or losing actions or pins.
+
+`Ledger` is the one writer (the controller's connection). `LedgerReader` opens the same
+file read-only, one connection per thread, so an API thread can query while the
+controller writes (WAL lets readers run beside the writer). Both read through the same
+queries (`_Reads`): the SQL that reads the record lives in this module only.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import sqlite3
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +45,16 @@ CREATE TABLE IF NOT EXISTS actions (
   status TEXT, detail TEXT, wall_time REAL);
 CREATE INDEX IF NOT EXISTS actions_key ON actions(key, op);
 CREATE TABLE IF NOT EXISTS snapshot (id INTEGER PRIMARY KEY CHECK (id = 1), tick INTEGER, blob BLOB);
+CREATE TABLE IF NOT EXISTS pins (
+  kind TEXT NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL, note TEXT NOT NULL, pinned_by TEXT NOT NULL,
+  created_wall REAL NOT NULL, tick INTEGER NOT NULL, PRIMARY KEY (kind, name));
+CREATE TABLE IF NOT EXISTS pin_events (
+  id INTEGER PRIMARY KEY, tick INTEGER, wall_time REAL, event TEXT, kind TEXT, name TEXT, state TEXT,
+  note TEXT, actor TEXT, detail TEXT);
+CREATE INDEX IF NOT EXISTS pin_events_entity ON pin_events(name, kind);
 """
+
+PIN_EVENTS = ("pinned", "unpinned", "not_restored")
 
 
 def _action_json(a) -> str:
@@ -44,7 +63,130 @@ def _action_json(a) -> str:
                        "benefit": a.benefit_gpu_h_per_h, "cost": a.cost_gpu_h_per_h})
 
 
-class Ledger:
+def _num(v: object) -> float | None:
+    """A finite float, or None (JSON has no NaN or infinity)."""
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _reasons(blob: str | None) -> list[dict]:
+    return [{"channel": c, "score": s, "value": _num(v), "unit": u} for c, s, v, u in json.loads(blob or "[]")]
+
+
+class _Reads:
+    """The queries over the record, shared by the writer (`Ledger`) and `LedgerReader`.
+
+    Every list is newest first and paged (``limit``/``offset``); ``upto_tick`` bounds it
+    by tick (the service passes its snapshot's tick, so a response never shows a decision
+    newer than the states it is shown with). Rows are plain dicts shaped like the API's.
+    """
+
+    def _read_db(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    def transitions(self, *, upto_tick: int | None = None, entity: str | None = None, kind: str | None = None,
+                    non_healthy_only: bool = False, limit: int = 1000, offset: int = 0) -> list[dict]:
+        q = "SELECT tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons FROM transitions WHERE 1"
+        args: list = []
+        if upto_tick is not None:
+            q += " AND tick <= ?"
+            args.append(upto_tick)
+        if entity is not None:
+            q += " AND entity = ?"
+            args.append(entity)
+        if kind is not None:
+            q += " AND kind = ?"
+            args.append(kind)
+        if non_healthy_only:
+            q += " AND (to_state != 'healthy' OR from_state != 'healthy')"
+        q += " ORDER BY id DESC LIMIT ? OFFSET ?"
+        args += [limit, offset]
+        return [{"tick": r[0], "t_s": r[1], "kind": r[2], "entity": r[3], "from_state": r[4], "to_state": r[5],
+                 "gfs": r[6], "prs": r[7], "fae": r[8], "reasons": _reasons(r[9])}
+                for r in self._read_db().execute(q, args)]
+
+    def decisions(self, *, upto_tick: int | None = None, entity: str | None = None, event: str | None = None,
+                  limit: int = 1000, offset: int = 0) -> list[dict]:
+        """``entity`` matches the decision's target or its cause."""
+        q = ("SELECT tick, t_s, key, event, verb, target, reason, cause, evidence, benefit, cost, criticality "
+             "FROM decisions WHERE 1")
+        args: list = []
+        if upto_tick is not None:
+            q += " AND tick <= ?"
+            args.append(upto_tick)
+        if entity is not None:
+            q += " AND (target = ? OR cause = ?)"
+            args += [entity, entity]
+        if event is not None:
+            q += " AND event = ?"
+            args.append(event)
+        q += " ORDER BY id DESC LIMIT ? OFFSET ?"
+        args += [limit, offset]
+        return [{"tick": r[0], "t_s": r[1], "key": r[2], "event": r[3], "verb": r[4], "target": r[5],
+                 "reason": r[6] or "", "cause": r[7] or "", "evidence": _reasons(r[8]),
+                 "benefit_gpu_h_per_h": r[9], "cost_gpu_h_per_h": r[10], "criticality": r[11]}
+                for r in self._read_db().execute(q, args)]
+
+    def actions(self, *, upto_tick: int | None = None, entity: str | None = None, status: str | None = None,
+                limit: int = 1000, offset: int = 0) -> list[dict]:
+        """Actions joined with the target, reason and cause of the decision that asked for them;
+        ``entity`` matches that target or cause."""
+        q = ("SELECT a.tick, a.t_s, a.op, a.key, a.verb, a.actuator, a.status, a.detail, d.target, d.reason, d.cause "
+             "FROM actions a LEFT JOIN (SELECT key, target, reason, cause, MAX(id) FROM decisions "
+             "WHERE event = 'decided' GROUP BY key) d ON d.key = a.key WHERE 1")
+        args: list = []
+        if upto_tick is not None:
+            q += " AND a.tick <= ?"
+            args.append(upto_tick)
+        if entity is not None:
+            q += " AND (d.target = ? OR d.cause = ?)"
+            args += [entity, entity]
+        if status is not None:
+            q += " AND a.status = ?"
+            args.append(status)
+        q += " ORDER BY a.id DESC LIMIT ? OFFSET ?"
+        args += [limit, offset]
+        return [{"tick": r[0], "t_s": r[1], "op": r[2], "key": r[3], "verb": r[4], "actuator": r[5],
+                 "status": r[6], "detail": r[7] or "",
+                 "target": r[8] or r[3].split(":", 1)[-1].split("@")[0],
+                 "reason": r[9] or "", "cause": r[10] or ""}
+                for r in self._read_db().execute(q, args)]
+
+    def pins(self) -> list[dict]:
+        """The pins in force (as last recorded), oldest first."""
+        return [{"kind": r[0], "name": r[1], "state": r[2], "note": r[3], "by": r[4], "created_wall_s": r[5],
+                 "tick": r[6]}
+                for r in self._read_db().execute(
+                    "SELECT kind, name, state, note, pinned_by, created_wall, tick FROM pins "
+                    "ORDER BY created_wall, kind, name")]
+
+    def pin_events(self, *, upto_tick: int | None = None, kind: str | None = None, entity: str | None = None,
+                   limit: int = 1000, offset: int = 0) -> list[dict]:
+        """Every pin, unpin and pin not restored at a start (``event``), newest first."""
+        q = "SELECT tick, wall_time, event, kind, name, state, note, actor, detail FROM pin_events WHERE 1"
+        args: list = []
+        if upto_tick is not None:
+            q += " AND tick <= ?"
+            args.append(upto_tick)
+        if kind is not None:
+            q += " AND kind = ?"
+            args.append(kind)
+        if entity is not None:
+            q += " AND name = ?"
+            args.append(entity)
+        q += " ORDER BY id DESC LIMIT ? OFFSET ?"
+        args += [limit, offset]
+        return [{"tick": r[0], "wall_s": r[1], "event": r[2], "kind": r[3], "entity": r[4], "state": r[5],
+                 "note": r[6] or "", "by": r[7] or "", "detail": r[8] or ""}
+                for r in self._read_db().execute(q, args)]
+
+
+class Ledger(_Reads):
+    """The writer: the controller's connection. Reads (`_Reads`) go through the same connection."""
+
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         if self.path != ":memory:":
@@ -56,6 +198,19 @@ class Ledger:
 
     def close(self) -> None:
         self.db.close()
+
+    def _read_db(self) -> sqlite3.Connection:
+        return self.db
+
+    @contextmanager
+    def _txn(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     # ---- meta / controller state ------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
@@ -150,26 +305,66 @@ class Ledger:
                              "controller stopped before the actuator call completed", rid))
         return len(rows)
 
-    # ---- queries ------------------------------------------------------------------------
-    def transitions(self, entity: str | None = None, limit: int = 1000) -> list[dict]:
-        q = "SELECT tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons FROM transitions"
-        args: tuple = ()
-        if entity is not None:
-            q += " WHERE entity=?"
-            args = (entity,)
-        q += " ORDER BY id DESC LIMIT ?"
-        cols = ("tick", "t_s", "kind", "entity", "from", "to", "gfs", "prs", "fae", "reasons")
-        return [dict(zip(cols, r[:-1] + (json.loads(r[-1]),)))
-                for r in self.db.execute(q, args + (limit,))][::-1]
+    # ---- operator pins ---------------------------------------------------------------
+    def record_pin(self, tick: int, kind: str, name: str, state: str, note: str, by: str,
+                   created_wall_s: float) -> None:
+        """A pin set (or replaced): the row in force, and a ``pinned`` event."""
+        with self._txn():
+            self.db.execute(
+                "INSERT INTO pins(kind, name, state, note, pinned_by, created_wall, tick) VALUES(?,?,?,?,?,?,?) "
+                "ON CONFLICT(kind, name) DO UPDATE SET state=excluded.state, note=excluded.note, "
+                "pinned_by=excluded.pinned_by, created_wall=excluded.created_wall, tick=excluded.tick",
+                (kind, name, state, note, by, created_wall_s, tick))
+            self._pin_event(tick, "pinned", kind, name, state, note, by, "")
 
-    def actions(self, limit: int = 1000) -> list[dict]:
-        cols = ("tick", "t_s", "op", "key", "verb", "actuator", "status", "detail")
-        return [dict(zip(cols, r)) for r in self.db.execute(
-            "SELECT tick, t_s, op, key, verb, actuator, status, detail FROM actions ORDER BY id DESC LIMIT ?",
-            (limit,))][::-1]
+    def record_unpin(self, tick: int, kind: str, name: str, by: str) -> None:
+        """A pin released: its row goes, an ``unpinned`` event (with what was released) stays."""
+        with self._txn():
+            row = self.db.execute("SELECT state, note FROM pins WHERE kind=? AND name=?", (kind, name)).fetchone()
+            self.db.execute("DELETE FROM pins WHERE kind=? AND name=?", (kind, name))
+            self._pin_event(tick, "unpinned", kind, name, row[0] if row else "", row[1] if row else "", by, "")
 
-    def decisions(self, limit: int = 1000) -> list[dict]:
-        cols = ("tick", "t_s", "key", "event", "verb", "target", "reason", "cause", "benefit", "cost")
-        return [dict(zip(cols, r)) for r in self.db.execute(
-            "SELECT tick, t_s, key, event, verb, target, reason, cause, benefit, cost FROM decisions "
-            "ORDER BY id DESC LIMIT ?", (limit,))][::-1]
+    def record_pin_not_restored(self, tick: int, kind: str, name: str, detail: str) -> None:
+        """A recorded pin a starting controller could not apply; its row is kept."""
+        row = self.db.execute("SELECT state, note, pinned_by FROM pins WHERE kind=? AND name=?",
+                              (kind, name)).fetchone()
+        self._pin_event(tick, "not_restored", kind, name, *(row if row else ("", "", "")), detail)
+
+    def _pin_event(self, tick: int, event: str, kind: str, name: str, state: str, note: str, by: str,
+                   detail: str) -> None:
+        assert event in PIN_EVENTS
+        self.db.execute("INSERT INTO pin_events(tick, wall_time, event, kind, name, state, note, actor, detail) "
+                        "VALUES(?,?,?,?,?,?,?,?,?)", (tick, time.time(), event, kind, name, state, note, by, detail))
+
+
+class LedgerReader(_Reads):
+    """The record, read-only, from any thread: one read-only connection per thread.
+
+    WAL lets these connections read beside the controller's writes; a query sees the
+    record as of its start. The ledger file must exist (the writer creates it).
+    """
+
+    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
+        self.path = str(path)
+        self.timeout_s = timeout_s
+        self._uri = Path(self.path).absolute().as_uri() + "?mode=ro"
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def _read_db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self._uri, uri=True, timeout=self.timeout_s, check_same_thread=False)
+            self._local.db = db
+            with self._lock:
+                self._all.append(db)
+        return db
+
+    def close(self) -> None:
+        """Close every thread's connection (a thread that reads again gets a new one)."""
+        with self._lock:
+            dbs, self._all = self._all, []
+        self._local = threading.local()
+        for db in dbs:
+            db.close()

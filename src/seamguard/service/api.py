@@ -20,9 +20,9 @@ from fastapi.staticfiles import StaticFiles
 
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import KIND_BY_LABEL, Kind
+from seamguard.ledger.sqlite import LedgerReader
 from seamguard.service import models as m
 from seamguard.service import render
-from seamguard.service.ledger_reader import LedgerReader
 from seamguard.service.metrics import make_registry
 from seamguard.service.metrics import render as render_metrics
 from seamguard.service.runner import ServiceRunner, ServiceUnavailable
@@ -155,7 +155,7 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
     def transitions(entity: Annotated[str | None, Query(max_length=256)] = None,
                     kind: m.KindName | None = None,  # type: ignore[valid-type]
                     limit: Limit = 100, offset: Offset = 0) -> list[m.TransitionOut]:
-        rows = reader.transitions(runner.snapshot().tick, entity=entity, kind=kind.value if kind else None,
+        rows = reader.transitions(upto_tick=runner.snapshot().tick, entity=entity, kind=kind.value if kind else None,
                                   limit=limit, offset=offset)
         return [m.TransitionOut(**r) for r in rows]
 
@@ -163,14 +163,16 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
     def decisions(entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
                   event: Annotated[str | None, Query(pattern="^(decided|withdrawn|held_by_breaker)$")] = None,
                   limit: Limit = 100, offset: Offset = 0) -> list[m.DecisionOut]:
-        rows = reader.decisions(runner.snapshot().tick, entity=entity, event=event, limit=limit, offset=offset)
+        rows = reader.decisions(upto_tick=runner.snapshot().tick, entity=entity, event=event, limit=limit,
+                                offset=offset)
         return [m.DecisionOut(**r) for r in rows]
 
     @app.get(f"{API}/actions", response_model=list[m.ActionOut], tags=["record"])
     def actions(entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
                 status: Annotated[str | None, Query(pattern="^(pending|done|failed|dry_run|interrupted)$")] = None,
                 limit: Limit = 100, offset: Offset = 0) -> list[m.ActionOut]:
-        rows = reader.actions(runner.snapshot().tick, entity=entity, status=status, limit=limit, offset=offset)
+        rows = reader.actions(upto_tick=runner.snapshot().tick, entity=entity, status=status, limit=limit,
+                              offset=offset)
         return [m.ActionOut(**r) for r in rows]
 
     @app.get(f"{API}/timeline", response_model=list[m.TimelineEvent], tags=["record"])
@@ -214,9 +216,9 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
     @app.delete(API + "/pins/{kind}/{name:path}", response_model=m.PinOut, tags=["controls"],
                 responses={**_E401, **_E404, **_E503})
     def unpin(kind: m.PinnableKind, name: EntityName,  # type: ignore[valid-type]
-              _who: str = Depends(require_token)) -> m.PinOut:
+              who: str = Depends(require_token)) -> m.PinOut:
         try:
-            p = runner.unpin(KIND_BY_LABEL[kind.value], name)
+            p = runner.unpin(KIND_BY_LABEL[kind.value], name, by=who)
         except KeyError as e:
             raise _not_found(e) from None
         if p is None:

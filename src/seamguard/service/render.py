@@ -205,17 +205,17 @@ def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limi
     i = s.fleet.index_of(kind, name)  # KeyError -> 404
     row = entity_row(s, kind, i)
     ev = reasons_out(s.reasons(kind, i))
-    hist = reader.transitions(s.tick, entity=name, limit=history_limit)
+    hist = reader.transitions(upto_tick=s.tick, entity=name, limit=history_limit)
     entered = hist[0] if hist and hist[0]["to_state"] == row.state else None
     pin = next((p for p in s.pins if p.kind == kind and p.index == i), None)
     targets = [name]
     node = parents(s, kind, i).get("node")
-    decisions = reader.decisions(s.tick, entity=name, limit=50)
-    actions = reader.actions(s.tick, entity=name, limit=50)
+    decisions = reader.decisions(upto_tick=s.tick, entity=name, limit=50)
+    actions = reader.actions(upto_tick=s.tick, entity=name, limit=50)
     if node is not None and not decisions:
         # A GPU's or NIC's actions usually target its node.
-        decisions = reader.decisions(s.tick, entity=node, limit=50)
-        actions = reader.actions(s.tick, entity=node, limit=50)
+        decisions = reader.decisions(upto_tick=s.tick, entity=node, limit=50)
+        actions = reader.actions(upto_tick=s.tick, entity=node, limit=50)
         targets.append(node)
     return m.EntityDetail(
         entity=row, parents=parents(s, kind, i), children=children(s, kind, i), evidence=ev,
@@ -316,8 +316,8 @@ def throughput(s: Snapshot) -> m.Throughput:
 
 
 def timeline(s: Snapshot, reader, limit: int) -> list[m.TimelineEvent]:
-    trs = reader.transitions(s.tick, non_healthy_only=True, limit=limit)
-    acts = reader.actions(s.tick, limit=limit)
+    trs = reader.transitions(upto_tick=s.tick, non_healthy_only=True, limit=limit)
+    acts = reader.actions(upto_tick=s.tick, limit=limit)
     ev = [m.TimelineEvent(t_s=t["t_s"], tick=t["tick"], type="transition", entity=t["entity"], kind=t["kind"],
                           text=f"{t['from_state']} → {t['to_state']}" +
                                (f": {t['reasons'][0]['channel']}" if t["reasons"] else ""),

@@ -251,9 +251,9 @@ class ServiceRunner:
             return p
         return self.submit(go)
 
-    def unpin(self, kind: Kind, name: str) -> Pin | None:
+    def unpin(self, kind: Kind, name: str, by: str = "operator") -> Pin | None:
         def go() -> Pin | None:
-            p = self.controller.unpin(kind, name)
+            p = self.controller.unpin(kind, name, by=by)
             self._republish()
             return p
         return self.submit(go)
