@@ -103,8 +103,9 @@ class TierCosts:
     incremental_restore_penalty: float = 1.5
     """Restore of an incremental chain relative to a full restore (base + deltas)."""
     backstop_async: bool = False
-    """TIERED: the storage backstop is drained in the background from the host-memory
-    snapshot, so it costs no training stall (its write time still bounds its interval)."""
+    """TIERED: the storage backstop is drained in the background from a host-memory
+    snapshot, so it stalls training only for that snapshot; its write time bounds how
+    often it can be taken, and a failure during the write loses the previous one too."""
 
     def __post_init__(self) -> None:
         for name in ("full_write_s", "full_restore_s", "in_memory_stall_s",
@@ -342,13 +343,16 @@ def _evaluate(mode: Mode, hazard: float, fractions: Mapping[Scope, float],
         options = []
         for b_mode in (Mode.INCREMENTAL, Mode.FULL):
             b_write, b_restore = costs.stall_s(b_mode), costs.restore_s(b_mode)
+            # Async: training pays the snapshot the drain reads; a failure while the
+            # write is in flight rolls back one backstop further (+ b_write on average).
+            b_stall = costs.in_memory_stall_s if costs.backstop_async else b_write
+            b_lag = b_write if costs.backstop_async else 0.0
             b_int = inp.max_backstop_interval_s
             if uncovered > 0:
-                # The write time is the resource the backstop spends, stall or not.
-                b_int = min(daly_interval_s(max(b_write, 1e-9), 1.0 / uncovered), b_int)
-            b_int = max(b_int, b_write)
-            b_stall = 0.0 if costs.backstop_async else b_write
-            options.append((expected_waste_fraction(b_stall, b_int, uncovered, b_restore), b_int))
+                b_int = min(daly_interval_s(max(b_stall, 1e-9), 1.0 / uncovered), b_int)
+            b_int = max(b_int, b_write)   # one write at a time
+            options.append((expected_waste_fraction(b_stall, b_int, uncovered,
+                                                    b_restore + b_lag), b_int))
         b_waste, backstop = min(options)
         waste += b_waste
         storage = safe_path

@@ -204,9 +204,10 @@ class PolicyParams:
         return (self.runtime.live_resume_s * self._rank_scale(self.replica_group_gpus)
                 + self.in_memory_restore_s)
 
-    def relaunch_recovery_s(self, job_gpus: int) -> float:
-        """Job-wide crash: measured relaunch scaled to the job's ranks + memory restore."""
-        return self.runtime.relaunch_s * self._rank_scale(job_gpus) + self.in_memory_restore_s
+    def relaunch_from_storage_s(self, job_gpus: int) -> float:
+        """Job-wide crash or corruption: measured relaunch scaled to the job's ranks, then
+        every rank reads the storage backstop (as long as a full write)."""
+        return self.runtime.relaunch_s * self._rank_scale(job_gpus) + self.full_write_s
 
     @property
     def restart_s(self) -> float:

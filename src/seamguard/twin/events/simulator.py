@@ -116,13 +116,15 @@ def tier_costs(pp: PolicyParams) -> TierCosts:
                      backstop_async=True)
 
 
-def rollback_scope_hazards(cfg: ClusterConfig) -> dict[Scope, float]:
+def rollback_scope_hazards(cfg: ClusterConfig, live_recovery: bool = False,
+                           job_wide_crash_fraction: float = 1.0) -> dict[Scope, float]:
     """Per-node hazard (1/s) of failures that roll a training job back, by scope.
 
-    Every hard failure rolls a training job back to its newest usable checkpoint tier;
-    live recovery (seamguard runtime) changes what the rollback costs (no restart, a spare
-    restores from a peer's snapshot), not the fact that work since the last snapshot is
-    redone. Which tier survives which scope is the planner's business.
+    Under live recovery (the seamguard runtime) node and domain losses and the crash of a
+    single rank redo only the step in flight: survivors keep their live state and a spare
+    takes the lost rank's over (docs/runtime.md). What still rolls back is a crash of
+    every rank at once, whose host-memory snapshots die with the processes, and silent
+    corruption: both go back to storage (scope ``persisted``).
     """
     fm = cfg.failures
     out: dict[Scope, float] = defaultdict(float)
@@ -130,6 +132,10 @@ def rollback_scope_hazards(cfg: ClusterConfig) -> dict[Scope, float]:
         out[c.scope] += c.rate_per_node_day() / 86_400.0
     trip = fm.cooling_event_per_loop_day * fm.cooling_trip_probability / cfg.nodes_per_loop
     out[Scope.DOMAIN] += trip / 86_400.0
+    if live_recovery:
+        persisted = out.get(Scope.PERSISTED, 0.0) + \
+            job_wide_crash_fraction * out.get(Scope.PROCESS, 0.0)
+        return {Scope.PERSISTED: persisted} if persisted > 0 else {}
     return dict(out)
 
 
@@ -317,7 +323,7 @@ class _Run:
         self.cool_evacuated: dict[int, set[int]] = {}
         fm = cfg.failures
         self.node_hazard_per_h = fm.rf_per_node_day() / 24.0
-        self.scope_hz = rollback_scope_hazards(cfg)
+        self.scope_hz = rollback_scope_hazards(cfg, self.sg, pp.job_wide_crash_fraction)
         self.costs = tier_costs(pp)
         for job in self.jobs:
             self._plan(job, 0.0)
@@ -332,13 +338,21 @@ class _Run:
             job.delta = self.pp.full_write_s
             job.mode = Mode.FULL.value
             return
-        plan = self._planner(job)
         job.advance(t)
-        job.tau, job.delta = plan.interval_s, plan.stall_s
-        job.mode = plan.mode.value
-        job.backstop_s = plan.backstop_interval_s or math.inf
+        self._apply(job, self._planner(job))
         if self.pp.runtime_overhead == "measured_wall":
             job.base_speed = 1.0 / self.pp.runtime.wall_ratio
+
+    def _apply(self, job: _Job, plan) -> None:
+        """Adopt a plan. Under live recovery the memory tier usually covers nothing that
+        rolls back (interval infinite); the job then cycles on the storage backstop, each
+        backstop paying the host-memory snapshot its persister drains."""
+        job.mode = plan.mode.value
+        job.backstop_s = plan.backstop_interval_s or math.inf
+        if math.isfinite(plan.interval_s) or not math.isfinite(job.backstop_s):
+            job.tau, job.delta = plan.interval_s, plan.stall_s
+        else:
+            job.tau, job.delta = job.backstop_s, self.costs.in_memory_stall_s
 
     def _planner(self, job: _Job, precursor_hazard_per_s: float = 0.0):
         total = sum(self.scope_hz.values())
@@ -396,16 +410,15 @@ class _Run:
                 self.spares -= job.need_nodes
                 job.advance(t)
                 job.need_nodes = 0
-                rec = self._recovery_s(job, live=self.sg)
+                rec = self._recovery_s()
                 job.block_until = t + rec
             else:
                 still.append(j)
         self.waiting = still
 
-    def _recovery_s(self, job: _Job, live: bool) -> float:
-        if not self.sg:
-            return self.pp.restart_s
-        return self.pp.live_recovery_s if live else self.pp.relaunch_recovery_s(job.gpus)
+    def _recovery_s(self) -> float:
+        """Getting a job (or replica) going again once its nodes are there."""
+        return self.pp.live_recovery_s if self.sg else self.pp.restart_s
 
     def _schedule_repair(self, t: float, n: int, mean_h: float) -> None:
         for _ in range(n):
@@ -424,7 +437,7 @@ class _Run:
         if not job.training:
             # An inference replica fails alone; the rest keep serving. Without a spare
             # it waits for its own node's repair (which then does not join the pool).
-            rec = self._recovery_s(job, live=True)
+            rec = self._recovery_s()
             if not needs_nodes:
                 dur = rec
             elif self.spares >= n_nodes:
@@ -449,26 +462,36 @@ class _Run:
         detect = 0.0
         if cause in HANG_CAUSES:
             detect = self.pp.hang_detect_s if self.sg else self.pp.baseline_hang_detect_s
-        # Under the seamguard runtime a node loss, and a crash of one rank's process, are
-        # absorbed live: survivors are not restarted and a spare (a fresh process on the
-        # same healthy node for a crash) restores from a peer's snapshot. Only a crash of
-        # every rank at once needs a relaunch.
-        live = self.sg and (needs_nodes or (scope is Scope.PROCESS and self.rng.random()
-                                            >= self.pp.job_wide_crash_fraction))
-        job.rollback_to_checkpoint(cause)
-        if scope is Scope.PERSISTED and self.sg and math.isfinite(job.backstop_s):
-            # Corrupted state: memory tiers are suspect, roll back to the backstop.
-            extra = min(job.committed, float(self.rng.uniform(0, job.backstop_s))
-                        * job.base_speed)
-            job.committed -= extra
-            job.lost[cause] += extra
-            job.rollback += extra
-        rec = detect + self._recovery_s(job, live=live)
+        if not self.sg:
+            job.rollback_to_checkpoint(cause)
+            rec, reset = detect + self.pp.restart_s, True
+        elif needs_nodes or (scope is Scope.PROCESS and self.rng.random()
+                             >= self.pp.job_wide_crash_fraction):
+            # Live recovery (a node, a domain, or one rank's process lost): survivors keep
+            # their live state, a spare takes the lost rank's over from its holder; only
+            # the step in flight is redone (measured steps_lost).
+            lr = min(job.uncommitted, self.pp.runtime.steps_lost * self.pp.step_time_s)
+            job.uncommitted -= lr
+            job.lost[cause] += lr
+            job.rollback += lr
+            rec, reset = detect + self.pp.live_recovery_s, False
+        else:
+            # Every rank crashed at once, or the state is corrupt: host memory is gone or
+            # suspect; back to the storage backstop. A failure while the newest backstop
+            # is still being written loses the one before as well.
+            lag = job.pos < self.pp.full_write_s and job.committed > 0
+            job.rollback_to_checkpoint(cause)
+            if lag:
+                extra = min(job.committed, job.tau * job.base_speed)
+                job.committed -= extra
+                job.lost[cause] += extra
+                job.rollback += extra
+            rec, reset = detect + self.pp.relaunch_from_storage_s(job.gpus), True
         job.direct_gpu_s += n_nodes * gpn * rec
         if needs_nodes:
-            self._take_spares(job_idx, n_nodes, t, cause, rec, True)
+            self._take_spares(job_idx, n_nodes, t, cause, rec, reset)
         else:
-            job.block(t, t + rec, cause, True)
+            job.block(t, t + rec, cause, reset)
 
     def _episode(self, job: _Job, t: float, dur: float, impact: float, cause: str) -> int:
         job.advance(t)
@@ -510,7 +533,7 @@ class _Run:
         self.planned_hits += 1
         cause = "planned_maintenance"
         if not job.training:
-            dur = self._recovery_s(job, live=True)
+            dur = self._recovery_s()
             share = impact_fraction(JobClass.LATENCY_INFERENCE, job.gpus,
                                     self.cfg.gpus_per_node, 1.0)
             if self.spares:
@@ -677,7 +700,7 @@ class _Run:
                 job.advance(t)
                 plan = self._planner(job, fm.cooling_trip_probability
                                      / max(end_t - t, 1.0))
-                job.tau, job.delta = plan.interval_s, plan.stall_s
+                self._apply(job, plan)
                 if plan.checkpoint_now and job.block_until <= t:
                     job.commit_now()
                     job.block(t, t + plan.stall_s, CKPT, True)
@@ -697,8 +720,7 @@ class _Run:
         if job.end_episode(eid) and job.mults and not job.episodes:
             job.mults.clear()
             if self.sg and job.training:
-                plan = self._planner(job)
-                job.tau, job.delta = plan.interval_s, plan.stall_s
+                self._apply(job, self._planner(job))
 
     # ------------------------------------------------------------- loop
     def run(self) -> int:

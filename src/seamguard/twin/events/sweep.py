@@ -8,6 +8,7 @@ report module only draws.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Sequence
 
@@ -39,12 +40,15 @@ def interval_vs_hazard(cfg: ClusterConfig, pp: PolicyParams, job_nodes: int,
 
     The footprint's multiplier is applied uniformly.
     """
-    hz = rollback_scope_hazards(cfg) or {Scope.PROCESS: 1e-9}
+    hz = rollback_scope_hazards(cfg, pp.name == "seamguard", pp.job_wide_crash_fraction) \
+        or {Scope.PROCESS: 1e-9}
     total = sum(hz.values())
     out = []
     for m in multipliers:
         plan = plan_checkpoint(PlannerInput(
             entity_hazard_per_s=total, hazard_multipliers=np.full(job_nodes, float(m)),
             costs=tier_costs(pp), scope_fractions=hz))
-        out.append((plan.hazard_per_s * 3600.0, plan.interval_s / 60.0, plan.mode.value))
+        # the interval the job runs on: the storage backstop when memory covers nothing
+        ivl = plan.interval_s if math.isfinite(plan.interval_s) else plan.backstop_interval_s
+        out.append((plan.hazard_per_s * 3600.0, ivl / 60.0, plan.mode.value))
     return out
