@@ -41,6 +41,7 @@ class Config:
     steps: int
     fail_steps: tuple[int, ...]
     ckpt_every: int
+    snapshot_every: int = 10
     dim: int = 1024
     hidden: int = 2048
     layers: int = 4
@@ -124,7 +125,7 @@ def run_plain(cfg: Config, work: Path) -> dict:
 def run_seamguard(cfg: Config, work: Path, faults: bool, name: str) -> dict:
     out, chaos_dir = work / name, work / f"{name}_chaos"
     cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", str(WORLD_SIZE), "--spares", "1",
-           "--snapshot-every", "1", "--events-file", str(out / "events.jsonl"),
+           "--snapshot-every", str(cfg.snapshot_every), "--events-file", str(out / "events.jsonl"),
            "--chaos-dir", str(chaos_dir)]
     if faults:
         cmd += ["--chaos", cfg.chaos()]
@@ -275,8 +276,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-torchft", action="store_true")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "failover_training.json")
+    ap.add_argument("--snapshot-every", type=int, default=10,
+                    help="seamguard's full-snapshot cadence in steps (a loss redoes only the "
+                         "step in flight whatever it is; it bounds the rollback when a live "
+                         "replica is missing)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results file (default benchmarks/results/failover_training.json, "
+                         "failover_training_quick.json with --quick)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = REPO / "benchmarks" / "results" / (
+            "failover_training_quick.json" if args.quick else "failover_training.json")
     work = Path(tempfile.mkdtemp(prefix="sg-failover-"))
     try:
         micro = state_micro(Config(1, (), 1), work, repeats=3 if args.quick else 5)
@@ -291,11 +301,12 @@ def main() -> None:
         t_plain_probe = run_plain(probe, work)
         step_s = t_plain_probe["window_s"] / (probe.steps - 1)
         if args.quick:
-            cfg = Config(steps=30, fail_steps=(10, 20), ckpt_every=8, **small)
+            cfg = Config(steps=30, fail_steps=(10, 20), ckpt_every=8,
+                         snapshot_every=args.snapshot_every, **small)
         else:
             every = max(5, round(30.0 / step_s))  # one failure per ~30 s of training
             cfg = Config(steps=3 * every, fail_steps=(every, 2 * every),
-                         ckpt_every=max(5, every // 3))
+                         ckpt_every=max(5, every // 3), snapshot_every=args.snapshot_every)
         print(f"step ~{step_s:.3f}s; {cfg.steps} steps, kills at {list(cfg.fail_steps)}, "
               f"torchrun checkpoints every {cfg.ckpt_every} steps", flush=True)
         shutil.rmtree(work / "plain")
@@ -339,7 +350,8 @@ def main() -> None:
             "snapshot_stall_ratio": round(micro["snapshot_s"] / micro["save_fsync_s"], 4),
             "restore_speedup": round(micro["torch_load_s"] / micro["restore_ram_s"], 2),
             "mode": "quick" if args.quick else "full",
-            "config": {"world_size": WORLD_SIZE, "steps": cfg.steps, "fail_steps": list(cfg.fail_steps),
+            "config": {"world_size": WORLD_SIZE, "snapshot_every": cfg.snapshot_every,
+                       "steps": cfg.steps, "fail_steps": list(cfg.fail_steps),
                        "torchrun_ckpt_every": cfg.ckpt_every, "step_s": round(step_s, 3),
                        "hidden": cfg.hidden, "layers": cfg.layers,
                        "micro_params": micro["params"], "micro_state_bytes": micro["state_bytes"]},

@@ -7,6 +7,8 @@ would fail the recovery), and corrupted checkpoints are skipped for the previous
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -45,6 +47,21 @@ def test_live_state_recovery_redoes_only_the_step_in_flight(tmp_path, bn):
     assert r.checksum == clean.checksum
     resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
     assert len(resumed) == 1 and resumed[0]["step"] == 17, resumed
+
+
+def test_every_rank_crashing_restarts_from_host_memory(tmp_path, clean_checksums):
+    # Both ranks die at step 12 (a crash every rank hits). Their snapshots outlive them in
+    # /dev/shm: the spares replacing them adopt those (hash-verified) and the job goes on
+    # from the newest full snapshot both left, with no checkpoint directory at all.
+    r = launch(tmp_path, "allcrash", spares=2, steps=20,
+               chaos="kill:rank=0,step=12; kill:rank=1,step=12",
+               extra=("--snapshot-every", "5", "--run-id", "allcrash"))
+    assert r.code == 0, r.stderr
+    assert r.checksum == clean_checksums(20)
+    chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
+    assert chosen[-1]["source"] == "memory" and chosen[-1]["step"] == 10, chosen
+    assert any(h.get("orphans") for h in chosen[-1]["holdings"].values())
+    assert not list(Path("/dev/shm").glob("seamguard-allcrash-*")), "slots left behind"
 
 
 def test_sigstop_and_kill_in_snapshot_and_replication(tmp_path, clean_checksums):
@@ -98,11 +115,12 @@ def test_corrupt_checkpoint_falls_back_to_previous_good(tmp_path, clean_checksum
 
 
 def test_missing_replica_falls_back_to_disk(tmp_path, clean_checksums):
-    # two ranks lost in the same step: rank 1's replica lived on rank 0, so memory
-    # recovery is impossible and the runtime must use the last verified checkpoint
+    # both ranks lost in the same step together with their host memory (as when their
+    # nodes die): no replica and no snapshot survives, so the runtime must use the last
+    # verified checkpoint
     flags = ("--checkpoint-dir", str(tmp_path / "ckpt"), "--persist-every", "5")
     r = launch(tmp_path, "both", spares=2, steps=16, extra=flags,
-               chaos="kill:rank=0,step=13,phase=step; kill:rank=1,step=13,phase=step",
+               chaos="nodeloss:rank=0,step=13,phase=step; nodeloss:rank=1,step=13,phase=step",
                script_args=("--step-sleep-s", "0.05"))
     assert r.code == 0, r.stderr
     sources = [e["source"] for e in r.kinds("resume_chosen") if e["gen"] > 0]

@@ -76,11 +76,11 @@ def test_injected_software_bug_seamguard(quiet_model, job_wide):
     r = simulate_streams(_cfg(quiet_model), pp, inject_failure(empty_streams(), 5000.0, i, 0))
     lost = _lost_s(r, "software_bug")
     if job_wide:
-        # every rank crashed: host memory died with the processes; relaunch and read the
-        # storage backstop, redoing the work since it (bounded by its interval + one write)
-        relaunch = pp.relaunch_from_storage_s(1000)
-        assert relaunch == pytest.approx(3.46 * math.log2(1000) + 300.0)
-        assert relaunch <= lost <= relaunch + 5000.0
+        # every rank crashed: relaunch, restore the snapshots left in host memory, redo the
+        # work since the newest one
+        relaunch = pp.relaunch_from_memory_s(1000)
+        assert relaunch == pytest.approx(3.46 * math.log2(1000) + 28.0 * 0.051)
+        assert relaunch <= lost <= relaunch + r.checkpoint_interval_min * 60 + 1e-6
     else:
         # one rank's crash is replaced live like a lost node, with no spare node needed
         assert lost == pytest.approx(5.0 + pp.live_recovery_s)

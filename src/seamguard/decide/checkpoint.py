@@ -348,7 +348,12 @@ def _evaluate(mode: Mode, hazard: float, fractions: Mapping[Scope, float],
             b_stall = costs.in_memory_stall_s if costs.backstop_async else b_write
             b_lag = b_write if costs.backstop_async else 0.0
             b_int = inp.max_backstop_interval_s
-            if uncovered > 0:
+            if costs.backstop_async and math.isfinite(interval):
+                # the frequent snapshots are taken anyway: drain every one the storage can
+                # absorb (one write at a time), at no extra stall
+                b_stall = 0.0
+                b_int = min(b_int, interval * math.ceil(b_write / max(interval, 1e-9)))
+            elif uncovered > 0:
                 b_int = min(daly_interval_s(max(b_stall, 1e-9), 1.0 / uncovered), b_int)
             b_int = max(b_int, b_write)   # one write at a time
             options.append((expected_waste_fraction(b_stall, b_int, uncovered,

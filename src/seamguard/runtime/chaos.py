@@ -7,7 +7,8 @@ string (usually the SEAMGUARD_CHAOS environment variable, set through
     kill:rank=1,step=40,phase=step; stop:rank=2,step=90; kill:rank=0,step=120,phase=persist
 
 actions: `kill` (SIGKILL), `stop` (SIGSTOP: alive but frozen, the coordinator must notice
-and evacuate it). phases: `step` (before the step's compute), `snapshot` (half-way
+and evacuate it), `nodeloss` (SIGKILL after deleting the process's host-memory snapshots,
+as losing its whole node would; in phases other than `step` it acts like `kill`). phases: `step` (before the step's compute), `snapshot` (half-way
 through copying state into the host buffers), `replicate` (half-way through pushing
 the replica to the peer), `persist` (in the persister, after the data file and before
 the commit marker; it kills the worker and itself, like a node dying mid-write).
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ACTIONS = ("kill", "stop")
+ACTIONS = ("kill", "stop", "nodeloss")
 PHASES = ("step", "snapshot", "replicate", "persist")
 
 
@@ -120,20 +121,24 @@ class Injector:
             f.flush()
             os.fsync(f.fileno())
 
-    def maybe_fire(self, phase: str, rank: int, step: int, pid: int | None = None) -> None:
-        """Called by the runtime at each phase; kills/stops `pid` (default: this process)."""
+    def maybe_fire(self, phase: str, rank: int, step: int, pid: int | None = None,
+                   forget_memory=None) -> None:
+        """Called by the runtime at each phase; kills/stops `pid` (default: this process).
+        `forget_memory` deletes the process's host-memory snapshots (action `nodeloss`)."""
         for i, t in enumerate(self.triggers):
             if t.phase == phase and t.rank == rank and t.step == step and self._claim(i):
                 target = os.getpid() if pid is None else pid
                 self._record(t, target)
-                os.kill(target, signal.SIGKILL if t.action == "kill" else signal.SIGSTOP)
+                if t.action == "nodeloss" and forget_memory is not None:
+                    forget_memory()
+                os.kill(target, signal.SIGSTOP if t.action == "stop" else signal.SIGKILL)
 
     def maybe_fire_persist(self, rank: int, step: int) -> None:
         """Persist phase: take the worker (our parent) and this persister down mid-write."""
         for i, t in enumerate(self.triggers):
             if t.phase == "persist" and t.rank == rank and t.step == step and self._claim(i):
                 self._record(t, os.getppid())
-                os.kill(os.getppid(), signal.SIGKILL if t.action == "kill" else signal.SIGSTOP)
+                os.kill(os.getppid(), signal.SIGSTOP if t.action == "stop" else signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
 
 

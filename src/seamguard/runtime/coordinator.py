@@ -46,6 +46,8 @@ class Coordinator:
     _hint_checkpoint: int = 0
     joined: list[int] = field(default_factory=list)  # replacement spares, ready or not
     _joined_seen: int = 0
+    _deferred: set[int] = field(default_factory=set)  # losses waiting for replacement spares
+    _deferred_since_s: float = 0.0
     tracker: HeartbeatTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,10 +84,14 @@ class Coordinator:
             self.log({"event": "job_done", "gen": self.plan.gen})
             return self.phase
         members = set(self.plan.ranks) | set(self.plan.spares)
-        if newly_lost & members and not self.finished:
-            self._detected_at_s = now
-            return self._replan(newly_lost & members, now, reason="lost "
-                                + ",".join(map(str, sorted(newly_lost & members))))
+        lost = (newly_lost & members) | self._deferred
+        if lost and not self.finished:
+            if not self._deferred:
+                self._detected_at_s = now
+            if self._wait_for_spares(lost, now):
+                return self.phase
+            self._deferred = set()
+            return self._replan(lost, now, reason="lost " + ",".join(map(str, sorted(lost))))
         if self.phase == "recovering":
             self._advance_recovery(now)
         return self.phase
@@ -168,6 +174,25 @@ class Coordinator:
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self.log({"event": "checkpoint_hint", "persist_at": target})
 
+    def _wait_for_spares(self, lost: set[int], now: float) -> bool:
+        """Hold a replan while replacements being started would avoid a shrink (bounded).
+
+        Replacement processes need a few seconds to start; shrinking a job because they
+        were not ready yet would keep it smaller for the rest of its life."""
+        s = self.settings
+        ready = len([w for w in self.plan.spares if w not in lost])
+        deficit = len(lost & set(self.plan.ranks)) - ready
+        starting = [w for w in self.joined if w not in self.lost
+                    and w not in self.plan.spares and w not in self.plan.ranks]
+        if not s.replenish_spares or deficit <= 0 or not starting:
+            return False
+        if not self._deferred:
+            self._deferred, self._deferred_since_s = set(lost), now
+            self.log({"event": "waiting_for_spares", "lost": sorted(lost), "deficit": deficit})
+            return True
+        self._deferred |= lost
+        return now - self._deferred_since_s < s.spare_wait_s
+
     def _evict(self, wid: int) -> None:
         self.lost.add(wid)
         self.tracker.forget(wid)
@@ -236,14 +261,18 @@ class Coordinator:
         self._replan(set(), now, reason=f"recovery of gen {gen} failed", force_disk=True)
 
     def _choose_resume(self, holdings: dict[int, dict]) -> dict:
+        """The newest state every rank can restore: memory, else (or if newer) storage."""
         step = resume_step(self.plan, holdings) if self.plan.gen > 0 else None
-        if step is not None:
-            choice = {"source": "memory", "step": step}
-        else:
+        found = None
+        if self.checkpoint_dir:
             why: list[str] = []
-            found = latest_verified(self.checkpoint_dir, why) if self.checkpoint_dir else None
+            found = latest_verified(self.checkpoint_dir, why,
+                                    newer_than=-1 if step is None else step)
             for line in why:
                 self.log({"event": "checkpoint_rejected", "detail": line})
+        if step is not None and found is None:
+            choice = {"source": "memory", "step": step}
+        else:
             if found is not None:
                 choice = {"source": "disk", "step": found[0], "world_size": found[1]}
             elif self.plan.gen == 0:

@@ -19,6 +19,11 @@ def worker_pid(wid: int) -> str:
     return f"{ROOT}/worker/{wid}/pid"
 
 
+def worker_slots(wid: int) -> str:
+    """Path prefix of the worker's shared-memory snapshot slots (they outlive a crash)."""
+    return f"{ROOT}/worker/{wid}/slots"
+
+
 def heartbeat(wid: int) -> str:
     """JSON progress beat: counter, step, phase, compute seconds of the last step."""
     return f"{ROOT}/hb/{wid}"

@@ -142,9 +142,18 @@ def launch(s: LaunchSettings) -> int:
         for c in children:
             if c.proc.poll() is None:
                 c.proc.kill()
+        _remove_shared_memory(s.run_id, children)
         if events:
             events.close()
     return code
+
+
+def _remove_shared_memory(run_id: str, children: list[Child]) -> None:
+    """Snapshot slots a crashed worker left in /dev/shm and nobody adopted (a clean exit
+    removes its own)."""
+    for c in children:
+        for f in Path("/dev/shm").glob(f"seamguard-{run_id}-{c.proc.pid}-w{c.wid}-slot*"):
+            f.unlink(missing_ok=True)
 
 
 def _spawn_spare(s: LaunchSettings, store, port: int, per_node: int) -> Child:

@@ -155,12 +155,17 @@ def committed_steps(root: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def latest_verified(root: Path, log: list[str] | None = None) -> tuple[int, int] | None:
+def latest_verified(root: Path, log: list[str] | None = None,
+                    newer_than: int = -1) -> tuple[int, int] | None:
     """(step, world_size) of the newest checkpoint whose every rank verifies, else None.
 
-    Every skipped candidate is explained in `log` (file and tensor at fault).
+    Only steps after `newer_than` are read (a caller holding that step elsewhere need
+    not pay for reading older checkpoints). Every skipped candidate is explained in
+    `log` (file and tensor at fault).
     """
     for step in committed_steps(root):
+        if step <= newer_than:
+            break
         try:
             manifest, _ = read_checkpoint(root, step, 0)
             for rank in range(1, manifest.world_size):

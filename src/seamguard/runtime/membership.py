@@ -26,6 +26,9 @@ class Plan:
     roles: list[int]
     spares: list[int]
     holders: dict[int, int] = field(default_factory=dict)
+    replaced: dict[int, int] = field(default_factory=dict)
+    """role -> the lost worker that last ran it: its shared-memory snapshots outlive its
+    process, so a newcomer on the same node can adopt them."""
     lost: list[int] = field(default_factory=list)
     reason: str = ""
     force_disk: bool = False
@@ -41,6 +44,7 @@ class Plan:
     def from_json(text: str | bytes) -> "Plan":
         raw = json.loads(text)
         raw["holders"] = {int(k): int(v) for k, v in raw.get("holders", {}).items()}
+        raw["replaced"] = {int(k): int(v) for k, v in raw.get("replaced", {}).items()}
         return Plan(**raw)
 
 
@@ -75,6 +79,7 @@ def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
     ranks: list[int] = []
     roles: list[int] = []
     holders: dict[int, int] = dict(current.holders) if pending else {}
+    replaced: dict[int, int] = dict(current.replaced) if pending else {}
     old_world = current.world_size
     for r, (wid, role) in enumerate(zip(current.ranks, current.roles)):
         if wid not in lost:
@@ -86,23 +91,27 @@ def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
             ranks.append(spares.pop(0))
             roles.append(role)
             holders.setdefault(role, holder)
+            replaced.setdefault(role, wid)
         else:
             holders.pop(role, None)
+            replaced.pop(role, None)
     if not ranks:
         raise ValueError(f"generation {current.gen}: every rank lost ({sorted(lost)}), "
                          "nothing left to continue")
     return Plan(gen=current.gen + 1, ranks=ranks, roles=roles, spares=spares,
-                holders=holders, lost=sorted(lost & set(current.ranks + current.spares)),
+                holders=holders, replaced=replaced, lost=sorted(lost & set(current.ranks + current.spares)),
                 reason=reason, force_disk=force_disk)
 
 
 def resume_step(plan: Plan, holdings: dict[int, dict]) -> int | None:
     """Newest step that every rank of `plan` can restore from memory, or None.
 
-    holdings[wid] = {"own": [steps], "replicas": {role: [steps]}} as each member
-    published it. A rank continuing its own role needs the step in its own snapshots; a
-    spare continuing a lost role needs it in that role's replica at the recorded holder
-    (only when the holder survived). With no common step the caller falls back to disk.
+    holdings[wid] = {"own": [steps], "replicas": {role: [steps]}, "orphans": {role:
+    [steps]}} as each member published it. A rank continuing its own role needs the step
+    in its own snapshots; a spare continuing a lost role needs it in that role's replica at
+    the recorded holder (when the holder survived) or among the lost worker's snapshots it
+    adopted from shared memory ("orphans", same node). With no common step the caller
+    falls back to disk.
     """
     if plan.force_disk:
         return None
@@ -112,10 +121,14 @@ def resume_step(plan: Plan, holdings: dict[int, dict]) -> int | None:
             steps = set(holdings.get(wid, {}).get("own", []))
         else:
             holder = plan.holders.get(role)
-            if holder is None or holder not in plan.ranks:
+            steps = set()
+            if holder is not None and holder in plan.ranks:
+                replicas = holdings.get(holder, {}).get("replicas", {})
+                steps = set(replicas.get(str(role), replicas.get(role, [])))
+            orphans = holdings.get(wid, {}).get("orphans", {})
+            steps |= set(orphans.get(str(role), orphans.get(role, [])))
+            if not steps:
                 return None
-            replicas = holdings.get(holder, {}).get("replicas", {})
-            steps = set(replicas.get(str(role), replicas.get(role, [])))
         common = steps if common is None else common & steps
     if not common:
         return None

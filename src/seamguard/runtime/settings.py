@@ -79,6 +79,9 @@ class LaunchSettings:
     """Replace a persistent straggler by a spare (otherwise only report it)."""
     replenish_spares: bool = True
     """Start a fresh spare whenever a process is lost, so the pool does not run dry."""
+    spare_wait_s: float = 30.0
+    """With replenishment on, how long a loss that the ready spares cannot cover waits
+    for the replacements being started before the group shrinks instead."""
     max_recoveries: int = 100
     """Give up (exit non-zero) after this many recoveries."""
     startup_timeout_s: float = 120.0

@@ -11,6 +11,7 @@ non_blocking copies on a side stream into host memory registered as pinned.
 
 from __future__ import annotations
 
+import json
 import pickle
 import random
 import threading
@@ -202,7 +203,21 @@ class SlotStore:
         with self.cond:
             for s in self.slots:
                 s.path.unlink(missing_ok=True)
+                _sidecar(s.path).unlink(missing_ok=True)
             self.slots = []
+
+    def publish_manifest(self, slot: Slot, manifest: Manifest, role: int) -> None:
+        """Attach a slot's manifest and write it beside the slot in shared memory (tmp +
+        rename), so the slot can be adopted if this process dies (`adopt_orphans`)."""
+        with self.cond:
+            if slot.step != manifest.step or slot.manifest is not None:
+                return
+            slot.manifest = manifest
+            side = _sidecar(slot.path)
+            tmp = side.with_name(side.name + ".tmp")
+            tmp.write_text(json.dumps({"role": role, "manifest": manifest.to_json()}))
+            tmp.rename(side)
+            self.cond.notify_all()
 
     def _pick(self, timeout_s: float) -> Slot | None:
         with self.cond:
@@ -213,6 +228,7 @@ class SlotStore:
                 return None
             slot = min(free(), key=lambda s: s.step)
             slot.step, slot.manifest = -1, None
+            _sidecar(slot.path).unlink(missing_ok=True)   # before its bytes change
             return slot
 
     def capture(self, state: TrainingState, step: int, timeout_s: float,
@@ -299,6 +315,35 @@ class SlotStore:
                     s.step, s.manifest = -1, None
             keep = self.find(step)
             self.latest = keep.index if keep else -1
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def adopt_orphans(prefix: str, role: int) -> dict[int, tuple[Manifest, np.ndarray, Path]]:
+    """Snapshots of ``role`` a dead process left in shared memory, every tensor verified.
+
+    Returns step -> (manifest, bytes, slot path). A slot whose sidecar is missing, names
+    another role, or whose bytes fail a hash (the process died while overwriting it) is
+    skipped.
+    """
+    out: dict[int, tuple[Manifest, np.ndarray, Path]] = {}
+    for side in sorted(Path("/dev/shm").glob(f"{prefix}-slot*.json")):
+        path = side.with_name(side.name[:-len(".json")])
+        try:
+            doc = json.loads(side.read_text())
+            if int(doc["role"]) != role:
+                continue
+            manifest = Manifest.from_json(doc["manifest"])
+            data = np.fromfile(path, dtype=np.uint8)
+        except (OSError, ValueError, KeyError):
+            continue
+        if data.size < manifest.total_bytes or any(
+                hash_bytes(data[e.offset:e.offset + e.nbytes]) != e.xxh3 for e in manifest.entries):
+            continue
+        out[manifest.step] = (manifest, data, path)
+    return out
 
 
 def tensors_of(manifest: Manifest, payload: np.ndarray) -> tuple[dict[str, torch.Tensor], bytes]:

@@ -32,7 +32,8 @@ from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, replica_holder
 from seamguard.runtime.settings import RuntimeSettings
-from seamguard.runtime.snapshot import SlotStore, TrainingState, state_checksum, tensors_of
+from seamguard.runtime.snapshot import (SlotStore, TrainingState, adopt_orphans, state_checksum,
+                                        tensors_of)
 
 
 class RecoveryError(Exception):
@@ -74,6 +75,8 @@ class Runtime:
         self.plan: Plan | None = None
         self.gen = -1
         self.rank = -1
+        self.role = -1  # whose state this worker continues; fixed once assigned
+        self._orphans: dict[int, tuple] = {}  # step -> adopted (manifest, bytes, path)
         self.group: dist.ProcessGroupGloo | None = None
         self._graveyard: list = []  # abandoned groups: destroying one can block on a dead peer
         self.step = 0
@@ -102,6 +105,7 @@ class Runtime:
         self.events: list[dict] = []
         self.store.set(keys.worker_addr(wid), self.server.address)
         self.store.set(keys.worker_pid(wid), str(os.getpid()))
+        self.store.set(keys.worker_slots(wid), self.slots.prefix)
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat_loop, name="sg-heartbeat", daemon=True).start()
         threading.Thread(target=self._pipeline_loop, name="sg-snapshot-pipeline", daemon=True).start()
@@ -160,7 +164,7 @@ class Runtime:
                 continue
             self._send_meta()
             self._maybe_snapshot()
-            self.injector.maybe_fire("step", self.rank, self.step)
+            self.injector.maybe_fire("step", self.rank, self.step, forget_memory=self.slots.close)
             self._phase, self._t_compute = "compute", time.perf_counter()
             idx = self.sampler.indices(self.step, self.rank, self.world_size)
             self._local_n = len(idx)
@@ -303,10 +307,7 @@ class Runtime:
             self.slots.overwrite(slot, self._private[1])
             self.stats["live_captures"] += 1
         manifest = self.slots.build_manifest(slot, self.rank, self.plan.world_size)
-        with self.slots.cond:
-            if slot.step == self.step and slot.manifest is None:
-                slot.manifest = manifest
-            self.slots.cond.notify_all()
+        self.slots.publish_manifest(slot, manifest, self.role)
 
     def _maybe_snapshot(self) -> None:
         k = self.settings.snapshot_every_steps
@@ -353,10 +354,7 @@ class Runtime:
                 if slot.step != step:
                     continue
                 manifest = self.slots.build_manifest(slot, self.rank, self.world_size)
-                with self.slots.cond:
-                    if slot.step == step:
-                        slot.manifest = manifest
-                    self.slots.cond.notify_all()
+                self.slots.publish_manifest(slot, manifest, self.role)
                 self._replicate(slot, manifest, gen)
                 if persist and slot.step == step:
                     self._persist(slot, manifest)
@@ -529,13 +527,18 @@ class Runtime:
 
     def _recover_into(self, gen: int, plan: Plan) -> None:
         timeout = self.settings.recovery_timeout_s
+        rank, role = plan.ranks.index(self.wid), plan.roles[plan.ranks.index(self.wid)]
         self._capture_live()
+        orphans = {}
+        if role in plan.replaced and self.role < 0:
+            self._adopt(plan.replaced[role], role)
+            orphans = {str(role): sorted(self._orphans)}
         self.store.set(keys.have(gen, self.wid), json.dumps(
             {"own": self.slots.steps(),
-             "replicas": self.replicas.valid_steps(live=self.settings.dedup_replicas)}))
+             "replicas": self.replicas.valid_steps(live=self.settings.dedup_replicas),
+             "orphans": orphans}))
         resume = json.loads(self._wait(keys.resume(gen), gen, timeout))
-        rank, role = plan.ranks.index(self.wid), plan.roles[plan.ranks.index(self.wid)]
-        self.gen, self.plan, self.rank = gen, plan, rank
+        self.gen, self.plan, self.rank, self.role = gen, plan, rank, role
         step, source = int(resume["step"]), resume["source"]
         if source == "none":
             raise JobFailed(f"generation {gen}: no consistent state to recover from")
@@ -554,6 +557,7 @@ class Runtime:
         self.step = step
         self._failed = False
         self._live_ok = True
+        self._release_orphans()
         self.slots.forget_after(step)
         if source != "memory":
             self.replicas.clear()
@@ -567,8 +571,30 @@ class Runtime:
         self.store.set(keys.recovered(gen, self.wid),
                        json.dumps({"ok": True, "checksum": checksum, "step": step}))
 
+    def _adopt(self, lost_wid: int, role: int) -> None:
+        """Find the snapshots the lost worker of ``role`` left in this node's shared memory
+        (all of them verified); a crash of every rank at once leaves nothing else."""
+        key = keys.worker_slots(lost_wid)
+        if not self.store.check([key]):
+            return
+        self._orphans = adopt_orphans(self.store.get(key).decode(), role)
+        if self._orphans:
+            self._note("orphans_found", role=role, lost_wid=lost_wid, steps=sorted(self._orphans))
+
+    def _release_orphans(self) -> None:
+        """Delete adopted slots of a dead process once recovered (else they would hold
+        host memory for the rest of the job)."""
+        for _, _, path in self._orphans.values():
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + ".json").unlink(missing_ok=True)
+        self._orphans = {}
+
     def _restore_memory(self, plan: Plan, role: int, step: int) -> None:
-        if role not in plan.holders:
+        if role in plan.holders and step in self._orphans:
+            manifest, payload, _ = self._orphans[step]
+            tensors, meta = tensors_of(manifest, payload)
+            self._note("state_adopted", role=role, step=step, bytes=manifest.total_bytes)
+        elif role not in plan.holders:
             slot = self.slots.find(step)
             if slot is None:
                 raise RecoveryError(f"worker {self.wid}: own snapshot of step {step} is gone")

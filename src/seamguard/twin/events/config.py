@@ -126,9 +126,10 @@ class PolicyParams:
     """How long a quarantined node stays out for investigation (assumed)."""
     job_wide_crash_fraction: float = 0.25
     """Share of process crashes (software bug, NCCL timeout, dependency) that take down
-    every rank at once, so that even the seamguard runtime must relaunch the job. The rest
-    kill one rank's process, which the runtime replaces exactly like a lost node (the kill
-    its benchmark measures). Assumed: no public source splits Llama 3's counts this way."""
+    every rank at once, so that even the seamguard runtime must relaunch the job (from the
+    snapshots the dead processes left in host memory). The rest kill one rank's process,
+    which the runtime replaces exactly like a lost node (the kill its benchmark measures).
+    Assumed: no public source splits Llama 3's counts this way."""
     hang_detect_s: float = 30.0
     """Time for the seamguard runtime to notice a hung collective
     (``--collective-timeout-s`` default, docs/runtime.md)."""
@@ -203,6 +204,11 @@ class PolicyParams:
         plus the spare loading its shard from a peer's memory."""
         return (self.runtime.live_resume_s * self._rank_scale(self.replica_group_gpus)
                 + self.in_memory_restore_s)
+
+    def relaunch_from_memory_s(self, job_gpus: int) -> float:
+        """Crash of every rank: measured relaunch scaled to the job's ranks, then each new
+        process restores the snapshot its predecessor left in host memory."""
+        return self.runtime.relaunch_s * self._rank_scale(job_gpus) + self.in_memory_restore_s
 
     def relaunch_from_storage_s(self, job_gpus: int) -> float:
         """Job-wide crash or corruption: measured relaunch scaled to the job's ranks, then

@@ -123,8 +123,8 @@ def rollback_scope_hazards(cfg: ClusterConfig, live_recovery: bool = False,
     Under live recovery (the seamguard runtime) node and domain losses and the crash of a
     single rank redo only the step in flight: survivors keep their live state and a spare
     takes the lost rank's over (docs/runtime.md). What still rolls back is a crash of
-    every rank at once, whose host-memory snapshots die with the processes, and silent
-    corruption: both go back to storage (scope ``persisted``).
+    every rank at once (to the newest host-memory snapshot, which outlives the processes
+    in shared memory) and silent corruption (to storage).
     """
     fm = cfg.failures
     out: dict[Scope, float] = defaultdict(float)
@@ -133,9 +133,9 @@ def rollback_scope_hazards(cfg: ClusterConfig, live_recovery: bool = False,
     trip = fm.cooling_event_per_loop_day * fm.cooling_trip_probability / cfg.nodes_per_loop
     out[Scope.DOMAIN] += trip / 86_400.0
     if live_recovery:
-        persisted = out.get(Scope.PERSISTED, 0.0) + \
-            job_wide_crash_fraction * out.get(Scope.PROCESS, 0.0)
-        return {Scope.PERSISTED: persisted} if persisted > 0 else {}
+        kept = {Scope.PROCESS: job_wide_crash_fraction * out.get(Scope.PROCESS, 0.0),
+                Scope.PERSISTED: out.get(Scope.PERSISTED, 0.0)}
+        return {k: v for k, v in kept.items() if v > 0}
     return dict(out)
 
 
@@ -475,14 +475,20 @@ class _Run:
             job.lost[cause] += lr
             job.rollback += lr
             rec, reset = detect + self.pp.live_recovery_s, False
-        else:
-            # Every rank crashed at once, or the state is corrupt: host memory is gone or
-            # suspect; back to the storage backstop. A failure while the newest backstop
-            # is still being written loses the one before as well.
-            lag = job.pos < self.pp.full_write_s and job.committed > 0
+        elif scope is Scope.PROCESS:
+            # Every rank crashed at once: relaunch; each new process adopts the snapshots
+            # its predecessor left in shared memory and the job redoes the work since.
             job.rollback_to_checkpoint(cause)
-            if lag:
-                extra = min(job.committed, job.tau * job.base_speed)
+            rec, reset = detect + self.pp.relaunch_from_memory_s(job.gpus), True
+        else:
+            # Corrupt state: memory copies are suspect; back to the storage backstop, drawn
+            # over its interval; a backstop still being written does not count yet.
+            job.rollback_to_checkpoint(cause)
+            if math.isfinite(job.backstop_s):
+                back = float(self.rng.uniform(0, job.backstop_s))
+                if back < self.pp.full_write_s:
+                    back += job.backstop_s
+                extra = min(job.committed, back * job.base_speed)
                 job.committed -= extra
                 job.lost[cause] += extra
                 job.rollback += extra
