@@ -321,29 +321,31 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def adopt_orphans(prefix: str, role: int) -> dict[int, tuple[Manifest, np.ndarray, Path]]:
-    """Snapshots of ``role`` a dead process left in shared memory, every tensor verified.
-
-    Returns step -> (manifest, bytes, slot path). A slot whose sidecar is missing, names
-    another role, or whose bytes fail a hash (the process died while overwriting it) is
-    skipped.
-    """
-    out: dict[int, tuple[Manifest, np.ndarray, Path]] = {}
+def find_orphans(prefix: str, role: int) -> dict[int, tuple[Manifest, Path]]:
+    """Snapshots of ``role`` a dead process left in shared memory: step -> (manifest,
+    slot path), from the manifests beside the slots (cheap: no slot is read here)."""
+    out: dict[int, tuple[Manifest, Path]] = {}
     for side in sorted(Path("/dev/shm").glob(f"{prefix}-slot*.json")):
-        path = side.with_name(side.name[:-len(".json")])
         try:
             doc = json.loads(side.read_text())
-            if int(doc["role"]) != role:
-                continue
-            manifest = Manifest.from_json(doc["manifest"])
-            data = np.fromfile(path, dtype=np.uint8)
+            if int(doc["role"]) == role:
+                manifest = Manifest.from_json(doc["manifest"])
+                out[manifest.step] = (manifest, side.with_name(side.name[:-len(".json")]))
         except (OSError, ValueError, KeyError):
             continue
-        if data.size < manifest.total_bytes or any(
-                hash_bytes(data[e.offset:e.offset + e.nbytes]) != e.xxh3 for e in manifest.entries):
-            continue
-        out[manifest.step] = (manifest, data, path)
     return out
+
+
+def read_orphan(manifest: Manifest, path: Path) -> np.ndarray:
+    """An adopted slot's bytes, every tensor verified against its manifest (the process
+    may have died while overwriting it)."""
+    data = np.fromfile(path, dtype=np.uint8)
+    if data.size < manifest.total_bytes:
+        raise ValueError(f"{path}: {data.size} bytes, manifest needs {manifest.total_bytes}")
+    for e in manifest.entries:
+        if hash_bytes(data[e.offset:e.offset + e.nbytes]) != e.xxh3:
+            raise ValueError(f"{path}: tensor {e.name!r} of step {manifest.step} fails its hash")
+    return data
 
 
 def tensors_of(manifest: Manifest, payload: np.ndarray) -> tuple[dict[str, torch.Tensor], bytes]:

@@ -32,8 +32,8 @@ from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, replica_holder
 from seamguard.runtime.settings import RuntimeSettings
-from seamguard.runtime.snapshot import (SlotStore, TrainingState, adopt_orphans, state_checksum,
-                                        tensors_of)
+from seamguard.runtime.snapshot import (SlotStore, TrainingState, find_orphans, read_orphan,
+                                        state_checksum, tensors_of)
 
 
 class RecoveryError(Exception):
@@ -76,7 +76,7 @@ class Runtime:
         self.gen = -1
         self.rank = -1
         self.role = -1  # whose state this worker continues; fixed once assigned
-        self._orphans: dict[int, tuple] = {}  # step -> adopted (manifest, bytes, path)
+        self._orphans: dict[int, tuple] = {}  # step -> (manifest, path) a dead worker left
         self.group: dist.ProcessGroupGloo | None = None
         self._graveyard: list = []  # abandoned groups: destroying one can block on a dead peer
         self.step = 0
@@ -572,28 +572,31 @@ class Runtime:
                        json.dumps({"ok": True, "checksum": checksum, "step": step}))
 
     def _adopt(self, lost_wid: int, role: int) -> None:
-        """Find the snapshots the lost worker of ``role`` left in this node's shared memory
-        (all of them verified); a crash of every rank at once leaves nothing else."""
+        """List the snapshots the lost worker of ``role`` left in this node's shared
+        memory (from their manifests; the bytes are verified only if one is used)."""
         key = keys.worker_slots(lost_wid)
-        if not self.store.check([key]):
-            return
-        self._orphans = adopt_orphans(self.store.get(key).decode(), role)
-        if self._orphans:
-            self._note("orphans_found", role=role, lost_wid=lost_wid, steps=sorted(self._orphans))
+        if self.store.check([key]):
+            self._orphans = find_orphans(self.store.get(key).decode(), role)
 
     def _release_orphans(self) -> None:
-        """Delete adopted slots of a dead process once recovered (else they would hold
-        host memory for the rest of the job)."""
-        for _, _, path in self._orphans.values():
+        """Delete a dead worker's slots once recovered (else they would hold host memory
+        for the rest of the job)."""
+        for _, path in self._orphans.values():
             path.unlink(missing_ok=True)
             path.with_name(path.name + ".json").unlink(missing_ok=True)
         self._orphans = {}
 
     def _restore_memory(self, plan: Plan, role: int, step: int) -> None:
+        holder = plan.holders.get(role)
         if role in plan.holders and step in self._orphans:
-            manifest, payload, _ = self._orphans[step]
+            # the snapshot the lost worker left in shared memory (chosen when no replica of
+            # that step survived, e.g. its holder died too)
+            manifest, path = self._orphans[step]
+            try:
+                payload = read_orphan(manifest, path)
+            except (OSError, ValueError) as exc:
+                raise RecoveryError(f"adopted snapshot unusable: {exc}") from exc
             tensors, meta = tensors_of(manifest, payload)
-            self._note("state_adopted", role=role, step=step, bytes=manifest.total_bytes)
         elif role not in plan.holders:
             slot = self.slots.find(step)
             if slot is None:
@@ -601,7 +604,6 @@ class Runtime:
             manifest = slot.manifest or self.slots.build_manifest(slot, self.rank, plan.world_size)
             tensors, meta = tensors_of(manifest, slot.array)
         else:
-            holder = plan.holders[role]
             addr = self.store.get(keys.worker_addr(holder)).decode()
             manifest, payload = replica.fetch(addr, role, step, self.settings.replica_timeout_s)
             tensors, meta = tensors_of(manifest, payload)

@@ -344,9 +344,9 @@ class _Run:
             job.base_speed = 1.0 / self.pp.runtime.wall_ratio
 
     def _apply(self, job: _Job, plan) -> None:
-        """Adopt a plan. Under live recovery the memory tier usually covers nothing that
-        rolls back (interval infinite); the job then cycles on the storage backstop, each
-        backstop paying the host-memory snapshot its persister drains."""
+        """Adopt a plan. When the memory tier covers nothing that rolls back (interval
+        infinite), the job cycles on the storage backstop, each backstop paying the
+        host-memory snapshot its persister drains."""
         job.mode = plan.mode.value
         job.backstop_s = plan.backstop_interval_s or math.inf
         if math.isfinite(plan.interval_s) or not math.isfinite(job.backstop_s):
