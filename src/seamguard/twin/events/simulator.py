@@ -469,8 +469,11 @@ class _Run:
                              >= self.pp.job_wide_crash_fraction):
             # Live recovery (a node, a domain, or one rank's process lost): survivors keep
             # their live state, a spare takes the lost rank's over from its holder; only
-            # the step in flight is redone (measured steps_lost).
-            lr = min(job.uncommitted, self.pp.runtime.steps_lost * self.pp.step_time_s)
+            # the step in flight is redone: the measured completed steps redone, but at
+            # least half a step (the expected work in flight at a random failure time; the
+            # benchmark's kills land at step boundaries and cannot see it).
+            redo = max(self.pp.runtime.steps_lost, 0.5)
+            lr = min(job.uncommitted, redo * self.pp.step_time_s)
             job.uncommitted -= lr
             job.lost[cause] += lr
             job.rollback += lr
