@@ -14,7 +14,8 @@ A rail is given up when
     adapts to the rail's recent chunk times (`op_deadline`: a multiple of the slowest of the
     last few, clamped to a floor and a ceiling), so a loaded host does not fail healthy
     rails, and a dead one is still caught within the ceiling; or
-  * it is gray: its measured bandwidth is far below its peers' for two steps in a row.
+  * it is gray: its measured bandwidth is far below its peers' for two steps in a row, and
+    its chunks took well longer than theirs (more than a loaded host's scheduling noise).
 The in-flight chunk is abandoned (its buffer is a private copy; gloo cannot cancel an op,
 so the broken group is parked until its own timeout ends the op) and re-run on a healthy
 rail. After each attempt every rank votes over the store (keyed by step and attempt);
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -77,6 +79,10 @@ class RailSettings:
     """Consecutive slow measurements before a rail is declared gray."""
     min_gray_bytes: int = 256 * 1024
     """Chunks smaller than this are latency-bound and not used to judge bandwidth."""
+    gray_min_lag_s: float = 0.1
+    """A slow measurement counts only if the rail's chunks also took at least this much longer
+    than the fastest rail's: a shorter lag is scheduling noise on a loaded host (30-70 ms
+    seen on the 2-core testbed, at 4x-5x lower bandwidth), not a collapsed link."""
     probe_bytes: int = 1 << 20
     """Size of the allreduce that probes a rebuilt rail's bandwidth."""
     start_timeout_s: float = 120.0
@@ -245,12 +251,17 @@ def decide(agreed: Agreed, votes: list[Vote], s: RailSettings) -> Decision:
         agreed.bw_ref_bytes_per_s = best if agreed.bw_ref_bytes_per_s == 0 else max(
             best, 0.8 * agreed.bw_ref_bytes_per_s)
         if len(bw) > 1:
+            fastest_s = min((chunk_s[r] for r in bw if r in chunk_s), default=0.0)
             for r, b in bw.items():
                 st = agreed.rails[r]
-                st.slow_count = st.slow_count + 1 if b < s.gray_ratio * best else 0
+                lag_s = chunk_s.get(r, math.inf) - fastest_s  # no chunk times voted: bandwidth alone
+                slow = b < s.gray_ratio * best and lag_s >= s.gray_min_lag_s
+                st.slow_count = st.slow_count + 1 if slow else 0
                 if st.slow_count >= s.gray_steps and r not in failed:
                     failed.add(r)
                     st.reason = f"gray: {b / 1e6:.1f} MB/s vs best {best / 1e6:.1f} MB/s"
+                    if r in chunk_s:
+                        st.reason += f", {lag_s * 1e3:.0f} ms behind"
     for r, st in enumerate(agreed.rails):
         if st.status == LIVE and r in failed:
             st.status, st.slow_count, st.last_try_t_s = DEAD, 0, t0
