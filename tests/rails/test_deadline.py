@@ -7,10 +7,20 @@ a chunk still running is given up; `decide` keeps the agreed chunk times every r
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from seamguard.runtime.rails import (LIVE, Agreed, OpDeadline, RailSettings, RailState, Vote, decide,
-                                     op_deadline, overdue)
+from seamguard.runtime.rails import (
+    LIVE,
+    Agreed,
+    OpDeadline,
+    RailSettings,
+    RailState,
+    Vote,
+    decide,
+    op_deadline,
+    overdue,
+)
 
 S = RailSettings(interfaces=("rail0", "rail1"), op_deadline_min_s=0.25, op_deadline_max_s=1.0,
                  op_deadline_factor=3.0, op_deadline_window_chunks=50, op_deadline_warmup_chunks=5)
