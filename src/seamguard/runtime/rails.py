@@ -10,10 +10,12 @@ carried them) and the chunks run concurrently on the usable rails.
 A rail is given up when
   * its carrier drops (a watcher thread polls ``/sys/class/net/<if>/carrier``),
   * a peer announced that it gave the rail up (a store key, polled by the same thread),
-  * a chunk on it misses its per-op deadline (silent failures: a dead switch). The deadline
-    adapts to the rail's recent chunk times (`op_deadline`: a multiple of the slowest of the
-    last few, clamped to a floor and a ceiling), so a loaded host does not fail healthy
-    rails, and a dead one is still caught within the ceiling; or
+  * a chunk on it misses its deadline (silent failures: a dead switch). The deadline counts
+    once a chunk on another rail has finished (until then a late chunk most likely waits
+    for a slow peer, and waits up to the ceiling) and adapts to the rail's recent chunk
+    times (`overdue`, `op_deadline`: a multiple of the slowest recent one, clamped to a
+    floor and a ceiling), so a loaded host does not fail healthy rails, and a rail that
+    never finishes is given up within the ceiling; or
   * it is gray: its measured bandwidth is far below its peers' for two steps in a row, and
     its chunks took well longer than theirs (more than a loaded host's scheduling noise).
 The in-flight chunk is abandoned (its buffer is a private copy; gloo cannot cancel an op,
@@ -494,9 +496,10 @@ class RailGroup:
                     src: int) -> _Attempt:
         """Run the chunks `todo` on the usable rails once; give up a rail on its first failure.
 
-        A chunk's deadline counts from when the chunks issued before it on the same rail
-        were done (a rail carrying two chunks gives each its own time), and its measured
-        time counts the same way, so the times that feed `op_deadline` match what it bounds.
+        A chunk's time counts from when the chunks issued before it on the same rail were
+        done (a rail carrying two chunks gives each its own time). That time, and how long
+        ago a chunk finished on another rail, decide whether it is overdue (`overdue`); the
+        longest such time per rail is voted as the rail's chunk time (`Vote.chunk_s`).
         """
         res = _Attempt({r: self.agreed.rails[r].deadline(self.s) for r in usable})
         pending: dict[int, tuple[int, int, dist.Work, float]] = {}  # chunk -> rail, gen, work, issued
@@ -543,20 +546,21 @@ class RailGroup:
                         res.failed.add(r)
                         self._announce(r, gen, self.store)
                 else:
-                    record = {"rail": r, "gen": gen, "after_s": round(now - t0, 3)}
+                    why = ""
                     if self._local_fail[r] >= gen:
-                        record["cause"] = "flagged"
+                        cause = "flagged"
                     elif r in res.failed:
-                        record["cause"] = "sibling"
+                        cause = "sibling"
                     else:
                         others = [x for q, x in done_t.items() if q != r]
                         why = overdue(now - clock[c], now - min(others) if others else None,
                                       res.deadline[r], self.s) if c in clock else ""
                         if not why:
                             continue
-                        record["cause"], record["why"] = "timeout", why
+                        cause = "timeout"
                         took(r, now - clock[c])  # it took at least this long
-                    self.causes.append(record)
+                    self.causes.append({"rail": r, "gen": gen, "after_s": round(now - t0, 3), "cause": cause,
+                                        **({"why": why} if why else {})})
                     res.ok[c] = False  # abandoned: the buffer is private, the group gets parked
                     res.failed.add(r)
                     self._announce(r, gen, self.store)
