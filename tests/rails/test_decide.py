@@ -8,8 +8,8 @@ S = RailSettings(interfaces=("rail0", "rail1"), gray_ratio=0.25, gray_steps=2, s
                  probe_interval_s=1.0)
 
 
-def vote(rank, ok=(True, True), failed=(), up=(5.0, 5.0), built=None, bw=None, t=100.0):
-    return Vote(rank, list(ok), list(failed), list(up), built or {}, bw or {}, t)
+def vote(rank, ok=(True, True), failed=(), up=(5.0, 5.0), built=None, bw=None, t=100.0, chunk_s=None):
+    return Vote(rank, list(ok), list(failed), list(up), built or {}, bw or {}, t, chunk_s or {})
 
 
 def live2():
@@ -42,6 +42,20 @@ def test_gray_needs_consecutive_slow_steps_and_the_slowest_rank_counts():
     decide(b, slow, S)
     decide(b, fast_again, S)
     assert b.rails[1].slow_count == 0 and b.rails[1].status == LIVE
+
+
+def test_gray_needs_a_lag_beyond_scheduling_noise_not_just_a_low_ratio():
+    # 1.6 MB chunks: 41 ms vs 9 ms is a ratio of 0.22 but only a 32 ms lag (a loaded host)
+    noise = [vote(0, bw={0: 38e6, 1: 172e6}, chunk_s={0: 0.041, 1: 0.009}), vote(1, bw={0: 40e6, 1: 180e6})]
+    a = live2()
+    assert decide(a, noise, S).newly_dead == [] and decide(a, noise, S).newly_dead == []
+    assert a.rails[0].slow_count == 0
+    # a collapsed link: 0.3 s behind
+    gray = [vote(0, bw={0: 5e6, 1: 172e6}, chunk_s={0: 0.31, 1: 0.01}), vote(1, bw={0: 5e6, 1: 180e6})]
+    b = live2()
+    decide(b, gray, S)
+    assert decide(b, gray, S).newly_dead == [0]
+    assert b.rails[0].reason.startswith("gray") and "300 ms behind" in b.rails[0].reason
 
 
 def test_dead_rail_rebuilds_only_when_every_carrier_is_stable_and_probe_interval_passed():

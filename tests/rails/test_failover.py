@@ -24,11 +24,13 @@ def reference(tmp_path_factory):
     with Testbed(TestbedSpec(hosts=HOSTS, rails=2)) as tb:
         res = run_rail_job(tb, JobSpec(steps=STEPS, timeout_s=120), [], tmp_path_factory.mktemp("ref"))
     assert res.ok, res.stderr_tail
-    # With no fault, both rails carry the traffic. A chunk deadline can still expire on a
-    # 2-core machine (a spurious timeout, which the job survives; ~11 % of steps in one CI
-    # run), so ask for most steps, not every one.
+    # With no fault, both rails carry the traffic. The per-chunk deadline adapts to measured
+    # chunk times and waits out a slow peer, so a loaded 2-core machine no longer fails a
+    # healthy rail. One spurious loss costs 13-19 steps on one rail under load (until the
+    # rail is rebuilt and probed; more on an idle machine), so this allows none, with room
+    # for a few one-step hiccups (every rail given up at once and rebuilt within the step).
     both = sum(s["attempts"] == 1 and s["rails"] == [0, 1] for s in res.steps)
-    assert both >= 0.75 * len(res.steps), f"only {both}/{len(res.steps)} steps used both rails"
+    assert both >= 0.95 * len(res.steps), f"only {both}/{len(res.steps)} steps used both rails"
     return res.checksums[0]
 
 
@@ -75,6 +77,8 @@ def test_whole_rail_switch_down_is_caught_by_the_bounded_timeout(make_testbed, t
     assert res.checksums[0] == reference
     causes = [c for rank in res.causes for c in rank if c["rail"] == 1]
     assert any(c["cause"] == "timeout" for c in causes)  # carrier stayed up: silent failure
+    # bounded: the adaptive deadline never exceeds its 1 s ceiling, so well inside gloo's 2 s
+    assert max(c["after_s"] for c in causes if c["cause"] == "timeout") < 2.0
     assert not any(c["cause"] == "carrier" for c in causes)
     _out_and_back(res, 1, res.faults[0].reverted_t)
 

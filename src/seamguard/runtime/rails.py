@@ -10,14 +10,21 @@ carried them) and the chunks run concurrently on the usable rails.
 A rail is given up when
   * its carrier drops (a watcher thread polls ``/sys/class/net/<if>/carrier``),
   * a peer announced that it gave the rail up (a store key, polled by the same thread),
-  * a chunk on it misses the bounded per-op deadline (silent failures: a dead switch), or
-  * it is gray: its measured bandwidth is far below its peers' for two steps in a row.
+  * a chunk on it misses its deadline (silent failures: a dead switch). The deadline counts
+    once a chunk on another rail has finished (until then a late chunk most likely waits
+    for a slow peer, and waits up to the ceiling) and adapts to the rail's recent chunk
+    times (`overdue`, `op_deadline`: a multiple of the slowest recent one, clamped to a
+    floor and a ceiling), so a loaded host does not fail healthy rails, and a rail that
+    never finishes is given up within the ceiling; or
+  * it is gray: its measured bandwidth is far below its peers' for two steps in a row, and
+    its chunks took well longer than theirs (more than a loaded host's scheduling noise).
 The in-flight chunk is abandoned (its buffer is a private copy; gloo cannot cancel an op,
 so the broken group is parked until its own timeout ends the op) and re-run on a healthy
 rail. After each attempt every rank votes over the store (keyed by step and attempt);
 all ranks apply the same pure `decide()` to the same votes, so they agree on which chunks
 succeeded, which rails are out, and when a rail is rebuilt (a new group under a new
-generation prefix, then a bandwidth probe) and taken back into use.
+generation prefix, then a bandwidth probe) and taken back into use. The chunk times that
+set the deadlines travel in the same votes, so every rank applies the same deadline.
 
 Called by training code (see `seamguard.runtime.rails_job`) through `RailGroup.allreduce_`
 and `RailGroup.broadcast_`; uses only the public torch.distributed gloo API.
@@ -27,8 +34,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -45,8 +54,19 @@ class RailSettings:
     """Rail interface names inside the host, index = rail id (e.g. ("rail0", "rail1"))."""
     chunks: int = 0
     """Fixed number of chunks per collective; 0 = one per rail. Never depends on health."""
-    op_timeout_s: float = 0.5
-    """A chunk not finished on a rail by then counts as that rail failing (silent faults)."""
+    op_deadline_min_s: float = 0.5
+    """Floor of the per-chunk deadline: a host that is merely slow is not a rail failure. On
+    the loaded 2-core testbed a healthy rail's chunk finished up to 0.63 s after the other
+    rail's while recent chunk times stayed short, so a lower floor fails healthy rails."""
+    op_deadline_max_s: float = 1.0
+    """Ceiling of the per-chunk deadline, and its value until a rail has chunk times: a
+    silent failure (dead switch, carriers up) is caught within this. Below gloo_timeout_s."""
+    op_deadline_factor: float = 3.0
+    """Deadline = this x the slowest recent chunk time on the rail, then clamped."""
+    op_deadline_window_chunks: int = 50
+    """Recent chunk times per rail (one per attempt: the slowest rank's) the deadline uses."""
+    op_deadline_warmup_chunks: int = 5
+    """A rail with fewer recent chunk times than this gets the ceiling as its deadline."""
     gloo_timeout_s: float = 2.0
     """gloo's own per-op and connect timeout; bounds abandoned ops and rebuild attempts."""
     poll_s: float = 0.02
@@ -61,6 +81,10 @@ class RailSettings:
     """Consecutive slow measurements before a rail is declared gray."""
     min_gray_bytes: int = 256 * 1024
     """Chunks smaller than this are latency-bound and not used to judge bandwidth."""
+    gray_min_lag_s: float = 0.1
+    """A slow measurement counts only if the rail's chunks also took at least this much longer
+    than the fastest rail's: a shorter lag is scheduling noise on a loaded host (30-70 ms
+    seen on the 2-core testbed, at 4x-5x lower bandwidth), not a collapsed link."""
     probe_bytes: int = 1 << 20
     """Size of the allreduce that probes a rebuilt rail's bandwidth."""
     start_timeout_s: float = 120.0
@@ -73,14 +97,71 @@ class RailSettings:
     def __post_init__(self) -> None:
         if not self.interfaces:
             raise ValueError("RailSettings.interfaces: at least one rail interface is needed")
-        if self.op_timeout_s <= 0 or self.gloo_timeout_s <= 0:
-            raise ValueError("timeouts must be positive")
+        if not 0 < self.op_deadline_min_s <= self.op_deadline_max_s < self.gloo_timeout_s:
+            # at or above gloo's timeout, gloo would end a silent failure as an error first
+            raise ValueError("need 0 < op_deadline_min_s <= op_deadline_max_s < gloo_timeout_s, got "
+                             f"{self.op_deadline_min_s}, {self.op_deadline_max_s}, {self.gloo_timeout_s}")
+        if self.op_deadline_factor < 1:
+            raise ValueError(f"op_deadline_factor must be >= 1, got {self.op_deadline_factor}")
+        if not 1 <= self.op_deadline_warmup_chunks <= self.op_deadline_window_chunks:
+            raise ValueError("need 1 <= op_deadline_warmup_chunks <= op_deadline_window_chunks")
         if not 0 < self.gray_ratio < 1:
             raise ValueError(f"gray_ratio must be in (0, 1), got {self.gray_ratio}")
 
     @property
     def n_chunks(self) -> int:
         return self.chunks or len(self.interfaces)
+
+
+# ---- the per-chunk deadline: a pure function of agreed chunk times -----------------------
+
+@dataclass(frozen=True)
+class OpDeadline:
+    """How long a chunk on a rail may take before the rail counts as failed, and why."""
+
+    deadline_s: float
+    basis: str
+
+
+def op_deadline(recent_chunk_s: Sequence[float], s: RailSettings) -> OpDeadline:
+    """Pure: the deadline for a rail's next chunks from its recent chunk times (oldest first).
+
+    A multiple of the slowest of the last `op_deadline_window_chunks` times, not a mean or a
+    quantile: it rises at once with a burst of slow-but-successful chunks and falls only
+    once the burst has left the window. Clamped to [`op_deadline_min_s`,
+    `op_deadline_max_s`], so a rail whose chunks never finish is given up within the ceiling.
+    """
+    recent = list(recent_chunk_s)[-s.op_deadline_window_chunks:]
+    if len(recent) < s.op_deadline_warmup_chunks:
+        return OpDeadline(s.op_deadline_max_s, f"warm-up ({len(recent)}/{s.op_deadline_warmup_chunks} "
+                                               f"chunk times): ceiling {s.op_deadline_max_s:g} s")
+    slowest = max(recent)
+    raw = s.op_deadline_factor * slowest
+    basis = f"{s.op_deadline_factor:g} x slowest of {len(recent)} recent chunks ({slowest:.3f} s)"
+    if raw < s.op_deadline_min_s:
+        return OpDeadline(s.op_deadline_min_s, f"{basis} = {raw:.3f} s, raised to floor {s.op_deadline_min_s:g} s")
+    if raw > s.op_deadline_max_s:
+        return OpDeadline(s.op_deadline_max_s, f"{basis} = {raw:.3f} s, cut to ceiling {s.op_deadline_max_s:g} s")
+    return OpDeadline(raw, f"{basis} = {raw:.3f} s")
+
+
+def overdue(own_s: float, since_other_rail_s: float | None, deadline: OpDeadline, s: RailSettings) -> str:
+    """Pure: why a chunk still running is given up (its rail counts as failed), or "" to wait.
+
+    `own_s`: how long the chunk has had its rail (since the chunks ahead of it there were
+    done). `since_other_rail_s`: how long ago a chunk of this attempt finished on another
+    rail, None if none has. A finished chunk elsewhere shows that every peer joined the
+    collective, so from then on this rail gets its own deadline. Before that, a late chunk
+    most likely waits for a slow peer (a rank descheduled on a loaded host), which delays
+    every rail alike and is no reason to give any of them up; it gets the ceiling.
+    """
+    if own_s > s.op_deadline_max_s:
+        alone = "" if since_other_rail_s is not None else ", no other rail finished"
+        return f"{own_s:.3f} s > ceiling {s.op_deadline_max_s:g} s{alone}"
+    if since_other_rail_s is not None and min(own_s, since_other_rail_s) > deadline.deadline_s:
+        return (f"{min(own_s, since_other_rail_s):.3f} s after another rail finished > deadline "
+                f"{deadline.deadline_s:.3f} s ({deadline.basis})")
+    return ""
 
 
 # ---- the agreed rail state and the pure decision over votes -------------------------------
@@ -97,6 +178,10 @@ class RailState:
     slow_count: int = 0
     last_try_t_s: float = -1e9  # rank 0's monotonic clock when the last build ended badly
     reason: str = ""
+    recent_chunk_s: list[float] = field(default_factory=list)  # agreed chunk times, oldest first
+
+    def deadline(self, s: RailSettings) -> OpDeadline:
+        return op_deadline(self.recent_chunk_s, s)
 
 
 @dataclass
@@ -117,6 +202,10 @@ class Vote:
     built: dict[int, tuple[int, bool, float]]  # rail -> (gen, ok, probe bytes/s) of finished builds
     bw_bytes_per_s: dict[int, float]  # measured per rail this attempt (big enough chunks only)
     t_s: float  # sender's monotonic clock (only rank 0's is used for decisions)
+    # per rail: the longest a chunk took on this rank this attempt, counted from when the
+    # chunks ahead of it on that rail were done; a chunk that missed its deadline counts
+    # with the time it was given up after (it took at least that long)
+    chunk_s: dict[int, float] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -126,6 +215,7 @@ class Vote:
         d = json.loads(s)
         d["built"] = {int(k): tuple(v) for k, v in d["built"].items()}
         d["bw_bytes_per_s"] = {int(k): v for k, v in d["bw_bytes_per_s"].items()}
+        d["chunk_s"] = {int(k): v for k, v in d.get("chunk_s", {}).items()}
         return Vote(**d)
 
 
@@ -135,6 +225,7 @@ class Decision:
     newly_dead: list[int]
     start_builds: list[int]  # rails every rank starts rebuilding now (at the new gen)
     newly_live: list[int]
+    chunk_s: dict[int, float] = field(default_factory=dict)  # rail -> chunk time added to its window
 
 
 def decide(agreed: Agreed, votes: list[Vote], s: RailSettings) -> Decision:
@@ -150,17 +241,29 @@ def decide(agreed: Agreed, votes: list[Vote], s: RailSettings) -> Decision:
         vals = [v.bw_bytes_per_s.get(r) for v in votes]
         if all(x is not None for x in vals):
             bw[r] = min(vals)  # type: ignore[type-var]
+    # chunk times: the slowest rank's, since a deadline that fits it fits every rank
+    chunk_s = {}
+    for r, st in enumerate(agreed.rails):
+        vals = [v.chunk_s[r] for v in votes if r in v.chunk_s]
+        if vals:
+            chunk_s[r] = max(vals)
+            st.recent_chunk_s = (st.recent_chunk_s + [chunk_s[r]])[-s.op_deadline_window_chunks:]
     if bw:
         best = max(bw.values())
         agreed.bw_ref_bytes_per_s = best if agreed.bw_ref_bytes_per_s == 0 else max(
             best, 0.8 * agreed.bw_ref_bytes_per_s)
         if len(bw) > 1:
+            fastest_s = min((chunk_s[r] for r in bw if r in chunk_s), default=0.0)
             for r, b in bw.items():
                 st = agreed.rails[r]
-                st.slow_count = st.slow_count + 1 if b < s.gray_ratio * best else 0
+                lag_s = chunk_s.get(r, math.inf) - fastest_s  # no chunk times voted: bandwidth alone
+                slow = b < s.gray_ratio * best and lag_s >= s.gray_min_lag_s
+                st.slow_count = st.slow_count + 1 if slow else 0
                 if st.slow_count >= s.gray_steps and r not in failed:
                     failed.add(r)
                     st.reason = f"gray: {b / 1e6:.1f} MB/s vs best {best / 1e6:.1f} MB/s"
+                    if r in chunk_s:
+                        st.reason += f", {lag_s * 1e3:.0f} ms behind"
     for r, st in enumerate(agreed.rails):
         if st.status == LIVE and r in failed:
             st.status, st.slow_count, st.last_try_t_s = DEAD, 0, t0
@@ -183,7 +286,7 @@ def decide(agreed: Agreed, votes: list[Vote], s: RailSettings) -> Decision:
             if up_for >= s.stable_s and t0 - st.last_try_t_s >= s.probe_interval_s:
                 st.status, st.gen = BUILDING, st.gen + 1
                 builds.append(r)
-    return Decision(commit, dead, builds, live)
+    return Decision(commit, dead, builds, live, chunk_s)
 
 
 # ---- the shell: process groups, watcher, chunk execution, votes ---------------------------
@@ -198,6 +301,20 @@ class CollectiveReport:
     failed_rails: list[int]
     elapsed_s: float
     bytes_per_rail: dict[int, int] = field(default_factory=dict)
+    deadline_s: dict[int, float] = field(default_factory=dict)  # per rail, first attempt
+    chunk_s: dict[int, float] = field(default_factory=dict)  # agreed chunk time per rail, first attempt
+
+
+@dataclass
+class _Attempt:
+    """This rank's outcome of running the open chunks once; what it votes."""
+
+    deadline: dict[int, OpDeadline]  # per usable rail: the agreed deadline this attempt uses
+    ok: dict[int, bool] = field(default_factory=dict)  # chunk -> finished here
+    failed: set[int] = field(default_factory=set)
+    bw: dict[int, float] = field(default_factory=dict)
+    chunk_s: dict[int, float] = field(default_factory=dict)  # as in Vote.chunk_s
+    results: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def _read_carrier(iface: str) -> bool:
@@ -242,7 +359,7 @@ class RailGroup:
         self._watcher = threading.Thread(target=self._watch, name="rail-watcher", daemon=True)
         self._watcher.start()
         # agree on the starting set of rails
-        self._agree(-1, 0, [True] * self.s.n_chunks, [], {})
+        self._agree(-1, 0, [True] * self.s.n_chunks, [], {}, {})
 
     # ---- groups ----------------------------------------------------------------------
     def _make_pg(self, rail: int, gen: int) -> dist.ProcessGroup:
@@ -341,6 +458,7 @@ class RailGroup:
         used: set[int] = set()
         failed_all: set[int] = set()
         bytes_per_rail: dict[int, int] = {}
+        report = CollectiveReport(step, 0, [], [], 0.0, bytes_per_rail)
         attempt = 0
         while not all(done):
             usable = self.agreed.usable()
@@ -350,88 +468,123 @@ class RailGroup:
                                      + "; ".join(f"rail{r} {st.status} {st.reason}"
                                                  for r, st in enumerate(self.agreed.rails)))
                 time.sleep(min(0.05, self.s.stable_s))
-                self._agree(step, attempt, [False] * len(chunks), [], {})
+                self._agree(step, attempt, [False] * len(chunks), [], {}, {})
                 attempt += 1
                 continue
             todo = [c for c in range(len(chunks)) if not done[c]]
-            ok, failed, bw, results = self._run_chunks(kind, chunks, todo, usable, src)
+            res = self._run_chunks(kind, chunks, todo, usable, src)
             for c in todo:
                 r = usable[c % len(usable)]
                 bytes_per_rail[r] = bytes_per_rail.get(r, 0) + chunks[c].numel() * chunks[c].element_size()
-            oks = [done[c] or ok.get(c, False) for c in range(len(chunks))]
-            dec = self._agree(step, attempt, oks, sorted(failed), bw)
-            failed_all |= set(dec.newly_dead) | failed
+            oks = [done[c] or res.ok.get(c, False) for c in range(len(chunks))]
+            dec = self._agree(step, attempt, oks, sorted(res.failed), res.bw, res.chunk_s)
+            if not report.deadline_s:
+                report.deadline_s = {r: d.deadline_s for r, d in res.deadline.items()}
+                report.chunk_s = dec.chunk_s
+            failed_all |= set(dec.newly_dead) | res.failed
             for c in todo:
                 if dec.commit_chunks[c]:
-                    chunks[c].copy_(results[c])
+                    chunks[c].copy_(res.results[c])
                     done[c] = True
                     used.add(usable[c % len(usable)])
             attempt += 1
-        return CollectiveReport(step, attempt, sorted(used), sorted(failed_all),
-                                time.monotonic() - t_start, bytes_per_rail)
+        report.attempts, report.rails_used, report.failed_rails = attempt, sorted(used), sorted(failed_all)
+        report.elapsed_s = time.monotonic() - t_start
+        return report
 
     def _run_chunks(self, kind: str, chunks: list[torch.Tensor], todo: list[int], usable: list[int],
-                    src: int) -> tuple[dict[int, bool], set[int], dict[int, float], dict[int, torch.Tensor]]:
-        pending: dict[int, tuple[int, int, dist.Work, float]] = {}
-        results: dict[int, torch.Tensor] = {}
-        ok: dict[int, bool] = {}
-        failed: set[int] = set()
+                    src: int) -> _Attempt:
+        """Run the chunks `todo` on the usable rails once; give up a rail on its first failure.
+
+        A chunk's time counts from when the chunks issued before it on the same rail were
+        done (a rail carrying two chunks gives each its own time). That time, and how long
+        ago a chunk finished on another rail, decide whether it is overdue (`overdue`); the
+        longest such time per rail is voted as the rail's chunk time (`Vote.chunk_s`).
+        """
+        res = _Attempt({r: self.agreed.rails[r].deadline(self.s) for r in usable})
+        pending: dict[int, tuple[int, int, dist.Work, float]] = {}  # chunk -> rail, gen, work, issued
+        queue: dict[int, list[int]] = {r: [] for r in usable}  # rail -> its unresolved chunks, in issue order
+        clock: dict[int, float] = {}  # chunk -> when its own time began (it reached the head of its rail)
         elapsed: dict[int, list[tuple[int, float]]] = {}
         for c in todo:
             r = usable[c % len(usable)]
             pg, gen = self.pgs[r], self.agreed.rails[r].gen
             buf = chunks[c].clone()  # private: an abandoned op may still write into it
-            results[c] = buf
+            res.results[c] = buf
             if pg is None or self._local_fail[r] >= gen:
-                ok[c] = False
-                failed.add(r)
+                res.ok[c] = False
+                res.failed.add(r)
                 continue
             try:
                 pending[c] = (r, gen, self._issue(kind, pg, buf, src), time.monotonic())
+                queue[r].append(c)
             except Exception:  # noqa: BLE001
-                ok[c] = False
-                failed.add(r)
+                res.ok[c] = False
+                res.failed.add(r)
+
+        clock.update({q[0]: pending[q[0]][3] for q in queue.values() if q})
+
+        def took(r: int, dt: float) -> None:
+            res.chunk_s[r] = max(res.chunk_s.get(r, 0.0), dt)
+
+        done_t: dict[int, float] = {}  # rail -> when its first chunk of this attempt finished
         while pending:
             now = time.monotonic()
             for c, (r, gen, work, t0) in list(pending.items()):
                 if work.is_completed():
                     try:
                         work.wait()
-                        ok[c] = True
+                        res.ok[c] = True
+                        done_t.setdefault(r, now)
                         elapsed.setdefault(r, []).append((chunks[c].numel() * 4, now - t0))
+                        if c in clock:
+                            took(r, now - clock[c])
                     except Exception as e:  # noqa: BLE001 - peer gone / gloo timeout
                         self.causes.append({"rail": r, "gen": gen, "after_s": round(now - t0, 3),
                                             "cause": f"error: {str(e)[:80]}"})
-                        ok[c] = False
-                        failed.add(r)
+                        res.ok[c] = False
+                        res.failed.add(r)
                         self._announce(r, gen, self.store)
-                    del pending[c]
-                elif self._local_fail[r] >= gen or r in failed or now - t0 > self.s.op_timeout_s:
-                    self.causes.append({"rail": r, "gen": gen, "after_s": round(now - t0, 3),
-                                        "cause": "flagged" if self._local_fail[r] >= gen else
-                                        ("sibling" if r in failed else "timeout")})
-                    ok[c] = False  # abandoned: the buffer is private, the group gets parked
-                    failed.add(r)
+                else:
+                    why = ""
+                    if self._local_fail[r] >= gen:
+                        cause = "flagged"
+                    elif r in res.failed:
+                        cause = "sibling"
+                    else:
+                        others = [x for q, x in done_t.items() if q != r]
+                        why = overdue(now - clock[c], now - min(others) if others else None,
+                                      res.deadline[r], self.s) if c in clock else ""
+                        if not why:
+                            continue
+                        cause = "timeout"
+                        took(r, now - clock[c])  # it took at least this long
+                    self.causes.append({"rail": r, "gen": gen, "after_s": round(now - t0, 3), "cause": cause,
+                                        **({"why": why} if why else {})})
+                    res.ok[c] = False  # abandoned: the buffer is private, the group gets parked
+                    res.failed.add(r)
                     self._announce(r, gen, self.store)
-                    del pending[c]
+                del pending[c]
+                queue[r].remove(c)
+                if queue[r] and queue[r][0] not in clock:
+                    clock[queue[r][0]] = now  # the chunks ahead of it on this rail are done
             if pending:
                 time.sleep(0.001)
-        bw = {}
         for r, xs in elapsed.items():
             nbytes = sum(b for b, _ in xs)
-            if r not in failed and min(b for b, _ in xs) >= self.s.min_gray_bytes:
-                bw[r] = nbytes / max(max(t for _, t in xs), 1e-9)
-        return ok, failed, bw, results
+            if r not in res.failed and min(b for b, _ in xs) >= self.s.min_gray_bytes:
+                res.bw[r] = nbytes / max(max(t for _, t in xs), 1e-9)
+        return res
 
     # ---- agreement ---------------------------------------------------------------------------
     def _agree(self, step: int, attempt: int, ok_chunks: list[bool], failed: list[int],
-               bw: dict[int, float]) -> Decision:
+               bw: dict[int, float], chunk_s: dict[int, float]) -> Decision:
         now = time.monotonic()
         with self._lock:
             built = dict(self._built)  # latest result per rail; decide() matches it to the gen
         up_for = [(now - self._carrier_since[r]) if self._carrier[r] else 0.0
                   for r in range(len(self.s.interfaces))]
-        vote = Vote(self.rank, ok_chunks, failed, up_for, built, bw, now)
+        vote = Vote(self.rank, ok_chunks, failed, up_for, built, bw, now, chunk_s)
         # one round counter on every rank: all ranks call _agree equally often (same decisions)
         base = f"{self.prefix}/vote/{self._round}"
         self._round += 1

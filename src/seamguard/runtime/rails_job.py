@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         log.write(json.dumps({"step": step, "t_wall": time.time(), "step_s": time.time() - t0,
                               "comm_s": rep.elapsed_s, "attempts": rep.attempts, "rails": rep.rails_used,
                               "failed": rep.failed_rails, "bytes_per_rail": rep.bytes_per_rail,
+                              "deadline_s": {r: round(x, 4) for r, x in rep.deadline_s.items()},
+                              "chunk_s": {r: round(x, 4) for r, x in rep.chunk_s.items()},
                               "loss": float(loss.detach())}) + "\n")
     log.close()
     (a.out / f"rail_events.{a.rank}.json").write_text(json.dumps({"events": rails.events,
