@@ -454,7 +454,11 @@ class Runtime:
             self._stop.wait(self.settings.heartbeat_interval_s)
 
     def _note(self, kind: str, **fields) -> None:
-        self.events.append({"t": time.time(), "wid": self.wid, "kind": kind, **fields})
+        """Record a worker-side event and print it as one JSON line on stderr (the node
+        launcher's log), so recoveries can be explained from the logs."""
+        event = {"t": time.time(), "wid": self.wid, "kind": kind, **fields}
+        self.events.append(event)
+        print(f"[seamguard-worker] {json.dumps(event, default=str)}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ recovery
     def _wait(self, key: str, gen: int, timeout_s: float, spare: bool = False) -> bytes:
