@@ -122,7 +122,7 @@ def test_evacuate_hint_and_checkpoint_hint():
     assert store.check([keys.kill_request(0)]) and c.plan.ranks == [2, 1]
 
 
-def test_loss_without_ready_spare_waits_for_the_replacement_then_replaces():
+def _rank_1_lost_with_a_replacement_starting():
     c, store, clock, log = make(spares=())
     for w in (0, 1):
         store.set(keys.worker_addr(w), "h:1")
@@ -133,6 +133,11 @@ def test_loss_without_ready_spare_waits_for_the_replacement_then_replaces():
     store.set(keys.JOINED_COUNT, "1")
     store.set(keys.joined(1), "2")
     c.tick()
+    return c, store, clock, log
+
+
+def test_loss_without_ready_spare_waits_for_the_replacement_then_replaces():
+    c, store, clock, log = _rank_1_lost_with_a_replacement_starting()
     assert c.plan.gen == 0 and log[-1]["event"] == "waiting_for_spares"
     clock.t += 5.0
     store.set(keys.ready(2), "1")
@@ -141,15 +146,7 @@ def test_loss_without_ready_spare_waits_for_the_replacement_then_replaces():
 
 
 def test_replacement_that_never_gets_ready_ends_in_a_shrink():
-    c, store, clock, log = make(spares=())
-    for w in (0, 1):
-        store.set(keys.worker_addr(w), "h:1")
-    c.tick()
-    finish_generation(c, store, {})
-    store.set(keys.exit_code(1), "-9")
-    store.set(keys.JOINED_COUNT, "1")
-    store.set(keys.joined(1), "2")
-    c.tick()
+    c, store, clock, log = _rank_1_lost_with_a_replacement_starting()
     clock.t += c.settings.spare_wait_s + 1
     c.tick()
     assert c.plan.gen == 1 and c.plan.ranks == [0]
