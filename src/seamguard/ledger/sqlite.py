@@ -76,6 +76,16 @@ def _reasons(blob: str | None) -> list[dict]:
     return [{"channel": c, "score": s, "value": _num(v), "unit": u} for c, s, v, u in json.loads(blob or "[]")]
 
 
+def _paged(select: str, order: str, limit: int, offset: int,
+           *conditions: tuple[str, list] | None) -> tuple[str, list]:
+    """``select ... WHERE 1`` with every given (clause, parameters) ANDed on, newest first."""
+    args: list = []
+    for cond in filter(None, conditions):
+        select += f" AND {cond[0]}"
+        args += cond[1]
+    return f"{select} ORDER BY {order} DESC LIMIT ? OFFSET ?", args + [limit, offset]
+
+
 class _Reads:
     """The queries over the record, shared by the writer (`Ledger`) and `LedgerReader`.
 
@@ -89,21 +99,13 @@ class _Reads:
 
     def transitions(self, *, upto_tick: int | None = None, entity: str | None = None, kind: str | None = None,
                     non_healthy_only: bool = False, limit: int = 1000, offset: int = 0) -> list[dict]:
-        q = "SELECT tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons FROM transitions WHERE 1"
-        args: list = []
-        if upto_tick is not None:
-            q += " AND tick <= ?"
-            args.append(upto_tick)
-        if entity is not None:
-            q += " AND entity = ?"
-            args.append(entity)
-        if kind is not None:
-            q += " AND kind = ?"
-            args.append(kind)
-        if non_healthy_only:
-            q += " AND (to_state != 'healthy' OR from_state != 'healthy')"
-        q += " ORDER BY id DESC LIMIT ? OFFSET ?"
-        args += [limit, offset]
+        q, args = _paged(
+            "SELECT tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons FROM transitions WHERE 1",
+            "id", limit, offset,
+            ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
+            ("entity = ?", [entity]) if entity is not None else None,
+            ("kind = ?", [kind]) if kind is not None else None,
+            ("(to_state != 'healthy' OR from_state != 'healthy')", []) if non_healthy_only else None)
         return [{"tick": r[0], "t_s": r[1], "kind": r[2], "entity": r[3], "from_state": r[4], "to_state": r[5],
                  "gfs": r[6], "prs": r[7], "fae": r[8], "reasons": _reasons(r[9])}
                 for r in self._read_db().execute(q, args)]
@@ -111,20 +113,12 @@ class _Reads:
     def decisions(self, *, upto_tick: int | None = None, entity: str | None = None, event: str | None = None,
                   limit: int = 1000, offset: int = 0) -> list[dict]:
         """``entity`` matches the decision's target or its cause."""
-        q = ("SELECT tick, t_s, key, event, verb, target, reason, cause, evidence, benefit, cost, criticality "
-             "FROM decisions WHERE 1")
-        args: list = []
-        if upto_tick is not None:
-            q += " AND tick <= ?"
-            args.append(upto_tick)
-        if entity is not None:
-            q += " AND (target = ? OR cause = ?)"
-            args += [entity, entity]
-        if event is not None:
-            q += " AND event = ?"
-            args.append(event)
-        q += " ORDER BY id DESC LIMIT ? OFFSET ?"
-        args += [limit, offset]
+        q, args = _paged(
+            "SELECT tick, t_s, key, event, verb, target, reason, cause, evidence, benefit, cost, criticality "
+            "FROM decisions WHERE 1", "id", limit, offset,
+            ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
+            ("(target = ? OR cause = ?)", [entity, entity]) if entity is not None else None,
+            ("event = ?", [event]) if event is not None else None)
         return [{"tick": r[0], "t_s": r[1], "key": r[2], "event": r[3], "verb": r[4], "target": r[5],
                  "reason": r[6] or "", "cause": r[7] or "", "evidence": _reasons(r[8]),
                  "benefit_gpu_h_per_h": r[9], "cost_gpu_h_per_h": r[10], "criticality": r[11]}
@@ -134,21 +128,13 @@ class _Reads:
                 limit: int = 1000, offset: int = 0) -> list[dict]:
         """Actions joined with the target, reason and cause of the decision that asked for them;
         ``entity`` matches that target or cause."""
-        q = ("SELECT a.tick, a.t_s, a.op, a.key, a.verb, a.actuator, a.status, a.detail, d.target, d.reason, d.cause "
-             "FROM actions a LEFT JOIN (SELECT key, target, reason, cause, MAX(id) FROM decisions "
-             "WHERE event = 'decided' GROUP BY key) d ON d.key = a.key WHERE 1")
-        args: list = []
-        if upto_tick is not None:
-            q += " AND a.tick <= ?"
-            args.append(upto_tick)
-        if entity is not None:
-            q += " AND (d.target = ? OR d.cause = ?)"
-            args += [entity, entity]
-        if status is not None:
-            q += " AND a.status = ?"
-            args.append(status)
-        q += " ORDER BY a.id DESC LIMIT ? OFFSET ?"
-        args += [limit, offset]
+        q, args = _paged(
+            "SELECT a.tick, a.t_s, a.op, a.key, a.verb, a.actuator, a.status, a.detail, d.target, d.reason, d.cause "
+            "FROM actions a LEFT JOIN (SELECT key, target, reason, cause, MAX(id) FROM decisions "
+            "WHERE event = 'decided' GROUP BY key) d ON d.key = a.key WHERE 1", "a.id", limit, offset,
+            ("a.tick <= ?", [upto_tick]) if upto_tick is not None else None,
+            ("(d.target = ? OR d.cause = ?)", [entity, entity]) if entity is not None else None,
+            ("a.status = ?", [status]) if status is not None else None)
         return [{"tick": r[0], "t_s": r[1], "op": r[2], "key": r[3], "verb": r[4], "actuator": r[5],
                  "status": r[6], "detail": r[7] or "",
                  "target": r[8] or r[3].split(":", 1)[-1].split("@")[0],
@@ -166,19 +152,12 @@ class _Reads:
     def pin_events(self, *, upto_tick: int | None = None, kind: str | None = None, entity: str | None = None,
                    limit: int = 1000, offset: int = 0) -> list[dict]:
         """Every pin, unpin and pin not restored at a start (``event``), newest first."""
-        q = "SELECT tick, wall_time, event, kind, name, state, note, actor, detail FROM pin_events WHERE 1"
-        args: list = []
-        if upto_tick is not None:
-            q += " AND tick <= ?"
-            args.append(upto_tick)
-        if kind is not None:
-            q += " AND kind = ?"
-            args.append(kind)
-        if entity is not None:
-            q += " AND name = ?"
-            args.append(entity)
-        q += " ORDER BY id DESC LIMIT ? OFFSET ?"
-        args += [limit, offset]
+        q, args = _paged(
+            "SELECT tick, wall_time, event, kind, name, state, note, actor, detail FROM pin_events WHERE 1",
+            "id", limit, offset,
+            ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
+            ("kind = ?", [kind]) if kind is not None else None,
+            ("name = ?", [entity]) if entity is not None else None)
         return [{"tick": r[0], "wall_s": r[1], "event": r[2], "kind": r[3], "entity": r[4], "state": r[5],
                  "note": r[6] or "", "by": r[7] or "", "detail": r[8] or ""}
                 for r in self._read_db().execute(q, args)]
