@@ -123,40 +123,34 @@ class Snapshot:
         return ()
 
 
+def _through_node(fleet: Fleet, kind: Kind, per_node: np.ndarray, per_gpu: np.ndarray) -> np.ndarray:
+    """A node attribute (loop, rack) for every entity of ``kind`` that sits in a node;
+    NO_INDEX for the rest (a fabric link without a NIC end, other kinds)."""
+    out = np.full(fleet.count(kind), NO_INDEX, dtype=np.int64)
+    if kind == Kind.NODE:
+        out[:] = per_node
+    elif kind == Kind.GPU:
+        out[:] = per_gpu
+    elif kind == Kind.NIC:
+        out[:] = per_node[fleet.nic_node]
+    elif kind == Kind.LINK:
+        edge = fleet.link_nic >= 0
+        out[edge] = per_node[fleet.nic_node[fleet.link_nic[edge]]]
+    return out
+
+
 def _loop_of(fleet: Fleet, kind: Kind) -> np.ndarray:
     if kind == Kind.COOLING_LOOP:
         return np.arange(fleet.count(kind))
     if kind == Kind.RACK:
         return fleet.rack_loop.astype(np.int64)
-    if kind == Kind.NODE:
-        return fleet.node_loop.astype(np.int64)
-    if kind == Kind.GPU:
-        return fleet.gpu_loop.astype(np.int64)
-    if kind == Kind.NIC:
-        return fleet.node_loop[fleet.nic_node].astype(np.int64)
-    if kind == Kind.LINK:
-        edge = fleet.link_nic >= 0
-        out = np.full(fleet.count(kind), NO_INDEX, dtype=np.int64)
-        out[edge] = fleet.node_loop[fleet.nic_node[fleet.link_nic[edge]]]
-        return out
-    return np.full(fleet.count(kind), NO_INDEX, dtype=np.int64)
+    return _through_node(fleet, kind, fleet.node_loop, fleet.gpu_loop)
 
 
 def _rack_of(fleet: Fleet, kind: Kind) -> np.ndarray:
     if kind == Kind.RACK:
         return np.arange(fleet.count(kind))
-    if kind == Kind.NODE:
-        return fleet.node_rack.astype(np.int64)
-    if kind == Kind.GPU:
-        return fleet.gpu_rack.astype(np.int64)
-    if kind == Kind.NIC:
-        return fleet.node_rack[fleet.nic_node].astype(np.int64)
-    if kind == Kind.LINK:
-        edge = fleet.link_nic >= 0
-        out = np.full(fleet.count(kind), NO_INDEX, dtype=np.int64)
-        out[edge] = fleet.node_rack[fleet.nic_node[fleet.link_nic[edge]]]
-        return out
-    return np.full(fleet.count(kind), NO_INDEX, dtype=np.int64)
+    return _through_node(fleet, kind, fleet.node_rack, fleet.gpu_rack)
 
 
 def _per_owner_max(values: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
