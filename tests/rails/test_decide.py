@@ -83,3 +83,15 @@ def test_stale_or_failed_or_gray_probes_keep_the_rail_out():
     b = Agreed([RailState(BUILDING, 1), RailState(LIVE, 0)], bw_ref_bytes_per_s=1e9)
     decide(b, [vote(0, built={0: (1, True, 9e8)}), vote(1, built={0: (1, True, 1e7)})], S)
     assert b.rails[0].status == DEAD and b.rails[0].reason.startswith("probe gray")
+
+
+def test_a_few_slow_steps_do_not_lower_the_bar_for_a_gray_rails_probe():
+    # rail 0 is out and being rebuilt; rail 1 ran at 100 MB/s for 20 steps, then a busy
+    # host slowed the last 5 to 10 MB/s. A probe at 9 MB/s (a 50 Mbit link) is still gray.
+    a = Agreed([RailState(DEAD, 0, last_try_t_s=1e9), RailState(LIVE, 0)])
+    for bw in [100e6] * 20 + [10e6] * 5:
+        decide(a, [vote(0, bw={1: bw}), vote(1, bw={1: bw})], S)
+    a.rails[0].status, a.rails[0].gen = BUILDING, 1
+    probe = {0: (1, True, 9e6)}
+    decide(a, [vote(0, built=probe, bw={1: 10e6}), vote(1, built=probe, bw={1: 10e6})], S)
+    assert a.rails[0].status == DEAD and a.rails[0].reason.startswith("probe gray")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -187,7 +188,8 @@ class RailState:
 @dataclass
 class Agreed:
     rails: list[RailState]
-    bw_ref_bytes_per_s: float = 0.0  # best recent rail bandwidth: the yardstick for probes
+    bw_ref_bytes_per_s: float = 0.0  # typical best-rail bandwidth: the yardstick for probes
+    recent_best_bw: list[float] = field(default_factory=list)  # each step's best rail, oldest first
 
     def usable(self) -> list[int]:
         return [r for r, s in enumerate(self.rails) if s.status == LIVE]
@@ -250,8 +252,10 @@ def decide(agreed: Agreed, votes: list[Vote], s: RailSettings) -> Decision:
             st.recent_chunk_s = (st.recent_chunk_s + [chunk_s[r]])[-s.op_deadline_window_chunks:]
     if bw:
         best = max(bw.values())
-        agreed.bw_ref_bytes_per_s = best if agreed.bw_ref_bytes_per_s == 0 else max(
-            best, 0.8 * agreed.bw_ref_bytes_per_s)
+        # The median of recent steps, not the latest: a few steps slowed by a busy host
+        # must not lower the bar a probe of a still-gray rail has to clear.
+        agreed.recent_best_bw = (agreed.recent_best_bw + [best])[-s.op_deadline_window_chunks:]
+        agreed.bw_ref_bytes_per_s = statistics.median(agreed.recent_best_bw)
         if len(bw) > 1:
             fastest_s = min((chunk_s[r] for r in bw if r in chunk_s), default=0.0)
             for r, b in bw.items():
