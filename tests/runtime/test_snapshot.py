@@ -79,3 +79,62 @@ def test_buffers_are_preallocated_and_reused(tmp_path):
         assert slots.steps() == [27, 28, 29]
     finally:
         slots.close()
+
+
+def test_overlapped_capture_holds_the_state_of_its_step(tmp_path):
+    """Buffers are taken before `begin` returns (the forward pass changes them); the
+    slot is not a snapshot until `wait`, and then holds exactly the step's state."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = TrainingState(model, opt, GlobalBatchSampler(64, 8).state_dict)
+    slots = SlotStore(f"sgtest4-{tmp_path.name}", 3)
+    try:
+        _train(model, opt, 2)
+        expected = state_checksum(model)
+        cap = slots.begin(state, 2, timeout_s=5, overlap=True)
+        assert cap is not None and slots.find(2) is None   # not a snapshot yet
+        # the next step's forward pass moves the BatchNorm statistics during the copy
+        model(torch.randn(4, 8)).sum().backward()
+        slot = cap.wait()
+        assert slots.find(2) is slot and slots.latest == slot.index and not slot.filling
+        opt.step()
+        tensors, meta = tensors_of(slots.build_manifest(slot, 0, 1), slot.array)
+        state.restore(tensors, meta)
+        assert state_checksum(model) == expected
+    finally:
+        slots.close()
+
+
+def test_a_slot_being_filled_is_never_handed_out_twice(tmp_path):
+    model, opt, state = _setup()
+    slots = SlotStore(f"sgtest5-{tmp_path.name}", 3)
+    try:
+        _train(model, opt, 1)
+        caps = [slots.begin(state, s, timeout_s=5, overlap=True) for s in (1, 2)]
+        third = slots.begin(state, 3, timeout_s=0.05, overlap=True)
+        assert len({c.slot.index for c in caps + [third]}) == 3
+        # all three are filling: a fourth waits and gives up
+        assert slots.begin(state, 4, timeout_s=0.05) is None
+    finally:
+        slots.close()
+
+
+def test_a_failed_background_copy_surfaces_in_wait(tmp_path):
+    model, opt, state = _setup()
+    slots = SlotStore(f"sgtest6-{tmp_path.name}", 3)
+    try:
+        _train(model, opt, 1)
+
+        def boom():
+            raise OSError("device gone")
+        cap = slots.begin(state, 1, timeout_s=5, overlap=True, midway=boom)
+        try:
+            cap.wait()
+        except RuntimeError as exc:
+            assert "step 1" in str(exc) and "device gone" in str(exc)
+        else:
+            raise AssertionError("wait() hid the failed copy")
+        assert slots.find(1) is None and not cap.slot.filling
+    finally:
+        slots.close()

@@ -37,6 +37,9 @@ def launch(
     replenish_spares: bool = typer.Option(True, "--replenish-spares/--no-replenish-spares",
                                           help="start a fresh spare after every loss"),
     no_dedup: bool = typer.Option(False, "--no-dedup", help="send full replicas"),
+    overlap_snapshots: bool = typer.Option(
+        True, "--overlap-snapshots/--blocking-snapshots",
+        help="copy parameters and optimizer state while the step computes"),
     hint_dir: Optional[Path] = typer.Option(None, "--hint-dir", help="watched for hint files"),
     events_file: Optional[Path] = typer.Option(None, "--events-file"),
     chaos: str = typer.Option("", "--chaos", help="fault plan, see seamguard.runtime.chaos"),
@@ -51,7 +54,7 @@ def launch(
     try:
         rt = RuntimeSettings(snapshot_every_steps=snapshot_every, persist_every_steps=persist_every,
                              checkpoint_dir=checkpoint_dir, collective_timeout_s=collective_timeout_s,
-                             dedup_replicas=not no_dedup)
+                             dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots)
         env = {"SEAMGUARD_SETTINGS": json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                  for k, v in asdict(rt).items()})}
         if chaos:

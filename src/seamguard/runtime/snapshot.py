@@ -7,6 +7,11 @@ process reads them without a copy), allocated once for the state's layout and re
 every snapshot; the layout is rebuilt only if the set of tensors changes (e.g. once,
 when the optimizer creates its state at the first step). CUDA tensors are copied with
 non_blocking copies on a side stream into host memory registered as pinned.
+
+A capture can overlap the step it starts (`SlotStore.begin(..., overlap=True)`): what
+the forward pass changes (buffers, the meta blob) is copied at once, parameters and
+optimizer state in the background, and `Capture.wait` must return before the optimizer
+step changes them (the worker waits after the gradient all-reduce).
 """
 
 from __future__ import annotations
@@ -166,6 +171,36 @@ class Slot:
     manifest: Manifest | None = None
     readers: int = 0  # pipeline / replica server reading it: do not overwrite
     pinned: bool = False  # persister reading it
+    filling: bool = False  # a capture is still copying into it
+
+
+class Capture:
+    """A snapshot whose copy may still be running (`SlotStore.begin`); `wait` finishes it."""
+
+    def __init__(self, store: "SlotStore", slot: Slot, step: int, meta_len: int) -> None:
+        self.store, self.slot, self.step, self.meta_len = store, slot, step, meta_len
+        self.copier: threading.Thread | None = None
+        self.event: Any = None   # CUDA: recorded on the side stream after the last copy
+        self.error: BaseException | None = None
+        self.done = False
+
+    def wait(self) -> Slot:
+        """Block until every byte is in the slot, then make it the latest snapshot."""
+        if not self.done:
+            if self.copier is not None:
+                self.copier.join()
+            if self.event is not None:
+                self.event.synchronize()
+            self.done = True
+            with self.store.cond:
+                self.slot.filling = False
+                if self.error is None:
+                    self.slot.meta_len, self.slot.step = self.meta_len, self.step
+                    self.store.latest = self.slot.index
+                self.store.cond.notify_all()
+        if self.error is not None:
+            raise RuntimeError(f"snapshot copy of step {self.step} failed: {self.error}") from self.error
+        return self.slot
 
 
 @dataclass
@@ -223,52 +258,84 @@ class SlotStore:
         with self.cond:
             def free() -> list[Slot]:
                 return [s for s in self.slots
-                        if s.index != self.latest and not s.readers and not s.pinned]
+                        if s.index != self.latest and not (s.readers or s.pinned or s.filling)]
             if not self.cond.wait_for(lambda: free(), timeout=timeout_s):
                 return None
             slot = min(free(), key=lambda s: s.step)
-            slot.step, slot.manifest = -1, None
+            slot.step, slot.manifest, slot.filling = -1, None, True
             _sidecar(slot.path).unlink(missing_ok=True)   # before its bytes change
             return slot
 
     def capture(self, state: TrainingState, step: int, timeout_s: float,
                 midway=None) -> Slot | None:
         """Copy the state at `step` into a free slot; None if no slot freed in time."""
+        cap = self.begin(state, step, timeout_s, midway)
+        return None if cap is None else cap.wait()
+
+    def begin(self, state: TrainingState, step: int, timeout_s: float, midway=None,
+              overlap: bool = False) -> Capture | None:
+        """Start copying the state at `step` into a free slot; None if none freed in time.
+
+        Model buffers and the meta blob (what the next forward pass changes) are copied
+        before this returns. With `overlap`, parameters and optimizer state are copied in
+        the background (a thread on CPU, the side stream on CUDA): the caller must
+        `wait()` before anything changes them. Without it, `wait()` returns at once.
+        """
         named = state.named_tensors()
         meta = state.meta(step)
         if self.layout is None or Layout.build(named, 0).signature() != self.layout.signature() \
                 or len(meta) > self.layout.meta_capacity:
             with self.cond:
-                self.cond.wait_for(lambda: not any(s.readers or s.pinned for s in self.slots),
-                                   timeout=timeout_s)
+                self.cond.wait_for(lambda: not any(s.readers or s.pinned or s.filling
+                                                   for s in self.slots), timeout=timeout_s)
                 self._allocate(Layout.build(named, len(meta)))
         slot = self._pick(timeout_s)
         if slot is None:
             return None
+        cap = Capture(self, slot, step, len(meta))
+        lo = self.layout.meta_offset
+        slot.array[lo:lo + len(meta)] = np.frombuffer(meta, dtype=np.uint8)
         host = torch.from_numpy(slot.array)
+        jobs = list(zip(named, self.layout.items))
+        mutable = set(state.buffer_names())
+        first = [j for j in jobs if j[0][0] in mutable]
+        rest = [j for j in jobs if j[0][0] not in mutable]
         cuda = any(t.is_cuda for _, t in named)
         if cuda and self._stream is None:
             self._stream = torch.cuda.Stream()
-        ctx = torch.cuda.stream(self._stream) if cuda else _nullcontext()
+        half = len(jobs) // 2
+
+        def copy(part, start: int) -> None:
+            ctx = torch.cuda.stream(self._stream) if cuda else _nullcontext()
+            with ctx, torch.no_grad():
+                for i, ((_, t), (_, _, _, off, nbytes)) in enumerate(part, start):
+                    if i == half and midway is not None:
+                        midway()
+                    dst = host[off:off + nbytes].view(t.dtype).view(t.shape)
+                    dst.copy_(t, non_blocking=t.is_cuda)
+
         if cuda:
             self._stream.wait_stream(torch.cuda.current_stream())
-        with ctx, torch.no_grad():
-            half = len(named) // 2
-            for i, ((name, t), (_, d, shape, off, nbytes)) in enumerate(zip(named, self.layout.items)):
-                if i == half and midway is not None:
-                    midway()
-                dst = host[off:off + nbytes].view(t.dtype).view(t.shape)
-                dst.copy_(t, non_blocking=t.is_cuda)
+        copy(first, 0)
         if cuda:
-            self._stream.synchronize()
-        lo = self.layout.meta_offset
-        slot.array[lo:lo + len(meta)] = np.frombuffer(meta, dtype=np.uint8)
-        with self.cond:
-            slot.meta_len = len(meta)
-            slot.step = step
-            self.latest = slot.index
-            self.cond.notify_all()
-        return slot
+            self._stream.synchronize()   # buffers change in the next forward pass
+        if not overlap:
+            copy(rest, len(first))
+            if cuda:
+                self._stream.synchronize()
+        elif cuda:
+            copy(rest, len(first))
+            cap.event = torch.cuda.Event()
+            cap.event.record(self._stream)
+        else:
+            def run() -> None:
+                try:
+                    copy(rest, len(first))
+                except BaseException as exc:  # noqa: BLE001 - handed to wait()
+                    cap.error = exc
+            cap.copier = threading.Thread(target=run, name=f"snapshot-{step}", daemon=True)
+            cap.copier.start()
+        return cap
 
     def build_manifest(self, slot: Slot, rank: int, world_size: int) -> Manifest:
         """Hash every tensor of a captured slot (called off the training thread)."""

@@ -95,6 +95,7 @@ class Runtime:
         self._persist_at = -1
         self._hint_persisted = -1
         self._force_persist = False
+        self._inflight = None  # (Capture, persist?) of a snapshot still copying
         self._pipeline: queue.Queue = queue.Queue()
         self._side_store: dist.TCPStore | None = None
         self._persist_lock = threading.Lock()
@@ -131,6 +132,8 @@ class Runtime:
                  sampler: GlobalBatchSampler) -> None:
         """Hand the runtime what it snapshots, replicates and restores."""
         self.state = TrainingState(model, optimizer, sampler.state_dict)
+        # a snapshot still copying must be complete before the optimizer changes its source
+        optimizer.register_step_pre_hook(lambda *_: self._finish_snapshot())
         self.sampler = sampler
         params = [p for p in model.parameters() if p.requires_grad]
         self._params = params
@@ -179,8 +182,15 @@ class Runtime:
         """Average gradients over the group; False means the step is cancelled (skip it).
 
         Gradients are weighted by shard size so a shrunk group with uneven shards still
-        computes the mean over the whole global batch.
+        computes the mean over the whole global batch. A snapshot begun at the start of
+        the step is finished here, before the optimizer may change what it copies.
         """
+        try:
+            return self._sync_gradients()
+        finally:
+            self._finish_snapshot()
+
+    def _sync_gradients(self) -> bool:
         assert self._flat is not None and self.sampler is not None
         self._compute_s = time.perf_counter() - self._t_compute
         if self._failed or self._gen_seen > self.gen:
@@ -211,6 +221,7 @@ class Runtime:
     def finish(self) -> None:
         """Stop background threads, the persister, and free the shared-memory slots."""
         self._stop.set()
+        self._finish_snapshot()
         self._pipeline.put(None)
         if self._persister is not None and self._persister.poll() is None:
             self._persister.stdin.close()
@@ -310,6 +321,7 @@ class Runtime:
         self.slots.publish_manifest(slot, manifest, self.role)
 
     def _maybe_snapshot(self) -> None:
+        self._finish_snapshot()
         k = self.settings.snapshot_every_steps
         latest = self.slots.find(self.step)
         if (self.step % k and not self._force_persist) or (
@@ -317,18 +329,35 @@ class Runtime:
             return
         self._phase = "snapshot"
         t0 = time.perf_counter()
-        slot = self.slots.capture(
+        cap = self.slots.begin(
             self.state, self.step, timeout_s=self.settings.replica_timeout_s,
-            midway=lambda: self.injector.maybe_fire("snapshot", self.rank, self.step))
+            midway=lambda: self.injector.maybe_fire("snapshot", self.rank, self.step),
+            overlap=self.settings.overlap_snapshots and not self._force_persist)
         self.stats["snapshot_stall_s"] += time.perf_counter() - t0
-        if slot is None:
+        if cap is None:
             self._note("snapshot_skipped", step=self.step, reason="no free slot in time")
             return
+        self._inflight = (cap, self._persist_due(self.step))
+        if not self.settings.overlap_snapshots or self._force_persist:
+            self._finish_snapshot()
+
+    def _finish_snapshot(self) -> None:
+        """Wait for the snapshot in flight (if any) and hand it to the pipeline."""
+        if self._inflight is None:
+            return
+        (cap, persist), self._inflight = self._inflight, None
+        t0 = time.perf_counter()
+        try:
+            slot = cap.wait()
+        except RuntimeError as exc:
+            self._note("snapshot_failed", step=cap.step, error=str(exc)[:200])
+            return
+        finally:
+            self.stats["snapshot_stall_s"] += time.perf_counter() - t0
         self.stats["snapshots"] += 1
-        persist = self._persist_due(self.step)
         with self.slots.cond:
             slot.readers += 1
-        self._pipeline.put((slot, self.step, self.gen, persist))
+        self._pipeline.put((slot, cap.step, self.gen, persist))
 
     def _persist_due(self, step: int) -> bool:
         s = self.settings
@@ -476,6 +505,7 @@ class Runtime:
     def _recover(self) -> None:
         """Follow the coordinator's generations until one recovers cleanly."""
         self._phase = "recover"
+        self._finish_snapshot()
         self._abandon_group()
         t0 = time.monotonic()
         while True:
