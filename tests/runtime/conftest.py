@@ -20,6 +20,7 @@ class Run:
     out: Path
     events: list[dict]
     stderr: str
+    log: str = ""  # the whole stderr: worker-side notes are JSON lines in it
 
     @property
     def checksum(self) -> str | None:
@@ -28,6 +29,16 @@ class Run:
 
     def kinds(self, name: str) -> list[dict]:
         return [e for e in self.events if e["event"] == name]
+
+    def notes(self, kind: str) -> list[dict]:
+        """Worker-side events of one kind (printed as '[seamguard-worker] {json}')."""
+        tag, dec, out = "[seamguard-worker] ", json.JSONDecoder(), []
+        for chunk in self.log.split(tag)[1:]:   # processes share stderr: lines can run together
+            try:
+                out.append(dec.raw_decode(chunk)[0])
+            except json.JSONDecodeError:
+                continue
+        return [n for n in out if n["kind"] == kind]
 
 
 def launch(tmp: Path, name: str, *, nproc=2, spares=0, steps=20, chaos="", extra=(),
@@ -44,7 +55,7 @@ def launch(tmp: Path, name: str, *, nproc=2, spares=0, steps=20, chaos="", extra
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     ev = out / "events.jsonl"
     events = [json.loads(line) for line in ev.read_text().splitlines()] if ev.exists() else []
-    return Run(p.returncode, out, events, p.stderr[-4000:])
+    return Run(p.returncode, out, events, p.stderr[-4000:], p.stderr)
 
 
 @pytest.fixture(scope="session")

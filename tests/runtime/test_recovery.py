@@ -137,3 +137,31 @@ def test_replenished_spare_keeps_world_size_through_repeated_failures(tmp_path, 
     assert all(len(p["ranks"]) == 2 for p in r.kinds("plan"))
     assert len([e for e in r.kinds("resumed") if e["gen"] > 0]) == 3
     assert r.checksum == clean_checksums(40)
+
+
+def test_a_corrupted_gradient_is_recomputed_not_applied(tmp_path, clean_checksums):
+    # A faulty multiply on rank 1 at step 14 (high exponent bits flipped in its local
+    # gradient): the step guard rejects the step before the optimizer runs, the step is
+    # computed again from its start, and the result is bit-identical to a clean run.
+    r = launch(tmp_path, "sdc", steps=20, chaos="sdc:rank=1,step=14")
+    assert r.code == 0, r.stderr
+    assert r.checksum == clean_checksums(20)
+    rejected = r.notes("step_rejected")
+    assert [n["step"] for n in rejected] == [14, 14] and all(n["suspects"] == [1] for n in rejected)
+    assert len(r.notes("step_recomputed_clean")) == 2   # both ranks agree
+    assert not [e for e in r.kinds("resumed") if e["gen"] > 0]   # no recovery needed
+
+
+def test_a_rank_whose_gradient_stays_corrupt_is_replaced(tmp_path, clean_checksums):
+    # The recompute is corrupted again, bit for bit as a defect would: rank 1 leaves, the
+    # spare takes its place from live state and computes the step on other hardware, and
+    # the result is still bit-identical.
+    r = launch(tmp_path, "sdc2", spares=1, steps=20,
+               chaos="sdc:rank=1,step=14; sdc:rank=1,step=14")
+    assert r.code == 0, r.stderr
+    assert r.checksum == clean_checksums(20)
+    kept = r.notes("gradient_anomaly_persists")
+    assert kept and all(n["suspects"] == [1] and n["step"] == 14 and n["reproduced"] for n in kept)
+    assert not r.notes("gradient_spike_kept")
+    resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
+    assert len(resumed) == 1 and resumed[0]["step"] == 14, resumed

@@ -8,10 +8,14 @@ string (usually the SEAMGUARD_CHAOS environment variable, set through
 
 actions: `kill` (SIGKILL), `stop` (SIGSTOP: alive but frozen, the coordinator must notice
 and evacuate it), `nodeloss` (SIGKILL after deleting the process's host-memory snapshots,
-as losing its whole node would; in phases other than `step` it acts like `kill`). phases: `step` (before the step's compute), `snapshot` (half-way
-through copying state into the host buffers), `replicate` (half-way through pushing
-the replica to the peer), `persist` (in the persister, after the data file and before
-the commit marker; it kills the worker and itself, like a node dying mid-write).
+as losing its whole node would; in phases other than `step` it acts like `kill`), `sdc`
+(silent data corruption: a few elements of the rank's local gradient get a high exponent
+bit flipped, as a faulty multiply would; phase `grad` only). phases: `step` (before the
+step's compute), `snapshot` (half-way through copying state into the host buffers),
+`replicate` (half-way through pushing the replica to the peer), `persist` (in the
+persister, after the data file and before the commit marker; it kills the worker and
+itself, like a node dying mid-write), `grad` (the local gradient, before the all-reduce).
+Two `sdc` triggers at the same rank and step corrupt the step and its recompute.
 
 Each trigger fires once per job, not once per process: a spare that replays the step
 after a rollback must not die again. The claim is an O_EXCL file in SEAMGUARD_CHAOS_DIR
@@ -30,8 +34,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ACTIONS = ("kill", "stop", "nodeloss")
-PHASES = ("step", "snapshot", "replicate", "persist")
+PROCESS_ACTIONS = ("kill", "stop", "nodeloss")
+PROCESS_PHASES = ("step", "snapshot", "replicate", "persist")
+ACTIONS = PROCESS_ACTIONS + ("sdc",)
+PHASES = PROCESS_PHASES + ("grad",)
+SDC_SCALE = 2.0 ** 40  # a flipped high exponent bit
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,9 @@ class Trigger:
             raise ValueError(f"chaos action {self.action!r} not in {ACTIONS}")
         if self.phase not in PHASES:
             raise ValueError(f"chaos phase {self.phase!r} not in {PHASES}")
+        if (self.action == "sdc") != (self.phase == "grad"):
+            raise ValueError("chaos action 'sdc' goes with phase 'grad' and only with it, "
+                             f"got {self.action}:{self.phase}")
 
     def render(self) -> str:
         return f"{self.action}:rank={self.rank},step={self.step},phase={self.phase}"
@@ -57,9 +67,10 @@ def parse_plan(text: str) -> list[Trigger]:
     for part in filter(None, (p.strip() for p in text.split(";"))):
         action, _, args = part.partition(":")
         fields = dict(kv.split("=", 1) for kv in args.split(",") if kv)
+        action = action.strip()
         try:
-            out.append(Trigger(action.strip(), int(fields["rank"]), int(fields["step"]),
-                               fields.get("phase", "step").strip()))
+            out.append(Trigger(action, int(fields["rank"]), int(fields["step"]),
+                               fields.get("phase", "grad" if action == "sdc" else "step").strip()))
         except (KeyError, ValueError) as exc:
             raise ValueError(f"bad chaos trigger {part!r}: {exc}") from exc
     return out
@@ -70,7 +81,8 @@ def render_plan(triggers: list[Trigger]) -> str:
 
 
 def random_plan(seed: int, world_size: int, first_step: int, last_step: int, n: int,
-                phases: tuple[str, ...] = PHASES, actions: tuple[str, ...] = ACTIONS,
+                phases: tuple[str, ...] = PROCESS_PHASES,
+                actions: tuple[str, ...] = PROCESS_ACTIONS,
                 min_gap_steps: int = 3, persist_every: int = 0) -> list[Trigger]:
     """n triggers at distinct random steps at least `min_gap_steps` apart (seeded).
 
@@ -132,6 +144,17 @@ class Injector:
                 if t.action == "nodeloss" and forget_memory is not None:
                     forget_memory()
                 os.kill(target, signal.SIGSTOP if t.action == "stop" else signal.SIGKILL)
+
+    def maybe_corrupt(self, rank: int, step: int, grad) -> bool:
+        """Phase `grad`: corrupt this rank's local gradient (a flat tensor) in place, as a
+        faulty multiply would. One trigger per call, so a second one hits the recompute."""
+        for i, t in enumerate(self.triggers):
+            if t.action == "sdc" and t.rank == rank and t.step == step and self._claim(i):
+                self._record(t, os.getpid())
+                stride = max(1, grad.numel() // 8)
+                grad[::stride] *= SDC_SCALE
+                return True
+        return False
 
     def maybe_fire_persist(self, rank: int, step: int) -> None:
         """Persist phase: take the worker (our parent) and this persister down mid-write."""

@@ -37,6 +37,9 @@ def launch(
     replenish_spares: bool = typer.Option(True, "--replenish-spares/--no-replenish-spares",
                                           help="start a fresh spare after every loss"),
     no_dedup: bool = typer.Option(False, "--no-dedup", help="send full replicas"),
+    step_guard: bool = typer.Option(
+        True, "--step-guard/--no-step-guard",
+        help="recompute a step whose gradient norms look silently corrupted"),
     overlap_snapshots: bool = typer.Option(
         True, "--overlap-snapshots/--blocking-snapshots",
         help="copy parameters and optimizer state while the step computes"),
@@ -54,7 +57,8 @@ def launch(
     try:
         rt = RuntimeSettings(snapshot_every_steps=snapshot_every, persist_every_steps=persist_every,
                              checkpoint_dir=checkpoint_dir, collective_timeout_s=collective_timeout_s,
-                             dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots)
+                             dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots,
+                             step_guard=step_guard)
         env = {"SEAMGUARD_SETTINGS": json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                  for k, v in asdict(rt).items()})}
         if chaos:

@@ -112,3 +112,9 @@ def joined(n: int) -> str:
 def ready(wid: int) -> str:
     """The worker registered its model and waits in steps(): it can take a rank now."""
     return f"{ROOT}/worker/{wid}/ready"
+
+
+def guard_replaced(step: int) -> str:
+    """Set (to the generation) by a rank leaving because its gradient at `step` stayed
+    anomalous on recompute; in a later generation, an anomaly at that step is the data's."""
+    return f"{ROOT}/guard/replaced/{step}"

@@ -34,6 +34,9 @@ class RuntimeSettings:
     """Bound on one replica push or fetch over the side channel."""
     dedup_replicas: bool = True
     """Send a tensor to the peer only when its hash differs from the peer's own copy."""
+    step_guard: bool = True
+    """Judge every step's per-rank gradient norms before the optimizer applies them and
+    recompute a step whose gradient looks silently corrupted (runtime/guard.py)."""
     overlap_snapshots: bool = True
     """Copy parameters and optimizer state during the step's forward and backward passes
     (finished before the optimizer step) instead of stalling the step for the copy."""

@@ -120,14 +120,22 @@ class TrainingState:
                     raise KeyError(f"snapshot has no tensor 'model/{k}'")
                 v.copy_(src.view(v.shape))
         self._restore_optimizer(tensors, meta)
-        rng = meta["rng"]
-        torch.set_rng_state(torch.frombuffer(bytearray(rng["torch"]), dtype=torch.uint8))
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(b), dtype=torch.uint8)
-                                          for b in rng["cuda"]])
+        _restore_rng(meta["rng"])
         return meta
+
+    def restore_private(self, private: dict[str, bytes]) -> None:
+        """Put back what `step_private` took at a step's start (buffers, RNG), so the
+        step can be computed again from its start; parameters and optimizer state are
+        untouched (no optimizer step ran)."""
+        sd = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, data in private.items():
+                if name == META:
+                    continue
+                t = sd[name[len("model/"):]]
+                if t.numel():
+                    t.copy_(torch.frombuffer(bytearray(data), dtype=t.dtype).view(t.shape))
+        _restore_rng(pickle.loads(private[META])["rng"])
 
     def _restore_optimizer(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         wanted: dict[int, dict[str, torch.Tensor]] = {}
@@ -159,6 +167,15 @@ class TrainingState:
                 st.update(meta["opt_scalars"].get(pid, {}))
                 if not in_place:
                     self.optimizer.state[p] = st
+
+
+def _restore_rng(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(rng["torch"]), dtype=torch.uint8))
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(b), dtype=torch.uint8)
+                                      for b in rng["cuda"]])
 
 
 @dataclass

@@ -29,11 +29,15 @@ import torch.distributed as dist
 
 from seamguard.runtime import chaos, keys, replica
 from seamguard.runtime.data import GlobalBatchSampler
+from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, replica_holder
 from seamguard.runtime.settings import RuntimeSettings
 from seamguard.runtime.snapshot import (SlotStore, TrainingState, find_orphans, read_orphan,
                                         state_checksum, tensors_of)
+
+EXIT_SUSPECT = 75
+"""Exit status of a rank that left because its gradient stayed anomalous on recompute."""
 
 
 class RecoveryError(Exception):
@@ -96,13 +100,18 @@ class Runtime:
         self._hint_persisted = -1
         self._force_persist = False
         self._inflight = None  # (Capture, persist?) of a snapshot still copying
+        self._guard = GuardSettings()
+        self._norm_history: list[float] = []  # median gradient norm of recent accepted steps
+        self._rejected: tuple[int, np.ndarray] | None = None  # (step, norms) awaiting recompute
+        self._redo = False
         self._pipeline: queue.Queue = queue.Queue()
         self._side_store: dist.TCPStore | None = None
         self._persist_lock = threading.Lock()
         self._persister: subprocess.Popen | None = None
         self._persist_pending: dict[int, int] = {}  # slot index -> step
         self.stats = {"snapshots": 0, "snapshot_stall_s": 0.0, "recoveries": 0, "live_captures": 0,
-                      "replica_bytes_sent": 0, "persisted": 0, "persist_errors": 0}
+                      "replica_bytes_sent": 0, "persisted": 0, "persist_errors": 0,
+                      "steps_rejected": 0}
         self.events: list[dict] = []
         self.store.set(keys.worker_addr(wid), self.server.address)
         self.store.set(keys.worker_pid(wid), str(os.getpid()))
@@ -137,7 +146,7 @@ class Runtime:
         self.sampler = sampler
         params = [p for p in model.parameters() if p.requires_grad]
         self._params = params
-        self._flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        self._flat = None   # sized per generation: gradients + one guard lane per rank
         if self.settings.checkpoint_dir is not None:
             self._ensure_persister()  # start it now, not at the first persist
 
@@ -165,6 +174,8 @@ class Runtime:
                 if self._final_barrier():
                     break
                 continue
+            if self._private[0] != self.step and (self.settings.step_guard or self._live_recovery()):
+                self._private = (self.step, self.state.step_private(self.step))
             self._send_meta()
             self._maybe_snapshot()
             self.injector.maybe_fire("step", self.rank, self.step, forget_memory=self.slots.close)
@@ -172,7 +183,10 @@ class Runtime:
             idx = self.sampler.indices(self.step, self.rank, self.world_size)
             self._local_n = len(idx)
             yield self.step, idx
-            if not self._failed:
+            if self._redo:   # rejected by the step guard: the same step again, from its start
+                self._redo = False
+                self.state.restore_private(self._private[1])
+            elif not self._failed:
                 self.step += 1
         self._phase = "done"
         self._persist_final()
@@ -191,11 +205,16 @@ class Runtime:
             self._finish_snapshot()
 
     def _sync_gradients(self) -> bool:
-        assert self._flat is not None and self.sampler is not None
+        assert self.sampler is not None and self.plan is not None
         self._compute_s = time.perf_counter() - self._t_compute
         if self._failed or self._gen_seen > self.gen:
             self._failed = True
             return False
+        n_grad = sum(p.numel() for p in self._params)
+        lanes = self.plan.world_size if self.settings.step_guard else 0
+        if self._flat is None or self._flat.numel() != n_grad + lanes:
+            self._flat = torch.zeros(n_grad + lanes, dtype=self._params[0].dtype,
+                                     device=self._params[0].device)
         off = 0
         scale = self._local_n / self.sampler.global_batch
         for p in self._params:
@@ -206,8 +225,15 @@ class Runtime:
             else:
                 torch.mul(p.grad.reshape(-1), scale, out=view)
             off += n
+        if lanes:
+            grad = self._flat[:n_grad]
+            self.injector.maybe_corrupt(self.rank, self.step, grad)
+            self._flat[n_grad:].zero_()
+            self._flat[n_grad + self.rank] = torch.linalg.vector_norm(grad) / max(scale, 1e-12)
         if not self._collective(lambda: self.group.allreduce([self._flat])):
             self._failed = True
+            return False
+        if lanes and not self._guard_accepts(self._flat[n_grad:].double().cpu().numpy()):
             return False
         off = 0
         for p in self._params:
@@ -217,6 +243,45 @@ class Runtime:
             p.grad.copy_(self._flat[off:off + n].view_as(p))
             off += n
         return True
+
+    def _guard_accepts(self, norms: np.ndarray) -> bool:
+        """The step guard's verdict on this step (the same on every rank: every rank holds
+        every rank's norm). A rejected step is computed again from its start; a transient
+        fault does not come back. If the anomaly survives the recompute (a defect can
+        reproduce bit for bit), the suspect ranks leave and spares compute the step on
+        other hardware; an anomaly that survives that too is the data's and is applied,
+        as plain DDP would have."""
+        verdict = judge_gradients(norms, np.asarray(self._norm_history), self._guard)
+        first = self._rejected is None or self._rejected[0] != self.step
+        if not verdict.reject:
+            if not first:
+                self._note("step_recomputed_clean", step=self.step, norms=norms.tolist())
+            self._rejected = None
+            self._norm_history = (self._norm_history + [float(np.median(norms))])[-self._guard.history_steps:]
+            return True
+        if first:
+            self._rejected = (self.step, norms.copy())
+            self.stats["steps_rejected"] += 1
+            self._note("step_rejected", step=self.step, reason=verdict.reason,
+                       suspects=list(verdict.suspects), norms=norms.tolist())
+            self._redo = True
+            return False
+        key = keys.guard_replaced(self.step)
+        if self.store.check([key]) and int(self.store.get(key)) < self.gen:
+            # other hardware computed it again and got the same anomaly: the data's
+            self._note("gradient_spike_kept", step=self.step, reason=verdict.reason,
+                       norms=norms.tolist())
+            self._rejected = None
+            return True
+        self._note("gradient_anomaly_persists", step=self.step, reason=verdict.reason,
+                   suspects=list(verdict.suspects), norms=norms.tolist(),
+                   reproduced=bool(np.array_equal(self._rejected[1], norms, equal_nan=True)))
+        if self.rank in verdict.suspects:
+            self.store.set(key, str(self.gen))
+            self.finish()
+            os._exit(EXIT_SUSPECT)   # the coordinator replaces this rank with a spare
+        self._failed = True          # the others wait for the new generation
+        return False
 
     def finish(self) -> None:
         """Stop background threads, the persister, and free the shared-memory slots."""
@@ -281,7 +346,6 @@ class Runtime:
         """
         if not self._live_recovery():
             return
-        self._private = (self.step, self.state.step_private(self.step))
         try:
             if self._meta_target[0] != self.gen:
                 plan = self.plan
@@ -590,6 +654,8 @@ class Runtime:
         self._verify_checksums(checksum)
         self.step = step
         self._failed = False
+        # every member starts the guard's history afresh, so their verdicts stay equal
+        self._norm_history, self._rejected, self._redo = [], None, False
         self._live_ok = True
         self._release_orphans()
         self.slots.forget_after(step)
