@@ -122,13 +122,13 @@ def run_plain(cfg: Config, work: Path) -> dict:
     return {"wall_s": wall, "window_s": window_s(out)}
 
 
-def run_seamguard(cfg: Config, work: Path, faults: bool, name: str) -> dict:
+def run_seamguard(cfg: Config, work: Path, faults: bool, name: str, chaos: str | None = None) -> dict:
     out, chaos_dir = work / name, work / f"{name}_chaos"
     cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", str(WORLD_SIZE), "--spares", "1",
            "--snapshot-every", str(cfg.snapshot_every), "--events-file", str(out / "events.jsonl"),
            "--chaos-dir", str(chaos_dir)]
     if faults:
-        cmd += ["--chaos", cfg.chaos()]
+        cmd += ["--chaos", chaos or cfg.chaos()]
     cmd += ["--", str(REPO / "examples" / "train_ddp.py"), "--steps", str(cfg.steps),
             "--dropout", "0", "--out", str(out), *cfg.model_args()]
     wall = run(cmd, work / f"{name}.log", ENV, 900)
@@ -391,6 +391,12 @@ def main() -> None:
                 torchft_note = f"torchft run failed: {exc}"
         extra = {}
         if not args.quick:
+            # a crash every rank hits at once: replacements adopt the snapshots the dead
+            # processes left in shared memory (one hot spare; the launcher starts the rest)
+            s = cfg.fail_steps[0]
+            every_rank = "; ".join(f"kill:rank={r},step={s},phase=step" for r in range(WORLD_SIZE))
+            results["seamguard_job_wide"] = run_seamguard(cfg, work, True, "seamguard_job_wide",
+                                                          every_rank)
             sg_clean = run_seamguard(cfg, work, False, "seamguard_clean")
             tr_clean = run_torchrun(cfg, work, False, "torchrun_clean")
             extra = {"seamguard_no_failure_wall_ratio": round(sg_clean["window_s"] / plain["window_s"], 3),
@@ -406,7 +412,8 @@ def main() -> None:
                   f"{r['wall_s'] / plain['wall_s']:.3f}x)"
                   + (f", samples dropped {r['samples_dropped']}" if "samples_dropped" in r else ""),
                   flush=True)
-        summary = {name: summarize(results.get(name), plain) for name in ("seamguard", "torchrun", "torchft")}
+        summary = {name: summarize(results.get(name), plain)
+                   for name in ("seamguard", "torchrun", "torchft", "seamguard_job_wide")}
         summary.update({
             # the runtime's default (overlapped) snapshot, as a training step sees it
             "snapshot_stall_ratio": round(micro["step_stall_overlap_s"] / micro["save_fsync_s"], 4),

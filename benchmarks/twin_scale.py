@@ -103,6 +103,16 @@ def main() -> None:
           + ", ".join(f"{k} {v / alloc:.3%}" for k, v in top))
     print(f"seamguard ETTR with the CPU-measured runtime wall ratio ({figs.wall_ratio:g}x) on every step: "
           f"{cm:.4f}  95% CI [{clo:.4f}, {chi:.4f}]")
+    # The two shares no public source gives: the bounds of each, the other at its default.
+    sens = {}
+    for field, lo_hi in (("sdc_caught_at_step_fraction", (0.0, 1.0)),
+                         ("job_wide_crash_fraction", (0.0, 1.0))):
+        for v in lo_hi:
+            _, sv = run_monte_carlo(base_cfg, [pols[0], replace(pols[1], **{field: v})], runs, args.seed)
+            sens[f"{field}={v:g}"] = round(sv.metric("ettr")[0], 4)
+    print(f"assumed shares (sdc caught at the step {pols[1].sdc_caught_at_step_fraction:g}, "
+          f"job-wide crashes {pols[1].job_wide_crash_fraction:g}); seamguard ETTR at their bounds: "
+          + ", ".join(f"{k} {v:.4f}" for k, v in sens.items()))
     print(f"goal seamguard ETTR >= 0.97: {'met' if sm >= 0.97 else 'NOT met'} (snapshot-stall model)")
     print(json.dumps({
         "gpus": args.gpus, "days": args.days, "wall_s": round(timing[args.gpus], 4),
@@ -114,6 +124,9 @@ def main() -> None:
         "seamguard_goal_0_97_met": bool(sm >= 0.97), "runs": runs,
         "ettr_seamguard_cpu_wall_ratio": round(cm, 4), "runtime_wall_ratio_cpu": figs.wall_ratio,
         "node_failure_rate_per_node_day": META_RSC_RF_PER_NODE_DAY,
+        "ettr_seamguard_at_assumption_bounds": sens,
+        "sdc_caught_at_step_fraction": pols[1].sdc_caught_at_step_fraction,
+        "job_wide_crash_fraction": pols[1].job_wide_crash_fraction,
         "detection_delay_s": args.detection_delay_s, "measured_source": figs.source}))
 
 

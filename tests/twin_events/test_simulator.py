@@ -87,6 +87,22 @@ def test_injected_software_bug_seamguard(quiet_model, job_wide):
         assert r.waiting_events == 0
 
 
+@pytest.mark.parametrize("caught", [0.0, 1.0])
+def test_injected_silent_corruption_seamguard(quiet_model, caught):
+    i = _cause_index(quiet_model, "silent_data_corruption")
+    pp = PolicyParams("seamguard", sdc_caught_at_step_fraction=caught)
+    r = simulate_streams(_cfg(quiet_model), pp, inject_failure(empty_streams(), 5000.0, i, 0))
+    lost = _lost_s(r, "silent_data_corruption")
+    if caught:
+        # rejected by the step guard: the step and a failed recompute redone, the rank
+        # replaced live, its node sent to repair (a spare taken), nothing rolled back further
+        assert lost == pytest.approx(2 * pp.step_time_s + pp.live_recovery_s)
+        assert r.rollback_lost_gpu_hours * 3600 / 1000 == pytest.approx(2 * pp.step_time_s)
+    else:
+        # surfaced later: relaunch from the storage backstop, older than the memory tier
+        assert lost > pp.relaunch_from_storage_s(1000)
+
+
 def test_hung_collective_costs_the_detection_timeout(quiet_model):
     i = _cause_index(quiet_model, "nccl_watchdog_timeout")
     s = inject_failure(empty_streams(), 90 * 60.0, i, node=0)

@@ -37,6 +37,7 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
                    detection_precision: float, state_gib_per_gpu: float,
                    measured: Optional[Path],
                    job_wide_crash_fraction: float = PolicyParams.job_wide_crash_fraction,
+                   sdc_caught_fraction: float = PolicyParams.sdc_caught_at_step_fraction,
                    ) -> tuple[ClusterConfig, list[PolicyParams], str]:
     """Validate flags and build the cluster config and the policies to run."""
     if gpus <= 0:
@@ -67,7 +68,8 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
                          detection_delay_s=detection_delay_s,
                          detection_precision=detection_precision,
                          state_gib_per_gpu=state_gib_per_gpu,
-                         job_wide_crash_fraction=job_wide_crash_fraction, runtime=figs)
+                         job_wide_crash_fraction=job_wide_crash_fraction,
+                         sdc_caught_at_step_fraction=sdc_caught_fraction, runtime=figs)
             for n in names]
     return cfg, pols, figs.source
 
@@ -96,6 +98,9 @@ _SG = typer.Option(28.0, "--state-gib-per-gpu", help="Checkpoint state per GPU (
 _JW = typer.Option(PolicyParams.job_wide_crash_fraction, "--job-wide-crash-fraction",
                    help="Share of process crashes that kill every rank at once (seamguard "
                         "relaunches those; it replaces a single crashed rank live).")
+_SDC = typer.Option(PolicyParams.sdc_caught_at_step_fraction, "--sdc-caught-fraction",
+                    help="Share of silent data corruptions the runtime's step guard catches "
+                         "at the step (the rest go back to the storage backstop).")
 _MEAS = typer.Option(None, "--measured",
                      help=f"Runtime results file (default {DEFAULT_RESULTS_PATH}, "
                           "falls back to REFERENCE.md figures when absent).")
@@ -115,7 +120,8 @@ def simulate(
     checkpoint_write_min: float = _CW, restart_cost_min: float = _RC,
     detection_delay_s: float = _DD, detection_precision: float = _DP,
     state_gib_per_gpu: float = _SG, measured: Optional[Path] = _MEAS,
-    job_wide_crash_fraction: float = _JW, runs: int = _RUNS, seed: int = _SEED, executor: str = _EXEC,
+    job_wide_crash_fraction: float = _JW, sdc_caught_fraction: float = _SDC,
+    runs: int = _RUNS, seed: int = _SEED, executor: str = _EXEC,
     workers: Optional[int] = _WORK,
 ) -> None:
     """Discrete-event simulation of a GPU cluster under baseline and/or seamguard."""
@@ -128,7 +134,7 @@ def simulate(
             checkpoint_write_min=checkpoint_write_min, restart_cost_min=restart_cost_min,
             detection_delay_s=detection_delay_s, detection_precision=detection_precision,
             state_gib_per_gpu=state_gib_per_gpu, measured=measured,
-            job_wide_crash_fraction=job_wide_crash_fraction)
+            job_wide_crash_fraction=job_wide_crash_fraction, sdc_caught_fraction=sdc_caught_fraction)
         sums = run_monte_carlo(cfg, pols, runs, seed, executor, workers)
     except ValueError as exc:
         _fail(str(exc))

@@ -130,6 +130,15 @@ class PolicyParams:
     snapshots the dead processes left in host memory). The rest kill one rank's process,
     which the runtime replaces exactly like a lost node (the kill its benchmark measures).
     Assumed: no public source splits Llama 3's counts this way."""
+    sdc_caught_at_step_fraction: float = 0.5
+    """Share of interruption-causing silent data corruptions that show at the step they
+    happen as a gradient-norm anomaly the runtime's step guard rejects before the
+    optimizer applies it (runtime/guard.py). Those cost the step's recompute and, charged
+    always, a recompute that fails again and the rank's live replacement; the rest surface
+    later (e.g. as loss divergence) and go back to the storage backstop. Assumed:
+    Altenbernd et al. 2026 (arXiv 2604.00726) observe harmful GEMM faults as spikes in
+    gradient norm and update size that recomputing the step mitigates, but also as
+    slow parameter divergence; no public source gives the fleet share."""
     hang_detect_s: float = 30.0
     """Time for the seamguard runtime to notice a hung collective
     (``--collective-timeout-s`` default, docs/runtime.md)."""
@@ -161,6 +170,9 @@ class PolicyParams:
         if not 0.0 <= self.job_wide_crash_fraction <= 1.0:
             raise ValueError("--job-wide-crash-fraction must be in [0, 1], "
                              f"got {self.job_wide_crash_fraction!r}")
+        if not 0.0 <= self.sdc_caught_at_step_fraction <= 1.0:
+            raise ValueError("--sdc-caught-fraction must be in [0, 1], "
+                             f"got {self.sdc_caught_at_step_fraction!r}")
         if not (self.hang_detect_s >= 0 and self.baseline_hang_detect_s >= 0):
             raise ValueError("hang detection times must be >= 0 s")
         if not self.detection_delay_s >= 0:

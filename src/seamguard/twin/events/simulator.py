@@ -116,15 +116,15 @@ def tier_costs(pp: PolicyParams) -> TierCosts:
                      backstop_async=True)
 
 
-def rollback_scope_hazards(cfg: ClusterConfig, live_recovery: bool = False,
-                           job_wide_crash_fraction: float = 1.0) -> dict[Scope, float]:
+def rollback_scope_hazards(cfg: ClusterConfig, pp: PolicyParams | None = None) -> dict[Scope, float]:
     """Per-node hazard (1/s) of failures that roll a training job back, by scope.
 
-    Under live recovery (the seamguard runtime) node and domain losses and the crash of a
-    single rank redo only the step in flight: survivors keep their live state and a spare
-    takes the lost rank's over (docs/runtime.md). What still rolls back is a crash of
-    every rank at once (to the newest host-memory snapshot, which outlives the processes
-    in shared memory) and silent corruption (to storage).
+    Under the seamguard runtime (``pp.name == "seamguard"``) node and domain losses and
+    the crash of a single rank redo only the step in flight: survivors keep their live
+    state and a spare takes the lost rank's over (docs/runtime.md). What still rolls back
+    is a crash of every rank at once (to the newest host-memory snapshot, which outlives
+    the processes in shared memory) and silent corruption the step guard did not catch
+    (to storage).
     """
     fm = cfg.failures
     out: dict[Scope, float] = defaultdict(float)
@@ -132,9 +132,9 @@ def rollback_scope_hazards(cfg: ClusterConfig, live_recovery: bool = False,
         out[c.scope] += c.rate_per_node_day() / 86_400.0
     trip = fm.cooling_event_per_loop_day * fm.cooling_trip_probability / cfg.nodes_per_loop
     out[Scope.DOMAIN] += trip / 86_400.0
-    if live_recovery:
-        kept = {Scope.PROCESS: job_wide_crash_fraction * out.get(Scope.PROCESS, 0.0),
-                Scope.PERSISTED: out.get(Scope.PERSISTED, 0.0)}
+    if pp is not None and pp.name == "seamguard":
+        kept = {Scope.PROCESS: pp.job_wide_crash_fraction * out.get(Scope.PROCESS, 0.0),
+                Scope.PERSISTED: (1.0 - pp.sdc_caught_at_step_fraction) * out.get(Scope.PERSISTED, 0.0)}
         return {k: v for k, v in kept.items() if v > 0}
     return dict(out)
 
@@ -323,7 +323,7 @@ class _Run:
         self.cool_evacuated: dict[int, set[int]] = {}
         fm = cfg.failures
         self.node_hazard_per_h = fm.rf_per_node_day() / 24.0
-        self.scope_hz = rollback_scope_hazards(cfg, self.sg, pp.job_wide_crash_fraction)
+        self.scope_hz = rollback_scope_hazards(cfg, pp)
         self.costs = tier_costs(pp)
         for job in self.jobs:
             self._plan(job, 0.0)
@@ -465,6 +465,17 @@ class _Run:
         if not self.sg:
             job.rollback_to_checkpoint(cause)
             rec, reset = detect + self.pp.restart_s, True
+        elif scope is Scope.PERSISTED and self.rng.random() < self.pp.sdc_caught_at_step_fraction:
+            # Caught by the step guard before the optimizer applied it: the step is
+            # computed again; charged as a defect that corrupts the recompute too, so the
+            # rank is replaced live and its node goes to repair.
+            lr = min(job.uncommitted, 2 * self.pp.step_time_s)
+            job.uncommitted -= lr
+            job.lost[cause] += lr
+            job.rollback += lr
+            rec, reset = self.pp.live_recovery_s, False
+            needs_nodes = True
+            self._schedule_repair(t, n_nodes, repair_h)
         elif needs_nodes or (scope is Scope.PROCESS and self.rng.random()
                              >= self.pp.job_wide_crash_fraction):
             # Live recovery (a node, a domain, or one rank's process lost): survivors keep

@@ -40,8 +40,7 @@ def interval_vs_hazard(cfg: ClusterConfig, pp: PolicyParams, job_nodes: int,
 
     The footprint's multiplier is applied uniformly.
     """
-    hz = rollback_scope_hazards(cfg, pp.name == "seamguard", pp.job_wide_crash_fraction) \
-        or {Scope.PROCESS: 1e-9}
+    hz = rollback_scope_hazards(cfg, pp) or {Scope.PROCESS: 1e-9}
     total = sum(hz.values())
     out = []
     for m in multipliers:
