@@ -251,7 +251,7 @@ def state_micro(cfg: Config, work: Path, repeats: int) -> dict:  # noqa: C901
             model.load_state_dict(sd["model"])
             opt.load_state_dict(sd["optim"])
             load.append(time.perf_counter() - t)
-        stalls = step_stalls(model, opt, state, slots, cycles=4 * repeats)
+        stalls = step_stalls(model, opt, state, slots, cycles=8 * repeats)
     finally:
         slots.close()
     med = statistics.median
@@ -266,11 +266,13 @@ def step_stalls(model, opt, state, slots, cycles: int) -> dict:
 
     A cycle is two training steps (forward, backward, AdamW step); a snapshot cycle takes
     a snapshot at the start of its first step and hashes it on a second thread as the
-    worker's pipeline does, both inside the timed cycle. Kinds alternate, so drift hits
-    both alike. The stall of a kind is the larger of the time the training thread was
-    blocked (median) and the cycle's median slowdown over a plain cycle (contention for
-    memory bandwidth and cores). The forward+backward window the overlapped copy hides
-    behind is measured and printed beside the copy time it has to hide.
+    worker's pipeline does, both inside the timed cycle. Kinds alternate (plain, blocking,
+    overlapped, plain, ...) and each snapshot cycle is compared with the mean of the plain
+    cycles just before and after it, so drift of a shared machine cancels. The stall of
+    a kind is the larger of the time the training thread was blocked (median) and the
+    median of those paired slowdowns (contention for memory bandwidth and cores). The
+    forward+backward window the overlapped copy hides behind is measured and printed
+    beside the copy time it has to hide.
     """
     import threading
 
@@ -307,10 +309,11 @@ def step_stalls(model, opt, state, slots, cycles: int) -> dict:
                 if kind != "plain":
                     blocked[kind].append(held)
     med = statistics.median
-    plain = med(times["plain"])
-    out = {"train_cycle_s": plain, "train_window_s": med(window)}
+    plain = times["plain"]   # plain cycle i precedes snapshot cycles i and follows i-1
+    out = {"train_cycle_s": med(plain), "train_window_s": med(window)}
     for kind in ("blocking", "overlap"):
-        out[f"step_stall_{kind}_s"] = max(med(blocked[kind]), med(times[kind]) - plain)
+        paired = [t - (plain[i] + plain[i + 1]) / 2 for i, t in enumerate(times[kind][:-1])]
+        out[f"step_stall_{kind}_s"] = max(med(blocked[kind]), med(paired))
         out[f"step_blocked_{kind}_s"] = med(blocked[kind])
     return out
 

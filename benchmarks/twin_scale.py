@@ -110,6 +110,13 @@ def main() -> None:
         for v in lo_hi:
             _, sv = run_monte_carlo(base_cfg, [pols[0], replace(pols[1], **{field: v})], runs, args.seed)
             sens[f"{field}={v:g}"] = round(sv.metric("ettr")[0], 4)
+    blocking = None
+    if figs.blocking_stall_ratio > 0:
+        slow = replace(pols[1], runtime=replace(figs, snapshot_stall_ratio=figs.blocking_stall_ratio))
+        _, sb = run_monte_carlo(base_cfg, [pols[0], slow], runs, args.seed)
+        blocking = round(sb.metric("ettr")[0], 4)
+        print(f"seamguard ETTR with blocking snapshots (stall ratio {figs.blocking_stall_ratio:g} "
+              f"instead of {figs.snapshot_stall_ratio:g}): {blocking:.4f}")
     print(f"assumed shares (sdc caught at the step {pols[1].sdc_caught_at_step_fraction:g}, "
           f"job-wide crashes {pols[1].job_wide_crash_fraction:g}); seamguard ETTR at their bounds: "
           + ", ".join(f"{k} {v:.4f}" for k, v in sens.items()))
@@ -124,7 +131,7 @@ def main() -> None:
         "seamguard_goal_0_97_met": bool(sm >= 0.97), "runs": runs,
         "ettr_seamguard_cpu_wall_ratio": round(cm, 4), "runtime_wall_ratio_cpu": figs.wall_ratio,
         "node_failure_rate_per_node_day": META_RSC_RF_PER_NODE_DAY,
-        "ettr_seamguard_at_assumption_bounds": sens,
+        "ettr_seamguard_at_assumption_bounds": sens, "ettr_seamguard_blocking_snapshots": blocking,
         "sdc_caught_at_step_fraction": pols[1].sdc_caught_at_step_fraction,
         "job_wide_crash_fraction": pols[1].job_wide_crash_fraction,
         "detection_delay_s": args.detection_delay_s, "measured_source": figs.source}))

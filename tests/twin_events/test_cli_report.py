@@ -89,6 +89,14 @@ def test_parse_runtime_figures_fallbacks():
     assert full.source == "r.json"
     assert (full.live_resume_s, full.relaunch_s, full.steps_lost, full.wall_ratio) == \
         (2.0, 4.0, 0.0, 1.02)
+    # the runtime's own restart after every rank crashed wins over torchrun's relaunch
+    own = parse_runtime_figures({"systems": {"torchrun": {"resume_s_max": 4.0},
+                                             "seamguard_job_wide": {"resume_s_max": 3.0}},
+                                 "snapshot_stall_ratio": 0.01,
+                                 "snapshot_stall_ratio_blocking": 0.1}, "r.json")
+    assert own.relaunch_s == 3.0
+    assert (own.snapshot_stall_ratio, own.blocking_stall_ratio) == (0.01, 0.1)
+    assert full.blocking_stall_ratio == 0.0   # not measured
     empty = parse_runtime_figures({}, "r.json")
     assert empty.source == REFERENCE_FIGURES.source
     assert empty.live_resume_s == REFERENCE_FIGURES.live_resume_s == 5.06

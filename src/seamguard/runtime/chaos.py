@@ -14,7 +14,9 @@ bit flipped, as a faulty multiply would; phase `grad` only). phases: `step` (bef
 step's compute), `snapshot` (half-way through copying state into the host buffers),
 `replicate` (half-way through pushing the replica to the peer), `persist` (in the
 persister, after the data file and before the commit marker; it kills the worker and
-itself, like a node dying mid-write), `grad` (the local gradient, before the all-reduce).
+itself, like a node dying mid-write), `optimizer` (right after the optimizer applied
+the step, before the next step's private bytes reach the holder), `grad` (the local
+gradient, before the all-reduce).
 Two `sdc` triggers at the same rank and step corrupt the step and its recompute.
 
 Each trigger fires once per job, not once per process: a spare that replays the step
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROCESS_ACTIONS = ("kill", "stop", "nodeloss")
-PROCESS_PHASES = ("step", "snapshot", "replicate", "persist")
+PROCESS_PHASES = ("step", "snapshot", "replicate", "persist", "optimizer")
 ACTIONS = PROCESS_ACTIONS + ("sdc",)
 PHASES = PROCESS_PHASES + ("grad",)
 SDC_SCALE = 2.0 ** 40  # a flipped high exponent bit

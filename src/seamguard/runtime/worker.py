@@ -100,6 +100,7 @@ class Runtime:
         self._hint_persisted = -1
         self._force_persist = False
         self._inflight = None  # (Capture, persist?) of a snapshot still copying
+        self._snap_opt_entries = -1  # optimizer state entries at the last snapshot
         self._guard = GuardSettings()
         self._norm_history: list[float] = []  # median gradient norm of recent accepted steps
         self._rejected: tuple[int, np.ndarray] | None = None  # (step, norms) awaiting recompute
@@ -143,6 +144,8 @@ class Runtime:
         self.state = TrainingState(model, optimizer, sampler.state_dict)
         # a snapshot still copying must be complete before the optimizer changes its source
         optimizer.register_step_pre_hook(lambda *_: self._finish_snapshot())
+        optimizer.register_step_post_hook(
+            lambda *_: self.injector.maybe_fire("optimizer", self.rank, self.step))
         self.sampler = sampler
         params = [p for p in model.parameters() if p.requires_grad]
         self._params = params
@@ -388,9 +391,14 @@ class Runtime:
         self._finish_snapshot()
         k = self.settings.snapshot_every_steps
         latest = self.slots.find(self.step)
-        if (self.step % k and not self._force_persist) or (
+        # The optimizer creates its state at its first step; the slots are then laid out
+        # anew and older snapshots are gone, so take one at once rather than k steps later
+        # (a rank lost before its next private bytes reach the holder needs a full one).
+        new_layout = len(self.state.optimizer.state) != self._snap_opt_entries
+        if (self.step % k and not self._force_persist and not new_layout) or (
                 latest is not None and latest.index == self.slots.latest):
             return
+        self._snap_opt_entries = len(self.state.optimizer.state)
         self._phase = "snapshot"
         t0 = time.perf_counter()
         cap = self.slots.begin(

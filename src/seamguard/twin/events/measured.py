@@ -37,7 +37,8 @@ class RuntimeFigures:
     wall_ratio: float
     """Failure-free wall-clock under the runtime relative to plain training (>= 1)."""
     snapshot_stall_ratio: float
-    """Stall of an in-memory snapshot relative to a full save to storage."""
+    """Stall a training step sees from an in-memory snapshot (the runtime's default,
+    overlapped with the step) relative to a full save to storage."""
     restore_speedup: float
     """Speed of restoring from host memory relative to loading from storage."""
     measured_ranks: int
@@ -48,6 +49,9 @@ class RuntimeFigures:
     restore_s_per_gib: float = 0.051
     """Copy back from host memory per GiB on the measuring machine (REFERENCE.md §4: 51 ms
     for 1 GiB)."""
+    blocking_stall_ratio: float = 0.0
+    """The same for a snapshot that blocks the step (``--blocking-snapshots``): the
+    pessimistic bound; 0 when not measured."""
     notes: tuple[str, ...] = ()
     """Which figure came from where."""
 
@@ -130,6 +134,7 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
         snapshot_stall_ratio=pick(_num(tops, "snapshot_stall_ratio"),
                                   ref.snapshot_stall_ratio, "snapshot_stall_ratio"),
         restore_speedup=restore_speedup,
+        blocking_stall_ratio=_num(tops, "snapshot_stall_ratio_blocking") or 0.0,
         measured_ranks=int(_num(tops, "world_size") or _num(cfg, "world_size")
                            or ref.measured_ranks),
         save_s_per_gib=save_s_per_gib,
