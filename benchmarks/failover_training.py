@@ -1,6 +1,6 @@
 """Failover benchmark: seamguard runtime vs torchrun elastic vs torchft, same model and data.
 
-    PYTHONPATH=src python benchmarks/failover_training.py --quick   # about a minute
+    PYTHONPATH=src python benchmarks/failover_training.py --quick   # about a minute, no torchft
     PYTHONPATH=src python benchmarks/failover_training.py           # a few minutes
 
 4 ranks (+1 hot spare for seamguard) train the same ~15M-parameter MLP on CPU/gloo; a
@@ -333,7 +333,9 @@ def summarize(r: dict | None, plain: dict) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skip-torchft", action="store_true")
+    ap.add_argument("--skip-torchft", action="store_true",
+                    help="leave torchft out (the default with --quick; --with-torchft adds it)")
+    ap.add_argument("--with-torchft", action="store_true", help="run torchft in --quick too")
     ap.add_argument("--snapshot-every", type=int, default=10,
                     help="seamguard's full-snapshot cadence in steps (a loss redoes only the "
                          "step in flight whatever it is; it bounds the rollback when a live "
@@ -361,28 +363,28 @@ def main() -> None:
               f"(training thread blocked {micro['step_blocked_overlap_s'] * 1e3:.1f} ms)", flush=True)
         # quick mode: a smaller model (3.2M params) so the whole comparison takes minutes
         small = {"hidden": 1024, "layers": 3} if args.quick else {}
-        probe = Config(steps=10 if args.quick else 20, fail_steps=(), ckpt_every=0, **small)
-        t_plain_probe = run_plain(probe, work)
-        step_s = t_plain_probe["window_s"] / (probe.steps - 1)
-        if args.quick:
+        if args.quick:   # fixed schedule: no probe run needed
             cfg = Config(steps=30, fail_steps=(10, 20), ckpt_every=8,
                          snapshot_every=args.snapshot_every, **small)
         else:
+            probe = Config(steps=20, fail_steps=(), ckpt_every=0)
+            step_s = run_plain(probe, work)["window_s"] / (probe.steps - 1)
+            shutil.rmtree(work / "plain")
             every = max(5, round(30.0 / step_s))  # one failure per ~30 s of training
             cfg = Config(steps=3 * every, fail_steps=(every, 2 * every),
                          ckpt_every=max(5, every // 3), snapshot_every=args.snapshot_every)
+        plain = run_plain(cfg, work)
+        step_s = plain["window_s"] / (cfg.steps - 1)
         print(f"step ~{step_s:.3f}s; {cfg.steps} steps, kills at {list(cfg.fail_steps)}, "
               f"torchrun checkpoints every {cfg.ckpt_every} steps", flush=True)
-        shutil.rmtree(work / "plain")
-        plain = run_plain(cfg, work)
         print(f"plain DDP, no failures: training {plain['window_s']:.1f}s "
               f"(process {plain['wall_s']:.1f}s)", flush=True)
         results: dict[str, dict | None] = {}
         results["seamguard"] = run_seamguard(cfg, work, True, "seamguard")
         results["torchrun"] = run_torchrun(cfg, work, True, "torchrun")
         torchft_note = None
-        if args.skip_torchft:
-            torchft_note = "skipped (--skip-torchft)"
+        if args.skip_torchft or (args.quick and not args.with_torchft):
+            torchft_note = "skipped (--skip-torchft, or --quick without --with-torchft)"
         else:
             try:
                 import torchft  # noqa: F401
