@@ -271,6 +271,13 @@ class _Job:
         self.pos = 0.0
         return lost
 
+    def redo(self, cause: str, seconds: float) -> None:
+        """Lose the last ``seconds`` of uncommitted work (steps computed again)."""
+        lost = min(self.uncommitted, seconds)
+        self.uncommitted -= lost
+        self.lost[cause] += lost
+        self.rollback += lost
+
     def commit_now(self) -> None:
         """A checkpoint taken now (its stall is charged by the caller's block)."""
         self.committed += self.uncommitted
@@ -469,10 +476,7 @@ class _Run:
             # Caught by the step guard before the optimizer applied it: the step is
             # computed again; charged as a defect that corrupts the recompute too, so the
             # rank is replaced live and its node goes to repair.
-            lr = min(job.uncommitted, 2 * self.pp.step_time_s)
-            job.uncommitted -= lr
-            job.lost[cause] += lr
-            job.rollback += lr
+            job.redo(cause, 2 * self.pp.step_time_s)
             rec, reset = self.pp.live_recovery_s, False
             needs_nodes = True
             self._schedule_repair(t, n_nodes, repair_h)
@@ -484,10 +488,7 @@ class _Run:
             # least half a step (the expected work in flight at a random failure time; the
             # benchmark's kills land at step boundaries and cannot see it).
             redo = max(self.pp.runtime.steps_lost, 0.5)
-            lr = min(job.uncommitted, redo * self.pp.step_time_s)
-            job.uncommitted -= lr
-            job.lost[cause] += lr
-            job.rollback += lr
+            job.redo(cause, redo * self.pp.step_time_s)
             rec, reset = detect + self.pp.live_recovery_s, False
         elif scope is Scope.PROCESS:
             # Every rank crashed at once: relaunch; each new process adopts the snapshots
