@@ -149,6 +149,7 @@ class Runtime:
         self.sampler = sampler
         params = [p for p in model.parameters() if p.requires_grad]
         self._params = params
+        self._n_grad = sum(p.numel() for p in params)
         self._flat = None   # sized per generation: gradients + one guard lane per rank
         if self.settings.checkpoint_dir is not None:
             self._ensure_persister()  # start it now, not at the first persist
@@ -213,7 +214,7 @@ class Runtime:
         if self._failed or self._gen_seen > self.gen:
             self._failed = True
             return False
-        n_grad = sum(p.numel() for p in self._params)
+        n_grad = self._n_grad
         lanes = self.plan.world_size if self.settings.step_guard else 0
         if self._flat is None or self._flat.numel() != n_grad + lanes:
             self._flat = torch.zeros(n_grad + lanes, dtype=self._params[0].dtype,
@@ -400,17 +401,18 @@ class Runtime:
             return
         self._snap_opt_entries = len(self.state.optimizer.state)
         self._phase = "snapshot"
+        overlap = self.settings.overlap_snapshots and not self._force_persist
         t0 = time.perf_counter()
         cap = self.slots.begin(
             self.state, self.step, timeout_s=self.settings.replica_timeout_s,
             midway=lambda: self.injector.maybe_fire("snapshot", self.rank, self.step),
-            overlap=self.settings.overlap_snapshots and not self._force_persist)
+            overlap=overlap)
         self.stats["snapshot_stall_s"] += time.perf_counter() - t0
         if cap is None:
             self._note("snapshot_skipped", step=self.step, reason="no free slot in time")
             return
         self._inflight = (cap, self._persist_due(self.step))
-        if not self.settings.overlap_snapshots or self._force_persist:
+        if not overlap:
             self._finish_snapshot()
 
     def _finish_snapshot(self) -> None:
