@@ -95,6 +95,11 @@ def test_parse_runtime_figures_fallbacks():
                                  "snapshot_stall_ratio": 0.01,
                                  "snapshot_stall_ratio_blocking": 0.1}, "r.json")
     assert own.relaunch_s == 3.0
+    # a measured resume holds one step of compute, which the twin charges itself
+    stepped = parse_runtime_figures({"systems": {"seamguard": {"resume_s_max": 2.5},
+                                                 "seamguard_job_wide": {"resume_s_max": 3.0}},
+                                     "config": {"step_s": 0.5}}, "r.json")
+    assert (stepped.live_resume_s, stepped.relaunch_s) == (2.0, 2.5)
     assert (own.snapshot_stall_ratio, own.blocking_stall_ratio) == (0.01, 0.1)
     assert full.blocking_stall_ratio == 0.0   # not measured
     empty = parse_runtime_figures({}, "r.json")

@@ -28,10 +28,13 @@ class RuntimeFigures:
     source: str
     """Where the figures came from (file path, REFERENCE.md, or both)."""
     live_resume_s: float
-    """Stall of the surviving ranks when one rank is lost and a spare joins."""
+    """Stall of the surviving ranks when one rank is lost and a spare joins: kill to the
+    first step committed after it, less that step's own compute (the twin charges the
+    work redone at its own step time)."""
     relaunch_s: float
     """Time to get going again after every rank crashed at once: the runtime's measured
-    restart from host memory (``seamguard_job_wide``), else torchrun's relaunch."""
+    restart from host memory (``seamguard_job_wide``), else torchrun's relaunch; less
+    one step's compute, as for ``live_resume_s``."""
     steps_lost: float
     """Training steps lost by a node loss under the live-recovery runtime."""
     wall_ratio: float
@@ -81,7 +84,11 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
     ``seamguard_job_wide``: every rank killed at once) either at the top level or under
     ``systems``, each with ``resume_s_max``,
     ``steps_lost_max``, ``wall_ratio``; top-level ``snapshot_stall_ratio``,
-    ``restore_speedup`` and optionally ``world_size`` (top level or under ``config``).
+    ``restore_speedup`` and optionally ``world_size`` and ``step_s`` (top level or under
+    ``config``). A resume is measured from the kill to the first step committed after
+    it, so it holds one step of compute, which the twin charges separately at its own
+    step time (``steps_lost`` and the step in flight): with ``step_s`` known, the
+    failure-free step time is taken off both resume figures.
     When the file carries the micro-benchmark (``micro_s`` with ``save_fsync_s`` and
     ``restore_ram_s``, ``config.micro_state_bytes``), the per-GiB save and restore rates
     come from it, so stall and restore are measured on one machine, not mixed with
@@ -119,14 +126,19 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
         if restore_ram:
             restore_rate = restore_ram / gib
     save_s_per_gib = pick(save_rate, ref.save_s_per_gib, "save_s_per_gib")
+    step_s = _num(tops, "step_s") or _num(cfg, "step_s") or 0.0
+
+    def resume(value: float | None) -> float | None:
+        return None if value is None else max(value - step_s, 0.0)
+
     restore_speedup = max(1.0, pick(_num(tops, "restore_speedup"), ref.restore_speedup,
                                     "restore_speedup"))
     figs = RuntimeFigures(
         source="",
-        live_resume_s=pick(_num(sg, "resume_s_max"), ref.live_resume_s, "live_resume_s"),
+        live_resume_s=pick(resume(_num(sg, "resume_s_max")), ref.live_resume_s, "live_resume_s"),
         # the runtime's own restart after every rank crashed; torchrun's relaunch if absent
-        relaunch_s=pick(_num(jw, "resume_s_max") or _num(tr, "resume_s_max"), ref.relaunch_s,
-                        "relaunch_s"),
+        relaunch_s=pick(resume(_num(jw, "resume_s_max") or _num(tr, "resume_s_max")),
+                        ref.relaunch_s, "relaunch_s"),
         steps_lost=pick(_num(sg, "steps_lost_max"), ref.steps_lost, "steps_lost"),
         # Failure-free overhead: the with-failures ratio would count recoveries twice (the
         # twin models failures itself).
