@@ -106,7 +106,8 @@ def main() -> None:
     # The two shares no public source gives: the bounds of each, the other at its default.
     sens = {}
     for field, lo_hi in (("sdc_caught_at_step_fraction", (0.0, 1.0)),
-                         ("job_wide_crash_fraction", (0.0, 1.0))):
+                         ("job_wide_crash_fraction", (0.0, 1.0)),
+                         ("crash_capture_fraction", (0.0, 1.0))):
         for v in lo_hi:
             _, sv = run_monte_carlo(base_cfg, [pols[0], replace(pols[1], **{field: v})], runs, args.seed)
             sens[f"{field}={v:g}"] = round(sv.metric("ettr")[0], 4)
@@ -118,7 +119,8 @@ def main() -> None:
         print(f"seamguard ETTR with blocking snapshots (stall ratio {figs.blocking_stall_ratio:g} "
               f"instead of {figs.snapshot_stall_ratio:g}): {blocking:.4f}")
     print(f"assumed shares (sdc caught at the step {pols[1].sdc_caught_at_step_fraction:g}, "
-          f"job-wide crashes {pols[1].job_wide_crash_fraction:g}); seamguard ETTR at their bounds: "
+          f"job-wide crashes {pols[1].job_wide_crash_fraction:g}, of those captured at the "
+          f"exception {pols[1].crash_capture_fraction:g}); seamguard ETTR at their bounds: "
           + ", ".join(f"{k} {v:.4f}" for k, v in sens.items()))
     print(f"goal seamguard ETTR >= 0.97: {'met' if sm >= 0.97 else 'NOT met'} (snapshot-stall model)")
     print(json.dumps({
@@ -134,6 +136,7 @@ def main() -> None:
         "ettr_seamguard_at_assumption_bounds": sens, "ettr_seamguard_blocking_snapshots": blocking,
         "sdc_caught_at_step_fraction": pols[1].sdc_caught_at_step_fraction,
         "job_wide_crash_fraction": pols[1].job_wide_crash_fraction,
+        "crash_capture_fraction": pols[1].crash_capture_fraction,
         "detection_delay_s": args.detection_delay_s, "measured_source": figs.source}))
 
 

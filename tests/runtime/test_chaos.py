@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from seamguard.runtime.chaos import random_plan, render_plan
+from seamguard.runtime.chaos import ChaosError, Injector, parse_plan, random_plan, render_plan
 
 from .conftest import launch
 
@@ -49,3 +49,23 @@ def test_chaos_trial(tmp_path, seed, clean_checksums):
 @pytest.mark.parametrize("seed", range(100, 100 + int(os.environ.get("SEAMGUARD_CHAOS_TRIALS", "8"))))
 def test_chaos_trial_many(tmp_path, seed, clean_checksums):
     _trial(tmp_path, seed, clean_checksums)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("raise:rank=0,step=3,phase=grad", "'raise' goes with a phase in"),
+    ("sdc:rank=0,step=3,phase=step", "'sdc' goes with phase 'grad'"),
+    ("kill:rank=0,step=3,phase=lunch", "chaos phase 'lunch'"),
+    ("kill:rank=0", "bad chaos trigger"),
+])
+def test_bad_chaos_plans_name_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_plan(text)
+
+
+def test_raise_action_raises_in_the_calling_thread(tmp_path):
+    inj = Injector(parse_plan("raise:rank=1,step=4,phase=step"), tmp_path)
+    inj.maybe_fire("step", rank=0, step=4)          # another rank: nothing
+    with pytest.raises(ChaosError, match="rank 1, step 4"):
+        inj.maybe_fire("step", rank=1, step=4)
+    inj.maybe_fire("step", rank=1, step=4)          # fires once per job
+    assert (tmp_path / "kills.jsonl").read_text().count('"raise"') == 1

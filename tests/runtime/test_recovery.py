@@ -64,6 +64,31 @@ def test_every_rank_crashing_restarts_from_host_memory(tmp_path, clean_checksums
     assert not list(Path("/dev/shm").glob("seamguard-allcrash-*")), "slots left behind"
 
 
+@pytest.mark.parametrize("phase, extra, resume_at", [
+    ("step", (), 12),                          # captured at the exception: nothing redone
+    ("optimizer", (), 10),                     # the optimizer had begun: not the step's start
+    ("step", ("--no-crash-capture",), 10),     # switched off: the last periodic snapshot
+])
+def test_every_rank_raising_resumes_at_the_failed_step(tmp_path, clean_checksums, phase,
+                                                       extra, resume_at):
+    # A software bug every rank hits at step 12: an uncaught exception, not a kill. Each
+    # process leaves the start of step 12 in shared memory on its way out (unless the
+    # optimizer had already begun the step), and the replacements resume there.
+    r = launch(tmp_path, f"raise-{phase}-{len(extra)}", spares=2, steps=20,
+               chaos=f"raise:rank=0,step=12,phase={phase}; raise:rank=1,step=12,phase={phase}",
+               extra=("--snapshot-every", "5", "--run-id", f"raise{len(extra)}{phase[0]}", *extra))
+    assert r.code == 0, r.stderr
+    assert r.checksum == clean_checksums(20)
+    chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
+    assert chosen[-1]["source"] == "memory" and chosen[-1]["step"] == resume_at, chosen
+    assert "ChaosError" in r.log   # the exception is still reported as usual
+    captured = r.notes("crash_captured")
+    if resume_at == 12:
+        assert sorted(n["wid"] for n in captured) == [0, 1] and captured[0]["step"] == 12
+    else:
+        assert not captured
+
+
 def test_sigstop_and_kill_in_snapshot_and_replication(tmp_path, clean_checksums):
     # Faults spaced so that each recovery finishes before the next fault even on a loaded
     # 2-core machine (overlapping losses of a state and its replica are test_missing_replica's).

@@ -69,18 +69,26 @@ def test_injected_failure_seamguard_recovers_live(quiet_model):
     assert _lost_s(r2, "faulty_gpu") == pytest.approx(live)
 
 
-@pytest.mark.parametrize("job_wide", [0.0, 1.0])
-def test_injected_software_bug_seamguard(quiet_model, job_wide):
+@pytest.mark.parametrize("job_wide, captured", [(0.0, 0.0), (1.0, 0.0), (1.0, 1.0)])
+def test_injected_software_bug_seamguard(quiet_model, job_wide, captured):
     i = _cause_index(quiet_model, "software_bug")
-    pp = PolicyParams("seamguard", job_wide_crash_fraction=job_wide)
+    pp = PolicyParams("seamguard", job_wide_crash_fraction=job_wide,
+                      crash_capture_fraction=captured)
     r = simulate_streams(_cfg(quiet_model), pp, inject_failure(empty_streams(), 5000.0, i, 0))
     lost = _lost_s(r, "software_bug")
-    if job_wide:
-        # every rank crashed: relaunch, restore the snapshots left in host memory, redo the
-        # work since the newest one
-        relaunch = pp.relaunch_from_memory_s(1000)
-        assert relaunch == pytest.approx(3.46 * math.log2(1000) + 28.0 * 0.051)
-        assert relaunch <= lost <= relaunch + r.checkpoint_interval_min * 60 + 1e-6
+    relaunch = pp.relaunch_from_memory_s(1000)
+    assert relaunch == pytest.approx(3.46 * math.log2(1000) + 28.0 * 0.051)
+    if job_wide and captured:
+        # every rank raised: each left the failed step's start in host memory, so the
+        # relaunch redoes only the step in flight
+        assert lost == pytest.approx(0.5 * pp.step_time_s + relaunch)
+        # and nothing is left for periodic snapshots to cover (quiet model: no other cause)
+        assert not math.isfinite(r.checkpoint_interval_min)
+    elif job_wide:
+        # every rank crashed by signal: relaunch, restore the snapshots left in host
+        # memory, redo the work since the newest one
+        assert relaunch + 0.5 * pp.step_time_s < lost
+        assert lost <= relaunch + r.checkpoint_interval_min * 60 + 1e-6
     else:
         # one rank's crash is replaced live like a lost node, with no spare node needed
         assert lost == pytest.approx(5.0 + pp.live_recovery_s)

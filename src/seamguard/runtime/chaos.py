@@ -8,7 +8,9 @@ string (usually the SEAMGUARD_CHAOS environment variable, set through
 
 actions: `kill` (SIGKILL), `stop` (SIGSTOP: alive but frozen, the coordinator must notice
 and evacuate it), `nodeloss` (SIGKILL after deleting the process's host-memory snapshots,
-as losing its whole node would; in phases other than `step` it acts like `kill`), `sdc`
+as losing its whole node would; in phases other than `step` it acts like `kill`), `raise`
+(a software bug: `ChaosError`, a RuntimeError, raised in the training thread, which the
+process does not catch; phases `step` and `optimizer`), `sdc`
 (silent data corruption: a few elements of the rank's local gradient get a high exponent
 bit flipped, as a faulty multiply would; phase `grad` only). phases: `step` (before the
 step's compute), `snapshot` (half-way through copying state into the host buffers),
@@ -38,7 +40,8 @@ from pathlib import Path
 
 PROCESS_ACTIONS = ("kill", "stop", "nodeloss")
 PROCESS_PHASES = ("step", "snapshot", "replicate", "persist", "optimizer")
-ACTIONS = PROCESS_ACTIONS + ("sdc",)
+ACTIONS = PROCESS_ACTIONS + ("raise", "sdc")
+RAISE_PHASES = ("step", "optimizer")
 PHASES = PROCESS_PHASES + ("grad",)
 SDC_SCALE = 2.0 ** 40  # a flipped high exponent bit
 
@@ -55,6 +58,9 @@ class Trigger:
             raise ValueError(f"chaos action {self.action!r} not in {ACTIONS}")
         if self.phase not in PHASES:
             raise ValueError(f"chaos phase {self.phase!r} not in {PHASES}")
+        if self.action == "raise" and self.phase not in RAISE_PHASES:
+            raise ValueError(f"chaos action 'raise' goes with a phase in {RAISE_PHASES}, "
+                             f"got {self.phase!r}")
         if (self.action == "sdc") != (self.phase == "grad"):
             raise ValueError("chaos action 'sdc' goes with phase 'grad' and only with it, "
                              f"got {self.action}:{self.phase}")
@@ -108,6 +114,10 @@ def random_plan(seed: int, world_size: int, first_step: int, last_step: int, n: 
     return out
 
 
+class ChaosError(RuntimeError):
+    """The software bug chaos action `raise` injects."""
+
+
 @dataclass
 class Injector:
     """Fires the triggers of a plan at the matching (rank, step, phase)."""
@@ -137,12 +147,16 @@ class Injector:
 
     def maybe_fire(self, phase: str, rank: int, step: int, pid: int | None = None,
                    forget_memory=None) -> None:
-        """Called by the runtime at each phase; kills/stops `pid` (default: this process).
-        `forget_memory` deletes the process's host-memory snapshots (action `nodeloss`)."""
+        """Called by the runtime at each phase; kills/stops `pid` (default: this process)
+        or raises ChaosError (action `raise`). `forget_memory` deletes the process's
+        host-memory snapshots (action `nodeloss`)."""
         for i, t in enumerate(self.triggers):
             if t.phase == phase and t.rank == rank and t.step == step and self._claim(i):
                 target = os.getpid() if pid is None else pid
                 self._record(t, target)
+                if t.action == "raise":
+                    raise ChaosError(f"chaos: injected software bug at rank {rank}, step {step}, "
+                                     f"phase {phase}")
                 if t.action == "nodeloss" and forget_memory is not None:
                     forget_memory()
                 os.kill(target, signal.SIGSTOP if t.action == "stop" else signal.SIGKILL)

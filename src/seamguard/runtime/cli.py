@@ -43,6 +43,9 @@ def launch(
     overlap_snapshots: bool = typer.Option(
         True, "--overlap-snapshots/--blocking-snapshots",
         help="copy parameters and optimizer state while the step computes"),
+    crash_capture: bool = typer.Option(
+        True, "--crash-capture/--no-crash-capture",
+        help="on an uncaught exception, keep the failed step's start in host memory"),
     hint_dir: Optional[Path] = typer.Option(None, "--hint-dir", help="watched for hint files"),
     events_file: Optional[Path] = typer.Option(None, "--events-file"),
     chaos: str = typer.Option("", "--chaos", help="fault plan, see seamguard.runtime.chaos"),
@@ -58,7 +61,7 @@ def launch(
         rt = RuntimeSettings(snapshot_every_steps=snapshot_every, persist_every_steps=persist_every,
                              checkpoint_dir=checkpoint_dir, collective_timeout_s=collective_timeout_s,
                              dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots,
-                             step_guard=step_guard)
+                             step_guard=step_guard, crash_capture=crash_capture)
         env = {"SEAMGUARD_SETTINGS": json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                  for k, v in asdict(rt).items()})}
         if chaos:

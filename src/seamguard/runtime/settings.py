@@ -40,6 +40,10 @@ class RuntimeSettings:
     overlap_snapshots: bool = True
     """Copy parameters and optimizer state during the step's forward and backward passes
     (finished before the optimizer step) instead of stalling the step for the copy."""
+    crash_capture: bool = True
+    """When an exception the training script does not catch ends the process before the
+    optimizer touched the step, leave the state at the start of that step in host memory
+    first, so a restart resumes there instead of at the last periodic snapshot."""
 
     def __post_init__(self) -> None:
         if self.snapshot_every_steps < 1:

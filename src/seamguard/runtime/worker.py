@@ -101,6 +101,8 @@ class Runtime:
         self._force_persist = False
         self._inflight = None  # (Capture, persist?) of a snapshot still copying
         self._snap_opt_entries = -1  # optimizer state entries at the last snapshot
+        self._applied = -1  # newest step the optimizer began to apply
+        self._prev_excepthook = None
         self._guard = GuardSettings()
         self._norm_history: list[float] = []  # median gradient norm of recent accepted steps
         self._rejected: tuple[int, np.ndarray] | None = None  # (step, norms) awaiting recompute
@@ -143,7 +145,7 @@ class Runtime:
         """Hand the runtime what it snapshots, replicates and restores."""
         self.state = TrainingState(model, optimizer, sampler.state_dict)
         # a snapshot still copying must be complete before the optimizer changes its source
-        optimizer.register_step_pre_hook(lambda *_: self._finish_snapshot())
+        optimizer.register_step_pre_hook(lambda *_: self._before_optimizer())
         optimizer.register_step_post_hook(
             lambda *_: self.injector.maybe_fire("optimizer", self.rank, self.step))
         self.sampler = sampler
@@ -153,6 +155,33 @@ class Runtime:
         self._flat = None   # sized per generation: gradients + one guard lane per rank
         if self.settings.checkpoint_dir is not None:
             self._ensure_persister()  # start it now, not at the first persist
+        if self.settings.crash_capture and self._prev_excepthook is None:
+            self._prev_excepthook = sys.excepthook
+            sys.excepthook = self._on_uncaught_exception
+
+    def _before_optimizer(self) -> None:
+        self._finish_snapshot()
+        self._applied = self.step   # from here on the live state is no longer the step's start
+
+    def _on_uncaught_exception(self, exc_type, exc, tb) -> None:
+        """sys.excepthook: the training script raised and did not catch (a software bug).
+        Before the process ends, and only if the optimizer has not begun the failed step,
+        the live state is exactly the start of that step: leave it in host memory with its
+        manifest, where a replacement process adopts it (job-wide restarts resume at the
+        failed step instead of at the last periodic snapshot). The exception is then
+        reported as usual and the process exits non-zero."""
+        try:
+            if self._phase not in ("recover", "done", "start") and self._applied != self.step:
+                captured = self._capture_step_start(timeout_s=5.0)
+                self._note("crash_captured" if captured else "crash_not_captured",
+                           step=self.step, error=f"{exc_type.__name__}: {exc}"[:300])
+            else:
+                self._note("crash_not_captured", step=self.step, phase=self._phase,
+                           error=f"{exc_type.__name__}: {exc}"[:300])
+        except BaseException as err:  # noqa: BLE001 - the original error must still be shown
+            self._note("crash_capture_failed", step=self.step, error=str(err)[:300])
+        finally:
+            (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
     @property
     def world_size(self) -> int:
@@ -178,7 +207,8 @@ class Runtime:
                 if self._final_barrier():
                     break
                 continue
-            if self._private[0] != self.step and (self.settings.step_guard or self._live_recovery()):
+            if self._private[0] != self.step and (self.settings.step_guard or self._live_recovery()
+                                                  or self.settings.crash_capture):
                 self._private = (self.step, self.state.step_private(self.step))
             self._send_meta()
             self._maybe_snapshot()
@@ -369,24 +399,32 @@ class Runtime:
         live model and optimizer are the state at the start of ``self.step``; offering it
         lets every member resume there instead of at the last periodic snapshot.
         """
-        if not (self._live_ok and self._live_recovery()):
-            return
+        if self._live_recovery():
+            self._capture_step_start(self.settings.replica_timeout_s)
+
+    def _capture_step_start(self, timeout_s: float) -> bool:
+        """Put the live model and optimizer, with the start-of-step meta and buffers, in a
+        slot as the snapshot of ``self.step`` and publish its manifest; True if done.
+        Only valid while no optimizer step of ``self.step`` has run."""
+        if not self._live_ok:
+            return False
+        self._finish_snapshot()
         slot = self.slots.find(self.step)
         if slot is not None and slot.manifest is not None:
-            return
+            return True
         if slot is None:   # else: captured this step, still being hashed by the pipeline
             if self._private[0] != self.step:
-                return   # no start-of-step meta and buffers for this step
-            slot = self.slots.capture(self.state, self.step,
-                                      timeout_s=self.settings.replica_timeout_s)
+                return False   # no start-of-step meta and buffers for this step
+            slot = self.slots.capture(self.state, self.step, timeout_s=timeout_s)
             if slot is None:
                 self._note("live_capture_skipped", step=self.step, reason="no free slot in time")
-                return
+                return False
             # the cancelled step moved the RNG and the buffers: put the start's back
             self.slots.overwrite(slot, self._private[1])
             self.stats["live_captures"] += 1
         manifest = self.slots.build_manifest(slot, self.rank, self.plan.world_size)
         self.slots.publish_manifest(slot, manifest, self.role)
+        return True
 
     def _maybe_snapshot(self) -> None:
         self._finish_snapshot()

@@ -38,6 +38,7 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
                    measured: Optional[Path],
                    job_wide_crash_fraction: float = PolicyParams.job_wide_crash_fraction,
                    sdc_caught_fraction: float = PolicyParams.sdc_caught_at_step_fraction,
+                   crash_capture_fraction: float = PolicyParams.crash_capture_fraction,
                    ) -> tuple[ClusterConfig, list[PolicyParams], str]:
     """Validate flags and build the cluster config and the policies to run."""
     if gpus <= 0:
@@ -69,7 +70,8 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
                          detection_precision=detection_precision,
                          state_gib_per_gpu=state_gib_per_gpu,
                          job_wide_crash_fraction=job_wide_crash_fraction,
-                         sdc_caught_at_step_fraction=sdc_caught_fraction, runtime=figs)
+                         sdc_caught_at_step_fraction=sdc_caught_fraction,
+                         crash_capture_fraction=crash_capture_fraction, runtime=figs)
             for n in names]
     return cfg, pols, figs.source
 
@@ -101,6 +103,10 @@ _JW = typer.Option(PolicyParams.job_wide_crash_fraction, "--job-wide-crash-fract
 _SDC = typer.Option(PolicyParams.sdc_caught_at_step_fraction, "--sdc-caught-fraction",
                     help="Share of silent data corruptions the runtime's step guard catches "
                          "at the step (the rest go back to the storage backstop).")
+_CAP = typer.Option(PolicyParams.crash_capture_fraction, "--crash-capture-fraction",
+                    help="Share of job-wide crashes that end by an uncaught exception, so the "
+                         "runtime leaves the failed step's start in host memory (the rest "
+                         "go back to the newest periodic snapshot).")
 _MEAS = typer.Option(None, "--measured",
                      help=f"Runtime results file (default {DEFAULT_RESULTS_PATH}, "
                           "falls back to REFERENCE.md figures when absent).")
@@ -121,6 +127,7 @@ def simulate(
     detection_delay_s: float = _DD, detection_precision: float = _DP,
     state_gib_per_gpu: float = _SG, measured: Optional[Path] = _MEAS,
     job_wide_crash_fraction: float = _JW, sdc_caught_fraction: float = _SDC,
+    crash_capture_fraction: float = _CAP,
     runs: int = _RUNS, seed: int = _SEED, executor: str = _EXEC,
     workers: Optional[int] = _WORK,
 ) -> None:
@@ -134,7 +141,8 @@ def simulate(
             checkpoint_write_min=checkpoint_write_min, restart_cost_min=restart_cost_min,
             detection_delay_s=detection_delay_s, detection_precision=detection_precision,
             state_gib_per_gpu=state_gib_per_gpu, measured=measured,
-            job_wide_crash_fraction=job_wide_crash_fraction, sdc_caught_fraction=sdc_caught_fraction)
+            job_wide_crash_fraction=job_wide_crash_fraction, sdc_caught_fraction=sdc_caught_fraction,
+            crash_capture_fraction=crash_capture_fraction)
         sums = run_monte_carlo(cfg, pols, runs, seed, executor, workers)
     except ValueError as exc:
         _fail(str(exc))

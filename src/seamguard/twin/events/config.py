@@ -130,6 +130,15 @@ class PolicyParams:
     snapshots the dead processes left in host memory). The rest kill one rank's process,
     which the runtime replaces exactly like a lost node (the kill its benchmark measures).
     Assumed: no public source splits Llama 3's counts this way."""
+    crash_capture_fraction: float = 0.5
+    """Share of job-wide crashes that end every process through an exception the training
+    script does not catch (a Python-level bug, a failed dependency, an error the framework
+    raises), with the process and its device context still usable, so the runtime's
+    exception hook leaves the start of the failed step in host memory (runtime
+    ``--crash-capture``, tested in tests/runtime/test_recovery.py) and the relaunch resumes
+    there: only the step in flight is redone. The rest die by signal (segfault, OOM kill,
+    a watchdog's abort) or with a broken device context, and go back to the newest
+    periodic snapshot. Assumed: no public source splits crashes this way."""
     sdc_caught_at_step_fraction: float = 0.5
     """Share of interruption-causing silent data corruptions that show at the step they
     happen as a gradient-norm anomaly the runtime's step guard rejects before the
@@ -170,6 +179,9 @@ class PolicyParams:
         if not 0.0 <= self.job_wide_crash_fraction <= 1.0:
             raise ValueError("--job-wide-crash-fraction must be in [0, 1], "
                              f"got {self.job_wide_crash_fraction!r}")
+        if not 0.0 <= self.crash_capture_fraction <= 1.0:
+            raise ValueError("--crash-capture-fraction must be in [0, 1], "
+                             f"got {self.crash_capture_fraction!r}")
         if not 0.0 <= self.sdc_caught_at_step_fraction <= 1.0:
             raise ValueError("--sdc-caught-fraction must be in [0, 1], "
                              f"got {self.sdc_caught_at_step_fraction!r}")

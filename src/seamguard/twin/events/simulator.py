@@ -122,9 +122,9 @@ def rollback_scope_hazards(cfg: ClusterConfig, pp: PolicyParams | None = None) -
     Under the seamguard runtime (``pp.name == "seamguard"``) node and domain losses and
     the crash of a single rank redo only the step in flight: survivors keep their live
     state and a spare takes the lost rank's over (docs/runtime.md). What still rolls back
-    is a crash of every rank at once (to the newest host-memory snapshot, which outlives
-    the processes in shared memory) and silent corruption the step guard did not catch
-    (to storage).
+    is a crash of every rank at once that the processes could not capture on their way
+    out (to the newest host-memory snapshot, which outlives the processes in shared
+    memory) and silent corruption the step guard did not catch (to storage).
     """
     fm = cfg.failures
     out: dict[Scope, float] = defaultdict(float)
@@ -133,7 +133,8 @@ def rollback_scope_hazards(cfg: ClusterConfig, pp: PolicyParams | None = None) -
     trip = fm.cooling_event_per_loop_day * fm.cooling_trip_probability / cfg.nodes_per_loop
     out[Scope.DOMAIN] += trip / 86_400.0
     if pp is not None and pp.name == "seamguard":
-        kept = {Scope.PROCESS: pp.job_wide_crash_fraction * out.get(Scope.PROCESS, 0.0),
+        uncaptured = pp.job_wide_crash_fraction * (1.0 - pp.crash_capture_fraction)
+        kept = {Scope.PROCESS: uncaptured * out.get(Scope.PROCESS, 0.0),
                 Scope.PERSISTED: (1.0 - pp.sdc_caught_at_step_fraction) * out.get(Scope.PERSISTED, 0.0)}
         return {k: v for k, v in kept.items() if v > 0}
     return dict(out)
@@ -492,8 +493,13 @@ class _Run:
             rec, reset = detect + self.pp.live_recovery_s, False
         elif scope is Scope.PROCESS:
             # Every rank crashed at once: relaunch; each new process adopts the snapshots
-            # its predecessor left in shared memory and the job redoes the work since.
-            job.rollback_to_checkpoint(cause)
+            # its predecessor left in shared memory. A crash by uncaught exception left the
+            # start of the failed step there (only the step in flight is redone); any other
+            # goes back to the newest periodic snapshot.
+            if self.rng.random() < self.pp.crash_capture_fraction:
+                job.redo(cause, 0.5 * self.pp.step_time_s)
+            else:
+                job.rollback_to_checkpoint(cause)
             rec, reset = detect + self.pp.relaunch_from_memory_s(job.gpus), True
         else:
             # Corrupt state: memory copies are suspect; back to the storage backstop, drawn
