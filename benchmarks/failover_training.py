@@ -402,6 +402,11 @@ def main() -> None:
             every_rank = "; ".join(f"kill:rank={r},step={s},phase=step" for r in range(WORLD_SIZE))
             results["seamguard_job_wide"] = run_seamguard(cfg, work, True, "seamguard_job_wide",
                                                           every_rank)
+            # the same crash by an uncaught exception: each process leaves the failed
+            # step's start in shared memory on its way out (--crash-capture)
+            every_raise = every_rank.replace("kill:", "raise:")
+            results["seamguard_job_wide_exception"] = run_seamguard(
+                cfg, work, True, "seamguard_job_wide_exception", every_raise)
             sg_clean = run_seamguard(cfg, work, False, "seamguard_clean")
             tr_clean = run_torchrun(cfg, work, False, "torchrun_clean")
             extra = {"seamguard_no_failure_wall_ratio": round(sg_clean["window_s"] / plain["window_s"], 3),
@@ -410,7 +415,7 @@ def main() -> None:
             if r is None:
                 continue
             for f in r["failures"]:
-                print(f"{name:9s} kill at step {f['step']:4d}: next step after "
+                print(f"{name:9s} fault at step {f['step']:4d}: next step after "
                       f"{f['resume_s']}s, steps lost {f['steps_lost']}", flush=True)
             print(f"{name:9s} training {r['window_s']:.1f}s = {r['window_s'] / plain['window_s']:.3f}x "
                   f"failure-free plain DDP (process {r['wall_s']:.1f}s = "
@@ -418,7 +423,8 @@ def main() -> None:
                   + (f", samples dropped {r['samples_dropped']}" if "samples_dropped" in r else ""),
                   flush=True)
         summary = {name: summarize(results.get(name), plain)
-                   for name in ("seamguard", "torchrun", "torchft", "seamguard_job_wide")}
+                   for name in ("seamguard", "torchrun", "torchft", "seamguard_job_wide",
+                                "seamguard_job_wide_exception")}
         summary.update({
             # the runtime's default (overlapped) snapshot, as a training step sees it
             "snapshot_stall_ratio": round(micro["step_stall_overlap_s"] / micro["save_fsync_s"], 4),
