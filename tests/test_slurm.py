@@ -3,9 +3,7 @@ real Controller in enforce mode. Nodes are fake (never registered, no slurmd).""
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from seamguard.act.slurm import SlurmActuator, SlurmConfig

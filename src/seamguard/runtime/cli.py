@@ -36,6 +36,9 @@ def launch(
     evacuate_stragglers: bool = typer.Option(False, "--evacuate-stragglers"),
     replenish_spares: bool = typer.Option(True, "--replenish-spares/--no-replenish-spares",
                                           help="start a fresh spare after every loss"),
+    fork_server: bool = typer.Option(
+        True, "--fork-server/--no-fork-server",
+        help="fork workers from a process that imported torch once (a .py script)"),
     no_dedup: bool = typer.Option(False, "--no-dedup", help="send full replicas"),
     step_guard: bool = typer.Option(
         True, "--step-guard/--no-step-guard",
@@ -73,7 +76,7 @@ def launch(
                                   master_port=master_port, run_id=run_id,
                                   hang_timeout_s=hang_timeout_s, stall_timeout_s=stall_timeout_s,
                                   evacuate_stragglers=evacuate_stragglers, hint_dir=hint_dir,
-                                  replenish_spares=replenish_spares,
+                                  replenish_spares=replenish_spares, fork_server=fork_server,
                                   events_file=events_file, env=env)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -24,6 +24,7 @@ from pathlib import Path
 from seamguard.runtime import keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.settings import LaunchSettings
+from seamguard.runtime.zygote import ForkedProcess, ForkServer
 
 POLL_S = 0.005
 
@@ -31,7 +32,7 @@ POLL_S = 0.005
 @dataclass
 class Child:
     wid: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     reported: bool = False
 
 
@@ -43,6 +44,15 @@ def free_port() -> int:
 
 def _command(script: list[str]) -> list[str]:
     return [sys.executable, *script] if script[0].endswith(".py") else list(script)
+
+
+def _start(s: LaunchSettings, server: ForkServer | None, env: dict[str, str]
+           ) -> subprocess.Popen | ForkedProcess:
+    """A worker process: forked from the node's zygote when there is one (a .py script),
+    else a fresh interpreter."""
+    if server is not None:
+        return server.spawn(list(s.script), env, timeout_s=s.startup_timeout_s)
+    return subprocess.Popen(_command(s.script), env=env)
 
 
 def _worker_env(s: LaunchSettings, port: int, wid: int, local: int) -> dict[str, str]:
@@ -99,11 +109,11 @@ def launch(s: LaunchSettings) -> int:
 
     per_node = s.nproc + s.spares
     settings_env = json.loads(s.env.get("SEAMGUARD_SETTINGS", "{}"))
+    server = ForkServer() if s.fork_server and s.script[0].endswith(".py") else None
     children = []
     for local in range(per_node):
         wid = s.node_rank * per_node + local
-        children.append(Child(wid, subprocess.Popen(_command(s.script),
-                                                    env=_worker_env(s, port, wid, local))))
+        children.append(Child(wid, _start(s, server, _worker_env(s, port, wid, local))))
     coord = None
     if master:
         trainers = [n * per_node + i for n in range(s.nnodes) for i in range(s.nproc)]
@@ -122,7 +132,7 @@ def launch(s: LaunchSettings) -> int:
                     if c.proc.returncode != 0 and s.replenish_spares and \
                             not store.check([keys.JOB_DONE]) and respawned < s.max_recoveries:
                         respawned += 1
-                        children.append(_spawn_spare(s, store, port, per_node))
+                        children.append(_spawn_spare(s, server, store, port, per_node))
                 if not c.reported and store.check([keys.kill_request(c.wid)]):
                     c.proc.send_signal(signal.SIGKILL)
             if master:
@@ -143,6 +153,8 @@ def launch(s: LaunchSettings) -> int:
             if c.proc.poll() is None:
                 c.proc.kill()
         _remove_shared_memory(s.run_id, children)
+        if server is not None:
+            server.close()
         if events:
             events.close()
     return code
@@ -156,11 +168,12 @@ def _remove_shared_memory(run_id: str, children: list[Child]) -> None:
             f.unlink(missing_ok=True)
 
 
-def _spawn_spare(s: LaunchSettings, store, port: int, per_node: int) -> Child:
+def _spawn_spare(s: LaunchSettings, server: ForkServer | None, store, port: int,
+                 per_node: int) -> Child:
     """Start a fresh hot spare in place of a lost process (new worker id)."""
     wid = s.nnodes * per_node + store.add(keys.NEXT_WID, 1) - 1
     env = _worker_env(s, port, wid, s.nproc)  # a local slot past the trainers: a spare
-    child = Child(wid, subprocess.Popen(_command(s.script), env=env))
+    child = Child(wid, _start(s, server, env))
     store.set(keys.joined(store.add(keys.JOINED_COUNT, 1)), str(wid))
     return child
 

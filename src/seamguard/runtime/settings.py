@@ -87,6 +87,9 @@ class LaunchSettings:
     """Consecutive slow steps before a straggler verdict."""
     evacuate_stragglers: bool = False
     """Replace a persistent straggler by a spare (otherwise only report it)."""
+    fork_server: bool = True
+    """Fork workers of a .py script from a per-node process that has imported torch and
+    the runtime once (runtime/zygote.py), instead of starting a fresh interpreter each."""
     replenish_spares: bool = True
     """Start a fresh spare whenever a process is lost, so the pool does not run dry."""
     spare_wait_s: float = 30.0

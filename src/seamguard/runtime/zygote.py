@@ -1,0 +1,185 @@
+"""Fork server: one process per node that imported the training stack once; workers are
+forked from it.
+
+Why this file exists: starting a worker is mostly importing torch (about 2 s of CPU on
+the 2-core test machine). After a crash of every rank, every rank must be started again
+at once, and after each loss the launcher starts a replacement hot spare, whose start-up
+competes for the node's cores with the ranks that are training. The launcher therefore
+starts one zygote per node; it imports torch, numpy and the runtime but never initialises
+CUDA or a process group, so a fork of it is a clean start that skips the imports.
+
+Protocol (the launcher's side is :class:`ForkServer`): one JSON object per line over a
+socket pair. The launcher sends ``{"argv": [script, args...], "env": {...}, "cwd": ...}``;
+the zygote forks, and the child runs the script as ``__main__`` with that environment
+(``python script.py args...`` semantics) while the zygote answers ``{"pid": N}``. When a
+child ends the zygote reports ``{"exit": N, "code": C}``, C as ``subprocess`` gives it
+(the exit status, or minus the signal number). The children keep the zygote's standard
+streams, which are the launcher's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.005
+
+
+# ---------------------------------------------------------------- the zygote process
+def _run_child(argv: list[str], env: dict[str, str], cwd: str | None) -> None:
+    """In the forked child: become ``python argv[0] argv[1:]`` (never returns)."""
+    os.environ.clear()
+    os.environ.update(env)
+    if cwd:
+        os.chdir(cwd)
+    script = Path(argv[0])
+    sys.argv = list(argv)
+    sys.path[0] = str(script.resolve().parent)
+    import numpy as np
+    np.random.seed()   # a fresh interpreter would have drawn its own seed
+    import runpy
+    runpy.run_path(str(script), run_name="__main__")
+    sys.exit(0)
+
+
+def serve(fd: int) -> None:
+    """The zygote's loop: fork on request, report exits, leave when the launcher does."""
+    # the training stack, imported once for every worker forked from here
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import xxhash  # noqa: F401
+
+    import seamguard.runtime  # noqa: F401
+    import seamguard.runtime.worker  # noqa: F401
+
+    sock = socket.socket(fileno=fd)
+    buf = b""
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([sock], [], [], POLL_S)
+        if ready:
+            data = sock.recv(65536)
+            if not data:
+                return   # the launcher is gone: its children are its business
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    _run_child(req["argv"], req["env"], req.get("cwd"))
+                children.add(pid)
+                sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                sock.sendall(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+                             .encode() + b"\n")
+
+
+# ---------------------------------------------------------------- the launcher's side
+class ForkServer:
+    """Starts a zygote and asks it for workers (see module docstring)."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "seamguard.runtime.zygote", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self.sock = ours
+        self.sock.setblocking(False)
+        self._buf = b""
+        self._pids: list[int] = []
+        self.codes: dict[int, int] = {}
+
+    def _pump(self, timeout_s: float = 0.0) -> None:
+        """Read whatever the zygote has sent (waiting up to ``timeout_s`` for something)."""
+        if timeout_s > 0:
+            select.select([self.sock], [], [], timeout_s)
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                break
+            if not data:
+                raise RuntimeError(f"fork server exited (code {self.proc.poll()})")
+            self._buf += data
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "pid" in msg:
+                self._pids.append(int(msg["pid"]))
+            else:
+                self.codes[int(msg["exit"])] = int(msg["code"])
+
+    def spawn(self, argv: list[str], env: dict[str, str], timeout_s: float) -> "ForkedProcess":
+        """Fork a worker running ``argv`` (a .py script and its arguments)."""
+        self.sock.setblocking(True)
+        try:
+            self.sock.sendall(json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
+                              + b"\n")
+        finally:
+            self.sock.setblocking(False)
+        deadline = time.monotonic() + timeout_s
+        while not self._pids:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fork server gave no worker within {timeout_s}s")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fork server exited (code {self.proc.returncode})")
+            self._pump(0.05)
+        return ForkedProcess(self, self._pids.pop(0))
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ForkedProcess:
+    """The part of ``subprocess.Popen`` the launcher uses, for a child of the zygote."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server._pump()
+            self.returncode = self.server.codes.get(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            self.server._pump(POLL_S)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        import signal
+        self.send_signal(signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
