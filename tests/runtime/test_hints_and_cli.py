@@ -60,3 +60,77 @@ def test_evacuate_and_checkpoint_hints(tmp_path, clean_checksums):
     assert latest_verified(ckpt) is not None
     assert (out / "final_checksum.txt").read_text() == clean_checksums(30)
     assert not list(hints.iterdir())
+
+
+def _launch_bg(hints, ckpt, out, steps, extra=()):
+    cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", "2", "--hint-dir", str(hints),
+           "--checkpoint-dir", str(ckpt), "--snapshot-every", "5", "--persist-every", "10",
+           "--events-file", str(out / "events.jsonl"), *extra, "--",
+           str(REPO / "examples" / "train_ddp.py"), "--steps", str(steps), "--out", str(out),
+           "--step-sleep-s", "0.1"]
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait_for_step(out, step: int, timeout_s: float = 90) -> None:
+    log, deadline = out / "worker_0.log", time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and any(int(x.split()[0]) >= step for x in log.read_text().splitlines()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout_s}s")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("hint, at_step, steps", [("rollback", 26, 40),
+                                                  ("rollback_to_step_30", 52, 60)])
+def test_rollback_hint_goes_back_in_place(tmp_path, clean_checksums, hint, at_step, steps):
+    # Corruption found after it was persisted: the operator (or the controller) drops a
+    # rollback hint. Every rank goes back, without a restart, to the newest persisted step
+    # (or the one named), reading the copy it kept in host memory when it still has one,
+    # else storage; the replay is bit-identical to a run that never went forward.
+    hints, ckpt, out = tmp_path / "hints", tmp_path / "ckpt", tmp_path / "run"
+    hints.mkdir()
+    proc = _launch_bg(hints, ckpt, out, steps=steps, extra=("--keep-checkpoints", "3"))
+    try:
+        _wait_for_step(out, at_step)
+        (hints / hint).touch()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    target = next(e["to_step"] for e in events if e["event"] == "rollback_requested")
+    chosen = [e for e in events if e["event"] == "resume_chosen" and e["gen"] > 0]
+    assert len(chosen) == 1 and chosen[0]["step"] == target
+    if hint == "rollback":
+        # the newest persisted step, still in host memory: no storage read
+        assert target >= 20 and target % 10 == 0 and chosen[0]["source"] == "memory"
+    else:
+        # by step 52 step 30 has left host memory (50 is the persisted step kept there)
+        # but is still on storage (three kept): it comes back from storage
+        assert target == 30 and chosen[0]["source"] == "disk"
+    # every rank redid the steps after the target (one line per committed step)
+    done = [int(x.split()[0]) for x in (out / "worker_0.log").read_text().splitlines()]
+    assert done.count(target) == 2
+    assert (out / "final_checksum.txt").read_text() == clean_checksums(steps)
+
+
+def test_rollback_without_a_persisted_step_is_refused_and_training_goes_on(tmp_path, clean_checksums):
+    hints, ckpt, out = tmp_path / "hints", tmp_path / "ckpt", tmp_path / "run"
+    hints.mkdir()
+    (hints / "rollback").touch()    # before anything was persisted
+    (hints / "rollback_to_step_x").touch()
+    proc = _launch_bg(hints, ckpt, out, steps=24)
+    try:
+        _wait_for_step(out, 16)
+        (hints / "rollback_to_step_5").touch()   # never persisted (every 10 steps)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    rejected = [e for e in events if e["event"] == "rollback_rejected"]
+    assert [e["asked"] for e in rejected] == [-1, 5], rejected
+    assert "step 5 is not a complete persisted checkpoint" in rejected[1]["reason"]
+    assert not any(e["event"] == "rollback_requested" for e in events)
+    assert (out / "final_checksum.txt").read_text() == clean_checksums(24)
+    assert not list(hints.iterdir())

@@ -53,3 +53,16 @@ def test_pending_recovery_carries_holders_and_detects_lost_holder():
     assert g2.ranks == [2, 3] and g2.holders == {0: 1, 1: 2}
     holdings = {2: {"own": [], "replicas": {"1": [8]}}, 3: {"own": []}}
     assert resume_step(g2, holdings) is None  # role 0's replica died with worker 1
+
+
+def test_rollback_generation_caps_the_resume_step_and_survives_a_loss():
+    p = next_plan(initial_plan([0, 1], [2]), set(), 2, "rollback to step 20", max_step=20)
+    holdings = {0: {"own": [20, 25, 30]}, 1: {"own": [20, 25, 30]}}
+    assert resume_step(p, holdings) == 20
+    assert resume_step(p, {0: {"own": [25, 30]}, 1: {"own": [25, 30]}}) is None  # -> disk
+    assert Plan.from_json(p.to_json()).max_step == 20
+    # a loss while the rollback is still recovering keeps the cap
+    q = next_plan(p, {1}, 2, "lost 1", pending=True)
+    assert q.max_step == 20 and q.ranks == [0, 2]
+    # an ordinary loss later does not
+    assert next_plan(q, {0}, 2, "lost 0").max_step is None

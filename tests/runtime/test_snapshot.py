@@ -138,3 +138,31 @@ def test_a_failed_background_copy_surfaces_in_wait(tmp_path):
         assert slots.find(1) is None and not cap.slot.filling
     finally:
         slots.close()
+
+
+def test_the_newest_persisted_slot_is_kept_out_of_rotation(tmp_path):
+    model, opt, state = _setup()
+    slots = SlotStore(f"sgtest7-{tmp_path.name}", 4)
+    try:
+        for step in range(1, 4):
+            _train(model, opt, 1)
+            slots.capture(state, step, timeout_s=5)
+        persisted = slots.find(2)
+        slots.retain(persisted.index, 2)
+        slots.retain(slots.find(3).index, 99)   # the slot no longer holds that step: ignored
+        assert slots.retained == persisted.index
+        for step in range(4, 10):
+            _train(model, opt, 1)
+            slots.capture(state, step, timeout_s=5)
+            assert slots.find(2) is persisted       # never reused while retained
+        slots.forget_after(1)                        # a rollback before it: dropped
+        assert slots.retained == -1
+    finally:
+        slots.close()
+    three = SlotStore(f"sgtest8-{tmp_path.name}", 3)
+    try:
+        _train(model, opt, 1)
+        three.retain(three.capture(state, 1, timeout_s=5).index, 1)
+        assert three.retained == -1                  # three slots: retention would stall
+    finally:
+        three.close()

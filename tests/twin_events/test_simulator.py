@@ -107,8 +107,11 @@ def test_injected_silent_corruption_seamguard(quiet_model, caught):
         assert lost == pytest.approx(2 * pp.step_time_s + pp.live_recovery_s)
         assert r.rollback_lost_gpu_hours * 3600 / 1000 == pytest.approx(2 * pp.step_time_s)
     else:
-        # surfaced later: relaunch from the storage backstop, older than the memory tier
-        assert lost > pp.relaunch_from_storage_s(1000)
+        # surfaced later: back to the newest storage backstop, older than the memory
+        # tier, in place from the copy every rank kept in host memory (no relaunch)
+        in_place = pp.rollback_in_place_s(1000)
+        assert in_place == pytest.approx(5.06 * math.log2(1000) + 28.0 * 0.051)
+        assert in_place < lost
 
 
 def test_hung_collective_costs_the_detection_timeout(quiet_model):

@@ -30,6 +30,8 @@ def launch(
     checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir"),
     snapshot_every: int = typer.Option(1, "--snapshot-every", help="steps between snapshots"),
     persist_every: int = typer.Option(50, "--persist-every", help="steps between persisted checkpoints"),
+    keep_checkpoints: int = typer.Option(2, "--keep-checkpoints",
+                                         help="complete persisted checkpoints kept per rank"),
     collective_timeout_s: float = typer.Option(30.0, "--collective-timeout-s"),
     hang_timeout_s: float = typer.Option(1.0, "--hang-timeout-s"),
     stall_timeout_s: float = typer.Option(10.0, "--stall-timeout-s"),
@@ -62,7 +64,8 @@ def launch(
         script = script[1:]
     try:
         rt = RuntimeSettings(snapshot_every_steps=snapshot_every, persist_every_steps=persist_every,
-                             checkpoint_dir=checkpoint_dir, collective_timeout_s=collective_timeout_s,
+                             checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
+                             collective_timeout_s=collective_timeout_s,
                              dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots,
                              step_guard=step_guard, crash_capture=crash_capture)
         env = {"SEAMGUARD_SETTINGS": json.dumps({k: (str(v) if isinstance(v, Path) else v)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from seamguard.runtime import keys
 from seamguard.runtime.detect import Beat, HeartbeatTracker
-from seamguard.runtime.manifest import latest_verified
+from seamguard.runtime.manifest import complete_steps, latest_verified
 from seamguard.runtime.membership import Plan, initial_plan, next_plan, resume_step
 from seamguard.runtime.settings import LaunchSettings
 
@@ -44,6 +44,7 @@ class Coordinator:
     _phase_since_s: float = 0.0
     _detected_at_s: float = 0.0
     _hint_checkpoint: int = 0
+    _hint_rollback: int = 0
     joined: list[int] = field(default_factory=list)  # replacement spares, ready or not
     _joined_seen: int = 0
     _deferred: set[int] = field(default_factory=set)  # losses waiting for replacement spares
@@ -92,6 +93,8 @@ class Coordinator:
                 return self.phase
             self._deferred = set()
             return self._replan(lost, now, reason="lost " + ",".join(map(str, sorted(lost))))
+        if self.phase == "running" and self._read_rollback_hint(now):
+            return self.phase
         if self.phase == "recovering":
             self._advance_recovery(now)
         return self.phase
@@ -174,6 +177,29 @@ class Coordinator:
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self.log({"event": "checkpoint_hint", "persist_at": target})
 
+    def _read_rollback_hint(self, now: float) -> bool:
+        """A rollback request (e.g. corruption found after it was persisted): every rank
+        goes back, in place, to the requested step or the newest persisted one, from its
+        own host-memory copy where it still has one (the runtime keeps the newest
+        persisted snapshot), else from storage. True if a rollback generation started."""
+        raw = self._get(keys.HINT_ROLLBACK_N)
+        if raw is None or int(raw) <= self._hint_rollback:
+            return False
+        self._hint_rollback = int(raw)
+        asked = int(self._get(keys.HINT_ROLLBACK_TO) or b"-1")
+        complete = complete_steps(self.checkpoint_dir) if self.checkpoint_dir else []
+        target = (complete[0] if complete else None) if asked < 0 else asked
+        if target is None or target not in complete:
+            # only a step every rank persisted is sure to exist somewhere (the copies in
+            # host memory speed it up); anything else would end the job: refuse, go on
+            self.log({"event": "rollback_rejected", "asked": asked, "persisted": complete,
+                      "reason": "no complete persisted checkpoint to go back to" if target is None
+                      else f"step {target} is not a complete persisted checkpoint"})
+            return False
+        self.log({"event": "rollback_requested", "to_step": target})
+        self._replan(set(), now, reason=f"rollback to step {target}", max_step=target)
+        return True
+
     def _wait_for_spares(self, lost: set[int], now: float) -> bool:
         """Hold a replan while replacements being started would avoid a shrink (bounded).
 
@@ -215,13 +241,14 @@ class Coordinator:
         self.log({"event": "plan", "gen": plan.gen, "ranks": plan.ranks, "roles": plan.roles,
                   "spares": plan.spares, "reason": plan.reason, "force_disk": plan.force_disk})
 
-    def _replan(self, lost: set[int], now: float, reason: str, force_disk: bool = False) -> str:
+    def _replan(self, lost: set[int], now: float, reason: str, force_disk: bool = False,
+                max_step: int | None = None) -> str:
         self.recoveries += 1
         if self.recoveries > self.settings.max_recoveries:
             return self._fail(f"more than {self.settings.max_recoveries} recoveries")
         try:
             plan = next_plan(self.plan, lost, self.settings.nproc, reason, force_disk,
-                             pending=self.phase == "recovering")
+                             pending=self.phase == "recovering", max_step=max_step)
         except ValueError as exc:
             return self._fail(str(exc))
         self._start_generation(plan, now)
@@ -267,7 +294,8 @@ class Coordinator:
         if self.checkpoint_dir:
             why: list[str] = []
             found = latest_verified(self.checkpoint_dir, why,
-                                    newer_than=-1 if step is None else step)
+                                    newer_than=-1 if step is None else step,
+                                    at_most=self.plan.max_step)
             for line in why:
                 self.log({"event": "checkpoint_rejected", "detail": line})
         if step is not None and found is None:

@@ -96,6 +96,9 @@ def event(n: int) -> str:
     return f"{ROOT}/events/{n}"
 
 HINT_PERSIST_AT = f"{ROOT}/hint/persist_at"
+# rollback requests: a counter, and the step to go back to (-1: the newest persisted)
+HINT_ROLLBACK_N = f"{ROOT}/hint/rollback_n"
+HINT_ROLLBACK_TO = f"{ROOT}/hint/rollback_to"
 """Set by the coordinator from a checkpoint hint: every rank persists this step."""
 
 NEXT_WID = f"{ROOT}/wid/next"

@@ -72,7 +72,8 @@ def _worker_env(s: LaunchSettings, port: int, wid: int, local: int) -> dict[str,
 
 
 def _hint_files(store, hint_dir: Path | None) -> None:
-    """checkpoint_now -> bump the checkpoint hint; evacuate_rank_<r> -> evacuate hint."""
+    """checkpoint_now -> bump the checkpoint hint; evacuate_rank_<r> -> evacuate hint;
+    rollback -> back to the newest persisted step; rollback_to_step_<s> -> back to s."""
     if hint_dir is None or not hint_dir.is_dir():
         return
     for p in sorted(hint_dir.iterdir()):
@@ -81,6 +82,13 @@ def _hint_files(store, hint_dir: Path | None) -> None:
         elif p.name.startswith("evacuate_rank_"):
             cur = store.get(keys.HINT_EVACUATE).decode() if store.check([keys.HINT_EVACUATE]) else ""
             store.set(keys.HINT_EVACUATE, ",".join(filter(None, [cur, p.name.rsplit("_", 1)[1]])))
+        elif p.name == "rollback" or p.name.startswith("rollback_to_step_"):
+            to = p.name.rsplit("_", 1)[1] if p.name != "rollback" else "-1"
+            if not to.lstrip("-").isdigit():
+                print(f"[seamguard] ignoring hint file {p}: bad step {to!r}", file=sys.stderr)
+            else:
+                store.set(keys.HINT_ROLLBACK_TO, to)
+                store.add(keys.HINT_ROLLBACK_N, 1)
         else:
             continue
         p.unlink(missing_ok=True)

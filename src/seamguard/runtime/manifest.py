@@ -155,17 +155,34 @@ def committed_steps(root: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
+def complete_steps(root: Path) -> list[int]:
+    """Steps every rank of their checkpoint has committed, newest first (commit markers
+    counted against the world size in rank 0's manifest; no data is read)."""
+    out = []
+    for step in committed_steps(root):
+        d = step_dir(root, step)
+        try:
+            world = Manifest.from_json((d / _names(0)[1]).read_bytes()).world_size
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if len(list(d.glob("rank_*.commit"))) >= world:
+            out.append(step)
+    return out
+
+
 def latest_verified(root: Path, log: list[str] | None = None,
-                    newer_than: int = -1) -> tuple[int, int] | None:
+                    newer_than: int = -1, at_most: int | None = None) -> tuple[int, int] | None:
     """(step, world_size) of the newest checkpoint whose every rank verifies, else None.
 
     Only steps after `newer_than` are read (a caller holding that step elsewhere need
-    not pay for reading older checkpoints). Every skipped candidate is explained in
-    `log` (file and tensor at fault).
+    not pay for reading older checkpoints), and none after `at_most` (a rollback). Every
+    skipped candidate is explained in `log` (file and tensor at fault).
     """
     for step in committed_steps(root):
         if step <= newer_than:
             break
+        if at_most is not None and step > at_most:
+            continue
         try:
             manifest, _ = read_checkpoint(root, step, 0)
             for rank in range(1, manifest.world_size):

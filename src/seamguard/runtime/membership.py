@@ -32,6 +32,9 @@ class Plan:
     lost: list[int] = field(default_factory=list)
     reason: str = ""
     force_disk: bool = False
+    max_step: int | None = None
+    """A rollback generation: resume at the newest step not after this one (newer
+    snapshots belong to a future being thrown away)."""
 
     @property
     def world_size(self) -> int:
@@ -66,15 +69,19 @@ def initial_plan(trainers: list[int], spares: list[int]) -> Plan:
 
 
 def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
-              force_disk: bool = False, pending: bool = False) -> Plan:
+              force_disk: bool = False, pending: bool = False,
+              max_step: int | None = None) -> Plan:
     """Replace every lost rank by a spare (lowest id first) or drop it (shrink).
 
     `pending` says the current generation never finished recovering: its newcomers hold
     no state yet, so their roles still come from the holders recorded before (carried
     over; if such a holder is lost too, memory recovery is impossible and the caller
-    falls back to disk). Lost spares are simply removed. Raises ValueError when no rank
-    would remain.
+    falls back to disk). Lost spares are simply removed. `max_step` makes the new
+    generation a rollback (a pending rollback's cap carries over). Raises ValueError when
+    no rank would remain.
     """
+    if max_step is None and pending:
+        max_step = current.max_step
     spares = [w for w in current.spares if w not in lost]
     ranks: list[int] = []
     roles: list[int] = []
@@ -100,7 +107,7 @@ def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
                          "nothing left to continue")
     return Plan(gen=current.gen + 1, ranks=ranks, roles=roles, spares=spares,
                 holders=holders, replaced=replaced, lost=sorted(lost & set(current.ranks + current.spares)),
-                reason=reason, force_disk=force_disk)
+                reason=reason, force_disk=force_disk, max_step=max_step)
 
 
 def resume_step(plan: Plan, holdings: dict[int, dict]) -> int | None:
@@ -110,8 +117,9 @@ def resume_step(plan: Plan, holdings: dict[int, dict]) -> int | None:
     [steps]}} as each member published it. A rank continuing its own role needs the step
     in its own snapshots; a spare continuing a lost role needs it in that role's replica at
     the recorded holder (when the holder survived) or among the lost worker's snapshots it
-    adopted from shared memory ("orphans", same node). With no common step the caller
-    falls back to disk.
+    adopted from shared memory ("orphans", same node). A rollback generation only
+    considers steps up to ``plan.max_step``. With no common step the caller falls back
+    to disk.
     """
     if plan.force_disk:
         return None
@@ -130,6 +138,8 @@ def resume_step(plan: Plan, holdings: dict[int, dict]) -> int | None:
             if not steps:
                 return None
         common = steps if common is None else common & steps
+    if common and plan.max_step is not None:
+        common = {s for s in common if s <= plan.max_step}
     if not common:
         return None
     return max(common)

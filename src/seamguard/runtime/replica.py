@@ -112,6 +112,16 @@ class ReplicaStore:
                     out[str(role)] = sorted(steps)
         return out
 
+    def forget_after(self, step: int) -> None:
+        """Drop replicas and step-private bytes newer than a resume step: after a
+        rollback they describe a future that is being thrown away."""
+        with self.lock:
+            for role in list(self.held):
+                self.held[role] = [r for r in self.held[role] if r.step <= step]
+            for metas in self.metas.values():
+                for s in [s for s in metas if s > step]:
+                    del metas[s]
+
     def put_meta(self, role: int, step: int, private: dict[str, bytes]) -> None:
         with self.lock:
             m = self.metas.setdefault(role, {})

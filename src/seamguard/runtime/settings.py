@@ -22,8 +22,9 @@ class RuntimeSettings:
     """Storage directory for persisted checkpoints (shared storage when multi-node)."""
     keep_checkpoints: int = 2
     """Complete persisted checkpoints kept per rank; older ones are deleted."""
-    snapshot_slots: int = 3
-    """Host buffers rotated per rank: latest, previous, and one pinned while persisting."""
+    snapshot_slots: int = 4
+    """Host buffers per rank: latest, previous, one pinned while persisting, and (from 4
+    on) the newest persisted step, kept so a rollback to it reads memory, not storage."""
     collective_timeout_s: float = 30.0
     """Upper bound on one gradient collective before the rank reports a suspect group."""
     heartbeat_interval_s: float = 0.05
@@ -53,6 +54,8 @@ class RuntimeSettings:
         if self.persist_every_steps and self.persist_every_steps % self.snapshot_every_steps:
             raise ValueError("persist_every_steps must be a multiple of snapshot_every_steps "
                              f"({self.persist_every_steps} % {self.snapshot_every_steps} != 0)")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if self.snapshot_slots < 3:
             raise ValueError(f"snapshot_slots must be >= 3, got {self.snapshot_slots}")
         for name in ("collective_timeout_s", "heartbeat_interval_s", "recovery_timeout_s",

@@ -231,6 +231,7 @@ class SlotStore:
     layout: Layout | None = None
     allocations: int = 0
     latest: int = -1
+    retained: int = -1   # slot of the newest persisted step, kept for rollbacks
     cond: threading.Condition = field(default_factory=threading.Condition)
     _stream: Any = None
 
@@ -248,7 +249,7 @@ class SlotStore:
                 torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0)
             self.slots.append(Slot(i, path, arr))
         self.layout = layout
-        self.latest = -1
+        self.latest = self.retained = -1
         self.allocations += 1
 
     def close(self) -> None:
@@ -257,6 +258,7 @@ class SlotStore:
                 s.path.unlink(missing_ok=True)
                 _sidecar(s.path).unlink(missing_ok=True)
             self.slots = []
+            self.latest = self.retained = -1
 
     def publish_manifest(self, slot: Slot, manifest: Manifest, role: int) -> None:
         """Attach a slot's manifest and write it beside the slot in shared memory (tmp +
@@ -274,8 +276,8 @@ class SlotStore:
     def _pick(self, timeout_s: float) -> Slot | None:
         with self.cond:
             def free() -> list[Slot]:
-                return [s for s in self.slots
-                        if s.index != self.latest and not (s.readers or s.pinned or s.filling)]
+                return [s for s in self.slots if s.index not in (self.latest, self.retained)
+                        and not (s.readers or s.pinned or s.filling)]
             if not self.cond.wait_for(lambda: free(), timeout=timeout_s):
                 return None
             slot = min(free(), key=lambda s: s.step)
@@ -381,6 +383,16 @@ class SlotStore:
                 raise ValueError(f"buffer {name!r}: {len(data)} bytes, slot holds {nb}")
             slot.array[off:off + nb] = np.frombuffer(data, dtype=np.uint8)
 
+    def retain(self, index: int, step: int) -> None:
+        """Keep slot ``index`` (holding the newest persisted ``step``) out of rotation until
+        a newer persist replaces it, so a rollback to that step reads memory. Needs a
+        fourth slot: with three, the next capture could wait for the persister."""
+        with self.cond:
+            if self.n_slots >= 4 and 0 <= index < len(self.slots) \
+                    and self.slots[index].step == step:
+                self.retained = index
+                self.cond.notify_all()
+
     def find(self, step: int) -> Slot | None:
         for s in self.slots:
             if s.step == step:
@@ -397,6 +409,8 @@ class SlotStore:
             for s in self.slots:
                 if s.step > step and not s.readers and not s.pinned:
                     s.step, s.manifest = -1, None
+            if self.retained >= 0 and not 0 <= self.slots[self.retained].step <= step:
+                self.retained = -1   # it belonged to the future being thrown away
             keep = self.find(step)
             self.latest = keep.index if keep else -1
 

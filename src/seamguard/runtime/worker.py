@@ -562,6 +562,7 @@ class Runtime:
                 self.slots.cond.notify_all()
             if reply["ok"]:
                 self.stats["persisted"] += 1
+                self.slots.retain(reply["slot"], reply["step"])
             else:
                 self.stats["persist_errors"] += 1
                 self._note("persist_failed", step=reply["step"], error=reply["error"])
@@ -674,7 +675,8 @@ class Runtime:
     def _recover_into(self, gen: int, plan: Plan) -> None:
         timeout = self.settings.recovery_timeout_s
         rank, role = plan.ranks.index(self.wid), plan.roles[plan.ranks.index(self.wid)]
-        self._capture_live()
+        if plan.max_step is None:   # a rollback throws the live state away
+            self._capture_live()
         orphans = {}
         if role in plan.replaced and self.role < 0:
             self._adopt(plan.replaced[role], role)
@@ -707,6 +709,7 @@ class Runtime:
         self._live_ok = True
         self._release_orphans()
         self.slots.forget_after(step)
+        self.replicas.forget_after(step)
         if source != "memory":
             self.replicas.clear()
         self._phase = "idle"

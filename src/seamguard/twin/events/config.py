@@ -234,10 +234,12 @@ class PolicyParams:
         process restores the snapshot its predecessor left in host memory."""
         return self.runtime.relaunch_s * self._rank_scale(job_gpus) + self.in_memory_restore_s
 
-    def relaunch_from_storage_s(self, job_gpus: int) -> float:
-        """Job-wide crash or corruption: measured relaunch scaled to the job's ranks, then
-        every rank reads the storage backstop (as long as a full write)."""
-        return self.runtime.relaunch_s * self._rank_scale(job_gpus) + self.full_write_s
+    def rollback_in_place_s(self, job_gpus: int) -> float:
+        """Corruption found after it was persisted: a rollback generation (runtime
+        ``rollback`` hint; every process stays up and restores the newest persisted step
+        from the copy it kept in host memory): the measured live resume scaled to the
+        job's ranks (the whole job agrees on the step) + memory restore."""
+        return self.runtime.live_resume_s * self._rank_scale(job_gpus) + self.in_memory_restore_s
 
     @property
     def restart_s(self) -> float:

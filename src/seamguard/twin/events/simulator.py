@@ -502,8 +502,10 @@ class _Run:
                 job.rollback_to_checkpoint(cause)
             rec, reset = detect + self.pp.relaunch_from_memory_s(job.gpus), True
         else:
-            # Corrupt state: memory copies are suspect; back to the storage backstop, drawn
-            # over its interval; a backstop still being written does not count yet.
+            # Corrupt state found later: the frequent memory snapshots are suspect; back to
+            # the storage backstop, drawn over its interval (a backstop still being written
+            # does not count yet), in place: every rank kept the newest persisted step in
+            # host memory, so nothing is relaunched or read from storage.
             job.rollback_to_checkpoint(cause)
             if math.isfinite(job.backstop_s):
                 back = float(self.rng.uniform(0, job.backstop_s))
@@ -513,7 +515,7 @@ class _Run:
                 job.committed -= extra
                 job.lost[cause] += extra
                 job.rollback += extra
-            rec, reset = detect + self.pp.relaunch_from_storage_s(job.gpus), True
+            rec, reset = detect + self.pp.rollback_in_place_s(job.gpus), True
         job.direct_gpu_s += n_nodes * gpn * rec
         if needs_nodes:
             self._take_spares(job_idx, n_nodes, t, cause, rec, reset)
