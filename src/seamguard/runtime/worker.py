@@ -706,6 +706,7 @@ class Runtime:
         self._failed = False
         # every member starts the guard's history afresh, so their verdicts stay equal
         self._norm_history, self._rejected, self._redo = [], None, False
+        self._applied = -1   # a step the optimizer began before a rollback is to come again
         self._live_ok = True
         self._release_orphans()
         self.slots.forget_after(step)
