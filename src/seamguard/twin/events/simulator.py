@@ -494,10 +494,12 @@ class _Run:
         elif scope is Scope.PROCESS:
             # Every rank crashed at once: relaunch; each new process adopts the snapshots
             # its predecessor left in shared memory. A crash by uncaught exception left the
-            # start of the failed step there (only the step in flight is redone); any other
-            # goes back to the newest periodic snapshot.
+            # start of the failed step there (only the step in flight is redone, and that
+            # capture is the newest snapshot from then on); any other goes back to the
+            # newest periodic snapshot.
             if self.rng.random() < self.pp.crash_capture_fraction:
                 job.redo(cause, 0.5 * self.pp.step_time_s)
+                job.commit_now()
             else:
                 job.rollback_to_checkpoint(cause)
             rec, reset = detect + self.pp.relaunch_from_memory_s(job.gpus), True
