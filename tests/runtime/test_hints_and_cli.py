@@ -91,7 +91,7 @@ def test_rollback_hint_goes_back_in_place(tmp_path, clean_checksums, hint, at_st
     # else storage; the replay is bit-identical to a run that never went forward.
     hints, ckpt, out = tmp_path / "hints", tmp_path / "ckpt", tmp_path / "run"
     hints.mkdir()
-    proc = _launch_bg(hints, ckpt, out, steps=steps, extra=("--keep-checkpoints", "3"))
+    proc = _launch_bg(hints, ckpt, out, steps=steps, extra=("--keep-checkpoints", "4"))
     try:
         _wait_for_step(out, at_step)
         (hints / hint).touch()
@@ -107,7 +107,7 @@ def test_rollback_hint_goes_back_in_place(tmp_path, clean_checksums, hint, at_st
         assert target >= 20 and target % 10 == 0 and chosen[0]["source"] == "memory"
     else:
         # by step 52 step 30 has left host memory (50 is the persisted step kept there)
-        # but is still on storage (three kept): it comes back from storage
+        # but is still on storage (four kept): it comes back from storage
         assert target == 30 and chosen[0]["source"] == "disk"
     # every rank redid the steps after the target (one line per committed step)
     done = [int(x.split()[0]) for x in (out / "worker_0.log").read_text().splitlines()]

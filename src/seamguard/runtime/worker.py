@@ -556,13 +556,14 @@ class Runtime:
     def _persist_replies(self, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
             reply = json.loads(line)
-            with self.slots.cond:
+            with self.slots.cond:   # retained before a capture can pick the unpinned slot
                 self.slots.slots[reply["slot"]].pinned = False
                 self._persist_pending.pop(reply["slot"], None)
+                if reply["ok"]:
+                    self.slots.retain(reply["slot"], reply["step"])
                 self.slots.cond.notify_all()
             if reply["ok"]:
                 self.stats["persisted"] += 1
-                self.slots.retain(reply["slot"], reply["step"])
             else:
                 self.stats["persist_errors"] += 1
                 self._note("persist_failed", step=reply["step"], error=reply["error"])
