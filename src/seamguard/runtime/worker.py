@@ -171,13 +171,10 @@ class Runtime:
         failed step instead of at the last periodic snapshot). The exception is then
         reported as usual and the process exits non-zero."""
         try:
-            if self._phase not in ("recover", "done", "start") and self._applied != self.step:
-                captured = self._capture_step_start(timeout_s=5.0)
-                self._note("crash_captured" if captured else "crash_not_captured",
-                           step=self.step, error=f"{exc_type.__name__}: {exc}"[:300])
-            else:
-                self._note("crash_not_captured", step=self.step, phase=self._phase,
-                           error=f"{exc_type.__name__}: {exc}"[:300])
+            captured = (self._phase not in ("recover", "done", "start")
+                        and self._applied != self.step and self._capture_step_start(timeout_s=5.0))
+            self._note("crash_captured" if captured else "crash_not_captured", step=self.step,
+                       phase=self._phase, error=f"{exc_type.__name__}: {exc}"[:300])
         except BaseException as err:  # noqa: BLE001 - the original error must still be shown
             self._note("crash_capture_failed", step=self.step, error=str(err)[:300])
         finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -61,7 +62,6 @@ def serve(fd: int) -> None:
 
     sock = socket.socket(fileno=fd)
     buf = b""
-    children: set[int] = set()
     while True:
         ready, _, _ = select.select([sock], [], [], POLL_S)
         if ready:
@@ -76,14 +76,16 @@ def serve(fd: int) -> None:
                 if pid == 0:
                     sock.close()
                     _run_child(req["argv"], req["env"], req.get("cwd"))
-                children.add(pid)
                 sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        for pid in list(children):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                children.discard(pid)
-                sock.sendall(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-                             .encode() + b"\n")
+        while True:   # reap every child that has ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:   # no children at all
+                break
+            if not pid:
+                break
+            sock.sendall(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+                         .encode() + b"\n")
 
 
 # ---------------------------------------------------------------- the launcher's side
@@ -177,7 +179,6 @@ class ForkedProcess:
                 pass
 
     def kill(self) -> None:
-        import signal
         self.send_signal(signal.SIGKILL)
 
 
