@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+import time
+
 import pytest
 
 from seamguard.runtime.chaos import ChaosError, Injector, parse_plan, random_plan, render_plan
@@ -56,6 +58,9 @@ def test_chaos_trial_many(tmp_path, seed, clean_checksums):
     ("sdc:rank=0,step=3,phase=step", "'sdc' goes with phase 'grad'"),
     ("kill:rank=0,step=3,phase=lunch", "chaos phase 'lunch'"),
     ("kill:rank=0", "bad chaos trigger"),
+    ("delay:rank=0,step=3,phase=snapshot", "'delay' goes with a phase in"),
+    ("delay:rank=0,step=3,seconds=0", "needs 0 < seconds"),
+    ("delay:rank=0,step=3,seconds=soon", "bad chaos trigger"),
 ])
 def test_bad_chaos_plans_name_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
@@ -69,3 +74,15 @@ def test_raise_action_raises_in_the_calling_thread(tmp_path):
         inj.maybe_fire("step", rank=1, step=4)
     inj.maybe_fire("step", rank=1, step=4)          # fires once per job
     assert (tmp_path / "kills.jsonl").read_text().count('"raise"') == 1
+
+
+def test_delay_action_pauses_and_goes_on(tmp_path):
+    plan = parse_plan("delay:rank=0,step=2,phase=optimizer,seconds=0.3")
+    assert render_plan(plan) == "delay:rank=0,step=2,phase=optimizer,seconds=0.3"
+    inj = Injector(plan, tmp_path)
+    t = time.monotonic()
+    inj.maybe_fire("optimizer", rank=0, step=2)     # returns: the process lives on
+    assert time.monotonic() - t >= 0.3
+    t = time.monotonic()
+    inj.maybe_fire("optimizer", rank=0, step=2)     # once per job
+    assert time.monotonic() - t < 0.3

@@ -47,6 +47,11 @@ def test_live_state_recovery_redoes_only_the_step_in_flight(tmp_path, bn):
     assert r.checksum == clean.checksum
     resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
     assert len(resumed) == 1 and resumed[0]["step"] == 17, resumed
+    # each member explains where its recovery's time went
+    spare = [n for n in r.notes("recovered") if n["gen"] == 1 and n["wid"] == 2][0]
+    assert {"wait_plan", "wait_resume_decision", "restore_state", "form_group",
+            "verify_checksums"} <= set(spare["phases_s"])
+    assert sum(spare["phases_s"].values()) <= spare["seconds"] + 1e-3
 
 
 def test_every_rank_crashing_restarts_from_host_memory(tmp_path, clean_checksums):
@@ -203,3 +208,18 @@ def test_a_rank_lost_right_after_its_optimizer_step_falls_back_to_a_full_snapsho
     assert r.checksum == clean_checksums(20)
     resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
     assert resumed and resumed[-1]["step"] in (1, 9, 10), resumed
+
+
+def test_a_survivor_that_finished_the_previous_step_late_offers_the_current_one(tmp_path, clean_checksums):
+    # Rank 0 pauses for 2 s right after applying step 11 (a GC pause, a noisy neighbour);
+    # meanwhile rank 1 starts step 12, hands its step-12 private bytes to its holder
+    # (rank 0) and dies. Rank 0 learns of the new generation between steps 11 and 12,
+    # before taking its own start-of-step bytes for 12: it takes them then (nothing of 12
+    # has run), so the job resumes at 12, not at the snapshot of step 10.
+    r = launch(tmp_path, "late", spares=1, steps=20,
+               chaos="delay:rank=0,step=11,phase=optimizer,seconds=2; kill:rank=1,step=12",
+               extra=("--snapshot-every", "10"))
+    assert r.code == 0, r.stderr
+    assert r.checksum == clean_checksums(20)
+    resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
+    assert resumed and resumed[-1]["step"] == 12, resumed

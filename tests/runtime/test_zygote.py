@@ -88,3 +88,24 @@ def test_launch_without_fork_server_still_runs(tmp_path):
     r = launch(tmp_path, "nofork", steps=4, extra=("--no-fork-server",))
     assert r.code == 0, r.stderr
     assert r.checksum is not None
+
+
+def test_preloaded_modules_are_imported_once_in_the_zygote(tmp_path, capfd):
+    # what a worker would import lazily (here: json.tool, which nothing else imports) is
+    # already in sys.modules of every forked worker
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nprint('preloaded', 'json.tool' in sys.modules, flush=True)\n")
+    server = ForkServer(preload=("json.tool",))
+    try:
+        assert server.spawn([str(script)], _env(), timeout_s=60).wait(timeout=30) == 0
+    finally:
+        server.close()
+    assert "preloaded True" in capfd.readouterr().out
+
+
+def test_unknown_preload_module_is_refused_at_launch():
+    from seamguard.runtime.settings import LaunchSettings
+
+    with pytest.raises(ValueError, match="--preload: no importable module 'no_such_mod'"):
+        LaunchSettings(script=["x.py"], nproc=1, preload=("json", "no_such_mod"))
+    LaunchSettings(script=["x.py"], nproc=1)   # the defaults import

@@ -100,6 +100,11 @@ def test_parse_runtime_figures_fallbacks():
                                                  "seamguard_job_wide": {"resume_s_max": 3.0}},
                                      "config": {"step_s": 0.5}}, "r.json")
     assert (stepped.live_resume_s, stepped.relaunch_s) == (2.0, 2.5)
+    assert stepped.relaunch_captured_s == 0.0    # not measured: relaunch_s stands in
+    caught = parse_runtime_figures({"systems": {
+        "seamguard_job_wide": {"resume_s_max": 3.0},
+        "seamguard_job_wide_exception": {"resume_s_max": 2.0}}, "config": {"step_s": 0.5}}, "r.json")
+    assert (caught.relaunch_s, caught.relaunch_captured_s) == (2.5, 1.5)
     assert (own.snapshot_stall_ratio, own.blocking_stall_ratio) == (0.01, 0.1)
     assert full.blocking_stall_ratio == 0.0   # not measured
     empty = parse_runtime_figures({}, "r.json")

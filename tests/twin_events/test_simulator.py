@@ -9,6 +9,7 @@ import pytest
 from seamguard.twin.events.calibration import llama3_failure_model
 from seamguard.twin.events.config import ClusterConfig, PolicyParams
 from seamguard.twin.events.kernel import EventQueue
+from seamguard.twin.events.measured import REFERENCE_FIGURES
 from seamguard.twin.events.montecarlo import mean_ci95, run_monte_carlo
 from seamguard.twin.events.processes import empty_streams, inject_failure
 from seamguard.twin.events.simulator import simulate_run, simulate_streams
@@ -72,16 +73,21 @@ def test_injected_failure_seamguard_recovers_live(quiet_model):
 @pytest.mark.parametrize("job_wide, captured", [(0.0, 0.0), (1.0, 0.0), (1.0, 1.0)])
 def test_injected_software_bug_seamguard(quiet_model, job_wide, captured):
     i = _cause_index(quiet_model, "software_bug")
+    # the restart after every rank raised is measured apart from the one after a kill
+    runtime = replace(REFERENCE_FIGURES, relaunch_captured_s=2.0)
     pp = PolicyParams("seamguard", job_wide_crash_fraction=job_wide,
-                      crash_capture_fraction=captured)
+                      crash_capture_fraction=captured, runtime=runtime)
     r = simulate_streams(_cfg(quiet_model), pp, inject_failure(empty_streams(), 5000.0, i, 0))
     lost = _lost_s(r, "software_bug")
     relaunch = pp.relaunch_from_memory_s(1000)
     assert relaunch == pytest.approx(3.46 * math.log2(1000) + 28.0 * 0.051)
     if job_wide and captured:
         # every rank raised: each left the failed step's start in host memory, so the
-        # relaunch redoes only the step in flight
-        assert lost == pytest.approx(0.5 * pp.step_time_s + relaunch)
+        # relaunch (the one measured after exceptions) redoes only the step in flight
+        assert pp.relaunch_from_memory_s(1000, captured=True) == \
+            pytest.approx(2.0 * math.log2(1000) + 28.0 * 0.051)
+        assert lost == pytest.approx(0.5 * pp.step_time_s
+                                     + pp.relaunch_from_memory_s(1000, captured=True))
         # and nothing is left for periodic snapshots to cover (quiet model: no other cause)
         assert not math.isfinite(r.checkpoint_interval_min)
     elif job_wide:

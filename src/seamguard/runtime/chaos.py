@@ -12,7 +12,9 @@ as losing its whole node would; in phases other than `step` it acts like `kill`)
 (a software bug: `ChaosError`, a RuntimeError, raised in the training thread, which the
 process does not catch; phases `step` and `optimizer`), `sdc`
 (silent data corruption: a few elements of the rank's local gradient get a high exponent
-bit flipped, as a faulty multiply would; phase `grad` only). phases: `step` (before the
+bit flipped, as a faulty multiply would; phase `grad` only), `delay` (the rank's training
+thread pauses for `seconds=` (default 2) and goes on, as after a long garbage-collection
+pause or a noisy neighbour; phases `step` and `optimizer`). phases: `step` (before the
 step's compute), `snapshot` (half-way through copying state into the host buffers),
 `replicate` (half-way through pushing the replica to the peer), `persist` (in the
 persister, after the data file and before the commit marker; it kills the worker and
@@ -40,8 +42,8 @@ from pathlib import Path
 
 PROCESS_ACTIONS = ("kill", "stop", "nodeloss")
 PROCESS_PHASES = ("step", "snapshot", "replicate", "persist", "optimizer")
-ACTIONS = PROCESS_ACTIONS + ("raise", "sdc")
-RAISE_PHASES = ("step", "optimizer")
+ACTIONS = PROCESS_ACTIONS + ("raise", "sdc", "delay")
+RAISE_PHASES = ("step", "optimizer")   # the training thread's phases (also for `delay`)
 PHASES = PROCESS_PHASES + ("grad",)
 SDC_SCALE = 2.0 ** 40  # a flipped high exponent bit
 
@@ -52,21 +54,26 @@ class Trigger:
     rank: int
     step: int
     phase: str = "step"
+    seconds: float = 0.0
+    """Pause of a `delay` (s)."""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"chaos action {self.action!r} not in {ACTIONS}")
         if self.phase not in PHASES:
             raise ValueError(f"chaos phase {self.phase!r} not in {PHASES}")
-        if self.action == "raise" and self.phase not in RAISE_PHASES:
-            raise ValueError(f"chaos action 'raise' goes with a phase in {RAISE_PHASES}, "
+        if self.action in ("raise", "delay") and self.phase not in RAISE_PHASES:
+            raise ValueError(f"chaos action {self.action!r} goes with a phase in {RAISE_PHASES}, "
                              f"got {self.phase!r}")
+        if self.action == "delay" and not 0 < self.seconds < 3600:
+            raise ValueError(f"chaos action 'delay' needs 0 < seconds < 3600, got {self.seconds!r}")
         if (self.action == "sdc") != (self.phase == "grad"):
             raise ValueError("chaos action 'sdc' goes with phase 'grad' and only with it, "
                              f"got {self.action}:{self.phase}")
 
     def render(self) -> str:
-        return f"{self.action}:rank={self.rank},step={self.step},phase={self.phase}"
+        extra = f",seconds={self.seconds:g}" if self.action == "delay" else ""
+        return f"{self.action}:rank={self.rank},step={self.step},phase={self.phase}{extra}"
 
 
 def parse_plan(text: str) -> list[Trigger]:
@@ -78,7 +85,8 @@ def parse_plan(text: str) -> list[Trigger]:
         action = action.strip()
         try:
             out.append(Trigger(action, int(fields["rank"]), int(fields["step"]),
-                               fields.get("phase", "grad" if action == "sdc" else "step").strip()))
+                               fields.get("phase", "grad" if action == "sdc" else "step").strip(),
+                               float(fields.get("seconds", 2.0 if action == "delay" else 0.0))))
         except (KeyError, ValueError) as exc:
             raise ValueError(f"bad chaos trigger {part!r}: {exc}") from exc
     return out
@@ -148,12 +156,15 @@ class Injector:
     def maybe_fire(self, phase: str, rank: int, step: int, pid: int | None = None,
                    forget_memory=None) -> None:
         """Called by the runtime at each phase; kills/stops `pid` (default: this process)
-        or raises ChaosError (action `raise`). `forget_memory` deletes the process's
+        or raises ChaosError (action `raise`) or pauses (action `delay`). `forget_memory` deletes the process's
         host-memory snapshots (action `nodeloss`)."""
         for i, t in enumerate(self.triggers):
             if t.phase == phase and t.rank == rank and t.step == step and self._claim(i):
                 target = os.getpid() if pid is None else pid
                 self._record(t, target)
+                if t.action == "delay":
+                    time.sleep(t.seconds)
+                    continue
                 if t.action == "raise":
                     raise ChaosError(f"chaos: injected software bug at rank {rank}, step {step}, "
                                      f"phase {phase}")

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from seamguard.runtime.settings import LaunchSettings, RuntimeSettings
+from seamguard.runtime.settings import DEFAULT_PRELOAD, LaunchSettings, RuntimeSettings
 
 LAUNCH_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -41,6 +41,9 @@ def launch(
     fork_server: bool = typer.Option(
         True, "--fork-server/--no-fork-server",
         help="fork workers from a process that imported torch once (a .py script)"),
+    preload: str = typer.Option(
+        ",".join(DEFAULT_PRELOAD), "--preload",
+        help="comma-separated modules the fork server imports once for every worker"),
     no_dedup: bool = typer.Option(False, "--no-dedup", help="send full replicas"),
     step_guard: bool = typer.Option(
         True, "--step-guard/--no-step-guard",
@@ -80,6 +83,7 @@ def launch(
                                   hang_timeout_s=hang_timeout_s, stall_timeout_s=stall_timeout_s,
                                   evacuate_stragglers=evacuate_stragglers, hint_dir=hint_dir,
                                   replenish_spares=replenish_spares, fork_server=fork_server,
+                                  preload=tuple(m.strip() for m in preload.split(",") if m.strip()),
                                   events_file=events_file, env=env)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -117,7 +117,7 @@ def launch(s: LaunchSettings) -> int:
 
     per_node = s.nproc + s.spares
     settings_env = json.loads(s.env.get("SEAMGUARD_SETTINGS", "{}"))
-    server = ForkServer() if s.fork_server and s.script[0].endswith(".py") else None
+    server = ForkServer(s.preload) if s.fork_server and s.script[0].endswith(".py") else None
     children = []
     for local in range(per_node):
         wid = s.node_rank * per_node + local

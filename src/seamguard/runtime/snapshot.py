@@ -17,6 +17,7 @@ step changes them (the worker waits after the gradient all-reduce).
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import threading
@@ -236,21 +237,43 @@ class SlotStore:
     _stream: Any = None
 
     def _allocate(self, layout: Layout) -> None:
+        """Adopt a new layout: the old slots go; new ones are created as captures need
+        them (:meth:`_new_slot`), so a fresh process pays for one slot before its first
+        snapshot, not for all of them."""
         for s in self.slots:
             del s.array
             s.path.unlink(missing_ok=True)
+            _sidecar(s.path).unlink(missing_ok=True)
         self.slots = []
-        for i in range(self.n_slots):
-            path = Path(f"/dev/shm/{self.prefix}-slot{i}")
-            arr = np.memmap(path, dtype=np.uint8, mode="w+", shape=(layout.total_bytes,))
-            arr[:] = 0  # fault every page in now, not during the first snapshots
-            if torch.cuda.is_available():
-                # page-locked so device->host copies run asynchronously (not testable on CI)
-                torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0)
-            self.slots.append(Slot(i, path, arr))
         self.layout = layout
         self.latest = self.retained = -1
         self.allocations += 1
+
+    def _new_slot(self) -> Slot:
+        """One more slot of the current layout. Its host memory is reserved at once
+        (``posix_fallocate`` on /dev/shm, so a full tmpfs is an error here rather than a
+        SIGBUS in the middle of a copy); its pages are mapped by the first copy into it,
+        which runs off the training thread when snapshots overlap."""
+        assert self.layout is not None
+        nbytes = self.layout.total_bytes
+        path = Path(f"/dev/shm/{self.prefix}-slot{len(self.slots)}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(nbytes, 1))
+        except OSError as exc:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise OSError(exc.errno, f"cannot reserve {nbytes / 2**20:.0f} MiB of host memory "
+                          f"for snapshot slot {path}: {exc.strerror} (free space in /dev/shm, "
+                          "or lower --snapshot-slots)") from exc
+        os.close(fd)
+        arr = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
+        if torch.cuda.is_available():
+            # page-locked so device->host copies run asynchronously (not testable on CI)
+            torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0)
+        slot = Slot(len(self.slots), path, arr)
+        self.slots.append(slot)
+        return slot
 
     def close(self) -> None:
         with self.cond:
@@ -278,9 +301,12 @@ class SlotStore:
             def free() -> list[Slot]:
                 return [s for s in self.slots if s.index not in (self.latest, self.retained)
                         and not (s.readers or s.pinned or s.filling)]
-            if not self.cond.wait_for(lambda: free(), timeout=timeout_s):
+            if not self.cond.wait_for(lambda: free() or len(self.slots) < self.n_slots,
+                                      timeout=timeout_s):
                 return None
-            slot = min(free(), key=lambda s: s.step)
+            # grow to n_slots first: as much history as configured, as before
+            slot = (self._new_slot() if len(self.slots) < self.n_slots
+                    else min(free(), key=lambda s: s.step))
             slot.step, slot.manifest, slot.filling = -1, None, True
             _sidecar(slot.path).unlink(missing_ok=True)   # before its bytes change
             return slot
@@ -436,8 +462,9 @@ def find_orphans(prefix: str, role: int) -> dict[int, tuple[Manifest, Path]]:
 
 def read_orphan(manifest: Manifest, path: Path) -> np.ndarray:
     """An adopted slot's bytes, every tensor verified against its manifest (the process
-    may have died while overwriting it)."""
-    data = np.fromfile(path, dtype=np.uint8)
+    may have died while overwriting it). Mapped, not read: the restore copies from the
+    mapping directly (private, so nothing written through it reaches the file)."""
+    data = np.memmap(path, dtype=np.uint8, mode="c")
     if data.size < manifest.total_bytes:
         raise ValueError(f"{path}: {data.size} bytes, manifest needs {manifest.total_bytes}")
     for e in manifest.entries:
@@ -481,11 +508,17 @@ def state_checksum(model: torch.nn.Module, params_only: bool = False) -> str:
     h = xxhash.xxh3_64()
     tensors = (model.named_parameters() if params_only else model.state_dict().items())
     for _, v in tensors:
-        h.update(_bytes_of(v))
+        h.update(_raw(v))
     return h.hexdigest()
 
 
-def _bytes_of(t: torch.Tensor) -> bytes:
-    """A tensor's raw bytes (0-d tensors such as BatchNorm's step counter included)."""
+def _raw(t: torch.Tensor) -> np.ndarray:
+    """A tensor's raw bytes as a uint8 array, without a copy for a contiguous CPU tensor
+    (0-d tensors such as BatchNorm's step counter included)."""
     t = t.detach().cpu().contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, dtype=np.uint8)
+
+
+def _bytes_of(t: torch.Tensor) -> bytes:
+    """A tensor's raw bytes, copied (what outlives the tensor's next change)."""
+    return _raw(t).tobytes()

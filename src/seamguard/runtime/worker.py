@@ -102,6 +102,8 @@ class Runtime:
         self._inflight = None  # (Capture, persist?) of a snapshot still copying
         self._snap_opt_entries = -1  # optimizer state entries at the last snapshot
         self._applied = -1  # newest step the optimizer began to apply
+        self._at_step_start = False  # between steps: live state = start of self.step
+        self._phases: dict[str, float] = {}  # seconds per phase of the latest recovery
         self._prev_excepthook = None
         self._guard = GuardSettings()
         self._norm_history: list[float] = []  # median gradient norm of recent accepted steps
@@ -211,6 +213,7 @@ class Runtime:
             self._maybe_snapshot()
             self.injector.maybe_fire("step", self.rank, self.step, forget_memory=self.slots.close)
             self._phase, self._t_compute = "compute", time.perf_counter()
+            self._at_step_start = False
             idx = self.sampler.indices(self.step, self.rank, self.world_size)
             self._local_n = len(idx)
             yield self.step, idx
@@ -219,6 +222,7 @@ class Runtime:
                 self.state.restore_private(self._private[1])
             elif not self._failed:
                 self.step += 1
+                self._at_step_start = True
         self._phase = "done"
         self._persist_final()
         self.store.set(keys.done(self.wid), str(self.step))
@@ -411,7 +415,11 @@ class Runtime:
             return True
         if slot is None:   # else: captured this step, still being hashed by the pipeline
             if self._private[0] != self.step:
-                return False   # no start-of-step meta and buffers for this step
+                if not self._at_step_start:
+                    return False   # no start-of-step meta and buffers for this step
+                # a rank that finished the previous step late, when the generation had
+                # already changed: nothing of this step has run, so take them now
+                self._private = (self.step, self.state.step_private(self.step))
             slot = self.slots.capture(self.state, self.step, timeout_s=timeout_s)
             if slot is None:
                 self._note("live_capture_skipped", step=self.step, reason="no free slot in time")
@@ -619,9 +627,12 @@ class Runtime:
         self._finish_snapshot()
         self._abandon_group()
         t0 = time.monotonic()
+        self._phases = {}
         while True:
+            t_wait = time.monotonic()
             gen = self._next_generation()
             plan = Plan.from_json(self._wait(keys.plan(gen), gen, self.settings.recovery_timeout_s))
+            self._phases["wait_plan"] = round(time.monotonic() - t_wait, 4)
             if self.wid not in plan.ranks:
                 # a spare, or a replacement spare the plan does not list yet: keep waiting
                 if self.wid in plan.spares or self.rank < 0:
@@ -634,7 +645,7 @@ class Runtime:
                 self._recover_into(gen, plan)
                 self.stats["recoveries"] += 1 if gen > 0 else 0
                 self._note("recovered", gen=gen, step=self.step, rank=self.rank,
-                           seconds=time.monotonic() - t0)
+                           seconds=time.monotonic() - t0, phases_s=self._phases)
                 return
             except (JobFinished, JobFailed):
                 raise
@@ -672,6 +683,13 @@ class Runtime:
 
     def _recover_into(self, gen: int, plan: Plan) -> None:
         timeout = self.settings.recovery_timeout_s
+        phases, t = self._phases, time.monotonic()
+
+        def lap(name: str) -> None:
+            nonlocal t
+            now = time.monotonic()
+            phases[name] = round(phases.get(name, 0.0) + now - t, 4)
+            t = now
         rank, role = plan.ranks.index(self.wid), plan.roles[plan.ranks.index(self.wid)]
         if plan.max_step is None:   # a rollback throws the live state away
             self._capture_live()
@@ -683,7 +701,9 @@ class Runtime:
             {"own": self.slots.steps(),
              "replicas": self.replicas.valid_steps(live=self.settings.dedup_replicas),
              "orphans": orphans}))
+        lap("report_holdings")
         resume = json.loads(self._wait(keys.resume(gen), gen, timeout))
+        lap("wait_resume_decision")
         self.gen, self.plan, self.rank, self.role = gen, plan, rank, role
         step, source = int(resume["step"]), resume["source"]
         if source == "none":
@@ -693,19 +713,23 @@ class Runtime:
             self._restore_memory(plan, role, step)
         elif source == "disk":
             self._restore_disk(step, int(resume["world_size"]), rank)
+        lap("restore_state")
         self.group = dist.ProcessGroupGloo(
             dist.PrefixStore(keys.group_prefix(gen), self.store), rank, plan.world_size,
             datetime.timedelta(seconds=self.settings.collective_timeout_s))
+        lap("form_group")
         if source == "fresh":
             self._broadcast_model()
         checksum = state_checksum(self.state.model, params_only=True)
+        lap("checksum")
         self._verify_checksums(checksum)
+        lap("verify_checksums")
         self.step = step
         self._failed = False
         # every member starts the guard's history afresh, so their verdicts stay equal
         self._norm_history, self._rejected, self._redo = [], None, False
         self._applied = -1   # a step the optimizer began before a rollback is to come again
-        self._live_ok = True
+        self._live_ok = self._at_step_start = True
         self._release_orphans()
         self.slots.forget_after(step)
         self.replicas.forget_after(step)

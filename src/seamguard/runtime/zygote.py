@@ -49,8 +49,10 @@ def _run_child(argv: list[str], env: dict[str, str], cwd: str | None) -> None:
     sys.exit(0)
 
 
-def serve(fd: int) -> None:
+def serve(fd: int, preload: tuple[str, ...] = ()) -> None:
     """The zygote's loop: fork on request, report exits, leave when the launcher does."""
+    import importlib
+
     # the training stack, imported once for every worker forked from here
     import numpy  # noqa: F401
     import torch  # noqa: F401
@@ -59,6 +61,8 @@ def serve(fd: int) -> None:
 
     import seamguard.runtime  # noqa: F401
     import seamguard.runtime.worker  # noqa: F401
+    for name in preload:
+        importlib.import_module(name)
 
     sock = socket.socket(fileno=fd)
     buf = b""
@@ -92,11 +96,11 @@ def serve(fd: int) -> None:
 class ForkServer:
     """Starts a zygote and asks it for workers (see module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seamguard.runtime.zygote", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),))
+            [sys.executable, "-m", "seamguard.runtime.zygote", str(theirs.fileno()),
+             *preload], pass_fds=(theirs.fileno(),))
         theirs.close()
         self.sock = ours
         self.sock.setblocking(False)
@@ -183,4 +187,4 @@ class ForkedProcess:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), tuple(sys.argv[2:]))

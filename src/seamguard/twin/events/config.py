@@ -229,10 +229,14 @@ class PolicyParams:
         return (self.runtime.live_resume_s * self._rank_scale(self.replica_group_gpus)
                 + self.in_memory_restore_s)
 
-    def relaunch_from_memory_s(self, job_gpus: int) -> float:
+    def relaunch_from_memory_s(self, job_gpus: int, captured: bool = False) -> float:
         """Crash of every rank: measured relaunch scaled to the job's ranks, then each new
-        process restores the snapshot its predecessor left in host memory."""
-        return self.runtime.relaunch_s * self._rank_scale(job_gpus) + self.in_memory_restore_s
+        process restores the snapshot its predecessor left in host memory. ``captured``:
+        the crash was an exception every process caught on its way out (measured
+        separately when the results hold it)."""
+        r = self.runtime
+        base = r.relaunch_captured_s if captured and r.relaunch_captured_s > 0 else r.relaunch_s
+        return base * self._rank_scale(job_gpus) + self.in_memory_restore_s
 
     def rollback_in_place_s(self, job_gpus: int) -> float:
         """Corruption found after it was persisted: a rollback generation (runtime

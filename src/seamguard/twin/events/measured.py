@@ -52,6 +52,10 @@ class RuntimeFigures:
     restore_s_per_gib: float = 0.051
     """Copy back from host memory per GiB on the measuring machine (REFERENCE.md §4: 51 ms
     for 1 GiB)."""
+    relaunch_captured_s: float = 0.0
+    """The same restart after every rank raised an uncaught exception and left the failed
+    step's start in host memory (``seamguard_job_wide_exception``); 0 when not measured
+    (then ``relaunch_s`` is used)."""
     blocking_stall_ratio: float = 0.0
     """The same for a snapshot that blocks the step (``--blocking-snapshots``): the
     pessimistic bound; 0 when not measured."""
@@ -81,7 +85,8 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
     """Build figures from a results document; missing figures fall back to REFERENCE.md.
 
     Accepted layout: per-system objects (``seamguard``, ``torchft``, ``torchrun``,
-    ``seamguard_job_wide``: every rank killed at once) either at the top level or under
+    ``seamguard_job_wide``: every rank killed at once, ``seamguard_job_wide_exception``:
+    every rank raised) either at the top level or under
     ``systems``, each with ``resume_s_max``,
     ``steps_lost_max``, ``wall_ratio``; top-level ``snapshot_stall_ratio``,
     ``restore_speedup`` and optionally ``world_size`` and ``step_s`` (top level or under
@@ -113,6 +118,7 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
     sg = systems.get("seamguard", {})
     tr = systems.get("torchrun", {})
     jw = systems.get("seamguard_job_wide") or {}
+    jx = systems.get("seamguard_job_wide_exception") or {}
     tops = data if isinstance(data, Mapping) else {}
     cfg = tops.get("config", {}) if isinstance(tops.get("config"), Mapping) else {}
     micro = tops.get("micro_s", {}) if isinstance(tops.get("micro_s"), Mapping) else {}
@@ -139,6 +145,7 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
         # the runtime's own restart after every rank crashed; torchrun's relaunch if absent
         relaunch_s=pick(resume(_num(jw, "resume_s_max") or _num(tr, "resume_s_max")),
                         ref.relaunch_s, "relaunch_s"),
+        relaunch_captured_s=resume(_num(jx, "resume_s_max")) or 0.0,
         steps_lost=pick(_num(sg, "steps_lost_max"), ref.steps_lost, "steps_lost"),
         # Failure-free overhead: the with-failures ratio would count recoveries twice (the
         # twin models failures itself).

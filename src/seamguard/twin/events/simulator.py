@@ -497,12 +497,13 @@ class _Run:
             # start of the failed step there (only the step in flight is redone, and that
             # capture is the newest snapshot from then on); any other goes back to the
             # newest periodic snapshot.
-            if self.rng.random() < self.pp.crash_capture_fraction:
+            captured = self.rng.random() < self.pp.crash_capture_fraction
+            if captured:
                 job.redo(cause, 0.5 * self.pp.step_time_s)
                 job.commit_now()
             else:
                 job.rollback_to_checkpoint(cause)
-            rec, reset = detect + self.pp.relaunch_from_memory_s(job.gpus), True
+            rec, reset = detect + self.pp.relaunch_from_memory_s(job.gpus, captured), True
         else:
             # Corrupt state found later: the frequent memory snapshots are suspect; back to
             # the storage backstop, drawn over its interval (a backstop still being written
