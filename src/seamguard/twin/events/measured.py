@@ -145,7 +145,8 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
         # the runtime's own restart after every rank crashed; torchrun's relaunch if absent
         relaunch_s=pick(resume(_num(jw, "resume_s_max") or _num(tr, "resume_s_max")),
                         ref.relaunch_s, "relaunch_s"),
-        relaunch_captured_s=resume(_num(jx, "resume_s_max")) or 0.0,
+        relaunch_captured_s=pick(resume(_num(jx, "resume_s_max")), 0.0, "relaunch_captured_s")
+        if _num(jx, "resume_s_max") is not None else 0.0,
         steps_lost=pick(_num(sg, "steps_lost_max"), ref.steps_lost, "steps_lost"),
         # Failure-free overhead: the with-failures ratio would count recoveries twice (the
         # twin models failures itself).
