@@ -1,8 +1,10 @@
 """Snapshots: bit-exact round trip of model, optimizer, RNG; buffers reused, not reallocated."""
 
 import random
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from seamguard.runtime.data import GlobalBatchSampler
@@ -64,11 +66,12 @@ def test_spare_with_fresh_optimizer_receives_state(tmp_path):
         slots.close()
 
 
-def test_buffers_are_preallocated_and_reused(tmp_path):
+def test_buffers_are_created_on_demand_and_reused(tmp_path):
     model, opt, state = _setup()
     slots = SlotStore(f"sgtest3-{tmp_path.name}", 3)
     try:
         slots.capture(state, 0, timeout_s=5)  # before the optimizer has state
+        assert len(slots.slots) == 1          # one slot, not all three, before the first
         ids = set()
         for step in range(1, 30):
             _train(model, opt, 1)
@@ -166,3 +169,22 @@ def test_the_newest_persisted_slot_is_kept_out_of_rotation(tmp_path):
         assert three.retained == -1                  # three slots: retention would stall
     finally:
         three.close()
+
+
+def test_no_host_memory_for_a_slot_is_a_clear_error(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    model, opt, state = _setup()
+    slots = SlotStore(f"sgtest-full-{tmp_path.name}", 3)
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    try:
+        with pytest.raises(OSError, match="cannot reserve .* MiB of host memory for snapshot "
+                                          "slot .*No space left on device"):
+            slots.capture(state, 0, timeout_s=5)
+        assert not slots.slots and not list(Path("/dev/shm").glob(f"{slots.prefix}-*"))
+    finally:
+        slots.close()
