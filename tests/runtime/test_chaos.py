@@ -13,7 +13,6 @@ with the fallback to the last verified checkpoint. CI runs
 from __future__ import annotations
 
 import os
-
 import time
 
 import pytest
@@ -83,6 +82,5 @@ def test_delay_action_pauses_and_goes_on(tmp_path):
     t = time.monotonic()
     inj.maybe_fire("optimizer", rank=0, step=2)     # returns: the process lives on
     assert time.monotonic() - t >= 0.3
-    t = time.monotonic()
     inj.maybe_fire("optimizer", rank=0, step=2)     # once per job
-    assert time.monotonic() - t < 0.3
+    assert (tmp_path / "kills.jsonl").read_text().count('"delay"') == 1
