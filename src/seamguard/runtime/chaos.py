@@ -43,7 +43,7 @@ from pathlib import Path
 PROCESS_ACTIONS = ("kill", "stop", "nodeloss")
 PROCESS_PHASES = ("step", "snapshot", "replicate", "persist", "optimizer")
 ACTIONS = PROCESS_ACTIONS + ("raise", "sdc", "delay")
-RAISE_PHASES = ("step", "optimizer")   # the training thread's phases (also for `delay`)
+THREAD_PHASES = ("step", "optimizer")   # the training thread's phases: `raise`, `delay`
 PHASES = PROCESS_PHASES + ("grad",)
 SDC_SCALE = 2.0 ** 40  # a flipped high exponent bit
 
@@ -62,8 +62,8 @@ class Trigger:
             raise ValueError(f"chaos action {self.action!r} not in {ACTIONS}")
         if self.phase not in PHASES:
             raise ValueError(f"chaos phase {self.phase!r} not in {PHASES}")
-        if self.action in ("raise", "delay") and self.phase not in RAISE_PHASES:
-            raise ValueError(f"chaos action {self.action!r} goes with a phase in {RAISE_PHASES}, "
+        if self.action in ("raise", "delay") and self.phase not in THREAD_PHASES:
+            raise ValueError(f"chaos action {self.action!r} goes with a phase in {THREAD_PHASES}, "
                              f"got {self.phase!r}")
         if self.action == "delay" and not 0 < self.seconds < 3600:
             raise ValueError(f"chaos action 'delay' needs 0 < seconds < 3600, got {self.seconds!r}")

@@ -261,12 +261,12 @@ class SlotStore:
         try:
             os.posix_fallocate(fd, 0, max(nbytes, 1))
         except OSError as exc:
-            os.close(fd)
             path.unlink(missing_ok=True)
             raise OSError(exc.errno, f"cannot reserve {nbytes / 2**20:.0f} MiB of host memory "
                           f"for snapshot slot {path}: {exc.strerror} (free space in /dev/shm, "
                           "or lower --snapshot-slots)") from exc
-        os.close(fd)
+        finally:
+            os.close(fd)
         arr = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
         if torch.cuda.is_available():
             # page-locked so device->host copies run asynchronously (not testable on CI)

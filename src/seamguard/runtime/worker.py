@@ -103,7 +103,6 @@ class Runtime:
         self._snap_opt_entries = -1  # optimizer state entries at the last snapshot
         self._applied = -1  # newest step the optimizer began to apply
         self._at_step_start = False  # between steps: live state = start of self.step
-        self._phases: dict[str, float] = {}  # seconds per phase of the latest recovery
         self._prev_excepthook = None
         self._guard = GuardSettings()
         self._norm_history: list[float] = []  # median gradient norm of recent accepted steps
@@ -636,12 +635,11 @@ class Runtime:
         self._finish_snapshot()
         self._abandon_group()
         t0 = time.monotonic()
-        self._phases = {}
         while True:
             t_wait = time.monotonic()
             gen = self._next_generation()
             plan = Plan.from_json(self._wait(keys.plan(gen), gen, self.settings.recovery_timeout_s))
-            self._phases["wait_plan"] = round(time.monotonic() - t_wait, 4)
+            phases = {"wait_plan": round(time.monotonic() - t_wait, 4)}  # seconds per phase
             if self.wid not in plan.ranks:
                 # a spare, or a replacement spare the plan does not list yet: keep waiting
                 if self.wid in plan.spares or self.rank < 0:
@@ -651,10 +649,10 @@ class Runtime:
                 self.finish()
                 os._exit(3)
             try:
-                self._recover_into(gen, plan)
+                self._recover_into(gen, plan, phases)
                 self.stats["recoveries"] += 1 if gen > 0 else 0
                 self._note("recovered", gen=gen, step=self.step, rank=self.rank,
-                           seconds=time.monotonic() - t0, phases_s=self._phases)
+                           seconds=time.monotonic() - t0, phases_s=phases)
                 return
             except (JobFinished, JobFailed):
                 raise
@@ -690,15 +688,15 @@ class Runtime:
                                     f"within {self.settings.recovery_timeout_s}s")
             time.sleep(0.002)
 
-    def _recover_into(self, gen: int, plan: Plan) -> None:
+    def _recover_into(self, gen: int, plan: Plan, phases: dict[str, float]) -> None:
+        """Recover into generation ``gen``; the seconds of each phase go into ``phases``."""
         timeout = self.settings.recovery_timeout_s
-        phases, t = self._phases, time.monotonic()
+        t = time.monotonic()
 
         def lap(name: str) -> None:
             nonlocal t
             now = time.monotonic()
-            phases[name] = round(phases.get(name, 0.0) + now - t, 4)
-            t = now
+            phases[name], t = round(now - t, 4), now
         rank, role = plan.ranks.index(self.wid), plan.roles[plan.ranks.index(self.wid)]
         if plan.max_step is None:   # a rollback throws the live state away
             self._capture_live()

@@ -137,6 +137,8 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
     def resume(value: float | None) -> float | None:
         return None if value is None else max(value - step_s, 0.0)
 
+    captured = resume(_num(jx, "resume_s_max"))   # every rank raised; not always measured
+
     restore_speedup = max(1.0, pick(_num(tops, "restore_speedup"), ref.restore_speedup,
                                     "restore_speedup"))
     figs = RuntimeFigures(
@@ -145,8 +147,8 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
         # the runtime's own restart after every rank crashed; torchrun's relaunch if absent
         relaunch_s=pick(resume(_num(jw, "resume_s_max") or _num(tr, "resume_s_max")),
                         ref.relaunch_s, "relaunch_s"),
-        relaunch_captured_s=pick(resume(_num(jx, "resume_s_max")), 0.0, "relaunch_captured_s")
-        if _num(jx, "resume_s_max") is not None else 0.0,
+        relaunch_captured_s=(0.0 if captured is None
+                             else pick(captured, 0.0, "relaunch_captured_s")),
         steps_lost=pick(_num(sg, "steps_lost_max"), ref.steps_lost, "steps_lost"),
         # Failure-free overhead: the with-failures ratio would count recoveries twice (the
         # twin models failures itself).
