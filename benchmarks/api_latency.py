@@ -26,15 +26,15 @@ import numpy as np
 
 from seamguard.assess.states import State
 from seamguard.fleet.model import Kind
-from seamguard.service.runner import ServiceRunner
-from seamguard.service.server import Server
-from seamguard.service.snapshot import ENTITY_KINDS
-from seamguard.service.sources import TwinSource
+from seamguard.app.runner import Runner
+from seamguard.app.service.server import Server
+from seamguard.app.snapshot import ENTITY_KINDS
+from seamguard.app.sources import TwinSource
 
 STATES = [s.label for s in State]
 
 
-def add_naive_routes(app, runner: ServiceRunner) -> None:
+def add_naive_routes(app, runner: Runner) -> None:
     """The per-entity baseline: one dict per entity, then filter/count/page in Python."""
 
     def rows(kind: Kind) -> list[dict]:
@@ -101,7 +101,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     src = TwinSource(args.gpus, minutes=30.0, seed=args.seed, counterfactual=False)
-    runner = ServiceRunner(src, speed=args.speed)
+    runner = Runner(src, speed=args.speed)
     # Into the fault scenario so some entities are gray: 40 ticks = 200 simulated seconds.
     warm = 40 if not args.quick else 25
     runner.advance(warm)

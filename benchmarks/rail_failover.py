@@ -1,7 +1,7 @@
 """Rail failover: seamguard (multi-rail, agreed failover) vs plain gloo under torchrun elastic.
 
 Both run the same model and data on the same namespaced testbed (4 hosts x 2 rails) with
-the same flap schedule on the primary rail. seamguard: `seamguard.runtime.rails_job`
+the same flap schedule on the primary rail. seamguard: `examples/rails_job.py`
 over `RailGroup`. Baseline: `torch.distributed.run --max-restarts` with one gloo group on
 rail0, a bounded collective timeout and periodic checkpoints. Prints per-flap figures
 and, as the last line, one JSON object.

@@ -3,7 +3,7 @@
 One process group on one interface (GLOO_SOCKET_IFNAME=rail0), a bounded collective
 timeout, a checkpoint every --ckpt-every steps; a failed collective raises, the process
 exits non-zero, and torchrun's elastic agent restarts the whole worker group, which
-resumes from the last checkpoint. Same model and data as seamguard.runtime.rails_job.
+resumes from the last checkpoint. Same model and data as examples/rails_job.py.
 """
 
 import argparse
@@ -13,10 +13,13 @@ import os
 import time
 from pathlib import Path
 
+import sys
+
 import torch
 import torch.distributed as dist
 
-from seamguard.runtime.rails_job import batch, build_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from rails_job import batch, build_model  # noqa: E402  (the same job as seamguard's side)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, required=True)

@@ -3,6 +3,8 @@
 # System packages: servers the integration tests start themselves (Prometheus, slurmctld
 # with munge, Chromium for the dashboard) and iproute2 for namespaced test networks.
 # torch is pinned first so pip takes the CPU wheel on disk, never a multi-GB CUDA build.
+# Python packages come at the versions in requirements/test-constraints.txt (the lock;
+# scripts/lock.sh re-resolves it), so a fresh machine gets what CI saw.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if command -v apt-get >/dev/null 2>&1; then
@@ -10,6 +12,7 @@ if command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq
   apt-get install -y -qq prometheus slurmctld slurm-client munge chromium iproute2 >/dev/null
 fi
-python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e '.[test,runtime,service]'
+lock=requirements/test-constraints.txt
+python -m pip install -q --disable-pip-version-check -c "$lock" torch==2.13.0
+python -m pip install -q --disable-pip-version-check -c "$lock" -e '.[test,runtime,service]'
 python -m pytest "$@"

@@ -17,14 +17,14 @@ import pytest
 import yaml
 
 from conftest import subprocess_env
-from seamguard.backtest import detected_faults, replay
+from seamguard.app.replay import detected_faults, replay
 from seamguard.control import Controller
 from seamguard.decide.policy import default_policy
-from seamguard.demo import build
+from seamguard.twin.closedloop import build
 from seamguard.fleet import fleet_to_topology
 from seamguard.observe.exposition import label_strings, render_openmetrics
 from seamguard.testbed.prom import PrometheusServer, backfill, free_port
-from seamguard.twin.serve import truth_json
+from seamguard.app.twin_exporter import truth_json
 from seamguard.twin.telemetry import Twin
 
 TICK_S = 5.0

@@ -143,7 +143,7 @@ def test_tenant_token_and_path_prefix_reach_the_server(server, tmp_path):
 
 
 def test_config_errors_name_the_field(tmp_path):
-    from seamguard.live import ConfigError, load_run_config
+    from seamguard.app.config import ConfigError, load_run_config
 
     p = tmp_path / "run.yaml"
     p.write_text("version: 1\ntopology: t.yaml\nprometheus: {url: 'ftp://x', timeout_s: -1}\n"

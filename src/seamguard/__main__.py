@@ -1,5 +1,5 @@
 """`python -m seamguard` is the same as the `seamguard` console script."""
 
-from seamguard.cli import main
+from seamguard.app.cli import main
 
 main()

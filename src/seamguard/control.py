@@ -93,6 +93,12 @@ class Controller:
         if d:
             self.dstate = DecideState(BreakerState.from_json(d["breaker"]),
                                       tuple((j, int(lv), float(t)) for j, lv, t in d["exposure"]))
+        saved = self.ledger.get_meta("mode")
+        if saved and saved.get("mode") == "dry_run" and self.mode == "enforce":
+            # An operator switched this controller to dry run; a restart does not undo that.
+            log.warning("restart: staying in dry_run, set by %s before the restart (the config says enforce); "
+                        "switch to enforce through the API when ready", saved.get("by", "an operator"))
+            self.mode = "dry_run"
         settled = self.ledger.settle_pending(observe_all(self.actuators))
         if settled:
             log.warning("restart: settled %d action(s) left pending by the previous controller", settled)
@@ -141,6 +147,16 @@ class Controller:
     def breaker(self) -> BreakerState:
         return self.dstate.breaker
 
+    def set_mode(self, mode: str, by: str = "operator") -> None:
+        """Switch dry_run/enforce; recorded, so a restarted controller keeps an operator's dry_run."""
+        if mode not in ("dry_run", "enforce"):
+            raise ValueError(f"mode must be 'dry_run' or 'enforce', got {mode!r}")
+        if mode != self.mode:
+            log.warning("mode %s -> %s by %s", self.mode, mode, by)
+        self.mode = mode
+        if self.ledger is not None:
+            self.ledger.set_meta("mode", {"mode": mode, "by": by})
+
     def reset_breaker(self) -> None:
         self.dstate = DecideState(self.dstate.breaker.reset(), self.dstate.exposure)
         if self.ledger is not None:
@@ -157,7 +173,7 @@ class Controller:
         p = Pin(kind, self.fleet.index_of(kind, name), name, State(state), note, by, since_wall_s)
         if self.ledger is not None:
             self.ledger.record_pin(self.tick_no, kind.label, name, p.state.label, note, by,
-                                   since_wall_s or time.time())
+                                   since_wall_s)
         self.pins[(kind, p.index)] = p
         return p
 

@@ -17,6 +17,6 @@ def test_import_contracts_hold():
 
 
 def test_control_plane_and_twin_do_not_load_torch():
-    code = ("import sys, seamguard.cli, seamguard.demo, seamguard.control, seamguard.twin.telemetry;"
-            "seamguard.cli.app; assert 'torch' not in sys.modules, 'torch was imported'")
+    code = ("import sys, seamguard.app.cli, seamguard.twin.closedloop, seamguard.control, seamguard.twin.telemetry;"
+            "seamguard.app.cli.app; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from seamguard import demo
+from seamguard.twin import closedloop as demo
 from seamguard.assess.evidence import _increase
 from seamguard.assess.states import State
 from seamguard.assess.stats import group_median, robust_z

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import yaml
 
-from seamguard.fleet import FleetShape, Kind, TopologyError, fleet_to_topology, generate_fleet, load_topology
+from seamguard.app.config import load_topology
+from seamguard.fleet import FleetShape, Kind, TopologyError, fleet_to_topology, generate_fleet
 
 
 def test_generator_shapes_and_containment():

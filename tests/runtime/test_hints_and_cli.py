@@ -16,7 +16,7 @@ from .conftest import REPO
 
 
 def test_cli_help_does_not_import_torch():
-    code = ("import sys; from typer.testing import CliRunner; import seamguard.cli as c; "
+    code = ("import sys; from typer.testing import CliRunner; import seamguard.app.cli as c; "
             "r = CliRunner().invoke(c.app, ['launch', '--help']); "
             "assert r.exit_code == 0 and '--spares' in r.output, r.output; "
             "import seamguard.runtime; assert 'torch' not in sys.modules; print('ok')")

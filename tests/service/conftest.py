@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from seamguard.fleet.model import Kind
-from seamguard.service.runner import ServiceRunner
-from seamguard.service.server import Server
-from seamguard.service.sources import TwinSource
+from seamguard.app.runner import Runner
+from seamguard.app.service.server import Server
+from seamguard.app.sources import TwinSource
 from seamguard.twin.faults import FaultKind
 
 TOKEN = "test-token-0123456789"
@@ -22,7 +22,7 @@ def fault_entity(source: TwinSource, kind: FaultKind) -> str:
 @pytest.fixture(scope="module")
 def runner():
     """512 GPUs, a 6-minute fault scenario, advanced 70 ticks (350 simulated seconds)."""
-    r = ServiceRunner(TwinSource(gpus=512, minutes=6.0, seed=0), speed=0)
+    r = Runner(TwinSource(gpus=512, minutes=6.0, seed=0), speed=0)
     r.advance(70)
     r.start()
     yield r

@@ -15,9 +15,9 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from seamguard.fleet.model import Kind
-from seamguard.service.runner import ServiceRunner
-from seamguard.service.server import Server
-from seamguard.service.sources import TwinSource
+from seamguard.app.runner import Runner
+from seamguard.app.service.server import Server
+from seamguard.app.sources import TwinSource
 from seamguard.twin.faults import FaultKind
 
 from .conftest import TOKEN, fault_entity
@@ -63,7 +63,7 @@ def _pixel(page, x: float, y: float) -> str:
 
 def test_dashboard_on_the_twin(browser):
     src = TwinSource(gpus=2048, minutes=6.0, seed=0)
-    runner = ServiceRunner(src, speed=0)
+    runner = Runner(src, speed=0)
     runner.advance(3)
     runner.start()
     server = Server(runner, TOKEN).start()
@@ -129,7 +129,7 @@ def test_dashboard_on_the_twin(browser):
 @pytest.mark.slow
 def test_dashboard_usable_at_100k_gpus(browser):
     src = TwinSource(gpus=100_000, minutes=30.0, seed=0, counterfactual=False)
-    runner = ServiceRunner(src, speed=0)
+    runner = Runner(src, speed=0)
     runner.advance(2)
     runner.start()
     server = Server(runner, TOKEN).start()

@@ -12,9 +12,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
-from seamguard.service.api import create_app
-from seamguard.service.runner import ServiceRunner
-from seamguard.service.sources import TwinSource
+from seamguard.app.service.api import create_app
+from seamguard.app.runner import Runner
+from seamguard.app.sources import TwinSource
 
 from .conftest import TOKEN
 
@@ -22,7 +22,7 @@ from .conftest import TOKEN
 
 @pytest.fixture(scope="module")
 def fuzz_runner():
-    r = ServiceRunner(TwinSource(gpus=256, minutes=6.0, seed=3), speed=0)
+    r = Runner(TwinSource(gpus=256, minutes=6.0, seed=3), speed=0)
     r.advance(40)
     r.start()
     yield r

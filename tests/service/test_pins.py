@@ -153,9 +153,9 @@ def _clean_frame(fleet):
 def test_a_pin_survives_a_service_restart_on_the_same_ledger(tmp_path):
     from fastapi.testclient import TestClient
 
-    from seamguard.service.api import create_app
-    from seamguard.service.runner import ServiceRunner
-    from seamguard.service.sources import TwinSource
+    from seamguard.app.service.api import create_app
+    from seamguard.app.runner import Runner
+    from seamguard.app.sources import TwinSource
 
     from .conftest import TOKEN
 
@@ -163,8 +163,8 @@ def test_a_pin_survives_a_service_restart_on_the_same_ledger(tmp_path):
     path = tmp_path / "ledger.sqlite"
     gpu, other = "gpu003/gpu5", "gpu004/gpu0"
 
-    def serve() -> ServiceRunner:
-        r = ServiceRunner(TwinSource(gpus=256, minutes=2.0, seed=0), speed=0, ledger_path=path)
+    def serve() -> Runner:
+        r = Runner(TwinSource(gpus=256, minutes=2.0, seed=0), speed=0, ledger_path=path)
         r.start()
         return r
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from seamguard.cli import app
+from seamguard.app.cli import app
 from seamguard.twin.events.measured import REFERENCE_FIGURES, parse_runtime_figures
 
 runner = CliRunner()

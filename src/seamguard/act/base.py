@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from seamguard.decide.actions import Action, Verb
+from seamguard.decide.actions import Action, ActionKey, Verb
 
 
 @dataclass(frozen=True)
@@ -33,4 +33,4 @@ class Actuator(Protocol):
 
 
 def verb_of(key: str) -> Verb:
-    return Verb(key.split(":", 1)[0])
+    return ActionKey.parse(key).verb

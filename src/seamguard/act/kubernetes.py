@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.act.base import ActionResult, verb_of
-from seamguard.decide.actions import Action, Verb, action_key
+from seamguard.decide.actions import Action, ActionKey, Verb, action_key
 
 log = logging.getLogger("seamguard.act.kubernetes")
 
@@ -79,7 +79,7 @@ class KubernetesActuator:
                 if self._ours(t, "NoSchedule"):
                     held.add(action_key(Verb.DRAIN, name))
                 elif self._ours(t, "PreferNoSchedule"):
-                    held.add(action_key(Verb.LABEL_DEGRADED, f"{name}={ann.get(self.ann_admissible, '')}"))
+                    held.add(action_key(Verb.LABEL_DEGRADED, name, value=ann.get(self.ann_admissible, '')))
         return held
 
     # ---- request bodies (pure, so tests can read them) --------------------------------------
@@ -162,7 +162,7 @@ class KubernetesActuator:
 
     def revert(self, key: str) -> ActionResult:
         verb = verb_of(key)
-        target = key.split(":", 1)[1].split("@")[0].split("=")[0]
+        target = ActionKey.parse(key).entity
         node, err = self._read(target)
         if err:
             return err

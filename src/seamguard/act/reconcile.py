@@ -3,6 +3,10 @@
 Every change is recorded as pending in the ledger before the actuator is called and
 closed after, so a controller killed between the two finds the pending row on restart
 and settles it from the actuator's actual state instead of repeating the action.
+
+A failure the actuator calls transient (``retryable``: a timeout, a busy API) is tried
+again next tick; a permanent one (no such node, permission denied) is recorded once as
+``refused`` and not re-applied every tick while the same decision stands.
 """
 
 from __future__ import annotations
@@ -26,8 +30,12 @@ class Change:
     key: str
     action: Action | None
     actuator: str
-    status: str  # done | failed | dry_run
+    status: str  # done | failed (retried next tick) | refused (permanent; not retried) | dry_run
     detail: str
+
+    @property
+    def verb(self) -> str:
+        return (self.action.verb if self.action is not None else verb_of(self.key)).value
 
 
 def observe_all(actuators: list[Actuator]) -> set[str]:
@@ -50,7 +58,8 @@ def diff(desired: dict[str, Action], actual: set[str], done_one_shots: set[str])
 def reconcile(decisions: Decisions, actuators: list[Actuator], ledger, tick: int, enforce: bool) -> list[Change]:
     actual = observe_all(actuators)
     done = ledger.done_keys() if ledger is not None else set()
-    apply, revert = diff(decisions.desired, actual, done | actual)
+    refused = ledger.refused_keys() if ledger is not None and enforce else set()
+    apply, revert = diff({k: a for k, a in decisions.desired.items() if k not in refused}, actual, done | actual)
     changes: list[Change] = []
     for op, key, action in [("apply", a.key, a) for a in apply] + [("revert", k, None) for k in revert]:
         verb = action.verb if action else verb_of(key)
@@ -69,7 +78,8 @@ def reconcile(decisions: Decisions, actuators: list[Actuator], ledger, tick: int
                 except Exception as e:  # an actuator must never take the controller down
                     log.exception("actuator %s failed on %s %s", act.name, op, key)
                     res = ActionResult(False, f"{type(e).__name__}: {e}", retryable=True)
-                ch = Change(op, key, action, act.name, "done" if res.ok else "failed", res.detail)
+                status = "done" if res.ok else ("failed" if res.retryable else "refused")
+                ch = Change(op, key, action, act.name, status, res.detail)
                 if ledger is not None:
                     ledger.finish_action(key, op, ch.status, ch.detail)
             changes.append(ch)

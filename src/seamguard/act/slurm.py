@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.act.base import ActionResult, verb_of
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
-from seamguard.decide.actions import Action, Verb, action_key
+from seamguard.decide.actions import Action, ActionKey, Verb, action_key
 
 log = logging.getLogger("seamguard.act.slurm")
 
@@ -126,7 +126,7 @@ class SlurmActuator:
             if n.draining and self._owned(n.reason):
                 held.add(action_key(Verb.DRAIN, n.name))
             if self.cfg.feature_prefix + "degraded" in n.available:
-                held.add(action_key(Verb.LABEL_DEGRADED, f"{n.name}={','.join(self._classes_from(n.available))}"))
+                held.add(action_key(Verb.LABEL_DEGRADED, n.name, value=','.join(self._classes_from(n.available))))
         return held
 
     def apply(self, action: Action) -> ActionResult:
@@ -139,7 +139,7 @@ class SlurmActuator:
 
     def revert(self, key: str) -> ActionResult:
         verb = verb_of(key)
-        target = key.split(":", 1)[1].split("@")[0].split("=")[0]
+        target = ActionKey.parse(key).entity
         if verb == Verb.DRAIN:
             return self._resume(target)
         if verb == Verb.LABEL_DEGRADED:

@@ -42,8 +42,42 @@ class Action:
         return dict(self.params).get(name, default)
 
 
-def action_key(verb: Verb, target: str, episode: str = "") -> str:
-    return f"{verb.value}:{target}" + (f"@{episode}" if episode else "")
+@dataclass(frozen=True)
+class ActionKey:
+    """``verb:entity[=value][@episode]`` — the one spelling of an action's identity.
+
+    ``value`` is what a labelling action sets (the job classes a node may take);
+    ``episode`` makes a one-shot unique (checkpoint_now) or names the domain a job
+    moves off (move_job). Actuators store the string form on the objects they own.
+    """
+
+    verb: Verb
+    entity: str
+    value: str = ""
+    episode: str = ""
+
+    def __str__(self) -> str:
+        return (f"{self.verb.value}:{self.entity}" + (f"={self.value}" if self.value else "")
+                + (f"@{self.episode}" if self.episode else ""))
+
+    @classmethod
+    def parse(cls, key: str) -> ActionKey:
+        verb, sep, rest = key.partition(":")
+        if not sep:
+            raise ValueError(f"action key {key!r}: expected 'verb:entity[=value][@episode]'")
+        try:
+            v = Verb(verb)
+        except ValueError:
+            raise ValueError(f"action key {key!r}: unknown verb {verb!r}") from None
+        rest, _, episode = rest.partition("@")
+        entity, _, value = rest.partition("=")
+        if not entity:
+            raise ValueError(f"action key {key!r}: no entity")
+        return cls(v, entity, value, episode)
+
+
+def action_key(verb: Verb, target: str, episode: str = "", value: str = "") -> str:
+    return str(ActionKey(verb, target, value, episode))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.assess.assessment import Assessment, node_cause
 from seamguard.assess.states import STATE_BY_LABEL, State
-from seamguard.decide.actions import Action, Decisions, Verb, action_key
+from seamguard.decide.actions import Action, ActionKey, Decisions, Verb, action_key
 from seamguard.decide.breaker import BreakerState, admit
 from seamguard.decide.economics import DegradedNodeContext, quarantine_decision
 from seamguard.decide.policy import Policy
@@ -63,7 +63,7 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     np.maximum.at(node_slow, fleet.nic_node, a.kinds[Kind.NIC].slowdown)
     drain_mask = np.isin(a.node_state, _codes(rules.drain_states))
     free = (node_job < 0) & (a.node_state == State.HEALTHY) & a.admissible.all(axis=1)
-    drained_now = {k.split(":", 1)[1] for k in in_effect if k.startswith(Verb.DRAIN.value + ":")}
+    drained_now = {ak.entity for ak in map(ActionKey.parse, in_effect) if ak.verb == Verb.DRAIN}
     if drained_now:
         free &= ~np.isin(np.array(fleet.node_names), list(drained_now))
     spares_left = int(free.sum())
@@ -119,7 +119,7 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
             name = fleet.node_names[i]
             classes = ",".join(c for c, ok in zip(ADMISSIBILITY_COLUMNS, a.admissible[i]) if ok)
             _, _, reasons = node_cause(fleet, a.kinds, i)
-            act = Action(key=action_key(Verb.LABEL_DEGRADED, f"{name}={classes}"), verb=Verb.LABEL_DEGRADED,
+            act = Action(key=action_key(Verb.LABEL_DEGRADED, name, value=classes), verb=Verb.LABEL_DEGRADED,
                          target=name, target_kind="node", params=(("classes", classes),),
                          reason=f"seamguard: degraded, admissible for {classes}", cause=name,
                          evidence=_evidence(reasons), criticality=float(node_w[i]))

@@ -7,7 +7,6 @@ writes only what they change. Errors name the file, the field and what was expec
 from __future__ import annotations
 
 from importlib import resources
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -16,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from seamguard.assess.assessment import AssessConfig
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL
-from seamguard.validation import format_validation_error, read_yaml
+from seamguard.config import format_validation_error
 
 
 class PolicyError(ValueError):
@@ -107,6 +106,3 @@ def parse_policy(data: Any, source: str = "<policy>") -> Policy:
 def default_policy(**overrides: Any) -> Policy:
     return parse_policy(overrides, "<default policy>")
 
-
-def load_policy(path: str | Path) -> Policy:
-    return parse_policy(read_yaml(path, "policy file", PolicyError), str(path))

@@ -6,14 +6,13 @@ what was expected, because the person reading them is editing that file by hand.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL, Fleet, JobClass, SwitchTier
-from seamguard.validation import format_validation_error, read_yaml
+from seamguard.config import format_validation_error
 
 TOPOLOGY_VERSION = 1
 
@@ -216,10 +215,6 @@ def parse_topology(data: Any, source: str = "<topology>") -> Fleet:
         raise TopologyError(format_validation_error(source, "topology", err)) from None
     return fleet_from_spec(spec, source)
 
-
-def load_topology(path: str | Path) -> Fleet:
-    """Read and validate a topology file."""
-    return parse_topology(read_yaml(path, "topology file", TopologyError), str(path))
 
 
 def fleet_to_topology(fleet: Fleet) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from seamguard.decide.actions import ActionKey
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ticks (
@@ -137,7 +139,7 @@ class _Reads:
             ("a.status = ?", [status]) if status is not None else None)
         return [{"tick": r[0], "t_s": r[1], "op": r[2], "key": r[3], "verb": r[4], "actuator": r[5],
                  "status": r[6], "detail": r[7] or "",
-                 "target": r[8] or r[3].split(":", 1)[-1].split("@")[0],
+                 "target": r[8] or ActionKey.parse(r[3]).entity,
                  "reason": r[9] or "", "cause": r[10] or ""}
                 for r in self._read_db().execute(q, args)]
 
@@ -246,7 +248,8 @@ class Ledger(_Reads):
                 self.db.execute("INSERT INTO desired(key, since_tick, action) VALUES(?,?,?)", (k, tick, _action_json(a)))
         for k in before - set(desired):
             events.append(("withdrawn", k))
-            rows.append((tick, t_s, k, "withdrawn", k.split(":", 1)[0], k.split(":", 1)[1].split("@")[0],
+            ak = ActionKey.parse(k)
+            rows.append((tick, t_s, k, "withdrawn", ak.verb.value, ak.entity,
                          "no longer desired", "", "[]", 0.0, 0.0, 0.0))
             self.db.execute("DELETE FROM desired WHERE key=?", (k,))
         for a in held:
@@ -273,6 +276,13 @@ class Ledger(_Reads):
     def done_keys(self) -> set[str]:
         return {k for (k,) in self.db.execute("SELECT DISTINCT key FROM actions WHERE op='apply' AND status='done'")}
 
+    def refused_keys(self) -> set[str]:
+        """Desired actions an actuator refused permanently since they were last decided: not retried
+        until the decision is withdrawn and made again (or a person clears it)."""
+        return {k for (k,) in self.db.execute(
+            "SELECT DISTINCT a.key FROM actions a JOIN desired d ON d.key = a.key "
+            "WHERE a.op = 'apply' AND a.status = 'refused' AND a.tick >= d.since_tick")}
+
     def settle_pending(self, actual: set[str]) -> int:
         """After a restart: pending actions the world shows as done are closed as done."""
         rows = self.db.execute("SELECT id, key, op FROM actions WHERE status='pending'").fetchall()
@@ -293,7 +303,7 @@ class Ledger(_Reads):
                 "INSERT INTO pins(kind, name, state, note, pinned_by, created_wall, tick) VALUES(?,?,?,?,?,?,?) "
                 "ON CONFLICT(kind, name) DO UPDATE SET state=excluded.state, note=excluded.note, "
                 "pinned_by=excluded.pinned_by, created_wall=excluded.created_wall, tick=excluded.tick",
-                (kind, name, state, note, by, created_wall_s, tick))
+                (kind, name, state, note, by, created_wall_s or time.time(), tick))
             self._pin_event(tick, "pinned", kind, name, state, note, by, "")
 
     def record_unpin(self, tick: int, kind: str, name: str, by: str) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from seamguard.testbed.job import EXAMPLE_JOB
+
 app = typer.Typer(help="Namespaced multi-rail test cluster: build, tear down, clean, demo.",
                   no_args_is_help=True)
 
@@ -48,11 +50,15 @@ def clean(all_: bool = typer.Option(False, "--all", help="Also testbeds whose cr
 @app.command("demo")
 def demo(out: Path = typer.Option(Path("rail_demo"), help="Directory for the PNG and JSON."),
          hosts: int = typer.Option(4, min=2, max=16), rails: int = typer.Option(2, min=2, max=4),
-         steps: int = typer.Option(420, min=50)) -> None:
+         steps: int = typer.Option(420, min=50),
+         script: Path = typer.Option(EXAMPLE_JOB, help="The training process started on every host.")) -> None:
     """Train across hosts x rails while links flap on a schedule; write PNG + JSON."""
     from seamguard.testbed.demo import run_demo
 
-    s = run_demo(out, hosts=hosts, rails=rails, steps=steps)
+    if not script.is_file():
+        typer.echo(f"error: --script: {script} not found (examples/rails_job.py of a source checkout)", err=True)
+        raise typer.Exit(2)
+    s = run_demo(out, hosts=hosts, rails=rails, steps=steps, script=script)
     brief = {k: s[k] for k in ("ok", "steps", "wall_s", "retried_steps", "checksum")}
     brief["faults"] = s["faults"]
     brief["png"] = str(out / "rail_failover.png")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seamguard.testbed.job import Fault, JobResult, JobSpec, run_rail_job
+from seamguard.testbed.job import EXAMPLE_JOB, Fault, JobResult, JobSpec, run_rail_job
 from seamguard.testbed.metrics import flap_figures
 from seamguard.testbed.net import Testbed, TestbedSpec
 
@@ -38,7 +38,7 @@ def throughput_series(res: JobResult, hosts: int, rails: int) -> dict:
 
 
 def run_demo(out_dir: Path, hosts: int = 4, rails: int = 2, steps: int = 420,
-             faults: list[Fault] | None = None) -> dict:
+             faults: list[Fault] | None = None, script: Path = EXAMPLE_JOB) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,7 +47,7 @@ def run_demo(out_dir: Path, hosts: int = 4, rails: int = 2, steps: int = 420,
     faults = DEMO_FAULTS if faults is None else faults
     out_dir.mkdir(parents=True, exist_ok=True)
     with Testbed(TestbedSpec(hosts=hosts, rails=rails)) as tb:
-        res = run_rail_job(tb, JobSpec(steps=steps, timeout_s=300), faults, out_dir / "job")
+        res = run_rail_job(tb, JobSpec(script=script, steps=steps, timeout_s=300), faults, out_dir / "job")
     series = throughput_series(res, hosts, rails)
     commit = [s["t_wall"] for s in res.steps]
     per_fault = []

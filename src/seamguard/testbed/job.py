@@ -1,7 +1,7 @@
 """Runs the rail-failover training job across a testbed's hosts and plays a fault schedule.
 
 Why this exists: tests, `benchmarks/rail_failover.py` and `seamguard testbed demo` all
-need the same thing — start one `seamguard.runtime.rails_job` per host namespace, inject
+need the same thing — start one `examples/rails_job.py` per host namespace, inject
 faults on a schedule once training runs, sample every switch port's byte counters (the
 hosts' inbound traffic per rail), bound everything in time, and always stop the
 processes. Fault injection is product code (`Fault`, `FaultPlayer`), reused everywhere.
@@ -98,8 +98,14 @@ class FaultPlayer:
                 rec.reverted_t = time.time()
 
 
+# The rail job lives with the examples (it is a user's training script, not library code);
+# a source checkout has it here, an installed package passes its own with --script.
+EXAMPLE_JOB = Path(__file__).resolve().parents[3] / "examples" / "rails_job.py"
+
+
 @dataclass(frozen=True)
 class JobSpec:
+    script: Path = EXAMPLE_JOB  # the training process, one per host
     steps: int = 150
     seed: int = 0
     hidden: int = 1024
@@ -140,6 +146,8 @@ def _env() -> dict[str, str]:
 def run_rail_job(tb: Testbed, spec: JobSpec, faults: list[Fault], out: Path,
                  sample_s: float = 0.1) -> JobResult:
     """Start the job on every host, play the faults, sample traffic; always stops the job."""
+    if not spec.script.is_file():
+        raise FileNotFoundError(f"job script {spec.script} not found: run from a source checkout or pass --script")
     out.mkdir(parents=True, exist_ok=True)
     hosts, rails = tb.spec.hosts, tb.spec.rails
     procs: list[subprocess.Popen] = []
@@ -151,7 +159,7 @@ def run_rail_job(tb: Testbed, spec: JobSpec, faults: list[Fault], out: Path,
         for h in range(hosts):
             err = (out / f"stderr.{h}.txt").open("w")
             errs.append(err)
-            cmd = [*tb.exec_prefix(h), sys.executable, "-m", "seamguard.runtime.rails_job",
+            cmd = [*tb.exec_prefix(h), sys.executable, str(spec.script),
                    "--rank", str(h), "--world", str(hosts), "--store", f"{tb.addr(0, None)}:{spec.port}",
                    "--rails", ",".join(tb.rail_if(r) for r in range(rails)), "--steps", str(spec.steps),
                    "--seed", str(spec.seed), "--hidden", str(spec.hidden), "--out", str(out),

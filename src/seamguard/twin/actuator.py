@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from seamguard.act.base import ActionResult, verb_of
-from seamguard.decide.actions import Action, Verb
+from seamguard.decide.actions import Action, ActionKey, Verb
 from seamguard.fleet.model import JOB_CLASS_SYNCHRONY, Kind
 from seamguard.twin.telemetry import Twin
 
@@ -60,7 +60,7 @@ class TwinActuator:
     def revert(self, key: str) -> ActionResult:
         tw, f = self.twin, self.twin.fleet
         verb = verb_of(key)
-        target = key.split(":", 1)[1].split("@")[0].split("=")[0]
+        target = ActionKey.parse(key).entity
         if verb == Verb.DRAIN:
             tw.node_drained[f.index_of(Kind.NODE, target)] = False
         elif verb == Verb.LABEL_DEGRADED:

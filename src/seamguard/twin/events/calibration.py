@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from seamguard.decide.checkpoint import Scope
+from seamguard.twin.checkpoint import Scope
 
 __all__ = [
     "COMPONENTS_PER_NODE",

@@ -3,7 +3,7 @@
 Why this file exists: it is the only place of the event twin that reads files (the
 runtime's measured results) and flags; it validates them with messages that name the
 option, builds the frozen settings, and hands over to the library. Registered in
-``seamguard.cli`` as ``twin_app.command("simulate")(simulate)`` and ``...("report")``.
+``seamguard.app.cli`` as ``twin_app.command("simulate")(simulate)`` and ``...("report")``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seamguard.decide.checkpoint import (Mode, PlannerInput, Scope, StoragePath, TierCosts,
+from seamguard.twin.checkpoint import (Mode, PlannerInput, Scope, StoragePath, TierCosts,
                                          plan_checkpoint)
 from seamguard.decide.economics import (CRITICALITY_WEIGHT, DegradedNodeContext, JobClass,
                                         impact_fraction, quarantine_decision)

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.assess.states import State
-from seamguard.service.snapshot import ENTITY_KINDS, TICK_BUCKETS, Snapshot
+from seamguard.app.snapshot import ENTITY_KINDS, TICK_BUCKETS, Snapshot
 
 SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.8, 0.9, 1.0)
 

@@ -1,6 +1,6 @@
 """The terminal view of `seamguard demo` (rich): live progress, then the scorecard.
 
-A renderer only: the run and its scoring live in seamguard.demo.
+A renderer only: the run and its scoring live in seamguard.twin.closedloop.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from seamguard import demo
+from seamguard.twin import closedloop as demo
 from seamguard.fleet.model import Kind
 from seamguard.ledger.sqlite import Ledger
 

@@ -12,8 +12,8 @@ import time
 
 import uvicorn
 
-from seamguard.service.api import create_app
-from seamguard.service.runner import ServiceRunner
+from seamguard.app.service.api import create_app
+from seamguard.app.runner import Runner
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -23,7 +23,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class Server:
-    def __init__(self, runner: ServiceRunner, token: str, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, runner: Runner, token: str, host: str = "127.0.0.1", port: int = 0,
                  log_level: str = "warning") -> None:
         self.runner = runner
         self.host = host

@@ -18,7 +18,7 @@ from seamguard.assess.overrides import Pin
 from seamguard.assess.states import State
 from seamguard.decide.breaker import BreakerState
 from seamguard.fleet.model import NO_INDEX, Fleet, Kind
-from seamguard.service.sources import Progress
+from seamguard.app.sources import Progress
 
 # Kinds the API lists. Switches carry no signals and no state machine, so they are not listed.
 ENTITY_KINDS = (Kind.COOLING_LOOP, Kind.RACK, Kind.NODE, Kind.GPU, Kind.NIC, Kind.LINK, Kind.STORAGE, Kind.JOB)

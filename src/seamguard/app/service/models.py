@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.assess.states import State
-from seamguard.service.snapshot import ENTITY_KINDS
+from seamguard.app.snapshot import ENTITY_KINDS
 
 KindName = Enum("KindName", {k.label: k.label for k in ENTITY_KINDS}, type=str)  # type: ignore[misc]
 KindName.__doc__ = "Entity kinds the API lists."
@@ -308,6 +308,7 @@ class Health(_M):
     tick: int
     controller_running: bool
     snapshot_age_s: float
+    error: str = ""  # why the controller loop died, when it did
 
 
 class Problem(_M):

@@ -23,7 +23,7 @@ from seamguard.observe.exposition import label_strings, render_text
 from seamguard.twin.faults import FaultSpec
 from seamguard.twin.telemetry import Twin, TwinConfig
 
-log = logging.getLogger("seamguard.twin.serve")
+log = logging.getLogger("seamguard.app.twin_exporter")
 
 
 def truth_json(twin: Twin, wall_start: float, speed: float) -> dict:

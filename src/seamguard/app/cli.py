@@ -47,7 +47,7 @@ def demo(
     ledger: Path | None = typer.Option(None, help="Keep the controller's SQLite ledger here."),
 ) -> None:
     """Run the control plane against the twin, with and without control, and score it."""
-    from seamguard.demo_view import run_demo
+    from seamguard.app.demo_view import run_demo
 
     result = run_demo(gpus=gpus, minutes=minutes, seed=seed, quiet=json_out, ledger_path=ledger)
     if json_out:
@@ -74,12 +74,9 @@ def fleet_generate(
 @fleet_app.command("validate")
 def fleet_validate(path: Path = typer.Argument(..., help="Topology YAML to check.")) -> None:
     """Check a topology file; print its entity counts or what is wrong and where."""
-    from seamguard.fleet import TopologyError, load_topology
+    from seamguard.app.config import load_topology
 
-    try:
-        fleet = load_topology(path)
-    except TopologyError as e:
-        _fail(str(e))
+    fleet = _or_fail(lambda: load_topology(path))
     typer.echo(json.dumps({"file": str(path), **fleet.summary()}))
 
 
@@ -94,12 +91,9 @@ def policy_show() -> None:
 @policy_app.command("validate")
 def policy_validate(path: Path = typer.Argument(..., help="Policy YAML to check.")) -> None:
     """Check a policy file (merged over the default)."""
-    from seamguard.decide import PolicyError, load_policy
+    from seamguard.app.config import load_policy
 
-    try:
-        pol = load_policy(path)
-    except PolicyError as e:
-        _fail(str(e))
+    pol = _or_fail(lambda: load_policy(path))
     typer.echo(json.dumps({"file": str(path), "mode": pol.mode, "valid": True}))
 
 
@@ -125,11 +119,11 @@ def twin_serve(
     """Expose the twin's telemetry on /metrics under the real exporter names and labels."""
     import signal
 
-    from seamguard.twin.serve import ServeOptions, TwinExporter
+    from seamguard.app.twin_exporter import ServeOptions, TwinExporter
 
     if scenario not in ("default", "none"):
         _fail(f"--scenario must be 'default' or 'none', got {scenario!r}")
-    from seamguard.demo import build
+    from seamguard.twin.closedloop import build
 
     fleet, specs, cfg = build(gpus, minutes, seed, tick_s=tick_s)
     if scenario == "none":
@@ -149,7 +143,7 @@ def twin_serve(
     exp.run()
 
 
-def _parse_time(v: str) -> float:
+def _parse_time(v: str, flag: str) -> float:
     """Unix seconds or RFC 3339 (e.g. 2025-01-31T12:00:00Z)."""
     from datetime import datetime
 
@@ -160,7 +154,7 @@ def _parse_time(v: str) -> float:
     try:
         return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
     except ValueError:
-        _fail(f"cannot read time {v!r}: give Unix seconds or RFC 3339")
+        _fail(f"{flag}: cannot read time {v!r}: give Unix seconds or RFC 3339")
         raise
 
 
@@ -180,25 +174,27 @@ def replay(
     """Backtest: run the controller (dry run) over history and write what it would have done."""
     import logging
 
-    from seamguard.backtest import replay as run_replay
+    from seamguard.app.config import load_policy, load_topology
+    from seamguard.app.replay import replay as run_replay
     from seamguard.control import Controller
-    from seamguard.decide import PolicyError, load_policy
-    from seamguard.decide.policy import default_policy
-    from seamguard.fleet import TopologyError, load_topology
-    from seamguard.live import ConfigError, load_run_config
     from seamguard.observe.prometheus import PromConfig, PrometheusSource
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Everything is validated before the output file is opened: a bad argument never truncates it.
+    t0, t1 = _parse_time(start, "--start"), _parse_time(end, "--end")
+    if t1 <= t0:
+        _fail(f"--end ({end}) must be after --start ({start})")
+    if out.is_dir():
+        _fail(f"--out: {out} is a directory; give a file path")
+    if not out.parent.is_dir():
+        _fail(f"--out: directory {out.parent} does not exist")
+    fleet = _or_fail(lambda: load_topology(topology))
+    pol = _or_fail(lambda: load_policy(policy))
     try:
-        fleet = load_topology(topology)
-        pol = load_policy(policy) if policy else default_policy()
-        if config is not None:
-            pcfg = load_run_config(config).prometheus.model_copy(update={"url": prometheus})
-        else:
-            pcfg = PromConfig(url=prometheus, path_prefix=path_prefix, tenant=tenant)
-    except (TopologyError, PolicyError, ConfigError, ValueError) as e:
-        _fail(str(e))
-    t0, t1 = _parse_time(start), _parse_time(end)
+        pcfg = (_run_config(config).prometheus.model_copy(update={"url": prometheus}) if config is not None
+                else PromConfig(url=prometheus, path_prefix=path_prefix, tenant=tenant))
+    except ValueError as e:
+        _fail(f"--prometheus: {e}")
     ctl = Controller(fleet, pol, [], None, tick_s=step, mode="dry_run")
     ticks = errors = 0
     with PrometheusSource(fleet, pcfg) as src, open(out, "w", encoding="utf-8") as fh:
@@ -214,28 +210,46 @@ def run(config: Path = typer.Option(..., help="Run config YAML (docs/prometheus-
     import logging
     import signal
 
-    from seamguard.decide import PolicyError
-    from seamguard.fleet import TopologyError
-    from seamguard.live import ConfigError, LiveRunner, load_run_config
+    from seamguard.app.runner import Runner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    cfg = _run_config(config)
+    runner = _or_fail(lambda: Runner.from_config(cfg))
+    # Finish the tick in progress, then close the ledger (Runner.run's finally).
+    signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: runner.request_stop())
     try:
-        cfg = load_run_config(config)
-        runner = LiveRunner(cfg)
+        ticks = runner.run()
+    except RuntimeError as e:
+        typer.echo(f"error: the controller loop died: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps({"ticks": ticks, "mode": runner.controller.mode, "ledger": str(cfg.ledger)}))
+
+
+def _run_config(path: Path):
+    from seamguard.app.config import load_run_config
+
+    return _or_fail(lambda: load_run_config(path))
+
+
+def _or_fail(build):
+    """Run a builder; a user error (bad file, field, value) is one `error:` line and exit 2."""
+    from seamguard.app.config import ConfigError
+    from seamguard.decide import PolicyError
+    from seamguard.fleet import TopologyError
+
+    try:
+        return build()
     except (ConfigError, TopologyError, PolicyError) as e:
         _fail(str(e))
-    # Finish the tick in progress, then close the ledger (LiveRunner.run's finally).
-    signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
-    signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
-    ticks = runner.run()
-    typer.echo(json.dumps({"ticks": ticks, "mode": cfg.mode, "ledger": str(cfg.ledger)}))
+
 
 # ---- seamguard serve (service, API and dashboard) -------------------------------------------------
 @app.command()
 def serve(
     config: Path | None = typer.Option(None, help="Run against a live source (Prometheus) from this config "
-                                       "instead of the twin."),
+                                       "instead of the twin: its policy, mode and ledger are used."),
     gpus: int = typer.Option(2048, min=8, help="GPUs in the simulated fleet (twin)."),
     minutes: float = typer.Option(30.0, min=2.0, help="Length of the twin's fault scenario, simulated minutes."),
     seed: int = typer.Option(0, help="Seed for the twin's fleet, faults and noise."),
@@ -245,31 +259,30 @@ def serve(
     port: int = typer.Option(8642, min=0, max=65535, help="Port to listen on (0 = any free port)."),
     token: str | None = typer.Option(None, envvar="SEAMGUARD_TOKEN",
                                      help="Bearer token for mutating calls (default: generated and printed)."),
-    ledger: Path | None = typer.Option(None, help="Keep the controller's SQLite ledger here (default: temporary)."),
+    ledger: Path | None = typer.Option(None, help="Keep the controller's SQLite ledger here (twin; default: "
+                                       "temporary). With --config the config's ledger is used."),
 ) -> None:
     """Run the controller (on the twin by default) with the HTTP API, /metrics and the dashboard."""
     import secrets
 
     try:
-        from seamguard.service.runner import ServiceRunner
-        from seamguard.service.server import Server
-        from seamguard.service.sources import SourceUnavailable, TwinSource, source_from_config
+        from seamguard.app.runner import Runner
+        from seamguard.app.service.server import Server
+        from seamguard.app.sources import TwinSource
     except ImportError as e:
         _fail(f"`seamguard serve` needs the service extra ({e.name} is missing): pip install 'seamguard[service]'")
     if mode not in ("dry_run", "enforce"):
         _fail(f"--mode must be dry_run or enforce, got {mode!r}")
-    try:
-        source = source_from_config(config) if config is not None else TwinSource(gpus, minutes, seed)
-    except SourceUnavailable as e:
-        _fail(str(e))
-    if config is not None:  # a real cluster: its config's mode, real time
-        mode, speed = source.mode, 1.0
+    if config is not None:  # a real cluster: the config decides policy, mode, ledger and time
+        cfg = _run_config(config)
+        runner = _or_fail(lambda: Runner.from_config(cfg, max_ticks=None))
+    else:
+        runner = Runner(TwinSource(gpus, minutes, seed), mode=mode, speed=speed, ledger_path=ledger)
     token = token or secrets.token_urlsafe(24)
-    runner = ServiceRunner(source, mode=mode, speed=speed, ledger_path=ledger)
     server = Server(runner, token, host=host, port=port, log_level="warning")
     sizes = runner.snapshot().fleet.summary()
-    typer.echo(f"seamguard serve: {source.name}, {sizes['gpu']} GPUs on {sizes['cooling_loop']} cooling loops, "
-               f"mode {mode}, speed {speed:g}x")
+    typer.echo(f"seamguard serve: {runner.source.name}, {sizes['gpu']} GPUs on {sizes['cooling_loop']} cooling "
+               f"loops, mode {runner.controller.mode}, speed {runner.speed:g}x, ledger {runner.ledger_path}")
     typer.echo(f"  dashboard  {server.url}/")
     typer.echo(f"  API docs   {server.url}/docs   metrics {server.url}/metrics")
     typer.echo(f"  token      {token}   (Authorization: Bearer <token> for mode, breaker reset, pins)")

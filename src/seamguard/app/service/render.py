@@ -12,10 +12,11 @@ import numpy as np
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.assess.overrides import Pin
 from seamguard.assess.states import STATE_BY_LABEL, State
+from seamguard.decide.actions import ActionKey, Verb
 from seamguard.fleet.model import JobClass, Kind
 from seamguard.observe.signals import signals_for
-from seamguard.service import models as m
-from seamguard.service.snapshot import ENTITY_KINDS, KIND_DOMAIN, Snapshot
+from seamguard.app.service import models as m
+from seamguard.app.snapshot import ENTITY_KINDS, KIND_DOMAIN, Snapshot
 
 STATE_LABELS = [s.label for s in State]
 _SORTABLE = {"gfs", "prs", "fae", "state"}
@@ -268,7 +269,8 @@ def jobs(s: Snapshot) -> list[m.JobOut]:
 def _contained_fae(s: Snapshot) -> float:
     """FAE of entities whose node or path is held out of the critical path by an action in effect."""
     f = s.fleet
-    held = {k.split(":", 1)[1].split("@")[0] for k in s.in_effect if k.startswith(("drain:", "avoid_link:", "avoid_storage:"))}
+    held = {ak.entity for ak in map(ActionKey.parse, s.in_effect)
+            if ak.verb in (Verb.DRAIN, Verb.AVOID_LINK, Verb.AVOID_STORAGE)}
     if not held:
         return 0.0
     total = 0.0

@@ -5,7 +5,7 @@ Layering: service depends on the core (fleet, observe, assess, decide, act, ledg
 twin); nothing in the core imports it.
 """
 
-from seamguard.service.runner import ServiceRunner
-from seamguard.service.snapshot import Snapshot
+from seamguard.app.runner import Runner
+from seamguard.app.snapshot import Snapshot
 
-__all__ = ["ServiceRunner", "Snapshot"]
+__all__ = ["Runner", "Snapshot"]

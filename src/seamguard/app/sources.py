@@ -3,20 +3,19 @@
 A `Source` yields one Frame per tick, owns the actuators the controller drives, and may
 report job progress (the twin knows useful throughput; a live cluster may not). The twin
 source also runs the counterfactual — the same fleet, faults and seed with nobody in the
-loop — so the dashboard can show what control is worth. `source_from_config` builds the
-live one: Prometheus in, the configured actuators out.
+loop — so the dashboard can show what control is worth. `PrometheusLiveSource` is the
+live one, built from a run config: Prometheus in, the configured actuators out.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from seamguard.act.base import Actuator
+from seamguard.app.config import RunConfig, build_actuators, load_topology
 from seamguard.fleet.model import Fleet
 from seamguard.observe.frame import Frame
 
@@ -38,7 +37,9 @@ class Progress:
 class Source(Protocol):
     name: str
 
-    def next_frame(self) -> Frame: ...
+    def next_frame(self, wall_s: float) -> Frame:
+        """The frame for the tick scheduled at wall-clock ``wall_s``."""
+        ...
 
     def placement(self) -> Fleet:
         """The fleet with its current job placement."""
@@ -55,7 +56,7 @@ class TwinSource:
     name = "twin"
 
     def __init__(self, gpus: int = 2048, minutes: float = 30.0, seed: int = 0, counterfactual: bool = True) -> None:
-        from seamguard import demo
+        from seamguard.twin import closedloop as demo
         from seamguard.twin.actuator import TwinActuator
         from seamguard.twin.telemetry import Twin
 
@@ -66,7 +67,7 @@ class TwinSource:
         self.shadow = Twin(fleet, faults, cfg, seed) if counterfactual else None
         self._actuator = TwinActuator(self.twin)
 
-    def next_frame(self) -> Frame:
+    def next_frame(self, wall_s: float) -> Frame:  # simulated time: the wall clock plays no part
         if self.shadow is not None:
             self.shadow.step()
         return self.twin.step()
@@ -92,34 +93,28 @@ class TwinSource:
         )
 
 
-class SourceUnavailable(RuntimeError):
-    """The configured source cannot run in this installation; the message says why."""
-
-
 class PrometheusLiveSource:
-    """A live cluster: frames from Prometheus, actuators from a `seamguard run` config."""
+    """A live cluster: frames from Prometheus, actuators from a run config.
+
+    Frame time follows the wall clock, scaled by the config's ``time_scale`` (1 on a
+    real cluster; a twin served with ``--speed`` runs faster than the wall)."""
 
     name = "prometheus"
 
-    def __init__(self, path: Path) -> None:
-        from seamguard.fleet.topology import TopologyError, load_topology
-        from seamguard.live import ConfigError, build_actuators, load_run_config
+    def __init__(self, cfg: RunConfig) -> None:
         from seamguard.observe.prometheus import PrometheusSource
 
-        try:
-            cfg = load_run_config(path)
-            self.fleet = load_topology(cfg.topology)
-        except (ConfigError, TopologyError) as e:
-            raise SourceUnavailable(str(e)) from None
         self.cfg = cfg
+        self.fleet = load_topology(cfg.topology)
         self.tick_s = cfg.tick_s
-        self.mode = cfg.mode  # a live cluster runs in the mode its config says, never a CLI default
         self._source = PrometheusSource(self.fleet, cfg.prometheus)
         self._actuators = build_actuators(cfg)
+        self._wall0: float | None = None
 
-    def next_frame(self) -> Frame:
-        now = time.time()
-        return self._source.frame_at(now, now)
+    def next_frame(self, wall_s: float) -> Frame:
+        if self._wall0 is None:
+            self._wall0 = wall_s
+        return self._source.frame_at(wall_s, self._wall0 + (wall_s - self._wall0) * self.cfg.time_scale)
 
     def placement(self) -> Fleet:
         return self.fleet
@@ -130,7 +125,5 @@ class PrometheusLiveSource:
     def progress(self) -> Progress | None:
         return None  # a live cluster does not report useful work to seamguard
 
-
-def source_from_config(path: Path) -> Source:
-    """A live source from a `seamguard run` config file (Prometheus ingest)."""
-    return PrometheusLiveSource(path)
+    def close(self) -> None:
+        self._source.close()

@@ -1,28 +1,25 @@
-"""`seamguard run --config FILE`: the live controller against Prometheus, on a schedule.
+"""Every file seamguard reads, read here: run config, topology, policy.
 
-Reads the run config (documented in docs/prometheus-slurm.md, validated with errors that
-name the file and the field), builds the Prometheus source, the configured actuators
-and the SQLite ledger, and ticks the Controller every ``tick_s`` until told to stop.
-Dry-run unless the config says ``mode: enforce``. SIGTERM/SIGINT finish the current
-tick, then the ledger and the source are closed.
+The run config (docs/prometheus-slurm.md) is one model for `seamguard run --config`,
+`seamguard serve --config` and `seamguard replay --config`: the same file means the
+same thing to each. Errors name the file, the field and what was expected; a file is
+read whole (bounded in size), decoded as UTF-8 and parsed with alias expansion bounded
+before anything is built from it.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seamguard.act.slurm import SlurmConfig
-from seamguard.backtest import EventStream, dumps
+from seamguard.config import MAX_CONFIG_BYTES, format_validation_error, parse_yaml
+from seamguard.decide.policy import Policy, PolicyError, default_policy, parse_policy
+from seamguard.fleet.model import Fleet
+from seamguard.fleet.topology import TopologyError, parse_topology
 from seamguard.observe.prometheus import PromConfig
-from seamguard.validation import format_validation_error, read_yaml
-
-log = logging.getLogger("seamguard.live")
 
 
 class ConfigError(ValueError):
@@ -74,6 +71,32 @@ class RunConfig(_Strict):
     actuators: list[ActuatorConfig] = Field(default_factory=list)
 
 
+def read_yaml(path: str | Path, what: str, error: type[Exception] = ValueError) -> Any:
+    """Read and parse a YAML file; a missing, huge, non-UTF-8 or malformed file raises ``error``."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise error(f"{p}: cannot read {what}: {e.strerror or e}") from None
+    return parse_yaml(data, str(p), what, error)
+
+
+def load_topology(path: str | Path) -> Fleet:
+    """Read and validate a topology file."""
+    return parse_topology(read_yaml(path, "topology file", TopologyError), str(path))
+
+
+def load_policy(path: str | Path | None, **overrides: Any) -> Policy:
+    """The policy file merged over the default, or the default when ``path`` is None."""
+    if path is None:
+        return default_policy(**overrides)
+    data = read_yaml(path, "policy file", PolicyError)
+    if overrides:
+        data = {**(data or {}), **overrides} if isinstance(data, dict) or data is None else data
+    return parse_policy(data, str(path))
+
+
 def _resolve(base: Path, p: Path | None) -> Path | None:
     return None if p is None or p.is_absolute() else base / p
 
@@ -123,64 +146,3 @@ def build_actuators(cfg: RunConfig) -> list:
 
             out.append(KubernetesActuator(KubernetesConfig(**a.model_dump(exclude={"type"}))))
     return out
-
-
-class LiveRunner:
-    """Owns the source, controller and ledger of one `seamguard run`."""
-
-    def __init__(self, cfg: RunConfig, stop: threading.Event | None = None) -> None:
-        from seamguard.control import Controller
-        from seamguard.decide.policy import default_policy, load_policy
-        from seamguard.fleet.topology import load_topology
-        from seamguard.ledger.sqlite import Ledger
-        from seamguard.observe.prometheus import PrometheusSource
-
-        self.cfg = cfg
-        self.stop = stop or threading.Event()
-        self.fleet = load_topology(cfg.topology)
-        policy = load_policy(cfg.policy) if cfg.policy else default_policy()
-        self.source = PrometheusSource(self.fleet, cfg.prometheus)
-        self.ledger = Ledger(cfg.ledger)
-        self.controller = Controller(self.fleet, policy, build_actuators(cfg), self.ledger, tick_s=cfg.tick_s,
-                                     mode=cfg.mode)
-        self.events = EventStream()
-        self.ticks = 0
-
-    def run(self) -> int:
-        period = self.cfg.tick_s / self.cfg.time_scale
-        wall0 = time.time()
-        out = open(self.cfg.events_out, "a", encoding="utf-8") if self.cfg.events_out else None
-        log.info("seamguard run: %s mode, tick %.3gs (%.3gs wall), %d GPUs, actuators: %s", self.cfg.mode,
-                 self.cfg.tick_s, period, len(self.fleet.gpu_names),
-                 ", ".join(a.name for a in self.controller.actuators) or "none")
-        try:
-            k = 0
-            while not self.stop.is_set():
-                wall_q = wall0 + k * period
-                now = time.time()
-                if wall_q > now and self.stop.wait(wall_q - now):
-                    break
-                if time.time() - wall_q > period:  # fell behind: skip to the present, keep the grid
-                    k = int((time.time() - wall0) // period)
-                    wall_q = wall0 + k * period
-                t_frame = wall0 + (wall_q - wall0) * self.cfg.time_scale
-                frame = self.source.frame_at(wall_q, t_frame)
-                rep = self.controller.tick(frame)
-                self.ticks += 1
-                if rep.error:
-                    log.error("tick %d failed: %s", rep.tick, rep.error)
-                if out is not None:
-                    extra = {"wall": wall_q, **({"flags": list(frame.flags)} if frame.flags else {})}
-                    for ev in self.events.events(rep, extra):
-                        out.write(dumps(ev) + "\n")
-                    out.flush()
-                k += 1
-                if self.cfg.max_ticks is not None and self.ticks >= self.cfg.max_ticks:
-                    break
-        finally:
-            if out is not None:
-                out.close()
-            self.source.close()
-            self.ledger.close()
-            log.info("seamguard run: stopped after %d ticks; ledger closed", self.ticks)
-        return self.ticks

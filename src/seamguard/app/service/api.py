@@ -2,7 +2,7 @@
 
 Handlers are thin: take the current Snapshot from the runner, hand it to a renderer in
 `render.py`, return a typed model. Mutating calls (mode, breaker reset, pins) need the
-bearer token and run on the controller thread through `ServiceRunner.submit`. Every
+bearer token and run on the controller thread through `Runner.submit`. Every
 error is a 4xx/503 with a `detail` that says what was wrong.
 """
 
@@ -21,11 +21,11 @@ from fastapi.staticfiles import StaticFiles
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import KIND_BY_LABEL, Kind
 from seamguard.ledger.sqlite import LedgerReader
-from seamguard.service import models as m
-from seamguard.service import render
-from seamguard.service.metrics import make_registry
-from seamguard.service.metrics import render as render_metrics
-from seamguard.service.runner import ServiceRunner, ServiceUnavailable
+from seamguard.app.service import models as m
+from seamguard.app.service import render
+from seamguard.app.service.metrics import make_registry
+from seamguard.app.service.metrics import render as render_metrics
+from seamguard.app.runner import Runner, ServiceUnavailable
 
 API = "/api/v1"
 _bearer = HTTPBearer(auto_error=False, description="the token printed by `seamguard serve` (or --token)")
@@ -41,7 +41,7 @@ EntityName = Annotated[str, Path(min_length=1, max_length=256, description="enti
 LoopName = Annotated[str | None, Query(max_length=256, description="only entities on this cooling loop")]
 
 
-def create_app(runner: ServiceRunner, token: str) -> FastAPI:
+def create_app(runner: Runner, token: str) -> FastAPI:
     if not token:
         raise ValueError("the service needs a non-empty bearer token for mutating calls")
     app = FastAPI(title="seamguard", version="1",
@@ -87,10 +87,13 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
 
     # ---- health and metrics -----------------------------------------------------------
     @app.get("/healthz", response_model=m.Health, tags=["ops"])
-    def healthz() -> m.Health:
+    def healthz(response: Response) -> m.Health:
         s = runner.snapshot()
-        return m.Health(status="ok" if runner.running else "stopped", tick=s.tick,
-                        controller_running=runner.running, snapshot_age_s=round(time.time() - s.wall_s, 3))
+        if not runner.healthy:
+            response.status_code = 503
+        return m.Health(status="ok" if runner.healthy else ("failed" if runner.fatal else "stopped"),
+                        tick=s.tick, controller_running=runner.running,
+                        snapshot_age_s=round(time.time() - s.wall_s, 3), error=runner.fatal)
 
     @app.get("/metrics", tags=["ops"], response_class=Response,
              responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition"}})
@@ -226,7 +229,7 @@ def create_app(runner: ServiceRunner, token: str) -> FastAPI:
         return render.pin_out(p)
 
     # ---- the dashboard --------------------------------------------------------------------------------
-    static = resources.files("seamguard.service") / "static"
+    static = resources.files("seamguard.app.service") / "static"
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -1,11 +1,20 @@
-"""The served controller: ticks on a wall-clock schedule in one thread, publishes Snapshots.
+"""The one runner: `seamguard run`, `seamguard serve` (twin or live) and the tests drive it.
 
-All writes to the controller (ticks, mode switches, breaker resets, pins) happen on this
-one thread, in order: API handlers submit a command and wait for it with a bound, so a
-command never lands in the middle of a tick. After every tick (and every command) the
-thread builds a fresh immutable Snapshot and swaps the reference under a lock.
+It owns a source, the controller, its ledger and its actuators, and ticks on the one
+wall-clock `Schedule`. All writes to the controller (ticks, mode switches, breaker
+resets, pins) happen on the runner's thread, in order: API handlers submit a command
+and wait for it with a bound, so a command never lands in the middle of a tick. After
+every tick (and every command) the thread builds a fresh immutable Snapshot and swaps
+the reference under a lock.
+
 ``speed`` compresses simulated time: a 5 s twin tick runs every 5/speed wall seconds;
-``speed=0`` ticks only when asked (`advance`), which tests and benchmarks use.
+``speed=0`` ticks only when asked (`advance`), which tests and benchmarks use. A
+runner built from a run config (`from_config`) reads the config's policy, mode, ledger
+and events file: `run --config` and `serve --config` are the same controller.
+
+If the loop itself dies (a bug outside the controller's per-tick guard), the runner
+records why, `healthy` turns false (`/healthz` answers 503) and `run()` re-raises, so
+`seamguard run` exits non-zero instead of idling.
 """
 
 from __future__ import annotations
@@ -21,17 +30,13 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from seamguard.assess.overrides import Pin
-from seamguard.assess.states import State
-from seamguard.control import Controller, TickReport
-from seamguard.decide.policy import Policy, default_policy
-from seamguard.fleet.model import Kind
-from seamguard.ledger.sqlite import Ledger
-from seamguard.observe.signals import SIGNALS
-from seamguard.service.signal_ring import SignalRing
-from seamguard.service.snapshot import (
+from seamguard.app.config import RunConfig, load_policy
+from seamguard.app.replay import EventStream, dumps
+from seamguard.app.schedule import Schedule
+from seamguard.app.signal_ring import SignalRing
+from seamguard.app.snapshot import (
     TICK_BUCKETS,
     Counters,
     Snapshot,
@@ -39,24 +44,32 @@ from seamguard.service.snapshot import (
     build_views,
     state_counts_by,
 )
-from seamguard.service.sources import Source
+from seamguard.app.sources import PrometheusLiveSource, Source
+from seamguard.assess.overrides import Pin
+from seamguard.assess.states import State
+from seamguard.control import Controller, TickReport
+from seamguard.decide.policy import Policy, default_policy
+from seamguard.fleet.model import Kind
+from seamguard.ledger.sqlite import Ledger
+from seamguard.observe.signals import SIGNALS
 
-log = logging.getLogger("seamguard.service")
+log = logging.getLogger("seamguard.runner")
 
 
 class ServiceUnavailable(RuntimeError):
     """The controller thread is not running or did not answer within the bound."""
 
 
-class ServiceRunner:
+class Runner:
     def __init__(self, source: Source, *, policy: Policy | None = None, mode: str = "enforce",
-                 speed: float = 10.0, ledger_path: str | Path | None = None, ring_depth: int = 240,
-                 throughput_points: int = 2000) -> None:
+                 speed: float = 10.0, ledger_path: str | Path | None = None, events_out: Path | None = None,
+                 max_ticks: int | None = None, ring_depth: int = 240, throughput_points: int = 2000) -> None:
         if speed < 0:
             raise ValueError(f"speed must be >= 0 (0 = tick only when asked), got {speed}")
         self.source = source
         self.speed = float(speed)
         self.tick_s = float(getattr(source, "tick_s", 15.0))
+        self.max_ticks = max_ticks
         self._tmpdir: tempfile.TemporaryDirectory | None = None
         if ledger_path is None:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="seamguard-serve-")
@@ -67,6 +80,8 @@ class ServiceRunner:
         self.controller = Controller(fleet, policy or default_policy(mode=mode), source.actuators(),
                                      ledger=self.ledger, tick_s=self.tick_s, mode=mode)
         self.ring = SignalRing({s.name: fleet.count(s.kind) for s in SIGNALS}, depth=ring_depth)
+        self._events = EventStream()
+        self._events_fh: IO[str] | None = open(events_out, "a", encoding="utf-8") if events_out else None
         self._throughput: deque[ThroughputPoint] = deque(maxlen=throughput_points)
         self._actions: Counter[tuple[str, str, str]] = Counter()
         self._transitions: Counter[tuple[str, str]] = Counter()
@@ -74,13 +89,25 @@ class ServiceRunner:
         self._ticks = 0
         self._tick_errors = 0
         self._tick_sum = 0.0
-        self._last_report: TickReport | None = None
+        self._schedule: Schedule | None = None
         self._started_wall = time.time()
         self._lock = threading.Lock()
         self._cmds: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._closed = False
+        self.fatal: str = ""
         self._snap = self._build_snapshot(None)
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, **overrides: Any) -> Runner:
+        """The live controller a run config describes: its source, actuators, policy, mode, ledger."""
+        source = PrometheusLiveSource(cfg)
+        kw: dict[str, Any] = dict(policy=load_policy(cfg.policy, mode=cfg.mode), mode=cfg.mode,
+                                  speed=cfg.time_scale, ledger_path=cfg.ledger, events_out=cfg.events_out,
+                                  max_ticks=cfg.max_ticks)
+        kw.update(overrides)
+        return cls(source, **kw)
 
     # ---- reading -----------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -95,46 +122,88 @@ class ServiceRunner:
     def tick_interval_s(self) -> float:
         return self.tick_s / self.speed if self.speed > 0 else 0.0
 
-    # ---- the controller thread ------------------------------------------------------------
+    @property
+    def ticks(self) -> int:
+        return self._ticks
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def healthy(self) -> bool:
+        """The loop is alive and has not died of an error."""
+        return self.running and not self.fatal
+
+    # ---- the runner's thread ------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._loop, name="seamguard-controller", daemon=True)
         self._thread.start()
 
+    def run(self) -> int:
+        """Tick on the calling thread until `stop()` (or ``max_ticks``); returns the ticks run."""
+        self._thread = threading.current_thread()
+        try:
+            self._loop()
+        finally:
+            self._thread = None
+            self.close()
+        if self.fatal:
+            raise RuntimeError(self.fatal)
+        return self._ticks
+
+    def request_stop(self) -> None:
+        """Finish the tick in progress, then leave the loop (safe from a signal handler)."""
+        self._stop.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
             self._thread = None
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._events_fh is not None:
+            self._events_fh.close()
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
         self.ledger.close()
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        log.info("runner stopped after %d ticks; ledger closed", self._ticks)
 
     def _loop(self) -> None:
-        next_due = time.monotonic()
-        while not self._stop.is_set():
-            wait = 0.25
-            if self.speed > 0:
-                now = time.monotonic()
-                if now >= next_due:
-                    self.tick_once()
-                    # Fall behind rather than burst: a slow tick delays the schedule.
-                    next_due = max(next_due + self.tick_interval_s, time.monotonic())
-                wait = min(wait, max(0.0, next_due - time.monotonic()))
-            try:
-                fn, fut = self._cmds.get(timeout=wait)
-            except queue.Empty:
-                continue
-            if fut.set_running_or_notify_cancel():
+        self._schedule = Schedule(self.tick_interval_s) if self.speed > 0 else None
+        try:
+            while not self._stop.is_set():
+                wait = 0.25
+                if self._schedule is not None:
+                    t_wall = self._schedule.due()
+                    if t_wall is not None:
+                        self.tick_once(t_wall)
+                        if self.max_ticks is not None and self._ticks >= self.max_ticks:
+                            break
+                    wait = min(wait, self._schedule.wait_s())
                 try:
-                    fut.set_result(fn())
-                except Exception as e:  # reported to the caller, never kills the loop
-                    fut.set_exception(e)
+                    fn, fut = self._cmds.get(timeout=wait)
+                except queue.Empty:
+                    continue
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except Exception as e:  # reported to the caller, never kills the loop
+                        fut.set_exception(e)
+        except BaseException as e:
+            self.fatal = f"{type(e).__name__}: {e}"
+            log.critical("controller loop died: %s", self.fatal, exc_info=True)
+            raise
 
     def submit(self, fn: Callable[[], Any], timeout_s: float = 15.0) -> Any:
         """Run ``fn`` on the controller thread between ticks; wait at most ``timeout_s``."""
@@ -157,8 +226,9 @@ class ServiceRunner:
         return self.submit(go, timeout_s) if self.running else go()
 
     # ---- one tick (controller thread only) ------------------------------------------------------
-    def tick_once(self) -> TickReport:
-        frame = self.source.next_frame()
+    def tick_once(self, wall_s: float | None = None) -> TickReport:
+        wall_s = time.time() if wall_s is None else wall_s
+        frame = self.source.next_frame(wall_s)
         self.ring.push(frame)
         self.controller.set_fleet(self.source.placement())
         rep = self.controller.tick(frame)
@@ -169,9 +239,9 @@ class ServiceRunner:
                 self._tick_buckets[i] += 1
         if rep.error:
             self._tick_errors += 1
+            log.error("tick %d failed: %s", rep.tick, rep.error)
         for ch in rep.changes:
-            verb = ch.action.verb.value if ch.action is not None else ch.key.split(":", 1)[0]
-            self._actions[(verb, ch.op, ch.status)] += 1
+            self._actions[(ch.verb, ch.op, ch.status)] += 1
         if rep.assessment is not None:
             for tr in rep.assessment.transitions:
                 self._transitions[(tr.kind.label, tr.to_state.label)] += 1
@@ -180,7 +250,11 @@ class ServiceRunner:
             self._throughput.append(ThroughputPoint(frame.t_s, round(prog.useful_with, 5),
                                                     None if prog.useful_without is None else
                                                     round(prog.useful_without, 5)))
-        self._last_report = rep
+        if self._events_fh is not None:
+            extra = {"wall": wall_s, **({"flags": list(frame.flags)} if frame.flags else {})}
+            for ev in self._events.events(rep, extra):
+                self._events_fh.write(dumps(ev) + "\n")
+            self._events_fh.flush()
         self._publish(self._build_snapshot(rep))
         return rep
 
@@ -227,14 +301,12 @@ class ServiceRunner:
         return snap
 
     # ---- operator commands (each runs on the controller thread) -------------------------------------
-    def set_mode(self, mode: str) -> Snapshot:
+    def set_mode(self, mode: str, by: str = "operator") -> Snapshot:
         if mode not in ("dry_run", "enforce"):
             raise ValueError(f"mode must be 'dry_run' or 'enforce', got {mode!r}")
 
         def go() -> Snapshot:
-            if mode != self.controller.mode:
-                log.warning("mode %s -> %s by operator", self.controller.mode, mode)
-            self.controller.mode = mode
+            self.controller.set_mode(mode, by)
             return self._republish()
         return self.submit(go)
 
