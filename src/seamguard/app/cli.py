@@ -12,9 +12,10 @@ from pathlib import Path
 
 import typer
 
+from seamguard.app.clikit import fail
 from seamguard.runtime import cli as runtime_cli
 from seamguard.testbed import cli as testbed_cli
-from seamguard.twin.events import cli as twin_events_cli
+from seamguard.app import twin_cli as twin_events_cli
 
 app = typer.Typer(
     name="seamguard",
@@ -33,9 +34,7 @@ twin_app.command("simulate")(twin_events_cli.simulate)
 twin_app.command("report")(twin_events_cli.report)
 
 
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
+_fail = fail
 
 
 @app.command()
