@@ -23,7 +23,8 @@ from seamguard.decide.policy import default_policy
 from seamguard.twin.closedloop import build
 from seamguard.fleet import fleet_to_topology
 from seamguard.observe.exposition import label_strings, render_openmetrics
-from seamguard.testbed.prom import PrometheusServer, backfill, free_port
+from seamguard.ports import free_port
+from seamguard.testbed.prom import PrometheusServer, backfill
 from seamguard.app.twin_exporter import truth_json
 from seamguard.twin.telemetry import Twin
 

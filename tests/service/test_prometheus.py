@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from seamguard.fleet.model import Kind
-from seamguard.app.service.server import free_port
+from seamguard.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DEADLINE_S = 60.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from seamguard.app.service.server import free_port
+from seamguard.ports import free_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

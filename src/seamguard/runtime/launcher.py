@@ -14,13 +14,13 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from seamguard.ports import free_port
 from seamguard.runtime import keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.settings import LaunchSettings
@@ -35,11 +35,6 @@ class Child:
     proc: subprocess.Popen | ForkedProcess
     reported: bool = False
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _command(script: list[str]) -> list[str]:

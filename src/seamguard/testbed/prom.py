@@ -7,7 +7,6 @@ through `promtool tsdb create-blocks-from openmetrics`, the supported path.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
+
+from seamguard.ports import free_port
 
 
 class MissingBinary(RuntimeError):
@@ -27,11 +28,6 @@ def need(binary: str, package: str) -> str:
         raise MissingBinary(f"{binary} not found: apt-get install -y {package}")
     return path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def backfill(lines: Iterable[str], tsdb_dir: Path, timeout_s: float = 300.0) -> None:

@@ -13,7 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from seamguard.testbed.prom import free_port, need
+from seamguard.ports import free_port
+from seamguard.testbed.prom import need
 
 
 class SlurmCluster:
