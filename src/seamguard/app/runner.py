@@ -200,10 +200,9 @@ class Runner:
                         fut.set_result(fn())
                     except Exception as e:  # reported to the caller, never kills the loop
                         fut.set_exception(e)
-        except BaseException as e:
+        except Exception as e:  # outside the controller's per-tick guard: the loop is over
             self.fatal = f"{type(e).__name__}: {e}"
             log.critical("controller loop died: %s", self.fatal, exc_info=True)
-            raise
 
     def submit(self, fn: Callable[[], Any], timeout_s: float = 15.0) -> Any:
         """Run ``fn`` on the controller thread between ticks; wait at most ``timeout_s``."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from seamguard.app.schedule import Schedule
 from seamguard.fleet.model import Fleet
 from seamguard.observe.exposition import label_strings, render_text
 from seamguard.twin.faults import FaultSpec
@@ -106,15 +107,12 @@ class TwinExporter:
     def run(self) -> None:
         http = threading.Thread(target=self.server.serve_forever, name="twin-http", daemon=True)
         http.start()
-        period = self.twin.cfg.tick_s / self.opts.speed
-        self.wall_start = time.time()  # simulated t=0; the first step lands one period later
+        # Simulated time is wall time x speed, so a late step is caught up, never skipped.
+        schedule = Schedule(self.twin.cfg.tick_s / self.opts.speed, first_at_start=False, late="catch_up")
+        self.wall_start = schedule.start_s  # simulated t=0; the first step lands one period later
         try:
-            k = 0
-            while not self._stop.is_set():
-                k += 1
-                if self._stop.wait(max(0.0, self.wall_start + k * period - time.time())):
-                    break
-                if self.opts.max_ticks is None or self.ticks < self.opts.max_ticks:
+            while not self._stop.wait(schedule.wait_s()):
+                if schedule.due() is not None and (self.opts.max_ticks is None or self.ticks < self.opts.max_ticks):
                     self._advance()
         finally:
             self.server.shutdown()
