@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from seamguard.app.cli import app
-from seamguard.twin.events.measured import REFERENCE_FIGURES, parse_runtime_figures
+from seamguard.twin.events.measured import DEFAULT_FIGURES, parse_runtime_figures
 
 runner = CliRunner()
 REQUIRED = {"ettr", "goodput", "interruptions", "interruptions_by_cause",
@@ -18,16 +18,18 @@ def _run(*args):
 
 
 def test_simulate_json_has_required_keys():
-    res = _run("--gpus", "2048", "--days", "3", "--policy", "seamguard", "--json")
+    res = _run("--gpus", "2048", "--days", "3", "--compare", "seamguard", "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert REQUIRED <= doc.keys()
     assert doc["policy"] == "seamguard"
-    assert doc["measured_source"].startswith("REFERENCE.md") or "json" in doc["measured_source"]
+    # no --measured FILE: the built-in defaults, named as such (not a file found in the cwd)
+    assert doc["measured_source"] == DEFAULT_FIGURES.source
+    assert "built-in defaults" in doc["measured_source"]
 
 
 def test_simulate_both_side_by_side_and_options():
-    res = _run("--gpus", "2048", "--days", "2", "--policy", "both", "--json", "--runs", "2",
+    res = _run("--gpus", "2048", "--days", "2", "--compare", "both", "--json", "--runs", "2",
                "--checkpoint-interval-min", "30", "--checkpoint-write-min", "2",
                "--restart-cost-min", "15", "--node-failure-rate", "0.005",
                "--seed", "3")
@@ -41,8 +43,8 @@ def test_simulate_both_side_by_side_and_options():
 
 def test_link_mttf_option_replaces_the_network_cause():
     base = json.loads(_run("--gpus", "1024", "--days", "1", "--json",
-                           "--policy", "baseline").stdout)
-    res = _run("--gpus", "1024", "--days", "1", "--json", "--policy", "baseline",
+                           "--compare", "baseline").stdout)
+    res = _run("--gpus", "1024", "--days", "1", "--json", "--compare", "baseline",
                "--link-mttf-years", "5")
     assert res.exit_code == 0, res.output
     rf = json.loads(res.stdout)["node_failure_rate_per_node_day"]
@@ -54,7 +56,7 @@ def test_link_mttf_option_replaces_the_network_cause():
 @pytest.mark.parametrize("args,option", [
     (["--gpus", "-8"], "--gpus"),
     (["--days", "-1"], "--days"),
-    (["--policy", "magic"], "--policy"),
+    (["--compare", "magic"], "--compare"),
     (["--node-failure-rate", "0"], "--node-failure-rate"),
     (["--detection-precision", "1.5"], "--detection-precision"),
     (["--link-mttf-years", "-5"], "--link-mttf-years"),
@@ -71,11 +73,11 @@ def test_measured_file_is_used_and_named(tmp_path):
         "seamguard": {"resume_s_max": 2.0, "steps_lost_max": 0, "wall_ratio": 1.01},
         "torchrun": {"resume_s_max": 4.0, "steps_lost_max": 20, "wall_ratio": 1.0},
         "snapshot_stall_ratio": 0.05, "restore_speedup": 10.0, "seamguard_no_failure_wall_ratio": 1.01}))
-    res = _run("--gpus", "1024", "--days", "1", "--policy", "seamguard", "--json",
+    res = _run("--gpus", "1024", "--days", "1", "--compare", "seamguard", "--json",
                "--measured", str(f))
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert str(f) in doc["measured_source"] and "fallback" in doc["measured_source"]
+    assert str(f) in doc["measured_source"] and "built-in defaults" in doc["measured_source"]
     # The default model charges each snapshot its measured stall, not the CPU wall ratio.
     assert "runtime_overhead" not in doc["gpu_hours_lost_by_cause"]
     assert "checkpoint_overhead" in doc["gpu_hours_lost_by_cause"]
@@ -108,8 +110,8 @@ def test_parse_runtime_figures_fallbacks():
     assert (own.snapshot_stall_ratio, own.blocking_stall_ratio) == (0.01, 0.1)
     assert full.blocking_stall_ratio == 0.0   # not measured
     empty = parse_runtime_figures({}, "r.json")
-    assert empty.source == REFERENCE_FIGURES.source
-    assert empty.live_resume_s == REFERENCE_FIGURES.live_resume_s == 5.06
+    assert empty.source == DEFAULT_FIGURES.source
+    assert empty.live_resume_s == DEFAULT_FIGURES.live_resume_s == 5.06
 
 
 def test_report_writes_plots_and_summary(tmp_path):
@@ -140,10 +142,10 @@ def test_measured_wall_model_slows_every_step():
     from dataclasses import replace as dc_replace
 
     from seamguard.twin.events.config import ClusterConfig, PolicyParams
-    from seamguard.twin.events.measured import REFERENCE_FIGURES
+    from seamguard.twin.events.measured import DEFAULT_FIGURES
     from seamguard.twin.events.montecarlo import run_monte_carlo
 
-    figs = dc_replace(REFERENCE_FIGURES, wall_ratio=1.5)
+    figs = dc_replace(DEFAULT_FIGURES, wall_ratio=1.5)
     cfg = ClusterConfig(gpus=2048, days=2, workload="single")
     stall = PolicyParams("seamguard", runtime=figs)
     wall = PolicyParams("seamguard", runtime=figs, runtime_overhead="measured_wall")

@@ -9,7 +9,7 @@ import pytest
 from seamguard.twin.events.calibration import llama3_failure_model
 from seamguard.twin.events.config import ClusterConfig, PolicyParams
 from seamguard.twin.events.kernel import EventQueue
-from seamguard.twin.events.measured import REFERENCE_FIGURES
+from seamguard.twin.events.measured import DEFAULT_FIGURES
 from seamguard.twin.events.montecarlo import mean_ci95, run_monte_carlo
 from seamguard.twin.events.processes import empty_streams, inject_failure
 from seamguard.twin.events.simulator import simulate_run, simulate_streams
@@ -74,7 +74,7 @@ def test_injected_failure_seamguard_recovers_live(quiet_model):
 def test_injected_software_bug_seamguard(quiet_model, job_wide, captured):
     i = _cause_index(quiet_model, "software_bug")
     # the restart after every rank raised is measured apart from the one after a kill
-    runtime = replace(REFERENCE_FIGURES, relaunch_captured_s=2.0)
+    runtime = replace(DEFAULT_FIGURES, relaunch_captured_s=2.0)
     pp = PolicyParams("seamguard", job_wide_crash_fraction=job_wide,
                       crash_capture_fraction=captured, runtime=runtime)
     r = simulate_streams(_cfg(quiet_model), pp, inject_failure(empty_streams(), 5000.0, i, 0))

@@ -1,9 +1,11 @@
 """``seamguard twin simulate`` and ``seamguard twin report``: the event twin's CLI edge.
 
 Why this file exists: it is the only place of the event twin that reads files (the
-runtime's measured results) and flags; it validates them with messages that name the
-option, builds the frozen settings, and hands over to the library. Registered in
-``seamguard.app.cli`` as ``twin_app.command("simulate")(simulate)`` and ``...("report")``.
+runtime's measured results, named with ``--measured FILE``) and flags; it validates them
+with messages that name the option (``error: ...``, exit status 2, as every seamguard
+command, see :mod:`seamguard.app.clikit`), builds the frozen settings, and hands over to
+the library. Registered in ``seamguard.app.cli`` as ``twin_app.command("simulate")(simulate)``
+and ``...("report")``.
 """
 
 from __future__ import annotations
@@ -11,25 +13,53 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from seamguard.app.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, wants_json
 from seamguard.twin.events.calibration import link_profile, llama3_failure_model
 from seamguard.twin.events.config import ClusterConfig, PolicyParams
-from seamguard.twin.events.measured import DEFAULT_RESULTS_PATH, load_runtime_figures
+from seamguard.twin.events.measured import (DEFAULT_FIGURES, RuntimeFigures, describe_defaults,
+                                            load_runtime_figures)
 from seamguard.twin.events.montecarlo import run_monte_carlo, summarise
 
-__all__ = ["simulate", "report", "build_settings"]
+__all__ = ["simulate", "report", "build_settings", "Compare", "Workload", "LinkProfile",
+           "Executor"]
 
 
-def _fail(msg: str) -> None:
-    typer.echo(f"Error: {msg}", err=True)
-    raise typer.Exit(code=2)
+class Compare(str, Enum):
+    """Which policies ``twin simulate`` runs (side by side with ``both``)."""
+
+    baseline = "baseline"
+    seamguard = "seamguard"
+    both = "both"
 
 
-def build_settings(*, gpus: int, days: float, policy: str, workload: str,
+class Workload(str, Enum):
+    single = "single"
+    mix = "mix"
+
+
+class LinkProfile(str, Enum):
+    llama3 = "llama3"
+    hpn = "hpn"
+    mttf = "mttf"
+
+
+class Executor(str, Enum):
+    local = "local"
+    process = "process"
+    ray = "ray"
+
+
+def _value(x: object) -> str:
+    return x.value if isinstance(x, Enum) else str(x)
+
+
+def build_settings(*, gpus: int, days: float, compare: str, workload: str,
                    spare_fraction: float, node_failure_rate: Optional[float],
                    link_profile_name: str, link_mttf_years: Optional[float],
                    checkpoint_interval_min: float, checkpoint_write_min: float,
@@ -39,8 +69,14 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
                    job_wide_crash_fraction: float = PolicyParams.job_wide_crash_fraction,
                    sdc_caught_fraction: float = PolicyParams.sdc_caught_at_step_fraction,
                    crash_capture_fraction: float = PolicyParams.crash_capture_fraction,
-                   ) -> tuple[ClusterConfig, list[PolicyParams], str]:
-    """Validate flags and build the cluster config and the policies to run."""
+                   ) -> tuple[ClusterConfig, list[PolicyParams], RuntimeFigures]:
+    """Validate flags and build the cluster config, the policies to run and their figures.
+
+    ``measured`` is the runtime results file the user named, or ``None`` for the built-in
+    defaults (never a path guessed from the current directory).
+    """
+    compare, workload = _value(compare), _value(workload)
+    link_profile_name = _value(link_profile_name)
     if gpus <= 0:
         raise ValueError(f"--gpus must be a positive number of GPUs, got {gpus}")
     if node_failure_rate is not None and not node_failure_rate > 0:
@@ -49,10 +85,10 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
         if not link_mttf_years > 0:
             raise ValueError(f"--link-mttf-years must be > 0, got {link_mttf_years}")
         link_profile_name = "mttf"
-    if link_profile_name not in ("llama3", "hpn", "mttf"):
+    if link_profile_name not in {e.value for e in LinkProfile}:
         raise ValueError(f"--link-profile must be llama3, hpn or mttf, got {link_profile_name!r}")
-    if policy not in ("baseline", "seamguard", "both"):
-        raise ValueError(f"--policy must be baseline, seamguard or both, got {policy!r}")
+    if compare not in {e.value for e in Compare}:
+        raise ValueError(f"--compare must be baseline, seamguard or both, got {compare!r}")
     if measured is not None and not Path(measured).is_file():
         raise ValueError(f"--measured: no such file {measured}")
     fm = llama3_failure_model()
@@ -61,8 +97,11 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
     fm = link_profile(fm, link_profile_name, link_mttf_years)
     cfg = ClusterConfig(gpus=gpus, days=days, workload=workload,
                         spare_fraction=spare_fraction, failures=fm)
-    figs = load_runtime_figures(measured if measured is not None else DEFAULT_RESULTS_PATH)
-    names = ["baseline", "seamguard"] if policy == "both" else [policy]
+    try:
+        figs = load_runtime_figures(measured)
+    except ValueError as exc:
+        raise ValueError(f"--measured: {exc}") from exc
+    names = ["baseline", "seamguard"] if compare == "both" else [compare]
     pols = [PolicyParams(n, checkpoint_interval_min=checkpoint_interval_min,
                          checkpoint_write_min=checkpoint_write_min,
                          restart_cost_min=restart_cost_min,
@@ -73,19 +112,31 @@ def build_settings(*, gpus: int, days: float, policy: str, workload: str,
                          sdc_caught_at_step_fraction=sdc_caught_fraction,
                          crash_capture_fraction=crash_capture_fraction, runtime=figs)
             for n in names]
-    return cfg, pols, figs.source
+    return cfg, pols, figs
+
+
+def figures_line(figs: RuntimeFigures) -> str:
+    """Where the seamguard policy's recovery figures came from, for people."""
+    if figs.source == DEFAULT_FIGURES.source:
+        return (f"recovery figures: built-in defaults, no --measured FILE given "
+                f"({describe_defaults(figs)}; origin of each in docs/sources.md). Pass "
+                f"--measured with a results file of benchmarks/failover_training.py "
+                f"(e.g. benchmarks/results/failover_training.json) to use measured ones.")
+    return f"recovery figures: {figs.source}"
 
 
 _GPUS = typer.Option(16_384, "--gpus", help="GPUs in the cluster (multiple of 8).")
 _DAYS = typer.Option(30.0, "--days", help="Simulated days.")
-_WORKLOAD = typer.Option("single", "--workload",
+_WORKLOAD = typer.Option(Workload.single, "--workload", case_sensitive=False,
                          help="single: one release-critical job on every non-spare node; "
                               "mix: jobs of several sizes, classes and criticalities.")
 _SPARE = typer.Option(0.02, "--spare-fraction", help="Share of nodes kept as spares.")
 _RF = typer.Option(None, "--node-failure-rate",
                    help="Unexpected failures per node-day (Meta RSC r_f ~ 0.005); keeps "
                         "Llama 3's cause mix. Default: Llama 3 calibration (~0.0038).")
-_LINKP = typer.Option("llama3", "--link-profile", help="llama3, hpn or mttf.")
+_LINKP = typer.Option(LinkProfile.llama3, "--link-profile", case_sensitive=False,
+                      help="Link failure rates: llama3 (Llama 3 switch/cable count), hpn "
+                           "(Alibaba HPN per-month rates) or mttf (see --link-mttf-years).")
 _LINKM = typer.Option(None, "--link-mttf-years",
                       help="Per-link exponential MTTF in years (implies --link-profile mttf).")
 _CI = typer.Option(60.0, "--checkpoint-interval-min",
@@ -107,34 +158,40 @@ _CAP = typer.Option(PolicyParams.crash_capture_fraction, "--crash-capture-fracti
                     help="Share of job-wide crashes that end by an uncaught exception, so the "
                          "runtime leaves the failed step's start in host memory (the rest "
                          "go back to the newest periodic snapshot).")
-_MEAS = typer.Option(None, "--measured",
-                     help=f"Runtime results file (default {DEFAULT_RESULTS_PATH}, "
-                          "falls back to REFERENCE.md figures when absent).")
+_MEAS = typer.Option(None, "--measured", metavar="FILE",
+                     help="Runtime results JSON written by benchmarks/failover_training.py "
+                          "(e.g. benchmarks/results/failover_training.json). Without it the "
+                          "built-in defaults are used (listed in docs/sources.md) and the "
+                          "output says so.")
 _RUNS = typer.Option(1, "--runs", help="Monte-Carlo runs (seeds).")
 _SEED = typer.Option(0, "--seed", help="Master seed; the same seed reproduces every run.")
-_EXEC = typer.Option("local", "--executor", help="local, process (process pool) or ray.")
+_EXEC = typer.Option(Executor.local, "--executor", case_sensitive=False,
+                     help="local (in process), process (process pool) or ray "
+                          "(needs seamguard[ray]).")
 _WORK = typer.Option(None, "--workers", help="Worker processes for --executor process.")
 
 
 def simulate(
     gpus: int = _GPUS, days: float = _DAYS,
-    policy: str = typer.Option("both", "--policy", help="baseline, seamguard or both."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    workload: str = _WORKLOAD, spare_fraction: float = _SPARE,
-    node_failure_rate: Optional[float] = _RF, link_profile_name: str = _LINKP,
+    compare: Compare = typer.Option(Compare.both, "--compare", case_sensitive=False,
+                                    help="Which policies to run: baseline, seamguard, or both "
+                                         "side by side."),
+    output: Output = OUTPUT_OPTION, json_flag: bool = JSON_OPTION,
+    workload: Workload = _WORKLOAD, spare_fraction: float = _SPARE,
+    node_failure_rate: Optional[float] = _RF, link_profile_name: LinkProfile = _LINKP,
     link_mttf_years: Optional[float] = _LINKM, checkpoint_interval_min: float = _CI,
     checkpoint_write_min: float = _CW, restart_cost_min: float = _RC,
     detection_delay_s: float = _DD, detection_precision: float = _DP,
     state_gib_per_gpu: float = _SG, measured: Optional[Path] = _MEAS,
     job_wide_crash_fraction: float = _JW, sdc_caught_fraction: float = _SDC,
     crash_capture_fraction: float = _CAP,
-    runs: int = _RUNS, seed: int = _SEED, executor: str = _EXEC,
+    runs: int = _RUNS, seed: int = _SEED, executor: Executor = _EXEC,
     workers: Optional[int] = _WORK,
 ) -> None:
     """Discrete-event simulation of a GPU cluster under baseline and/or seamguard."""
     try:
-        cfg, pols, source = build_settings(
-            gpus=gpus, days=days, policy=policy, workload=workload,
+        cfg, pols, figs = build_settings(
+            gpus=gpus, days=days, compare=compare, workload=workload,
             spare_fraction=spare_fraction, node_failure_rate=node_failure_rate,
             link_profile_name=link_profile_name, link_mttf_years=link_mttf_years,
             checkpoint_interval_min=checkpoint_interval_min,
@@ -143,18 +200,17 @@ def simulate(
             state_gib_per_gpu=state_gib_per_gpu, measured=measured,
             job_wide_crash_fraction=job_wide_crash_fraction, sdc_caught_fraction=sdc_caught_fraction,
             crash_capture_fraction=crash_capture_fraction)
-        sums = run_monte_carlo(cfg, pols, runs, seed, executor, workers)
+        sums = run_monte_carlo(cfg, pols, runs, seed, _value(executor), workers)
     except ValueError as exc:
-        _fail(str(exc))
-        return
-    doc = summarise(sums, source, {"seed": seed, "workload": workload,
-                                   "node_failure_rate_per_node_day": cfg.failures.rf_per_node_day(),
-                                   "detection_delay_s": detection_delay_s,
-                                   "detection_precision": detection_precision})
-    if json_out:
+        fail(str(exc))
+    doc = summarise(sums, figs.source, {"seed": seed, "workload": _value(workload),
+                                        "node_failure_rate_per_node_day": cfg.failures.rf_per_node_day(),
+                                        "detection_delay_s": detection_delay_s,
+                                        "detection_precision": detection_precision})
+    if wants_json(output, json_flag):
         typer.echo(json.dumps(doc, default=_jsonable))
         return
-    _print_table(sums, source)
+    _print_table(sums, figs)
 
 
 def _jsonable(x: object) -> object:
@@ -163,7 +219,7 @@ def _jsonable(x: object) -> object:
     return str(x)
 
 
-def _print_table(sums, source: str) -> None:
+def _print_table(sums, figs: RuntimeFigures) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -185,7 +241,7 @@ def _print_table(sums, source: str) -> None:
         t.caption = (t.caption or "") + f"{s.policy} ETTR 95% CI [{lo:.4f}, {hi:.4f}]  "
     c = Console()
     c.print(t)
-    c.print(f"recovery figures: {source}")
+    typer.echo(figures_line(figs))
 
 
 def report(
@@ -196,11 +252,12 @@ def report(
                               help="Comma-separated cluster sizes (GPUs)."),
     node_failure_rate: Optional[float] = typer.Option(
         0.005, "--node-failure-rate", help="Failures per node-day (Meta RSC r_f)."),
-    workload: str = _WORKLOAD, checkpoint_interval_min: float = _CI,
+    workload: Workload = _WORKLOAD, checkpoint_interval_min: float = _CI,
     checkpoint_write_min: float = _CW, restart_cost_min: float = _RC,
     detection_delay_s: float = _DD, detection_precision: float = _DP,
-    measured: Optional[Path] = _MEAS, executor: str = _EXEC,
+    measured: Optional[Path] = _MEAS, executor: Executor = _EXEC,
     workers: Optional[int] = _WORK,
+    output: Output = OUTPUT_OPTION, json_flag: bool = JSON_OPTION,
 ) -> None:
     """Write ETTR-vs-size, lost-by-cause and interval-vs-hazard plots and a summary."""
     from seamguard.twin.events.report import write_report
@@ -209,13 +266,14 @@ def report(
     try:
         size_list = [int(x) for x in sizes.split(",") if x.strip()]
     except ValueError:
-        _fail(f"--sizes must be comma-separated integers, got {sizes!r}")
-        return
+        fail(f"--sizes must be comma-separated integers, got {sizes!r}")
     try:
         if not size_list or min(size_list) <= 0:
             raise ValueError("--sizes must list positive GPU counts")
-        cfg, pols, source = build_settings(
-            gpus=max(size_list), days=days, policy="both", workload=workload,
+        if runs < 1:
+            raise ValueError(f"--runs must be at least 1, got {runs}")
+        cfg, pols, figs = build_settings(
+            gpus=max(size_list), days=days, compare="both", workload=workload,
             spare_fraction=0.02, node_failure_rate=node_failure_rate,
             link_profile_name="llama3", link_mttf_years=None,
             checkpoint_interval_min=checkpoint_interval_min,
@@ -224,14 +282,17 @@ def report(
             state_gib_per_gpu=28.0, measured=measured)
         for n in size_list:
             replace(cfg, gpus=n)   # validates every size before the sweep starts
-        sweep = size_sweep(cfg, pols, size_list, runs, seed, executor, workers)
+        sweep = size_sweep(cfg, pols, size_list, runs, seed, _value(executor), workers)
     except ValueError as exc:
-        _fail(str(exc))
-        return
+        fail(str(exc))
     hazard = interval_vs_hazard(cfg, pols[1], job_nodes=cfg.nodes - cfg.spare_nodes)
-    settings = {"days": days, "runs": runs, "seed": seed, "workload": workload,
-                "node_failure_rate": node_failure_rate, "measured_source": source,
+    settings = {"days": days, "runs": runs, "seed": seed, "workload": _value(workload),
+                "node_failure_rate": node_failure_rate, "measured_source": figs.source,
                 "detection_delay_s": detection_delay_s}
     files = write_report(out, sweep, sweep[max(size_list)], hazard, settings)
+    if wants_json(output, json_flag):
+        emit({"files": [str(f) for f in files], "measured_source": figs.source}, True)
+        return
     for f in files:
         typer.echo(str(f))
+    typer.echo(figures_line(figs))

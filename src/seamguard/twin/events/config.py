@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from seamguard.decide.economics import Criticality, JobClass
 from seamguard.twin.events.calibration import FailureModel, llama3_failure_model
-from seamguard.twin.events.measured import REFERENCE_FIGURES, RuntimeFigures
+from seamguard.twin.events.measured import DEFAULT_FIGURES, RuntimeFigures
 
 __all__ = ["JobSpec", "ClusterConfig", "PolicyParams", "workload", "POLICIES", "WORKLOADS"]
 
@@ -154,7 +154,7 @@ class PolicyParams:
     baseline_hang_detect_s: float = 600.0
     """Time for a plain PyTorch job to notice a hung collective: the NCCL watchdog's
     default collective timeout (10 min)."""
-    runtime: RuntimeFigures = REFERENCE_FIGURES
+    runtime: RuntimeFigures = DEFAULT_FIGURES
     """Measured runtime figures (seamguard policy)."""
     runtime_overhead: str = "snapshot_stall"
     """How the runtime's steady cost enters: ``snapshot_stall`` (default) charges each

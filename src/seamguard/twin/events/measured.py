@@ -1,11 +1,15 @@
 """Recovery and checkpoint figures of the resilient runtime, measured, with their source.
 
 Why this file exists: the ``seamguard`` policy must not run on constants picked to look
-good. Its recovery times and stalls come from the runtime's benchmark results file
-(``benchmarks/results/failover_training.json``, written by the runtime benchmarks); when
-that file is absent or lacks a figure, the measured figures quoted in REFERENCE.md are
-used instead, and :attr:`RuntimeFigures.source` says which. Reading the file is the
-CLI's job (:func:`load_runtime_figures`); :func:`parse_runtime_figures` is pure.
+good. Its recovery times and stalls come from a runtime benchmark results file (the one
+``benchmarks/failover_training.py`` writes, e.g.
+``benchmarks/results/failover_training.json``), named explicitly by the caller
+(``seamguard twin simulate --measured FILE``); without a file, or for a figure the file
+lacks, the built-in defaults :data:`DEFAULT_FIGURES` are used (small-machine
+measurements, each listed with its origin in docs/sources.md, "Runtime recovery
+defaults"), and :attr:`RuntimeFigures.source` says which. Nothing here looks at the
+current working directory. Reading the file is the CLI's job
+(:func:`load_runtime_figures`); :func:`parse_runtime_figures` is pure.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["RuntimeFigures", "REFERENCE_FIGURES", "parse_runtime_figures",
-           "load_runtime_figures", "DEFAULT_RESULTS_PATH"]
+__all__ = ["RuntimeFigures", "DEFAULT_FIGURES", "DEFAULTS_LABEL", "parse_runtime_figures",
+           "load_runtime_figures", "describe_defaults"]
 
-DEFAULT_RESULTS_PATH = Path("benchmarks/results/failover_training.json")
+#: How outputs name the built-in defaults.
+DEFAULTS_LABEL = "built-in defaults (docs/sources.md)"
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,7 @@ class RuntimeFigures:
     """Measured runtime behaviour, on the (small) job the benchmark ran."""
 
     source: str
-    """Where the figures came from (file path, REFERENCE.md, or both)."""
+    """Where the figures came from (file path, the built-in defaults, or both)."""
     live_resume_s: float
     """Stall of the surviving ranks when one rank is lost and a spare joins: kill to the
     first step committed after it, less that step's own compute (the twin charges the
@@ -48,10 +53,10 @@ class RuntimeFigures:
     """World size of the benchmark the figures were measured on."""
     save_s_per_gib: float = 0.667
     """Full save (torch.save + fsync) time per GiB on the measuring machine; the base the
-    two ratios above are relative to (REFERENCE.md §4: 667 ms for 1 GiB)."""
+    two ratios above are relative to (default: 667 ms for 1 GiB, docs/sources.md)."""
     restore_s_per_gib: float = 0.051
-    """Copy back from host memory per GiB on the measuring machine (REFERENCE.md §4: 51 ms
-    for 1 GiB)."""
+    """Copy back from host memory per GiB on the measuring machine (default: 51 ms
+    for 1 GiB, docs/sources.md)."""
     relaunch_captured_s: float = 0.0
     """The same restart after every rank raised an uncaught exception and left the failed
     step's start in host memory (``seamguard_job_wide_exception``); 0 when not measured
@@ -63,15 +68,17 @@ class RuntimeFigures:
     """Which figure came from where."""
 
 
-#: REFERENCE.md §4-5 measurements on this kind of machine (1 GiB fp32 state, 2 ranks):
-#: torchft heartbeat-timeout stall 5.06 s; torchrun relaunch of a 2-rank job 3.46 s;
-#: copy into preallocated buffers 51 ms vs torch.save+fsync 667 ms (7.6%); warm
-#: torch.load 704 ms vs 51 ms copy back (13.8x, in line with Gemini's >13x).
-REFERENCE_FIGURES = RuntimeFigures(
-    source="REFERENCE.md (fallback: runtime results file absent)",
+#: Built-in defaults, measured by the project on a 2-core CPU machine (1 GiB fp32 state,
+#: 2 ranks, torch 2.13 CPU; docs/sources.md, "Runtime recovery defaults"): a torchft
+#: replica loss stalls the survivors 5.06 s (its default 5 s heartbeat timeout); torchrun
+#: relaunches a 2-rank job in 3.46 s; copying the state into preallocated buffers takes
+#: 51 ms vs 667 ms for torch.save+fsync (7.6%); a warm torch.load takes 704 ms vs 51 ms
+#: to copy back (13.8x, the order of Gemini's >13x, SOSP 2023).
+DEFAULT_FIGURES = RuntimeFigures(
+    source=f"{DEFAULTS_LABEL}: no runtime results file given",
     live_resume_s=5.06, relaunch_s=3.46,
     steps_lost=1.0,   # the in-flight step is cancelled, never committed (torchft model)
-    wall_ratio=1.0,   # no measured overhead in REFERENCE.md; the file's value replaces it
+    wall_ratio=1.0,   # no failure-free overhead measured for the defaults; a file's replaces it
     snapshot_stall_ratio=51.0 / 667.0, restore_speedup=704.0 / 51.0, measured_ranks=2,
 )
 
@@ -82,7 +89,7 @@ def _num(d: Mapping[str, Any], key: str) -> float | None:
 
 
 def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigures:
-    """Build figures from a results document; missing figures fall back to REFERENCE.md.
+    """Build figures from a results document; missing figures fall back to the defaults.
 
     Accepted layout: per-system objects (``seamguard``, ``torchft``, ``torchrun``,
     ``seamguard_job_wide``: every rank killed at once, ``seamguard_job_wide_exception``:
@@ -97,19 +104,19 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
     When the file carries the micro-benchmark (``micro_s`` with ``save_fsync_s`` and
     ``restore_ram_s``, ``config.micro_state_bytes``), the per-GiB save and restore rates
     come from it, so stall and restore are measured on one machine, not mixed with
-    REFERENCE.md's.
+    the built-in defaults.
     """
     systems = data.get("systems", data)
     if not isinstance(systems, Mapping):
         systems = {}
-    ref = REFERENCE_FIGURES
+    ref = DEFAULT_FIGURES
     notes: list[str] = []
     used_file = False
 
     def pick(value: float | None, fallback: float, what: str) -> float:
         nonlocal used_file
         if value is None:
-            notes.append(f"{what}: REFERENCE.md")
+            notes.append(f"{what}: {DEFAULTS_LABEL}")
             return fallback
         used_file = True
         notes.append(f"{what}: {source}")
@@ -166,19 +173,34 @@ def parse_runtime_figures(data: Mapping[str, Any], source: str) -> RuntimeFigure
         notes=tuple(notes),
     )
     all_file = all(source in n for n in notes)
-    label = source if all_file else (f"{source} + REFERENCE.md fallback" if used_file
+    label = source if all_file else (f"{source} + {DEFAULTS_LABEL} for what it lacks" if used_file
                                      else ref.source)
     return RuntimeFigures(**{**figs.__dict__, "source": label})
 
 
+def describe_defaults(figs: RuntimeFigures = DEFAULT_FIGURES) -> str:
+    """One line naming the figures the defaults stand for (for people reading output)."""
+    return (f"live resume {figs.live_resume_s:g} s, relaunch {figs.relaunch_s:g} s, "
+            f"{figs.steps_lost:g} step lost, save {figs.save_s_per_gib * 1000:.0f} ms/GiB, "
+            f"snapshot stall {figs.snapshot_stall_ratio:.1%} of a save, restore "
+            f"{figs.restore_speedup:.1f}x faster than a load, measured on "
+            f"{figs.measured_ranks} ranks")
+
+
 def load_runtime_figures(path: Path | str | None = None) -> RuntimeFigures:
-    """Read the runtime's results file (edge I/O); fall back to REFERENCE.md figures."""
-    p = Path(path) if path is not None else DEFAULT_RESULTS_PATH
+    """Read a runtime results file (edge I/O); without one, the built-in defaults.
+
+    ``path`` is explicit: ``None`` means "no file", never a guess relative to the current
+    working directory. A path that does not exist is an error, not a silent fallback.
+    """
+    if path is None:
+        return DEFAULT_FIGURES
+    p = Path(path)
     if not p.is_file():
-        return REFERENCE_FIGURES
+        raise ValueError(f"runtime results file {p} does not exist")
     try:
         data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read runtime results {p}: {exc}") from exc
     if not isinstance(data, Mapping):
         raise ValueError(f"runtime results {p} must hold a JSON object")
