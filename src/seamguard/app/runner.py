@@ -35,13 +35,17 @@ from typing import IO, Any
 from seamguard.app.config import RunConfig, load_policy
 from seamguard.app.replay import EventStream, dumps
 from seamguard.app.schedule import Schedule
-from seamguard.app.signal_ring import SignalRing
+from seamguard.app.signal_ring import SignalRing, score_row
 from seamguard.app.snapshot import (
+    COOLANT_SIGNALS,
+    ENTITY_KINDS,
     TICK_BUCKETS,
     Counters,
+    FleetPoint,
     Snapshot,
     ThroughputPoint,
     build_views,
+    fleet_point,
     state_counts_by,
 )
 from seamguard.app.sources import PrometheusLiveSource, Source
@@ -51,7 +55,6 @@ from seamguard.control import Controller, TickReport
 from seamguard.decide.policy import Policy, default_policy
 from seamguard.fleet.model import Kind
 from seamguard.ledger.sqlite import Ledger
-from seamguard.observe.signals import SIGNALS
 
 log = logging.getLogger("seamguard.runner")
 
@@ -79,10 +82,11 @@ class Runner:
         fleet = source.placement()
         self.controller = Controller(fleet, policy or default_policy(mode=mode), source.actuators(),
                                      ledger=self.ledger, tick_s=self.tick_s, mode=mode)
-        self.ring = SignalRing({s.name: fleet.count(s.kind) for s in SIGNALS}, depth=ring_depth)
+        self.ring = SignalRing.for_fleet(fleet, ENTITY_KINDS, depth=ring_depth)
         self._events = EventStream()
         self._events_fh: IO[str] | None = open(events_out, "a", encoding="utf-8") if events_out else None
         self._throughput: deque[ThroughputPoint] = deque(maxlen=throughput_points)
+        self._fleet_history: deque[FleetPoint] = deque(maxlen=throughput_points)  # dashboard's fleet panels
         self._actions: Counter[tuple[str, str, str]] = Counter()
         self._transitions: Counter[tuple[str, str]] = Counter()
         self._tick_buckets = [0] * len(TICK_BUCKETS)
@@ -268,6 +272,13 @@ class Runner:
             views = self._snap.kinds
         else:
             views = build_views(fleet, a, prev)
+        sched = self._schedule
+        skipped = sched.skipped if sched is not None else 0
+        if rep is not None:
+            # Dashboard history: every entity's GFS beside its signals, fleet figures per tick.
+            self.ring.record({score_row(k.label): views[k].gfs for k in ENTITY_KINDS})
+            self._fleet_history.append(fleet_point(views, {n: self.ring.latest(n) for n in COOLANT_SIGNALS},
+                                                   rep.t_s, time.time(), skipped))
         n_loops, n_racks = fleet.count(Kind.COOLING_LOOP), fleet.count(Kind.RACK)
         loop_counts = {k: state_counts_by(views[k].loop, views[k].state, n_loops) for k in (Kind.GPU, Kind.NODE, Kind.NIC)}
         rack_counts = state_counts_by(views[Kind.GPU].rack, views[Kind.GPU].state, n_racks)
@@ -289,7 +300,8 @@ class Runner:
             act_s=rep.act_s if rep else 0.0, tick_s=rep.tick_s if rep else 0.0,
             tick_error=rep.error if rep else "", ring_upto=self.ring.pushed,
             progress=self.source.progress(), throughput=tuple(self._throughput), counters=counters,
-            started_wall_s=self._started_wall)
+            started_wall_s=self._started_wall, fleet_history=tuple(self._fleet_history), ticks_skipped=skipped,
+            schedule_lag_s=sched.lag_s() if sched is not None else 0.0)
 
     def _republish(self) -> Snapshot:
         """After a command: same tick, new controls (mode, breaker, pins)."""
@@ -301,9 +313,7 @@ class Runner:
 
     # ---- operator commands (each runs on the controller thread) -------------------------------------
     def set_mode(self, mode: str, by: str = "operator") -> Snapshot:
-        if mode not in ("dry_run", "enforce"):
-            raise ValueError(f"mode must be 'dry_run' or 'enforce', got {mode!r}")
-
+        """Switch dry_run/enforce (the controller validates and records it)."""
         def go() -> Snapshot:
             self.controller.set_mode(mode, by)
             return self._republish()

@@ -74,6 +74,39 @@ class ThroughputPoint:
 
 
 @dataclass(frozen=True, eq=False)
+class FleetPoint:
+    """Fleet-level figures of one tick, kept over time for the dashboard's fleet panels."""
+
+    t_s: float  # controller time of the tick
+    wall_s: float  # wall clock when the tick finished (achieved speed = d t_s / d wall_s)
+    gpu_counts: tuple[int, ...]  # GPUs per state
+    node_counts: tuple[int, ...]  # nodes per state
+    loop_state: np.ndarray  # int8 state per cooling loop
+    coolant: np.ndarray  # float32 [loops, 3]: flow litres/min, supply and return temperature celsius
+    ticks_skipped: int  # grid ticks the schedule had dropped by then (cumulative)
+
+
+COOLANT_SIGNALS = ("seamguard_coolant_flow_lpm", "seamguard_coolant_supply_temp_c", "seamguard_coolant_return_temp_c")
+
+
+def fleet_point(views: dict[Kind, KindView], latest: dict[str, np.ndarray], t_s: float, wall_s: float,
+                ticks_skipped: int) -> FleetPoint:
+    """One FleetPoint from a tick's views and the frame's latest coolant readings."""
+    loops = views[Kind.COOLING_LOOP].count
+    coolant = np.full((loops, len(COOLANT_SIGNALS)), np.nan, dtype=np.float32)
+    for j, name in enumerate(COOLANT_SIGNALS):
+        v = latest.get(name)
+        if v is not None and v.shape[0] == loops:
+            coolant[:, j] = v
+    g = np.bincount(views[Kind.GPU].state.astype(np.int64), minlength=N_STATES)
+    n = np.bincount(views[Kind.NODE].state.astype(np.int64), minlength=N_STATES)
+    return FleetPoint(t_s=float(t_s), wall_s=float(wall_s), gpu_counts=tuple(int(x) for x in g),
+                      node_counts=tuple(int(x) for x in n),
+                      loop_state=views[Kind.COOLING_LOOP].state.astype(np.int8).copy(), coolant=coolant,
+                      ticks_skipped=int(ticks_skipped))
+
+
+@dataclass(frozen=True, eq=False)
 class Snapshot:
     tick: int
     t_s: float
@@ -100,6 +133,9 @@ class Snapshot:
     throughput: tuple[ThroughputPoint, ...]
     counters: Counters
     started_wall_s: float = 0.0
+    fleet_history: tuple[FleetPoint, ...] = ()  # oldest first, one per tick
+    ticks_skipped: int = 0  # grid ticks the wall-clock schedule dropped because the loop fell behind
+    schedule_lag_s: float = 0.0  # how far behind its grid the loop was when this snapshot was built
     extra: dict = field(default_factory=dict)
 
     def view(self, kind: Kind) -> KindView:

@@ -50,6 +50,7 @@ def create_app(runner: Runner, token: str) -> FastAPI:
     reader = LedgerReader(runner.ledger_path)
     registry = make_registry(runner.snapshot)
     breaker_cfg = runner.controller.policy.breaker
+    assess_cfg = runner.controller.policy.assess
     want = token.encode()
 
     def require_token(cred: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> str:
@@ -105,6 +106,14 @@ def create_app(runner: Runner, token: str) -> FastAPI:
     def summary() -> m.Summary:
         return render.summary(runner.snapshot(), breaker_cfg)
 
+    @app.get(f"{API}/history/fleet", response_model=m.FleetHistory, tags=["fleet"], responses=_E404)
+    def fleet_history(points: Annotated[int, Query(ge=1, le=2000, description="ticks to return, newest last")] = 360,
+                      loop: LoopName = None) -> m.FleetHistory:
+        try:
+            return render.fleet_history(runner.snapshot(), points, loop, assess_cfg.evidence)
+        except KeyError as e:
+            raise _not_found(e) from None
+
     @app.get(f"{API}/entities", response_model=m.EntityPage, tags=["fleet"], responses={**_E400, **_E404})
     def entities(kind: m.KindName = m.KindName("gpu"),  # type: ignore[valid-type]
                  state: Annotated[list[m.StateName] | None, Query(description="repeat to match several")] = None,  # type: ignore[valid-type]
@@ -130,7 +139,7 @@ def create_app(runner: Runner, token: str) -> FastAPI:
                ) -> m.EntityDetail:
         s = runner.snapshot()
         try:
-            return render.entity_detail(s, runner.ring, reader, _kind(kind), name, history, points)
+            return render.entity_detail(s, runner.ring, reader, _kind(kind), name, history, points, assess_cfg)
         except KeyError as e:
             raise _not_found(e) from None
 

@@ -67,6 +67,22 @@ class TickTiming(_M):
     error: str = Field(description="why the last tick failed; empty when it did not")
 
 
+class Pace(_M):
+    """Whether the loop keeps the speed it was asked for (the dashboard's 'falling behind' banner)."""
+
+    requested_speed: float = Field(description="simulated seconds per wall second asked for; 0 = manual ticking")
+    achieved_speed: float | None = Field(description="simulated seconds per wall second over the last ticks "
+                                                     "(null with manual ticking or fewer than 3 ticks)")
+    window_ticks: int = Field(description="ticks the achieved speed is measured over")
+    ticks_skipped: int = Field(description="grid ticks dropped since start because a tick ran past its slot")
+    ticks_skipped_recent: int = Field(description="grid ticks dropped within the window")
+    lag_s: float = Field(description="how far behind its wall-clock grid the loop was at the last tick")
+    last_tick_age_s: float | None = Field(description="wall seconds since the last tick finished")
+    behind: bool = Field(description="true when the loop is well below its requested speed, dropped ticks "
+                                     "in the window, or has not ticked for several intervals")
+    message: str = Field(description="one line saying what is wrong; empty when on pace")
+
+
 class PinOut(_M):
     kind: str
     entity: str
@@ -95,6 +111,7 @@ class Summary(_M):
     actions_in_effect: int
     useful_throughput: float | None = Field(description="useful work / ideal with control (twin only)")
     useful_throughput_without_control: float | None
+    pace: Pace
 
 
 class EntityRow(_M):
@@ -166,12 +183,30 @@ class ActionOut(_M):
     cause: str
 
 
+class ThresholdLine(_M):
+    value: float
+    label: str = Field(description="what crossing it means, e.g. 'degrade (GFS >= 0.5)'")
+
+
 class SignalSeries(_M):
     name: str
     unit: str
     help: str
     t_s: list[float]
     values: list[float | None]
+    peers: str = Field("", description="who the peer band is made of (empty when there is no band)")
+    peer_p10: list[float | None] = Field(default_factory=list, description="10th percentile of the peers per point")
+    peer_p50: list[float | None] = Field(default_factory=list, description="median of the peers per point")
+    peer_p90: list[float | None] = Field(default_factory=list, description="90th percentile of the peers per point")
+    thresholds: list[ThresholdLine] = Field(default_factory=list, description="levels the assessment acts on")
+
+
+class ScoreThresholds(_M):
+    degrade_enter: float = Field(description="GFS at or above which degradation starts counting")
+    degrade_exit: float = Field(description="GFS below which recovery starts counting")
+    quarantine_enter: float = Field(description="GFS at or above which quarantine starts counting")
+    harmful_prs: float = Field(description="PRS at or above which a quarantine-level entity is harmful")
+    prs_scale_gpus: float = Field(description="dependent GPUs at which PRS reaches 1 - 1/e")
 
 
 class ChildCount(_M):
@@ -188,6 +223,8 @@ class EntityDetail(_M):
     entered_by: TransitionOut | None = Field(description="the transition that put it in its current state")
     history: list[TransitionOut] = Field(description="state history, newest first")
     signals: list[SignalSeries]
+    gfs_series: SignalSeries = Field(description="the entity's GFS over the same ticks, with its state thresholds")
+    thresholds: ScoreThresholds
     decisions: list[DecisionOut]
     actions: list[ActionOut]
     pin: PinOut | None
@@ -286,12 +323,48 @@ class MapFabric(_M):
 
 class FleetMap(_M):
     tick: int
+    failed_nodes: list[EntityRow] = Field(description="failed nodes, fleet-wide (first 50)")
     state_codes: list[str] = Field(description="state name per digit used in the code strings")
     aggregated: bool = Field(description="true when only loop summaries are sent (large fleets)")
     loops: list[MapLoop]
     detail: list[MapDetail]
     fabric: list[MapFabric]
     storage: list[EntityRow]
+
+
+class StateCountSeries(_M):
+    kind: str
+    counts: dict[str, list[int]] = Field(description="state -> count per point")
+
+
+class Band(_M):
+    p10: list[float | None]
+    p50: list[float | None]
+    p90: list[float | None]
+
+
+class LoopCoolant(_M):
+    name: str
+    state: str = Field(description="state now")
+    rated_flow_lpm: float
+    flow_lpm: list[float | None]
+    supply_c: list[float | None]
+    return_c: list[float | None]
+    states: str = Field(description="one digit per point: the loop's state code then")
+
+
+class FleetHistory(_M):
+    t_s: list[float] = Field(description="controller time of each point (one per tick, oldest first)")
+    wall_s: list[float]
+    state_codes: list[str] = Field(description="state name per digit used in the code strings")
+    states: list[StateCountSeries] = Field(description="GPUs and nodes per state over time")
+    loops_total: int
+    loops: list[LoopCoolant] = Field(description="every loop when there are few; otherwise the loops not healthy "
+                                                 "in the window (worst first) and the one asked for")
+    flow_ratio_band: Band = Field(description="coolant flow / rated across all loops")
+    supply_c_band: Band = Field(description="coolant supply temperature across all loops")
+    flow_ratio_concern: float = Field(description="flow / rated below which loop evidence starts")
+    flow_ratio_saturation: float = Field(description="flow / rated at which loop evidence saturates")
 
 
 class ModeIn(_M):

@@ -7,6 +7,9 @@ cost of a request does not grow with the fleet beyond one vectorized pass.
 
 from __future__ import annotations
 
+import time
+import warnings
+
 import numpy as np
 
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
@@ -16,6 +19,7 @@ from seamguard.decide.actions import ActionKey, Verb
 from seamguard.fleet.model import JobClass, Kind
 from seamguard.observe.signals import signals_for
 from seamguard.app.service import models as m
+from seamguard.app.signal_ring import score_row
 from seamguard.app.snapshot import ENTITY_KINDS, KIND_DOMAIN, Snapshot
 
 STATE_LABELS = [s.label for s in State]
@@ -35,7 +39,38 @@ def breaker(s: Snapshot, policy_breaker) -> m.Breaker:
                      max_loop_fraction=policy_breaker.max_loop_fraction)
 
 
-def summary(s: Snapshot, policy_breaker) -> m.Summary:
+PACE_WINDOW = 12  # ticks the achieved speed is measured over
+PACE_MIN_RATIO = 0.8  # achieved below this share of the requested speed is "behind"
+STALL_INTERVALS = 5  # no tick for this many intervals is "behind" too
+
+
+def pace(s: Snapshot, now: float | None = None) -> m.Pace:
+    """Achieved vs requested speed over the last ticks, dropped grid ticks, stalls."""
+    now = time.time() if now is None else now
+    h = s.fleet_history[-PACE_WINDOW:]
+    age = round(now - h[-1].wall_s, 3) if h else None
+    achieved = None
+    if s.speed > 0 and len(h) >= 3 and h[-1].wall_s > h[0].wall_s:
+        achieved = round((h[-1].t_s - h[0].t_s) / (h[-1].wall_s - h[0].wall_s), 3)
+    recent = (h[-1].ticks_skipped - h[0].ticks_skipped) if h else 0
+    msg = ""
+    if s.speed > 0:
+        stall = max(STALL_INTERVALS * s.tick_interval_s, 2.0)
+        if age is not None and age > stall:
+            msg = f"no tick for {age:.0f} s (one is due every {s.tick_interval_s:.2g} s): the loop is stuck or slow"
+        elif achieved is not None and achieved < PACE_MIN_RATIO * s.speed:
+            msg = (f"running at {achieved:.3g}x instead of the requested {s.speed:g}x: a tick takes longer than "
+                   f"its {s.tick_interval_s:.2g} s slot")
+        elif recent > 0:
+            msg = f"{recent} tick(s) skipped in the last {len(h)}: the loop fell behind its schedule"
+        if msg and s.ticks_skipped:
+            msg += f" ({s.ticks_skipped} grid ticks skipped since start)"
+    return m.Pace(requested_speed=s.speed, achieved_speed=achieved, window_ticks=len(h),
+                  ticks_skipped=s.ticks_skipped, ticks_skipped_recent=int(recent),
+                  lag_s=round(s.schedule_lag_s, 3), last_tick_age_s=age, behind=bool(msg), message=msg)
+
+
+def summary(s: Snapshot, policy_breaker, now: float | None = None) -> m.Summary:
     states = {k.label: s.kinds[k].counts() for k in ENTITY_KINDS}
     domains: dict[str, dict[str, int]] = {}
     for k in ENTITY_KINDS:
@@ -52,7 +87,8 @@ def summary(s: Snapshot, policy_breaker) -> m.Summary:
                             error=s.tick_error),
         pins=len(s.pins), actions_in_effect=len(s.in_effect),
         useful_throughput=None if p is None else round(p.useful_with, 5),
-        useful_throughput_without_control=None if p is None or p.useful_without is None else round(p.useful_without, 5))
+        useful_throughput_without_control=None if p is None or p.useful_without is None else round(p.useful_without, 5),
+        pace=pace(s, now))
 
 
 def _pinned_mask(s: Snapshot, kind: Kind) -> np.ndarray:
@@ -120,8 +156,11 @@ def why(row: m.EntityRow, evidence: list[m.ReasonOut], entered_by: dict | None, 
     src = entered_by["reasons"] if entered_by and entered_by.get("reasons") else [e.model_dump() for e in evidence]
     parts = [f"{r['channel']}={_fmt(r['value'])}{(' ' + r['unit']) if r['unit'] else ''} (score {r['score']:.2f})"
              for r in src[:3]]
-    when = f" since t={entered_by['t_s']:.0f}s" if entered_by else ""
-    return f"{row.state}{when}: " + (", ".join(parts) if parts else "no recorded evidence")
+    if entered_by:
+        head = f"{row.state} since t={entered_by['t_s']:.0f}s; evidence at that transition: "
+    else:
+        head = f"{row.state}; evidence now: "
+    return head + (", ".join(parts) if parts else "none recorded")
 
 
 def _fmt(v: float | None) -> str:
@@ -188,12 +227,78 @@ def children(s: Snapshot, kind: Kind, i: int) -> list[m.ChildCount]:
     return out
 
 
-def signals(s: Snapshot, ring, kind: Kind, i: int, last: int | None = None) -> list[m.SignalSeries]:
-    out = []
-    for sig in signals_for(kind):
-        t, vals = ring.series(sig.name, i, s.ring_upto, last)
-        out.append(m.SignalSeries(name=sig.name, unit=sig.unit, help=sig.help, t_s=t, values=vals))
-    return out
+PEERS_MAX = 2048  # peers a band is computed over (strided beyond)
+
+
+def peers(s: Snapshot, kind: Kind, i: int) -> tuple[np.ndarray, str]:
+    """The entities an entity is compared with in the dashboard's peer band."""
+    f, v = s.fleet, s.kinds[kind]
+    n = v.count
+    if kind == Kind.LINK:
+        idx, who = np.flatnonzero(f.link_leaf == f.link_leaf[i]), f"links on leaf {f.switch_names[int(f.link_leaf[i])]}"
+    elif kind in (Kind.GPU, Kind.NIC, Kind.NODE, Kind.RACK) and v.loop[i] >= 0:
+        idx, who = np.flatnonzero(v.loop == v.loop[i]), f"{kind.label}s on {f.loop_names[int(v.loop[i])]}"
+    else:
+        idx, who = np.arange(n), f"all {kind.label}s"
+    idx = idx[idx != i]
+    if idx.size > PEERS_MAX:
+        idx = idx[:: -(-idx.size // PEERS_MAX)]
+    return idx, f"{who} ({idx.size}), 10th-90th percentile"
+
+
+def _opt(a: np.ndarray) -> list[float | None]:
+    return [None if x != x else round(float(x), 4) for x in a]
+
+
+def _series(s: Snapshot, ring, name: str, unit: str, help_: str, i: int, peer_idx: np.ndarray, who: str,
+            last: int | None, thresholds: list[m.ThresholdLine]) -> m.SignalSeries:
+    t, vals = ring.series(name, i, s.ring_upto, last)
+    band: dict = {}
+    if peer_idx.size >= 3 and t:
+        _, mat = ring.matrix(name, peer_idx, s.ring_upto, len(t))
+        if mat.size:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN points stay NaN
+                p10, p50, p90 = np.nanpercentile(mat, [10, 50, 90], axis=1)
+            band = dict(peers=who, peer_p10=_opt(p10), peer_p50=_opt(p50), peer_p90=_opt(p90))
+    return m.SignalSeries(name=name, unit=unit, help=help_, t_s=t, values=vals, thresholds=thresholds, **band)
+
+
+def signal_thresholds(s: Snapshot, kind: Kind, i: int, name: str, ev_cfg) -> list[m.ThresholdLine]:
+    """Absolute levels the evidence acts on, where a raw signal has them."""
+    if ev_cfg is None:
+        return []
+    if name == "seamguard_coolant_flow_lpm":
+        rated = float(s.fleet.loop_rated_flow_lpm[i])
+        hi, lo = ev_cfg.flow_ratio
+        return [m.ThresholdLine(value=round(rated * hi, 2), label=f"evidence starts ({hi:.0%} of rated)"),
+                m.ThresholdLine(value=round(rated * lo, 2), label=f"evidence saturates ({lo:.0%} of rated)")]
+    if name == "seamguard_storage_write_latency_ms":
+        lo, hi = ev_cfg.storage_latency_ms
+        return [m.ThresholdLine(value=lo, label="evidence starts"), m.ThresholdLine(value=hi, label="evidence saturates")]
+    return []
+
+
+def signals(s: Snapshot, ring, kind: Kind, i: int, last: int | None = None, ev_cfg=None) -> list[m.SignalSeries]:
+    peer_idx, who = peers(s, kind, i)
+    return [_series(s, ring, sig.name, sig.unit, sig.help, i, peer_idx, who, last,
+                    signal_thresholds(s, kind, i, sig.name, ev_cfg)) for sig in signals_for(kind)]
+
+
+def score_thresholds(assess_cfg, kind: Kind) -> m.ScoreThresholds:
+    h = assess_cfg.hysteresis_for(kind)
+    return m.ScoreThresholds(degrade_enter=h.degrade_enter, degrade_exit=h.degrade_exit,
+                             quarantine_enter=h.quarantine_enter, harmful_prs=h.harmful_prs,
+                             prs_scale_gpus=assess_cfg.propagation.prs_scale_gpus)
+
+
+def gfs_series(s: Snapshot, ring, kind: Kind, i: int, last: int | None, th: m.ScoreThresholds) -> m.SignalSeries:
+    peer_idx, who = peers(s, kind, i)
+    lines = [m.ThresholdLine(value=th.quarantine_enter, label=f"quarantine (GFS >= {th.quarantine_enter:g})"),
+             m.ThresholdLine(value=th.degrade_enter, label=f"degrade (GFS >= {th.degrade_enter:g})"),
+             m.ThresholdLine(value=th.degrade_exit, label=f"recover (GFS < {th.degrade_exit:g})")]
+    return _series(s, ring, score_row(kind.label), "score",
+                   "gray-failure score: noisy-OR of the evidence channels, 0 to 1", i, peer_idx, who, last, lines)
 
 
 def pin_out(p: Pin) -> m.PinOut:
@@ -202,7 +307,7 @@ def pin_out(p: Pin) -> m.PinOut:
 
 
 def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limit: int = 50,
-                  signal_points: int | None = None) -> m.EntityDetail:
+                  signal_points: int | None = None, assess_cfg=None) -> m.EntityDetail:
     i = s.fleet.index_of(kind, name)  # KeyError -> 404
     row = entity_row(s, kind, i)
     ev = reasons_out(s.reasons(kind, i))
@@ -210,6 +315,10 @@ def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limi
     entered = hist[0] if hist and hist[0]["to_state"] == row.state else None
     pin = next((p for p in s.pins if p.kind == kind and p.index == i), None)
     targets = [name]
+    if assess_cfg is None:
+        from seamguard.assess.assessment import AssessConfig
+        assess_cfg = AssessConfig()
+    th = score_thresholds(assess_cfg, kind)
     node = parents(s, kind, i).get("node")
     decisions = reader.decisions(upto_tick=s.tick, entity=name, limit=50)
     actions = reader.actions(upto_tick=s.tick, entity=name, limit=50)
@@ -223,7 +332,8 @@ def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limi
         why=why(row, ev, entered, pin),
         entered_by=m.TransitionOut(**entered) if entered else None,
         history=[m.TransitionOut(**h) for h in hist],
-        signals=signals(s, ring, kind, i, signal_points),
+        signals=signals(s, ring, kind, i, signal_points, assess_cfg.evidence),
+        gfs_series=gfs_series(s, ring, kind, i, signal_points, th), thresholds=th,
         decisions=[m.DecisionOut(**d) for d in decisions], actions=[m.ActionOut(**a) for a in actions],
         pin=pin_out(pin) if pin else None)
 
@@ -383,5 +493,54 @@ def fleet_map(s: Snapshot, loop: str | None = None, not_healthy_limit: int = 50)
                                   codes=_codes(v.state) if v.count <= FABRIC_CODES_MAX else None,
                                   not_healthy=[entity_row(s, kind, int(i)) for i in bad]))
     storage = [entity_row(s, Kind.STORAGE, i) for i in range(f.count(Kind.STORAGE))]
-    return m.FleetMap(tick=s.tick, state_codes=STATE_LABELS, aggregated=aggregated and loop is None, loops=loops,
+    failed = select(s, Kind.NODE, states=["failed"])[:not_healthy_limit]
+    return m.FleetMap(tick=s.tick, failed_nodes=[entity_row(s, Kind.NODE, int(i)) for i in failed], state_codes=STATE_LABELS, aggregated=aggregated and loop is None, loops=loops,
                       detail=detail, fabric=fabric, storage=storage)
+
+
+# ---- fleet-level history -----------------------------------------------------------------------
+LOOPS_ALL_MAX = 12  # up to this many loops every loop is drawn; above, the band and the bad ones
+
+
+def _band(a: np.ndarray) -> m.Band:
+    if a.size == 0:
+        return m.Band(p10=[], p50=[], p90=[])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p10, p50, p90 = np.nanpercentile(a, [10, 50, 90], axis=1)
+    return m.Band(p10=_opt(p10), p50=_opt(p50), p90=_opt(p90))
+
+
+def fleet_history(s: Snapshot, points: int = 360, loop: str | None = None, ev_cfg=None) -> m.FleetHistory:
+    """State counts and per-loop coolant over the last ``points`` ticks. KeyError on an unknown loop."""
+    f = s.fleet
+    want = f.index_of(Kind.COOLING_LOOP, loop) if loop is not None else None
+    h = s.fleet_history[-points:]
+    n_loops = f.count(Kind.COOLING_LOOP)
+    t = [p.t_s for p in h]
+    states = []
+    for kind, attr in (("gpu", "gpu_counts"), ("node", "node_counts")):
+        rows = np.array([getattr(p, attr) for p in h], dtype=np.int64).reshape(len(h), len(State))
+        states.append(m.StateCountSeries(kind=kind, counts={STATE_LABELS[j]: rows[:, j].tolist()
+                                                           for j in range(len(State))}))
+    ls = np.array([p.loop_state for p in h], dtype=np.int8).reshape(len(h), n_loops)
+    cool = np.array([p.coolant for p in h], dtype=float).reshape(len(h), n_loops, 3)
+    rated = f.loop_rated_flow_lpm.astype(float)
+    now = s.kinds[Kind.COOLING_LOOP].state
+    if n_loops <= LOOPS_ALL_MAX:
+        chosen = list(range(n_loops))
+    else:
+        worst = ls.max(axis=0) if len(h) else np.zeros(n_loops, dtype=np.int8)
+        worst = np.maximum(worst, now)
+        bad = np.flatnonzero(worst > 0)
+        chosen = bad[np.argsort(-worst[bad], kind="stable")][:LOOPS_ALL_MAX].tolist()
+    if want is not None and want not in chosen:
+        chosen.append(want)
+    loops = [m.LoopCoolant(name=f.loop_names[i], state=STATE_LABELS[int(now[i])], rated_flow_lpm=round(float(rated[i]), 2),
+                           flow_lpm=_opt(cool[:, i, 0]), supply_c=_opt(cool[:, i, 1]), return_c=_opt(cool[:, i, 2]),
+                           states=(ls[:, i].astype(np.uint8) + 48).tobytes().decode("ascii"))
+             for i in chosen]
+    hi, lo = ev_cfg.flow_ratio if ev_cfg is not None else (0.92, 0.80)
+    return m.FleetHistory(t_s=t, wall_s=[p.wall_s for p in h], state_codes=STATE_LABELS, states=states,
+                          loops_total=n_loops, loops=loops, flow_ratio_band=_band(cool[:, :, 0] / rated),
+                          supply_c_band=_band(cool[:, :, 1]), flow_ratio_concern=hi, flow_ratio_saturation=lo)
