@@ -10,6 +10,16 @@ Failures never take a tick down: a query that times out, answers 5xx/4xx, return
 non-JSON or ``status: error``, or carries NaN/Inf samples is logged, the signal is left
 missing (NaN), and the Frame's ``flags`` says what failed. Entities that stop reporting
 read as NaN: absence is a signal for assess, not a crash here.
+
+Every answer is validated at the edge before anything is built from it (the schema
+below: ``status``, ``data.resultType``, ``result[].metric`` an object whose mapped
+labels are strings, ``value`` / ``values`` ``[timestamp, "value"]`` pairs). One bad
+series or point is dropped and counted in ``flags``; the rest of the signal is kept.
+Reading is bounded twice: an answer larger than ``max_response_bytes`` is cut off
+while streaming (never buffered whole), and every query of one frame shares one
+deadline (``deadline_s``), so a server that drip-feeds bytes under the per-read
+timeout still cannot hold a tick past it. Flags say ``retryable`` (timeouts, 5xx,
+429, the deadline) or ``permanent`` (4xx, garbage on 200, schema violations, too big).
 """
 
 from __future__ import annotations
@@ -22,10 +32,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame, make_frame
@@ -58,6 +69,12 @@ class PromConfig(BaseModel):
                                                  "compressing ~20 MB of JSON per tick costs seconds of CPU on both sides")
     range_chunk_steps: int = Field(360, ge=1, le=MAX_POINTS_PER_SERIES,
                                    description="steps per query_range request (batched history fetch)")
+    deadline_s: float = Field(10.0, gt=0, description="overall bound on one frame's queries, retries and "
+                                                      "body transfer included; keep it below tick_s")
+    range_deadline_s: float = Field(300.0, gt=0, description="the same bound for one query_range block (replay)")
+    max_response_bytes: int = Field(256 * 1024 * 1024, ge=1024,
+                                    description="an answer larger than this is cut off while streaming and "
+                                                "the signal flagged (lower range_chunk_steps for huge fleets)")
     mapping: Mapping = Field(default_factory=Mapping)
 
     @model_validator(mode="after")
@@ -93,6 +110,40 @@ class PromError(Exception):
         self.retryable = retryable
 
 
+# ---- the edge schema: what a Prometheus API answer must look like ------------------------------
+class _Data(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    resultType: Literal["vector", "matrix", "scalar", "string"]
+    result: list[Any]  # each element checked by _vector / _matrix (a bad one is dropped, not fatal)
+
+
+class PromAnswer(BaseModel):
+    """The envelope of every /api/v1 answer (https://prometheus.io/docs/prometheus/latest/querying/api/).
+
+    Series inside ``data.result`` are checked one by one while they are mapped: a
+    vector sample is ``{"metric": {label: str}, "value": [ts, "v"]}``, a matrix series
+    ``{"metric": {...}, "values": [[ts, "v"], ...]}``; ``ts`` is a number, ``v`` a
+    string (or number) that parses as a float ("NaN", "+Inf" parse and are dropped).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    status: Literal["success", "error"]
+    data: _Data | None = None
+    errorType: str | None = None
+    error: str | None = None
+    warnings: list[Any] = Field(default_factory=list)
+
+
+class _Malformed(Exception):
+    """One series that does not fit the schema: dropped and counted, never raised out."""
+
+
+_NUM = (int, float)
+_VAL = (str, int, float)
+
+
 @dataclass
 class IngestTiming:
     """Seconds spent per step of the last fetch, summed over queries (threads overlap)."""
@@ -114,12 +165,17 @@ class _Resolver:
     cache: dict[tuple[str | None, str | None], int] = field(default_factory=dict)
 
     def __call__(self, metric: dict[str, str]) -> int:
+        """Entity index, -1 for a series of no entity in the fleet; raises _Malformed."""
+        if type(metric) is not dict:
+            raise _Malformed(f"metric is {type(metric).__name__}, not an object")
         name = None
         for lab in self.key.labels:
             name = metric.get(lab)
             if name is not None:
                 break
         sub = metric.get(self.key.sub_label) if self.key.sub_label else None
+        if (name is not None and type(name) is not str) or (sub is not None and type(sub) is not str):
+            raise _Malformed("a mapped label is not a string")
         k = (name, sub)
         i = self.cache.get(k)
         if i is None:
@@ -161,77 +217,134 @@ class PrometheusSource:
         self.close()
 
     # ---- HTTP ----------------------------------------------------------------------------
-    def _request(self, endpoint: str, params: dict[str, str], timing: IngestTiming) -> list[dict]:
-        """One API call -> the ``data.result`` list; raises PromError."""
+    def _request(self, endpoint: str, params: dict[str, str], timing: IngestTiming, deadline: float,
+                 expect: str) -> list:
+        """One API call -> the ``data.result`` list; raises PromError.
+
+        ``deadline`` (time.monotonic()) bounds the call, its retries and its backoff."""
         attempt = 0
         while True:
             try:
-                return self._request_once(endpoint, params, timing)
+                return self._request_once(endpoint, params, timing, deadline, expect)
             except PromError as e:
                 if not e.retryable or attempt >= self.cfg.retries:
                     raise
                 attempt += 1
-                time.sleep(min(0.2 * 2 ** attempt, 1.0))
+                pause = min(0.2 * 2 ** attempt, 1.0)
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
 
-    def _request_once(self, endpoint: str, params: dict[str, str], timing: IngestTiming) -> list[dict]:
-        t0 = time.perf_counter()
+    def _read_body(self, endpoint: str, params: dict[str, str], deadline: float) -> tuple[int, bytes]:
+        """POST and stream the answer, stopping at the deadline or past ``max_response_bytes``."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise PromError("tick deadline exceeded before the query was sent", True)
+        limit = self.cfg.max_response_bytes
+        timeout = httpx.Timeout(min(self.cfg.timeout_s, remaining),
+                                connect=min(self.cfg.connect_timeout_s, remaining))
         try:
-            resp = self._client.post(self.cfg.api(endpoint), data=params)
-            body = resp.content
+            with self._client.stream("POST", self.cfg.api(endpoint), data=params, timeout=timeout) as resp:
+                declared = resp.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    raise PromError(f"HTTP {resp.status_code}, answer of {int(declared)} bytes is larger than "
+                                    f"max_response_bytes ({limit}); not read", False)
+                chunks: list[bytes] = []
+                got = 0
+                for chunk in resp.iter_bytes():
+                    got += len(chunk)
+                    if got > limit:
+                        raise PromError(f"HTTP {resp.status_code}, answer larger than max_response_bytes "
+                                        f"({limit}); stopped reading", False)
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise PromError(f"tick deadline exceeded while reading the answer ({got} bytes so far)",
+                                        True)
+                return resp.status_code, b"".join(chunks)
         except httpx.TimeoutException as e:
-            raise PromError(f"timeout after {self.cfg.timeout_s:g}s ({type(e).__name__})", True) from None
+            raise PromError(f"timeout after {min(self.cfg.timeout_s, remaining):g}s ({type(e).__name__})",
+                            True) from None
         except httpx.TransportError as e:
             raise PromError(f"transport error: {type(e).__name__}: {e}", True) from None
+
+    def _request_once(self, endpoint: str, params: dict[str, str], timing: IngestTiming, deadline: float,
+                      expect: str) -> list:
+        t0 = time.perf_counter()
+        try:
+            status, body = self._read_body(endpoint, params, deadline)
+        finally:
+            timing.query_s += time.perf_counter() - t0
         t1 = time.perf_counter()
-        timing.query_s += t1 - t0
         timing.bytes += len(body)
         try:
             doc = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             snippet = body[:120].decode("utf-8", "replace").replace("\n", " ")
             # A proxy's HTML error page on 5xx is worth retrying; garbage on 200 is not.
-            raise PromError(f"HTTP {resp.status_code}, body is not JSON: {snippet!r}",
-                            resp.status_code >= 500) from None
+            raise PromError(f"HTTP {status}, body is not JSON: {snippet!r}", status >= 500) from None
         finally:
             timing.parse_s += time.perf_counter() - t1
         if not isinstance(doc, dict):
-            raise PromError(f"HTTP {resp.status_code}, unexpected JSON {type(doc).__name__}", False)
-        if resp.status_code >= 400 or doc.get("status") != "success":
-            err = f"{doc.get('errorType', 'error')}: {doc.get('error', '')}".strip()
-            retry = resp.status_code >= 500 or resp.status_code == 429 or doc.get("errorType") in ("timeout",
-                                                                                                  "unavailable")
-            raise PromError(f"HTTP {resp.status_code}, {err}", retry)
-        for w in doc.get("warnings") or []:
-            log.warning("prometheus warning for %s: %s", params.get("query"), w)
-        data = doc.get("data")
-        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
-            raise PromError(f"HTTP {resp.status_code}, response has no data.result list", False)
-        return data["result"]
+            raise PromError(f"HTTP {status}, unexpected JSON {type(doc).__name__}", status >= 500)
+        retry_status = status >= 500 or status == 429
+        try:
+            ans = PromAnswer.model_validate(doc)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+            raise PromError(f"HTTP {status}, answer does not fit the API schema: {where}: {first['msg']}",
+                            retry_status) from None
+        if status >= 400 or ans.status != "success":
+            err = f"{ans.errorType or 'error'}: {ans.error or ''}".strip()
+            retry = retry_status or ans.errorType in ("timeout", "unavailable")
+            raise PromError(f"HTTP {status}, {err}", retry)
+        for w in ans.warnings[:5]:
+            log.warning("prometheus warning for %s: %.300s", params.get("query"), w)
+        if ans.data is None:
+            raise PromError(f"HTTP {status}, response has no data.result list", False)
+        if ans.data.resultType != expect:
+            raise PromError(f"HTTP {status}, resultType {ans.data.resultType!r}, expected {expect!r}", False)
+        return ans.data.result
+
+    @staticmethod
+    def _failed(sig: str, e: PromError, what: str = "query") -> list[str]:
+        kind = "retryable" if e.retryable else "permanent"
+        log.error("prometheus %s for %s failed (%s): %s", what, sig, kind, e)
+        return [f"prometheus:{sig}:{kind}: {e}"]
+
+    @staticmethod
+    def _internal(sig: str, e: Exception) -> list[str]:
+        # A bug of ours on odd input: the signal is lost for this tick, never the loop.
+        log.exception("prometheus %s: could not build the signal", sig)
+        return [f"prometheus:{sig}:permanent: internal error on this answer ({type(e).__name__}: {e})"]
 
     # ---- instant: one Frame ------------------------------------------------------------------
     def frame_at(self, t_query: float | None = None, t_frame: float | None = None) -> Frame:
         """Evaluate every signal at ``t_query`` (Unix seconds; None = server now).
 
-        ``t_frame`` stamps the Frame (defaults to ``t_query`` or the wall clock).
+        ``t_frame`` stamps the Frame (defaults to ``t_query`` or the wall clock). Never
+        raises on what the server answers, and returns within about ``deadline_s``.
         """
         t_wall = time.time()
         t_q = t_query if t_query is not None else t_wall
         timing = IngestTiming()
         params_t = {"time": f"{t_q:.3f}"}
+        deadline = time.monotonic() + self.cfg.deadline_s
 
         def one(sig: str) -> tuple[str, np.ndarray | None, list[str], IngestTiming]:
             local = IngestTiming()
             try:
-                result = self._request("query", {"query": self.queries[sig], **params_t}, local)
+                result = self._request("query", {"query": self.queries[sig], **params_t}, local, deadline,
+                                       "vector")
+                t0 = time.perf_counter()
+                arr, flags = self._vector(sig, result)
+                local.build_s += time.perf_counter() - t0
+                local.series += len(result)
+                return sig, arr, flags, local
             except PromError as e:
-                log.error("prometheus query for %s failed (%s): %s",
-                          sig, "retryable" if e.retryable else "permanent", e)
-                return sig, None, [f"prometheus:{sig}:{'retryable' if e.retryable else 'permanent'}: {e}"], local
-            t0 = time.perf_counter()
-            arr, flags = self._vector(sig, result)
-            local.build_s += time.perf_counter() - t0
-            local.series += len(result)
-            return sig, arr, flags, local
+                return sig, None, self._failed(sig, e), local
+            except Exception as e:
+                return sig, None, self._internal(sig, e), local
 
         values: dict[str, np.ndarray] = {}
         flags: list[str] = []
@@ -249,20 +362,32 @@ class PrometheusSource:
         self.timing = timing
         return make_frame(self.fleet, t_frame if t_frame is not None else t_q, values, tuple(flags))
 
-    def _vector(self, sig: str, result: list[dict]) -> tuple[np.ndarray, list[str]]:
+    def _vector(self, sig: str, result: list) -> tuple[np.ndarray, list[str]]:
         kind = REGISTRY[sig].kind
         n = self.fleet.count(kind)
         resolve = self._resolvers[kind]
         idx = np.empty(len(result), dtype=np.int64)
-        raw: list[str] = []
+        raw: list[Any] = []
         flags: list[str] = []
-        try:
-            for j, s in enumerate(result):
-                idx[j] = resolve(s["metric"])
-                raw.append(s["value"][1])
-        except (KeyError, IndexError, TypeError) as e:
-            log.error("prometheus result for %s is malformed: %s", sig, e)
-            return np.full(n, np.nan), [f"prometheus:{sig}:permanent: malformed vector sample ({e})"]
+        malformed = 0
+        why = ""
+        for j, s in enumerate(result):
+            try:
+                if type(s) is not dict:
+                    raise _Malformed(f"sample is {type(s).__name__}, not an object")
+                v = s.get("value")
+                if type(v) is not list or len(v) != 2 or type(v[0]) not in _NUM or type(v[1]) not in _VAL:
+                    raise _Malformed("value is not a [timestamp, \"value\"] pair")
+                idx[j] = resolve(s.get("metric"))
+                raw.append(v[1])
+            except _Malformed as e:
+                malformed += 1
+                why = why or str(e)
+                idx[j] = -2
+                raw.append("nan")
+        if malformed:
+            flags.append(f"prometheus:{sig}:partial: {malformed} malformed series dropped ({why})")
+            log.error("prometheus %s: %d malformed series dropped (%s)", sig, malformed, why)
         vals = _floats(raw)
         return self._place(sig, n, idx, vals, flags), flags
 
@@ -270,7 +395,7 @@ class PrometheusSource:
     def _place(sig: str, n: int, idx: np.ndarray, vals: np.ndarray, flags: list[str]) -> np.ndarray:
         out = np.full(n, np.nan)
         known = idx >= 0
-        unknown = int((~known).sum())
+        unknown = int((idx == -1).sum())
         if unknown:
             flags.append(f"prometheus:{sig}:partial: {unknown} series for entities not in the fleet")
         bad = ~np.isfinite(vals) & known
@@ -303,16 +428,18 @@ class PrometheusSource:
 
     def _range_block(self, t0: float, t1: float, step: float, k: int) -> tuple[dict[str, np.ndarray], list[str]]:
         params = {"start": f"{t0:.3f}", "end": f"{t1:.3f}", "step": f"{step:g}"}
+        deadline = time.monotonic() + self.cfg.range_deadline_s
 
         def one(sig: str):
             local = IngestTiming()
             try:
-                result = self._request("query_range", {"query": self.queries[sig], **params}, local)
+                result = self._request("query_range", {"query": self.queries[sig], **params}, local, deadline,
+                                       "matrix")
+                return sig, self._matrix(sig, result, t0, step, k), []
             except PromError as e:
-                log.error("prometheus range query for %s failed (%s): %s",
-                          sig, "retryable" if e.retryable else "permanent", e)
-                return sig, None, [f"prometheus:{sig}:{'retryable' if e.retryable else 'permanent'}: {e}"]
-            return sig, self._matrix(sig, result, t0, step, k), []
+                return sig, None, self._failed(sig, e, "range query")
+            except Exception as e:
+                return sig, None, self._internal(sig, e)
 
         block: dict[str, np.ndarray] = {}
         flags: list[str] = []
@@ -323,50 +450,86 @@ class PrometheusSource:
             flags.extend(fl)
         return block, flags
 
-    def _matrix(self, sig: str, result: list[dict], t0: float, step: float,
+    def _matrix(self, sig: str, result: list, t0: float, step: float,
                 k: int) -> tuple[np.ndarray, list[str]]:
         kind = REGISTRY[sig].kind
         n = self.fleet.count(kind)
         resolve = self._resolvers[kind]
         out = np.full((k, n), np.nan)
         flags: list[str] = []
-        unknown = bad = 0
+        unknown = bad = malformed = 0
+        why = ""
         for s in result:
             try:
-                i = resolve(s["metric"])
-                pts = s["values"]
-            except (KeyError, TypeError):
-                bad += 1
+                if type(s) is not dict:
+                    raise _Malformed(f"series is {type(s).__name__}, not an object")
+                pts = s.get("values")
+                if type(pts) is not list:
+                    raise _Malformed("values is not a list")
+                i = resolve(s.get("metric"))
+            except _Malformed as e:
+                malformed += 1
+                why = why or str(e)
                 continue
             if i < 0:
                 unknown += 1
                 continue
-            try:
-                a = np.array(pts, dtype=float).reshape(-1, 2)
-            except ValueError:
-                a = np.array([(float(p[0]), _float(p[1])) for p in pts], dtype=float).reshape(-1, 2)
-            rows = np.rint((a[:, 0] - t0) / step).astype(np.int64)
+            a, dropped = _points(pts)
+            if dropped:
+                malformed += dropped
+                why = why or "a point is not a [timestamp, \"value\"] pair"
+            if not a.shape[0]:
+                continue
+            ts = a[:, 0]
             v = a[:, 1]
+            okt = np.isfinite(ts)
+            rows = np.full(ts.shape, -1, dtype=np.int64)
+            rows[okt] = np.rint((ts[okt] - t0) / step).astype(np.int64)
             fin = np.isfinite(v) & (rows >= 0) & (rows < k)
             bad += int((~np.isfinite(v)).sum())
             out[rows[fin], i] = v[fin]
         if unknown:
             flags.append(f"prometheus:{sig}:partial: {unknown} series for entities not in the fleet")
+        if malformed:
+            flags.append(f"prometheus:{sig}:partial: {malformed} malformed series/points dropped ({why})")
+            log.error("prometheus %s: %d malformed range series/points dropped (%s)", sig, malformed, why)
         if bad:
             flags.append(f"prometheus:{sig}:partial: {bad} NaN/Inf/malformed samples dropped")
             log.error("prometheus %s: %d NaN/Inf/malformed range samples treated as missing", sig, bad)
         return out, flags
 
 
-def _float(s: object) -> float:
+def _points(pts: list) -> tuple[np.ndarray, int]:
+    """``[[ts, "v"], ...]`` -> (m, 2) float array and how many points were not pairs (dropped)."""
     try:
-        return float(s)  # Prometheus writes "NaN", "+Inf", "-Inf" as strings; float() reads them
+        a = np.array(pts, dtype=float)
+        if a.ndim == 2 and a.shape[1] == 2:
+            return a, 0
+        if a.size == 0:
+            return np.empty((0, 2)), 0
     except (TypeError, ValueError):
+        pass
+    good: list[tuple[float, float]] = []
+    dropped = 0
+    for p in pts:
+        if type(p) is list and len(p) == 2 and type(p[0]) in _NUM and type(p[1]) in _VAL:
+            good.append((float(p[0]), _float(p[1])))
+        else:
+            dropped += 1
+    return (np.array(good, dtype=float).reshape(-1, 2), dropped)
+
+
+def _float(s: object) -> float:
+    if type(s) not in _VAL:
+        return math.nan
+    try:
+        return float(s)  # type: ignore[arg-type]  # Prometheus writes "NaN", "+Inf", "-Inf"; float() reads them
+    except (TypeError, ValueError, OverflowError):
         return math.nan
 
 
-def _floats(raw: list[str]) -> np.ndarray:
+def _floats(raw: list) -> np.ndarray:
     try:
         return np.array(raw, dtype=float)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return np.array([_float(x) for x in raw], dtype=float)
