@@ -152,3 +152,134 @@ def test_measured_wall_model_slows_every_step():
     a, b = run_monte_carlo(cfg, [stall, wall], 1, 0)
     assert "runtime_overhead" in b.mean_dict("gpu_hours_lost_by_cause")
     assert b.metric("ettr")[0] < a.metric("ettr")[0]
+
+
+# --- plots a reader understands without help (issue 13, point 5) ---------------------------
+
+def _sweep_and_hazard():
+    from seamguard.twin.events.config import ClusterConfig, PolicyParams
+    from seamguard.twin.events.sweep import interval_vs_hazard, size_sweep
+
+    cfg = ClusterConfig(gpus=4096, days=2, workload="single")
+    pols = [PolicyParams("baseline"), PolicyParams("seamguard")]
+    sweep = size_sweep(cfg, pols, [1024, 4096], runs=2, seed=0)
+    return sweep, interval_vs_hazard(cfg, pols[1], job_nodes=cfg.nodes - cfg.spare_nodes)
+
+
+@pytest.fixture(scope="module")
+def figures():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from seamguard.twin.events.report import (fig_ettr_vs_size, fig_interval_vs_hazard,
+                                              fig_lost_by_cause)
+    sweep, hazard = _sweep_and_hazard()
+    figs = {"ettr": fig_ettr_vs_size(sweep), "cause": fig_lost_by_cause(sweep[4096]),
+            "cause_top": fig_lost_by_cause(sweep[4096], top=5),
+            "hazard": fig_interval_vs_hazard(hazard)}
+    for f in figs.values():
+        f.canvas.draw()
+    yield figs, sweep
+    for f in figs.values():
+        plt.close(f)
+
+
+def _tick_texts(fig):
+    return [t.get_text() for ax in fig.axes
+            for axis in (ax.xaxis, ax.yaxis)
+            for t in axis.get_ticklabels(which="both") if t.get_text()]
+
+
+def test_tick_labels_are_plain_numbers(figures):
+    figs, _ = figures
+    for name, fig in figs.items():
+        texts = _tick_texts(fig)
+        assert texts, name
+        for t in texts:
+            assert "10^" not in t and "\\times" not in t and "×10" not in t and "$" not in t, (name, t)
+    # cluster sizes read as 1k and 4k, not 2^10 and 2^12
+    assert {"1k", "4k"} <= set(_tick_texts(figs["ettr"]))
+
+
+def test_si_labels():
+    from seamguard.twin.events.report import si
+    assert [si(n) for n in (1024, 4096, 16384, 65536, 131072)] == ["1k", "4k", "16k", "65k", "131k"]
+    assert (si(0.5), si(3), si(2_500_000), si(0)) == ("0.5", "3", "2.5M", "0")
+
+
+def test_reference_lines_are_in_the_legend(figures):
+    from matplotlib.lines import Line2D
+
+    figs, _ = figures
+    for name, fig in figs.items():
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            labels = {t.get_text() for t in legend.get_texts()} if legend else set()
+            refs = [ln for ln in ax.get_lines() if isinstance(ln, Line2D)
+                    and ln.get_linestyle() in ("--", ":", "-.")]
+            for ln in refs:
+                assert not ln.get_label().startswith("_"), (name, "unlabelled reference line")
+                assert ln.get_label() in labels, (name, ln.get_label())
+    ettr_labels = {t.get_text() for t in figs["ettr"].axes[0].get_legend().get_texts()}
+    assert "goal: ETTR 0.97" in ettr_labels
+
+
+def test_ettr_intervals_stay_within_0_1(figures):
+    from seamguard.twin.events.montecarlo import share_ci95
+
+    figs, sweep = figures
+    for n, sums in sweep.items():
+        for s in sums:
+            m, lo, hi = s.metric("ettr")
+            assert 0.0 <= lo <= m <= hi <= 1.0
+    # the drawn error bars too
+    for coll in figs["ettr"].axes[0].collections:
+        for seg in coll.get_segments():
+            assert all(0.0 <= y <= 1.0 for y in seg[:, 1])
+    # two runs near 1 gave an upper bound above 1 with Student-t (12.7 standard errors)
+    m, lo, hi = share_ci95([0.999, 0.97])
+    assert 0.97 <= lo <= m <= hi <= 0.999
+    assert share_ci95([1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
+
+
+def test_cause_plot_says_top_n_of_m_or_shows_all(figures):
+    figs, sweep = figures
+    n_causes = len({k for s in sweep[4096] for k in s.mean_dict("gpu_hours_lost_by_cause")})
+    full = figs["cause"].axes[0]
+    assert f"all {n_causes} causes" in full.get_title(loc="left")
+    assert len(full.get_yticklabels()) == n_causes
+    top = figs["cause_top"].axes[0]
+    assert f"top 5 of {n_causes} causes" in top.get_title(loc="left")
+    assert len(top.get_yticklabels()) == 5
+
+
+def test_cause_plot_has_a_linear_view(figures):
+    figs, _ = figures
+    assert figs["cause"].axes[0].get_xscale() == "linear"
+    assert "baseline / seamguard" in figs["cause"].axes[1].get_xlabel()
+    assert "baseline / seamguard" in figs["ettr"].axes[1].get_ylabel()
+
+
+def test_simulate_without_measured_says_which_defaults():
+    res = _run("--gpus", "1024", "--days", "1", "--compare", "seamguard")
+    assert res.exit_code == 0, res.output
+    assert "built-in defaults, no --measured FILE given" in res.output
+    assert "live resume 5.06 s" in res.output and "docs/sources.md" in res.output
+
+
+def test_simulate_measured_missing_file_is_an_error(tmp_path):
+    res = _run("--gpus", "1024", "--days", "1", "--measured", str(tmp_path / "nope.json"))
+    assert res.exit_code == 2
+    assert "error: --measured" in res.output
+
+
+def test_simulate_output_switch_and_help_lists_choices():
+    res = _run("--gpus", "1024", "--days", "1", "--compare", "baseline", "-o", "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["policy"] == "baseline"
+    help_text = runner.invoke(app, ["twin", "simulate", "--help"], terminal_width=200).output
+    for choice in ("baseline", "seamguard", "both", "llama3", "hpn", "mttf", "local", "process",
+                   "ray", "single", "mix", "table", "json"):
+        assert choice in help_text, choice
+    assert "--policy" not in help_text

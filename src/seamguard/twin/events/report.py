@@ -14,7 +14,8 @@ from typing import Sequence
 
 from seamguard.twin.events.montecarlo import Summary
 
-__all__ = ["write_report"]
+__all__ = ["write_report", "fig_ettr_vs_size", "fig_lost_by_cause", "fig_interval_vs_hazard",
+           "si"]
 
 
 def _plt():
@@ -26,67 +27,212 @@ def _plt():
     return plt
 
 
-def plot_ettr_vs_size(sweep: dict[int, list[Summary]], path: Path) -> None:
+def si(x: float, _pos: object = None) -> str:
+    """Plain tick label: 0.5, 3, 40, 1k, 16k, 131k, 2.5M (no ``10^n`` mathtext).
+
+    Thousands are floored (65,536 GPUs reads ``65k``), as people say cluster sizes.
+    """
+    a = abs(x)
+    if a >= 1e9:
+        return f"{x / 1e9:.3g}G"
+    if a >= 1e6:
+        return f"{x / 1e6:.3g}M"
+    if a >= 1e3:
+        k = x / 1e3
+        return f"{int(k)}k" if k >= 10 or float(k).is_integer() or a % 1024 == 0 else f"{k:.3g}k"
+    if a == 0:
+        return "0"
+    return f"{x:.3g}"
+
+
+def _plain_axis(axis) -> None:
+    """Plain major and minor tick labels on a (log) axis."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(si))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf")
+
+
+def fig_ettr_vs_size(sweep: dict[int, list[Summary]], goal: float = 0.97):
+    """ETTR against cluster size for every policy, and how much less time seamguard loses."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
     sizes = sorted(sweep)
-    for k, name in enumerate(s.policy for s in sweep[sizes[0]]):
+    names = [s.policy for s in sweep[sizes[0]]]
+    two = "baseline" in names and "seamguard" in names
+    fig, axes = plt.subplots(1, 2 if two else 1, figsize=(11.5 if two else 7, 4.4),
+                             squeeze=False)
+    ax = axes[0][0]
+    means: dict[str, list[float]] = {}
+    for k, name in enumerate(names):
         ms, lo, hi = [], [], []
         for n in sizes:
-            m, a, b = sweep[n][k].metric("ettr")
-            ms.append(m); lo.append(m - a); hi.append(b - m)
+            m, a, b = sweep[n][k].metric("ettr")   # bootstrap interval, inside [0, 1]
+            ms.append(m); lo.append(max(m - a, 0.0)); hi.append(max(b - m, 0.0))
+        means[name] = ms
         ax.errorbar(sizes, ms, yerr=[lo, hi], marker="o", capsize=3, label=name)
+    ax.axhline(goal, color="grey", lw=1.0, ls="--", label=f"goal: ETTR {goal:g}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("cluster GPUs")
-    ax.set_ylabel("ETTR (productive / available)")
+    ax.xaxis.set_major_locator(FixedLocator(sizes))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(si))
+    ax.set_xlabel("cluster size (GPUs, one job on every non-spare node)")
+    ax.set_ylabel("ETTR = productive time / wall-clock")
     ax.set_ylim(0, 1.02)
-    ax.axhline(0.97, color="grey", lw=0.8, ls="--")
     ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("ETTR vs cluster size (mean, 95% CI)")
+    ax.legend(loc="lower left")
+    runs = len(sweep[sizes[0]][0].runs)
+    ax.set_title(f"ETTR vs cluster size (mean of {runs} run{'s' if runs != 1 else ''}, "
+                 "95% CI)", fontsize=11)
+    if two:
+        rx = axes[0][1]
+        lost_b = [1.0 - m for m in means["baseline"]]
+        lost_s = [1.0 - m for m in means["seamguard"]]
+        ratio = [_ratio(b, s) for b, s in zip(lost_b, lost_s)]
+        finite = [r for r in ratio if r != float("inf")]
+        top = max(finite, default=1.0)
+        shown = [r if r != float("inf") else top for r in ratio]
+        rx.bar(range(len(sizes)), shown, color="tab:green", alpha=0.8)
+        for i, (r, b, s_) in enumerate(zip(ratio, lost_b, lost_s)):
+            txt = "no loss" if r == float("inf") else f"{r:.0f}x" if r >= 10 else f"{r:.1f}x"
+            rx.annotate(f"{txt}\n{b:.0%} vs {s_:.1%}", (i, shown[i]), ha="center",
+                        va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+        rx.axhline(1.0, color="grey", lw=1.0, ls=":", label="1x: no difference")
+        rx.set_xticks(range(len(sizes)), [si(n) for n in sizes])
+        rx.set_ylim(0, top * 1.25 + 0.5)
+        rx.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}x"))
+        rx.set_xlabel("cluster size (GPUs)")
+        rx.set_ylabel("lost time: baseline / seamguard")
+        rx.legend(loc="upper left")
+        rx.grid(alpha=0.3, axis="y")
+        rx.set_title("How many times less time seamguard loses\n"
+                     "(labels: share of wall-clock lost, baseline vs seamguard)", fontsize=11)
     fig.tight_layout()
+    return fig
+
+
+def plot_ettr_vs_size(sweep: dict[int, list[Summary]], path: Path) -> None:
+    fig = fig_ettr_vs_size(sweep)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _plt().close(fig)
 
 
-def plot_lost_by_cause(summaries: Sequence[Summary], path: Path, top: int = 12) -> None:
+def fig_lost_by_cause(summaries: Sequence[Summary], top: int | None = None):
+    """GPU-hours lost per cause (linear, every cause unless ``top``), and the ratio."""
+    from matplotlib.ticker import FuncFormatter
+
     plt = _plt()
     data = {s.policy: s.mean_dict("gpu_hours_lost_by_cause") for s in summaries}
     totals: dict[str, float] = {}
     for d in data.values():
         for k, v in d.items():
             totals[k] = totals.get(k, 0.0) + v
-    causes = sorted(totals, key=totals.get, reverse=True)[:top][::-1]
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(causes) + 1.5))
+    ranked = sorted(totals, key=lambda k: (-totals[k], k))
+    causes = (ranked[:top] if top else ranked)[::-1]
+    two = "baseline" in data and "seamguard" in data
+    fig, axes = plt.subplots(1, 2 if two else 1, figsize=(12 if two else 8,
+                                                          0.32 * len(causes) + 2.2),
+                             sharey=True, squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]} if two else None)
+    ax = axes[0][0]
     h = 0.8 / max(len(data), 1)
     for k, (pol, d) in enumerate(data.items()):
         ax.barh([i + k * h for i in range(len(causes))], [d.get(c, 0.0) for c in causes],
                 height=h, label=pol)
-    ax.set_yticks([i + h * (len(data) - 1) / 2 for i in range(len(causes))])
-    ax.set_yticklabels(causes)
-    ax.set_xscale("log")
-    ax.set_xlabel("GPU-hours lost (mean per run)")
-    ax.legend()
-    ax.set_title(f"GPU-hours lost by cause, {summaries[0].runs[0].gpus:,} GPUs, "
-                 f"{summaries[0].runs[0].days:g} days")
+    ax.set_yticks([i + h * (len(data) - 1) / 2 for i in range(len(causes))], causes)
+    ax.xaxis.set_major_formatter(FuncFormatter(si))
+    ax.set_xlabel("GPU-hours lost (mean per run, linear scale)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(loc="lower right")
+    r0 = summaries[0].runs[0]
+    shown = (f"top {len(causes)} of {len(ranked)} causes" if len(causes) < len(ranked)
+             else f"all {len(ranked)} causes")
+    sums = {pol: sum(d.values()) for pol, d in data.items()}
+    total = ", ".join(f"{pol} {si(v)}" for pol, v in sums.items())
+    ax.set_title(f"GPU-hours lost by cause, {r0.gpus:,} GPUs, {r0.days:g} days ({shown})\n"
+                 f"total lost: {total} GPU-h", fontsize=11, loc="left")
+    if two:
+        rx = axes[0][1]
+        b, s = data["baseline"], data["seamguard"]
+        ratios = [_ratio(b.get(c, 0.0), s.get(c, 0.0)) for c in causes]
+        finite = [r for r in ratios if r != float("inf")]
+        cap = max(finite, default=1.0)
+        y = [i + h * (len(data) - 1) / 2 for i in range(len(causes))]
+        rx.barh(y, [r if r != float("inf") else cap for r in ratios], height=0.6,
+                color=["tab:green" if r >= 1 else "tab:red" for r in ratios], alpha=0.8)
+        for yi, r, c in zip(y, ratios, causes):
+            if r == float("inf"):
+                txt = "baseline only"
+            elif b.get(c, 0.0) == 0:
+                txt = "seamguard only"
+            else:
+                txt = f"{r:.0f}x" if r >= 10 else f"{r:.1f}x"
+            rx.annotate(txt, (min(r, cap), yi), va="center", fontsize=8, xytext=(3, 0),
+                        textcoords="offset points")
+        rx.axvline(1.0, color="grey", lw=1.0, ls=":", label="1x: same loss")
+        rx.set_xlim(0, cap * 1.2 + 1)
+        rx.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}x"))
+        rx.set_xlabel("baseline / seamguard (red: seamguard loses more)")
+        rx.legend(loc="lower right")
+        rx.grid(alpha=0.3, axis="x")
+        rx.set_title(f"times less lost with seamguard\n(all causes: "
+                     f"{_ratio(sums['baseline'], sums['seamguard']):.1f}x)", fontsize=11)
     fig.tight_layout()
+    return fig
+
+
+def plot_lost_by_cause(summaries: Sequence[Summary], path: Path, top: int | None = None) -> None:
+    fig = fig_lost_by_cause(summaries, top)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _plt().close(fig)
+
+
+def fig_interval_vs_hazard(points: Sequence[tuple[float, float, str]]):
+    """The planner's checkpoint interval as the job's rollback hazard rises (log-log)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    ax.plot([p[0] for p in points], [p[1] for p in points], color="grey", lw=1, zorder=1)
+    for mode in dict.fromkeys(p[2] for p in points):
+        pts = [p for p in points if p[2] == mode]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, zorder=2,
+                   label=f"checkpoint mode: {mode}")
+    if points:
+        hz0, ivl0, _ = points[0]
+        arrow = {"arrowstyle": "->", "color": "0.4", "lw": 0.8}
+        ax.annotate(f"healthy footprint: every {ivl0:.3g} min\n(hazard {hz0:.2g} per hour)",
+                    (hz0, ivl0), xytext=(10, -120), textcoords="offset points", fontsize=8,
+                    va="top", arrowprops=arrow)
+        hz1, ivl1, _ = points[-1]
+        ax.annotate(f"footprint {hz1 / hz0:.0f}x as risky:\nevery {ivl1:.2g} min",
+                    (hz1, ivl1), xytext=(-30, 120), textcoords="offset points", fontsize=8,
+                    ha="right", arrowprops=arrow)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _plain_axis(ax.xaxis)
+    _plain_axis(ax.yaxis)
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(si))
+    ax.set_xlabel("job's hazard of failures that roll work back (per hour, log scale)")
+    ax.set_ylabel("checkpoint interval chosen (min, log scale)")
+    ax.grid(alpha=0.3, which="major")
+    ax.legend(loc="lower left")
+    ax.set_title("Planner: interval (Daly's formula) shortens as the hazard rises", fontsize=11)
+    fig.tight_layout()
+    return fig
 
 
 def plot_interval_vs_hazard(points: Sequence[tuple[float, float, str]], path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("job hazard of rollback-causing failures (per hour)")
-    ax.set_ylabel("checkpoint interval chosen (min)")
-    ax.grid(alpha=0.3, which="both")
-    ax.set_title("Planner: Daly interval vs footprint hazard")
-    fig.tight_layout()
+    fig = fig_interval_vs_hazard(points)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _plt().close(fig)
 
 
 def write_report(out: Path, sweep: dict[int, list[Summary]],
@@ -104,6 +250,8 @@ def write_report(out: Path, sweep: dict[int, list[Summary]],
     lines = ["# seamguard event-twin report", "",
              "Settings: " + ", ".join(f"`{k}={v}`" for k, v in settings.items()), "",
              "## ETTR vs cluster size", "",
+             "ETTR intervals: 95% percentile bootstrap over the runs, within [0, 1] "
+             "(one run gives no interval).", "",
              "| GPUs | " + " | ".join(f"{s.policy} ETTR (95% CI)" for s in
                                      sweep[min(sweep)]) + " | interruptions | MTTF (h) |",
              "|---:|" + "---:|" * (len(sweep[min(sweep)]) + 2)]
