@@ -62,24 +62,40 @@ class KubernetesActuator:
 
     # ---- reading ------------------------------------------------------------------------
     def _taints(self, node: Any) -> list[Any]:
-        return list((node.spec.taints if node.spec is not None else None) or [])
+        spec = getattr(node, "spec", None)
+        taints = getattr(spec, "taints", None) if spec is not None else None
+        return list(taints) if isinstance(taints, list | tuple) else []
 
     def _ours(self, taint: Any, effect: str | None = None) -> bool:
-        return taint.key == self.cfg.taint_key and (effect is None or taint.effect == effect)
+        return getattr(taint, "key", None) == self.cfg.taint_key and (
+            effect is None or getattr(taint, "effect", None) == effect)
 
     def observe(self) -> set[str]:
         kw: dict[str, Any] = {"_request_timeout": self.cfg.request_timeout_s}
         if self.cfg.label_selector:
             kw["label_selector"] = self.cfg.label_selector
         held: set[str] = set()
-        for node in self.api.list_node(**kw).items:
-            name = node.metadata.name
-            ann = node.metadata.annotations or {}
-            for t in self._taints(node):
-                if self._ours(t, "NoSchedule"):
-                    held.add(action_key(Verb.DRAIN, name))
-                elif self._ours(t, "PreferNoSchedule"):
-                    held.add(action_key(Verb.LABEL_DEGRADED, name, value=ann.get(self.ann_admissible, '')))
+        skipped = 0
+        for node in getattr(self.api.list_node(**kw), "items", None) or []:
+            # One odd node object (no metadata, no name, annotations not a map) is skipped,
+            # never raised: this runs on every tick.
+            try:
+                name = node.metadata.name
+                if not isinstance(name, str) or not name:
+                    raise TypeError("node without a name")
+                ann = node.metadata.annotations or {}
+                if not isinstance(ann, dict):
+                    ann = {}
+                classes = ann.get(self.ann_admissible) or ""
+                for t in self._taints(node):
+                    if self._ours(t, "NoSchedule"):
+                        held.add(action_key(Verb.DRAIN, name))
+                    elif self._ours(t, "PreferNoSchedule"):
+                        held.add(action_key(Verb.LABEL_DEGRADED, name, value=str(classes)))
+            except (AttributeError, TypeError, ValueError):
+                skipped += 1
+        if skipped:
+            log.warning("kubernetes: %d node object(s) without a usable name or taints skipped", skipped)
         return held
 
     # ---- request bodies (pure, so tests can read them) --------------------------------------

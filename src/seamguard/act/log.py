@@ -2,6 +2,12 @@
 
 It is also a faithful world for dry runs and tests: `observe` replays its own file, so
 a controller restarted mid-tick sees exactly which actions already happened.
+
+Each record is one line written with one `write` and fsynced before `apply` returns. A
+line torn by a crash (power loss) is skipped on reading, and the next write starts on a
+fresh line so the torn tail cannot swallow it. Lines that are not records (garbage,
+other encodings, JSON that is not an object with `op` and `key`) are skipped, never
+raised: this file is read on every tick.
 """
 
 from __future__ import annotations
@@ -23,21 +29,32 @@ class LogActuator:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def _write(self, record: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, sort_keys=True) + "\n")
+        line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+        with open(self.path, "a+b") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            if end:
+                fh.seek(end - 1)
+                if fh.read(1) != b"\n":
+                    line = b"\n" + line  # a torn tail: start on a fresh line
+            fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
 
     def records(self) -> list[dict]:
-        if not self.path.exists():
+        """Every well-formed record, in order (torn or foreign lines skipped)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
             return []
         out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in data.decode("utf-8", "replace").splitlines():
             if line.strip():
                 try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a torn last line from a crash: that write never completed
+                    r = json.loads(line)
+                except (json.JSONDecodeError, RecursionError):
+                    continue  # a torn line from a crash: that write never completed
+                if isinstance(r, dict) and r.get("op") in ("apply", "revert") and isinstance(r.get("key"), str):
+                    out.append(r)
         return out
 
     def observe(self) -> set[str]:
@@ -45,7 +62,7 @@ class LogActuator:
         for r in self.records():
             if r["op"] == "apply":
                 held.add(r["key"])
-            elif r["op"] == "revert":
+            else:
                 held.discard(r["key"])
         return held
 

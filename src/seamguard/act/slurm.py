@@ -7,6 +7,16 @@ seamguard prefix. It never resumes a node someone else drained and never overwri
 another owner's drain reason. Every call has a timeout; what Slurm refuses (rc != 0)
 comes back as ActionResult(ok=False, detail=stderr).
 
+Output is parsed strictly but never trusted: the drain reason is free text (another
+owner may write `|` into it), so it is the last field and the line is split at most
+four times; a row that still does not parse (garbage, a reason with a newline) is
+dropped with a warning and listed in `problems`, the other rows are used. Every call
+runs in its own process group with one deadline (`timeout_s`) and a bound on what it
+may print (`max_output_bytes`): a hung `sinfo`, and anything it spawned, is killed.
+Bytes that are not UTF-8 are replaced, never raised. (`sinfo --json` needs Slurm's
+serializer plugins, absent from the Debian 22.05 packages, so the text format is
+what every version answers.)
+
 Slurm 22.05 quirk (REFERENCE.md section 2): RESUME on a node that never registered
 (no slurmd) clears DRAIN but exits 1 with "Invalid node state specified"; the result
 is decided by reading the state back, not by the exit code.
@@ -16,7 +26,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import selectors
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +43,11 @@ from seamguard.decide.actions import Action, ActionKey, Verb, action_key
 log = logging.getLogger("seamguard.act.slurm")
 
 _SEP = "|"
-# sinfo fields: node, long state, reason, available features, active features.
-_SINFO_FORMAT = _SEP.join(["%N", "%T", "%E", "%f", "%b"])
+# sinfo fields: node, long state, available features, active features, and the reason
+# last: it is free text and may itself contain the separator.
+_SINFO_FORMAT = _SEP.join(["%N", "%T", "%f", "%b", "%E"])
+_NAME = re.compile(r"^[^\s|,]+$")
+_STATE = re.compile(r"^[a-z_+*~#$@%!^-]+$")
 
 
 class SlurmConfig(BaseModel):
@@ -45,6 +62,8 @@ class SlurmConfig(BaseModel):
     tag: str = Field("seamguard", min_length=1, description="owner tag: drain reasons start with '<tag>:'")
     feature_prefix: str = Field("sg_", min_length=1, description="prefix of seamguard's node features")
     max_reason_len: int = Field(200, ge=32, description="drain reasons are cut to this length")
+    max_output_bytes: int = Field(64 * 1024 * 1024, ge=1024,
+                                  description="a call printing more than this is killed and counted as failed")
 
 
 class SlurmError(RuntimeError):
@@ -69,7 +88,45 @@ class NodeInfo:
 
 
 def _features(field: str) -> tuple[str, ...]:
-    return tuple(f for f in field.split(",") if f and f != "(null)")
+    return tuple(f for f in field.strip().split(",") if f and f != "(null)")
+
+
+def parse_sinfo(text: str) -> tuple[dict[str, NodeInfo], list[str]]:
+    """``sinfo -N -h -o "%N|%T|%f|%b|%E"`` -> (nodes by name, problems). Pure; never raises.
+
+    The reason is last and may contain ``|``; a row whose name or state does not look
+    like one (garbage, the tail of a reason that had a newline) is a problem, not a node.
+    """
+    out: dict[str, NodeInfo] = {}
+    problems: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(_SEP, 4)
+        if len(parts) != 5:
+            problems.append(f"cannot parse row {line[:200]!r}")
+            continue
+        name, state, avail, active, reason = parts
+        name, state = name.strip(), state.strip().lower()
+        if not _NAME.match(name) or not _STATE.match(state):
+            problems.append(f"not a node row {line[:200]!r}")
+            continue
+        reason = reason.strip()
+        # A node in several partitions appears once per partition; the rows agree.
+        out[name] = NodeInfo(name, state, "" if reason == "none" else reason, _features(avail), _features(active))
+    return out, problems
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill a command and everything it started (its own session), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        log.error("pid %d did not exit after SIGKILL", proc.pid)
 
 
 class SlurmActuator:
@@ -81,31 +138,68 @@ class SlurmActuator:
         self._env = dict(os.environ)
         if self.cfg.slurm_conf is not None:
             self._env["SLURM_CONF"] = str(self.cfg.slurm_conf)
+        self.problems: list[str] = []  # rows the last sinfo read dropped, and why
 
     # ---- subprocess --------------------------------------------------------------------
     def _run(self, args: list[str]) -> subprocess.CompletedProcess:
+        """Run one Slurm command with one deadline and bounded output; raises SlurmError."""
+        what = " ".join(args[:3])
         try:
-            return subprocess.run(args, capture_output=True, text=True, timeout=self.cfg.timeout_s, env=self._env)
-        except subprocess.TimeoutExpired:
-            raise SlurmError(f"{' '.join(args[:3])}: no answer within {self.cfg.timeout_s:g}s", True) from None
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=self._env, start_new_session=True)
         except OSError as e:
             raise SlurmError(f"cannot run {args[0]}: {e.strerror}", False) from None
+        deadline = time.monotonic() + self.cfg.timeout_s
+        assert proc.stdout is not None and proc.stderr is not None
+        fd_out, fd_err = proc.stdout.fileno(), proc.stderr.fileno()
+        bufs: dict[int, bytearray] = {fd_out: bytearray(), fd_err: bytearray()}
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ)
+                sel.register(proc.stderr, selectors.EVENT_READ)
+                total = 0
+                while sel.get_map():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise SlurmError(f"{what}: no answer within {self.cfg.timeout_s:g}s", True)
+                    for key, _ in sel.select(remaining):
+                        chunk = os.read(key.fd, 65536)
+                        if not chunk:
+                            sel.unregister(key.fileobj)
+                            continue
+                        bufs[key.fd] += chunk
+                        total += len(chunk)
+                        if total > self.cfg.max_output_bytes:
+                            raise SlurmError(f"{what}: printed more than {self.cfg.max_output_bytes} bytes; "
+                                             "killed", False)
+            try:
+                rc = proc.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                raise SlurmError(f"{what}: no answer within {self.cfg.timeout_s:g}s", True) from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+        return subprocess.CompletedProcess(args, rc, bufs[fd_out].decode("utf-8", "replace"),
+                                           bufs[fd_err].decode("utf-8", "replace"))
 
     def nodes(self) -> dict[str, NodeInfo]:
-        """Actual state of every node, read from sinfo (one row per node)."""
+        """Actual state of every node, read from sinfo (one row per node).
+
+        Rows that do not parse are dropped (warned, listed in ``problems``); if sinfo
+        printed something and no row parses, that is an error, not an empty cluster."""
         r = self._run([self.cfg.sinfo, "-N", "-h", "-o", _SINFO_FORMAT])
         if r.returncode != 0:
             # slurmctld down or busy is worth retrying; a bad flag is not, but looks the same here.
-            raise SlurmError(f"sinfo failed (rc {r.returncode}): {r.stderr.strip()}", True)
-        out: dict[str, NodeInfo] = {}
-        for line in r.stdout.splitlines():
-            parts = line.split(_SEP)
-            if len(parts) != 5:
-                raise SlurmError(f"sinfo: cannot parse line {line!r}", False)
-            name, state, reason, avail, active = parts
-            # A node in several partitions appears once per partition; the rows agree.
-            out[name] = NodeInfo(name, state.strip().lower(), reason.strip() if reason != "none" else "",
-                                 _features(avail), _features(active))
+            raise SlurmError(f"sinfo failed (rc {r.returncode}): {r.stderr.strip()[:500]}", True)
+        out, problems = parse_sinfo(r.stdout)
+        self.problems = problems
+        if problems:
+            log.warning("sinfo: %d row(s) dropped; first: %s", len(problems), problems[0])
+            if not out:
+                raise SlurmError(f"sinfo: no row could be parsed ({problems[0]})", True)
         return out
 
     def _owned(self, reason: str) -> bool:
