@@ -165,17 +165,28 @@ class _Reads:
                 for r in self._read_db().execute(q, args)]
 
 
+class LedgerError(RuntimeError):
+    """The ledger file cannot be opened as a seamguard ledger; the message names the file."""
+
+
 class Ledger(_Reads):
     """The writer: the controller's connection. Reads (`_Reads`) go through the same connection."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as e:
+            raise LedgerError(f"{self.path}: cannot open the ledger: {getattr(e, 'strerror', None) or e}") from None
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as e:  # garbage, another program's database, a directory
+            self.db.close()
+            raise LedgerError(f"{self.path}: not a usable seamguard ledger (SQLite: {e})") from None
 
     def close(self) -> None:
         self.db.close()
