@@ -3,7 +3,7 @@
 Why this file exists: issue 7's acceptance — 30 simulated days of a 100k-GPU cluster in
 <= 30 s on one core, cost about linear in GPUs x days (smaller sizes printed beside it),
 and the baseline-vs-seamguard ETTR at 100k GPUs with Meta's measured failure rate
-(r_f = 5e-3 per node-day, REFERENCE.md §3; goal >= 0.97 for seamguard). The last line
+(r_f = 5e-3 per node-day, Kokolis et al. HPCA 2025, docs/sources.md §3; goal >= 0.97 for seamguard). The last line
 printed is one JSON object.
 
     PYTHONPATH=src python benchmarks/twin_scale.py --quick   # ~ a few seconds
@@ -22,6 +22,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from dataclasses import replace  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from seamguard.twin.events.calibration import (META_RSC_RF_PER_NODE_DAY,  # noqa: E402
                                                llama3_failure_model)
@@ -29,6 +30,10 @@ from seamguard.twin.events.config import ClusterConfig, PolicyParams  # noqa: E4
 from seamguard.twin.events.measured import load_runtime_figures  # noqa: E402
 from seamguard.twin.events.montecarlo import run_monte_carlo  # noqa: E402
 from seamguard.twin.events.simulator import simulate_run  # noqa: E402
+
+
+#: The runtime benchmark's committed results, found beside this script (not in the cwd).
+RESULTS = Path(__file__).resolve().parent / "results" / "failover_training.json"
 
 
 def timed_run(cfg: ClusterConfig, pp: PolicyParams, seed: int, reps: int) -> tuple[float, int]:
@@ -51,11 +56,16 @@ def main() -> None:
     ap.add_argument("--detection-delay-s", type=float,
                     default=PolicyParams.__dataclass_fields__["detection_delay_s"].default,
                     help="default: the telemetry twin's measured median detection delay")
+    ap.add_argument("--measured", type=Path, default=RESULTS if RESULTS.is_file() else None,
+                    help="runtime results file (default: benchmarks/results/"
+                         "failover_training.json beside this script, else the built-in "
+                         "defaults of docs/sources.md)")
     args = ap.parse_args()
     if args.gpus <= 0 or args.days <= 0:
         raise SystemExit("--gpus and --days must be > 0")
 
-    figs = load_runtime_figures()
+    figs = load_runtime_figures(args.measured)
+    print(f"recovery figures: {figs.source}")
     fm = llama3_failure_model().with_rf(META_RSC_RF_PER_NODE_DAY)
     base_cfg = ClusterConfig(gpus=args.gpus, days=args.days, workload="single", failures=fm)
     pols = [PolicyParams("baseline", runtime=figs),

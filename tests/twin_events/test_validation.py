@@ -1,4 +1,4 @@
-"""The twin against published figures (REFERENCE.md §3-4)."""
+"""The twin against published figures (docs/sources.md §3-4)."""
 
 from dataclasses import replace
 

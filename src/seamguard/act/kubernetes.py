@@ -1,6 +1,6 @@
 """The Kubernetes actuator: cordon, taints and a node condition via the official client.
 
-Follows NVSentinel's split (REFERENCE.md section 2): the taint says "is it bad"
+Follows NVSentinel's split (github.com/NVIDIA/NVSentinel; docs/sources.md §2): the taint says "is it bad"
 (`seamguard.io/state=quarantine:NoSchedule`, `seamguard.io/state=degraded:PreferNoSchedule`),
 the condition says why (type `SeamguardHealthy`, reason, message, lastTransitionTime),
 and cordon (`spec.unschedulable`) keeps new pods off a quarantined node. Ownership is

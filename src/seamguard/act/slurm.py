@@ -17,7 +17,7 @@ Bytes that are not UTF-8 are replaced, never raised. (`sinfo --json` needs Slurm
 serializer plugins, absent from the Debian 22.05 packages, so the text format is
 what every version answers.)
 
-Slurm 22.05 quirk (REFERENCE.md section 2): RESUME on a node that never registered
+Slurm 22.05 quirk (docs/sources.md §2, observed against a real slurmctld): RESUME on a node that never registered
 (no slurmd) clears DRAIN but exits 1 with "Invalid node state specified"; the result
 is decided by reading the state back, not by the exit code.
 """

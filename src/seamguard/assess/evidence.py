@@ -20,7 +20,7 @@ from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
 
-# XIDs (REFERENCE.md section 1): fatal ones end the GPU's usefulness until reset;
+# XIDs (NVIDIA's XID catalogue; meanings in docs/sources.md §1): fatal ones end the GPU's usefulness until reset;
 # warning ones announce that a fatal one is coming.
 FATAL_XIDS = np.array([48, 74, 79, 94, 95, 119, 120])
 WARNING_XIDS = np.array([63, 64, 92])

@@ -1,6 +1,6 @@
 """Economic model: is an action worth what it costs, for *this* job?
 
-The control plane's objective (DESIGN.md) is to preserve useful throughput and minimise
+The control plane's objective (docs/architecture.md, README) is to preserve useful throughput and minimise
 failure amplification, weighted by job criticality. This module turns that into pure
 arithmetic in GPU-hours so that the decision is explainable: the same degraded node may
 stay under a low-priority batch job and must go under a release-critical run, and a

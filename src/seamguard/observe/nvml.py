@@ -1,6 +1,6 @@
 """Local GPU telemetry through NVML (nvidia-ml-py) for a node agent.
 
-Reads the same quantities dcgm-exporter exports (REFERENCE.md section 1) straight from
+Reads the same quantities dcgm-exporter exports (docs/sources.md §1) straight from
 the driver. Without a driver or a GPU it degrades cleanly: one clear log line, a Frame
 with every GPU signal missing (NaN) and a flag saying why — never an exception into the
 controller. XID events need an NVML event set and a waiting thread; they are not read

@@ -2,7 +2,7 @@
 
 The only place that does HTTP for telemetry. One adapter covers Prometheus, Thanos,
 Mimir and VictoriaMetrics (same API under a base URL and path prefix, tenant header,
-bearer token; REFERENCE.md section 1). Series are mapped to entities with dict lookups
+bearer token; sources in docs/sources.md §1). Series are mapped to entities with dict lookups
 cached across ticks and written into numpy arrays, so a 10k-GPU tick costs little more
 than the HTTP transfer. Counters stay raw (assess computes rates with resets).
 

@@ -4,7 +4,7 @@ Shared by the Prometheus source (series -> entity index) and the exposition rend
 (entity -> labels, for `twin serve` and backfills), so both directions follow one
 documented table (docs/prometheus-slurm.md). Pure data and string work, no I/O.
 
-Defaults follow the exporters operators run (REFERENCE.md section 1): dcgm-exporter
+Defaults follow the exporters operators run (docs/sources.md §1): dcgm-exporter
 names the host ``Hostname`` (older releases) or ``hostname`` (newer) and the GPU
 ``gpu="0"``; node_exporter's infiniband collector labels ``{device,port}`` and the node
 comes from ``instance`` (``host:9100``) or a relabelled ``node`` label. Facilities,

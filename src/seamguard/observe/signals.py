@@ -1,7 +1,7 @@
 """The signal registry: every signal seamguard reads, with unit, domain and direction.
 
 Names are the real exporter names (dcgm-exporter, node_exporter's infiniband collector)
-where a standard exists (REFERENCE.md section 1) and seamguard's own documented names
+where a standard exists (docs/sources.md §1) and seamguard's own documented names
 (`seamguard_*`) where none does (facilities, storage paths, runtime progress), so a
 Prometheus source and the twin fill the same frame.
 """

@@ -2,7 +2,7 @@
 
 Reads what node_exporter's netclass and infiniband collectors read, without needing
 node_exporter: operstate/carrier/carrier_changes per interface and state/phys_state and
-error counters per InfiniBand port (REFERENCE.md section 1). Hosts without InfiniBand
+error counters per InfiniBand port (docs/sources.md §1). Hosts without InfiniBand
 simply have no `/sys/class/infiniband`; that is an empty result, not an error.
 """
 

@@ -3,7 +3,7 @@
 Everything lives in a temporary directory (munge socket and key, slurm.conf, state,
 logs) on free loopback ports, so concurrent test runs do not collide with each other
 or with a system Slurm. Nodes are `NodeHostname=localhost` and never register, which
-is enough for drain/resume/features (REFERENCE.md section 6).
+is enough for drain/resume/features (slurm.conf(5); docs/sources.md §2).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ No clock, no I/O, no imports from twin/runtime/act.
 
 The model
 ---------
-* Interval: Daly's higher-order formula (REFERENCE.md §4, Daly FGCS 2006)
+* Interval: Daly's higher-order formula (Daly, FGCS 2006; docs/sources.md §4)
   ``tau = sqrt(2 d M) * [1 + 1/3 sqrt(d / 2M) + 1/9 (d / 2M)] - d`` for ``d < 2M``, else
   ``M``; ``d`` is the measured checkpoint stall of the chosen tier and ``M`` the MTTF of
   the failures that tier has to protect against.
@@ -202,13 +202,13 @@ class CheckpointPlan:
 
 
 def young_interval_s(delta_s: float, mttf_s: float) -> float:
-    """Young's first-order optimum ``sqrt(2 d M)`` (REFERENCE.md §4)."""
+    """Young's first-order optimum ``sqrt(2 d M)`` (Young, CACM 1974; docs/sources.md §4)."""
     _check_positive(delta_s=delta_s, mttf_s=mttf_s)
     return math.sqrt(2.0 * delta_s * mttf_s)
 
 
 def daly_interval_s(delta_s: float, mttf_s: float) -> float:
-    """Daly's higher-order optimum (REFERENCE.md §4, Daly FGCS 2006).
+    """Daly's higher-order optimum (Daly, FGCS 2006; docs/sources.md §4).
 
     ``sqrt(2dM) [1 + (1/3) sqrt(d/2M) + (1/9)(d/2M)] - d`` for ``d < 2M``, else ``M``.
     """

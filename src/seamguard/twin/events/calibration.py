@@ -1,10 +1,10 @@
 """Failure processes of a GPU cluster, calibrated from published figures.
 
 Why this file exists: every rate the event-mode twin draws from is defined here, next to
-the REFERENCE.md source it comes from, so that a reader can check the arithmetic and the
+the public source it comes from (all listed in docs/sources.md), so that a reader can check the arithmetic and the
 validation tests can check the twin against the same sources.
 
-Calibration of hard failures (REFERENCE.md §3, Llama 3, arXiv 2407.21783 Table 5):
+Calibration of hard failures (Llama 3, arXiv 2407.21783, Table 5; docs/sources.md §3):
 16,384 H100 GPUs (2,048 nodes of 8) ran 54 days with 419 unexpected interruptions. Each
 cause is assigned to the component type that carries it, and its count is turned into a
 per-component rate ``count / (components in the Llama 3 cluster * 54 days)``. A cluster
@@ -47,7 +47,7 @@ COMPONENTS_PER_NODE: dict[str, float] = {
     "gpu": 8.0, "nic": 8.0, "link": 8.0, "node": 1.0, "switch": 1.0 / 16.0,
 }
 
-# REFERENCE.md §3, Llama 3: 16,384 GPUs, 54 days, 419 unexpected + 47 planned interruptions.
+# Llama 3 (arXiv 2407.21783, docs/sources.md §3): 16,384 GPUs, 54 days, 419 unexpected + 47 planned interruptions.
 LLAMA3_GPUS = 16_384
 LLAMA3_DAYS = 54.0
 LLAMA3_PLANNED = 47
@@ -88,9 +88,9 @@ PRECURSOR_FRACTION: dict[str, float] = {
     "system_memory": 0.3, "ssd": 0.3,
 }
 
-# REFERENCE.md §3, Meta RSC (Kokolis et al., HPCA 2025): r_f ~ 5e-3 per node-day.
+# Meta RSC (Kokolis et al., HPCA 2025; docs/sources.md §3): r_f ~ 5e-3 per node-day.
 META_RSC_RF_PER_NODE_DAY = 5e-3
-# REFERENCE.md §3, Alibaba HPN (SIGCOMM'24): per-month failure shares.
+# Alibaba HPN (Qian et al., SIGCOMM 2024; docs/sources.md §3): per-month failure shares.
 HPN_LINK_FAIL_PER_MONTH = 0.057e-2
 HPN_TOR_FAIL_PER_MONTH = 0.051e-2
 
@@ -98,7 +98,7 @@ HPN_TOR_FAIL_PER_MONTH = 0.051e-2
 def link_rate_per_day_from_mttf_years(mttf_years: float) -> float:
     """Per-link failure rate per day for an exponential lifetime with the given MTTF.
 
-    Years of 365 days, as the seed claim's 26.28 min implies (5 * 365 * 1440 / 100,000);
+    Years of 365 days, as the worked example's 26.28 min implies (5 * 365 * 1440 / 100,000);
     365.25-day years would give 26.30 min.
     """
     if mttf_years <= 0:
@@ -227,7 +227,8 @@ def link_profile(model: FailureModel, profile: str,
 
     ``llama3``: keep the Llama 3 switch/cable calibration. ``hpn``: Alibaba HPN's
     0.057%/month per NIC-ToR link plus 0.051%/month per ToR switch. ``mttf``: every link
-    an exponential lifetime with ``mttf_years`` (the seed claim uses 5 years).
+    an exponential lifetime with ``mttf_years`` (the worked example in docs/sources.md
+    uses 5 years).
     """
     if profile == "llama3":
         return model
