@@ -167,7 +167,7 @@ _RUNS = typer.Option(1, "--runs", help="Monte-Carlo runs (seeds).")
 _SEED = typer.Option(0, "--seed", help="Master seed; the same seed reproduces every run.")
 _EXEC = typer.Option(Executor.local, "--executor", case_sensitive=False,
                      help="local (in process), process (process pool) or ray "
-                          "(needs seamguard[ray]).")
+                          "(needs the optional ray extra).")
 _WORK = typer.Option(None, "--workers", help="Worker processes for --executor process.")
 
 

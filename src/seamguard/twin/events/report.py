@@ -87,8 +87,8 @@ def fig_ettr_vs_size(sweep: dict[int, list[Summary]], goal: float = 0.97):
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left")
     runs = len(sweep[sizes[0]][0].runs)
-    ax.set_title(f"ETTR vs cluster size (mean of {runs} run{'s' if runs != 1 else ''}, "
-                 "95% CI)", fontsize=11)
+    ax.set_title("ETTR vs cluster size " + (f"(mean of {runs} runs, 95% CI)" if runs > 1
+                                            else "(1 run: no interval)"), fontsize=11)
     if two:
         rx = axes[0][1]
         lost_b = [1.0 - m for m in means["baseline"]]
@@ -171,7 +171,7 @@ def fig_lost_by_cause(summaries: Sequence[Summary], top: int | None = None):
             elif b.get(c, 0.0) == 0:
                 txt = "seamguard only"
             else:
-                txt = f"{r:.0f}x" if r >= 10 else f"{r:.1f}x"
+                txt = f"{r:.0f}x" if r >= 10 else f"{r:.1f}x" if r >= 1 else f"{r:.2f}x"
             rx.annotate(txt, (min(r, cap), yi), va="center", fontsize=8, xytext=(3, 0),
                         textcoords="offset points")
         rx.axvline(1.0, color="grey", lw=1.0, ls=":", label="1x: same loss")
