@@ -20,6 +20,9 @@ the way real deployments do:
 ``truncate``   declare the full length, send ``keep`` of the bytes and close
 =============  ===========================================================================
 
+``declare_length=False`` sends no Content-Length (the body ends when the connection
+closes), so a client cannot refuse a huge answer up front and must stop while reading.
+
 ``only`` restricts a fault to queries containing one of the given strings; others pass.
 ``proxy.requests`` counts what reached the proxy. Used by tests/test_faults.py and
 benchmarks/fault_drill.py.
@@ -77,6 +80,7 @@ class Fault:
     size_bytes: int = 0
     kind: str = "metric_not_object"
     keep: float = 0.5
+    declare_length: bool = True  # False: no Content-Length, the body ends when the connection closes
     params: dict[str, Any] = field(default_factory=dict)
 
     def applies(self, query: str) -> bool:
@@ -244,7 +248,11 @@ class PromFaultProxy:
             def _send(self, status: int, body: bytes, length: int | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body) if length is None else length))
+                if proxy.fault.declare_length:
+                    self.send_header("Content-Length", str(len(body) if length is None else length))
+                else:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 self.end_headers()
 
             def _serve(self, body: bytes) -> None:
