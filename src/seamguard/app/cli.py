@@ -1,32 +1,43 @@
 """The `seamguard` command line: the edge where files, environment and flags are read.
 
 Every subcommand is a thin shell over library code; nothing here holds logic that a
-test of the core would need.
+test of the core would need. Conventions (seamguard.app.clikit): a user error is one
+``error: ...`` line and exit status 2; every command that reports takes ``-o table|json``
+(``--json`` for short); output files are ``--out``, a policy file is ``--policy``; long
+work shows progress on stderr, live only on a terminal.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
+from importlib.metadata import PackageNotFoundError, version as package_version
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from seamguard.app.clikit import fail
+from seamguard.app import twin_cli as twin_events_cli
+from seamguard.app.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
+                                  phase, wants_json)
 from seamguard.runtime import cli as runtime_cli
 from seamguard.testbed import cli as testbed_cli
-from seamguard.app import twin_cli as twin_events_cli
 
 app = typer.Typer(
     name="seamguard",
     help="Gray-failure control plane, resilient runtime and digital twin for GPU clusters.",
     no_args_is_help=True,
     add_completion=False,
+    cls=Group,
+    rich_markup_mode=HELP_STYLE,
 )
 twin_app = typer.Typer(help="The digital twin: simulated telemetry and discrete-event planning.",
-                       no_args_is_help=True)
-fleet_app = typer.Typer(help="Topology files: generate, validate.", no_args_is_help=True)
-policy_app = typer.Typer(help="Decision policy: show the default, validate a file.", no_args_is_help=True)
+                       no_args_is_help=True, rich_markup_mode=HELP_STYLE)
+fleet_app = typer.Typer(help="Topology files: generate, validate.", no_args_is_help=True,
+                        rich_markup_mode=HELP_STYLE)
+policy_app = typer.Typer(help="Decision policy: show the default, validate a file.", no_args_is_help=True,
+                         rich_markup_mode=HELP_STYLE)
 app.add_typer(twin_app, name="twin")
 app.add_typer(fleet_app, name="fleet")
 app.add_typer(policy_app, name="policy")
@@ -34,66 +45,150 @@ twin_app.command("simulate")(twin_events_cli.simulate)
 twin_app.command("report")(twin_events_cli.report)
 
 
-_fail = fail
+class Mode(str, Enum):
+    dry_run = "dry_run"
+    enforce = "enforce"
+
+
+class Scenario(str, Enum):
+    default = "default"
+    none = "none"
+
+
+def _version() -> str:
+    try:
+        return package_version("seamguard")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"seamguard {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print the version and exit.")) -> None:
+    """Gray-failure control plane, resilient runtime and digital twin for GPU clusters."""
+
+
+def _seed_option(what: str = "the fleet, the faults and the noise") -> Any:
+    return typer.Option(0, "--seed", help=f"Seed for {what}.")
+
+
+def _out_file(path: Path | None, flag: str = "--out") -> None:
+    """An output file's directory must exist and the path must not be a directory (checked before work)."""
+    if path is None:
+        return
+    if path.is_dir():
+        fail(f"{flag}: {path} is a directory; give a file path")
+    if not path.parent.is_dir():
+        fail(f"{flag}: directory {path.parent} does not exist")
+
+
+def _size(path: Path) -> str:
+    try:
+        n = path.stat().st_size
+    except OSError:
+        return ""
+    return f" ({n / 1e6:.1f} MB)" if n >= 1e5 else f" ({n} bytes)"
+
+
+def _write_topology(fleet, path: Path) -> None:
+    """Topology YAML, dumped by libyaml when PyYAML has it (a 100k-GPU fleet is ~9 MB)."""
+    import yaml
+
+    from seamguard.fleet import fleet_to_topology
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text = yaml.dump(fleet_to_topology(fleet), Dumper=dumper, sort_keys=False, width=120)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        fail(f"{path}: cannot write: {e.strerror or e}")
 
 
 @app.command()
 def demo(
-    gpus: int = typer.Option(2048, min=8, help="GPUs in the simulated fleet."),
-    minutes: float = typer.Option(30.0, min=2.0, help="Simulated minutes."),
-    seed: int = typer.Option(0, help="Seed for the fleet, the faults and the noise."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the live view."),
-    ledger: Path | None = typer.Option(None, help="Keep the controller's SQLite ledger here."),
+    gpus: int = typer.Option(2048, "--gpus", min=8, help="GPUs in the simulated fleet."),
+    minutes: float = typer.Option(30.0, "--minutes", min=2.0, help="Simulated minutes."),
+    seed: int = _seed_option(),
+    ledger: Path | None = typer.Option(None, "--ledger", help="Keep the controller's SQLite ledger here."),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
 ) -> None:
     """Run the control plane against the twin, with and without control, and score it."""
-    from seamguard.app.demo_view import run_demo
+    from rich.console import Console
 
-    result = run_demo(gpus=gpus, minutes=minutes, seed=seed, quiet=json_out, ledger_path=ledger)
-    if json_out:
+    from seamguard.app.demo_view import run_demo
+    from seamguard.ledger.sqlite import LedgerError
+
+    as_json = wants_json(output, json_flag)
+    _out_file(ledger, "--ledger")
+    try:
+        result = run_demo(gpus=gpus, minutes=minutes, seed=seed, ledger_path=ledger, live=interactive(),
+                          out=None if as_json else Console(highlight=False))
+    except LedgerError as e:
+        fail(f"--ledger: {e}")
+    if as_json:
         result.pop("false_action_list", None)
-        typer.echo(json.dumps(result))
+        emit(result, True)
 
 
 @fleet_app.command("generate")
 def fleet_generate(
-    gpus: int = typer.Option(2048, min=8, help="GPUs in the fleet (rounded down to whole nodes)."),
-    out: Path = typer.Option(..., help="Where to write the topology YAML."),
-    seed: int = typer.Option(0),
+    gpus: int = typer.Option(2048, "--gpus", min=8, help="GPUs in the fleet (rounded down to whole nodes)."),
+    out: Path = typer.Option(..., "--out", help="Where to write the topology YAML."),
+    seed: int = _seed_option("the fleet's layout"),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
 ) -> None:
     """Write a synthetic topology of any size (e.g. --gpus 100000)."""
-    import yaml
+    from seamguard.fleet import FleetShape, generate_fleet
 
-    from seamguard.fleet import FleetShape, fleet_to_topology, generate_fleet
-
-    fleet = generate_fleet(FleetShape(gpus=gpus), seed=seed)
-    out.write_text(yaml.safe_dump(fleet_to_topology(fleet), sort_keys=False, width=120))
-    typer.echo(json.dumps({"out": str(out), **fleet.summary()}))
+    _out_file(out)
+    with phase(f"generating a fleet of {gpus} GPUs"):
+        fleet = generate_fleet(FleetShape(gpus=gpus), seed=seed)
+    with phase(f"writing {out}"):
+        _write_topology(fleet, out)
+    emit({"out": str(out), **fleet.summary()}, wants_json(output, json_flag))
 
 
 @fleet_app.command("validate")
-def fleet_validate(path: Path = typer.Argument(..., help="Topology YAML to check.")) -> None:
+def fleet_validate(
+    path: Path = typer.Argument(..., help="Topology YAML to check."),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
+) -> None:
     """Check a topology file; print its entity counts or what is wrong and where."""
     from seamguard.app.config import load_topology
 
-    fleet = _or_fail(lambda: load_topology(path))
-    typer.echo(json.dumps({"file": str(path), **fleet.summary()}))
+    with phase(f"reading and checking {path}{_size(path)}"):
+        fleet = _or_fail(lambda: load_topology(path))
+    emit({"file": str(path), "valid": True, **fleet.summary()}, wants_json(output, json_flag))
 
 
 @policy_app.command("show")
 def policy_show() -> None:
-    """Print the shipped default policy."""
+    """Print the shipped default policy (YAML)."""
     from importlib import resources
 
     sys.stdout.write(resources.files("seamguard.decide").joinpath("default_policy.yaml").read_text())
 
 
 @policy_app.command("validate")
-def policy_validate(path: Path = typer.Argument(..., help="Policy YAML to check.")) -> None:
+def policy_validate(
+    path: Path = typer.Argument(..., help="Policy YAML to check."),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
+) -> None:
     """Check a policy file (merged over the default)."""
     from seamguard.app.config import load_policy
 
     pol = _or_fail(lambda: load_policy(path))
-    typer.echo(json.dumps({"file": str(path), "mode": pol.mode, "valid": True}))
+    emit({"file": str(path), "valid": True, "mode": pol.mode}, wants_json(output, json_flag))
 
 
 # ---- training runtime (torch is imported inside these commands, never here) -----------------
@@ -104,40 +199,47 @@ app.add_typer(testbed_cli.app, name="testbed")
 # ---- telemetry in / actions out (issue 3): twin serve, replay, run -------------------------
 @twin_app.command("serve")
 def twin_serve(
-    gpus: int = typer.Option(256, min=8, help="GPUs in the simulated fleet."),
-    seed: int = typer.Option(0, help="Seed for the fleet, the faults and the noise."),
-    tick_s: float = typer.Option(5.0, min=0.01, help="Simulated seconds per twin tick."),
-    speed: float = typer.Option(1.0, min=0.01, help="Simulated seconds per wall second."),
-    minutes: float = typer.Option(30.0, min=1.0, help="Scenario length in simulated minutes (fault timing)."),
-    scenario: str = typer.Option("default", help="'default' (one fault of each kind) or 'none'."),
-    host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(9400, min=0, max=65535, help="0 picks a free port (printed)."),
-    truth_out: Path | None = typer.Option(None, help="Write the injected faults' ground truth (JSON) here."),
-    topology_out: Path | None = typer.Option(None, help="Write the simulated fleet's topology YAML here."),
+    gpus: int = typer.Option(256, "--gpus", min=8, help="GPUs in the simulated fleet."),
+    seed: int = _seed_option(),
+    tick_s: float = typer.Option(5.0, "--tick-s", min=0.01, help="Simulated seconds per twin tick."),
+    speed: float = typer.Option(1.0, "--speed", min=0.01, help="Simulated seconds per wall second."),
+    minutes: float = typer.Option(30.0, "--minutes", min=1.0,
+                                  help="Scenario length in simulated minutes (fault timing)."),
+    scenario: Scenario = typer.Option(Scenario.default, "--scenario", case_sensitive=False,
+                                      help="default: one fault of each kind; none: a healthy fleet."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(9400, "--port", min=0, max=65535, help="Port to listen on (0 = any free port)."),
+    truth_out: Path | None = typer.Option(None, "--truth-out",
+                                          help="Write the injected faults' ground truth (JSON) here."),
+    topology_out: Path | None = typer.Option(None, "--topology-out",
+                                             help="Write the simulated fleet's topology YAML here."),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
 ) -> None:
     """Expose the twin's telemetry on /metrics under the real exporter names and labels."""
     import signal
 
     from seamguard.app.twin_exporter import ServeOptions, TwinExporter
-
-    if scenario not in ("default", "none"):
-        _fail(f"--scenario must be 'default' or 'none', got {scenario!r}")
     from seamguard.twin.closedloop import build
 
+    _out_file(truth_out, "--truth-out")
+    _out_file(topology_out, "--topology-out")
     fleet, specs, cfg = build(gpus, minutes, seed, tick_s=tick_s)
-    if scenario == "none":
+    if scenario == Scenario.none:
         specs = []
     if topology_out is not None:
-        import yaml
-
-        from seamguard.fleet import fleet_to_topology
-
-        topology_out.write_text(yaml.safe_dump(fleet_to_topology(fleet), sort_keys=False, width=120))
-    exp = TwinExporter(fleet, specs, cfg, seed, ServeOptions(host, port, speed, truth_out))
+        _write_topology(fleet, topology_out)
+    try:
+        exp = TwinExporter(fleet, specs, cfg, seed, ServeOptions(host, port, speed, truth_out))
+    except OSError as e:
+        fail(f"--host/--port: cannot listen on {host}:{port}: {e.strerror or e}")
     signal.signal(signal.SIGTERM, lambda *_: exp.stop())
     signal.signal(signal.SIGINT, lambda *_: exp.stop())
-    typer.echo(json.dumps({"url": f"http://{host}:{exp.port}/metrics", "gpus": len(fleet.gpu_names),
-                           "faults": len(specs), "period_s": tick_s / speed}))
+    info = {"url": f"http://{host}:{exp.port}/metrics", "gpus": len(fleet.gpu_names), "faults": len(specs),
+            "period_s": tick_s / speed}
+    emit(info, wants_json(output, json_flag),
+         lambda d: typer.echo(f"seamguard twin serve: {d['url']}  ({d['gpus']} GPUs, {d['faults']} injected "
+                              f"faults, a new frame every {d['period_s']:g} s)"))
     sys.stdout.flush()
     exp.run()
 
@@ -153,22 +255,24 @@ def _parse_time(v: str, flag: str) -> float:
     try:
         return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
     except ValueError:
-        _fail(f"{flag}: cannot read time {v!r}: give Unix seconds or RFC 3339")
-        raise
+        fail(f"{flag}: cannot read time {v!r}: give Unix seconds or RFC 3339 (e.g. 2025-01-31T12:00:00Z)")
 
 
 @app.command()
 def replay(
-    prometheus: str = typer.Option(..., help="Base URL of a Prometheus-compatible API."),
-    topology: Path = typer.Option(..., help="Fleet topology YAML."),
-    start: str = typer.Option(..., help="Start (Unix seconds or RFC 3339)."),
-    end: str = typer.Option(..., help="End (Unix seconds or RFC 3339)."),
-    step: float = typer.Option(15.0, min=0.001, help="Seconds between frames; the controller's tick."),
-    out: Path = typer.Option(..., help="JSON lines: one per state change or decision."),
-    policy: Path | None = typer.Option(None, help="Policy YAML (merged over the default)."),
-    config: Path | None = typer.Option(None, help="Run config whose prometheus: section (auth, mapping) to use."),
-    path_prefix: str = typer.Option("", help="API path prefix ('/prometheus' for Mimir)."),
-    tenant: str | None = typer.Option(None, help="X-Scope-OrgID tenant header."),
+    prometheus: str = typer.Option(..., "--prometheus", help="Base URL of a Prometheus-compatible API."),
+    topology: Path = typer.Option(..., "--topology", help="Fleet topology YAML."),
+    start: str = typer.Option(..., "--start", help="Start (Unix seconds or RFC 3339)."),
+    end: str = typer.Option(..., "--end", help="End (Unix seconds or RFC 3339)."),
+    step: float = typer.Option(15.0, "--step", min=0.001, help="Seconds between frames; the controller's tick."),
+    out: Path = typer.Option(..., "--out", help="JSON lines: one per state change or decision."),
+    policy: Path | None = typer.Option(None, "--policy", help="Policy YAML file (merged over the default)."),
+    config: Path | None = typer.Option(None, "--config",
+                                       help="Run config whose prometheus: section (auth, mapping) to use."),
+    path_prefix: str = typer.Option("", "--path-prefix", help="API path prefix ('/prometheus' for Mimir)."),
+    tenant: str | None = typer.Option(None, "--tenant", help="X-Scope-OrgID tenant header."),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
 ) -> None:
     """Backtest: run the controller (dry run) over history and write what it would have done."""
     import logging
@@ -182,29 +286,32 @@ def replay(
     # Everything is validated before the output file is opened: a bad argument never truncates it.
     t0, t1 = _parse_time(start, "--start"), _parse_time(end, "--end")
     if t1 <= t0:
-        _fail(f"--end ({end}) must be after --start ({start})")
-    if out.is_dir():
-        _fail(f"--out: {out} is a directory; give a file path")
-    if not out.parent.is_dir():
-        _fail(f"--out: directory {out.parent} does not exist")
+        fail(f"--end ({end}) must be after --start ({start})")
+    _out_file(out)
     fleet = _or_fail(lambda: load_topology(topology))
     pol = _or_fail(lambda: load_policy(policy))
     try:
         pcfg = (_run_config(config).prometheus.model_copy(update={"url": prometheus}) if config is not None
                 else PromConfig(url=prometheus, path_prefix=path_prefix, tenant=tenant))
     except ValueError as e:
-        _fail(f"--prometheus: {e}")
+        fail(f"--prometheus: {e}")
     ctl = Controller(fleet, pol, [], None, tick_s=step, mode="dry_run")
     ticks = errors = 0
-    with PrometheusSource(fleet, pcfg) as src, open(out, "w", encoding="utf-8") as fh:
+    total = int((t1 - t0) // step) + 1
+    with PrometheusSource(fleet, pcfg) as src, open(out, "w", encoding="utf-8") as fh, \
+            phase(f"replaying {total} ticks from {prometheus} into {out}"):
         for rep in run_replay(ctl, src.frames(t0, t1, step), fh):
             ticks += 1
             errors += bool(rep.error)
-    typer.echo(json.dumps({"out": str(out), "ticks": ticks, "tick_errors": errors}))
+    emit({"out": str(out), "ticks": ticks, "tick_errors": errors}, wants_json(output, json_flag))
 
 
 @app.command()
-def run(config: Path = typer.Option(..., help="Run config YAML (docs/prometheus-slurm.md).")) -> None:
+def run(
+    config: Path = typer.Option(..., "--config", help="Run config YAML (docs/prometheus-slurm.md)."),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
+) -> None:
     """Live controller against Prometheus on a schedule (dry run unless the config says enforce)."""
     import logging
     import signal
@@ -221,9 +328,8 @@ def run(config: Path = typer.Option(..., help="Run config YAML (docs/prometheus-
     try:
         ticks = runner.run()
     except RuntimeError as e:
-        typer.echo(f"error: the controller loop died: {e}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(json.dumps({"ticks": ticks, "mode": runner.controller.mode, "ledger": str(cfg.ledger)}))
+        fail(f"the controller loop died: {e}", code=1)
+    emit({"ticks": ticks, "mode": runner.controller.mode, "ledger": str(cfg.ledger)}, wants_json(output, json_flag))
 
 
 def _run_config(path: Path):
@@ -233,33 +339,41 @@ def _run_config(path: Path):
 
 
 def _or_fail(build):
-    """Run a builder; a user error (bad file, field, value) is one `error:` line and exit 2."""
+    """Run a builder; a user error (bad file, field, value, ledger) is one `error:` line and exit 2."""
     from seamguard.app.config import ConfigError
     from seamguard.decide import PolicyError
     from seamguard.fleet import TopologyError
+    from seamguard.ledger.sqlite import LedgerError
 
     try:
         return build()
-    except (ConfigError, TopologyError, PolicyError) as e:
-        _fail(str(e))
+    except (ConfigError, TopologyError, PolicyError, LedgerError) as e:
+        fail(str(e))
 
 
 # ---- seamguard serve (service, API and dashboard) -------------------------------------------------
 @app.command()
 def serve(
-    config: Path | None = typer.Option(None, help="Run against a live source (Prometheus) from this config "
-                                       "instead of the twin: its policy, mode and ledger are used."),
-    gpus: int = typer.Option(2048, min=8, help="GPUs in the simulated fleet (twin)."),
-    minutes: float = typer.Option(30.0, min=2.0, help="Length of the twin's fault scenario, simulated minutes."),
-    seed: int = typer.Option(0, help="Seed for the twin's fleet, faults and noise."),
-    speed: float = typer.Option(10.0, min=0.0, help="Simulated seconds per wall second (twin); 0 = paused."),
-    mode: str = typer.Option("enforce", help="dry_run or enforce (against the twin, enforce is safe)."),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
-    port: int = typer.Option(8642, min=0, max=65535, help="Port to listen on (0 = any free port)."),
-    token: str | None = typer.Option(None, envvar="SEAMGUARD_TOKEN",
+    config: Path | None = typer.Option(None, "--config",
+                                       help="Run against a live source (Prometheus) from this config "
+                                            "instead of the twin: its policy, mode and ledger are used."),
+    gpus: int = typer.Option(2048, "--gpus", min=8, help="GPUs in the simulated fleet (twin)."),
+    minutes: float = typer.Option(30.0, "--minutes", min=2.0,
+                                  help="Length of the twin's fault scenario, simulated minutes."),
+    seed: int = _seed_option("the twin's fleet, faults and noise"),
+    speed: float = typer.Option(10.0, "--speed", min=0.0,
+                                help="Simulated seconds per wall second (twin); 0 = paused."),
+    mode: Mode = typer.Option(Mode.enforce, "--mode", case_sensitive=False,
+                              help="dry_run records only; enforce acts (against the twin, enforce is safe)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8642, "--port", min=0, max=65535, help="Port to listen on (0 = any free port)."),
+    token: str | None = typer.Option(None, "--token", envvar="SEAMGUARD_TOKEN",
                                      help="Bearer token for mutating calls (default: generated and printed)."),
-    ledger: Path | None = typer.Option(None, help="Keep the controller's SQLite ledger here (twin; default: "
-                                       "temporary). With --config the config's ledger is used."),
+    ledger: Path | None = typer.Option(None, "--ledger",
+                                       help="Keep the controller's SQLite ledger here (twin; default: "
+                                            "temporary). With --config the config's ledger is used."),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
 ) -> None:
     """Run the controller (on the twin by default) with the HTTP API, /metrics and the dashboard."""
     import secrets
@@ -269,27 +383,36 @@ def serve(
         from seamguard.app.service.server import Server
         from seamguard.app.sources import TwinSource
     except ImportError as e:
-        _fail(f"`seamguard serve` needs the service extra ({e.name} is missing): pip install 'seamguard[service]'")
-    if mode not in ("dry_run", "enforce"):
-        _fail(f"--mode must be dry_run or enforce, got {mode!r}")
+        fail(f"`seamguard serve` needs the service extra ({e.name} is missing): pip install 'seamguard[service]'")
     if config is not None:  # a real cluster: the config decides policy, mode, ledger and time
         cfg = _run_config(config)
         runner = _or_fail(lambda: Runner.from_config(cfg, max_ticks=None))
     else:
-        runner = Runner(TwinSource(gpus, minutes, seed), mode=mode, speed=speed, ledger_path=ledger)
+        _out_file(ledger, "--ledger")
+        runner = _or_fail(lambda: Runner(TwinSource(gpus, minutes, seed), mode=mode.value, speed=speed,
+                                         ledger_path=ledger))
     token = token or secrets.token_urlsafe(24)
     server = Server(runner, token, host=host, port=port, log_level="warning")
     sizes = runner.snapshot().fleet.summary()
-    typer.echo(f"seamguard serve: {runner.source.name}, {sizes['gpu']} GPUs on {sizes['cooling_loop']} cooling "
-               f"loops, mode {runner.controller.mode}, speed {runner.speed:g}x, ledger {runner.ledger_path}")
-    typer.echo(f"  dashboard  {server.url}/")
-    typer.echo(f"  API docs   {server.url}/docs   metrics {server.url}/metrics")
-    typer.echo(f"  token      {token}   (Authorization: Bearer <token> for mode, breaker reset, pins)")
+    info = {"source": runner.source.name, "gpus": sizes["gpu"], "cooling_loops": sizes["cooling_loop"],
+            "mode": runner.controller.mode, "speed": runner.speed, "ledger": str(runner.ledger_path),
+            "dashboard": f"{server.url}/", "api_docs": f"{server.url}/docs", "metrics": f"{server.url}/metrics",
+            "token": token}
+    emit(info, wants_json(output, json_flag), _serve_banner)
+    sys.stdout.flush()
     runner.start()
     try:
         server.serve_forever()
     finally:
         runner.stop()
+
+
+def _serve_banner(d: dict[str, Any]) -> None:
+    typer.echo(f"seamguard serve: {d['source']}, {d['gpus']} GPUs on {d['cooling_loops']} cooling loops, "
+               f"mode {d['mode']}, speed {d['speed']:g}x, ledger {d['ledger']}")
+    typer.echo(f"  dashboard  {d['dashboard']}")
+    typer.echo(f"  API docs   {d['api_docs']}   metrics {d['metrics']}")
+    typer.echo(f"  token      {d['token']}   (Authorization: Bearer <token> for mode, breaker reset, pins)")
 
 
 def main() -> None:

@@ -20,44 +20,49 @@ LAUNCH_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 def launch(
     ctx: typer.Context,
-    nproc: int = typer.Option(1, "--nproc", help="training ranks per node"),
-    spares: int = typer.Option(0, "--spares", help="hot spare processes per node"),
-    nnodes: int = typer.Option(1, "--nnodes"),
-    node_rank: int = typer.Option(0, "--node-rank"),
-    master_addr: str = typer.Option("127.0.0.1", "--master-addr"),
-    master_port: int = typer.Option(0, "--master-port", help="0: pick a free port (one node)"),
-    run_id: str = typer.Option("seamguard", "--run-id"),
-    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir"),
-    snapshot_every: int = typer.Option(1, "--snapshot-every", help="steps between snapshots"),
-    persist_every: int = typer.Option(50, "--persist-every", help="steps between persisted checkpoints"),
+    nproc: int = typer.Option(1, "--nproc", help="Training ranks per node."),
+    spares: int = typer.Option(0, "--spares", help="Hot spare processes per node."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes in the job."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (0 .. nnodes-1)."),
+    master_addr: str = typer.Option("127.0.0.1", "--master-addr", help="Address of node rank 0."),
+    master_port: int = typer.Option(0, "--master-port", help="Port on node rank 0 (0 = any free port; one node)."),
+    run_id: str = typer.Option("seamguard", "--run-id", help="Names this run's rendezvous and files."),
+    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir",
+                                                  help="Where persisted checkpoints go (none when unset)."),
+    snapshot_every: int = typer.Option(1, "--snapshot-every", help="Steps between in-memory snapshots."),
+    persist_every: int = typer.Option(50, "--persist-every", help="Steps between persisted checkpoints."),
     keep_checkpoints: int = typer.Option(2, "--keep-checkpoints",
-                                         help="complete persisted checkpoints kept per rank"),
-    collective_timeout_s: float = typer.Option(30.0, "--collective-timeout-s"),
-    hang_timeout_s: float = typer.Option(1.0, "--hang-timeout-s"),
-    stall_timeout_s: float = typer.Option(10.0, "--stall-timeout-s"),
-    evacuate_stragglers: bool = typer.Option(False, "--evacuate-stragglers"),
+                                         help="Complete persisted checkpoints kept per rank."),
+    collective_timeout_s: float = typer.Option(30.0, "--collective-timeout-s",
+                                               help="Upper bound on one gradient collective before the rank reports a suspect group."),
+    hang_timeout_s: float = typer.Option(1.0, "--hang-timeout-s",
+                                         help="Seconds a worker's heartbeat may stand still before it counts as hung."),
+    stall_timeout_s: float = typer.Option(10.0, "--stall-timeout-s",
+                                          help="Seconds one worker may compute while its peers wait before it counts as stalled."),
+    evacuate_stragglers: bool = typer.Option(False, "--evacuate-stragglers",
+                                             help="Replace a persistently slow rank with a spare."),
     replenish_spares: bool = typer.Option(True, "--replenish-spares/--no-replenish-spares",
-                                          help="start a fresh spare after every loss"),
+                                          help="Start a fresh spare after every loss."),
     fork_server: bool = typer.Option(
         True, "--fork-server/--no-fork-server",
-        help="fork workers from a process that imported torch once (a .py script)"),
+        help="Fork workers from a process that imported torch once (a .py script)."),
     preload: str = typer.Option(
         ",".join(DEFAULT_PRELOAD), "--preload",
-        help="comma-separated modules the fork server imports once for every worker"),
-    no_dedup: bool = typer.Option(False, "--no-dedup", help="send full replicas"),
+        help="Comma-separated modules the fork server imports once for every worker."),
+    no_dedup: bool = typer.Option(False, "--no-dedup", help="Send full replicas."),
     step_guard: bool = typer.Option(
         True, "--step-guard/--no-step-guard",
-        help="recompute a step whose gradient norms look silently corrupted"),
+        help="Recompute a step whose gradient norms look silently corrupted."),
     overlap_snapshots: bool = typer.Option(
         True, "--overlap-snapshots/--blocking-snapshots",
-        help="copy parameters and optimizer state while the step computes"),
+        help="Copy parameters and optimizer state while the step computes."),
     crash_capture: bool = typer.Option(
         True, "--crash-capture/--no-crash-capture",
-        help="on an uncaught exception, keep the failed step's start in host memory"),
-    hint_dir: Optional[Path] = typer.Option(None, "--hint-dir", help="watched for hint files"),
-    events_file: Optional[Path] = typer.Option(None, "--events-file"),
-    chaos: str = typer.Option("", "--chaos", help="fault plan, see seamguard.runtime.chaos"),
-    chaos_dir: Optional[Path] = typer.Option(None, "--chaos-dir"),
+        help="On an uncaught exception, keep the failed step's start in host memory."),
+    hint_dir: Optional[Path] = typer.Option(None, "--hint-dir", help="Watched for hint files."),
+    events_file: Optional[Path] = typer.Option(None, "--events-file", help="Write runtime events (JSON lines) here."),
+    chaos: str = typer.Option("", "--chaos", help="Fault plan (see seamguard.runtime.chaos)."),
+    chaos_dir: Optional[Path] = typer.Option(None, "--chaos-dir", help="Directory for the fault plan's once-per-job claims and kills.jsonl."),
 ) -> None:
     """Run a training script with hot spares, in-memory snapshots and recovery."""
     from seamguard.runtime.launcher import launch as run
@@ -85,6 +90,7 @@ def launch(
                                   replenish_spares=replenish_spares, fork_server=fork_server,
                                   preload=tuple(m.strip() for m in preload.split(",") if m.strip()),
                                   events_file=events_file, env=env)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    except ValueError as exc:  # the CLI's one error style (seamguard.app.clikit.fail): one line, exit 2
+        typer.echo(f"error: {exc} (see 'seamguard launch --help')", err=True)
+        raise typer.Exit(2) from None
     raise typer.Exit(run(settings))
