@@ -18,12 +18,13 @@ from seamguard.act.base import Actuator
 from seamguard.act.reconcile import Change, observe_all, reconcile
 from seamguard.assess.assessment import ASSESSED_KINDS, Assessment, assess, initial_states
 from seamguard.assess.overrides import Pin, apply_pins
+from seamguard.assess.quality import FreezeState, FreezeView, bad_scopes, scope_masks, step_freeze
 from seamguard.assess.propagation import all_dependents
 from seamguard.assess.states import STATE_BY_LABEL, State, StateVector
 from seamguard.decide.actions import Decisions
 from seamguard.decide.breaker import BreakerState
 from seamguard.decide.planner import DecideState, decide
-from seamguard.decide.policy import Policy
+from seamguard.decide.policy import Policy, PolicyError
 from seamguard.fleet.model import KIND_BY_LABEL, Fleet, Kind
 from seamguard.ledger.sqlite import Ledger
 from seamguard.observe.frame import Frame
@@ -58,16 +59,26 @@ class Controller:
         self.mode = mode or policy.mode
         if self.mode not in ("dry_run", "enforce"):
             raise ValueError(f"mode must be 'dry_run' or 'enforce', got {self.mode!r}")
+        if policy.breaker.enabled and policy.breaker.window_s < tick_s:
+            raise PolicyError(f"breaker.window_s: {policy.breaker.window_s:g} s is shorter than one tick "
+                              f"({tick_s:g} s): the rate bound would count nothing")
         self.history = History(tick_s, default_depth=2, depth_by_signal=policy.assess.history_depths(tick_s))
         self.states: dict[Kind, StateVector] = initial_states(fleet)
         self.node_state = np.zeros(fleet.count(Kind.NODE), dtype=np.int8)
         self.dstate = DecideState()
+        self.freeze = FreezeState()
         self.tick_no = 0
         self.last: TickReport | None = None
         self.pins: dict[tuple[Kind, int], Pin] = {}
         self._deps = all_dependents(fleet)
         if ledger is not None:
             self._restore()
+        if not policy.breaker.enabled:
+            log.warning("the safety breaker is disabled by the policy (breaker.enabled: false): nothing bounds "
+                        "how much of the fleet this controller may take out of service")
+            if ledger is not None:
+                ledger.record_failsafe_event(self.tick_no, 0.0, "breaker_disabled", "breaker",
+                                             "breaker.enabled: false in the policy")
 
     # ---- state across restarts ------------------------------------------------------
     def _restore(self) -> None:
@@ -93,6 +104,7 @@ class Controller:
         if d:
             self.dstate = DecideState(BreakerState.from_json(d["breaker"]),
                                       tuple((j, int(lv), float(t)) for j, lv, t in d["exposure"]))
+            self.freeze = FreezeState.from_json(d.get("freeze"))
         saved = self.ledger.get_meta("mode")
         if saved and saved.get("mode") == "dry_run" and self.mode == "enforce":
             # An operator switched this controller to dry run; a restart does not undo that.
@@ -139,8 +151,13 @@ class Controller:
         arrays = {f"{k.label}.{f}": getattr(sv, f) for k, sv in self.states.items() for f in _SV_FIELDS}
         arrays["node.state"] = self.node_state
         self.ledger.save_snapshot(self.tick_no, arrays)
-        self.ledger.set_meta("decide_state", {"breaker": self.dstate.breaker.to_json(),
-                                              "exposure": [list(x) for x in self.dstate.exposure]})
+        self._save_decide_state(self.dstate, self.freeze)
+
+    def _save_decide_state(self, dstate: DecideState, freeze: FreezeState) -> None:
+        assert self.ledger is not None
+        self.ledger.set_meta("decide_state", {"breaker": dstate.breaker.to_json(),
+                                              "exposure": [list(x) for x in dstate.exposure],
+                                              "freeze": freeze.to_json()})
 
     # ---- operator controls -------------------------------------------------------------
     @property
@@ -157,10 +174,25 @@ class Controller:
         if self.ledger is not None:
             self.ledger.set_meta("mode", {"mode": mode, "by": by})
 
-    def reset_breaker(self) -> None:
-        self.dstate = DecideState(self.dstate.breaker.reset(), self.dstate.exposure)
+    @property
+    def failsafe(self) -> FreezeState:
+        """The scopes frozen for want of data (``failsafe.frozen_scopes()``), for /metrics and the dashboard."""
+        return self.freeze
+
+    def reset_breaker(self, by: str = "operator", why: str = "") -> None:
+        """A person resets a tripped breaker; who and why go in the ledger with what it had tripped on."""
+        before = self.dstate.breaker
+        self.dstate = DecideState(before.reset(), self.dstate.exposure)
+        log.warning("breaker reset by %s: %s (was %s)", by, why or "no reason given",
+                    before.reason if before.tripped else "not tripped")
         if self.ledger is not None:
-            self._persist()
+            t_s = self.last.t_s if self.last is not None else 0.0
+            with self.ledger.transaction():
+                self.ledger.record_failsafe_event(
+                    self.tick_no, t_s, "breaker_reset", "breaker",
+                    f"{why or 'no reason given'} (was {'tripped: ' + before.reason if before.tripped else 'not tripped'})",
+                    by)
+                self._save_decide_state(self.dstate, self.freeze)
 
     def pin(self, kind: Kind, name: str, state: State, note: str, by: str = "operator",
             since_wall_s: float = 0.0) -> Pin:
@@ -202,20 +234,39 @@ class Controller:
         try:
             if self.ledger is not None:
                 self.ledger.begin_tick(tick, frame.t_s, self.mode, frame.flags)
+            bad, seen = bad_scopes(self.fleet, frame, self.policy.failsafe, self.freeze.seen)
+            freeze, freeze_events = step_freeze(self.freeze, bad, seen, frame.t_s, self.policy.failsafe)
+            hold = scope_masks(self.fleet, [s for s in freeze.scopes if not s.rewarming]) if freeze.scopes else None
+            view = FreezeView(freeze.scopes, scope_masks(self.fleet, freeze.scopes)) if freeze.scopes else None
+            if freeze_events:
+                for ev, scope, why in freeze_events:
+                    log.warning("failsafe: %s %s: %s", ev, scope, why)
             a = assess(self.fleet, frame, self.history, self.states, self.policy.assess, self._deps,
-                       self.node_state)
+                       self.node_state, hold=hold, frozen=freeze.scopes)
             if self.pins:
                 a = apply_pins(self.fleet, a, self.pins, {k: sv.state for k, sv in self.states.items()},
                                self.node_state, self.policy.assess.admissibility)
             self.history.push(frame)
             t1 = time.perf_counter()
             in_effect = observe_all(self.actuators)
-            decisions, dstate = decide(self.fleet, a, self.policy, self.dstate, in_effect)
+            decisions, dstate = decide(self.fleet, a, self.policy, self.dstate, in_effect, view)
             t2 = time.perf_counter()
             events: list[tuple[str, str]] = []
+            if dstate.breaker.tripped and not self.dstate.breaker.tripped:
+                log.error("breaker tripped: %s", dstate.breaker.reason)
             if self.ledger is not None:
                 self.ledger.record_transitions(tick, a.transitions)
-                events = self.ledger.record_decisions(tick, frame.t_s, decisions.desired, decisions.held)
+                # The decisions admitted, the breaker that admitted them and the freeze commit
+                # together, before any actuator is called: a controller killed after an
+                # actuator acted still finds what it admitted counted.
+                with self.ledger.transaction():
+                    events = self.ledger.record_decisions(tick, frame.t_s, decisions.desired, decisions.held)
+                    self._save_decide_state(dstate, freeze)
+                    for ev, scope, why in freeze_events:
+                        self.ledger.record_failsafe_event(tick, frame.t_s, ev, scope, why)
+                    if dstate.breaker.tripped and not self.dstate.breaker.tripped:
+                        self.ledger.record_failsafe_event(tick, frame.t_s, "breaker_tripped", "breaker",
+                                                          dstate.breaker.reason)
             if enforce:
                 changes = reconcile(decisions, self.actuators, self.ledger, tick, enforce=True)
             else:
@@ -227,6 +278,7 @@ class Controller:
             self.states = {k: a.kinds[k].states for k in ASSESSED_KINDS}
             self.node_state = a.node_state
             self.dstate = dstate
+            self.freeze = freeze
             rep = TickReport(tick, frame.t_s, a, decisions, changes, t1 - t0, t2 - t1, t3 - t2)
         except Exception as e:  # the controller outlives any one bad tick
             log.exception("tick %d at t=%.1f failed; state kept from the previous tick", tick, frame.t_s)

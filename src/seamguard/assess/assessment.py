@@ -114,6 +114,7 @@ class Assessment:
     node_domain_state: np.ndarray  # [nodes, 4]: compute, fabric, facilities, storage
     admissible: np.ndarray  # [nodes, classes + 1]: job classes then checkpoint/restore path
     transitions: list[Transition] = field(default_factory=list)
+    frozen: tuple = ()  # quality.FrozenScope: scopes whose input failed; their states were held
 
     def state(self, kind: Kind) -> np.ndarray:
         return self.node_state if kind == Kind.NODE else self.kinds[kind].states.state
@@ -145,11 +146,14 @@ def _slowdown(kind: Kind, e: ev.Evidence, cfg: AssessConfig) -> np.ndarray:
 
 def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVector],
            cfg: AssessConfig, deps: dict[Kind, np.ndarray] | None = None,
-           prev_node_state: np.ndarray | None = None) -> Assessment:
+           prev_node_state: np.ndarray | None = None, hold: dict[Kind, np.ndarray] | None = None,
+           frozen: tuple = ()) -> Assessment:
     """Score, classify and explain every entity for one frame.
 
     ``hist`` holds the frames before ``frame``; ``deps`` may be passed in when the
     placement has not changed since the last tick (it is the only costly topology walk).
+    ``hold``: entities whose input failed this tick (quality.scope_masks): their state
+    machine does not step, so missing data neither raises nor clears a state.
     """
     deps = deps if deps is not None else all_dependents(fleet)
     e_cfg = cfg.evidence
@@ -172,6 +176,11 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         before = prev[kind]
         hard = e.hard_event | ((before.state == State.FAILED) & e.hard_level)
         after = step_states(before, gfs, p, hard, cfg.hysteresis_for(kind), frame.t_s)
+        h = hold.get(kind) if hold is not None else None
+        if h is not None and h.any():
+            after = StateVector(*(np.where(h, getattr(before, f), getattr(after, f)).astype(getattr(after, f).dtype)
+                                  for f in ("state", "dwell", "above_degrade", "above_quarantine", "below_exit",
+                                            "entered_t_s")))
         ka = KindAssessment(kind, e, gfs, p, f, after, slow)
         kinds[kind] = ka
         for i in np.flatnonzero(after.state != before.state).tolist():
@@ -199,7 +208,7 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         t_s=frame.t_s, kinds=kinds, node_gfs=node_gfs, node_state=node_state,
         node_domain_state=domain,
         admissible=node_admissibility(domain, cfg.admissibility),
-        transitions=transitions,
+        transitions=transitions, frozen=tuple(frozen),
     )
 
 

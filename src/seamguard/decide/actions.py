@@ -89,3 +89,5 @@ class Decisions:
     held: list[Action] = field(default_factory=list)  # wanted, but blocked by the breaker
     breaker_tripped: bool = False
     breaker_reason: str = ""
+    frozen: tuple = ()  # FrozenScope of every scope whose input failed (no new action there)
+    held_by_freeze: int = 0  # new actions not taken this tick because their scope is frozen

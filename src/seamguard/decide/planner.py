@@ -17,7 +17,8 @@ from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.assess.assessment import Assessment, node_cause
 from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, ActionKey, Decisions, Verb, action_key
-from seamguard.decide.breaker import BreakerState, admit
+from seamguard.assess.quality import FreezeView
+from seamguard.decide.breaker import BreakerState, InEffect, Request, admit
 from seamguard.decide.economics import DegradedNodeContext, quarantine_decision
 from seamguard.decide.policy import Policy
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL, JOB_CLASS_SYNCHRONY, Fleet, JobClass, Kind
@@ -43,11 +44,48 @@ def _summary(reasons) -> str:
     return ", ".join(f"{r.channel}={r.value:.3g}" for r in reasons[:3]) or "no evidence"
 
 
+_RESTRICTS_NODE = (Verb.DRAIN, Verb.LABEL_DEGRADED)
+
+
+def _strictness(ak: ActionKey) -> tuple[int, frozenset[str]]:
+    """drain 3 > a label admitting no job class 2 > a label admitting some 1."""
+    if ak.verb == Verb.DRAIN:
+        return 3, frozenset()
+    classes = frozenset(c for c in ak.value.split(",") if c and c != "none")
+    return (2 if not (classes - {"checkpoint_restore"}) else 1), classes
+
+
+def _at_least_as_strict(new: ActionKey, old: ActionKey) -> bool:
+    (rn, cn), (ro, co) = _strictness(new), _strictness(old)
+    return rn > ro or (rn == ro and (rn != 1 or cn <= co))
+
+
+def _kept(key: str, why: str) -> Action:
+    """An action in effect kept as it is (its key says all the actuator needs)."""
+    ak = ActionKey.parse(key)
+    params: tuple[tuple[str, str], ...] = ()
+    kind = "node"
+    if ak.verb == Verb.LABEL_DEGRADED:
+        params = (("classes", "" if ak.value == "none" else ak.value),)
+    elif ak.verb == Verb.MOVE_JOB:
+        params, kind = (("domain", ak.episode), ("domain_kind", "cooling_loop")), "job"
+    elif ak.verb == Verb.AVOID_LINK:
+        kind = "link"
+    elif ak.verb == Verb.AVOID_STORAGE:
+        kind = "storage"
+    elif ak.verb == Verb.CHECKPOINT_NOW:
+        kind = "job"
+    return Action(key=key, verb=ak.verb, target=ak.entity, target_kind=kind, params=params,
+                  reason=f"seamguard: kept: {why}", cause=ak.entity)
+
+
 def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
-           in_effect: set[str]) -> tuple[Decisions, DecideState]:
-    """The desired state for this tick. ``in_effect``: keys the actuators report held."""
+           in_effect: set[str], frozen: FreezeView | None = None) -> tuple[Decisions, DecideState]:
+    """The desired state for this tick. ``in_effect``: keys the actuators report held;
+    ``frozen``: scopes whose input failed (no new action there, those in effect stay)."""
     obj, rules = policy.objective, policy.actions
     desired: dict[str, Action] = {}
+    requests: dict[str, Request] = {}
     crit = fleet.job_criticality ** obj.criticality_exponent
     node_job = fleet.node_job
     node_w = np.where(node_job >= 0, crit[np.maximum(node_job, 0)] if len(crit) else 1.0, obj.idle_criticality)
@@ -96,34 +134,49 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
             evidence=_evidence(reasons), benefit_gpu_h_per_h=round(benefit, 3), cost_gpu_h_per_h=round(cost, 3),
             criticality=float(node_w[i])))
 
-    # The breaker bounds capacity the controller takes out of service on gray evidence;
-    # a node that has already failed is out of service whatever the controller does.
-    failed = {fleet.node_names[i] for i in np.flatnonzero(a.node_state == State.FAILED)}
-    breaker, admitted, held_nodes = admit(state.breaker, fleet, policy.breaker, a.t_s,
-                                          [d.target for d in drains if d.key not in in_effect
-                                           and d.target not in failed])
-    admitted = admitted + sorted(failed)
-    allowed = set(admitted)
-    held = [d for d in drains if d.target in held_nodes]
+    failed_mask = a.node_state == State.FAILED
+    node_index = {n: i for i, n in enumerate(fleet.node_names)}
+    # hard failures first (they bypass the rate, never a total), then the most harmful
+    drains.sort(key=lambda d: not failed_mask[node_index[d.target]])
     for d in drains:
-        if d.key in in_effect or d.target in allowed:
-            desired[d.key] = d
+        i = node_index[d.target]
+        desired[d.key] = d
+        requests[d.key] = Request(d.key, nodes=(i,), hard=bool(failed_mask[i]))
 
     # ---- admissibility labels for degraded nodes ------------------------------
+    # A node admissible for some job classes is labelled with them; one admissible for
+    # none (its loop turned harmful, say) is labelled "none": no new work of any class.
+    # A restriction only tightens while the risk stays: it never vanishes because the
+    # node got worse. Facility trouble (the node's loop or rack) is the domain's: one
+    # restriction of the whole domain, counted once by the breaker.
+    loops_st = a.kinds[Kind.COOLING_LOOP].states.state
+    racks_st = a.kinds[Kind.RACK].states.state
     if rules.label_degraded:
         # Storage-only trouble is handled by avoiding the path, not by relabelling nodes.
         n_cls = len(ADMISSIBILITY_COLUMNS) - 1
         jobs_ok = a.admissible[:, :n_cls]
-        partial = ~jobs_ok.all(axis=1) & jobs_ok.any(axis=1) & ~drain_mask
-        for i in np.flatnonzero(partial).tolist():
+        at_risk = (a.node_domain_state[:, :3] > State.HEALTHY).any(axis=1)
+        restrict = ~jobs_ok.all(axis=1) & (jobs_ok.any(axis=1) | at_risk) & ~drain_mask
+        own_ok = (a.node_domain_state[:, 0] == State.HEALTHY) & (a.node_domain_state[:, 1] == State.HEALTHY)
+        for i in np.flatnonzero(restrict).tolist():
             name = fleet.node_names[i]
             classes = ",".join(c for c, ok in zip(ADMISSIBILITY_COLUMNS, a.admissible[i]) if ok)
+            value = classes if jobs_ok[i].any() else "none"
+            domain = ""
+            if own_ok[i] and a.node_domain_state[i, 2] > State.HEALTHY:
+                lp, rk = int(fleet.node_loop[i]), int(fleet.node_rack[i])
+                domain = (f"{Kind.COOLING_LOOP.label}:{fleet.loop_names[lp]}" if loops_st[lp] > State.HEALTHY
+                          else f"{Kind.RACK.label}:{fleet.rack_names[rk]}" if racks_st[rk] > State.HEALTHY else "")
             _, _, reasons = node_cause(fleet, a.kinds, i)
-            act = Action(key=action_key(Verb.LABEL_DEGRADED, name, value=classes), verb=Verb.LABEL_DEGRADED,
+            cause = domain.partition(":")[2] or name
+            act = Action(key=action_key(Verb.LABEL_DEGRADED, name, value=value), verb=Verb.LABEL_DEGRADED,
                          target=name, target_kind="node", params=(("classes", classes),),
-                         reason=f"seamguard: degraded, admissible for {classes}", cause=name,
-                         evidence=_evidence(reasons), criticality=float(node_w[i]))
+                         reason=(f"seamguard: degraded, admissible for {classes}" if value != "none" else
+                                 "seamguard: admissible for no job class (no new work)")
+                                + (f" ({domain})" if domain else ""),
+                         cause=cause, evidence=_evidence(reasons), criticality=float(node_w[i]))
             desired[act.key] = act
+            requests[act.key] = Request(act.key, nodes=(i,), domain=domain)
 
     # ---- checkpoint now for exposed training jobs ------------------------------
     ckpt_cls = np.isin(fleet.job_class, [JOB_CLASS_BY_LABEL[c] for c in rules.checkpoint_classes])
@@ -169,6 +222,7 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
                          cause=name, evidence=_evidence(reasons),
                          benefit_gpu_h_per_h=round(float(ka.fae[i]), 3))
             desired[act.key] = act
+            requests[act.key] = Request(act.key, path=f"{'link' if kind == Kind.LINK else 'storage'}:{name}")
 
     # ---- move critical synchronous jobs off a degraded cooling domain --------------
     move_cls = np.isin(fleet.job_class, [JOB_CLASS_BY_LABEL[c] for c in rules.move_job_classes])
@@ -188,7 +242,7 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
                 continue
             jn, ln = fleet.job_names[j], fleet.loop_names[lp]
             key = action_key(Verb.MOVE_JOB, jn, ln)
-            if breaker.tripped and key not in in_effect:
+            if frozen is not None and frozen.frozen(Kind.COOLING_LOOP, lp) and key not in in_effect:
                 continue
             need = int((on_loop & (node_job == j)).sum())
             tolerant = placed & off_bad & (node_job != j) & (a.node_state == State.HEALTHY)
@@ -217,7 +271,90 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
                                          f"({_summary(reasons)})",
                                   cause=ln, evidence=_evidence(reasons), benefit_gpu_h_per_h=round(b, 3),
                                   cost_gpu_h_per_h=round(cost, 3), criticality=float(crit[j]))
+            requests[key] = Request(key, domain=f"{Kind.COOLING_LOOP.label}:{ln}")
+
+    # ---- the freeze: nothing new where the input failed; what is in effect stays ------
+    n_frozen = 0
+    if frozen is not None and frozen.scopes:
+        for k in list(desired):
+            if k in in_effect:
+                continue
+            act = desired[k]
+            kind = {"node": Kind.NODE, "link": Kind.LINK, "storage": Kind.STORAGE}.get(act.target_kind)
+            if act.target_kind == "job":
+                kind, target = (Kind.COOLING_LOOP, act.cause) if act.verb == Verb.MOVE_JOB else (Kind.NODE, act.cause)
+            else:
+                target = act.target
+            try:
+                idx = fleet.index_of(kind, target) if kind is not None else -1
+            except KeyError:
+                idx = -1
+            if idx >= 0 and frozen.frozen(kind, idx):
+                del desired[k]
+                requests.pop(k, None)
+                n_frozen += 1
+        for k in sorted(in_effect - set(desired)):
+            ak = ActionKey.parse(k)
+            if ak.verb.one_shot:
+                continue
+            kind = {Verb.DRAIN: Kind.NODE, Verb.LABEL_DEGRADED: Kind.NODE, Verb.AVOID_LINK: Kind.LINK,
+                    Verb.AVOID_STORAGE: Kind.STORAGE}.get(ak.verb)
+            target = ak.entity
+            if ak.verb == Verb.MOVE_JOB:
+                kind, target = Kind.COOLING_LOOP, ak.episode
+            try:
+                idx = fleet.index_of(kind, target) if kind is not None else -1
+            except KeyError:
+                idx = -1
+            if idx >= 0 and frozen.frozen(kind, idx):
+                desired[k] = _kept(k, "its input is missing (failsafe freeze); not reverted for want of data")
+
+    # ---- the breaker: everything that takes capacity away, in one count ---------------
+    now = InEffect()
+    for k in in_effect:
+        ak = ActionKey.parse(k)
+        if ak.verb in _RESTRICTS_NODE and ak.entity in node_index:
+            now.nodes.add(node_index[ak.entity])
+        elif ak.verb == Verb.AVOID_LINK:
+            now.paths.add(f"link:{ak.entity}")
+        elif ak.verb == Verb.AVOID_STORAGE:
+            now.paths.add(f"storage:{ak.entity}")
+    for d in state.breaker.domains:
+        head, _, name = d.partition(":")
+        try:
+            st = loops_st[fleet.index_of(Kind.COOLING_LOOP, name)] if head == Kind.COOLING_LOOP.label \
+                else racks_st[fleet.index_of(Kind.RACK, name)]
+        except KeyError:
+            continue
+        if st > State.HEALTHY:
+            now.domains.add(d)
+    pending = [r for k, r in requests.items() if k not in in_effect]
+    breaker, _, held_keys = admit(state.breaker, fleet, policy.breaker, a.t_s, pending, now)
+    held = [desired.pop(k) for k in held_keys]
+
+    # ---- restrictions only tighten while the risk stays ----------------------------
+    risk = (a.node_domain_state[:, :3] > State.HEALTHY).any(axis=1) | (a.node_state > State.HEALTHY)
+    by_node: dict[int, list[ActionKey]] = {}
+    for k in desired:
+        ak = ActionKey.parse(k)
+        if ak.verb in _RESTRICTS_NODE and ak.entity in node_index:
+            by_node.setdefault(node_index[ak.entity], []).append(ak)
+    for k in sorted(in_effect - set(desired)):
+        old = ActionKey.parse(k)
+        if old.verb not in _RESTRICTS_NODE or old.entity not in node_index:
+            continue
+        i = node_index[old.entity]
+        if not risk[i]:
+            continue  # the risk is gone: the restriction is lifted
+        mine = by_node.get(i, [])
+        if any(_at_least_as_strict(n, old) for n in mine):
+            continue
+        for n in mine:  # a looser replacement while the risk stays: keep the old one instead
+            desired.pop(str(n), None)
+        desired[k] = _kept(k, f"{old.entity} is still at risk; a restriction only tightens while it is")
+        by_node[i] = [old]
 
     decisions = Decisions(t_s=a.t_s, desired=desired, held=held, breaker_tripped=breaker.tripped,
-                          breaker_reason=breaker.reason)
+                          breaker_reason=breaker.reason, frozen=frozen.scopes if frozen is not None else (),
+                          held_by_freeze=n_frozen)
     return decisions, replace(state, breaker=breaker, exposure=tuple(new_exposure))

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from seamguard.assess.assessment import AssessConfig
+from seamguard.assess.quality import FailsafeConfig
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL
 from seamguard.config import format_validation_error
@@ -64,10 +65,42 @@ class ActionRules(_Strict):
     _v_classes = field_validator("checkpoint_classes", "move_job_classes")(_classes)
 
 
+# Numbers that bound the controller's own blast radius are strict: a bool (``true`` is 1 to
+# a lax parser, which would allow the whole fleet), a string, NaN or infinity is an error,
+# not a value. Switching the breaker off is said in words: ``breaker: {enabled: false}``.
+_FRACTION = dict(gt=0, le=1, strict=True, allow_inf_nan=False)
+MIN_WINDOW_S = 60.0
+
+
+def _number(v: Any) -> Any:
+    # strict float still takes an int; refuse bool explicitly (bool is an int in Python)
+    if isinstance(v, bool):
+        raise ValueError("expected a number, got a boolean (to switch the breaker off say enabled: false)")
+    return float(v) if isinstance(v, int) else v
+
+
 class BreakerConfig(_Strict):
-    window_s: float = Field(3600.0, gt=0)
-    max_fleet_fraction: float = Field(0.05, gt=0, le=1)
-    max_loop_fraction: float = Field(0.25, gt=0, le=1)
+    enabled: bool = Field(True, strict=True, description="false switches the breaker off (warned at start)")
+    window_s: float = Field(3600.0, ge=MIN_WINDOW_S, strict=True, allow_inf_nan=False,
+                            description="rate window; at least a minute and at least one tick")
+    # rate: nodes newly restricted (drain, label, move) within the window; hard failures bypass it
+    max_fleet_fraction: float = Field(0.05, **_FRACTION)
+    max_loop_fraction: float = Field(0.25, **_FRACTION)
+    # totals: nodes under any restriction at once (the actuators' observed in-effect set)
+    max_in_effect_fleet_fraction: float = Field(0.20, **_FRACTION)
+    max_in_effect_loop_fraction: float = Field(0.30, **_FRACTION)
+    max_in_effect_rack_fraction: float = Field(0.50, **_FRACTION)
+    max_in_effect_leaf_fraction: float = Field(0.30, **_FRACTION)
+    # whole domains (cooling loops, racks) restricted at once for their own state
+    max_domain_fraction: float = Field(0.25, **_FRACTION)
+    # fabric and storage paths taken out of use at once (at least one is always allowed)
+    max_link_fraction: float = Field(0.10, **_FRACTION)
+    max_storage_fraction: float = Field(0.50, **_FRACTION)
+
+    _v_numbers = field_validator(
+        "window_s", "max_fleet_fraction", "max_loop_fraction", "max_in_effect_fleet_fraction",
+        "max_in_effect_loop_fraction", "max_in_effect_rack_fraction", "max_in_effect_leaf_fraction",
+        "max_domain_fraction", "max_link_fraction", "max_storage_fraction", mode="before")(_number)
 
 
 class Policy(_Strict):
@@ -76,6 +109,7 @@ class Policy(_Strict):
     objective: Objective
     actions: ActionRules
     breaker: BreakerConfig
+    failsafe: FailsafeConfig = Field(default_factory=FailsafeConfig)
     assess: AssessConfig = Field(default_factory=AssessConfig)
 
 

@@ -54,7 +54,14 @@ CREATE TABLE IF NOT EXISTS pin_events (
   id INTEGER PRIMARY KEY, tick INTEGER, wall_time REAL, event TEXT, kind TEXT, name TEXT, state TEXT,
   note TEXT, actor TEXT, detail TEXT);
 CREATE INDEX IF NOT EXISTS pin_events_entity ON pin_events(name, kind);
+CREATE TABLE IF NOT EXISTS failsafe_events (
+  id INTEGER PRIMARY KEY, tick INTEGER, t_s REAL, wall_time REAL, event TEXT, scope TEXT, detail TEXT,
+  actor TEXT);
 """
+
+# frozen / resumed: a scope's input failed / came back and re-warmed; breaker_tripped;
+# breaker_reset (who and why); breaker_disabled (a policy switched it off, at start).
+FAILSAFE_EVENTS = ("frozen", "resumed", "breaker_tripped", "breaker_reset", "breaker_disabled")
 
 PIN_EVENTS = ("pinned", "unpinned", "not_restored")
 
@@ -164,6 +171,16 @@ class _Reads:
                  "note": r[6] or "", "by": r[7] or "", "detail": r[8] or ""}
                 for r in self._read_db().execute(q, args)]
 
+    def failsafe_events(self, *, upto_tick: int | None = None, event: str | None = None,
+                        limit: int = 1000, offset: int = 0) -> list[dict]:
+        """Freezes and thaws of scopes whose input failed, breaker trips and resets (who, why)."""
+        q, args = _paged("SELECT tick, t_s, wall_time, event, scope, detail, actor FROM failsafe_events WHERE 1",
+                         "id", limit, offset,
+                         ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
+                         ("event = ?", [event]) if event is not None else None)
+        return [{"tick": r[0], "t_s": r[1], "wall_s": r[2], "event": r[3], "scope": r[4] or "",
+                 "detail": r[5] or "", "by": r[6] or ""} for r in self._read_db().execute(q, args)]
+
 
 class LedgerError(RuntimeError):
     """The ledger file cannot be opened as a seamguard ledger; the message names the file."""
@@ -203,6 +220,20 @@ class Ledger(_Reads):
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One atomic write: everything inside commits together or not at all (the
+        controller commits the decisions it admitted and the breaker's state this way,
+        before it calls any actuator)."""
+        with self._txn():
+            yield
+
+    def record_failsafe_event(self, tick: int, t_s: float, event: str, scope: str, detail: str,
+                              actor: str = "") -> None:
+        assert event in FAILSAFE_EVENTS, event
+        self.db.execute("INSERT INTO failsafe_events(tick, t_s, wall_time, event, scope, detail, actor) "
+                        "VALUES(?,?,?,?,?,?,?)", (tick, t_s, time.time(), event, scope, detail, actor))
 
     # ---- meta / controller state ------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:

@@ -1,0 +1,215 @@
+"""Data quality and the freeze: degrade to doing less, never more, when inputs fail.
+
+Pure functions over a Frame. A *scope* is the fleet, one signal (``signal:<name>``),
+or one domain (``cooling_loop:<name>``, ``rack:<name>``). A scope is *bad* this tick when
+too much of its input is missing or its source flagged the signal as failed; a bad
+scope freezes: its entities' states are held where they were (missing data neither
+raises nor clears a state) and no new action is taken on them, while the actions in
+effect stay. It thaws after ``rewarm_ticks`` consecutive good ticks.
+
+The absence of one node while its peers report is not a bad scope: it stays evidence
+(the ``missing`` channel), as the bounds are on shares of a scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from seamguard.fleet.model import Fleet, Kind
+from seamguard.observe.frame import Frame
+from seamguard.observe.signals import REGISTRY
+
+# Signals whose absence is itself read as evidence (the ``missing`` channel): they are
+# judged even before they were ever seen (a controller started during an outage).
+PRESENCE_SIGNALS = ("DCGM_FI_DEV_GPU_TEMP", "node_infiniband_state_id", "seamguard_coolant_flow_lpm")
+_FAILED_FLAGS = ("retryable", "permanent")
+
+
+class FailsafeConfig(BaseModel):
+    """The `failsafe:` section of a policy: when missing data freezes new actions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_signal_missing_fraction: float = Field(0.5, gt=0, lt=1, strict=True, allow_inf_nan=False,
+                                               description="a signal missing for more than this share is out")
+    max_domain_missing_fraction: float = Field(0.5, gt=0, lt=1, strict=True, allow_inf_nan=False,
+                                               description="a loop/rack with more than this share of nodes dark")
+    max_fleet_missing_fraction: float = Field(0.2, gt=0, lt=1, strict=True, allow_inf_nan=False,
+                                              description="the fleet with more than this share of nodes dark")
+    rewarm_ticks: int = Field(6, ge=1, strict=True, description="good ticks before a frozen scope acts again")
+
+
+@dataclass(frozen=True)
+class FrozenScope:
+    """One frozen scope: why, since when, and whether its data is back (re-warming)."""
+
+    scope: str
+    reason: str
+    since_t_s: float
+    good_ticks: int = 0  # consecutive good ticks since the data came back
+
+    @property
+    def rewarming(self) -> bool:
+        return self.good_ticks > 0
+
+    def to_json(self) -> list:
+        return [self.scope, self.reason, self.since_t_s, self.good_ticks]
+
+
+@dataclass(frozen=True)
+class FreezeState:
+    """What the freeze carries from tick to tick (persisted with the breaker)."""
+
+    scopes: tuple[FrozenScope, ...] = ()
+    seen: tuple[str, ...] = ()  # signals reported at least once (only those, and presence signals, are judged)
+
+    def frozen_scopes(self) -> tuple[FrozenScope, ...]:
+        return self.scopes
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self.scopes)
+
+    def to_json(self) -> dict:
+        return {"scopes": [s.to_json() for s in self.scopes], "seen": list(self.seen)}
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> FreezeState:
+        if not d:
+            return cls()
+        return cls(tuple(FrozenScope(str(s), str(r), float(t), int(g)) for s, r, t, g in d.get("scopes", [])),
+                   tuple(str(x) for x in d.get("seen", [])))
+
+
+def _flagged(flags: tuple[str, ...]) -> dict[str, str]:
+    """Signals a source says it failed to read this tick: ``<source>:<signal>:<kind>: detail``."""
+    out: dict[str, str] = {}
+    for fl in flags:
+        parts = fl.split(":", 3)
+        if len(parts) >= 3 and parts[1] in REGISTRY and parts[2].strip() in _FAILED_FLAGS:
+            out.setdefault(parts[1], fl)
+    return out
+
+
+def bad_scopes(fleet: Fleet, frame: Frame, cfg: FailsafeConfig, seen: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """(scope -> reason for every scope whose input failed this tick, signals seen so far). Pure."""
+    bad: dict[str, str] = {}
+    flagged = _flagged(frame.flags)
+    now_seen = set(seen)
+    judged = set(seen) | set(PRESENCE_SIGNALS) | set(flagged)
+    for name in sorted(judged):
+        sig = REGISTRY.get(name)
+        if sig is None or sig.kind == Kind.JOB:
+            continue
+        arr = frame.get(name)
+        if arr.size == 0:
+            continue
+        share = float(np.isnan(arr).mean())
+        if share < 1.0:
+            now_seen.add(name)
+        if name in flagged:
+            bad[f"signal:{name}"] = flagged[name]
+        elif share > cfg.max_signal_missing_fraction:
+            bad[f"signal:{name}"] = f"{name} missing for {share:.0%} of {arr.size} {sig.kind.label}s"
+    # Dark nodes: every GPU without a temperature, or every NIC without a port state.
+    n_nodes = fleet.count(Kind.NODE)
+    if n_nodes:
+        temp = np.isnan(frame.get("DCGM_FI_DEV_GPU_TEMP"))
+        state = np.isnan(frame.get("node_infiniband_state_id"))
+        g_tot = np.bincount(fleet.gpu_node, minlength=n_nodes)
+        g_nan = np.bincount(fleet.gpu_node, weights=temp, minlength=n_nodes) if temp.size else np.zeros(n_nodes)
+        n_tot = np.bincount(fleet.nic_node, minlength=n_nodes)
+        n_nan = np.bincount(fleet.nic_node, weights=state, minlength=n_nodes) if state.size else np.zeros(n_nodes)
+        dark = ((g_tot > 0) & (g_nan >= g_tot)) | ((n_tot > 0) & (n_nan >= n_tot))
+        share = float(dark.mean())
+        if share > cfg.max_fleet_missing_fraction:
+            bad["fleet"] = f"{int(dark.sum())} of {n_nodes} nodes report no telemetry ({share:.0%})"
+        for kind, owner in ((Kind.COOLING_LOOP, fleet.node_loop), (Kind.RACK, fleet.node_rack)):
+            size = np.bincount(owner, minlength=fleet.count(kind))
+            d = np.bincount(owner, weights=dark, minlength=fleet.count(kind))
+            frac = np.where(size > 0, d / np.maximum(size, 1), 0.0)
+            for i in np.flatnonzero(frac > cfg.max_domain_missing_fraction).tolist():
+                bad[f"{kind.label}:{fleet.names(kind)[i]}"] = (
+                    f"{int(d[i])} of {int(size[i])} nodes report no telemetry ({frac[i]:.0%})")
+    flow = frame.get("seamguard_coolant_flow_lpm")
+    if flow.size and f"signal:seamguard_coolant_flow_lpm" not in bad:
+        for i in np.flatnonzero(np.isnan(flow)).tolist():
+            bad.setdefault(f"cooling_loop:{fleet.loop_names[i]}", "the loop's flow sensor reports nothing")
+    return bad, tuple(sorted(now_seen))
+
+
+def step_freeze(prev: FreezeState, bad: dict[str, str], seen: tuple[str, ...], t_s: float,
+                cfg: FailsafeConfig) -> tuple[FreezeState, list[tuple[str, str, str]]]:
+    """The freeze after this tick, and its events (``frozen``/``resumed``, scope, detail). Pure."""
+    events: list[tuple[str, str, str]] = []
+    out: list[FrozenScope] = []
+    known = {s.scope: s for s in prev.scopes}
+    for s in prev.scopes:
+        if s.scope in bad:
+            out.append(replace(s, reason=bad[s.scope], good_ticks=0))
+        elif s.good_ticks + 1 >= cfg.rewarm_ticks:
+            events.append(("resumed", s.scope, f"data back for {cfg.rewarm_ticks} tick(s); frozen since "
+                                               f"t={s.since_t_s:.0f}s ({s.reason})"))
+        else:
+            out.append(replace(s, good_ticks=s.good_ticks + 1))
+    for scope, why in sorted(bad.items()):
+        if scope not in known:
+            out.append(FrozenScope(scope, why, t_s))
+            events.append(("frozen", scope, why))
+    return FreezeState(tuple(out), seen), events
+
+
+def scope_masks(fleet: Fleet, scopes: tuple[FrozenScope, ...] | list[FrozenScope]) -> dict[Kind, np.ndarray]:
+    """Entities each kind has inside the given scopes (bool per entity)."""
+    kinds = (Kind.COOLING_LOOP, Kind.RACK, Kind.NODE, Kind.GPU, Kind.NIC, Kind.LINK, Kind.STORAGE)
+    m = {k: np.zeros(fleet.count(k), dtype=bool) for k in kinds}
+    edge = fleet.link_nic >= 0
+
+    def nodes(sel: np.ndarray) -> None:
+        m[Kind.NODE] |= sel
+        m[Kind.GPU] |= sel[fleet.gpu_node]
+        m[Kind.NIC] |= sel[fleet.nic_node]
+        m[Kind.LINK][edge] |= sel[fleet.nic_node[fleet.link_nic[edge]]]
+
+    for s in scopes:
+        head, _, name = s.scope.partition(":")
+        if head == "fleet":
+            for k in kinds:
+                m[k][:] = True
+        elif head == "signal":
+            sig = REGISTRY.get(name)
+            if sig is None:
+                continue
+            k = sig.kind
+            if k in (Kind.GPU, Kind.NIC):
+                nodes(np.ones(fleet.count(Kind.NODE), dtype=bool))
+            elif k in m:
+                m[k][:] = True
+        elif head in (Kind.COOLING_LOOP.label, Kind.RACK.label):
+            kind = Kind.COOLING_LOOP if head == Kind.COOLING_LOOP.label else Kind.RACK
+            try:
+                i = fleet.index_of(kind, name)
+            except KeyError:
+                continue
+            m[kind][i] = True
+            if kind == Kind.COOLING_LOOP:
+                m[Kind.RACK] |= fleet.rack_loop == i
+                nodes(fleet.node_loop == i)
+            else:
+                nodes(fleet.node_rack == i)
+    return m
+
+
+@dataclass(frozen=True, eq=False)
+class FreezeView:
+    """What decide needs of the freeze: the scopes, and the entities that take no new action."""
+
+    scopes: tuple[FrozenScope, ...]
+    no_action: dict[Kind, np.ndarray]
+
+    def frozen(self, kind: Kind, i: int) -> bool:
+        m = self.no_action.get(kind)
+        return bool(m is not None and 0 <= i < m.size and m[i])
