@@ -3,7 +3,9 @@
 The twin is ticked by hand so the test knows what has happened: the page loads clean,
 the fleet map paints the injected faults, clicking the faulty GPU shows its evidence,
 and an action taken after the page loaded appears in the timeline. Screenshots go to
-artifacts/ for a person to look at.
+artifacts/screenshots/ for a person to look at. The views an SRE keeps open (a failed
+node, time series with annotations, 100k GPUs, the pace banner) are in
+test_dashboard_views.py.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .conftest import TOKEN, fault_entity
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--disable-quic"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 WAIT_MS = 20_000
 
 
@@ -102,10 +104,12 @@ def test_dashboard_on_the_twin(browser):
         color = page.evaluate(f"window.seamguard.colors['{label}']")
         c = page.evaluate(f"window.seamguard.cellCenter('{gpu}')")
         assert c is not None, "the faulty GPU is not drawn on the map"
-        assert _pixel(page, c["cx"], c["cy"]) == color.lower()
+        # Sample inside the cell's corner: failed and harmful cells carry a mark in the middle.
+        corner = (c["cx"] - c["w"] / 2 + 1, c["cy"] - c["h"] / 2 + 1)
+        assert _pixel(page, *corner) == color.lower()
         healthy = page.evaluate("window.seamguard.colors.healthy").lower()
         loop = src.fleet.loop_names[int(src.fleet.gpu_loop[gi])]
-        assert loop and _pixel(page, c["cx"], c["cy"]) != healthy
+        assert loop and _pixel(page, *corner) != healthy
 
         # Click it: the detail panel shows its state, evidence and the reason.
         page.mouse.click(c["x"], c["y"])
@@ -116,40 +120,10 @@ def test_dashboard_on_the_twin(browser):
         assert any(ch in detail for ch in ("remapped_rows", "sbe_rate", "xid"))
         why = page.inner_text("#why")
         assert why.startswith(label) and "score" in why
-        assert page.locator("#detail .spark svg").count() >= 5  # its signals over time
+        assert page.locator("#tssignals svg.chart").count() >= 5  # its signals over time
 
-        ARTIFACTS.mkdir(exist_ok=True)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard_2048.png"), full_page=True)
-        assert not errors, errors
-    finally:
-        server.stop()
-        runner.stop()
-
-
-@pytest.mark.slow
-def test_dashboard_usable_at_100k_gpus(browser):
-    src = TwinSource(gpus=100_000, minutes=30.0, seed=0, counterfactual=False)
-    runner = Runner(src, speed=0)
-    runner.advance(2)
-    runner.start()
-    server = Server(runner, TOKEN).start()
-    errors: list[str] = []
-    try:
-        page = _page(browser, errors)
-        page.goto(server.url + "/")
-        _wait_tick(page, runner.snapshot().tick)
-        n_loops = src.fleet.count(Kind.COOLING_LOOP)
-        assert "aggregated" in page.inner_text("#crumbs")
-        assert page.evaluate("document.getElementsByTagName('*').length") < 3000  # no DOM node per GPU
-        assert f"{n_loops} cooling loops" in page.inner_text("#maphint")
-        # Drill into the first loop: its racks, nodes and GPUs are drawn.
-        box = page.locator("#fleetmap").bounding_box()
-        page.mouse.click(box["x"] + 8, box["y"] + 8)
-        page.wait_for_function("document.querySelector('#crumbs').textContent.includes('loop-000')")
-        page.wait_for_function("window.seamguard.cellCenter('gpu00000/gpu0') !== null")
-        assert "256 GPUs drawn" in page.inner_text("#maphint")
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "dashboard_100k.png"), full_page=False)
         assert not errors, errors
     finally:
         server.stop()

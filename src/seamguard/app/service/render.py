@@ -230,6 +230,10 @@ def children(s: Snapshot, kind: Kind, i: int) -> list[m.ChildCount]:
 PEERS_MAX = 2048  # peers a band is computed over (strided beyond)
 
 
+_PLURAL = {Kind.GPU: "GPUs", Kind.NIC: "NICs", Kind.NODE: "nodes", Kind.RACK: "racks", Kind.LINK: "links",
+           Kind.COOLING_LOOP: "cooling loops", Kind.STORAGE: "storage paths", Kind.JOB: "jobs"}
+
+
 def peers(s: Snapshot, kind: Kind, i: int) -> tuple[np.ndarray, str]:
     """The entities an entity is compared with in the dashboard's peer band."""
     f, v = s.fleet, s.kinds[kind]
@@ -237,13 +241,13 @@ def peers(s: Snapshot, kind: Kind, i: int) -> tuple[np.ndarray, str]:
     if kind == Kind.LINK:
         idx, who = np.flatnonzero(f.link_leaf == f.link_leaf[i]), f"links on leaf {f.switch_names[int(f.link_leaf[i])]}"
     elif kind in (Kind.GPU, Kind.NIC, Kind.NODE, Kind.RACK) and v.loop[i] >= 0:
-        idx, who = np.flatnonzero(v.loop == v.loop[i]), f"{kind.label}s on {f.loop_names[int(v.loop[i])]}"
+        idx, who = np.flatnonzero(v.loop == v.loop[i]), f"other {_PLURAL[kind]} on {f.loop_names[int(v.loop[i])]}"
     else:
-        idx, who = np.arange(n), f"all {kind.label}s"
+        idx, who = np.arange(n), f"the other {_PLURAL.get(kind, kind.label)}"
     idx = idx[idx != i]
     if idx.size > PEERS_MAX:
         idx = idx[:: -(-idx.size // PEERS_MAX)]
-    return idx, f"{who} ({idx.size}), 10th-90th percentile"
+    return idx, f"{who} ({idx.size}), 10th–90th percentile"
 
 
 def _opt(a: np.ndarray) -> list[float | None]:

@@ -1,28 +1,71 @@
-// seamguard dashboard: a renderer of the API's snapshot. No framework, no build step.
-// Polls /api/v1/summary; when the controller's tick moves, redraws the map, fabric,
-// timeline, throughput, jobs and the selected entity. Large fleets are drawn as
-// per-loop aggregates on canvas and drilled into on click (never one DOM node per GPU).
+// seamguard dashboard: a renderer of the API's snapshot. No framework, no build step,
+// no library: charts are hand-rolled SVG, the fleet map is canvas.
+// Polls /api/v1/summary; when the controller's tick moves, redraws the map, the fleet
+// and cooling-loop panels, fabric, timeline, throughput, jobs and the selected entity.
+// Large fleets are drawn as labelled per-loop tiles and drilled into on click (never one
+// DOM node per GPU).
 "use strict";
 
 const API = "/api/v1";
 const STATES = ["healthy", "degraded", "checkpoint_unsafe", "quarantine", "harmful", "failed"];
 const css = getComputedStyle(document.documentElement);
-const COLOR = Object.fromEntries(STATES.map(s => [s, css.getPropertyValue("--" + s).trim()]));
+const cssv = n => css.getPropertyValue(n).trim();
+const COLOR = Object.fromEntries(STATES.map(s => [s, cssv("--" + s)]));
 const CODE_COLOR = STATES.map(s => COLOR[s]);
+const LINE = cssv("--line-value") || "#f2f4f7", PEER = cssv("--line-peer") || "#8995a3";
 const POLL_MS = 1000;
 const FETCH_TIMEOUT_MS = 8000;
+// One line each, shown wherever the scores appear (src/seamguard/assess/).
+const GLOSS = {
+  GFS: "gray-failure score, 0–1: the entity's evidence channels (peer deviation, error-counter trends, headroom, hard events) combined by noisy-OR",
+  PRS: "propagation risk score, 0–1: how many GPUs' work waits on the entity, 1 − e^(−GPUs/256); high PRS turns a quarantine-level entity harmful",
+  FAE: "failure amplification estimate, in healthy GPU-hours per hour at risk while the entity stays in the critical path (the slowdown it imposes plus the expected loss of a hard failure)",
+};
 
 const st = {
-  tick: null, summary: null, map: null, loop: null, selected: null, busy: false,
-  rects: [], fabricRects: { nic: [], link: [] }, lastError: "",
+  tick: null, summary: null, map: null, loop: null, selected: null, busy: false, events: [],
+  rects: [], nodeRects: [], tiles: [], fabricRects: { nic: [], link: [] }, lastError: "", live: false,
 };
 
 const $ = id => document.getElementById(id);
 const esc = s => String(s ?? "").replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
-const fmtT = t => (t >= 3600 ? (t / 3600).toFixed(1) + " h" : t >= 60 ? (t / 60).toFixed(1) + " min" : Math.round(t) + " s");
+const label = s => String(s).replace(/_/g, " ");
+const pad2 = n => String(Math.floor(n)).padStart(2, "0");
 const pct = x => (x == null ? "—" : (100 * x).toFixed(1) + "%");
 const num = (x, d = 3) => (x == null ? "—" : Math.abs(x) >= 1000 ? x.toFixed(0) : Number(x).toPrecision(d));
-const stateBadge = s => `<span class="state" style="background:${COLOR[s]}">${esc(s.replace("_", " "))}</span>`;
+const swatch = s => `<i class="sw ${s}" style="background-color:${COLOR[s]}"></i>`;
+const stateBadge = s => `<span class="state ${s}" style="background-color:${COLOR[s]}">${s === "failed" ? "✕ " : s === "harmful" ? "● " : ""}${esc(label(s))}</span>`;
+
+// Time: the twin's clock is simulated seconds since start; a live source's is the wall clock.
+const isClock = t => t > 1e8;
+function fmtT(t) {
+  if (isClock(t)) { const d = new Date(t * 1000); return `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`; }
+  const s = Math.max(0, Math.round(t));
+  return s >= 3600 ? `${Math.floor(s / 3600)}:${pad2((s % 3600) / 60)}:${pad2(s % 60)}` : `${Math.floor(s / 60)}:${pad2(s % 60)}`;
+}
+const timeTitle = t => isClock(t) ? "time (local clock)" : (t >= 3600 ? "simulated time since start (h:mm:ss)" : "simulated time since start (min:s)");
+
+// Units as people read them.
+function fmtVal(v, unit) {
+  if (v == null) return "—";
+  switch (unit) {
+    case "fraction": return (100 * v).toFixed(1) + " %";
+    case "celsius": return num(v, 3) + " °C";
+    case "per_hour": return num(v, 3) + " /h";
+    case "bool": return v ? "yes" : "no";
+    case "xid": return v ? "XID " + Math.round(v) : "none";
+    case "percent": return num(v, 3) + " %";
+    case "microseconds": return num(v, 3) + " µs";
+    case "milliseconds": return num(v, 3) + " ms";
+    case "seconds": return num(v, 3) + " s";
+    case "litres/min": return num(v, 4) + " L/min";
+    case "watts": return num(v, 3) + " W";
+    case "z": return "z " + num(v, 3);
+    case "score": case "gfs": return Number(v).toFixed(2);
+    default: return num(v, 4) + (unit ? " " + unit : "");
+  }
+}
+const unitLabel = u => ({ celsius: "°C", "litres/min": "L/min", microseconds: "µs", milliseconds: "ms", seconds: "s", watts: "W", percent: "%", score: "score 0–1" }[u] || u);
 
 async function api(path, opts = {}) {
   const ctl = new AbortController();
@@ -43,17 +86,138 @@ function authed(method, path, body) {
 
 function banner(msg) { const b = $("banner"); b.textContent = msg; b.classList.toggle("hidden", !msg); }
 
-// ---- header -------------------------------------------------------------------------------
+// ---- charts (SVG) ------------------------------------------------------------------------------
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+function niceStep(span, target) {
+  const raw = span / Math.max(target, 1), p = Math.pow(10, Math.floor(Math.log10(raw || 1)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+function yFmt(v, step) { const d = step >= 1 ? 0 : Math.min(4, Math.ceil(-Math.log10(step))); return Math.abs(v) >= 10000 ? (v / 1000).toFixed(0) + "k" : v.toFixed(d); }
+
+// One time-series panel: real time axis with title, y ticks with unit, optional peer band,
+// thresholds, stacked areas, state strip and state-change annotations (Grafana's time
+// series + state timeline conventions). Returns SVG markup.
+function tsChart(o) {
+  const W = Math.max(220, Math.floor(o.width || 400)), H = o.height || 140;
+  const strip = o.strip ? 7 : 0;
+  const L = 46, R = 10, T = 14, B = 30 + strip;
+  const pw = W - L - R, ph = H - T - B;
+  const t0 = o.t0, t1 = Math.max(o.t1, o.t0 + 1);
+  let lo = o.yMin, hi = o.yMax;
+  if (lo == null || hi == null) {
+    const vals = [];
+    for (const s of o.series || []) for (const v of s.v) if (v != null) vals.push(v);
+    for (const b of o.bands || []) { for (const v of b.lo) if (v != null) vals.push(v); for (const v of b.hi) if (v != null) vals.push(v); }
+    for (const th of o.thresholds || []) vals.push(th.v);
+    if (o.stack) { for (let i = 0; i < o.stack.t.length; i++) vals.push(o.stack.layers.reduce((a, l) => a + (l.v[i] || 0), 0)); vals.push(0); }
+    let a = vals.length ? Math.min(...vals) : 0, b = vals.length ? Math.max(...vals) : 1;
+    if (b - a < 1e-9) { const d = Math.abs(a) * 0.05 || 1; a -= d; b += d; }
+    const padv = (b - a) * 0.08;
+    if (lo == null) lo = o.stack || (a >= 0 && a - padv < 0) ? 0 : a - padv;  // never below 0 for data that is not
+    if (hi == null) hi = b + padv;
+  }
+  const ystep = niceStep(hi - lo, Math.max(2, Math.floor(ph / 28)));
+  if (o.yMin == null && !o.stack && lo !== 0) lo = Math.floor(lo / ystep) * ystep;
+  if (o.yMax == null) hi = Math.ceil(hi / ystep) * ystep;
+  if (o.integer && ystep < 1) { hi = Math.max(hi, lo + 1); }
+  const X = t => L + pw * (t - t0) / (t1 - t0), Y = v => T + ph * (1 - (v - lo) / (hi - lo));
+  let g = "";
+  // y grid and ticks
+  const step = o.integer ? Math.max(1, Math.round(ystep)) : ystep;
+  for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9; v += step) {
+    const y = Y(v).toFixed(1);
+    g += `<line class="grid" x1="${L}" x2="${L + pw}" y1="${y}" y2="${y}"/><text x="${L - 4}" y="${+y + 3}" text-anchor="end">${o.yTick ? o.yTick(v) : yFmt(v, step)}</text>`;
+  }
+  g += `<text x="${L - 4}" y="${T - 4}" text-anchor="end">${esc(o.unit || "")}</text>`;
+  // x ticks: a nice step for the span, labelled in the source's clock
+  const tstep = TIME_STEPS.find(s => s >= (t1 - t0) / Math.max(2, Math.floor(pw / 70))) || 86400;
+  for (let t = Math.ceil(t0 / tstep) * tstep; t <= t1 + 1e-9; t += tstep) {
+    const x = X(t).toFixed(1);
+    g += `<line class="axis" x1="${x}" x2="${x}" y1="${T + ph}" y2="${T + ph + 3}"/><text x="${x}" y="${T + ph + strip + 13}" text-anchor="middle">${fmtT(t)}</text>`;
+  }
+  g += `<line class="axis" x1="${L}" x2="${L + pw}" y1="${T + ph}" y2="${T + ph}"/><line class="axis" x1="${L}" x2="${L}" y1="${T}" y2="${T + ph}"/>`;
+  g += `<text x="${L + pw}" y="${H - 2}" text-anchor="end">${esc(o.xTitle || timeTitle(t1))}</text>`;
+  const path = (t, v) => { let d = "", pen = false; for (let i = 0; i < t.length; i++) { if (v[i] == null || t[i] < t0) { pen = false; continue; } d += (pen ? "L" : "M") + X(t[i]).toFixed(1) + " " + Y(v[i]).toFixed(1); pen = true; } return d; };
+  for (const b of o.bands || []) {
+    // Draw each contiguous run of the band as a polygon.
+    let up = [], dn = [];
+    const flush = () => { if (up.length > 1) g += `<path class="band" d="M${up.join("L")}L${dn.reverse().join("L")}Z" fill="${b.color || PEER}" fill-opacity="${b.opacity || 0.22}"><title>${esc(b.label || "")}</title></path>`; up = []; dn = []; };
+    for (let i = 0; i < b.t.length; i++) {
+      if (b.lo[i] == null || b.hi[i] == null) { flush(); continue; }
+      up.push(`${X(b.t[i]).toFixed(1)} ${Y(b.hi[i]).toFixed(1)}`); dn.push(`${X(b.t[i]).toFixed(1)} ${Y(b.lo[i]).toFixed(1)}`);
+    }
+    flush();
+  }
+  if (o.stack) {
+    const base = o.stack.t.map(() => 0);
+    for (const l of o.stack.layers) {
+      const top = base.map((b0, i) => b0 + (l.v[i] || 0));
+      if (top.some((v, i) => v !== base[i])) {
+        const pts = o.stack.t.map((t, i) => `${X(t).toFixed(1)} ${Y(top[i]).toFixed(1)}`);
+        const back = o.stack.t.map((t, i) => `${X(t).toFixed(1)} ${Y(base[i]).toFixed(1)}`).reverse();
+        g += `<path class="layer" data-state="${l.state}" d="M${pts.join("L")}L${back.join("L")}Z" fill="${l.color}" fill-opacity=".85"${l.state === "failed" ? ` stroke="#111" stroke-width=".6"` : ""}><title>${esc(label(l.state))}</title></path>`;
+      }
+      for (let i = 0; i < base.length; i++) base[i] = top[i];
+    }
+  }
+  for (const th of o.thresholds || []) {
+    if (th.v < lo || th.v > hi) continue;
+    const y = Y(th.v).toFixed(1);
+    g += `<g class="threshold"><line class="thr" x1="${L}" x2="${L + pw}" y1="${y}" y2="${y}" stroke="${th.color}"/><text x="${L + pw - 2}" y="${+y - 2}" text-anchor="end" style="fill:${th.color}">${esc(th.label)}</text></g>`;
+  }
+  for (const s of o.series || []) {
+    const d = path(s.t, s.v);
+    if (d) g += `<path class="${s.cls || "line"}" d="${d}" fill="none" stroke="${s.color}" stroke-width="${s.width || 1.6}"${s.dash ? ` stroke-dasharray="${s.dash}"` : ""}><title>${esc(s.label || "")}</title></path>`;
+  }
+  if (o.strip) {
+    // State timeline under the plot: one coloured run per state segment.
+    for (const seg of o.strip) {
+      const a = Math.max(t0, seg.t0), b = Math.min(t1, seg.t1); if (b <= a) continue;
+      g += `<rect class="seg" data-state="${seg.state}" x="${X(a).toFixed(1)}" y="${T + ph + 2}" width="${Math.max(1, X(b) - X(a)).toFixed(1)}" height="5" fill="${COLOR[seg.state]}"><title>${esc(label(seg.state))} ${fmtT(a)}–${fmtT(b)}</title></rect>`;
+    }
+  }
+  let lastX = -1e9;
+  for (const a of [...(o.annotations || [])].sort((p, q) => p.t - q.t)) {
+    if (a.t < t0 || a.t > t1) continue;
+    const x = X(a.t).toFixed(1), c = a.color || LINE;
+    const text = +x - lastX > 44 ? `<text x="${+x + 2}" y="${T + 8}" style="fill:${c}">${esc(a.short || "")}</text>` : "";
+    if (text) lastX = +x;
+    g += `<g class="annot${a.cls ? " " + a.cls : ""}" data-t="${a.t}" data-state="${a.state || ""}" data-x="${x}"><line x1="${x}" x2="${x}" y1="${T}" y2="${T + ph}" stroke="${c}"/>${text}<title>${esc(a.label)}</title></g>`;
+  }
+  return `<svg class="chart" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" data-t0="${t0}" data-t1="${t1}" data-x0="${L}" data-x1="${L + pw}">${g}</svg>`;
+}
+
+// State segments of one entity from its transitions (newest first) and its state now.
+function segments(history, stateNow, t0, t1) {
+  const tr = [...history].sort((a, b) => a.t_s - b.t_s);
+  const out = [];
+  let cur = tr.length ? tr[0].from_state : stateNow, from = t0;
+  for (const x of tr) { if (x.t_s > from) out.push({ t0: from, t1: x.t_s, state: cur }); from = Math.max(from, x.t_s); cur = x.to_state; }
+  out.push({ t0: from, t1, state: cur });
+  return out;
+}
+const annotColor = s => s === "healthy" ? "#7fa393" : COLOR[s];
+const transAnnots = history => history.map(h => ({ t: h.t_s, state: h.to_state, color: annotColor(h.to_state), short: label(h.to_state), cls: "transition", label: `${fmtT(h.t_s)}: ${label(h.from_state)} → ${label(h.to_state)}${h.reasons.length ? " (" + h.reasons.slice(0, 2).map(r => r.channel).join(", ") + ")" : ""}` }));
+const widthOf = id => Math.max(220, ($(id) && $(id).clientWidth) || 400);
+
+// ---- header and pace ------------------------------------------------------------------------
 function renderHeader(s) {
+  st.live = isClock(s.t_s);
   $("source").textContent = `${s.source} · ${s.sizes.gpu.toLocaleString()} GPUs · ${s.sizes.node.toLocaleString()} nodes · ${s.sizes.cooling_loop} loops`;
-  $("clock").textContent = `t=${fmtT(s.t_s)} · tick ${s.tick} · ${(s.timing.tick_s * 1000).toFixed(0)} ms`;
+  const p = s.pace;
+  const speed = p.requested_speed > 0 ? ` · speed ${p.requested_speed}x${p.achieved_speed != null ? ` (achieved ${num(p.achieved_speed, 3)}x)` : ""}` : " · manual ticks";
+  $("clock").textContent = `t=${fmtT(s.t_s)} · tick ${s.tick} · ${(s.timing.tick_s * 1000).toFixed(0)} ms${speed}`;
   const g = s.states.gpu, n = s.states.node;
   $("chips").innerHTML = STATES.filter(x => x === "healthy" || g[x] || n[x]).map(x =>
-    `<span class="chip" title="GPUs / nodes ${x}"><i style="background:${COLOR[x]}"></i>${x.replace("_", " ")} ${g[x].toLocaleString()} / ${n[x].toLocaleString()}</span>`).join("");
+    `<span class="chip" title="GPUs / nodes ${label(x)}">${swatch(x)}${label(x)} ${g[x].toLocaleString()} / ${n[x].toLocaleString()}</span>`).join("");
   const mode = $("mode"); mode.textContent = s.mode === "enforce" ? "enforcing" : "dry run"; mode.className = "badge " + s.mode;
   const br = $("breaker"); br.className = "badge " + (s.breaker.tripped ? "tripped" : "closed");
   br.textContent = s.breaker.tripped ? "breaker TRIPPED — reset" : `breaker ok · ${s.breaker.disrupted_nodes_in_window}`;
   br.title = s.breaker.tripped ? s.breaker.reason : "safety breaker: closed";
+  const pb = $("pace");
+  pb.textContent = p.behind ? `⚠ The ${s.source === "twin" ? "simulation" : "controller"} is falling behind: ${p.message}. Figures are correct per tick, but time runs slower than requested.` : "";
+  pb.classList.toggle("hidden", !p.behind);
   banner(s.timing.error ? "last tick failed: " + s.timing.error : (s.breaker.tripped ? "Safety breaker tripped: " + s.breaker.reason + " — no new drains until reset." : ""));
 }
 
@@ -69,43 +233,82 @@ function setupCanvas(cv, height) {
 }
 
 function legend() {
-  $("legend").innerHTML = STATES.map(s => `<span><i style="background:${COLOR[s]}"></i>${s.replace("_", " ")}</span>`).join("");
+  $("legend").innerHTML = STATES.map(s => `<span>${swatch(s)}${label(s)}</span>`).join("") +
+    `<span class="muted">· a failed node is filled and hatched whole, its GPUs too; ✕ = failed, ● = harmful</span>`;
+}
+
+// Marks that do not rely on hue: a cross for failed, a dot for harmful.
+function cellMark(ctx, x, y, c, state) {
+  if (c < 6) return;
+  ctx.strokeStyle = "rgba(0,0,0,.75)"; ctx.fillStyle = "rgba(0,0,0,.75)"; ctx.lineWidth = Math.max(1.2, c / 7);
+  if (state === "failed") { const i = Math.max(2, c * 0.22); ctx.beginPath(); ctx.moveTo(x + i, y + i); ctx.lineTo(x + c - i, y + c - i); ctx.moveTo(x + c - i, y + i); ctx.lineTo(x + i, y + c - i); ctx.stroke(); }
+  else if (state === "harmful") { ctx.beginPath(); ctx.arc(x + c / 2, y + c / 2, Math.max(1.5, c / 6), 0, 2 * Math.PI); ctx.fill(); }
+}
+function hatch(ctx, x, y, w, h) {
+  ctx.save(); ctx.beginPath(); ctx.rect(x, y, w, h); ctx.clip();
+  ctx.strokeStyle = "rgba(0,0,0,.45)"; ctx.lineWidth = 1.5;
+  for (let k = -h; k < w; k += 5) { ctx.beginPath(); ctx.moveTo(x + k, y + h); ctx.lineTo(x + k + h, y); ctx.stroke(); }
+  ctx.restore();
 }
 
 function drawMap() {
   const m = st.map; if (!m) return;
   const cv = $("fleetmap");
-  st.rects = [];
-  $("crumbs").innerHTML = st.loop ? `<a data-loop="">all loops</a> › ${esc(st.loop)}` : (m.aggregated ? "all loops (aggregated: click a loop to drill down)" : "all loops");
+  st.rects = []; st.nodeRects = []; st.tiles = [];
+  $("crumbs").innerHTML = st.loop ? `<a data-loop="">all loops</a> › ${esc(st.loop)}` : (m.aggregated ? "all loops (aggregated: click a loop tile to drill down)" : "all loops");
+  $("worstwrap").classList.toggle("hidden", !(m.aggregated && !st.loop));
+  const fn = m.failed_nodes;
+  $("failednodes").innerHTML = fn.length ? `<span class="muted">failed nodes:</span>` + fn.map(e => `<span class="st failed" data-kind="node" data-name="${esc(e.name)}" title="${esc(e.name)} failed since ${fmtT(e.since_t_s)} (${esc(e.loop)}, ${esc(e.rack)})">✕ ${esc(e.name)}</span>`).join("") : "";
+  cv.dataset.failedNodes = fn.map(e => e.name).join(" ");
   if (m.aggregated && !st.loop) return drawLoopTiles(cv, m);
   return drawDetail(cv, m.detail);
 }
 
 function drawLoopTiles(cv, m) {
   const w0 = cv.parentElement.clientWidth || 600;
-  const size = 22, gap = 4, per = Math.max(1, Math.floor((w0 + gap) / (size + gap)));
-  const rows = Math.ceil(m.loops.length / per);
-  const [ctx] = setupCanvas(cv, rows * (size + gap) + 4);
-  m.loops.forEach((lp, i) => {
-    const x = (i % per) * (size + gap), y = Math.floor(i / per) * (size + gap) + 2;
+  const tw = 88, th = 38, gap = 5, per = Math.max(1, Math.floor((w0 + gap) / (tw + gap)));
+  let loops = m.loops.map(lp => ({ ...lp, bad: STATES.slice(1).reduce((a, s) => a + lp.gpu_states[s], 0), sev: STATES.indexOf(lp.worst) }));
+  if ($("worstfirst").checked) loops = [...loops].sort((a, b) => b.sev - a.sev || b.bad - a.bad || a.index - b.index);
+  const rows = Math.ceil(loops.length / per);
+  const [ctx] = setupCanvas(cv, rows * (th + gap) + 4);
+  ctx.textBaseline = "top";
+  loops.forEach((lp, i) => {
+    const x = (i % per) * (tw + gap), y = Math.floor(i / per) * (th + gap) + 2;
     const total = STATES.reduce((a, s) => a + lp.gpu_states[s], 0) || 1;
-    ctx.fillStyle = COLOR.healthy; ctx.fillRect(x, y, size, size);
-    // Fill from the bottom with the share of non-healthy GPUs, worst on top.
-    let yy = y + size;
+    const fnodes = lp.node_states.failed || 0;
+    ctx.fillStyle = "#1b222a"; ctx.fillRect(x, y, tw, th);
+    // A bar of the loop's GPUs by state, worst on the right; any non-healthy state gets >= 3 px.
+    const bx = x + 4, by = y + th - 11, bw = tw - 8, bh = 7;
+    ctx.fillStyle = COLOR.healthy; ctx.fillRect(bx, by, bw, bh);
+    let right = bx + bw;
     for (let k = STATES.length - 1; k >= 1; k--) {
-      const h = Math.ceil(size * lp.gpu_states[STATES[k]] / total);
-      if (h > 0) { ctx.fillStyle = COLOR[STATES[k]]; yy -= h; ctx.fillRect(x, Math.max(y, yy), size, Math.min(h, yy + h - y)); }
+      const n = lp.gpu_states[STATES[k]]; if (!n) continue;
+      const wpx = Math.max(3, Math.round(bw * n / total)); right -= wpx;
+      ctx.fillStyle = COLOR[STATES[k]]; ctx.fillRect(Math.max(bx, right), by, Math.min(wpx, right + wpx - bx), bh);
+      if (STATES[k] === "failed") hatch(ctx, Math.max(bx, right), by, wpx, bh);
     }
-    if (lp.worst !== "healthy") { ctx.strokeStyle = COLOR[lp.worst]; ctx.lineWidth = 2; ctx.strokeRect(x + 1, y + 1, size - 2, size - 2); }
-    st.rects.push({ x, y, w: size, h: size, kind: "loop", name: lp.name, tip: loopTip(lp) });
+    const worst = lp.worst;
+    ctx.strokeStyle = worst === "healthy" ? "#2a343f" : COLOR[worst]; ctx.lineWidth = worst === "healthy" ? 1 : 2;
+    ctx.strokeRect(x + 1, y + 1, tw - 2, th - 2);
+    ctx.font = "600 11px system-ui, sans-serif"; ctx.fillStyle = worst === "healthy" ? "#aab4bf" : "#e8edf2";
+    const lbl = lp.name.replace(/^loop-/, "L");
+    ctx.fillText(lbl, x + 5, y + 5);
+    ctx.font = "10px system-ui, sans-serif"; ctx.textAlign = "right";
+    ctx.fillStyle = fnodes ? COLOR.failed : worst === "healthy" ? "#6f7a86" : COLOR[worst];
+    ctx.fillText(fnodes ? `✕${fnodes} node${fnodes > 1 ? "s" : ""}` : lp.bad ? `${lp.bad} GPU${lp.bad > 1 ? "s" : ""}` : "ok", x + tw - 5, y + 6);
+    ctx.textAlign = "left";
+    st.rects.push({ x, y, w: tw, h: th, kind: "loop", name: lp.name, tip: loopTip(lp) });
+    st.tiles.push({ name: lp.name, label: lbl, x, y, w: tw, h: th, worst, bad: lp.bad, failed_nodes: fnodes });
   });
+  cv.setAttribute("aria-label", `fleet map: ${loops.length} cooling loop tiles`);
   const bad = m.loops.filter(l => l.worst !== "healthy").length;
-  $("maphint").textContent = `${m.loops.length} cooling loops; ${bad} with non-healthy GPUs, nodes or facilities. Each tile fills with its share of non-healthy GPUs.`;
+  $("maphint").textContent = `${m.loops.length} cooling loops (tile L### = loop-###); ${bad} with non-healthy GPUs, nodes or facilities. Each tile: loop, count of non-healthy GPUs (or ✕ failed nodes), a bar of its GPUs by state; border = worst state. Click a tile for its racks, nodes and GPUs.`;
 }
 
 function loopTip(lp) {
-  const parts = STATES.filter(s => lp.gpu_states[s]).map(s => `${s.replace("_", " ")} ${lp.gpu_states[s]}`);
-  return `${lp.name} (${lp.worst}) — GPUs: ${parts.join(", ")}`;
+  const parts = STATES.filter(s => lp.gpu_states[s]).map(s => `${label(s)} ${lp.gpu_states[s]}`);
+  const nodes = STATES.slice(1).filter(s => lp.node_states[s]).map(s => `${label(s)} ${lp.node_states[s]}`);
+  return `${lp.name} (worst: ${label(lp.worst)})\nGPUs: ${parts.join(", ")}${nodes.length ? "\nnodes: " + nodes.join(", ") : ""}\nclick to drill down`;
 }
 
 function drawDetail(cv, loops) {
@@ -114,7 +317,7 @@ function drawDetail(cv, loops) {
   for (const lp of loops) { maxRpl = Math.max(maxRpl, lp.racks.length); for (const r of lp.racks) { maxNpr = Math.max(maxNpr, r.nodes.length); for (const g of r.gpu_states) maxGpn = Math.max(maxGpn, g.length); } }
   const single = loops.length === 1;
   const layout = (c, rpr) => {
-    const nodeW = maxGpn * (c + 1) + 2, rackW = nodeW + 8, rackH = maxNpr * (c + 2) + 16;
+    const nodeW = maxGpn * (c + 1) + 6, rackW = nodeW + 8, rackH = maxNpr * (c + 4) + 16;
     const loopW = rpr * (rackW + 6) + 10, loopH = Math.ceil(maxRpl / rpr) * (rackH + 6) + 24;
     const lpr = Math.max(1, Math.min(loops.length, Math.floor((w + 8) / (loopW + 8))));
     return { c, nodeW, rackW, rackH, rpr, loopW, loopH, lpr, height: Math.ceil(loops.length / lpr) * (loopH + 8) };
@@ -137,37 +340,46 @@ function drawDetail(cv, loops) {
     ctx.strokeStyle = lp.state === "healthy" ? "#2a343f" : COLOR[lp.state]; ctx.lineWidth = lp.state === "healthy" ? 1 : 2;
     ctx.strokeRect(lx + .5, ly + .5, L.loopW - 1, L.loopH - 1);
     ctx.fillStyle = lp.state === "healthy" ? "#aab4bf" : COLOR[lp.state];
-    ctx.fillText(`${lp.loop}${lp.state !== "healthy" ? "  · " + lp.state : ""}`, lx + 6, ly + 5);
-    st.rects.push({ x: lx, y: ly, w: L.loopW, h: 18, kind: "cooling_loop", name: lp.loop, tip: `${lp.loop}: ${lp.state} (click for the loop)` });
+    ctx.fillText(`${lp.loop}${lp.state !== "healthy" ? "  · " + label(lp.state) : ""}`, lx + 6, ly + 5);
+    st.rects.push({ x: lx, y: ly, w: L.loopW, h: 18, kind: "cooling_loop", name: lp.loop, tip: `${lp.loop}: ${label(lp.state)} (click for the loop)` });
     lp.racks.forEach((r, ri) => {
       const rx = lx + 6 + (ri % L.rpr) * (L.rackW + 6), ry = ly + 22 + Math.floor(ri / L.rpr) * (L.rackH + 6);
       ctx.fillStyle = "#141a20"; ctx.fillRect(rx, ry, L.rackW, L.rackH);
       ctx.fillStyle = "#77828e"; ctx.fillText(r.name.replace("rack-", "r"), rx + 3, ry + 2);
       st.rects.push({ x: rx, y: ry, w: L.rackW, h: 13, kind: "rack", name: r.name, tip: r.name });
       r.nodes.forEach((node, ni) => {
-        const nx = rx + 4, ny = ry + 14 + ni * (cell + 2);
-        const ns = STATES[+r.node_states[ni]];
-        if (ns !== "healthy") { ctx.fillStyle = COLOR[ns]; ctx.fillRect(nx - 3, ny, 2, cell); }
         const codes = r.gpu_states[ni];
+        const nx = rx + 4, ny = ry + 15 + ni * (cell + 4);
+        const ns = STATES[+r.node_states[ni]];
+        // The node's own rectangle spans all its GPUs: marked whole when it is not healthy.
+        const nr = { x: nx - 2, y: ny - 2, w: codes.length * (cell + 1) + 3, h: cell + 4, name: node, state: ns };
+        st.nodeRects.push(nr);
+        st.rects.push({ ...nr, kind: "node", tip: `node ${node}: ${label(ns)}` });
+        if (ns === "failed") { ctx.fillStyle = COLOR.failed; ctx.fillRect(nr.x, nr.y, nr.w, nr.h); hatch(ctx, nr.x, nr.y, nr.w, nr.h); }
         for (let g = 0; g < codes.length; g++) {
-          const gx = nx + g * (cell + 1);
-          ctx.fillStyle = CODE_COLOR[+codes[g]]; ctx.fillRect(gx, ny, cell, cell);
+          const gx = nx + g * (cell + 1), gs = STATES[+codes[g]];
           const name = r.gpu_names[ni][g];
-          st.rects.push({ x: gx, y: ny, w: cell, h: cell, kind: "gpu", name, tip: `${name} — ${STATES[+codes[g]]} (node ${node}: ${ns})` });
+          // A failed node's healthy GPUs are not usable: they show the node's hatching, never green.
+          if (!(ns === "failed" && gs === "healthy")) { ctx.fillStyle = CODE_COLOR[+codes[g]]; ctx.fillRect(gx, ny, cell, cell); cellMark(ctx, gx, ny, cell, gs); }
+          else cellMark(ctx, gx, ny, cell, "failed");
+          st.rects.push({ x: gx, y: ny, w: cell, h: cell, kind: "gpu", name, state: gs, tip: `${name} — ${label(gs)}\nnode ${node}: ${label(ns)}${ns === "failed" ? " (GPU unusable while its node is failed)" : ""}` });
           if (st.selected && st.selected.kind === "gpu" && st.selected.name === name) {
             ctx.strokeStyle = "#fff"; ctx.lineWidth = 2; ctx.strokeRect(gx - 1, ny - 1, cell + 2, cell + 2);
           }
         }
+        if (ns !== "healthy") { ctx.strokeStyle = COLOR[ns]; ctx.lineWidth = 2; ctx.strokeRect(nr.x + 1, nr.y + 1, nr.w - 2, nr.h - 2); }
+        if (st.selected && st.selected.kind === "node" && st.selected.name === node) { ctx.strokeStyle = "#fff"; ctx.lineWidth = 1.5; ctx.strokeRect(nr.x - 1, nr.y - 1, nr.w + 2, nr.h + 2); }
       });
     });
   });
   const n = loops.reduce((a, lp) => a + lp.racks.reduce((b, r) => b + r.gpu_states.reduce((c, g) => c + g.length, 0), 0), 0);
-  $("maphint").textContent = `${n.toLocaleString()} GPUs drawn: cooling loop → rack → node (row) → GPU (cell). Click a GPU for its evidence, a rack or loop label for its summary.`;
+  cv.setAttribute("aria-label", `fleet map: ${n} GPUs`);
+  $("maphint").textContent = `${n.toLocaleString()} GPUs drawn: cooling loop → rack → node (a framed row) → GPU (a cell). Click a GPU for its evidence and signals, a node's frame for the node, a rack or loop label for its summary.`;
 }
 
 function hit(rects, cv, ev) {
   const b = cv.getBoundingClientRect(), x = ev.clientX - b.left, y = ev.clientY - b.top;
-  // Later rects are smaller (GPU cells drawn over their rack and loop): search from the end.
+  // Later rects are smaller (GPU cells drawn over their node, rack and loop): search from the end.
   for (let i = rects.length - 1; i >= 0; i--) { const r = rects[i]; if (x >= r.x && x < r.x + r.w && y >= r.y && y < r.y + r.h) return r; }
   return null;
 }
@@ -184,7 +396,7 @@ function bindCanvas(cv, getRects) {
   cv.addEventListener("mouseleave", ev => tooltip(ev, null));
   cv.addEventListener("click", ev => {
     const r = hit(getRects(), cv, ev); if (!r) return;
-    if (r.kind === "loop") { st.loop = r.name; refreshMap().catch(showErr); return; }
+    if (r.kind === "loop") { select("cooling_loop", r.name); return; }
     if (r.index != null && !r.name) {
       api(`${API}/entities?kind=${r.kind}&limit=1&offset=${r.index}`).then(p => p.items[0] && select(r.kind, p.items[0].name)).catch(showErr);
       return;
@@ -193,10 +405,54 @@ function bindCanvas(cv, getRects) {
   });
 }
 
+// ---- fleet state and cooling loops over time -------------------------------------------------------
+function renderFleetHistory(h) {
+  const t = h.t_s;
+  if (t.length < 2) {
+    for (const id of ["gpustates", "nodestates", "loopflow", "loopsupply"]) $(id).innerHTML = `<div class="muted small">waiting for a second tick…</div>`;
+    return;
+  }
+  const t0 = t[0], t1 = t[t.length - 1];
+  const acts = st.events.filter(e => e.type === "action" && e.t_s >= t0).slice(0, 40).map(e => ({ t: e.t_s, color: "#c9d1d9", label: `${fmtT(e.t_s)}: ${e.text}`, cls: "action" }));
+  for (const sc of h.states) {
+    const layers = STATES.slice(1).map(s => ({ state: s, color: COLOR[s], v: sc.counts[s] }));
+    $(sc.kind === "gpu" ? "gpustates" : "nodestates").innerHTML = tsChart({
+      width: widthOf(sc.kind === "gpu" ? "gpustates" : "nodestates"), height: 150, t0, t1, unit: sc.kind === "gpu" ? "GPUs" : "nodes",
+      integer: true, stack: { t, layers }, annotations: acts,
+    });
+  }
+  // Coolant: the band of all loops (10th–90th percentile, median dashed), each listed loop a line.
+  const band = (b, f = x => x) => ({ t, lo: b.p10.map(v => v == null ? null : f(v)), hi: b.p90.map(v => v == null ? null : f(v)), label: `all ${h.loops_total} loops, 10th–90th percentile` });
+  const sel = st.selected && st.selected.kind === "cooling_loop" ? st.selected.name : st.loop;
+  const lineColor = lp => lp.name === sel ? LINE : lp.state !== "healthy" ? COLOR[lp.state] : "#6f8a80";
+  const loopAnnots = [];
+  for (const lp of h.loops) for (let i = 1; i < lp.states.length; i++) if (lp.states[i] !== lp.states[i - 1]) {
+    const s = STATES[+lp.states[i]];
+    loopAnnots.push({ t: t[i], state: s, color: annotColor(s), short: `${lp.name.replace("loop-", "L")} ${label(s)}`, cls: "transition", label: `${fmtT(t[i])}: ${lp.name} ${label(STATES[+lp.states[i - 1]])} → ${label(s)}` });
+  }
+  const flow = h.loops.map(lp => ({ t, v: lp.flow_lpm.map(v => v == null ? null : 100 * v / lp.rated_flow_lpm), color: lineColor(lp), width: lp.name === sel ? 2.2 : 1.4, label: `${lp.name} (${label(lp.state)})` }));
+  const supply = h.loops.map(lp => ({ t, v: lp.supply_c, color: lineColor(lp), width: lp.name === sel ? 2.2 : 1.4, label: `${lp.name} (${label(lp.state)})` }));
+  const med = (b, f = x => x) => ({ t, v: b.p50.map(v => v == null ? null : f(v)), color: PEER, dash: "4 3", width: 1, label: "median of all loops", cls: "median" });
+  $("loopflow").innerHTML = tsChart({
+    width: widthOf("loopflow"), height: 170, t0, t1, unit: "% rated",
+    bands: [band(h.flow_ratio_band, v => 100 * v)], series: [med(h.flow_ratio_band, v => 100 * v), ...flow],
+    thresholds: [{ v: 100 * h.flow_ratio_concern, label: `evidence starts ${Math.round(100 * h.flow_ratio_concern)}%`, color: COLOR.degraded },
+                 { v: 100 * h.flow_ratio_saturation, label: `saturates ${Math.round(100 * h.flow_ratio_saturation)}%`, color: COLOR.harmful }],
+    annotations: loopAnnots,
+  });
+  $("loopsupply").innerHTML = tsChart({
+    width: widthOf("loopsupply"), height: 170, t0, t1, unit: "°C",
+    bands: [band(h.supply_c_band)], series: [med(h.supply_c_band), ...supply], annotations: loopAnnots,
+  });
+  const few = h.loops.length === h.loops_total;
+  $("loopnote").textContent = few ? `all ${h.loops_total} loops` : `${h.loops_total} loops: band = all loops; lines = ${h.loops.length ? h.loops.map(l => l.name).join(", ") : "none (every loop healthy in this window)"}`;
+  $("looplegend").innerHTML = h.loops.map(lp => `<span class="ent" data-kind="cooling_loop" data-name="${esc(lp.name)}" style="cursor:pointer"><i class="sw" style="background:${lineColor(lp)};height:3px;vertical-align:3px"></i>${esc(lp.name)} ${lp.state !== "healthy" ? stateBadge(lp.state) : ""}</span>`).join("") +
+    `<span><i class="sw" style="background:${PEER};opacity:.4"></i>all loops 10th–90th pct</span>`;
+}
+
 // ---- fabric & storage ---------------------------------------------------------------------------
 function drawCodes(cv, codes, kind) {
   st.fabricRects[kind] = [];
-  if (codes == null) { setupCanvas(cv, 4); return; }
   const w = cv.parentElement.clientWidth || 600;
   const c = codes.length > 6000 ? 3 : codes.length > 2500 ? 4 : 6;
   const per = Math.max(1, Math.floor(w / (c + 1))), rows = Math.ceil(codes.length / per);
@@ -205,22 +461,39 @@ function drawCodes(cv, codes, kind) {
     const x = (i % per) * (c + 1), y = Math.floor(i / per) * (c + 1);
     ctx.fillStyle = CODE_COLOR[+codes[i]]; ctx.fillRect(x, y, c, c);
     // Cells are in entity-index order; a click resolves the name through the API.
-    st.fabricRects[kind].push({ x, y, w: c + 1, h: c + 1, kind, index: i, tip: `${kind} #${i} — ${STATES[+codes[i]]}` });
+    st.fabricRects[kind].push({ x, y, w: c + 1, h: c + 1, kind, index: i, tip: `${kind} #${i} — ${label(STATES[+codes[i]])}` });
   }
+}
+
+const stateSum = f => STATES.filter(s => s !== "healthy" && f.states[s]).map(s => `${f.states[s].toLocaleString()} ${label(s)}`).join(", ");
+
+function renderFabricKind(f, secId, cvId, noun) {
+  const sec = $(secId), cv = $(cvId), note = sec.querySelector(".note");
+  if (!f || f.total === 0) { cv.classList.add("hidden"); note.textContent = `none: this fleet has no ${noun}`; st.fabricRects[f ? f.kind : noun] = []; return; }
+  const bad = stateSum(f);
+  if (f.codes == null) {
+    // Too many to draw one cell each: counts, and the non-healthy ones are listed below.
+    cv.classList.add("hidden"); st.fabricRects[f.kind] = [];
+    note.textContent = `${f.total.toLocaleString()} ${noun}: ${bad || "all healthy"}` + (bad ? ` — the worst ${f.not_healthy.length} are listed below` : "") + " (too many to draw one cell each)";
+    return;
+  }
+  cv.classList.remove("hidden");
+  drawCodes(cv, f.codes, f.kind);
+  note.textContent = `${f.total.toLocaleString()} ${noun}: ${bad || "all healthy"}`;
 }
 
 function renderFabric(m) {
   const nic = m.fabric.find(f => f.kind === "nic"), link = m.fabric.find(f => f.kind === "link");
-  drawCodes($("nicmap"), nic.codes, "nic");
-  drawCodes($("linkmap"), link.codes, "link");
-  const sum = f => STATES.filter(s => s !== "healthy" && f.states[s]).map(s => `${f.states[s]} ${s.replace("_", " ")}`).join(", ") || "all healthy";
-  $("fabricsum").textContent = `NICs: ${sum(nic)} · links: ${sum(link)}` + (nic.codes == null ? " (too many to draw; listed below)" : "");
+  renderFabricKind(nic, "nicsec", "nicmap", "NICs");
+  renderFabricKind(link, "linksec", "linkmap", "links");
+  $("fabricsum").textContent = `NICs: ${stateSum(nic) || "all healthy"} · links: ${stateSum(link) || "all healthy"}`;
   // Many paths: show the count and only the paths that are not healthy.
   const shown = m.storage.length > 48 ? m.storage.filter(e => e.state !== "healthy") : m.storage;
   const hiddenNote = shown.length < m.storage.length ? `<span class="muted small">${m.storage.length - shown.length} of ${m.storage.length} paths healthy (not listed)</span>` : "";
-  $("storage").innerHTML = hiddenNote + shown.map(e => `<span class="st" data-kind="storage" data-name="${esc(e.name)}" style="background:${e.state === "healthy" ? "#223" : COLOR[e.state]};color:${e.state === "healthy" ? "#aab" : "#0e1217"}" title="${esc(e.name)}: ${e.state}, GFS ${e.gfs}">${esc(e.name)}</span>`).join("");
+  $("storage").innerHTML = !m.storage.length ? `<span class="muted small">none: this fleet has no storage paths</span>` :
+    hiddenNote + shown.map(e => `<span class="st ${e.state === "failed" ? "failed" : ""}" data-kind="storage" data-name="${esc(e.name)}" style="background:${e.state === "healthy" ? "#223" : COLOR[e.state]};color:${e.state === "healthy" ? "#aab" : "#111"}" title="${esc(e.name)}: ${label(e.state)}, GFS ${e.gfs}">${esc(e.name)}</span>`).join("");
   const bad = [...nic.not_healthy, ...link.not_healthy];
-  $("fabricbad").innerHTML = bad.length ? bad.map(e => `<span class="st" data-kind="${e.kind}" data-name="${esc(e.name)}" style="border-color:${COLOR[e.state]}">${esc(e.name)} · ${e.state}</span>`).join("") : "";
+  $("fabricbad").innerHTML = bad.length ? `<span class="muted">not healthy:</span>` + bad.map(e => `<span class="st ${e.state === "failed" ? "failed" : ""}" data-kind="${e.kind}" data-name="${esc(e.name)}" style="border-color:${COLOR[e.state]}">${esc(e.name)} · ${label(e.state)}</span>`).join("") : `<span class="muted">no NIC or link is outside healthy</span>`;
 }
 
 // ---- timeline --------------------------------------------------------------------------------------
@@ -228,50 +501,46 @@ function renderTimeline(events, s) {
   st.events = events; st.eventsSummary = s;
   const only = $("actionsonly").checked;
   $("timeline").innerHTML = events.filter(e => !only || e.type === "action").map(e => {
-    const color = e.type === "action" ? (e.status === "failed" ? COLOR.harmful : "#4aa3ff") : COLOR[e.state] || "#888";
+    const color = e.type === "action" ? (e.status === "failed" ? COLOR.harmful : "#c9d1d9") : COLOR[e.state] || "#888";
     const kind = e.type === "action" ? "action" : e.kind;
     const ek = e.type === "action" ? "" : e.kind;
     return `<li class="${e.type}" data-kind="${esc(ek)}" data-name="${esc(e.entity)}"><span class="t">${fmtT(e.t_s)}</span><span class="dot" style="background:${color}"></span><span class="kind">${esc(kind)}</span><span class="what">${e.type === "transition" ? "<b>" + esc(e.entity) + "</b> " : ""}${esc(e.text)}</span></li>`;
   }).join("") || `<li class="muted">No transitions or actions yet.</li>`;
   const svg = $("timestrip"), w = svg.clientWidth || 600, t1 = Math.max(s.t_s, 1);
-  const x = t => 4 + (w - 8) * t / t1;
+  const t0 = st.live && events.length ? Math.min(...events.map(e => e.t_s)) : 0;
+  const x = t => 4 + (w - 8) * (t - t0) / Math.max(t1 - t0, 1);
   let out = `<line x1="4" y1="17" x2="${w - 4}" y2="17" stroke="#2a343f"/>`;
   for (const e of events) {
-    const c = e.type === "action" ? "#4aa3ff" : COLOR[e.state] || "#888";
+    const c = e.type === "action" ? "#c9d1d9" : COLOR[e.state] || "#888";
     out += e.type === "action" ? `<rect x="${x(e.t_s) - 2}" y="5" width="4" height="10" fill="${c}"><title>${esc(e.text)}</title></rect>`
       : `<circle cx="${x(e.t_s)}" cy="24" r="3" fill="${c}"><title>${esc(e.entity + " " + e.text)}</title></circle>`;
   }
-  out += `<text x="4" y="33" fill="#8995a3" font-size="10">0</text><text x="${w - 4}" y="33" fill="#8995a3" font-size="10" text-anchor="end">${fmtT(t1)}</text>`;
+  out += `<text x="4" y="33" fill="#8995a3" font-size="10">${fmtT(t0)}</text><text x="${w - 4}" y="33" fill="#8995a3" font-size="10" text-anchor="end">${fmtT(t1)} (${esc(timeTitle(t1))})</text>`;
   svg.innerHTML = out;
 }
 
 // ---- throughput ----------------------------------------------------------------------------------
 function renderThroughput(tp) {
-  const svg = $("tput"), w = svg.clientWidth || 400, h = 150, pad = 36;
   const pts = tp.series;
-  if (!pts.length) { svg.innerHTML = `<text x="10" y="20" fill="#8995a3">no throughput data from this source</text>`; }
+  if (!pts.length) $("tput").innerHTML = `<div class="muted small">this source reports no useful-work figure</div>`;
   else {
-    const t0 = pts[0].t_s, t1 = Math.max(pts[pts.length - 1].t_s, t0 + 1);
-    let lo = 1; for (const p of pts) { lo = Math.min(lo, p.with_control, p.without_control ?? 1); }
-    lo = Math.max(0, Math.floor(lo * 10) / 10 - 0.05);
-    const X = t => pad + (w - pad - 6) * (t - t0) / (t1 - t0), Y = v => 6 + (h - 24) * (1 - (v - lo) / (1 - lo));
-    const line = key => pts.filter(p => p[key] != null).map(p => `${X(p.t_s).toFixed(1)},${Y(p[key]).toFixed(1)}`).join(" ");
-    let g = "";
-    for (const v of [lo, (lo + 1) / 2, 1]) g += `<line x1="${pad}" x2="${w - 6}" y1="${Y(v)}" y2="${Y(v)}" stroke="#242d37"/><text x="${pad - 4}" y="${Y(v) + 3}" fill="#8995a3" font-size="10" text-anchor="end">${Math.round(v * 100)}%</text>`;
-    g += `<polyline points="${line("without_control")}" fill="none" stroke="#e5383b" stroke-width="1.5" stroke-dasharray="4 3"/>`;
-    g += `<polyline points="${line("with_control")}" fill="none" stroke="#4aa3ff" stroke-width="2"/>`;
-    g += `<text x="${pad}" y="${h - 4}" fill="#8995a3" font-size="10">${fmtT(t0)}</text><text x="${w - 6}" y="${h - 4}" fill="#8995a3" font-size="10" text-anchor="end">${fmtT(t1)}</text>`;
-    g += `<text x="${w - 8}" y="16" fill="#4aa3ff" font-size="11" text-anchor="end">with seamguard</text><text x="${w - 8}" y="30" fill="#e5383b" font-size="11" text-anchor="end">without (counterfactual)</text>`;
-    svg.innerHTML = g;
+    const t = pts.map(p => p.t_s);
+    const hasWo = pts.some(p => p.without_control != null);
+    $("tput").innerHTML = tsChart({
+      width: widthOf("tput"), height: 160, t0: t[0], t1: Math.max(t[t.length - 1], t[0] + 1), unit: "% of ideal", yMax: 100,
+      yTick: v => v.toFixed(v % 1 ? 1 : 0) + "%",
+      series: [...(hasWo ? [{ t, v: pts.map(p => p.without_control == null ? null : 100 * p.without_control), color: COLOR.quarantine, dash: "5 3", width: 1.5, label: "without control (counterfactual twin)" }] : []),
+               { t, v: pts.map(p => 100 * p.with_control), color: LINE, width: 2, label: "with seamguard" }],
+    }) + `<div class="legend small"><span><i class="sw" style="background:${LINE};height:3px;vertical-align:3px"></i>with seamguard</span>${hasWo ? `<span><i class="sw" style="background:${COLOR.quarantine};height:3px;vertical-align:3px"></i>without (counterfactual, dashed)</span>` : ""}</div>`;
   }
   const d = tp.useful_with_control != null && tp.useful_without_control != null ? tp.useful_with_control - tp.useful_without_control : null;
   $("tputstats").innerHTML = [
     ["useful throughput with control", `<b>${pct(tp.useful_with_control)}</b>`],
     ["without control", `<b>${pct(tp.useful_without_control)}</b>${d != null ? ` (${d >= 0 ? "+" : ""}${(100 * d).toFixed(1)} pts)` : ""}`],
-    ["GPU-hours saved so far", `<b>${num(tp.gpu_hours_saved)}</b>`],
+    ["GPU-hours saved so far", `<b>${num(tp.gpu_hours_saved)}</b> GPU-h`],
     ["job failures with / without", `<b>${tp.job_failures_with_control ?? "—"} / ${tp.job_failures_without_control ?? "—"}</b>`],
-    ["failure amplification contained", `<b>${num(tp.fae_contained_gpu_h_per_h)}</b> GPU-h/h`],
-    ["amplification still in effect", `<b>${num(tp.fae_in_effect_gpu_h_per_h)}</b> GPU-h/h`],
+    [`<abbr title="${esc(GLOSS.FAE)}">FAE</abbr> contained (taken out of the critical path)`, `<b>${num(tp.fae_contained_gpu_h_per_h)}</b> GPU-h/h`],
+    [`<abbr title="${esc(GLOSS.FAE)}">FAE</abbr> still in effect`, `<b>${num(tp.fae_in_effect_gpu_h_per_h)}</b> GPU-h/h`],
   ].map(([k, v]) => `<div class="muted">${k}</div><div>${v}</div>`).join("");
 }
 
@@ -280,7 +549,7 @@ function renderJobs(jobs) {
   $("jobs").innerHTML = `<tr><th>job</th><th class="num">GPUs</th><th>state</th><th class="num" title="non-healthy nodes / nodes">exp.</th><th class="num">useful</th><th class="num" title="without control (counterfactual)">w/o</th></tr>` +
     jobs.map(j => {
       const exposed = j.nodes - (j.exposure.healthy || 0);
-      return `<tr class="click" data-kind="job" data-name="${esc(j.name)}" title="crit ${j.criticality}; exposed to ${esc(j.exposed_to.join(", ") || "nothing")}"><td>${esc(j.name.split("-").slice(0, 2).join("-"))}<div class="muted small">${esc(j.job_class.replace(/_/g, " "))} · crit ${j.criticality}</div></td><td class="num">${j.gpus}</td><td>${stateBadge(j.state)}</td><td class="num">${exposed}/${j.nodes}</td><td class="num">${pct(j.useful_throughput)}</td><td class="num muted">${pct(j.useful_throughput_without_control)}</td></tr>`;
+      return `<tr class="click" data-kind="job" data-name="${esc(j.name)}" title="crit ${j.criticality}; exposed to ${esc(j.exposed_to.join(", ") || "nothing")}"><td>${esc(j.name.split("-").slice(0, 2).join("-"))}<div class="muted small">${esc(label(j.job_class))} · crit ${j.criticality}</div></td><td class="num">${j.gpus}</td><td>${stateBadge(j.state)}</td><td class="num">${exposed}/${j.nodes}</td><td class="num">${pct(j.useful_throughput)}</td><td class="num muted">${pct(j.useful_throughput_without_control)}</td></tr>`;
     }).join("");
 }
 
@@ -292,50 +561,83 @@ async function refreshGray() {
     api(`${API}/entities?kind=cooling_loop&${bad}&sort=gfs&limit=5`)]);
   const rows = [...o.items, ...n.items, ...g.items];
   $("graycount").textContent = `${o.total} loops · ${n.total} nodes · ${g.total} GPUs not healthy`;
-  $("gray").innerHTML = `<tr><th>entity</th><th>state</th><th class="num">GFS</th><th class="num">FAE</th></tr>` + rows.map(e =>
-    `<tr class="click" data-kind="${e.kind}" data-name="${esc(e.name)}"><td>${esc(e.name)} <span class="muted">${e.kind}</span>${e.pinned ? " 📌" : ""}</td><td>${stateBadge(e.state)}</td><td class="num">${e.gfs.toFixed(2)}</td><td class="num">${num(e.fae)}</td></tr>`).join("");
+  $("gray").innerHTML = `<tr><th>entity</th><th>state</th><th class="num"><abbr title="${esc(GLOSS.GFS)}">GFS</abbr></th><th class="num"><abbr title="${esc(GLOSS.FAE)}">FAE</abbr> GPU-h/h</th></tr>` + (rows.length ? rows.map(e =>
+    `<tr class="click" data-kind="${e.kind}" data-name="${esc(e.name)}"><td>${esc(e.name)} <span class="muted">${e.kind}</span>${e.pinned ? " 📌" : ""}</td><td>${stateBadge(e.state)}</td><td class="num">${e.gfs.toFixed(2)}</td><td class="num">${num(e.fae)}</td></tr>`).join("") : `<tr><td colspan="4" class="muted">none: every loop, node and GPU is healthy</td></tr>`);
 }
 
 // ---- entity detail ------------------------------------------------------------------------------------
-function sparkline(sig) {
-  const vals = sig.values, n = vals.length;
-  const last = [...vals].reverse().find(v => v != null);
-  const ok = vals.filter(v => v != null);
-  if (!ok.length) return `<div class="lbl">${esc(sig.name)}</div><div class="muted">no data</div>`;
-  let lo = Math.min(...ok), hi = Math.max(...ok); if (hi - lo < 1e-9) { hi += 1; lo -= 1; }
-  const X = i => 1 + 148 * i / Math.max(n - 1, 1), Y = v => 24 - 22 * (v - lo) / (hi - lo);
-  let d = "", pen = false;
-  vals.forEach((v, i) => { if (v == null) { pen = false; return; } d += (pen ? "L" : "M") + X(i).toFixed(1) + " " + Y(v).toFixed(1); pen = true; });
-  return `<div class="lbl" title="${esc(sig.help)}">${esc(sig.name.replace(/^DCGM_FI_DEV_|^node_infiniband_|^seamguard_/, ""))} <b>${num(last, 4)}</b> <span class="muted">${esc(sig.unit)}</span></div><svg viewBox="0 0 150 26"><path d="${d}" fill="none" stroke="#4aa3ff" stroke-width="1.3"/></svg>`;
+const shortSig = n => n.replace(/^DCGM_FI_DEV_|^node_infiniband_|^seamguard_/, "");
+
+function signalChart(sig, d, opts = {}) {
+  const ok = sig.values.filter(v => v != null);
+  const head = `<div class="lbl" title="${esc(sig.help)}">${esc(opts.title || shortSig(sig.name))} <b>${fmtVal(ok.length ? ok[ok.length - 1] : null, sig.unit)}</b> <span class="muted">${esc(sig.help)}</span></div>`;
+  if (sig.t_s.length < 2 || !ok.length) return `<div class="sig" data-signal="${esc(sig.name)}">${head}<div class="muted small">no data yet</div></div>`;
+  const t0 = sig.t_s[0], t1 = sig.t_s[sig.t_s.length - 1];
+  const bands = sig.peer_p10.length ? [{ t: sig.t_s, lo: sig.peer_p10, hi: sig.peer_p90, label: "peers: " + sig.peers }] : [];
+  const series = [];
+  if (sig.peer_p50.length) series.push({ t: sig.t_s, v: sig.peer_p50, color: PEER, dash: "4 3", width: 1, label: "peer median", cls: "median" });
+  series.push({ t: sig.t_s, v: sig.values, color: LINE, width: 1.8, label: d.entity.name });
+  const thColors = [COLOR.harmful, COLOR.quarantine, COLOR.degraded];
+  const thresholds = (opts.thresholds || sig.thresholds.map((x, i) => ({ v: x.value, label: x.label, color: sig.thresholds.length === 2 ? [COLOR.degraded, COLOR.harmful][i] : thColors[i % 3] })));
+  const chart = tsChart({
+    width: opts.width || widthOf("detail"), height: opts.height || 112, t0, t1, unit: unitLabel(sig.unit), yMin: opts.yMin, yMax: opts.yMax,
+    bands, series, thresholds, annotations: transAnnots(d.history), strip: segments(d.history, d.entity.state, t0, t1),
+  });
+  return `<div class="sig" data-signal="${esc(sig.name)}">${head}${chart}</div>`;
 }
 
-function scoreBox(label, v, max, hint) {
+function evidenceTable(d) {
+  const now = Object.fromEntries(d.evidence.map(r => [r.channel, r]));
+  const at = d.entered_by ? Object.fromEntries(d.entered_by.reasons.map(r => [r.channel, r])) : {};
+  const chans = [...new Set([...Object.keys(at), ...Object.keys(now)])].filter(c => c !== "operator_pin" || at[c]);
+  if (!chans.length) return `<div class="muted small">no evidence above the noise floor</div>`;
+  const when = d.entered_by ? `at transition<br><span class="muted">${fmtT(d.entered_by.t_s)} → ${esc(label(d.entered_by.to_state))}</span>` : "";
+  const bar = s => `<div class="bar" title="score ${s.toFixed(2)}"><div style="width:${Math.round(s * 100)}%;background:${s >= .8 ? COLOR.harmful : s >= .5 ? COLOR.degraded : "#9cc3ff"}"></div></div>`;
+  return `<table class="tbl" id="evidence"><tr><th>evidence channel</th>${d.entered_by ? `<th class="num at">${when}</th>` : ""}<th class="num now">now<br><span class="muted">${fmtT(st.summary ? st.summary.t_s : 0)}</span></th><th>score now</th></tr>` +
+    chans.map(c => {
+      const a = at[c], n = now[c];
+      return `<tr data-channel="${esc(c)}"><td>${esc(c)}</td>${d.entered_by ? `<td class="num at">${a ? fmtVal(a.value, a.unit) + ` <span class="muted">(${a.score.toFixed(2)})</span>` : "—"}</td>` : ""}<td class="num now">${n ? fmtVal(n.value, n.unit) : "—"}</td><td style="width:80px">${n ? bar(n.score) : ""}</td></tr>`;
+    }).join("") + `</table><div class="muted small">values with units; (n) = the channel's score 0–1 at the transition</div>`;
+}
+
+function scoreBox(name, v, max, unit) {
   const w = Math.max(0, Math.min(1, v / max)) * 100;
-  return `<div class="score" title="${esc(hint)}"><span>${label}</span><b>${num(v)}</b><div class="bar"><div style="width:${w}%"></div></div></div>`;
+  return `<div class="score" title="${esc(GLOSS[name])}"><span>${name}${unit ? " " + unit : ""}</span><b>${num(v)}</b><div class="bar"><div style="width:${w}%"></div></div><p>${esc(GLOSS[name].split(":")[0].split(",")[0])}</p></div>`;
 }
 
 function renderDetail(d) {
-  const e = d.entity;
+  const e = d.entity, th = d.thresholds;
   const parents = Object.entries(d.parents).map(([k, v]) => `<span class="muted">${k}</span> <a class="ent" data-kind="${k === "leaf" || k === "spine" ? "" : k}" data-name="${esc(v)}">${esc(v)}</a>`).join(" · ");
-  const ev = d.evidence.length ? `<table class="tbl"><tr><th>evidence</th><th class="num">value</th><th>score</th></tr>` + d.evidence.map(r =>
-    `<tr><td>${esc(r.channel)}</td><td class="num">${num(r.value, 4)} <span class="muted">${esc(r.unit)}</span></td><td style="width:90px"><div class="bar"><div style="width:${Math.round(r.score * 100)}%;background:${r.score >= .8 ? COLOR.harmful : r.score >= .5 ? COLOR.degraded : "#4aa3ff"}"></div></div></td></tr>`).join("") + "</table>" : `<div class="muted small">no evidence above the noise floor</div>`;
-  const kids = d.children.map(c => `${c.kind}s: ` + STATES.filter(s => c.states[s]).map(s => `${c.states[s]} ${s.replace("_", " ")}`).join(", ")).join(" · ");
-  const hist = d.history.slice(0, 12).map(t => `<tr><td class="muted">${fmtT(t.t_s)}</td><td>${esc(t.from_state)} → ${stateBadge(t.to_state)}</td><td class="small">${esc(t.reasons.slice(0, 2).map(r => r.channel).join(", "))}</td></tr>`).join("");
+  const kids = d.children.map(c => `${c.kind}s: ` + STATES.filter(s => c.states[s]).map(s => `${c.states[s]} ${label(s)}`).join(", ")).join(" · ");
+  const hist = d.history.slice(0, 12).map(t => `<tr><td class="muted">${fmtT(t.t_s)}</td><td>${esc(label(t.from_state))} → ${stateBadge(t.to_state)}</td><td class="small">${esc(t.reasons.slice(0, 2).map(r => `${r.channel} ${fmtVal(r.value, r.unit)}`).join(", "))}</td></tr>`).join("");
   const acts = d.actions.slice(0, 10).map(a => `<tr><td class="muted">${fmtT(a.t_s)}</td><td>${esc(a.op)} <b>${esc(a.verb)}</b> ${esc(a.target)} <span class="muted">[${esc(a.status)}]</span></td><td class="small">${esc(a.reason)}</td></tr>`).join("");
   const decs = d.decisions.filter(x => x.event === "held_by_breaker").slice(0, 3).map(x => `<div class="small" style="color:${COLOR.quarantine}">held by breaker at ${fmtT(x.t_s)}: ${esc(x.verb)} ${esc(x.target)}</div>`).join("");
   const pinnable = ["cooling_loop", "rack", "gpu", "nic", "link", "storage"].includes(e.kind);
   const pin = !pinnable ? "" : d.pin ? `<div class="pinform"><span>📌 pinned <b>${esc(d.pin.state)}</b> by ${esc(d.pin.by)}: ${esc(d.pin.note)}</span><button id="unpin">Unpin</button></div>`
     : `<div class="pinform"><select id="pinstate">${STATES.map(s => `<option value="${s}">${s}</option>`).join("")}</select><input id="pinnote" placeholder="note (why)" maxlength="500"><button id="pinbtn">Pin state</button></div>`;
+  const w = widthOf("detail");
+  const gfs = signalChart(d.gfs_series, d, {
+    title: "GFS", yMin: 0, yMax: 1, width: w, height: 140,
+    thresholds: [{ v: th.quarantine_enter, label: `quarantine ≥ ${th.quarantine_enter}`, color: COLOR.quarantine },
+                 { v: th.degrade_enter, label: `degrade ≥ ${th.degrade_enter}`, color: COLOR.degraded },
+                 { v: th.degrade_exit, label: `recover < ${th.degrade_exit}`, color: "#7fa393" }],
+  });
+  const older = d.entered_by && d.gfs_series.t_s.length && d.entered_by.t_s < d.gfs_series.t_s[0] ? `<div class="muted small">entered ${esc(label(e.state))} at ${fmtT(d.entered_by.t_s)}, before the ticks kept for this view</div>` : "";
   $("detail").className = "detail";
+  $("detail").dataset.kind = e.kind; $("detail").dataset.name = e.name; $("detail").dataset.state = e.state;
   $("detail").innerHTML = `
     <h3>${esc(e.name)} <span class="muted small">${esc(e.kind)}</span> ${stateBadge(e.state)} ${e.pinned ? "📌" : ""}</h3>
     <div class="small">${parents}</div>
-    <div class="scores">${scoreBox("GFS", e.gfs, 1, "gray-failure score")}${scoreBox("PRS", e.prs, 1, "propagation risk")}${scoreBox("FAE GPU-h/h", e.fae, Math.max(1, e.fae), "failure amplification estimate")}</div>
+    <div class="scores">${scoreBox("GFS", e.gfs, 1)}${scoreBox("PRS", e.prs, 1)}${scoreBox("FAE", e.fae, Math.max(1, e.fae), "GPU-h/h")}</div>
+    <div class="glossary small" id="gloss"><b>GFS</b> ${esc(GLOSS.GFS.replace(/^gray-failure score, /, "gray-failure score: "))}; thresholds here: degrade ≥ ${th.degrade_enter}, quarantine ≥ ${th.quarantine_enter}, recover < ${th.degrade_exit}.<br><b>PRS</b> ${esc(GLOSS.PRS.replace("256", th.prs_scale_gpus))} (≥ ${th.harmful_prs}).<br><b>FAE</b> ${esc(GLOSS.FAE)}.</div>
     <div class="why" id="why">${esc(d.why)}</div>
     ${decs}
-    ${ev}
+    ${evidenceTable(d)}
     ${kids ? `<div class="small muted" style="margin-top:6px">${esc(kids)}</div>` : ""}
-    ${d.signals.length ? `<div class="sub">signals (last ${d.signals[0].values.length} ticks)</div><div class="spark">${d.signals.map(sparkline).join("")}</div>` : ""}
+    <div class="sub">over time (last ${d.gfs_series.t_s.length} ticks). White: this ${esc(e.kind)}; grey band: ${esc(d.gfs_series.peers || "no peers")}, dashed grey: their median; coloured dashed verticals: its state changes; strip under each axis: its state.</div>
+    ${older}
+    <div id="tsgfs">${gfs}</div>
+    <div id="tssignals">${d.signals.map(s => signalChart(s, d)).join("")}</div>
     <div class="sub">state history</div>${hist ? `<table class="tbl">${hist}</table>` : `<div class="muted small">no transitions recorded</div>`}
     <div class="sub">actions</div>${acts ? `<table class="tbl" id="entityactions">${acts}</table>` : `<div class="muted small">no actions on it or its node</div>`}
     ${pin}`;
@@ -346,9 +648,11 @@ function renderDetail(d) {
 
 function select(kind, name) {
   if (!kind || !name) return;
-  if (kind === "cooling_loop" && st.map && st.map.aggregated) { st.loop = name; refreshMap().catch(showErr); }
+  // On a large fleet (tiles, or already drilled into a loop) selecting a loop drills into it.
+  if (kind === "cooling_loop" && st.map && (st.map.aggregated || st.loop) && st.loop !== name) { st.loop = name; refreshMap().catch(showErr); }
   st.selected = { kind, name };
   refreshDetail().catch(showErr);
+  refreshFleet().catch(showErr);
   drawMap();
 }
 
@@ -365,11 +669,18 @@ async function refreshMap() {
   drawMap(); renderFabric(st.map);
 }
 
+async function refreshFleet() {
+  const sel = st.selected && st.selected.kind === "cooling_loop" ? st.selected.name : st.loop;
+  st.fleetHist = await api(`${API}/history/fleet?points=360` + (sel ? `&loop=${encodeURIComponent(sel)}` : ""));
+  renderFleetHistory(st.fleetHist);
+}
+
 async function refreshAll(s) {
   const [tl, tp, jobs] = await Promise.all([api(`${API}/timeline?limit=150`), api(`${API}/throughput`), api(`${API}/jobs`)]);
+  renderTimeline(tl, s);
   await refreshMap();
-  renderTimeline(tl, s); renderThroughput(tp); renderJobs(jobs);
-  await Promise.all([refreshGray(), refreshDetail()]);
+  renderThroughput(tp); renderJobs(jobs);
+  await Promise.all([refreshGray(), refreshDetail(), refreshFleet()]);
 }
 
 function showErr(e) { if (e && e.message !== "no token") banner("error: " + e.message); }
@@ -391,7 +702,7 @@ document.addEventListener("click", ev => {
   const t = ev.target.closest("[data-name]");
   if (t && t.dataset.kind) { select(t.dataset.kind, t.dataset.name); return; }
   const c = ev.target.closest("[data-loop]");
-  if (c) { st.loop = c.dataset.loop || null; refreshMap().catch(showErr); }
+  if (c) { st.loop = c.dataset.loop || null; refreshMap().catch(showErr); refreshFleet().catch(showErr); }
 });
 $("token").value = localStorage.getItem("seamguard.token") || "";
 $("token").addEventListener("change", () => localStorage.setItem("seamguard.token", $("token").value.trim()));
@@ -399,18 +710,20 @@ $("mode").onclick = () => { const next = st.summary && st.summary.mode === "enfo
 $("breaker").onclick = () => { if (st.summary && st.summary.breaker.tripped) authed("POST", `${API}/breaker/reset`).then(poll).catch(showErr); };
 bindCanvas($("fleetmap"), () => st.rects);
 $("actionsonly").addEventListener("change", () => st.events && renderTimeline(st.events, st.eventsSummary));
+$("worstfirst").addEventListener("change", drawMap);
 bindCanvas($("nicmap"), () => st.fabricRects.nic);
 bindCanvas($("linkmap"), () => st.fabricRects.link);
-window.addEventListener("resize", () => { drawMap(); if (st.map) renderFabric(st.map); });
+window.addEventListener("resize", () => { drawMap(); if (st.map) renderFabric(st.map); if (st.fleetHist) renderFleetHistory(st.fleetHist); });
 legend();
+$("graygloss").innerHTML = `<b>GFS</b> ${esc(GLOSS.GFS)}. <b>FAE</b> ${esc(GLOSS.FAE)}.`;
 
-// For tests and operators' scripts: where a named GPU is drawn, and what colour it has.
+// For tests and operators' scripts: where things are drawn on the map canvas.
+function toPage(r) { const b = $("fleetmap").getBoundingClientRect(); return { x: b.left + r.x + r.w / 2, y: b.top + r.y + r.h / 2, cx: r.x + r.w / 2, cy: r.y + r.h / 2, w: r.w, h: r.h }; }
 window.seamguard = {
-  cellCenter(name) {
-    const r = st.rects.find(x => x.kind === "gpu" && x.name === name); if (!r) return null;
-    const b = $("fleetmap").getBoundingClientRect();
-    return { x: b.left + r.x + r.w / 2, y: b.top + r.y + r.h / 2, cx: r.x + r.w / 2, cy: r.y + r.h / 2 };
-  },
+  cellCenter(name) { const r = st.rects.find(x => x.kind === "gpu" && x.name === name); return r ? toPage(r) : null; },
+  nodeRect(name) { const r = st.nodeRects.find(x => x.name === name); return r ? { ...toPage(r), x0: r.x, y0: r.y, state: r.state } : null; },
+  gpuCellsOf(node) { return st.rects.filter(x => x.kind === "gpu" && x.name.startsWith(node + "/")).map(x => ({ name: x.name, state: x.state, ...toPage(x) })); },
+  tiles() { return st.tiles.map(t => ({ ...t })); },
   colors: COLOR, states: STATES, get tick() { return st.tick; },
 };
 poll();
