@@ -31,11 +31,18 @@ from .test_browser import WAIT_MS, _page, _pixel, _wait_tick, browser  # noqa: F
 SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 
-def _shot(page, name: str, selector: str | None = None) -> Path:
+def _shot(page, name: str, *selectors: str) -> Path:
+    """The viewport, or the page region covering ``selectors`` (below the sticky header)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / name
-    if selector:
-        page.locator(selector).screenshot(path=str(path))
+    if selectors:
+        box = page.evaluate("""sels => {
+            const rs = sels.map(s => document.querySelector(s).getBoundingClientRect());
+            const x = Math.min(...rs.map(r => r.left)), y = Math.min(...rs.map(r => r.top));
+            return { x: x + scrollX, y: y + scrollY, width: Math.max(...rs.map(r => r.right)) - x,
+                     height: Math.max(...rs.map(r => r.bottom)) - y };
+        }""", list(selectors))
+        page.screenshot(path=str(path), full_page=True, clip=box)
     else:
         page.screenshot(path=str(path), full_page=False)
     assert path.stat().st_size > 10_000, f"{path} looks empty"
@@ -157,10 +164,8 @@ def test_entity_time_series_has_state_change_annotations(browser, ecc_twin):
     assert page.locator("#loopflow svg.chart .threshold").count() == 2
     assert "simulated time since start" in page.eval_on_selector("#loopflow svg", "e => e.textContent")
 
-    page.locator("#detailpanel").scroll_into_view_if_needed()
     _shot(page, "entity_timeseries.png", "#detailpanel")
-    page.locator("#statepanel").scroll_into_view_if_needed()
-    _shot(page, "fleet_state_and_cooling.png")
+    _shot(page, "fleet_state_and_cooling.png", "#statepanel", "#looppanel")
     assert not errors, errors
     page.close()
 
@@ -249,6 +254,7 @@ def test_banner_when_the_twin_falls_behind(browser):
         pace = httpx.get(f"{server.url}/api/v1/summary", timeout=10).json()["pace"]
         assert pace["behind"] and pace["achieved_speed"] < 0.8 * 2000
         assert pace["ticks_skipped"] > 0
+        page.wait_for_selector("#gpustates svg.chart")  # the rest of the page keeps up with the ticks
         _shot(page, "pace_banner.png")
         assert not errors, errors
     finally:

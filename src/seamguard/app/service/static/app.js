@@ -101,7 +101,7 @@ function yFmt(v, step) { const d = step >= 1 ? 0 : Math.min(4, Math.ceil(-Math.l
 function tsChart(o) {
   const W = Math.max(220, Math.floor(o.width || 400)), H = o.height || 140;
   const strip = o.strip ? 7 : 0;
-  const L = 46, R = 10, T = 14, B = 30 + strip;
+  const L = 46, R = 10, T = 20, B = 30 + strip;
   const pw = W - L - R, ph = H - T - B;
   const t0 = o.t0, t1 = Math.max(o.t1, o.t0 + 1);
   let lo = o.yMin, hi = o.yMax;
@@ -112,9 +112,10 @@ function tsChart(o) {
     for (const th of o.thresholds || []) vals.push(th.v);
     if (o.stack) { for (let i = 0; i < o.stack.t.length; i++) vals.push(o.stack.layers.reduce((a, l) => a + (l.v[i] || 0), 0)); vals.push(0); }
     let a = vals.length ? Math.min(...vals) : 0, b = vals.length ? Math.max(...vals) : 1;
+    const nonneg = a >= 0;
     if (b - a < 1e-9) { const d = Math.abs(a) * 0.05 || 1; a -= d; b += d; }
     const padv = (b - a) * 0.08;
-    if (lo == null) lo = o.stack || (a >= 0 && a - padv < 0) ? 0 : a - padv;  // never below 0 for data that is not
+    if (lo == null) lo = o.stack || (nonneg && a - padv < 0) ? 0 : a - padv;  // never below 0 for data that is not
     if (hi == null) hi = b + padv;
   }
   const ystep = niceStep(hi - lo, Math.max(2, Math.floor(ph / 28)));
@@ -129,7 +130,7 @@ function tsChart(o) {
     const y = Y(v).toFixed(1);
     g += `<line class="grid" x1="${L}" x2="${L + pw}" y1="${y}" y2="${y}"/><text x="${L - 4}" y="${+y + 3}" text-anchor="end">${o.yTick ? o.yTick(v) : yFmt(v, step)}</text>`;
   }
-  g += `<text x="${L - 4}" y="${T - 4}" text-anchor="end">${esc(o.unit || "")}</text>`;
+  g += `<text x="4" y="${T - 8}">${esc(o.unit || "")}</text>`;
   // x ticks: a nice step for the span, labelled in the source's clock
   const tstep = TIME_STEPS.find(s => s >= (t1 - t0) / Math.max(2, Math.floor(pw / 70))) || 86400;
   for (let t = Math.ceil(t0 / tstep) * tstep; t <= t1 + 1e-9; t += tstep) {
@@ -154,8 +155,9 @@ function tsChart(o) {
     for (const l of o.stack.layers) {
       const top = base.map((b0, i) => b0 + (l.v[i] || 0));
       if (top.some((v, i) => v !== base[i])) {
-        const pts = o.stack.t.map((t, i) => `${X(t).toFixed(1)} ${Y(top[i]).toFixed(1)}`);
-        const back = o.stack.t.map((t, i) => `${X(t).toFixed(1)} ${Y(base[i]).toFixed(1)}`).reverse();
+        // Counts hold from one tick to the next: steps, not slopes.
+        const step = ys => o.stack.t.flatMap((t, i) => i ? [`${X(t).toFixed(1)} ${Y(ys[i - 1]).toFixed(1)}`, `${X(t).toFixed(1)} ${Y(ys[i]).toFixed(1)}`] : [`${X(t).toFixed(1)} ${Y(ys[i]).toFixed(1)}`]);
+        const pts = step(top), back = step(base).reverse();
         g += `<path class="layer" data-state="${l.state}" d="M${pts.join("L")}L${back.join("L")}Z" fill="${l.color}" fill-opacity=".85"${l.state === "failed" ? ` stroke="#111" stroke-width=".6"` : ""}><title>${esc(label(l.state))}</title></path>`;
       }
       for (let i = 0; i < base.length; i++) base[i] = top[i];
@@ -181,7 +183,7 @@ function tsChart(o) {
   for (const a of [...(o.annotations || [])].sort((p, q) => p.t - q.t)) {
     if (a.t < t0 || a.t > t1) continue;
     const x = X(a.t).toFixed(1), c = a.color || LINE;
-    const text = +x - lastX > 44 ? `<text x="${+x + 2}" y="${T + 8}" style="fill:${c}">${esc(a.short || "")}</text>` : "";
+    const text = +x - lastX > 44 ? `<text x="${+x + 2}" y="${T - 2}" style="fill:${c}">${esc(a.short || "")}</text>` : "";
     if (text) lastX = +x;
     g += `<g class="annot${a.cls ? " " + a.cls : ""}" data-t="${a.t}" data-state="${a.state || ""}" data-x="${x}"><line x1="${x}" x2="${x}" y1="${T}" y2="${T + ph}" stroke="${c}"/>${text}<title>${esc(a.label)}</title></g>`;
   }
@@ -419,7 +421,7 @@ function renderFleetHistory(h) {
     $(sc.kind === "gpu" ? "gpustates" : "nodestates").innerHTML = tsChart({
       width: widthOf(sc.kind === "gpu" ? "gpustates" : "nodestates"), height: 150, t0, t1, unit: sc.kind === "gpu" ? "GPUs" : "nodes",
       integer: true, stack: { t, layers }, annotations: acts,
-    });
+    }) + (layers.every(l => l.v.every(v => !v)) ? `<div class="muted small">none: every ${sc.kind === "gpu" ? "GPU" : "node"} healthy in this window</div>` : "");
   }
   // Coolant: the band of all loops (10th–90th percentile, median dashed), each listed loop a line.
   const band = (b, f = x => x) => ({ t, lo: b.p10.map(v => v == null ? null : f(v)), hi: b.p90.map(v => v == null ? null : f(v)), label: `all ${h.loops_total} loops, 10th–90th percentile` });
