@@ -160,28 +160,28 @@ def _wide_table(rows: list[dict[str, str]]) -> Table:
 
 
 def _records(rows: list[dict[str, str]], console: Console) -> None:
-    """One record per fault: ``fault  entity`` then ``label value`` fields packed into the width."""
+    """One record per fault: ``label value`` fields packed into the width (a field is never split),
+    then its evidence and action, wrapped at spaces."""
     width = console.width
     console.print(Text("Injected faults", style="bold"))
     for i, r in enumerate(rows, 1):
         if i > 1:
             console.print()
-        console.print(Text.assemble(f"{i}. ", (r["fault"], "bold"), "  ", r["entity"]), soft_wrap=True)
-        fields = [Text.assemble((c, "dim"), " ", (r[c], _detected_style(r[c]) if c == "detected" else ""))
-                  for c in ("start", "detected", "delay", "first state", "lead time")]
-        line: Text | None = None
-        for f in fields:
-            if line is not None and len(line) + 3 + len(f) <= width:
+        fields = [Text.assemble((c, "dim"), " ", (r[c], ("bold" if c == "fault" else
+                                                          _detected_style(r[c]) if c == "detected" else "")))
+                  for c in ("fault", "entity", "start", "detected", "delay", "first state", "lead time")]
+        line = Text(f"{i}. ")
+        lead = " " * len(line)
+        for j, f in enumerate(fields):
+            if j > 0 and len(line) + 3 + len(f) <= width:
                 line.append("   ")
-                line.append_text(f)
-                continue
-            if line is not None:
+            elif j > 0:
                 console.print(line, soft_wrap=True)
-            line = Text("   ") + f
-        if line is not None:
-            console.print(line, soft_wrap=True)
+                line = Text(lead)
+            line.append_text(f)
+        console.print(line, soft_wrap=True)
         for c in ("evidence", "action"):
-            _wrapped(console, r[c], "   " + f"{c:<10}", label_style="dim")
+            _wrapped(console, r[c], lead + f"{c:<10}", label_style="dim")
 
 
 def _wrapped(console: Console, value: str, lead: str, *, style: str = "", label_style: str = "") -> None:
