@@ -155,3 +155,41 @@ def test_config_errors_name_the_field(tmp_path):
     p.write_text("version: 1\ntopology: t.yaml\nprometheus: {url: 'http://x', mapping: {signals: {NOPE: {}}}}\n")
     with pytest.raises(ConfigError, match="unknown signal 'NOPE'"):
         load_run_config(p)
+
+
+def test_schema_violations_are_permanent_and_name_the_field(server):
+    server.routes["DCGM_FI_DEV_GPU_TEMP"] = (200, json.dumps({"status": "success", "data": {
+        "resultType": "vector", "result": {"not": "a list"}}}).encode(), 0.0)
+    server.routes["DCGM_FI_DEV_SM_CLOCK"] = (200, json.dumps({"status": "maybe"}).encode(), 0.0)
+    with source(server) as src:
+        f = src.frame_at()
+    temp = [x for x in f.flags if x.startswith("prometheus:DCGM_FI_DEV_GPU_TEMP:")]
+    clock = [x for x in f.flags if x.startswith("prometheus:DCGM_FI_DEV_SM_CLOCK:")]
+    assert temp and "permanent" in temp[0] and "data.result" in temp[0]
+    assert clock and "permanent" in clock[0] and "status" in clock[0]
+
+
+def test_numbers_for_values_are_read_but_objects_are_dropped(server):
+    server.routes["DCGM_FI_DEV_GPU_TEMP"] = (200, json.dumps({"status": "success", "data": {
+        "resultType": "vector", "result": [
+            {"metric": {"Hostname": "gpu000", "gpu": "0"}, "value": [1.0, 61]},
+            {"metric": {"Hostname": "gpu000", "gpu": "1"}, "value": [1.0, {"v": 1}]},
+            {"metric": {"Hostname": ["gpu000"], "gpu": "2"}, "value": [1.0, "1"]},
+            {"metric": {"Hostname": "gpu000", "gpu": "3"}, "value": [1.0, "62", "extra"]},
+        ]}}).encode(), 0.0)
+    with source(server) as src:
+        f = src.frame_at()
+    t = f.values["DCGM_FI_DEV_GPU_TEMP"]
+    assert t[0] == 61.0 and np.isnan(t[1:4]).all()
+    assert any("3 malformed series dropped" in x for x in f.flags), f.flags
+
+
+def test_deadline_and_size_bounds_are_config_fields(tmp_path):
+    from seamguard.app.config import ConfigError, load_run_config
+
+    p = tmp_path / "run.yaml"
+    p.write_text("version: 1\ntopology: t.yaml\nprometheus: {url: 'http://x', deadline_s: 0, "
+                 "max_response_bytes: 10}\n")
+    with pytest.raises(ConfigError) as e:
+        load_run_config(p)
+    assert "prometheus.deadline_s" in str(e.value) and "prometheus.max_response_bytes" in str(e.value)

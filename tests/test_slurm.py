@@ -38,7 +38,11 @@ def slurm(cluster):
 
 def policy(max_fleet_fraction: float = 1.0):
     return default_policy(
-        mode="enforce", breaker={"max_fleet_fraction": max_fleet_fraction, "max_loop_fraction": 1.0},
+        mode="enforce", breaker={"max_fleet_fraction": max_fleet_fraction, "max_loop_fraction": 1.0,
+                                 # only the rate bound is under test here, not the in-effect totals
+                                 "max_in_effect_fleet_fraction": 1.0, "max_in_effect_loop_fraction": 1.0,
+                                 "max_in_effect_rack_fraction": 1.0, "max_in_effect_leaf_fraction": 1.0,
+                                 "max_domain_fraction": 1.0},
         assess={"hysteresis": {"gpu": {"recover_ticks": 2, "min_dwell_ticks": 0}}})
 
 
@@ -143,3 +147,18 @@ def test_refusals_are_reported(slurm) -> None:
     # What scontrol itself refuses comes back with rc != 0 and its stderr.
     r = slurm._run([slurm.cfg.scontrol, "update", "NodeName=gpu000", "State=DRAIN"])  # no reason
     assert r.returncode != 0 and r.stderr.strip()
+
+
+def test_separator_and_newline_free_text_in_a_foreign_reason(slurm, cluster) -> None:
+    """Issue 14: a `|` in another owner's drain reason made every tick fail (sinfo rows did not split)."""
+    reason = "admin: PSU swap | ticket 123 | a|b"
+    r = cluster.scontrol("update", "NodeName=gpu005", "State=DRAIN", f"Reason={reason}")
+    assert r.returncode == 0, r.stderr
+    nodes = slurm.nodes()
+    assert nodes["gpu005"].reason == reason and nodes["gpu005"].draining
+    assert not slurm.problems and len(nodes) == len(FLEET.node_names)
+    assert "drain:gpu005" not in slurm.observe()
+    ctl = Controller(FLEET, policy(), [slurm], None, tick_s=5.0, mode="enforce")
+    for fr in frames([gpu_of("gpu005")], range(2, 8), 10):
+        assert not ctl.tick(fr).error
+    assert slurm.nodes()["gpu005"].reason == reason  # never overwritten, never resumed
