@@ -167,19 +167,19 @@ def _records(rows: list[dict[str, str]], console: Console) -> None:
     for i, r in enumerate(rows, 1):
         if i > 1:
             console.print()
-        fields = [Text.assemble((c, "dim"), " ", (r[c], ("bold" if c == "fault" else
-                                                          _detected_style(r[c]) if c == "detected" else "")))
-                  for c in ("fault", "entity", "start", "detected", "delay", "first state", "lead time")]
-        line = Text(f"{i}. ")
-        lead = " " * len(line)
-        for j, f in enumerate(fields):
-            if j > 0 and len(line) + 3 + len(f) <= width:
-                line.append("   ")
-            elif j > 0:
-                console.print(line, soft_wrap=True)
-                line = Text(lead)
-            line.append_text(f)
-        console.print(line, soft_wrap=True)
+        lead = " " * len(f"{i}. ")
+        for g, group in enumerate((("fault", "entity"), ("start", "detected", "delay", "first state", "lead time"))):
+            line = Text(f"{i}. " if g == 0 else lead)
+            for j, c in enumerate(group):
+                f = Text.assemble((c, "dim"), " ", (r[c], ("bold" if c == "fault" else
+                                                           _detected_style(r[c]) if c == "detected" else "")))
+                if j > 0 and len(line) + 3 + len(f) <= width:
+                    line.append("   ")
+                elif j > 0:
+                    console.print(line, soft_wrap=True)
+                    line = Text(lead)
+                line.append_text(f)
+            console.print(line, soft_wrap=True)
         for c in ("evidence", "action"):
             _wrapped(console, r[c], lead + f"{c:<10}", label_style="dim")
 
