@@ -102,13 +102,19 @@ def test_slow_storm_never_exceeds_the_bound_in_effect(order):
     world = World()
     ctl = Controller(fleet, pol, [world], None, tick_s=5.0)
     n = fleet.count(Kind.NODE)
+    # Spread over racks (one node per rack per round) so that the loop and fleet totals,
+    # not the rack's, are what stops it.
+    def rack_rounds(nodes):
+        rank = np.array([np.sum(fleet.node_rack[nodes[:k]] == fleet.node_rack[nodes[k]]) for k in range(len(nodes))])
+        return nodes[np.argsort(rank, kind="stable")]
     if order == "one_loop":
-        storm = np.flatnonzero(fleet.node_loop == 1)
-    else:  # spread over every loop
-        storm = np.argsort(np.argsort(fleet.node_loop, kind="stable") % 32, kind="stable")[:120]
+        storm = rack_rounds(np.flatnonzero(fleet.node_loop == 1))
+    else:  # spread over every loop and rack
+        storm = rack_rounds(np.arange(fleet.count(Kind.NODE)))[:90]
     cap_fleet = _cap(pol.breaker.max_in_effect_fleet_fraction, n)
     cap_loop = _cap(pol.breaker.max_in_effect_loop_fraction, 32)
-    worst_fleet = worst_loop = 0
+    cap_rack = _cap(pol.breaker.max_in_effect_rack_fraction, 4)
+    worst_fleet = worst_loop = worst_rack = 0
     for i in range(4 * len(storm) + 10):
         f = twin.step()
         sick = storm[: max(0, (i - 3) // 4)]
@@ -118,7 +124,10 @@ def test_slow_storm_never_exceeds_the_bound_in_effect(order):
         worst_fleet = max(worst_fleet, len(nodes))
         per_loop = np.bincount(fleet.node_loop[list(nodes)], minlength=len(fleet.loop_names)) if nodes else [0]
         worst_loop = max(worst_loop, int(np.max(per_loop)))
+        if nodes:
+            worst_rack = max(worst_rack, int(np.bincount(fleet.node_rack[list(nodes)]).max()))
     assert worst_fleet <= cap_fleet
+    assert worst_rack <= cap_rack
     assert worst_loop <= cap_loop
     assert ctl.breaker.tripped
 

@@ -127,15 +127,22 @@ def bad_scopes(fleet: Fleet, frame: Frame, cfg: FailsafeConfig, seen: tuple[str,
         share = float(dark.mean())
         if share > cfg.max_fleet_missing_fraction:
             bad["fleet"] = f"{int(dark.sum())} of {n_nodes} nodes report no telemetry ({share:.0%})"
+        dark_loop = np.zeros(fleet.count(Kind.COOLING_LOOP), dtype=bool)
         for kind, owner in ((Kind.COOLING_LOOP, fleet.node_loop), (Kind.RACK, fleet.node_rack)):
+            if "fleet" in bad:
+                break  # the fleet scope covers every domain
             size = np.bincount(owner, minlength=fleet.count(kind))
             d = np.bincount(owner, weights=dark, minlength=fleet.count(kind))
             frac = np.where(size > 0, d / np.maximum(size, 1), 0.0)
             for i in np.flatnonzero(frac > cfg.max_domain_missing_fraction).tolist():
+                if kind == Kind.COOLING_LOOP:
+                    dark_loop[i] = True
+                elif dark_loop[fleet.rack_loop[i]]:
+                    continue  # its loop's scope covers it
                 bad[f"{kind.label}:{fleet.names(kind)[i]}"] = (
                     f"{int(d[i])} of {int(size[i])} nodes report no telemetry ({frac[i]:.0%})")
     flow = frame.get("seamguard_coolant_flow_lpm")
-    if flow.size and f"signal:seamguard_coolant_flow_lpm" not in bad:
+    if flow.size and "signal:seamguard_coolant_flow_lpm" not in bad and "fleet" not in bad:
         for i in np.flatnonzero(np.isnan(flow)).tolist():
             bad.setdefault(f"cooling_loop:{fleet.loop_names[i]}", "the loop's flow sensor reports nothing")
     return bad, tuple(sorted(now_seen))
