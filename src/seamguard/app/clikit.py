@@ -5,8 +5,9 @@
   flags (``Group`` renders those). No tracebacks for user errors.
 - Output: ``-o table`` (default, for people) or ``-o json`` (one JSON object on the last
   line, for scripts). ``--json`` stays as a shorthand for ``-o json``.
-- Progress: long work reports progress on stderr only; a live line only when stderr is a
-  terminal, so a piped or captured run is never garbled by a live bar.
+- Progress: long work reports progress on stderr, and only when stderr is a terminal (a
+  live line, then how long each step took); a piped or captured run gets no progress
+  output at all, so its stderr holds only warnings and the ``error:`` line.
 - Help: plain click help (no boxes), so it reads the same at 80 columns and in a pipe;
   flags show no value, choices are listed (``<table|json>``).
 """
@@ -66,13 +67,13 @@ def interactive() -> bool:
 
 @contextmanager
 def phase(what: str) -> Iterator[None]:
-    """One step of long work, on stderr: a live spinner with elapsed time on a terminal, else one line.
+    """One step of long work: on a terminal's stderr a live spinner with elapsed seconds, then
+    ``<what>: done in N s``; nothing when stderr is not a terminal.
 
     ``what`` reads as a present participle: ``phase("reading topo.yaml (8.6 MB)")``.
     """
     t0 = time.monotonic()
     if not interactive():
-        typer.echo(f"{what}", err=True)
         yield
         return
     from rich.console import Console

@@ -5,12 +5,11 @@ A renderer only: the run and its scoring live in seamguard.twin.closedloop.
 Every cell is printed whole at any width: the fault table is a table only when all of
 its columns fit the console (a wide terminal); otherwise each fault is a short record of
 ``label value`` fields packed into the width, a field never split. A live progress bar
-is drawn on stderr only when stderr is a terminal; otherwise one line per phase.
+is drawn on stderr only when stderr is a terminal; otherwise there is no progress output.
 """
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -91,7 +90,7 @@ def run_demo(gpus: int, minutes: float, seed: int, ledger_path: Path | None, *, 
 
 
 class _progress:
-    """``phase(name, ticks, status)`` returns an on_tick callback; a live bar or plain lines on stderr."""
+    """``phase(name, ticks, status)`` returns an on_tick callback driving a live bar on stderr (or None)."""
 
     def __init__(self, live: bool) -> None:
         self.live = live
@@ -121,8 +120,7 @@ class _progress:
             self.bar.__exit__(*exc)
 
     def phase(self, name: str, ticks: int, status: Callable[[Any, Any], str | None] | None):
-        if self.bar is None:
-            print(f"running {name}: {ticks} ticks", file=sys.stderr, flush=True)
+        if self.bar is None:  # stderr is not a terminal: no progress output
             return None
         bar, task = self.bar, self.bar.add_task(name, total=ticks)
 
