@@ -200,9 +200,9 @@ def test_run_json(tmp_path, prometheus, topology):
     assert _last_json(r.stdout) == {"ticks": 2, "mode": "dry_run", "ledger": str(tmp_path / "ledger.db")}
 
 
-def _first_line(args: list[str]) -> str:
-    proc = subprocess.Popen([sys.executable, "-m", "seamguard", *args], env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _first_line(args: list[str], env: dict[str, str] | None = None) -> str:
+    proc = subprocess.Popen([sys.executable, "-m", "seamguard", *args], env=_env(**(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line, proc.stderr.read() if proc.poll() is not None else "no startup line"
@@ -232,6 +232,14 @@ def test_progress_only_on_a_terminal(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert out == "result\n", "stdout is the command's result, never progress"
     assert err.startswith("reading topo.yaml (8.6 MB): done in ") and err.endswith(" s\n")
+
+
+def test_serve_startup_json():
+    pytest.importorskip("uvicorn")  # the service extra
+    doc = json.loads(_first_line(["serve", "--gpus", "64", "--port", "0", "--mode", "dry_run", "-o", "json"],
+                                 {"SEAMGUARD_TOKEN": "t0k"}))
+    assert doc["gpus"] == 64 and doc["mode"] == "dry_run" and doc["token"] == "t0k"
+    assert doc["dashboard"].startswith("http://127.0.0.1:") and doc["metrics"].endswith("/metrics")
 
 
 # ---- errors: one line, exit 2, no traceback --------------------------------------------------
