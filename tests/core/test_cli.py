@@ -293,6 +293,25 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, case):
 # ---- --help --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("group, commands", [
+    ([], ("demo", "launch", "replay", "run", "serve", "twin", "fleet", "policy", "testbed")),
+    (["twin"], ("simulate", "report", "serve")),
+    (["fleet"], ("generate", "validate")),
+    (["policy"], ("show", "validate")),
+    (["testbed"], ("up", "down", "clean", "demo")),
+])
+def test_command_lists_read_whole_at_80_columns(group, commands):
+    r = _invoke(*group, "--help", COLUMNS="80")
+    assert r.exit_code == 0
+    listing = r.stdout.split("Commands:")[1]
+    assert "..." not in listing and "…" not in listing, listing  # click cuts a long summary with "..."
+    for command in commands:
+        assert f"\n  {command} " in listing
+    assert max(len(ln) for ln in r.stdout.splitlines()) <= 80
+    if not group:
+        assert "--version" in r.stdout
+
+
 @pytest.mark.parametrize("command, choices", [
     (["demo"], ["<table|json>"]),
     (["serve"], ["<dry_run|enforce>", "<table|json>"]),

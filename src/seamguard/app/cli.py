@@ -38,11 +38,12 @@ fleet_app = typer.Typer(help="Topology files: generate, validate.", no_args_is_h
                         rich_markup_mode=HELP_STYLE)
 policy_app = typer.Typer(help="Decision policy: show the default, validate a file.", no_args_is_help=True,
                          rich_markup_mode=HELP_STYLE)
-app.add_typer(twin_app, name="twin")
-app.add_typer(fleet_app, name="fleet")
-app.add_typer(policy_app, name="policy")
-twin_app.command("simulate")(twin_events_cli.simulate)
-twin_app.command("report")(twin_events_cli.report)
+# short_help: one line each in `seamguard --help` at 80 columns (click cuts longer ones with "...")
+app.add_typer(twin_app, name="twin", short_help="Simulated telemetry and discrete-event planning.")
+app.add_typer(fleet_app, name="fleet", short_help="Topology files: generate, validate.")
+app.add_typer(policy_app, name="policy", short_help="Decision policy: show the default, validate a file.")
+twin_app.command("simulate", short_help="Discrete-event simulation: baseline vs seamguard.")(twin_events_cli.simulate)
+twin_app.command("report", short_help="ETTR-vs-size and cost plots plus a summary.")(twin_events_cli.report)
 
 
 class Mode(str, Enum):
@@ -110,7 +111,7 @@ def _write_topology(fleet, path: Path) -> None:
         fail(f"{path}: cannot write: {e.strerror or e}")
 
 
-@app.command()
+@app.command(short_help="Score the control plane on the twin, with and without.")
 def demo(
     gpus: int = typer.Option(2048, "--gpus", min=8, help="GPUs in the simulated fleet."),
     minutes: float = typer.Option(30.0, "--minutes", min=2.0, help="Simulated minutes."),
@@ -137,7 +138,7 @@ def demo(
         emit(result, True)
 
 
-@fleet_app.command("generate")
+@fleet_app.command("generate", short_help="Write a synthetic topology of any size.")
 def fleet_generate(
     gpus: int = typer.Option(2048, "--gpus", min=8, help="GPUs in the fleet (rounded down to whole nodes)."),
     out: Path = typer.Option(..., "--out", help="Where to write the topology YAML."),
@@ -156,7 +157,7 @@ def fleet_generate(
     emit({"out": str(out), **fleet.summary()}, wants_json(output, json_flag))
 
 
-@fleet_app.command("validate")
+@fleet_app.command("validate", short_help="Check a topology file; print its counts.")
 def fleet_validate(
     path: Path = typer.Argument(..., help="Topology YAML to check."),
     output: Output = OUTPUT_OPTION,
@@ -192,12 +193,13 @@ def policy_validate(
 
 
 # ---- training runtime (torch is imported inside these commands, never here) -----------------
-app.command("launch", context_settings=runtime_cli.LAUNCH_CONTEXT)(runtime_cli.launch)
-app.add_typer(testbed_cli.app, name="testbed")
+app.command("launch", context_settings=runtime_cli.LAUNCH_CONTEXT,
+            short_help="Train with hot spares, snapshots and recovery.")(runtime_cli.launch)
+app.add_typer(testbed_cli.app, name="testbed", short_help="Namespaced multi-rail test cluster.")
 
 
 # ---- telemetry in / actions out (issue 3): twin serve, replay, run -------------------------
-@twin_app.command("serve")
+@twin_app.command("serve", short_help="The twin's telemetry as a /metrics exporter.")
 def twin_serve(
     gpus: int = typer.Option(256, "--gpus", min=8, help="GPUs in the simulated fleet."),
     seed: int = _seed_option(),
@@ -258,7 +260,7 @@ def _parse_time(v: str, flag: str) -> float:
         fail(f"{flag}: cannot read time {v!r}: give Unix seconds or RFC 3339 (e.g. 2025-01-31T12:00:00Z)")
 
 
-@app.command()
+@app.command(short_help="Backtest the controller over Prometheus history.")
 def replay(
     prometheus: str = typer.Option(..., "--prometheus", help="Base URL of a Prometheus-compatible API."),
     topology: Path = typer.Option(..., "--topology", help="Fleet topology YAML."),
@@ -306,7 +308,7 @@ def replay(
     emit({"out": str(out), "ticks": ticks, "tick_errors": errors}, wants_json(output, json_flag))
 
 
-@app.command()
+@app.command(short_help="Live controller against Prometheus.")
 def run(
     config: Path = typer.Option(..., "--config", help="Run config YAML (docs/prometheus-slurm.md)."),
     output: Output = OUTPUT_OPTION,
@@ -352,7 +354,7 @@ def _or_fail(build):
 
 
 # ---- seamguard serve (service, API and dashboard) -------------------------------------------------
-@app.command()
+@app.command(short_help="Controller with HTTP API, /metrics and dashboard.")
 def serve(
     config: Path | None = typer.Option(None, "--config",
                                        help="Run against a live source (Prometheus) from this config "

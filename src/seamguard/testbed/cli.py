@@ -18,7 +18,7 @@ app = typer.Typer(help="Namespaced multi-rail test cluster: build, tear down, cl
                   no_args_is_help=True, rich_markup_mode=HELP_STYLE)
 
 
-@app.command("up")
+@app.command("up", short_help="Build a testbed and leave it running.")
 def up(hosts: int = typer.Option(4, "--hosts", min=1, max=60, help="Hosts (network namespaces)."),
        rails: int = typer.Option(2, "--rails", min=1, max=8, help="Rails (one bridge and NIC per host each)."),
        output: Output = OUTPUT_OPTION, json_flag: bool = JSON_OPTION) -> None:
@@ -32,7 +32,7 @@ def up(hosts: int = typer.Option(4, "--hosts", min=1, max=60, help="Hosts (netwo
           "mgmt": f"{tb.addr(0, None).rsplit('.', 1)[0]}.0/24"}, wants_json(output, json_flag), _lists)
 
 
-@app.command("down")
+@app.command("down", short_help="Delete one testbed.")
 def down(prefix: str = typer.Argument(..., help="The prefix `up` printed, e.g. sg1234t1."),
          output: Output = OUTPUT_OPTION, json_flag: bool = JSON_OPTION) -> None:
     """Delete one testbed's namespaces (and with them every link, bridge and qdisc)."""
@@ -44,7 +44,7 @@ def down(prefix: str = typer.Argument(..., help="The prefix `up` printed, e.g. s
     emit({"removed": gone}, wants_json(output, json_flag), _lists)
 
 
-@app.command("clean")
+@app.command("clean", short_help="Remove leftover testbeds.")
 def clean(all_: bool = typer.Option(False, "--all", help="Also testbeds whose creator still runs."),
           output: Output = OUTPUT_OPTION, json_flag: bool = JSON_OPTION) -> None:
     """Remove leftover testbeds (by default those whose creating process is gone)."""
@@ -53,7 +53,7 @@ def clean(all_: bool = typer.Option(False, "--all", help="Also testbeds whose cr
     emit({"removed": do_clean(all_testbeds=all_)}, wants_json(output, json_flag), _lists)
 
 
-@app.command("demo")
+@app.command("demo", short_help="Train while rail links flap; write PNG + JSON.")
 def demo(out: Path = typer.Option(Path("rail_demo"), "--out", help="Directory for the PNG and JSON."),
          hosts: int = typer.Option(4, "--hosts", min=2, max=16, help="Hosts (network namespaces)."),
          rails: int = typer.Option(2, "--rails", min=2, max=4, help="Rails per host."),
