@@ -70,7 +70,7 @@ def test_live_controller_detects_twin_faults_through_prometheus(tmp_path: Path) 
                    "prometheus": {"url": prom.url, "timeout_s": 5},
                    "actuators": [{"type": "log", "path": str(tmp_path / "actions.jsonl")}]}
             (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
-            runner = subprocess.Popen([sys.executable, "-m", "seamguard", "run", "--config",
+            runner = subprocess.Popen([sys.executable, "-m", "seamguard", "run", "-o", "json", "--config",
                                        str(tmp_path / "run.yaml")], env=subprocess_env(),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             t_run0 = time.time()
@@ -119,7 +119,7 @@ def test_replay_over_backfilled_history_matches_twin_recall(tmp_path: Path) -> N
         r = subprocess.run(
             [sys.executable, "-m", "seamguard", "replay", "--prometheus", prom.url, "--topology", str(topo),
              "--start", str(base + frames[0].t_s), "--end", str(base + frames[-1].t_s),
-             "--step", str(TICK_S), "--out", str(out)],
+             "--step", str(TICK_S), "--out", str(out), "-o", "json"],
             env=subprocess_env(), capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])

@@ -105,13 +105,54 @@ def test_a_dead_loop_is_reported_and_run_raises(tmp_path):
     src = TwinSource(gpus=64, minutes=2.0, seed=0, counterfactual=False)
     r = Runner(src, speed=1000.0, ledger_path=tmp_path / "l.sqlite")
 
-    def boom(wall_s):
+    def boom(snap):
         raise MemoryError("simulated")
 
-    src.next_frame = boom
+    r._publish = boom  # a failure outside the controller's per-tick guard
     with pytest.raises(RuntimeError, match="MemoryError"):
         r.run()
     assert r.fatal.startswith("MemoryError") and not r.healthy
+
+
+class Flaky:
+    """An actuator whose state cannot be read every other call (a hung or failing sinfo)."""
+
+    name = "flaky"
+    verbs = frozenset({Verb.DRAIN})
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def observe(self) -> set[str]:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise RuntimeError("sinfo: timed out")
+        return set()
+
+    def apply(self, action) -> ActionResult:
+        return ActionResult(True)
+
+    def revert(self, key) -> ActionResult:
+        return ActionResult(True)
+
+
+def test_a_failing_source_or_actuator_never_kills_the_loop(tmp_path):
+    src = TwinSource(gpus=64, minutes=2.0, seed=0, counterfactual=False)
+    flaky = Flaky()
+    src.actuators = lambda: [flaky]
+    real = src.next_frame
+    calls = {"n": 0}
+
+    def sometimes(wall_s):
+        calls["n"] += 1
+        if calls["n"] in (3, 4):
+            raise ConnectionError("prometheus: connection refused")
+        return real(wall_s)
+
+    src.next_frame = sometimes
+    r = Runner(src, speed=1000.0, ledger_path=tmp_path / "l.sqlite", max_ticks=8)
+    assert r.run() == 8 and not r.fatal
+    assert flaky.calls >= 8
 
 
 def test_run_stops_after_max_ticks_and_writes_events(tmp_path):

@@ -142,7 +142,7 @@ def test_metrics_render_the_snapshot(http, runner):
 
 
 def test_mutations_need_the_token(http, auth):
-    for method, path, body in (("PUT", "/api/v1/mode", {"mode": "dry_run"}), ("POST", "/api/v1/breaker/reset", None),
+    for method, path, body in (("PUT", "/api/v1/mode", {"mode": "dry_run"}), ("POST", "/api/v1/breaker/reset", {"why": "x"}),
                                ("PUT", "/api/v1/pins/gpu/gpu000/gpu0", {"state": "failed", "note": "x"}),
                                ("DELETE", "/api/v1/pins/gpu/gpu000/gpu0", None)):
         r = http.request(method, path, json=body)
@@ -158,8 +158,14 @@ def test_mode_breaker_and_pin_round_trip(http, runner, auth):
     assert runner.controller.mode == "dry_run"
     assert http.put("/api/v1/mode", json={"mode": "sometimes"}, headers=auth).status_code == 422
     assert http.put("/api/v1/mode", json={"mode": "enforce"}, headers=auth).json()["mode"] == "enforce"
-    br = http.post("/api/v1/breaker/reset", headers=auth).json()
+    assert http.post("/api/v1/breaker/reset", json={}, headers=auth).status_code == 422  # a reset says why
+    br = http.post("/api/v1/breaker/reset", json={"why": "storm understood"}, headers=auth).json()
     assert br["tripped"] is False and runner.controller.breaker.tripped is False
+    fs = http.get("/api/v1/failsafe").json()
+    reset = [e for e in fs["events"] if e["event"] == "breaker_reset"]
+    assert reset and "storm understood" in reset[-1]["detail"] and reset[-1]["by"]
+    # nodes that died with their cooling loop are dark: their rack or loop is frozen, never the fleet
+    assert all(f["scope"].startswith(("rack:", "cooling_loop:")) for f in fs["frozen"])
     gpu = "gpu001/gpu4"
     r = http.put(f"/api/v1/pins/gpu/{gpu}", json={"state": "quarantine", "note": "thermal paste check"}, headers=auth)
     assert r.status_code == 200 and r.json()["entity"] == gpu

@@ -55,6 +55,7 @@ from seamguard.control import Controller, TickReport
 from seamguard.decide.policy import Policy, default_policy
 from seamguard.fleet.model import Kind
 from seamguard.ledger.sqlite import Ledger
+from seamguard.observe.frame import Frame, make_frame
 
 log = logging.getLogger("seamguard.runner")
 
@@ -94,6 +95,8 @@ class Runner:
         self._tick_errors = 0
         self._tick_sum = 0.0
         self._schedule: Schedule | None = None
+        self._last_t_s: float | None = None
+        self._in_effect: dict[str, set[str]] = {}
         self._started_wall = time.time()
         self._lock = threading.Lock()
         self._cmds: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
@@ -229,9 +232,33 @@ class Runner:
         return self.submit(go, timeout_s) if self.running else go()
 
     # ---- one tick (controller thread only) ------------------------------------------------------
+    def _next_frame(self, wall_s: float) -> Frame:
+        """The source's frame; a source that fails gives an empty, flagged frame (the controller then
+        freezes for want of data instead of the loop dying)."""
+        try:
+            frame = self.source.next_frame(wall_s)
+        except Exception as e:
+            log.error("source %s failed: %s: %s", self.source.name, type(e).__name__, e)
+            t_s = self._last_t_s + self.tick_s if self._last_t_s is not None else 0.0
+            frame = make_frame(self.controller.fleet, t_s, {},
+                               flags=(f"source:{self.source.name}: {type(e).__name__}: {e}",))
+        self._last_t_s = frame.t_s
+        return frame
+
+    def _observe(self) -> set[str]:
+        """What the actuators hold in effect; one that cannot say keeps its last good answer."""
+        held: set[str] = set()
+        for act in self.controller.actuators:
+            try:
+                self._in_effect[act.name] = act.observe()
+            except Exception as e:
+                log.warning("actuator %s cannot report what is in effect: %s: %s", act.name, type(e).__name__, e)
+            held |= self._in_effect.get(act.name, set())
+        return held
+
     def tick_once(self, wall_s: float | None = None) -> TickReport:
         wall_s = time.time() if wall_s is None else wall_s
-        frame = self.source.next_frame(wall_s)
+        frame = self._next_frame(wall_s)
         self.ring.push(frame)
         self.controller.set_fleet(self.source.placement())
         rep = self.controller.tick(frame)
@@ -287,15 +314,14 @@ class Runner:
             tick_buckets=tuple(self._tick_buckets),
             actions=tuple((v, o, s, n) for (v, o, s), n in sorted(self._actions.items())),
             transitions=tuple((k, s, n) for (k, s), n in sorted(self._transitions.items())))
-        in_effect: set[str] = set()
-        for act in ctl.actuators:
-            in_effect |= act.observe()
+        in_effect = self._observe()
         return Snapshot(
             tick=(rep.tick if rep is not None else -1), t_s=(rep.t_s if rep is not None else 0.0),
             wall_s=time.time(), source=self.source.name, mode=ctl.mode, speed=self.speed,
             tick_interval_s=self.tick_interval_s, fleet=fleet, assessment=a, kinds=views,
             loop_counts=loop_counts, rack_counts=rack_counts, breaker=ctl.breaker,
             pins=tuple(ctl.pins.values()), in_effect=tuple(sorted(in_effect)),
+            failsafe=ctl.failsafe.frozen_scopes(),
             assess_s=rep.assess_s if rep else 0.0, decide_s=rep.decide_s if rep else 0.0,
             act_s=rep.act_s if rep else 0.0, tick_s=rep.tick_s if rep else 0.0,
             tick_error=rep.error if rep else "", ring_upto=self.ring.pushed,
@@ -307,6 +333,7 @@ class Runner:
         """After a command: same tick, new controls (mode, breaker, pins)."""
         ctl = self.controller
         snap = replace(self.snapshot(), mode=ctl.mode, breaker=ctl.breaker, pins=tuple(ctl.pins.values()),
+                       failsafe=ctl.failsafe.frozen_scopes(),
                        wall_s=time.time())
         self._publish(snap)
         return snap
@@ -319,9 +346,10 @@ class Runner:
             return self._republish()
         return self.submit(go)
 
-    def reset_breaker(self) -> Snapshot:
+    def reset_breaker(self, by: str = "operator", why: str = "") -> Snapshot:
+        """A person resets the tripped breaker; who and why are recorded in the ledger."""
         def go() -> Snapshot:
-            self.controller.reset_breaker()
+            self.controller.reset_breaker(by=by, why=why)
             return self._republish()
         return self.submit(go)
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from seamguard.assess.assessment import Assessment, Reason, node_cause
 from seamguard.assess.overrides import Pin
+from seamguard.assess.quality import FrozenScope
 from seamguard.assess.states import State
 from seamguard.decide.breaker import BreakerState
 from seamguard.fleet.model import NO_INDEX, Fleet, Kind
@@ -134,6 +135,7 @@ class Snapshot:
     counters: Counters
     started_wall_s: float = 0.0
     fleet_history: tuple[FleetPoint, ...] = ()  # oldest first, one per tick
+    failsafe: tuple[FrozenScope, ...] = ()  # scopes frozen for want of data (no new actions there)
     ticks_skipped: int = 0  # grid ticks the wall-clock schedule dropped because the loop fell behind
     schedule_lag_s: float = 0.0  # how far behind its grid the loop was when this snapshot was built
     extra: dict = field(default_factory=dict)

@@ -125,8 +125,13 @@ def bad_scopes(fleet: Fleet, frame: Frame, cfg: FailsafeConfig, seen: tuple[str,
         n_nan = np.bincount(fleet.nic_node, weights=state, minlength=n_nodes) if state.size else np.zeros(n_nodes)
         dark = ((g_tot > 0) & (g_nan >= g_tot)) | ((n_tot > 0) & (n_nan >= n_tot))
         share = float(dark.mean())
-        if share > cfg.max_fleet_missing_fraction:
-            bad["fleet"] = f"{int(dark.sum())} of {n_nodes} nodes report no telemetry ({share:.0%})"
+        # Fleet-wide only when the darkness is spread: nodes that die together in one or two
+        # cooling loops (a loop that lost its flow) freeze those loops, not the whole fleet.
+        n_loops = fleet.count(Kind.COOLING_LOOP)
+        spread = np.unique(fleet.node_loop[dark]).size > n_loops / 2
+        if share > cfg.max_fleet_missing_fraction and spread:
+            bad["fleet"] = (f"{int(dark.sum())} of {n_nodes} nodes in {np.unique(fleet.node_loop[dark]).size} of "
+                            f"{n_loops} cooling loops report no telemetry ({share:.0%})")
         dark_loop = np.zeros(fleet.count(Kind.COOLING_LOOP), dtype=bool)
         for kind, owner in ((Kind.COOLING_LOOP, fleet.node_loop), (Kind.RACK, fleet.node_rack)):
             if "fleet" in bad:

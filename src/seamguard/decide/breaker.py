@@ -13,10 +13,13 @@ move_job, avoid_link, avoid_storage — hard evidence included. Two kinds of bou
 
 A second action on a node already restricted (label → drain) does not widen the blast
 radius and is admitted for free; so is a node inside a domain already restricted as a
-whole (it was counted with its domain). The first action that would exceed a bound
-trips the breaker: it and every later action that would restrict something new are
-held; what is in effect stays. Tripped stays tripped — across restarts — until a person
-resets it. The state is plain data, committed in the ledger in the same transaction as
+whole (it was counted with its domain). An action that would exceed a bound of one
+cooling loop, rack or leaf is held (with why), and the rest of the fleet goes on. The
+first action that would exceed a fleet-wide bound (nodes restricted in effect or per
+window, domains restricted as a whole, fabric or storage paths avoided) trips the
+breaker: from then on every action that would restrict something new is held — except
+a hard failure that fits every total — and what is in effect stays. Tripped stays
+tripped — across restarts — until a person resets it. The state is plain data, committed in the ledger in the same transaction as
 the decisions it admitted, before any actuator is called.
 """
 
@@ -87,8 +90,8 @@ def _domain_nodes(fleet: Fleet, domain: str) -> np.ndarray:
 
 
 def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, requests: list[Request],
-          now: InEffect) -> tuple[BreakerState, list[str], list[str]]:
-    """Admit requests in order; returns (state, admitted keys, held keys). Pure.
+          now: InEffect) -> tuple[BreakerState, list[str], dict[str, str]]:
+    """Admit requests in order; returns (state, admitted keys, held key -> why). Pure.
 
     ``now.domains`` are the domains restricted as a whole that are still in trouble; the
     returned state's ``domains`` is that set plus the ones admitted here.
@@ -97,7 +100,7 @@ def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, req
     state = replace(state, drained=window, domains=tuple(sorted(now.domains)))
     if not cfg.enabled:
         doms = set(now.domains) | {r.domain for r in requests if r.domain}
-        return replace(state, domains=tuple(sorted(doms))), [r.key for r in requests], []
+        return replace(state, domains=tuple(sorted(doms))), [r.key for r in requests], {}
     n_nodes = fleet.count(Kind.NODE)
     n_loops, n_racks = fleet.count(Kind.COOLING_LOOP), fleet.count(Kind.RACK)
     node_loop, node_rack = fleet.node_loop, fleet.node_rack
@@ -141,7 +144,7 @@ def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, req
     cap_rate = _cap(cfg.max_fleet_fraction, n_nodes)
 
     admitted: list[str] = []
-    held: list[str] = []
+    held: dict[str, str] = {}
     for r in requests:
         # a request for a whole domain covers its nodes: they are counted with the domain
         new_nodes = [] if r.domain else [i for i in r.nodes if i not in restricted and not covered[i]]
@@ -151,10 +154,10 @@ def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, req
             admitted.append(r.key)
             restricted.update(r.nodes)
             continue
-        if state.tripped:
-            held.append(r.key)
+        if state.tripped and not r.hard:
+            held[r.key] = f"breaker tripped: {state.reason}"
             continue
-        why = ""
+        why, trips = "", True  # a fleet-wide bound trips; a bound of one loop, rack or leaf holds
         total_now = int((covered | np.isin(np.arange(n_nodes), list(restricted))).sum())
         if new_domain:
             kind = r.domain.partition(":")[0]
@@ -181,14 +184,17 @@ def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, req
                 why = (f"{r.key} would put {total_now + len(new_nodes)} of {n_nodes} nodes under restriction "
                        f"(> {cfg.max_in_effect_fleet_fraction:.0%} of the fleet in effect)")
             elif per_loop[lp] + add_loop[lp] > _cap(cfg.max_in_effect_loop_fraction, int(loop_size[lp])):
+                trips = False
                 why = (f"{r.key} would put {per_loop[lp] + add_loop[lp]} of {loop_size[lp]} nodes on "
                        f"{fleet.loop_names[lp]} under restriction (> {cfg.max_in_effect_loop_fraction:.0%})")
             elif per_rack[rk] + add_rack[rk] > _cap(cfg.max_in_effect_rack_fraction, int(rack_size[rk])):
+                trips = False
                 why = (f"{r.key} would put {per_rack[rk] + add_rack[rk]} of {rack_size[rk]} nodes in "
                        f"{fleet.rack_names[rk]} under restriction (> {cfg.max_in_effect_rack_fraction:.0%})")
             elif n_leaf and np.any(per_leaf + add_leaf > np.floor(cfg.max_in_effect_leaf_fraction * leaf_size + 1e-9)
                                    ) and np.any(add_leaf > 0):
                 lf = int(np.argmax(per_leaf + add_leaf - np.floor(cfg.max_in_effect_leaf_fraction * leaf_size)))
+                trips = False
                 why = (f"{r.key} would put {per_leaf[lf] + add_leaf[lf]} of {leaf_size[lf]} nodes on leaf "
                        f"{fleet.switch_names[lf]} under restriction (> {cfg.max_in_effect_leaf_fraction:.0%})")
             elif not r.hard:
@@ -198,6 +204,7 @@ def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, req
                     why = (f"{r.key} ({name}) would restrict {len(rate_nodes) + len(new_nodes)} of {n_nodes} nodes "
                            f"within {cfg.window_s:.0f}s ({cfg.max_fleet_fraction:.1%} of the fleet per window)")
                 elif rl[lp2] > _cap(cfg.max_loop_fraction, int(loop_size[lp2])):
+                    trips = False
                     why = (f"{r.key} would restrict {rl[lp2]} of {loop_size[lp2]} nodes on {fleet.loop_names[lp2]} "
                            f"within {cfg.window_s:.0f}s (> {cfg.max_loop_fraction:.1%} per window)")
         if not why and new_path:
@@ -208,8 +215,9 @@ def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, req
             if have + 1 > _cap(frac, n_kind, at_least_one=True):
                 why = f"{r.key} would take {have + 1} of {n_kind} {kind} paths out of use (> {frac:.0%})"
         if why:
-            state = replace(state, tripped=True, reason=why, tripped_at_s=t_s)
-            held.append(r.key)
+            if trips and not state.tripped:
+                state = replace(state, tripped=True, reason=why, tripped_at_s=t_s)
+            held[r.key] = why
             continue
         admitted.append(r.key)
         if new_domain:

@@ -329,8 +329,11 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
         if st > State.HEALTHY:
             now.domains.add(d)
     pending = [r for k, r in requests.items() if k not in in_effect]
-    breaker, _, held_keys = admit(state.breaker, fleet, policy.breaker, a.t_s, pending, now)
-    held = [desired.pop(k) for k in held_keys]
+    breaker, _, held_why = admit(state.breaker, fleet, policy.breaker, a.t_s, pending, now)
+    held = []
+    for k, why in held_why.items():
+        act = desired.pop(k)
+        held.append(replace(act, reason=f"{act.reason}; held: {why}"))
 
     # ---- restrictions only tighten while the risk stays ----------------------------
     risk = (a.node_domain_state[:, :3] > State.HEALTHY).any(axis=1) | (a.node_state > State.HEALTHY)

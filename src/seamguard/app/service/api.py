@@ -181,7 +181,7 @@ def create_app(runner: Runner, token: str) -> FastAPI:
 
     @app.get(f"{API}/actions", response_model=list[m.ActionOut], tags=["record"])
     def actions(entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
-                status: Annotated[str | None, Query(pattern="^(pending|done|failed|dry_run|interrupted)$")] = None,
+                status: Annotated[str | None, Query(pattern="^(pending|done|failed|refused|dry_run|interrupted)$")] = None,
                 limit: Limit = 100, offset: Offset = 0) -> list[m.ActionOut]:
         rows = reader.actions(upto_tick=runner.snapshot().tick, entity=entity, status=status, limit=limit,
                               offset=offset)
@@ -211,9 +211,14 @@ def create_app(runner: Runner, token: str) -> FastAPI:
     def set_mode(body: m.ModeIn, _who: str = Depends(require_token)) -> m.Summary:
         return render.summary(runner.set_mode(body.mode.value), breaker_cfg)
 
-    @app.post(f"{API}/breaker/reset", response_model=m.Breaker, tags=["controls"], responses={**_E401, **_E503})
-    def reset_breaker(_who: str = Depends(require_token)) -> m.Breaker:
-        return render.breaker(runner.reset_breaker(), breaker_cfg)
+    @app.post(f"{API}/breaker/reset", response_model=m.Breaker, tags=["controls"],
+              responses={**_EBODY, **_E401, **_E503})
+    def reset_breaker(body: m.BreakerResetIn, who: str = Depends(require_token)) -> m.Breaker:
+        return render.breaker(runner.reset_breaker(by=who, why=body.why), breaker_cfg)
+
+    @app.get(f"{API}/failsafe", response_model=m.Failsafe, tags=["controls"])
+    def failsafe(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> m.Failsafe:
+        return render.failsafe(runner.snapshot(), reader, limit)
 
     @app.put(API + "/pins/{kind}/{name:path}", response_model=m.PinOut, tags=["controls"],
              responses={**_EBODY, **_E401, **_E404, **_E503})

@@ -97,6 +97,13 @@ class SnapshotCollector:
         yield trs
         yield GaugeMetricFamily("seamguard_actions_in_effect", "Actions currently held in effect", value=len(s.in_effect))
         yield GaugeMetricFamily("seamguard_pins", "Entities pinned by an operator", value=len(s.pins))
+        frozen = GaugeMetricFamily("seamguard_failsafe_frozen", "1 per scope where no new action is taken "
+                                   "because its input failed", labels=["scope"])
+        for f in s.failsafe:
+            frozen.add_metric([f.scope], 1.0)
+        yield frozen
+        yield GaugeMetricFamily("seamguard_failsafe_frozen_scopes", "Scopes frozen for want of data",
+                                value=len(s.failsafe))
         yield GaugeMetricFamily("seamguard_breaker_tripped", "1 when the safety breaker is tripped",
                                 value=float(s.breaker.tripped))
         yield GaugeMetricFamily("seamguard_breaker_disrupted_nodes", "Unique nodes disrupted within the breaker window",

@@ -53,10 +53,43 @@ class Breaker(_M):
     tripped: bool
     reason: str
     tripped_at_s: float | None
-    disrupted_nodes_in_window: int = Field(description="unique nodes drained or moved within the window")
+    enabled: bool = Field(description="false only when the policy switched it off explicitly")
+    disrupted_nodes_in_window: int = Field(description="unique nodes newly restricted (drain, label, move) "
+                                                       "within the window")
     window_s: float
-    max_fleet_fraction: float
-    max_loop_fraction: float
+    max_fleet_fraction: float = Field(description="rate: share of the fleet's nodes newly restricted per window")
+    max_loop_fraction: float = Field(description="rate: share of one cooling loop's nodes per window")
+    max_in_effect_fleet_fraction: float = Field(description="total: share of the fleet under any restriction")
+    max_in_effect_loop_fraction: float
+    max_in_effect_rack_fraction: float
+    max_in_effect_leaf_fraction: float
+
+
+class FrozenScopeOut(_M):
+    scope: str = Field(description="'fleet', 'signal:<name>', 'cooling_loop:<name>' or 'rack:<name>'")
+    reason: str
+    since_t_s: float
+    good_ticks: int = Field(description="consecutive good ticks since the data came back")
+    rewarming: bool = Field(description="data is back; actions resume after the policy's rewarm_ticks")
+
+
+class FailsafeEvent(_M):
+    tick: int
+    t_s: float
+    wall_s: float
+    event: str = Field(description="frozen, resumed, breaker_tripped, breaker_reset or breaker_disabled")
+    scope: str
+    detail: str
+    by: str = Field(description="who (for a reset: the operator's token identity)")
+
+
+class Failsafe(_M):
+    frozen: list[FrozenScopeOut] = Field(description="scopes where no new action is taken for want of data")
+    events: list[FailsafeEvent] = Field(description="newest last")
+
+
+class BreakerResetIn(_M):
+    why: str = Field(min_length=1, max_length=500, description="why the breaker may act again (recorded)")
 
 
 class TickTiming(_M):
@@ -112,6 +145,7 @@ class Summary(_M):
     useful_throughput: float | None = Field(description="useful work / ideal with control (twin only)")
     useful_throughput_without_control: float | None
     pace: Pace
+    frozen_scopes: int = Field(0, description="scopes frozen for want of data (see /api/v1/failsafe)")
 
 
 class EntityRow(_M):

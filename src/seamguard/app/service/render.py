@@ -33,10 +33,24 @@ def _f(x: float) -> float:
 
 def breaker(s: Snapshot, policy_breaker) -> m.Breaker:
     b = s.breaker
-    return m.Breaker(tripped=b.tripped, reason=b.reason, tripped_at_s=b.tripped_at_s,
+    c = policy_breaker
+    return m.Breaker(tripped=b.tripped, reason=b.reason, tripped_at_s=b.tripped_at_s, enabled=c.enabled,
                      disrupted_nodes_in_window=len({n for _, n in b.drained}),
-                     window_s=policy_breaker.window_s, max_fleet_fraction=policy_breaker.max_fleet_fraction,
-                     max_loop_fraction=policy_breaker.max_loop_fraction)
+                     window_s=c.window_s, max_fleet_fraction=c.max_fleet_fraction,
+                     max_loop_fraction=c.max_loop_fraction,
+                     max_in_effect_fleet_fraction=c.max_in_effect_fleet_fraction,
+                     max_in_effect_loop_fraction=c.max_in_effect_loop_fraction,
+                     max_in_effect_rack_fraction=c.max_in_effect_rack_fraction,
+                     max_in_effect_leaf_fraction=c.max_in_effect_leaf_fraction)
+
+
+def failsafe(s: Snapshot, reader, limit: int) -> m.Failsafe:
+    # +1: an operator event (a reset) is recorded against the tick that comes next
+    events = reader.failsafe_events(upto_tick=s.tick + 1)[-limit:]
+    return m.Failsafe(frozen=[m.FrozenScopeOut(scope=f.scope, reason=f.reason, since_t_s=f.since_t_s,
+                                               good_ticks=f.good_ticks, rewarming=f.rewarming)
+                              for f in s.failsafe],
+                      events=[m.FailsafeEvent(**e) for e in events])
 
 
 PACE_WINDOW = 12  # ticks the achieved speed is measured over
@@ -88,7 +102,7 @@ def summary(s: Snapshot, policy_breaker, now: float | None = None) -> m.Summary:
         pins=len(s.pins), actions_in_effect=len(s.in_effect),
         useful_throughput=None if p is None else round(p.useful_with, 5),
         useful_throughput_without_control=None if p is None or p.useful_without is None else round(p.useful_without, 5),
-        pace=pace(s, now))
+        pace=pace(s, now), frozen_scopes=len(s.failsafe))
 
 
 def _pinned_mask(s: Snapshot, kind: Kind) -> np.ndarray:

@@ -220,7 +220,8 @@ function renderHeader(s) {
   const pb = $("pace");
   pb.textContent = p.behind ? `⚠ The ${s.source === "twin" ? "simulation" : "controller"} is falling behind: ${p.message}. Figures are correct per tick, but time runs slower than requested.` : "";
   pb.classList.toggle("hidden", !p.behind);
-  banner(s.timing.error ? "last tick failed: " + s.timing.error : (s.breaker.tripped ? "Safety breaker tripped: " + s.breaker.reason + " — no new drains until reset." : ""));
+  const frozen = s.frozen_scopes ? `Input failed: ${s.frozen_scopes} scope${s.frozen_scopes > 1 ? "s" : ""} frozen — no new actions there until the data is back and re-warmed (see /api/v1/failsafe).` : "";
+  banner(s.timing.error ? "last tick failed: " + s.timing.error : (s.breaker.tripped ? "Safety breaker tripped: " + s.breaker.reason + " — no new actions that take capacity until a person resets it." : frozen));
 }
 
 // ---- the fleet map (canvas) ------------------------------------------------------------------
@@ -709,7 +710,11 @@ document.addEventListener("click", ev => {
 $("token").value = localStorage.getItem("seamguard.token") || "";
 $("token").addEventListener("change", () => localStorage.setItem("seamguard.token", $("token").value.trim()));
 $("mode").onclick = () => { const next = st.summary && st.summary.mode === "enforce" ? "dry_run" : "enforce"; authed("PUT", `${API}/mode`, { mode: next }).then(poll).catch(showErr); };
-$("breaker").onclick = () => { if (st.summary && st.summary.breaker.tripped) authed("POST", `${API}/breaker/reset`).then(poll).catch(showErr); };
+$("breaker").onclick = () => {
+  if (!(st.summary && st.summary.breaker.tripped)) return;
+  const why = window.prompt(`Reset the safety breaker? It tripped: ${st.summary.breaker.reason}\nWhy may it act again? (recorded in the ledger)`);
+  if (why && why.trim()) authed("POST", `${API}/breaker/reset`, { why: why.trim() }).then(poll).catch(showErr);
+};
 bindCanvas($("fleetmap"), () => st.rects);
 $("actionsonly").addEventListener("change", () => st.events && renderTimeline(st.events, st.eventsSummary));
 $("worstfirst").addEventListener("change", drawMap);
