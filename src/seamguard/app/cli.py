@@ -18,6 +18,7 @@ from typing import Any
 
 import typer
 
+from seamguard.app import eval_cli
 from seamguard.app import twin_cli as twin_events_cli
 from seamguard.app.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
                                   phase, wants_json)
@@ -306,6 +307,13 @@ def replay(
             ticks += 1
             errors += bool(rep.error)
     emit({"out": str(out), "ticks": ticks, "tick_errors": errors}, wants_json(output, json_flag))
+
+
+# ---- evaluation (issue 15): score a timeline against labels; scenario histories ---------------
+app.command("eval", short_help="Score a replay timeline against labelled incidents.")(eval_cli.eval_command)
+app.add_typer(eval_cli.scenarios_app, name="scenarios", short_help="Fleet histories with labelled faults.")
+eval_cli.scenarios_app.command("generate", short_help="Write a history (OpenMetrics) and its labels.")(
+    eval_cli.scenarios_generate)
 
 
 @app.command(short_help="Live controller against Prometheus.")

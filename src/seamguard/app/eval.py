@@ -296,7 +296,6 @@ def score(incidents: list[Incident], events: list[dict], relations: Relations | 
     incidents = [inc for inc in incidents if inc.fault != MAINTENANCE]
     events = sorted(events, key=lambda e: float(e["t"]))
     fams = [rel.family((inc.kind, inc.entity)) for inc in incidents]
-    t_end = max((float(e["t"]) for e in events), default=math.inf)
 
     wfams = [rel.family((w.kind, w.entity)) for w in windows]
 
@@ -382,8 +381,7 @@ def score(incidents: list[Incident], events: list[dict], relations: Relations | 
             "delay_s": _round(d - inc.start) if d is not None else None,
             "lead_s": _round(inc.hard_failure - d) if d is not None and inc.hard_failure is not None else None,
             "hard_failure": inc.hard_failure,
-            "missed_hard_failure": inc.hard_failure is not None and inc.hard_failure <= t_end
-            and (d is None or d > inc.hard_failure),
+            "missed_hard_failure": inc.hard_failure is not None and (d is None or d >= inc.hard_failure),
             "actions": act_by_inc[i], "checkpoint_requests": ckpt_by_inc[i]})
 
     def figures(rows: list[dict]) -> dict[str, Any]:
