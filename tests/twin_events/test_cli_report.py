@@ -264,8 +264,10 @@ def test_cause_plot_has_a_linear_view(figures):
 def test_simulate_without_measured_says_which_defaults():
     res = _run("--gpus", "1024", "--days", "1", "--compare", "seamguard")
     assert res.exit_code == 0, res.output
-    assert "built-in defaults, no --measured FILE given" in res.output
-    assert "live resume 5.06 s" in res.output and "docs/sources.md" in res.output
+    text = " ".join(res.output.split())  # the note is wrapped to the terminal's width
+    assert "built-in defaults, no --measured FILE given" in text
+    assert "live resume 5.06 s" in text and "docs/sources.md" in text
+    assert max(len(line) for line in res.output.splitlines()) <= 80
 
 
 def test_simulate_measured_missing_file_is_an_error(tmp_path):

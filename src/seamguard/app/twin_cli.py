@@ -19,7 +19,7 @@ from typing import Optional
 
 import typer
 
-from seamguard.app.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, wants_json
+from seamguard.app.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, phase, wants_json
 from seamguard.twin.events.calibration import link_profile, llama3_failure_model
 from seamguard.twin.events.config import ClusterConfig, PolicyParams
 from seamguard.twin.events.measured import (DEFAULT_FIGURES, RuntimeFigures, describe_defaults,
@@ -223,8 +223,9 @@ def _print_table(sums, figs: RuntimeFigures) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{sums[0].runs[0].gpus:,} GPUs, {sums[0].runs[0].days:g} days, "
-                    f"{len(sums[0].runs)} run(s)")
+    days = sums[0].runs[0].days
+    t = Table(title=f"{sums[0].runs[0].gpus:,} GPUs, {days:g} day{'' if days == 1 else 's'}, "
+                    f"{len(sums[0].runs)} run{'' if len(sums[0].runs) == 1 else 's'}")
     t.add_column("metric")
     for s in sums:
         t.add_column(s.policy, justify="right")
@@ -236,12 +237,20 @@ def _print_table(sums, figs: RuntimeFigures) -> None:
                      ("rollback_exposure_min", "{:.2f}"),
                      ("schedule_slip_probability", "{:.2f}"), ("quarantines", "{:.0f}")):
         t.add_row(key, *[fmt.format(d[key]) for d in docs])
-    for d, s in zip(docs, sums):
-        m, lo, hi = s.metric("ettr")
-        t.caption = (t.caption or "") + f"{s.policy} ETTR 95% CI [{lo:.4f}, {hi:.4f}]  "
-    c = Console()
-    c.print(t)
-    typer.echo(figures_line(figs))
+    Console().print(t)
+    for s in sums:  # one plain line per policy: a caption would wrap mid-phrase at 80 columns
+        _, lo, hi = s.metric("ettr")
+        typer.echo(f"{s.policy} ETTR 95% CI [{lo:.4f}, {hi:.4f}]" if len(s.runs) > 1 else
+                   f"{s.policy} ETTR: 1 run, no interval (--runs N for one)")
+    _echo_wrapped(figures_line(figs))
+
+
+def _echo_wrapped(text: str) -> None:
+    """A long note wrapped at spaces to the terminal's width (80 when not a terminal)."""
+    import shutil
+    import textwrap
+
+    typer.echo(textwrap.fill(text, width=max(40, shutil.get_terminal_size((80, 24)).columns)))
 
 
 def report(
@@ -282,7 +291,8 @@ def report(
             state_gib_per_gpu=28.0, measured=measured)
         for n in size_list:
             replace(cfg, gpus=n)   # validates every size before the sweep starts
-        sweep = size_sweep(cfg, pols, size_list, runs, seed, _value(executor), workers)
+        with phase(f"simulating {len(size_list)} sizes x {runs} run{'' if runs == 1 else 's'} x 2 policies"):
+            sweep = size_sweep(cfg, pols, size_list, runs, seed, _value(executor), workers)
     except ValueError as exc:
         fail(str(exc))
     hazard = interval_vs_hazard(cfg, pols[1], job_nodes=cfg.nodes - cfg.spare_nodes)
@@ -291,8 +301,8 @@ def report(
                 "detection_delay_s": detection_delay_s}
     files = write_report(out, sweep, sweep[max(size_list)], hazard, settings)
     if wants_json(output, json_flag):
-        emit({"files": [str(f) for f in files], "measured_source": figs.source}, True)
+        emit({"out": str(out), "files": [str(f) for f in files], "measured_source": figs.source}, True)
         return
     for f in files:
         typer.echo(str(f))
-    typer.echo(figures_line(figs))
+    _echo_wrapped(figures_line(figs))
