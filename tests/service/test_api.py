@@ -1,3 +1,4 @@
+import time
 """The HTTP API against a real server on loopback, over a twin with injected faults."""
 
 from __future__ import annotations
@@ -202,3 +203,31 @@ def test_healthz_and_dashboard_assets(http):
         assert http.get(asset).status_code == 200
     spec = http.get("/openapi.json").json()
     assert "/api/v1/entities/{kind}/{name}" in spec["paths"] and "HTTPBearer" in spec["components"]["securitySchemes"]
+
+
+def test_healthz_fails_when_the_controller_loop_died(tmp_path):
+    """A dead controller thread is a failed /healthz (503), never a cheerful 200."""
+    from fastapi.testclient import TestClient
+
+    from seamguard.app.runner import Runner
+    from seamguard.app.service.api import create_app
+    from seamguard.app.sources import TwinSource
+
+    r = Runner(TwinSource(gpus=64, minutes=2.0, seed=0, counterfactual=False), speed=1000.0,
+               ledger_path=tmp_path / "l.sqlite")
+    client = TestClient(create_app(r, "t0ken"))
+    r.start()
+    try:
+        assert client.get("/healthz").status_code == 200
+
+        def boom(snap):
+            raise MemoryError("simulated")
+
+        r._publish = boom  # the next tick dies outside the controller's own per-tick guard
+        deadline = time.monotonic() + 10
+        while not r.fatal and time.monotonic() < deadline:
+            time.sleep(0.01)
+        h = client.get("/healthz")
+        assert h.status_code == 503 and h.json()["status"] == "failed" and "MemoryError" in h.json()["error"]
+    finally:
+        r.stop()
