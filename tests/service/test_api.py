@@ -1,7 +1,8 @@
-import time
 """The HTTP API against a real server on loopback, over a twin with injected faults."""
 
 from __future__ import annotations
+
+import time
 
 import httpx
 import numpy as np
