@@ -27,7 +27,7 @@ def _reasons(reasons) -> list[dict]:
 def _action(op: str, a: Action | None, key: str) -> dict:
     if a is None:
         return {"op": op, "key": key}
-    return {"op": op, "key": a.key, "verb": a.verb.value, "target": a.target, "reason": a.reason,
+    return {"op": op, "key": a.key, "verb": a.verb.value, "target": a.target, "cause": a.cause, "reason": a.reason,
             "benefit_gpu_h_per_h": a.benefit_gpu_h_per_h, "cost_gpu_h_per_h": a.cost_gpu_h_per_h}
 
 
