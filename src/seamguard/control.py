@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from seamguard.act.base import Actuator
 from seamguard.act.reconcile import Change, observe_all, reconcile
 from seamguard.assess.assessment import ASSESSED_KINDS, Assessment, assess, initial_states
+from seamguard.assess.baselines import Baselines
 from seamguard.assess.overrides import Pin, apply_pins
 from seamguard.assess.quality import FreezeState, FreezeView, bad_scopes, scope_masks, step_freeze
 from seamguard.assess.propagation import all_dependents
@@ -64,6 +65,8 @@ class Controller:
                               f"({tick_s:g} s): the rate bound would count nothing")
         self.history = History(tick_s, default_depth=2, depth_by_signal=policy.assess.history_depths(tick_s))
         self.states: dict[Kind, StateVector] = initial_states(fleet)
+        # Per-entity baselines (assess/baselines.py): learned online, persisted in the snapshot.
+        self.baselines = Baselines.initial(fleet, policy.assess.baselines)
         self.node_state = np.zeros(fleet.count(Kind.NODE), dtype=np.int8)
         self.dstate = DecideState()
         self.freeze = FreezeState()
@@ -100,10 +103,14 @@ class Controller:
             ns = arrays.get("node.state")
             if ns is not None and ns.shape[0] == self.fleet.count(Kind.NODE):
                 self.node_state = ns.astype(np.int8)
+            if any(k.startswith("baseline.") for k in arrays):
+                self.baselines, stale = Baselines.from_arrays(arrays, self.fleet, self.policy.assess.baselines)
+                if stale:
+                    log.warning("ledger snapshot's baselines do not match this fleet's %s; those warm up again",
+                                ", ".join(stale))
         d = self.ledger.get_meta("decide_state")
         if d:
-            self.dstate = DecideState(BreakerState.from_json(d["breaker"]),
-                                      tuple((j, int(lv), float(t)) for j, lv, t in d["exposure"]))
+            self.dstate = DecideState.from_json(d)
             self.freeze = FreezeState.from_json(d.get("freeze"))
         saved = self.ledger.get_meta("mode")
         if saved and saved.get("mode") == "dry_run" and self.mode == "enforce":
@@ -150,14 +157,13 @@ class Controller:
         assert self.ledger is not None
         arrays = {f"{k.label}.{f}": getattr(sv, f) for k, sv in self.states.items() for f in _SV_FIELDS}
         arrays["node.state"] = self.node_state
+        arrays.update(self.baselines.to_arrays())
         self.ledger.save_snapshot(self.tick_no, arrays)
         self._save_decide_state(self.dstate, self.freeze)
 
     def _save_decide_state(self, dstate: DecideState, freeze: FreezeState) -> None:
         assert self.ledger is not None
-        self.ledger.set_meta("decide_state", {"breaker": dstate.breaker.to_json(),
-                                              "exposure": [list(x) for x in dstate.exposure],
-                                              "freeze": freeze.to_json()})
+        self.ledger.set_meta("decide_state", {**dstate.to_json(), "freeze": freeze.to_json()})
 
     # ---- operator controls -------------------------------------------------------------
     @property
@@ -182,7 +188,7 @@ class Controller:
     def reset_breaker(self, by: str = "operator", why: str = "") -> None:
         """A person resets a tripped breaker; who and why go in the ledger with what it had tripped on."""
         before = self.dstate.breaker
-        self.dstate = DecideState(before.reset(), self.dstate.exposure)
+        self.dstate = replace(self.dstate, breaker=before.reset())
         log.warning("breaker reset by %s: %s (was %s)", by, why or "no reason given",
                     before.reason if before.tripped else "not tripped")
         if self.ledger is not None:
@@ -242,7 +248,8 @@ class Controller:
                 for ev, scope, why in freeze_events:
                     log.warning("failsafe: %s %s: %s", ev, scope, why)
             a = assess(self.fleet, frame, self.history, self.states, self.policy.assess, self._deps,
-                       self.node_state, hold=hold, frozen=freeze.scopes)
+                       self.node_state, hold=hold, frozen=freeze.scopes, base=self.baselines)
+            baselines = a.baselines
             if self.pins:
                 a = apply_pins(self.fleet, a, self.pins, {k: sv.state for k, sv in self.states.items()},
                                self.node_state, self.policy.assess.admissibility)
@@ -277,6 +284,8 @@ class Controller:
             t3 = time.perf_counter()
             self.states = {k: a.kinds[k].states for k in ASSESSED_KINDS}
             self.node_state = a.node_state
+            if baselines is not None:
+                self.baselines = baselines
             self.dstate = dstate
             self.freeze = freeze
             rep = TickReport(tick, frame.t_s, a, decisions, changes, t1 - t0, t2 - t1, t3 - t2)

@@ -13,6 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.assess import evidence as ev
+from seamguard.assess.baselines import BaselineConfig, Baselines
 from seamguard.assess.admissibility import AdmissibilityConfig, node_admissibility, node_domain_states
 from seamguard.assess.propagation import PropagationConfig, all_dependents, fae, prs
 from seamguard.assess.states import Hysteresis, State, StateVector, step_states
@@ -40,6 +41,7 @@ class AssessConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig)
+    baselines: BaselineConfig = Field(default_factory=BaselineConfig)
     propagation: PropagationConfig = Field(default_factory=PropagationConfig)
     hysteresis: dict[str, Hysteresis] = Field(default_factory=_default_hysteresis)
     admissibility: AdmissibilityConfig = Field(default_factory=AdmissibilityConfig)
@@ -52,13 +54,11 @@ class AssessConfig(BaseModel):
         e = self.evidence
         rate = int(np.ceil(e.rate_window_s / tick_s)) + 1
         flap = int(np.ceil(e.flap_window_s / tick_s)) + 1
-        return {
-            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": rate,
-            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": rate,
-            "node_infiniband_symbol_error_total": rate,
-            "node_infiniband_link_downed_total": flap,
-            "node_infiniband_state_id": max(e.link_down_hard_ticks, 2),
-        }
+        out = {name: rate for name in ev.RATE_COUNTERS}
+        out.update({name: flap for name in ev.FLAP_COUNTERS})
+        out["node_infiniband_state_id"] = max(e.link_down_hard_ticks, 2)
+        out["node_infiniband_physical_state_id"] = max(e.link_down_hard_ticks, 2)
+        return out
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,7 @@ class Assessment:
     admissible: np.ndarray  # [nodes, classes + 1]: job classes then checkpoint/restore path
     transitions: list[Transition] = field(default_factory=list)
     frozen: tuple = ()  # quality.FrozenScope: scopes whose input failed; their states were held
+    baselines: Baselines | None = None  # the per-entity baselines after this tick (the controller keeps them)
 
     def state(self, kind: Kind) -> np.ndarray:
         return self.node_state if kind == Kind.NODE else self.kinds[kind].states.state
@@ -147,23 +148,36 @@ def _slowdown(kind: Kind, e: ev.Evidence, cfg: AssessConfig) -> np.ndarray:
 def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVector],
            cfg: AssessConfig, deps: dict[Kind, np.ndarray] | None = None,
            prev_node_state: np.ndarray | None = None, hold: dict[Kind, np.ndarray] | None = None,
-           frozen: tuple = ()) -> Assessment:
+           frozen: tuple = (), base: Baselines | None = None) -> Assessment:
     """Score, classify and explain every entity for one frame.
 
     ``hist`` holds the frames before ``frame``; ``deps`` may be passed in when the
     placement has not changed since the last tick (it is the only costly topology walk).
     ``hold``: entities whose input failed this tick (quality.scope_masks): their state
     machine does not step, so missing data neither raises nor clears a state.
+    ``base``: the per-entity baselines after the previous tick (None: fresh, all warming);
+    the updated ones come back in ``Assessment.baselines``. Entities that are failed or
+    held do not teach their baselines.
     """
     deps = deps if deps is not None else all_dependents(fleet)
-    e_cfg = cfg.evidence
+    e_cfg, b_cfg = cfg.evidence, cfg.baselines
+    base = base if base is not None else Baselines.initial(fleet, b_cfg)
+    dt_s = base.dt(frame.t_s, hist.tick_s)
+
+    def learn(kind: Kind) -> np.ndarray:
+        ok = prev[kind].state != State.FAILED
+        h = hold.get(kind) if hold is not None else None
+        return ok & ~h if h is not None else ok
+
     evid: dict[Kind, ev.Evidence] = {}
     evid[Kind.COOLING_LOOP] = ev.loop_evidence(fleet, frame, e_cfg)
     evid[Kind.RACK] = ev.rack_evidence(fleet, frame, e_cfg)
-    evid[Kind.GPU] = ev.gpu_evidence(fleet, frame, hist, e_cfg, loop_gfs=evid[Kind.COOLING_LOOP].gfs)
-    evid[Kind.NIC] = ev.nic_evidence(fleet, frame, hist, e_cfg)
-    evid[Kind.LINK] = ev.link_evidence(fleet, frame, e_cfg)
-    evid[Kind.STORAGE] = ev.storage_evidence(fleet, frame, e_cfg)
+    evid[Kind.GPU], gpu_b, r_th, r_n = ev.gpu_evidence(fleet, frame, hist, e_cfg, evid[Kind.COOLING_LOOP].gfs,
+                                                      base, b_cfg, learn(Kind.GPU), dt_s)
+    evid[Kind.NIC], nic_b = ev.nic_evidence(fleet, frame, hist, e_cfg, base, b_cfg, learn(Kind.NIC), dt_s)
+    evid[Kind.LINK], link_b = ev.link_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.LINK), dt_s)
+    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s)
+    new_base = Baselines(gpu_b, nic_b, link_b, sto_b, r_th, r_n, frame.t_s)
 
     kinds: dict[Kind, KindAssessment] = {}
     transitions: list[Transition] = []
@@ -208,7 +222,7 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         t_s=frame.t_s, kinds=kinds, node_gfs=node_gfs, node_state=node_state,
         node_domain_state=domain,
         admissible=node_admissibility(domain, cfg.admissibility),
-        transitions=transitions, frozen=tuple(frozen),
+        transitions=transitions, frozen=tuple(frozen), baselines=new_base,
     )
 
 

@@ -1,11 +1,17 @@
 """Gray-failure evidence per entity kind, combined into GFS. Pure functions.
 
-Four kinds of evidence, each a score in [0, 1] per entity and channel:
-- peer-relative deviation (robust z against the entity's peer group),
-- trends in error counters (rates over a window, never levels; resets handled),
-- physical headroom (GPU temperature to its throttle point, coolant flow to rated),
-- hard events (a fatal XID appearing, a link down for good, a GPU gone from the bus).
-GFS is their noisy-OR. The channel matrix is kept so every score can say why.
+Kinds of evidence, each a score in [0, 1] per entity and channel (docs/evidence.md):
+- drift from the entity's own learned baseline (assess/baselines.py), with the common
+  mode of its peers removed: a GPU hotter than its own history at the same power, a
+  link or storage path slower than its own floor, an error counter above its own floor;
+- peer-relative deviation (robust z against the entity's peer group at the same load);
+- trends in error counters (rates over a window, never levels; resets handled);
+- urgency: how close drift is to hurting (headroom to the throttle point, time to reach
+  it at the drift's rate) raises the score of real drift, never flags a steady entity;
+- hard events (a fatal XID or an uncorrectable ECC error appearing, a link down for
+  good, a GPU gone from the bus); thermal throttling that actually happens is full evidence.
+GFS is their noisy-OR. The channel matrix is kept so every score can say why; channels
+with unit ``bool``/``celsius`` and score 0 (``warming``, ``headroom``) are data only.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from seamguard.assess.stats import noisy_or, ramp, robust_z
+from seamguard.assess.baselines import (Baselines, BaselineConfig, GpuBaseline, NicBaseline, alpha, count_up, ew,
+                                        floor_step, latency_step)
+from seamguard.assess.stats import group_median, noisy_or, ramp, robust_z
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
@@ -25,31 +33,61 @@ from seamguard.observe.history import History
 FATAL_XIDS = np.array([48, 74, 79, 94, 95, 119, 120])
 WARNING_XIDS = np.array([63, 64, 92])
 
+# Counters read as rates over ``rate_window_s`` (and the ones over ``flap_window_s``).
+RATE_COUNTERS = ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+                 "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                 "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                 "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                 "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                 "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION",
+                 "node_infiniband_symbol_error_total", "node_infiniband_port_errors_received_total",
+                 "node_infiniband_port_discards_transmitted_total", "node_infiniband_port_transmit_wait_total")
+FLAP_COUNTERS = ("node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total",
+                 "node_infiniband_local_link_integrity_errors_total")
+
 
 class EvidenceConfig(BaseModel):
     """Where each kind of evidence starts (score 0) and saturates (score 1)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    thermal_warn_headroom_c: float = Field(8.0, gt=0, description="GPU headroom to throttle where concern starts")
-    thermal_crit_headroom_c: float = Field(2.0, ge=0, description="GPU headroom to throttle where evidence saturates")
+    thermal_warn_headroom_c: float = Field(8.0, gt=0, description="headroom to throttle where drift becomes urgent")
+    thermal_crit_headroom_c: float = Field(2.0, ge=0, description="headroom to throttle where urgency saturates")
+    thermal_drift_z: tuple[float, float] = Field((3.0, 6.0), description="drift over the GPU's own noise (sigma)")
+    thermal_drift_c: tuple[float, float] = Field((1.0, 3.0), description="drift above own baseline (°C)")
+    thermal_drift_weight: float = Field(0.65, gt=0, le=1, description="score of saturated drift with no urgency")
+    time_to_throttle_s: tuple[float, float] = Field((900.0, 120.0), description="time to throttle at the drift's rate: urgency starts, saturates")
+    drift_noise_floor_c: float = Field(0.5, gt=0, description="smallest thermal noise (sensor resolution)")
+    throttle_fraction: tuple[float, float] = Field((0.01, 0.10), description="share of time thermally throttled, clocks down")
     clock_deficit: tuple[float, float] = Field((0.06, 0.20), description="SM clock below job-peer median (fraction)")
+    clock_offset_cap: float = Field(0.04, ge=0, description="most of a GPU's own steady clock deficit that is forgiven")
     compute_excess: tuple[float, float] = Field((0.08, 0.20), description="rank compute time above job-peer median")
-    peer_z: tuple[float, float] = Field((6.0, 10.0), description="robust z of a temperature against its peers")
+    power_violation: tuple[float, float] = Field((0.2, 0.5), description="share of time power-capped above own floor and job peers")
+    peer_z: tuple[float, float] = Field((6.0, 10.0), description="robust z of a rack's inlet against all racks")
     peer_z_floor_c: float = Field(0.5, gt=0, description="smallest temperature MAD (sensor resolution)")
-    gpu_r_th_c_per_w: float = Field(0.045, ge=0, description="die-to-coolant thermal resistance of the GPU model")
-    sbe_rate_per_h: tuple[float, float] = Field((60.0, 600.0), description="correctable ECC errors per hour")
+    gpu_r_th_c_per_w: float = Field(0.045, ge=0, description="die-to-coolant thermal resistance for the temp_peer_z data column")
+    sbe_rate_per_h: tuple[float, float] = Field((60.0, 600.0), description="correctable ECC errors per hour above own floor")
     remapped_rows: tuple[float, float] = Field((0.0, 2.0), description="rows remapped within the rate window")
+    pcie_replays_per_h: tuple[float, float] = Field((60.0, 480.0), description="PCIe replays per hour above own floor")
+    nvlink_crc_per_h: tuple[float, float] = Field((60.0, 600.0), description="NVLink CRC errors per hour above own floor")
+    nvlink_replay_per_h: tuple[float, float] = Field((6.0, 60.0), description="NVLink replays + recoveries per hour")
+    pending_score: float = Field(0.6, ge=0, le=1, description="score of a pending row remap / page retirement (needs a reset)")
     rate_window_s: float = Field(60.0, gt=0, description="window for error-counter rates")
     flaps: tuple[float, float] = Field((1.0, 3.0), description="link-down events within the flap window")
     flap_window_s: float = Field(300.0, gt=0, description="window for link flap counting (dampening)")
-    symbol_errors_per_h: tuple[float, float] = Field((100.0, 2000.0), description="IB symbol errors per hour")
+    link_recoveries: tuple[float, float] = Field((1.0, 4.0), description="link error recoveries within the flap window")
+    link_integrity: tuple[float, float] = Field((1.0, 3.0), description="local link integrity errors within the flap window")
+    symbol_errors_per_h: tuple[float, float] = Field((100.0, 2000.0), description="IB symbol errors per hour above own floor")
+    rcv_errors_per_h: tuple[float, float] = Field((60.0, 1200.0), description="IB received packets with errors per hour above own floor")
+    discards_per_h: tuple[float, float] = Field((600.0, 6000.0), description="IB transmit discards per hour above own floor")
+    congestion_ratio: tuple[float, float] = Field((4.0, 12.0), description="transmit wait over own baseline and the fleet median")
+    congestion_weight: float = Field(0.65, ge=0, le=1, description="most a congested port scores (congestion is not breakage)")
     link_down_hard_ticks: int = Field(3, ge=1, description="ticks a port stays down before it counts as failed")
-    latency_ratio: tuple[float, float] = Field((1.5, 3.0), description="link latency over the tier median")
+    latency_ratio: tuple[float, float] = Field((1.5, 3.0), description="link latency over the tier median and its own floor")
     latency_z_min: float = Field(6.0, description="robust z a link's latency must also exceed")
     flow_ratio: tuple[float, float] = Field((0.92, 0.80), description="coolant flow / rated: concern, saturation")
     supply_excess_c: tuple[float, float] = Field((2.0, 5.0), description="loop supply temp above peer median")
-    storage_latency_ratio: tuple[float, float] = Field((2.0, 4.0), description="write latency over path median")
+    storage_latency_ratio: tuple[float, float] = Field((2.0, 4.0), description="write latency over path median and own floor")
     storage_latency_ms: tuple[float, float] = Field((100.0, 400.0), description="absolute p99 write latency")
     facility_weight: float = Field(0.75, ge=0, le=1, description="share of a loop's GFS its GPUs inherit")
     missing_node_score: float = Field(0.6, ge=0, le=1, description="score of an entity that stopped reporting")
@@ -71,24 +109,36 @@ class Evidence:
     def gfs(self) -> np.ndarray:
         return noisy_or(self.score) if self.score.shape[1] else np.zeros(self.score.shape[0])
 
+    def column(self, channel: str) -> np.ndarray:
+        return self.value[:, self.channels.index(channel)]
+
+
+def _span_s(hist: History, frame: Frame, window_s: float, k: int) -> float:
+    # Never divide by less than the full window: a single count just after start-up
+    # must not read as a burst.
+    return max(frame.t_s - float(hist.times(k)[0]), window_s) if k else window_s
+
 
 def _rate_per_h(hist: History, name: str, frame: Frame, window_s: float) -> np.ndarray:
     """Counter increase per hour over ``window_s``, including the current frame."""
     cur = frame.get(name)
-    k = hist.ticks_for(window_s)
-    w = hist.window(name, k)
+    w = hist.window(name, hist.ticks_for(window_s))
     if w is None or w.shape[0] == 0:
         return np.zeros_like(cur)
-    # Never divide by less than the full window: a single count just after start-up
-    # must not read as a burst.
-    span_s = max(frame.t_s - float(hist.times(w.shape[0])[0]), window_s)
-    return _increase(w, cur) * 3600.0 / span_s
+    return _increase(w, cur) * 3600.0 / _span_s(hist, frame, window_s, w.shape[0])
 
 
 def _increase(w: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """Sum of increases over the rows (oldest first) and ``cur``.
+
+    A drop is a counter reset (an exporter or driver restart): counting restarts from
+    zero, so the new value is what accrued since the reset. A step across a missing
+    sample is not counted at all: a series that comes back after a gap (or appears
+    for the first time) at a high value is not a burst.
+    """
     rows = np.vstack([w, cur[None, :]])
     d = np.diff(rows, axis=0)
-    d = np.where(d < 0, rows[1:], d)  # a drop is a counter reset: count from zero
+    d = np.where(d < 0, rows[1:], d)
     return np.nansum(d, axis=0)
 
 
@@ -105,28 +155,182 @@ def _went_missing(hist: History, name: str, cur: np.ndarray) -> np.ndarray:
     return np.isnan(cur) & ~np.isnan(prev[-1])
 
 
+def _prev(hist: History, name: str, n: int) -> np.ndarray:
+    p = hist.window(name, 1)
+    return p[-1] if p is not None and p.shape[0] else np.full(n, np.nan)
+
+
 def _stack(cols: list[np.ndarray]) -> np.ndarray:
     return np.stack(cols, axis=1) if cols else np.zeros((0, 0))
 
 
+def _time_fraction(hist: History, name: str, frame: Frame, window_s: float) -> np.ndarray:
+    """Share of wall time a violation counter (microseconds) ran over the window; NaN if unseen."""
+    cur = frame.get(name)
+    w = hist.window(name, hist.ticks_for(window_s))
+    if w is None or w.shape[0] == 0 or not np.isfinite(cur).any():
+        return np.full_like(cur, np.nan)
+    span = max(frame.t_s - float(hist.times(w.shape[0])[0]), 1e-9)
+    inc = _increase(w, cur)
+    seen = np.isfinite(cur) & np.isfinite(w).any(axis=0)
+    return np.where(seen, np.clip(inc / (span * 1e6), 0.0, 1.0), np.nan)
+
+
+# ---- GPU -------------------------------------------------------------------------------------
+def _thermal(fleet: Fleet, frame: Frame, hist: History, base: Baselines, bcfg: BaselineConfig,
+             cfg: EvidenceConfig, learn: np.ndarray, dt_s: float):
+    """Die temperature against its own learned rise-over-coolant, rack common mode removed.
+
+    Returns (drift °C, z, warm mask, drift rate °C/s, updated GpuBaseline fields, fleet slope, its count).
+    """
+    g = base.gpu
+    temp = frame.get("DCGM_FI_DEV_GPU_TEMP")
+    power = frame.get("DCGM_FI_DEV_POWER_USAGE")
+    # The die lags power by its thermal time constant: judge it against power passed
+    # through that lag, and trust the prediction less while a power change settles.
+    kf = 1.0 - np.exp(-max(dt_s, 0.0) / bcfg.die_tau_s)
+    p_eff = np.where(np.isfinite(g.p_filt), g.p_filt + kf * (power - g.p_filt), power)
+    p_filt = np.where(np.isfinite(power), p_eff, g.p_filt).astype(np.float32)
+    unsettled = np.nan_to_num(np.abs(power - p_eff))
+    inlet = frame.get("seamguard_rack_inlet_temp_c")[fleet.gpu_rack] if fleet.count(Kind.RACK) else np.nan
+    supply = frame.get("seamguard_coolant_supply_temp_c")[fleet.gpu_loop] if fleet.count(Kind.COOLING_LOOP) else np.nan
+    ref = np.where(np.isfinite(inlet), inlet, np.where(np.isfinite(supply), supply, 0.0))
+    x = temp - ref
+    ok = np.isfinite(x) & np.isfinite(p_eff)
+
+    b0 = base.r_th
+    lam = bcfg.slope_prior_w ** 2
+    b = (g.px_cov + lam * b0) / (g.p_var + lam)
+    a = g.x_mean - b * g.p_mean
+    e = x - (a + b * p_eff)
+    warm = (g.n >= bcfg.warm_samples) & np.isfinite(g.x_mean)
+    # Common mode of the GPU's rack (same coolant, same rack heat): removed, so a
+    # coolant swing or a rack-wide load change is nobody's drift. A rack with fewer
+    # than 3 warm GPUs borrows its loop's.
+    ew_ = np.where(warm & ok, e, np.nan)
+    n_r, n_l = fleet.count(Kind.RACK), fleet.count(Kind.COOLING_LOOP)
+    c_rack = group_median(ew_, fleet.gpu_rack, n_r) if n_r else np.zeros(0)
+    cnt_rack = np.bincount(fleet.gpu_rack, weights=np.isfinite(ew_), minlength=n_r) if n_r else np.zeros(0)
+    c_loop = group_median(ew_, fleet.gpu_loop, n_l) if n_l else np.zeros(0)
+    c = np.where(cnt_rack[fleet.gpu_rack] >= 3, c_rack[fleet.gpu_rack], c_loop[fleet.gpu_loop]) \
+        if n_r and n_l else np.zeros(len(e))
+    c = np.nan_to_num(c, nan=0.0)
+    d = e - c
+    sb = bcfg.slope_spread * b0 * np.sqrt(lam / (g.p_var + lam))
+    sd = np.maximum(1.2533 * g.noise, cfg.drift_noise_floor_c)
+    sd_eff = np.sqrt(sd ** 2 + (sb * np.nan_to_num(p_eff - g.p_mean)) ** 2
+                     + (bcfg.transient_weight * b0 * unsettled) ** 2)
+    z = d / sd_eff
+
+    # Learn: winsorised to the baseline ± k sigma once warm; the common mode is not the GPU's.
+    k = bcfg.learn_clip_sigma
+    d_l = np.where(warm, np.clip(d, -k * sd_eff, k * sd_eff), d)
+    x_l = np.where(warm, a + b * p_eff + d_l, x - c)
+    lrn = learn & ok
+    al = alpha(g.n, dt_s, bcfg.half_life_s, bcfg.warm_samples)
+    dp = np.nan_to_num(p_eff - g.p_mean)
+    dx = np.nan_to_num(x_l - g.x_mean)
+    first = ~np.isfinite(g.p_mean)
+    p_mean = ew(g.p_mean, p_eff, al, lrn)
+    x_mean = ew(g.x_mean, x_l, al, lrn)
+    upd = lrn & ~first
+    p_var = np.where(upd, (1 - al) * (g.p_var + al * dp * dp), g.p_var).astype(np.float32)
+    px_cov = np.where(upd, (1 - al) * (g.px_cov + al * dp * dx), g.px_cov).astype(np.float32)
+    # The noise learns from ordinary samples only (an outlier is not noise).
+    an = alpha(g.n, dt_s, bcfg.noise_half_life_s, bcfg.warm_samples)
+    noise = ew(g.noise, np.abs(d), an, lrn & (~warm | (np.abs(d) <= k * sd_eff)))
+    n_new = count_up(g.n, lrn)
+    # Rate of change of the drift (°C/s), smoothed over a few samples.
+    rate_now = (d - g.drift) / max(dt_s, 1e-9)
+    drift_rate = np.where(np.isfinite(rate_now) & warm, g.drift_rate + 0.4 * (rate_now - g.drift_rate),
+                          np.where(warm, g.drift_rate, 0.0)).astype(np.float32)
+    drift_last = np.where(ok & warm, d, np.nan).astype(np.float32)
+
+    # The fleet's slope, across GPUs: busy quartile against idle quartile.
+    r_th, r_n = base.r_th, base.r_th_n
+    if ok.sum() >= 8:
+        pv, xv = p_eff[ok], x[ok]
+        lo_q, hi_q = np.quantile(pv, [0.25, 0.75])
+        lo, hi = pv <= lo_q, pv >= hi_q
+        gap = float(np.median(pv[hi]) - np.median(pv[lo]))
+        if gap >= bcfg.fleet_slope_min_split_w:
+            s_t = float(np.median(xv[hi]) - np.median(xv[lo])) / gap
+            if 0.0 < s_t < 1.0:
+                af = float(alpha(np.array([r_n]), dt_s, bcfg.half_life_s, bcfg.warm_samples)[0])
+                r_th, r_n = (r_th + af * (s_t - r_th)), r_n + 1
+    fields = dict(n=n_new, p_filt=p_filt, p_mean=p_mean, x_mean=x_mean, p_var=p_var, px_cov=px_cov, noise=noise,
+                  drift=drift_last, drift_rate=drift_rate)
+    return np.where(warm, d, np.nan), np.where(warm, z, np.nan), warm, drift_rate, fields, r_th, r_n
+
+
 def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
-                 loop_gfs: np.ndarray) -> Evidence:
+                 loop_gfs: np.ndarray, base: Baselines | None = None,
+                 bcfg: BaselineConfig | None = None, learn: np.ndarray | None = None,
+                 dt_s: float | None = None) -> tuple[Evidence, GpuBaseline, float, int]:
+    bcfg = bcfg or BaselineConfig()
+    base = base or Baselines.initial(fleet, bcfg)
+    dt_s = base.dt(frame.t_s, hist.tick_s) if dt_s is None else dt_s
     n = fleet.count(Kind.GPU)
+    learn = np.ones(n, dtype=bool) if learn is None else learn
+    g = base.gpu
     temp = frame.get("DCGM_FI_DEV_GPU_TEMP")
     clock = frame.get("DCGM_FI_DEV_SM_CLOCK")
     compute = frame.get("seamguard_rank_compute_seconds")
     xid = frame.get("DCGM_FI_DEV_XID_ERRORS")
+    power = frame.get("DCGM_FI_DEV_POWER_USAGE")
 
-    headroom = fleet.gpu_throttle_temp_c - temp
-    s_headroom = ramp(cfg.thermal_warn_headroom_c - headroom, 0.0,
-                      cfg.thermal_warn_headroom_c - cfg.thermal_crit_headroom_c)
+    # Facilities first-class: a loop losing flow raises the risk of every GPU it cools.
+    loop_share = cfg.facility_weight * loop_gfs[fleet.gpu_loop]
+    # Root cause: thermal symptoms on a loop that is itself in trouble are the loop's,
+    # not each GPU's; the loop's share stands for them.
+    explained = loop_share >= 0.3
 
-    # Peers: GPUs of the same job (idle GPUs form group 0); a rack for temperatures.
+    # Peers: GPUs of the same job (idle GPUs form group 0).
     job_group = fleet.gpu_job + 1
     n_jobs = len(fleet.job_names) + 1
     _, clock_med = robust_z(clock, job_group, n_jobs, floor=5.0)
-    deficit = 1.0 - clock / clock_med
+    rel = clock / clock_med
+    raw_deficit = 1.0 - rel
+
+    # Thermal throttling that happens: the violation counter runs and the clock is down.
+    viol = _time_fraction(hist, "DCGM_FI_DEV_THERMAL_VIOLATION", frame, cfg.rate_window_s)
+    headroom = fleet.gpu_throttle_temp_c - temp
+    clock_down = raw_deficit >= cfg.clock_deficit[0]
+    throttling = np.where(np.isfinite(viol), (viol > 0) & clock_down, (headroom <= 0.5) & clock_down)
+    s_throttle = np.where(throttling, np.where(np.isfinite(viol), ramp(viol, *cfg.throttle_fraction), 1.0), 0.0)
+    s_throttle = np.where(throttling, np.maximum(s_throttle, 0.5), 0.0)
+
+    # Own baseline: thermal drift. A throttling GPU or one on a loop in trouble does not teach it.
+    drift, z_drift, warm, drift_rate, tfields, r_th, r_n = _thermal(
+        fleet, frame, hist, base, bcfg, cfg, learn & ~throttling & ~explained, dt_s)
+    strength = np.minimum(ramp(z_drift, *cfg.thermal_drift_z), ramp(drift, *cfg.thermal_drift_c))
+    u_head = ramp(cfg.thermal_warn_headroom_c - headroom, 0.0, cfg.thermal_warn_headroom_c - cfg.thermal_crit_headroom_c)
+    rising = (drift_rate > 0) & (headroom > 0)
+    ttt = np.where(rising, headroom / np.maximum(drift_rate, 1e-9), np.inf)
+    t_warn, t_crit = cfg.time_to_throttle_s
+    u_ttt = np.where(rising, ramp(t_warn - ttt, 0.0, t_warn - t_crit), 0.0)
+    urgency = np.maximum(u_head, u_ttt)
+    w = cfg.thermal_drift_weight
+    s_drift = strength * (w + (1.0 - w) * urgency)
+
+    # Against the rack, what power does not explain: shown as data, never scored. Without a
+    # history a GPU that always runs hot cannot be told from one that just got hot; its own
+    # baseline (which knows its spread) and throttling that happens are what count.
+    residual = temp - cfg.gpu_r_th_c_per_w * np.nan_to_num(power, nan=0.0)
+    z_temp, _ = robust_z(residual, fleet.gpu_rack, fleet.count(Kind.RACK), floor=cfg.peer_z_floor_c)
+    s_temp_peer = np.zeros(n)
+
+    # Clocks against job peers, less the GPU's own steady offset (silicon spread) once learned.
+    busy = (fleet.gpu_job >= 0) & np.isfinite(rel)
+    cw = g.clock_n >= bcfg.warm_samples
+    offset = np.where(cw, np.clip(1.0 - np.nan_to_num(g.clock_rel, nan=1.0), 0.0, cfg.clock_offset_cap), 0.0)
+    deficit = raw_deficit - offset
     s_clock = ramp(deficit, *cfg.clock_deficit)
+    clearn = learn & busy & ~throttling & ~explained & (s_clock < 0.2)
+    c_sample = np.where(cw, np.clip(rel, g.clock_rel - bcfg.clock_clip, g.clock_rel + bcfg.clock_clip), rel)
+    clock_rel_new = ew(g.clock_rel, c_sample, alpha(g.clock_n, dt_s, bcfg.half_life_s, bcfg.warm_samples), clearn)
+    clock_n_new = count_up(g.clock_n, clearn & np.isfinite(rel))
+
     # Normalise compute time by the GPU's clock against its peers': a throttled GPU is
     # slow because of its clock (thermal evidence covers it); a fail-slow GPU is slow at
     # full clock, which is what this channel is for.
@@ -134,31 +338,55 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     z_comp, comp_med = robust_z(compute, job_group, n_jobs, floor=1e-3)
     excess = compute / comp_med - 1.0
     s_compute = np.where(z_comp >= 4.0, ramp(excess, *cfg.compute_excess), 0.0)
-    # Compare what power does not explain: die temperature minus the rise its own power
-    # causes, against the rest of its rack (same coolant). A bad thermal interface or a
-    # blocked cold plate stands out; a busy GPU next to an idle one does not.
-    power = frame.get("DCGM_FI_DEV_POWER_USAGE")
-    residual = temp - cfg.gpu_r_th_c_per_w * np.nan_to_num(power, nan=0.0)
-    z_temp, _ = robust_z(residual, fleet.gpu_rack, fleet.count(Kind.RACK), floor=cfg.peer_z_floor_c)
-    s_temp_peer = ramp(z_temp, *cfg.peer_z)
 
-    # Facilities first-class: a loop losing flow raises the risk of every GPU it cools.
-    loop_share = cfg.facility_weight * loop_gfs[fleet.gpu_loop]
-    # Root cause: thermal symptoms on a loop that is itself in trouble are the loop's,
-    # not each GPU's; the loop's share stands for them, so a failing loop degrades its
-    # GPUs (and moves critical work away) without quarantining every node on it.
-    explained = loop_share >= 0.3
-    s_headroom = np.where(explained, 0.0, s_headroom)
+    s_throttle = np.where(explained, 0.0, s_throttle)
+    s_drift = np.where(explained, 0.0, s_drift)
     s_clock = np.where(explained, 0.0, s_clock)
     s_temp_peer = np.where(explained, 0.0, s_temp_peer)
 
+    # Power capping above the GPU's own floor and its job peers', with the clock down: a
+    # power brake. A job-wide cap (an operator's power limit) moves the peers too.
+    cnt_warm = g.counter_n >= bcfg.warm_samples
+    pv = _time_fraction(hist, "DCGM_FI_DEV_POWER_VIOLATION", frame, cfg.rate_window_s)
+    pv_med = group_median(pv, job_group, n_jobs)[job_group]
+    pv_excess = np.minimum(pv - g.power_viol_floor, pv - np.nan_to_num(pv_med, nan=0.0))
+    s_power = np.where(cnt_warm & clock_down, w * ramp(pv_excess, *cfg.power_violation), 0.0)
+
+    # Error counters: rates above the GPU's own floor (the floor counts once warm).
+    def above(rate: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        return rate - np.where(cnt_warm, floor, 0.0)
+
     sbe = _rate_per_h(hist, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", frame, cfg.rate_window_s)
-    s_sbe = ramp(sbe, *cfg.sbe_rate_per_h)
+    s_sbe = ramp(above(sbe, g.sbe_floor), *cfg.sbe_rate_per_h)
     remap = _count(hist, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", frame, cfg.rate_window_s)
     s_remap = ramp(remap, *cfg.remapped_rows)
+    pcie = _rate_per_h(hist, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", frame, cfg.rate_window_s)
+    s_pcie = ramp(above(pcie, g.pcie_floor), *cfg.pcie_replays_per_h)
+    crc = (_rate_per_h(hist, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s)
+           + _rate_per_h(hist, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s))
+    replay = (_rate_per_h(hist, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s)
+              + _rate_per_h(hist, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s))
+    s_nvlink = noisy_or(np.stack([ramp(above(crc, g.nvlink_floor), *cfg.nvlink_crc_per_h),
+                                  ramp(replay, *cfg.nvlink_replay_per_h)], axis=1))
 
-    prev = hist.window("DCGM_FI_DEV_XID_ERRORS", 1)
-    prev_xid = prev[-1] if prev is not None and prev.shape[0] else np.full(n, np.nan)
+    # Uncorrectable errors: a double-bit error (or a page retired for one) appearing is hard.
+    dbe = _count(hist, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", frame, cfg.rate_window_s) + \
+        _count(hist, "DCGM_FI_DEV_RETIRED_DBE", frame, cfg.rate_window_s)
+    dbe_event = dbe > 0
+    s_dbe = np.where(dbe_event, 1.0, 0.0)
+    # Memory that needs a reset (a remap or a retirement pending, rows remapped after an
+    # uncorrectable error) is degraded; a failed remap (no spare rows left) is hard.
+    pending = (np.nan_to_num(frame.get("DCGM_FI_DEV_ROW_REMAP_PENDING")) >= 1) | \
+        (np.nan_to_num(frame.get("DCGM_FI_DEV_RETIRED_PENDING")) >= 1) | \
+        (_count(hist, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", frame, cfg.rate_window_s) > 0) | \
+        (_count(hist, "DCGM_FI_DEV_RETIRED_SBE", frame, cfg.rate_window_s) > 0)
+    rfail = frame.get("DCGM_FI_DEV_ROW_REMAP_FAILURE")
+    remap_failed = np.nan_to_num(rfail) >= 1
+    rfail_prev = _prev(hist, "DCGM_FI_DEV_ROW_REMAP_FAILURE", n)
+    remap_failed_now = remap_failed & ~(np.nan_to_num(rfail_prev, nan=1.0) >= 1)
+    s_row = np.where(remap_failed, 1.0, np.where(pending, cfg.pending_score, 0.0))
+
+    prev_xid = _prev(hist, "DCGM_FI_DEV_XID_ERRORS", n)
     changed = (xid != prev_xid) & ~np.isnan(xid)
     fatal_level = np.isin(xid, FATAL_XIDS)
     s_xid = np.where(np.isin(xid, WARNING_XIDS) & changed, 0.7, 0.0)
@@ -171,54 +399,149 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     went = _went_missing(hist, "DCGM_FI_DEV_GPU_TEMP", temp)
     s_missing = np.where(off_bus, 1.0, np.where(gone, cfg.missing_node_score, 0.0))
 
-    score = _stack([s_headroom, loop_share, s_clock, s_compute, s_temp_peer, s_sbe, s_remap, s_xid, s_missing])
-    value = _stack([headroom, loop_gfs[fleet.gpu_loop], deficit, excess, z_temp, sbe, remap, xid,
-                    gone.astype(float)])
-    return Evidence(
-        kind=Kind.GPU,
-        channels=("thermal_headroom", "cooling_loop", "clock_deficit", "compute_excess", "temp_peer_z",
-                  "sbe_rate", "remapped_rows", "xid", "missing"),
-        units=("celsius", "gfs", "fraction", "fraction", "z", "per_hour", "rows", "xid", "bool"),
-        score=score, value=value,
-        hard_event=(changed & fatal_level) | (off_bus & went),
-        hard_level=fatal_level | off_bus,
+    # Counter floors learn from samples whose channel is quiet.
+    clearn_cnt = learn & ~gone
+    ac = alpha(g.counter_n, dt_s, bcfg.half_life_s, bcfg.warm_samples)
+    m = bcfg.counter_floor_margin
+    sbe_floor = floor_step(g.sbe_floor, sbe, ac, clearn_cnt & (s_sbe < 0.2), m * cfg.sbe_rate_per_h[0])
+    pcie_floor = floor_step(g.pcie_floor, pcie, ac, clearn_cnt & (s_pcie < 0.2), m * cfg.pcie_replays_per_h[0])
+    nvlink_floor = floor_step(g.nvlink_floor, crc, ac, clearn_cnt & (s_nvlink < 0.2), m * cfg.nvlink_crc_per_h[0])
+    pv_floor = floor_step(g.power_viol_floor, pv, ac, clearn_cnt & (s_power < 0.2) & np.isfinite(pv),
+                          m * cfg.power_violation[0])
+    counter_n = count_up(g.counter_n, clearn_cnt)
+
+    new = GpuBaseline(clock_n=clock_n_new, clock_rel=clock_rel_new, counter_n=counter_n, sbe_floor=sbe_floor,
+                      pcie_floor=pcie_floor, nvlink_floor=nvlink_floor, power_viol_floor=pv_floor, **tfields)
+    warming = (~warm).astype(float)
+    cols = [
+        ("thermal_throttle", "fraction", s_throttle, np.nan_to_num(viol, nan=throttling.astype(float))),
+        ("thermal_drift", "celsius", s_drift, drift),
+        ("cooling_loop", "gfs", loop_share, loop_gfs[fleet.gpu_loop]),
+        ("clock_deficit", "fraction", s_clock, deficit),
+        ("compute_excess", "fraction", s_compute, excess),
+        ("temp_peer_z", "z", s_temp_peer, z_temp),
+        ("power_violation", "fraction", s_power, pv_excess),
+        ("sbe_rate", "per_hour", s_sbe, sbe),
+        ("remapped_rows", "rows", s_remap, remap),
+        ("pcie_replays", "per_hour", s_pcie, pcie),
+        ("nvlink_errors", "per_hour", s_nvlink, crc + replay),
+        ("ecc_uncorrectable", "errors", s_dbe, dbe),
+        ("row_remap", "state", s_row, pending + 2.0 * remap_failed),
+        ("xid", "xid", s_xid, xid),
+        ("missing", "bool", s_missing, gone.astype(float)),
+        ("headroom", "celsius", np.zeros(n), headroom),
+        ("warming", "bool", np.zeros(n), warming),
+    ]
+    ev = Evidence(
+        kind=Kind.GPU, channels=tuple(c[0] for c in cols), units=tuple(c[1] for c in cols),
+        score=_stack([c[2] for c in cols]), value=_stack([np.asarray(c[3], dtype=float) for c in cols]),
+        hard_event=(changed & fatal_level) | (off_bus & went) | dbe_event | remap_failed_now,
+        hard_level=fatal_level | off_bus | dbe_event | remap_failed,
     )
+    return ev, new, r_th, r_n
 
 
-def nic_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig) -> Evidence:
+# ---- NIC -------------------------------------------------------------------------------------
+def nic_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
+                 base: Baselines | None = None, bcfg: BaselineConfig | None = None,
+                 learn: np.ndarray | None = None, dt_s: float | None = None) -> tuple[Evidence, NicBaseline]:
+    bcfg = bcfg or BaselineConfig()
+    base = base or Baselines.initial(fleet, bcfg)
+    dt_s = base.dt(frame.t_s, hist.tick_s) if dt_s is None else dt_s
+    b = base.nic
+    n = fleet.count(Kind.NIC)
+    learn = np.ones(n, dtype=bool) if learn is None else learn
     state = frame.get("node_infiniband_state_id")
-    down = ~np.isnan(state) & (state != 4)
-    w = hist.window("node_infiniband_state_id", cfg.link_down_hard_ticks - 1)
-    if w is not None and w.shape[0] == cfg.link_down_hard_ticks - 1:
-        rows = np.vstack([w, state[None, :]])
-        down_for_good = (~np.isnan(rows) & (rows != 4)).all(axis=0)
+    phys = frame.get("node_infiniband_physical_state_id")
+
+    def is_down(st: np.ndarray, ph: np.ndarray) -> np.ndarray:
+        return (~np.isnan(st) & (st != 4)) | (~np.isnan(ph) & (ph != 5))
+
+    down = is_down(state, phys)
+    k = cfg.link_down_hard_ticks - 1
+    ws, wp = hist.window("node_infiniband_state_id", k), hist.window("node_infiniband_physical_state_id", k)
+    if k == 0:
+        down_for_good = down
+    elif ws is not None and ws.shape[0] == k:
+        wp = wp if wp is not None and wp.shape == ws.shape else np.full_like(ws, np.nan)
+        down_for_good = down & is_down(ws, wp).all(axis=0)
     else:
-        down_for_good = np.zeros_like(down) if cfg.link_down_hard_ticks > 1 else down
+        down_for_good = np.zeros_like(down)
+    warm = b.n >= bcfg.warm_samples
+
+    def above(rate: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        return rate - np.where(warm, floor, 0.0)
+
     flaps = _count(hist, "node_infiniband_link_downed_total", frame, cfg.flap_window_s)
+    recov = _count(hist, "node_infiniband_link_error_recovery_total", frame, cfg.flap_window_s)
+    integ = _count(hist, "node_infiniband_local_link_integrity_errors_total", frame, cfg.flap_window_s)
     symbol = _rate_per_h(hist, "node_infiniband_symbol_error_total", frame, cfg.rate_window_s)
+    rcv = _rate_per_h(hist, "node_infiniband_port_errors_received_total", frame, cfg.rate_window_s)
+    disc = _rate_per_h(hist, "node_infiniband_port_discards_transmitted_total", frame, cfg.rate_window_s)
+    wait = _rate_per_h(hist, "node_infiniband_port_transmit_wait_total", frame, cfg.rate_window_s) / 3600.0
     s_down = np.where(down, 0.6, 0.0)
     s_flaps = ramp(flaps, *cfg.flaps)
-    s_symbol = ramp(symbol, *cfg.symbol_errors_per_h)
+    s_symbol = ramp(above(symbol, b.symbol_floor), *cfg.symbol_errors_per_h)
+    s_errors = noisy_or(np.stack([ramp(recov, *cfg.link_recoveries), ramp(integ, *cfg.link_integrity),
+                                  ramp(above(rcv, b.rcv_err_floor), *cfg.rcv_errors_per_h)], axis=1))
+    # Congestion (incast, a hot spine): waiting for credits far more than its own normal and
+    # than the fleet's, or dropping what it cannot send. Scored as a degraded port at most.
+    reporting = np.isfinite(frame.get("node_infiniband_port_transmit_wait_total"))
+    fleet_med = float(np.median(wait[reporting])) if reporting.any() else 0.0
+    eps = max(fleet_med, 1.0) * 0.1
+    r_peer = (wait + eps) / (fleet_med + eps)
+    r_own = np.where(warm & np.isfinite(b.wait_rate), (wait + eps) / (np.nan_to_num(b.wait_rate) + eps), r_peer)
+    ratio = np.where(reporting, np.minimum(r_peer, r_own), 0.0)
+    s_cong = cfg.congestion_weight * np.maximum(ramp(ratio, *cfg.congestion_ratio),
+                                                ramp(above(disc, b.discard_floor), *cfg.discards_per_h))
     gone = np.isnan(state)
     s_missing = np.where(gone, cfg.missing_node_score, 0.0)
-    return Evidence(
+
+    ok = learn & ~gone & ~down
+    a = alpha(b.n, dt_s, bcfg.half_life_s, bcfg.warm_samples)
+    m = bcfg.counter_floor_margin
+    wait_sample = np.where(warm & np.isfinite(b.wait_rate),
+                           np.minimum(wait, np.nan_to_num(b.wait_rate) * cfg.congestion_ratio[0] / 2 + eps), wait)
+    new = NicBaseline(
+        n=count_up(b.n, ok),
+        symbol_floor=floor_step(b.symbol_floor, symbol, a, ok & (s_symbol < 0.2), m * cfg.symbol_errors_per_h[0]),
+        rcv_err_floor=floor_step(b.rcv_err_floor, rcv, a, ok & (s_errors < 0.2), m * cfg.rcv_errors_per_h[0]),
+        discard_floor=floor_step(b.discard_floor, disc, a, ok & (s_cong < 0.2), m * cfg.discards_per_h[0]),
+        wait_rate=ew(b.wait_rate, wait_sample, a, ok & reporting & (s_cong < 0.2)),
+    )
+    n_w = (~warm).astype(float)
+    ev = Evidence(
         kind=Kind.NIC,
-        channels=("link_down", "flaps", "symbol_errors", "missing"),
-        units=("state", "events", "per_hour", "bool"),
-        score=_stack([s_down, s_flaps, s_symbol, s_missing]),
-        value=_stack([state, flaps, symbol, gone.astype(float)]),
+        channels=("link_down", "flaps", "symbol_errors", "link_errors", "congestion", "missing", "warming"),
+        units=("state", "events", "per_hour", "events", "ratio", "bool", "bool"),
+        score=_stack([s_down, s_flaps, s_symbol, s_errors, s_cong, s_missing, np.zeros(n)]),
+        value=_stack([state, flaps, symbol, recov + integ, ratio, gone.astype(float), n_w]),
         hard_event=down_for_good, hard_level=down_for_good,
     )
+    return ev, new
 
 
-def link_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
+# ---- links, facilities, storage ----------------------------------------------------------------
+def link_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselines | None = None,
+                  bcfg: BaselineConfig | None = None, learn: np.ndarray | None = None,
+                  dt_s: float = 0.0):
+    bcfg = bcfg or BaselineConfig()
+    base = base or Baselines.initial(fleet, bcfg)
     lat = frame.get("seamguard_fabric_link_latency_us")
+    n = len(lat)
     tier = (fleet.link_nic < 0).astype(np.int64)  # 0: NIC-leaf, 1: leaf-spine
     z, med = robust_z(lat, tier, 2, floor=0.05)
     ratio = lat / med
-    s = np.where(z >= cfg.latency_z_min, ramp(ratio, *cfg.latency_ratio), 0.0)
-    none = np.zeros(len(lat), dtype=bool)
-    return Evidence(Kind.LINK, ("latency",), ("ratio",), _stack([s]), _stack([ratio]), none, none)
+    s_peer = np.where(z >= cfg.latency_z_min, ramp(ratio, *cfg.latency_ratio), 0.0)
+    learn = np.ones(n, dtype=bool) if learn is None else learn
+    new, own, warm = latency_step(base.link, lat, learn & (s_peer < 0.2), dt_s, bcfg)
+    # Slower than its tier *and* than its own floor: a link that was always a little
+    # slower (longer cable, other optics) is its own normal.
+    s = np.where(warm, np.minimum(s_peer, ramp(own, *cfg.latency_ratio)), s_peer)
+    none = np.zeros(n, dtype=bool)
+    return Evidence(Kind.LINK, ("latency", "latency_own", "warming"), ("ratio", "ratio", "bool"),
+                    _stack([s, np.zeros(n), np.zeros(n)]), _stack([ratio, own, (~warm).astype(float)]),
+                    none, none), new
 
 
 def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
@@ -249,13 +572,25 @@ def rack_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
     return Evidence(Kind.RACK, ("inlet_peer_z",), ("z",), _stack([s]), _stack([z]), none, none)
 
 
-def storage_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
+def storage_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselines | None = None,
+                     bcfg: BaselineConfig | None = None, learn: np.ndarray | None = None,
+                     dt_s: float = 0.0):
+    bcfg = bcfg or BaselineConfig()
+    base = base or Baselines.initial(fleet, bcfg)
     lat = frame.get("seamguard_storage_write_latency_ms")
     n = len(lat)
     med = np.nanmedian(lat) if np.isfinite(lat).any() else np.nan
     ratio = lat / med
-    s_rel = ramp(ratio, *cfg.storage_latency_ratio) if n >= 3 else np.zeros(n)
+    s_peer = ramp(ratio, *cfg.storage_latency_ratio) if n >= 3 else np.zeros(n)
     s_abs = ramp(lat, *cfg.storage_latency_ms)
+    learn = np.ones(n, dtype=bool) if learn is None else learn
+    new, own, warm = latency_step(base.storage, lat, learn & (s_peer < 0.2) & (s_abs < 0.2), dt_s, bcfg)
+    # Slower than the other paths *and* than its own floor (a path on slower hardware is
+    # its own normal); with fewer than 3 paths there are no peers, so its own floor alone.
+    s_own = ramp(own, *cfg.storage_latency_ratio)
+    s_rel = np.where(warm, np.minimum(s_peer, s_own) if n >= 3 else s_own, s_peer)
     none = np.zeros(n, dtype=bool)
-    return Evidence(Kind.STORAGE, ("latency_ratio", "latency_ms"), ("ratio", "milliseconds"),
-                    _stack([s_rel, s_abs]), _stack([ratio, lat]), none, none)
+    return Evidence(Kind.STORAGE, ("latency_ratio", "latency_ms", "latency_own", "warming"),
+                    ("ratio", "milliseconds", "ratio", "bool"),
+                    _stack([s_rel, s_abs, np.zeros(n), np.zeros(n)]),
+                    _stack([ratio, lat, own, (~warm).astype(float)]), none, none), new

@@ -21,6 +21,8 @@ class FaultKind(str, Enum):
     GPU_ECC_ESCALATION = "gpu_ecc_escalation"  # correctable errors climb to a fatal XID
     NIC_FLAP = "nic_flap"  # a NIC link flaps down/up repeatedly
     GPU_FAIL_SLOW = "gpu_fail_slow"  # a GPU computes slower than its peers, clocks look fine
+    GPU_THERMAL_INTERFACE = "gpu_thermal_interface"  # paste/contact degrades: hotter at the same power
+    GPU_PCIE_REPLAY = "gpu_pcie_replay"  # a bad riser/retimer: PCIe replays climb
 
 
 ENTITY_KIND = {
@@ -30,6 +32,8 @@ ENTITY_KIND = {
     FaultKind.GPU_ECC_ESCALATION: Kind.GPU,
     FaultKind.NIC_FLAP: Kind.NIC,
     FaultKind.GPU_FAIL_SLOW: Kind.GPU,
+    FaultKind.GPU_THERMAL_INTERFACE: Kind.GPU,
+    FaultKind.GPU_PCIE_REPLAY: Kind.GPU,
 }
 
 
@@ -44,7 +48,9 @@ class FaultSpec:
     magnitude: float = 1.0
     # cooling: flow fraction reached at the end of the ramp; latency: multiplier;
     # storage: latency multiplier; ECC: seconds from start to the fatal XID;
-    # flap: seconds between flaps; fail-slow: speed factor (< 1).
+    # flap: seconds between flaps; fail-slow: speed factor (< 1); thermal interface: the
+    # GPU's thermal resistance multiplier at the end of the ramp; PCIe replay: replays per
+    # hour at the end of the ramp.
     ramp_s: float = 600.0
 
     @property
@@ -63,7 +69,7 @@ class FaultTruth:
     entity: str
     affected: dict[Kind, set[int]] = field(default_factory=dict)
     hard_failure_s: float | None = None  # when the fault became a hard failure (ECC)
-    throttle_s: float | None = None  # when the first GPU clock dropped (cooling)
+    throttle_s: float | None = None  # when the first GPU clock dropped (cooling, thermal interface)
     remaps: int = 0  # HBM rows remapped so far (ECC escalation)
 
 

@@ -46,6 +46,13 @@ class TwinConfig:
     flap_down_s: float = 8.0  # HPN: a flap on a single path stalls training > 9 s with recovery
     sbe_base_per_h: float = 0.5
     temp_noise_c: float = 0.4
+    # Hardware spread between GPUs of one model (fixed per GPU for a run): die-to-coolant
+    # thermal resistance (paste, cold-plate contact), full-load power, boost clock.
+    r_th_spread: float = 0.04  # relative standard deviation
+    power_spread: float = 0.03
+    clock_spread: float = 0.01
+    warm_gpu_share: float = 0.03  # GPUs that run a few °C below throttle, healthy and steady
+    warm_below_throttle_c: tuple[float, float] = (4.0, 5.0)  # their full-load distance to throttle (nominal coolant)
     storage_latency_ms: float = 8.0
     link_latency_us: float = 2.0
 
@@ -77,14 +84,31 @@ class Twin:
         n_g, n_n, n_nic, n_l = f.count(Kind.GPU), f.count(Kind.NODE), f.count(Kind.NIC), f.count(Kind.LINK)
         self.gpu_job = f.gpu_job.copy()
         self._placed = f  # the Fleet handed out for the current placement
-        self.gpu_offset_c = rng.normal(0.0, 1.2, n_g)  # paste/mounting spread, fixed per GPU
+        self.gpu_offset_c = rng.normal(0.0, 1.2, n_g)  # sensor/mounting offset, fixed per GPU
         self.loop_offset_c = rng.normal(0.0, 0.3, f.count(Kind.COOLING_LOOP))
+        c = self.cfg
+
+        def spread(rel: float) -> np.ndarray:
+            return 1.0 + np.clip(rng.normal(0.0, rel, n_g), -3 * rel, 3 * rel)
+
+        self.gpu_r_th = c.gpu_r_th_c_per_w * spread(c.r_th_spread)
+        self.gpu_power_scale = spread(c.power_spread)
+        self.gpu_clock_scale = np.minimum(spread(c.clock_spread), 1.0 + c.clock_spread)
+        # Some GPUs run warm: a few °C below their throttle point at full load on nominal
+        # coolant, steady (a worse slot in the rack, a thicker paste line). Not a fault.
+        warm = rng.random(n_g) < c.warm_gpu_share
+        p_full = (100.0 + (f.gpu_tdp_w - 120.0)) * self.gpu_power_scale
+        nominal = c.supply_temp_c + 0.5 * c.rack_rise_nominal_c + p_full * self.gpu_r_th
+        want = f.gpu_throttle_temp_c - rng.uniform(*c.warm_below_throttle_c, n_g)
+        self.gpu_offset_c = np.where(warm, want - nominal, self.gpu_offset_c)
+        self.gpu_warm = warm
+        self.gpu_pcie_replays = rng.integers(0, 20, n_g).astype(float)
         self.gpu_temp_c = np.full(n_g, self.cfg.supply_temp_c + 30.0)
         self.gpu_clock_frac = np.ones(n_g)
         self.gpu_sbe = rng.integers(0, 50, n_g).astype(float)
         self.gpu_remap = rng.integers(0, 3, n_g).astype(float)
         self.gpu_xid = np.zeros(n_g)
-        self.gpu_thermal_ns = np.zeros(n_g)
+        self.gpu_thermal_us = np.zeros(n_g)
         self.gpu_dead = np.zeros(n_g, dtype=bool)
         self.gpu_off_bus = np.zeros(n_g, dtype=bool)  # stops reporting altogether
         self.gpu_overheat_s = np.zeros(n_g)
@@ -178,7 +202,7 @@ class Twin:
         dt = c.tick_s
         self.t_s += dt
         t = self.t_s
-        flow_frac, link_mult, self._storage_mult, speed, sbe_rate_h = self._fault_effects(t)
+        flow_frac, link_mult, self._storage_mult, speed, sbe_rate_h, tim, replay_h = self._fault_effects(t)
         self._flaps(t)
 
         # Load: training runs flat out; inference load follows demand.
@@ -194,7 +218,8 @@ class Twin:
         util = np.where(placed & ~self.gpu_dead, np.clip(util + 0.02 * self.rng.standard_normal(len(util)), 0, 1), 0.0)
 
         # Thermal: rack coolant rise from rack power and loop flow; die temp on top.
-        power_w = np.where(util > 0, 100.0 + (f.gpu_tdp_w - 120.0) * util * self.gpu_clock_frac, 70.0)
+        power_w = np.where(util > 0, 100.0 + (f.gpu_tdp_w - 120.0) * util * self.gpu_clock_frac, 70.0) * \
+            self.gpu_power_scale
         rack_power = np.bincount(f.gpu_rack, weights=power_w, minlength=f.count(Kind.RACK))
         gpus_per_rack = np.bincount(f.gpu_rack, minlength=f.count(Kind.RACK))
         rack_nominal = np.maximum(gpus_per_rack, 1) * 600.0
@@ -202,7 +227,7 @@ class Twin:
         supply = c.supply_temp_c + diurnal + self.loop_offset_c
         rise = c.rack_rise_nominal_c * (rack_power / rack_nominal) / flow_frac[f.rack_loop]
         rack_inlet = supply[f.rack_loop]
-        target = rack_inlet[f.gpu_rack] + 0.5 * rise[f.gpu_rack] + power_w * c.gpu_r_th_c_per_w + self.gpu_offset_c
+        target = rack_inlet[f.gpu_rack] + 0.5 * rise[f.gpu_rack] + power_w * self.gpu_r_th * tim + self.gpu_offset_c
         over = target - f.gpu_throttle_temp_c
         clock_frac = np.clip(1.0 - c.throttle_slope_per_c * np.maximum(over, 0.0), 0.35, 1.0)
         held = np.minimum(target, f.gpu_throttle_temp_c + 1.0)
@@ -211,7 +236,7 @@ class Twin:
         self.gpu_temp_c += alpha * (held - self.gpu_temp_c)
         throttled = (clock_frac < 0.999) & (self.gpu_temp_c >= f.gpu_throttle_temp_c - 0.5)
         self.gpu_clock_frac = np.where(throttled, clock_frac, 1.0)
-        self.gpu_thermal_ns += throttled * dt * 1e9
+        self.gpu_thermal_us += throttled * dt * 1e6  # dcgm-exporter reports microseconds
         self._record_throttle(throttled, t)
         # Past the bottom of its clock range a GPU cannot shed more heat: it overheats
         # until the driver's thermal shutdown takes it off the bus.
@@ -225,6 +250,7 @@ class Twin:
 
         # Errors: correctable ECC as a Poisson process, fatal XID at the end of an escalation.
         self.gpu_sbe += self.rng.poisson(sbe_rate_h * dt / 3600.0)
+        self.gpu_pcie_replays += self.rng.poisson(replay_h * dt / 3600.0)
         self._ecc_progress(t)
 
         # Jobs.
@@ -239,6 +265,8 @@ class Twin:
         storage = np.ones(f.count(Kind.STORAGE))
         speed = np.ones(f.count(Kind.GPU))
         sbe = np.full(f.count(Kind.GPU), self.cfg.sbe_base_per_h)
+        tim = np.ones(f.count(Kind.GPU))
+        replay = np.full(f.count(Kind.GPU), 0.2)  # a healthy link replays now and then
         for s in self.faults:
             if not s.active(t):
                 continue
@@ -251,6 +279,13 @@ class Twin:
                 storage[s.index] = 1.0 + (s.magnitude - 1.0) * min(1.0, (t - s.start_s) / 120.0)
             elif s.kind == FaultKind.GPU_FAIL_SLOW:
                 speed[s.index] = s.magnitude
+            elif s.kind == FaultKind.GPU_THERMAL_INTERFACE:
+                tim[s.index] = 1.0 + (s.magnitude - 1.0) * ramp
+            elif s.kind == FaultKind.GPU_PCIE_REPLAY:
+                # Replays climb to ``magnitude`` per hour; each one stalls the GPU's DMA, so
+                # the rank slows by up to 4 % at the top of the climb.
+                replay[s.index] = s.magnitude * ramp
+                speed[s.index] = 1.0 - 0.04 * ramp
             elif s.kind == FaultKind.GPU_ECC_ESCALATION:
                 p = min(1.0, (t - s.start_s) / s.magnitude)
                 sbe[s.index] = 30.0 * 100.0 ** p
@@ -259,7 +294,7 @@ class Twin:
         for s in self.faults:  # a flapping NIC stops flapping when its fault ends
             if s.kind == FaultKind.NIC_FLAP and t >= s.start_s + s.duration_s:
                 self.nic_next_flap_s[s.index] = np.inf
-        return flow, link, storage, speed, sbe
+        return flow, link, storage, speed, sbe, tim, replay
 
     def _flaps(self, t: float) -> None:
         due = self.nic_next_flap_s <= t
@@ -295,6 +330,9 @@ class Twin:
                 on_loop = self.fleet.gpu_loop == truth.spec.index
                 if (throttled & on_loop).any():
                     truth.throttle_s = t
+            if truth.spec.kind == FaultKind.GPU_THERMAL_INTERFACE and truth.throttle_s is None and \
+                    throttled[truth.spec.index]:
+                truth.throttle_s = t
 
     # ---- jobs ----------------------------------------------------------------
     def _node_comm_factor(self, link_mult: np.ndarray) -> np.ndarray:
@@ -371,7 +409,7 @@ class Twin:
         n_g = f.count(Kind.GPU)
         busy = util > 0
         temp = self.gpu_temp_c + c.temp_noise_c * rng.standard_normal(n_g)
-        clock = np.where(busy, c.clock_max_mhz * self.gpu_clock_frac, c.clock_idle_mhz) * \
+        clock = np.where(busy, c.clock_max_mhz * self.gpu_clock_scale * self.gpu_clock_frac, c.clock_idle_mhz) * \
             (1.0 + 0.002 * rng.standard_normal(n_g))
         compute = np.where(busy, c.compute_share / (speed * self.gpu_clock_frac), np.nan) * \
             (1.0 + 0.01 * rng.standard_normal(n_g))
@@ -398,7 +436,8 @@ class Twin:
             "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": self.gpu_sbe.copy(),
             "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": self.gpu_remap.copy(),
             "DCGM_FI_DEV_XID_ERRORS": self.gpu_xid.copy(),
-            "DCGM_FI_DEV_THERMAL_VIOLATION": self.gpu_thermal_ns.copy(),
+            "DCGM_FI_DEV_THERMAL_VIOLATION": self.gpu_thermal_us.copy(),
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": self.gpu_pcie_replays.copy(),
             "seamguard_rank_compute_seconds": compute,
             "node_infiniband_state_id": nic_state,
             "node_infiniband_link_downed_total": self.nic_downed.copy(),

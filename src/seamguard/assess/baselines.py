@@ -1,0 +1,226 @@
+"""Per-entity baselines, learned online: what is normal for *this* GPU, port, link, path.
+
+Pure data and pure update rules; the controller holds the state between ticks and
+persists it with the ledger snapshot (``to_arrays`` / ``from_arrays``). Every entity
+keeps a fixed number of floats (no lists, no windows), so memory is bounded at any
+fleet size: about 84 bytes per GPU, 40 per NIC, 12 per link and storage path.
+
+Each baseline is an exponentially weighted estimate with a count-based start: the
+first samples are averaged evenly (``alpha = 1 / (n + 1)``), later ones with the
+half-life in seconds. A baseline gives no verdict until it has ``warm_samples``
+samples: until then its entity is *warming* (reported as data, scored 0). Learning is
+robust: once warm, a sample is winsorised to the baseline ± ``learn_clip_sigma``
+noise before it teaches the baseline, so a fault is not learned as normal (a
+persistent shift is accepted only slowly, at most a few sigma per half-life), while
+downward surprises (a GPU running cooler) are learned the same way.
+
+What is learned (docs/evidence.md):
+- GPU thermal: die temperature rise over its coolant reference as ``a + b * power``
+  (per-GPU intercept and slope; the slope is a ridge estimate pulled towards the
+  fleet's own slope, which is itself learned across GPUs), and the noise of what is
+  left once the rack's common mode is removed; plus the drift's rate of change.
+- GPU clock: its clock relative to its job peers at load.
+- GPU and NIC error counters: each one's floor rate (errors per hour when healthy).
+- NIC congestion: its transmit-wait rate.
+- Links and storage paths: log latency (their latency floor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from seamguard.fleet.model import Fleet, Kind
+
+F32 = np.float32
+
+
+class BaselineConfig(BaseModel):
+    """How baselines learn (the ``assess.baselines`` section of a policy)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warm_samples: int = Field(15, ge=2, description="samples an entity's baseline needs before it gives verdicts")
+    half_life_s: float = Field(2 * 3600.0, gt=0, description="how fast a warm baseline follows slow healthy change")
+    noise_half_life_s: float = Field(3600.0, gt=0, description="how fast the learned noise follows")
+    learn_clip_sigma: float = Field(3.0, gt=0, description="a warm sample is winsorised to this many sigma")
+    r_th_prior_c_per_w: float = Field(0.05, gt=0, description="fleet slope of die rise per watt before it is learned")
+    slope_prior_w: float = Field(40.0, gt=0, description="power spread (W) worth the fleet slope in a GPU's ridge fit")
+    slope_spread: float = Field(0.10, ge=0, description="relative uncertainty of a GPU's slope before it sees power change")
+    fleet_slope_min_split_w: float = Field(100.0, gt=0, description="power gap between busy and idle GPUs to learn the fleet slope")
+    counter_floor_margin: float = Field(0.5, ge=0, description="share of a channel's start threshold a floor may rise by per sample")
+    latency_clip: float = Field(1.3, gt=1, description="a warm latency sample is clipped to baseline × / ÷ this")
+    clock_clip: float = Field(0.03, gt=0, description="a warm clock sample is clipped to baseline ± this fraction")
+    die_tau_s: float = Field(30.0, gt=0, description="time constant of die temperature after a power change")
+    transient_weight: float = Field(0.5, ge=0, description="uncertainty per °C of power change not yet settled")
+
+
+def alpha(n: np.ndarray, dt_s: float, half_life_s: float, warm_samples: int = 0) -> np.ndarray:
+    """Per-entity EW weight: 1/(n+1) while the baseline warms (an even average of what it
+    has seen), the half-life once it has ``warm_samples`` (0: the half-life's floor only)."""
+    decay = 1.0 - 0.5 ** (max(dt_s, 0.0) / half_life_s)
+    even = 1.0 / (n.astype(np.float64) + 1.0)
+    if warm_samples:
+        even = np.where(n < warm_samples, even, 0.0)
+    return np.maximum(even, decay)
+
+
+def ew(old: np.ndarray, new: np.ndarray, a: np.ndarray, learn: np.ndarray) -> np.ndarray:
+    """One EW step where ``learn`` (and the sample is finite); unchanged elsewhere."""
+    ok = learn & np.isfinite(new)
+    start = ~np.isfinite(old)
+    out = np.where(ok & start, new, np.where(ok, old + a * (np.nan_to_num(new) - old), old))
+    return out.astype(F32)
+
+
+def _z(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=F32)
+
+
+def _nan(n: int) -> np.ndarray:
+    return np.full(n, np.nan, dtype=F32)
+
+
+@dataclass(frozen=True, eq=False)
+class GpuBaseline:
+    n: np.ndarray  # int32 thermal samples learned
+    p_filt: np.ndarray  # W, power through the die's thermal lag
+    p_mean: np.ndarray  # W (effective power)
+    x_mean: np.ndarray  # °C rise over the coolant reference, common mode removed
+    p_var: np.ndarray  # W²
+    px_cov: np.ndarray  # W·°C
+    noise: np.ndarray  # mean absolute drift (°C)
+    drift: np.ndarray  # last drift (°C), for its rate of change
+    drift_rate: np.ndarray  # °C/s, EW
+    clock_n: np.ndarray  # int32 clock samples learned (at load)
+    clock_rel: np.ndarray  # clock / job-peer median, at load
+    counter_n: np.ndarray  # int32 counter samples learned
+    sbe_floor: np.ndarray  # /h
+    pcie_floor: np.ndarray  # /h
+    nvlink_floor: np.ndarray  # /h
+    power_viol_floor: np.ndarray  # fraction of time power-capped
+
+    @classmethod
+    def initial(cls, n: int) -> GpuBaseline:
+        zi = np.zeros(n, dtype=np.int32)
+        return cls(zi, _nan(n), _nan(n), _nan(n), _z(n), _z(n), _z(n), _nan(n), _z(n), zi.copy(), _nan(n), zi.copy(),
+                   _z(n), _z(n), _z(n), _z(n))
+
+
+@dataclass(frozen=True, eq=False)
+class NicBaseline:
+    n: np.ndarray  # int32 samples learned
+    symbol_floor: np.ndarray  # /h
+    rcv_err_floor: np.ndarray  # /h
+    discard_floor: np.ndarray  # /h
+    wait_rate: np.ndarray  # transmit-wait ticks per second, EW
+
+    @classmethod
+    def initial(cls, n: int) -> NicBaseline:
+        return cls(np.zeros(n, dtype=np.int32), _z(n), _z(n), _z(n), _nan(n))
+
+
+@dataclass(frozen=True, eq=False)
+class LatencyBaseline:
+    n: np.ndarray  # int32 samples learned
+    log_lat: np.ndarray  # EW of log latency
+
+    @classmethod
+    def initial(cls, n: int) -> LatencyBaseline:
+        return cls(np.zeros(n, dtype=np.int32), _nan(n))
+
+
+@dataclass(frozen=True, eq=False)
+class Baselines:
+    """Every learned baseline of a fleet, plus the fleet's own die-rise slope."""
+
+    gpu: GpuBaseline
+    nic: NicBaseline
+    link: LatencyBaseline
+    storage: LatencyBaseline
+    r_th: float  # °C/W, the fleet's slope of die rise over power (learned across GPUs)
+    r_th_n: int  # ticks it was learned from
+    t_s: float  # time of the last update (NaN before the first)
+
+    @classmethod
+    def initial(cls, fleet: Fleet, cfg: BaselineConfig) -> Baselines:
+        return cls(GpuBaseline.initial(fleet.count(Kind.GPU)), NicBaseline.initial(fleet.count(Kind.NIC)),
+                   LatencyBaseline.initial(fleet.count(Kind.LINK)), LatencyBaseline.initial(fleet.count(Kind.STORAGE)),
+                   float(cfg.r_th_prior_c_per_w), 0, float("nan"))
+
+    def dt(self, t_s: float, default_s: float) -> float:
+        """Seconds since the last update (``default_s`` for the first)."""
+        return default_s if not np.isfinite(self.t_s) else max(0.0, t_s - self.t_s)
+
+    # ---- persistence through the ledger's snapshot arrays -------------------------------
+    _PARTS = ("gpu", "nic", "link", "storage")
+
+    def to_arrays(self, prefix: str = "baseline") -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for part in self._PARTS:
+            obj = getattr(self, part)
+            for f in fields(obj):
+                out[f"{prefix}.{part}.{f.name}"] = getattr(obj, f.name)
+        out[f"{prefix}.fleet"] = np.array([self.r_th, float(self.r_th_n), self.t_s])
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], fleet: Fleet, cfg: BaselineConfig,
+                    prefix: str = "baseline") -> tuple[Baselines, list[str]]:
+        """Restore what matches this fleet; a part whose arrays are missing or the wrong size
+        starts fresh (its label is returned, so the caller can say so)."""
+        fresh = cls.initial(fleet, cfg)
+        parts, stale = {}, []
+        for part in cls._PARTS:
+            init = getattr(fresh, part)
+            vals = {}
+            for f in fields(init):
+                a = arrays.get(f"{prefix}.{part}.{f.name}")
+                ref = getattr(init, f.name)
+                if a is None or a.shape != ref.shape:
+                    vals = None
+                    break
+                vals[f.name] = a.astype(ref.dtype)
+            if vals is None:
+                stale.append(part)
+                parts[part] = init
+            else:
+                parts[part] = type(init)(**vals)
+        fl = arrays.get(f"{prefix}.fleet")
+        if fl is None or fl.shape != (3,):
+            return replace(fresh, **parts), stale + (["fleet"] if fl is None else [])
+        return cls(parts["gpu"], parts["nic"], parts["link"], parts["storage"], float(fl[0]), int(fl[1]),
+                   float(fl[2])), stale
+
+    def warm_counts(self, cfg: BaselineConfig) -> dict[str, int]:
+        """How many entities of each kind have a warm baseline (for reports and /metrics)."""
+        w = cfg.warm_samples
+        return {"gpu": int((self.gpu.n >= w).sum()), "nic": int((self.nic.n >= w).sum()),
+                "link": int((self.link.n >= w).sum()), "storage": int((self.storage.n >= w).sum())}
+
+
+def count_up(n: np.ndarray, learn: np.ndarray, cap: int = 1 << 30) -> np.ndarray:
+    return np.where(learn, np.minimum(n + 1, cap), n).astype(np.int32)
+
+
+def floor_step(floor: np.ndarray, rate: np.ndarray, a: np.ndarray, learn: np.ndarray, margin: float) -> np.ndarray:
+    """Learn an error floor: a sample may lift the floor by at most ``margin`` per step,
+    so a climbing counter is not taken for the new normal; lower samples pull it down."""
+    r = np.nan_to_num(rate, nan=0.0)
+    capped = np.minimum(r, floor + margin)
+    return ew(floor, capped, a, learn)
+
+
+def latency_step(base: LatencyBaseline, lat: np.ndarray, learn: np.ndarray, dt_s: float,
+                 cfg: BaselineConfig) -> tuple[LatencyBaseline, np.ndarray, np.ndarray]:
+    """Update a latency floor; returns (new baseline, ratio to the old floor, warm mask)."""
+    warm = base.n >= cfg.warm_samples
+    log = np.log(np.where(lat > 0, lat, np.nan))
+    ratio = np.exp(log - base.log_lat)
+    clip = np.log(cfg.latency_clip)
+    sample = np.where(warm, np.clip(log, base.log_lat - clip, base.log_lat + clip), log)
+    ok = learn & np.isfinite(log)
+    a = alpha(base.n, dt_s, cfg.half_life_s, cfg.warm_samples)
+    return LatencyBaseline(count_up(base.n, ok), ew(base.log_lat, sample, a, ok)), ratio, warm
