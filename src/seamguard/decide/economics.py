@@ -30,6 +30,8 @@ __all__ = [
     "rollback_exposure_gpu_h",
     "schedule_slip_probability",
     "quarantine_decision",
+    "CheckpointContext",
+    "checkpoint_decision",
 ]
 
 
@@ -200,3 +202,42 @@ def quarantine_decision(ctx: DegradedNodeContext,
                                 tuple(reasons + ["benefit exceeds cost: quarantine and swap"]))
     return EconomicDecision("keep", benefit, cost,
                             tuple(reasons + ["quarantine would remove more than it buys: keep"]))
+
+
+@dataclass(frozen=True)
+class CheckpointContext:
+    """A training job exposed to risky nodes: what a checkpoint written now would buy."""
+
+    job_gpus: int
+    """GPUs in the job (a synchronous job rolls back as a whole, and stalls as a whole to write)."""
+    uncommitted_s: float
+    """Work since the job's last checkpoint, seconds: what a failure now would throw away."""
+    horizon_s: float
+    """Until the job's next scheduled checkpoint: after it the work is committed anyway."""
+    hazard_per_h: float
+    """Hard-failure hazard of the job's footprint implied by its nodes' state and evidence."""
+    write_s: float
+    """Stall of one checkpoint write (every GPU of the job waits)."""
+
+
+def checkpoint_decision(ctx: CheckpointContext) -> EconomicDecision:
+    """Checkpoint now iff the rollback exposure it avoids beats the write it costs.
+
+    Benefit: ``P(failure within the horizon) x uncommitted work x job GPUs`` with
+    ``P = 1 - exp(-hazard x horizon)``; cost: ``write stall x job GPUs``. Both in GPU-hours
+    of the same job, so its criticality weighs both sides alike and drops out.
+    """
+    if ctx.job_gpus <= 0:
+        raise ValueError("job_gpus must be > 0")
+    horizon_h = max(ctx.horizon_s, 0.0) / 3600.0
+    p_fail = -math.expm1(-max(ctx.hazard_per_h, 0.0) * horizon_h)
+    benefit = p_fail * rollback_exposure_gpu_h(ctx.job_gpus, ctx.uncommitted_s)
+    cost = ctx.job_gpus * max(ctx.write_s, 0.0) / 3600.0
+    reasons = [f"benefit {benefit:.3f} GPU-h = P(failure within {horizon_h * 60:.0f} min) {p_fail:.3f} "
+               f"x {ctx.uncommitted_s / 60:.1f} min uncommitted x {ctx.job_gpus} GPUs",
+               f"cost {cost:.3f} GPU-h = {ctx.write_s:g} s write x {ctx.job_gpus} GPUs"]
+    if benefit > cost:
+        return EconomicDecision("checkpoint", benefit, cost, tuple(reasons + ["rollback avoided exceeds the write: "
+                                                                             "checkpoint now"]))
+    return EconomicDecision("keep", benefit, cost, tuple(reasons + ["the write costs more than the rollback it "
+                                                                    "avoids: no checkpoint"]))

@@ -19,17 +19,47 @@ from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, ActionKey, Decisions, Verb, action_key
 from seamguard.assess.quality import FreezeView
 from seamguard.decide.breaker import BreakerState, InEffect, Request, admit
-from seamguard.decide.economics import DegradedNodeContext, quarantine_decision
+from seamguard.decide.economics import (CheckpointContext, DegradedNodeContext, checkpoint_decision,
+                                       quarantine_decision)
 from seamguard.decide.policy import Policy
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL, JOB_CLASS_SYNCHRONY, Fleet, JobClass, Kind
 
 
 @dataclass(frozen=True)
+class Episode:
+    """A risk episode of one training job on one node, for checkpoint_now.
+
+    Open while the node is exposed (its own or its cooling loop's / rack's state) and until
+    it has been healthy ``episode_end_healthy_ticks``; ``level`` is the exposure state the
+    job's checkpoint was last asked for in this episode (0: not yet).
+    """
+
+    job: str
+    node: str
+    level: int = 0
+
+
+@dataclass(frozen=True)
 class DecideState:
-    """What decide carries from tick to tick: the breaker and job-exposure episodes."""
+    """What decide carries from tick to tick: the breaker and the jobs' risk episodes."""
 
     breaker: BreakerState = field(default_factory=BreakerState)
-    exposure: tuple[tuple[str, int, float], ...] = ()  # (job, level, last checkpoint request t_s)
+    episodes: tuple[Episode, ...] = ()
+    # (job, t_s of its last checkpoint_now): bounds the work since its last checkpoint, and
+    # names the request an open episode carries (its key ends in @t<int(t_s)>)
+    checkpoints: tuple[tuple[str, float], ...] = ()
+
+    def to_json(self) -> dict:
+        return {"breaker": self.breaker.to_json(),
+                "episodes": [[e.job, e.node, e.level] for e in self.episodes],
+                "checkpoints": [list(x) for x in self.checkpoints]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> DecideState:
+        eps = tuple(Episode(str(j), str(n), int(lv)) for j, n, lv in d.get("episodes", []))
+        ck = [(str(j), float(t)) for j, t in d.get("checkpoints", [])]
+        ck += [(str(j), float(t)) for j, _, t in d.get("exposure", [])]  # before episodes: (job, level, t_s)
+        return cls(BreakerState.from_json(d["breaker"]), eps, tuple(ck))
 
 
 def _codes(labels: list[str]) -> np.ndarray:
@@ -77,6 +107,30 @@ def _kept(key: str, why: str) -> Action:
         kind = "job"
     return Action(key=key, verb=ak.verb, target=ak.entity, target_kind=kind, params=params,
                   reason=f"seamguard: kept: {why}", cause=ak.entity)
+
+
+def healthy_ticks(fleet: Fleet, a: Assessment, policy: Policy) -> tuple[dict[Kind, np.ndarray], np.ndarray]:
+    """Ticks each entity has been healthy, per kind, and per node (its worst component).
+
+    An entity in ``healthy`` has been healthy for the ticks it has dwelt there plus the
+    ``recover_ticks`` of calm evidence its state machine needed to get there, so the
+    state machine's own hysteresis counts once, not on top. 0 while not healthy. A node is
+    as healthy as the least healthy of its GPUs, NICs, their leaf links, its rack and its
+    cooling loop (the domains that decide its restrictions).
+    """
+    out: dict[Kind, np.ndarray] = {}
+    for kind, ka in a.kinds.items():
+        sv = ka.states
+        rec = policy.assess.hysteresis_for(kind).recover_ticks
+        out[kind] = np.where(sv.state == State.HEALTHY, sv.dwell.astype(np.int64) + rec, 0)
+    big = np.iinfo(np.int64).max
+    node = np.full(fleet.count(Kind.NODE), big, dtype=np.int64)
+    np.minimum.at(node, fleet.gpu_node, out[Kind.GPU])
+    np.minimum.at(node, fleet.nic_node, out[Kind.NIC])
+    edge = fleet.link_nic >= 0
+    np.minimum.at(node, fleet.nic_node[fleet.link_nic[edge]], out[Kind.LINK][edge])
+    node = np.minimum(node, np.minimum(out[Kind.COOLING_LOOP][fleet.node_loop], out[Kind.RACK][fleet.node_rack]))
+    return out, node
 
 
 def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
@@ -179,34 +233,95 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
             requests[act.key] = Request(act.key, nodes=(i,), domain=domain)
 
     # ---- checkpoint now for exposed training jobs ------------------------------
+    # Priced (decide/economics.py checkpoint_decision): the rollback a checkpoint now avoids
+    # (work since the job's last checkpoint x its GPUs x P(failure before its next
+    # scheduled one), the hazard from its exposed nodes' state and evidence) against the
+    # write (checkpoint_write_s x its GPUs). At most once per risk episode, again only when
+    # the exposure reaches a stricter state than the one it was issued for; an episode
+    # ends when the job's nodes have been healthy episode_end_healthy_ticks.
+    kind_ht, node_ht = healthy_ticks(fleet, a, policy)
+    n_jobs = len(fleet.job_names)
     ckpt_cls = np.isin(fleet.job_class, [JOB_CLASS_BY_LABEL[c] for c in rules.checkpoint_classes])
-    exposure_node = np.maximum(a.node_state, a.node_domain_state[:, 2])
-    level_node = np.where(exposure_node >= State.QUARANTINE, 2, np.where(exposure_node >= State.DEGRADED, 1, 0))
-    job_level = np.zeros(len(fleet.job_names), dtype=np.int64)
+    exposure_node = np.maximum(a.node_state, a.node_domain_state[:, 2]).astype(np.int64)
     placed = node_job >= 0
-    np.maximum.at(job_level, node_job[placed], level_node[placed])
-    # One request when a job first becomes exposed; while the exposure is severe (a
-    # component of its footprint quarantine-level or worse), another every
-    # severe_checkpoint_interval_s, so a failure rolls back at most that far.
-    last_request = {jn: t for jn, _, t in state.exposure}
-    new_exposure: list[tuple[str, int, float]] = []
-    for j in np.flatnonzero((job_level > 0) & ckpt_cls).tolist():
+    # A node's hard-failure hazard: 0.5 x GFS^2 per hour (propagation), GFS the worst of its
+    # own and its loop's and rack's, at least the threshold of the state it is in.
+    hg = policy.assess.hysteresis_for(Kind.GPU)
+    floor = np.where(exposure_node >= State.CHECKPOINT_UNSAFE, hg.quarantine_enter,
+                     np.where(exposure_node >= State.DEGRADED, hg.degrade_enter, 0.0))
+    g = np.maximum.reduce([np.nan_to_num(a.node_gfs), a.kinds[Kind.COOLING_LOOP].gfs[fleet.node_loop],
+                           a.kinds[Kind.RACK].gfs[fleet.node_rack], floor])
+    node_hazard = np.where(exposure_node > State.HEALTHY, prop.hazard_per_h_at_gfs1 * g * g, 0.0)
+    job_hazard = np.bincount(node_job[placed], weights=node_hazard[placed], minlength=n_jobs)
+    interval_s = prop.checkpoint_interval_h * 3600.0
+    node_of = {n: i for i, n in enumerate(fleet.node_names)}
+    episodes: dict[str, list[Episode]] = {}
+    for e in state.episodes:
+        episodes.setdefault(e.job, []).append(e)
+    last_ckpt = dict(state.checkpoints)
+    new_episodes: list[Episode] = []
+    new_ckpts: dict[str, float] = {}
+    issued: dict[str, tuple[str, float | None, list[Episode]]] = {}  # key asked this tick -> state before
+    carried: dict[str, Action] = {}  # checkpoints asked earlier in an open episode (not new)
+
+    def _carried(job: str, t: float) -> Action:
+        return Action(key=action_key(Verb.CHECKPOINT_NOW, job, f"t{int(t)}"), verb=Verb.CHECKPOINT_NOW, target=job,
+                      target_kind="job", reason=f"seamguard: checkpoint asked at t={t:.0f}s; not repeated while "
+                                                "the risk episode lasts", cause=job)
+
+    job_index = {n: j for j, n in enumerate(fleet.job_names)}
+    busy = set(node_job[placed & (exposure_node > State.HEALTHY)].tolist())
+    busy |= {job_index[jn] for jn in list(episodes) + list(last_ckpt) if jn in job_index}
+    for j in sorted(busy):
+        if not ckpt_cls[j]:
+            continue
         jn = fleet.job_names[j]
-        lv = int(job_level[j])
-        t0 = last_request.get(jn)
-        if t0 is None or (lv == 2 and a.t_s - t0 >= rules.severe_checkpoint_interval_s):
-            t0 = a.t_s
-        new_exposure.append((jn, lv, t0))
         mine = np.flatnonzero(placed & (node_job == j))
-        worst = int(mine[np.argmax(exposure_node[mine])])
-        _, fae_w, reasons = node_cause(fleet, a.kinds, worst)
-        act = Action(key=action_key(Verb.CHECKPOINT_NOW, jn, f"t{int(t0)}"), verb=Verb.CHECKPOINT_NOW,
-                     target=jn, target_kind="job",
-                     reason=f"seamguard: job exposed to {'severe' if lv == 2 else 'degraded'} "
-                            f"{fleet.node_names[worst]} ({_summary(reasons)})",
-                     cause=fleet.node_names[worst], evidence=_evidence(reasons),
-                     benefit_gpu_h_per_h=round(fae_w * float(crit[j]), 3), criticality=float(crit[j]))
-        desired[act.key] = act
+        here = {fleet.node_names[i] for i in mine.tolist()}
+        eps: dict[str, Episode] = {}
+        for e in episodes.get(jn, []):
+            i = node_of.get(e.node)
+            if i is None or e.node not in here:
+                continue  # the job left the node: its episode there is over
+            if exposure_node[i] == State.HEALTHY and node_ht[i] >= rules.episode_end_healthy_ticks:
+                continue  # sustained recovery ends the episode
+            eps[e.node] = e
+        for i in mine[exposure_node[mine] > State.HEALTHY].tolist():
+            eps.setdefault(fleet.node_names[i], Episode(jn, fleet.node_names[i], 0))
+        last = last_ckpt.get(jn)
+        # asked again only where a node's exposure is stricter than what this episode asked for
+        worse = [e for e in eps.values() if exposure_node[node_of[e.node]] > e.level]
+        act = None
+        if worse:
+            since = a.t_s - last if last is not None else np.inf
+            uncommitted = since if since < interval_s else interval_s / 2.0
+            dec = checkpoint_decision(CheckpointContext(
+                job_gpus=max(int(job_size[j]), 1), uncommitted_s=uncommitted,
+                horizon_s=max(interval_s - uncommitted, 0.0), hazard_per_h=float(job_hazard[j]),
+                write_s=rules.checkpoint_write_s))
+            if dec.action == "checkpoint":
+                worst = max((node_of[e.node] for e in worse), key=lambda i: (exposure_node[i], g[i]))
+                lv = int(exposure_node[worst])
+                _, _, reasons = node_cause(fleet, a.kinds, worst)
+                key = action_key(Verb.CHECKPOINT_NOW, jn, f"t{int(a.t_s)}")
+                act = Action(key=key, verb=Verb.CHECKPOINT_NOW, target=jn, target_kind="job",
+                             reason=f"seamguard: job exposed to {State(lv).label} {fleet.node_names[worst]} "
+                                    f"({_summary(reasons)}); rollback avoided {dec.benefit_gpu_h:.2f} GPU-h > "
+                                    f"write {dec.cost_gpu_h:.2f} GPU-h",
+                             cause=fleet.node_names[worst], evidence=_evidence(reasons),
+                             benefit_gpu_h_per_h=round(dec.benefit_gpu_h / obj.horizon_h, 4),
+                             cost_gpu_h_per_h=round(dec.cost_gpu_h / obj.horizon_h, 4), criticality=float(crit[j]))
+                issued[key] = (jn, last, list(eps.values()))
+                eps = {n: replace(e, level=max(e.level, int(exposure_node[node_of[n]]))) for n, e in eps.items()}
+                last = a.t_s
+        if act is None and last is not None and any(e.level > 0 for e in eps.values()):
+            act = _carried(jn, last)
+            carried[act.key] = act
+        if act is not None:
+            desired[act.key] = act
+        new_episodes += [eps[n] for n in sorted(eps)]
+        if last is not None and (eps or a.t_s - last < interval_s):
+            new_ckpts[jn] = last
 
     # ---- fabric paths and storage paths -----------------------------------------
     for kind, verb, states in ((Kind.LINK, Verb.AVOID_LINK, rules.avoid_link_states),
@@ -277,7 +392,7 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     n_frozen = 0
     if frozen is not None and frozen.scopes:
         for k in list(desired):
-            if k in in_effect:
+            if k in in_effect or k in carried:
                 continue
             act = desired[k]
             kind = {"node": Kind.NODE, "link": Kind.LINK, "storage": Kind.STORAGE}.get(act.target_kind)
@@ -308,6 +423,17 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
                 idx = -1
             if idx >= 0 and frozen.frozen(kind, idx):
                 desired[k] = _kept(k, "its input is missing (failsafe freeze); not reverted for want of data")
+
+    # A checkpoint the freeze held back was not asked: the job's episodes stay as they were.
+    for k, (jn, before, eps_before) in issued.items():
+        if k not in desired:
+            new_episodes = [e for e in new_episodes if e.job != jn] + eps_before
+            if before is None:
+                new_ckpts.pop(jn, None)
+            else:
+                new_ckpts[jn] = before
+                if any(e.level > 0 for e in eps_before):
+                    desired[_carried(jn, before).key] = _carried(jn, before)
 
     # ---- the breaker: everything that takes capacity away, in one count ---------------
     now = InEffect()
@@ -357,7 +483,35 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
         desired[k] = _kept(k, f"{old.entity} is still at risk; a restriction only tightens while it is")
         by_node[i] = [old]
 
+    # ---- restrictions are lifted only after sustained recovery -----------------------
+    # Once its entity is healthy again a restriction stays until that entity has been
+    # healthy release_after_healthy_ticks (the state machine's recovery ticks included),
+    # unless a new restriction of the same node replaces it.
+    rel = rules.release_after_healthy_ticks
+    restricted_nodes = {ActionKey.parse(k).entity for k in desired
+                        if ActionKey.parse(k).verb in _RESTRICTS_NODE}
+    for k in sorted(in_effect - set(desired)):
+        ak = ActionKey.parse(k)
+        try:
+            if ak.verb in _RESTRICTS_NODE:
+                if ak.entity in restricted_nodes:
+                    continue
+                ht, what = int(node_ht[node_index[ak.entity]]), ak.entity
+            elif ak.verb == Verb.AVOID_LINK:
+                ht, what = int(kind_ht[Kind.LINK][fleet.index_of(Kind.LINK, ak.entity)]), ak.entity
+            elif ak.verb == Verb.AVOID_STORAGE:
+                ht, what = int(kind_ht[Kind.STORAGE][fleet.index_of(Kind.STORAGE, ak.entity)]), ak.entity
+            elif ak.verb == Verb.MOVE_JOB:
+                ht, what = int(kind_ht[Kind.COOLING_LOOP][fleet.index_of(Kind.COOLING_LOOP, ak.episode)]), ak.episode
+            else:
+                continue
+        except KeyError:
+            continue
+        if 0 < ht < rel:
+            desired[k] = _kept(k, f"{what} healthy for {ht} of {rel} ticks; lifted after sustained recovery")
+
     decisions = Decisions(t_s=a.t_s, desired=desired, held=held, breaker_tripped=breaker.tripped,
                           breaker_reason=breaker.reason, frozen=frozen.scopes if frozen is not None else (),
                           held_by_freeze=n_frozen)
-    return decisions, replace(state, breaker=breaker, exposure=tuple(new_exposure))
+    return decisions, replace(state, breaker=breaker, episodes=tuple(new_episodes),
+                              checkpoints=tuple(sorted(new_ckpts.items())))

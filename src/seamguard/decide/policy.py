@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from seamguard.assess.assessment import AssessConfig
 from seamguard.assess.quality import FailsafeConfig
@@ -53,7 +53,16 @@ class ActionRules(_Strict):
     drain_states: list[str]
     label_degraded: bool = True
     checkpoint_classes: list[str]
-    severe_checkpoint_interval_s: float = Field(120.0, gt=0)
+    checkpoint_write_s: float = Field(
+        20.0, gt=0, allow_inf_nan=False,
+        description="stall of one checkpoint write; every GPU of the job waits this long (the cost of checkpoint_now)")
+    episode_end_healthy_ticks: int = Field(
+        120, ge=1, description="a job's risk episode ends after its nodes have been healthy this many ticks "
+                               "(the state machine's own recovery ticks count): at most one checkpoint_now per "
+                               "episode unless its state worsens")
+    release_after_healthy_ticks: int = Field(
+        40, ge=0, description="a restriction (drain, label, avoid_*, move_job) is withdrawn only after its entity "
+                              "has been healthy this many ticks (the state machine's own recovery ticks count)")
     avoid_link_states: list[str]
     avoid_storage_states: list[str]
     move_job_domain_states: list[str]
@@ -63,6 +72,15 @@ class ActionRules(_Strict):
     _v_states = field_validator("drain_states", "avoid_link_states", "avoid_storage_states",
                                 "move_job_domain_states")(_states)
     _v_classes = field_validator("checkpoint_classes", "move_job_classes")(_classes)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "severe_checkpoint_interval_s" in data:
+            raise ValueError("severe_checkpoint_interval_s was removed: checkpoint_now is now priced by the "
+                             "economics (checkpoint_write_s) and issued at most once per risk episode "
+                             "(episode_end_healthy_ticks); see docs/policy.md")
+        return data
 
 
 # Numbers that bound the controller's own blast radius are strict: a bool (``true`` is 1 to

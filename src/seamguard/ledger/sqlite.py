@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS decisions (
   reason TEXT, cause TEXT, evidence TEXT, benefit REAL, cost REAL, criticality REAL);
 CREATE INDEX IF NOT EXISTS decisions_key ON decisions(key);
 CREATE TABLE IF NOT EXISTS desired (key TEXT PRIMARY KEY, since_tick INTEGER, action TEXT);
+CREATE TABLE IF NOT EXISTS held (key TEXT PRIMARY KEY, since_tick INTEGER, action TEXT);
 CREATE TABLE IF NOT EXISTS actions (
   id INTEGER PRIMARY KEY, tick INTEGER, t_s REAL, op TEXT, key TEXT, verb TEXT, actuator TEXT,
   status TEXT, detail TEXT, wall_time REAL);
@@ -278,8 +279,17 @@ class Ledger(_Reads):
               json.dumps([[r.channel, r.score, r.value, r.unit] for r in tr.reasons])) for tr in transitions])
 
     def record_decisions(self, tick: int, t_s: float, desired: dict, held: list) -> list[tuple[str, str]]:
-        """Record keys that entered or left the desired state; returns (event, key) pairs."""
+        """Record what changed, not what stands: returns the (event, key) pairs recorded.
+
+        ``decided`` when a key enters the desired state, ``withdrawn`` when it leaves;
+        ``held_by_breaker`` when a key becomes held, nothing while it stays held, and when it
+        stops being held either ``decided`` (admitted) or ``withdrawn`` (no longer wanted, its
+        reason says it was held and never admitted).
+        """
         before = {k for (k,) in self.db.execute("SELECT key FROM desired")}
+        held_before = {k: (since, action) for k, since, action in self.db.execute(
+            "SELECT key, since_tick, action FROM held")}
+        held_now = {a.key: a for a in held}
         events: list[tuple[str, str]] = []
         rows = []
         for k, a in desired.items():
@@ -294,9 +304,29 @@ class Ledger(_Reads):
             rows.append((tick, t_s, k, "withdrawn", ak.verb.value, ak.entity,
                          "no longer desired", "", "[]", 0.0, 0.0, 0.0))
             self.db.execute("DELETE FROM desired WHERE key=?", (k,))
-        for a in held:
-            rows.append((tick, t_s, a.key, "held_by_breaker", a.verb.value, a.target, a.reason, a.cause,
-                         json.dumps(a.evidence), a.benefit_gpu_h_per_h, a.cost_gpu_h_per_h, a.criticality))
+        for k, a in held_now.items():
+            if k not in held_before:
+                events.append(("held_by_breaker", k))
+                rows.append((tick, t_s, k, "held_by_breaker", a.verb.value, a.target, a.reason, a.cause,
+                             json.dumps(a.evidence), a.benefit_gpu_h_per_h, a.cost_gpu_h_per_h, a.criticality))
+                self.db.execute("INSERT INTO held(key, since_tick, action) VALUES(?,?,?)", (k, tick, _action_json(a)))
+        for k, (since, blob) in held_before.items():
+            if k in held_now:
+                continue
+            self.db.execute("DELETE FROM held WHERE key=?", (k,))
+            if k in desired:
+                continue  # admitted: its ``decided`` row (above, or from before it was held) says so
+            events.append(("withdrawn", k))
+            ak = ActionKey.parse(k)
+            target = cause = ak.entity
+            try:
+                was = json.loads(blob or "{}")
+                target, cause = was.get("target") or target, was.get("cause") or cause
+            except json.JSONDecodeError:
+                pass
+            rows.append((tick, t_s, k, "withdrawn", ak.verb.value, target,
+                         f"no longer desired (held by the breaker since tick {since}, never admitted)", cause,
+                         "[]", 0.0, 0.0, 0.0))
         self.db.executemany(
             "INSERT INTO decisions(tick, t_s, key, event, verb, target, reason, cause, evidence, benefit, cost, "
             "criticality) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)", rows)
