@@ -1,4 +1,8 @@
-"""One controller tick (assess + decide) on a generated 100k-GPU fleet, on one core.
+"""One controller tick (assess + decide) on a generated 100k-GPU fleet, on one core, warm.
+
+The timed ticks run after enough ticks for every per-entity baseline to be warm
+(``assess.baselines.warm_samples`` plus a few), so the figure includes baseline learning
+and the drift channels, as a controller that has been running does.
 
 Prints the same tick on a 10k fleet beside it to show how cost grows, and, on the 10k
 fleet, the baseline a user would otherwise write — a per-entity Python loop of health
@@ -40,6 +44,7 @@ def measure(gpus: int, warm_ticks: int, timed_ticks: int) -> dict:
     policy = default_policy()
     hist = History(tick_s, 2, policy.assess.history_depths(tick_s))
     states = initial_states(fleet)
+    base = None
     node_state = np.zeros(fleet.count(Kind.NODE), dtype=np.int8)
     dstate = DecideState()
     deps = all_dependents(fleet)
@@ -47,17 +52,20 @@ def measure(gpus: int, warm_ticks: int, timed_ticks: int) -> dict:
     for i in range(warm_ticks + timed_ticks):
         frame = twin.step()
         t0 = time.perf_counter()
-        a = assess(fleet, frame, hist, states, policy.assess, deps, node_state)
+        a = assess(fleet, frame, hist, states, policy.assess, deps, node_state, base=base)
         t1 = time.perf_counter()
         _, dstate = decide(fleet, a, policy, dstate, set())
         t2 = time.perf_counter()
         hist.push(frame)
         states = {k: a.kinds[k].states for k in a.kinds}
+        base = a.baselines
         node_state = a.node_state
         if i >= warm_ticks:
             times.append(t2 - t0)
             a_times.append(t1 - t0)
+    warm = base.warm_counts(policy.assess.baselines)
     return {"gpus": fleet.count(Kind.GPU), "tick_s": statistics.median(times),
+            "warm_gpus": warm["gpu"], "baseline_mib": sum(v.nbytes for v in base.to_arrays().values()) / 2**20,
             "assess_s": statistics.median(a_times), "entities": sum(fleet.summary().values()),
             "fleet": fleet, "frame": frame}
 
@@ -92,7 +100,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller fleets, about a minute")
     args = ap.parse_args()
     big, small = (20_000, 2_000) if args.quick else (100_000, 10_000)
-    warm, timed = (3, 5) if args.quick else (4, 8)
+    w = default_policy().assess.baselines.warm_samples
+    warm, timed = (w + 2, 5) if args.quick else (w + 3, 8)
     s = measure(small, warm, timed)
     base_s = statistics.median(baseline_gpu_checks(s["fleet"], s["frame"]) for _ in range(3))
     # GPU evidence alone inside seamguard's assess, for a like-for-like ratio.
@@ -110,10 +119,12 @@ def main() -> None:
         print(f"{r['gpus']:>8} {r['entities']:>9} {r['tick_s']:>8.3f} {r['assess_s']:>9.3f}")
     print(f"GPU checks on {s['gpus']} GPUs: per-entity Python loop {base_s * 1000:.1f} ms, "
           f"seamguard vectorized (more evidence) {ours_gpu_s * 1000:.1f} ms, ratio {base_s / ours_gpu_s:.1f}x")
+    print(f"warm baselines: {b['warm_gpus']} of {b['gpus']} GPUs, {b['baseline_mib']:.1f} MiB of baseline state")
     print(f"peak RSS {peak_mib:.0f} MiB; growth {b['tick_s'] / s['tick_s']:.1f}x for {b['gpus'] / s['gpus']:.0f}x GPUs")
     print(json.dumps({"gpus": b["gpus"], "tick_s": round(b["tick_s"], 4),
                       "tick_s_10k" if not args.quick else "tick_s_small": round(s["tick_s"], 4),
-                      "small_gpus": s["gpus"], "peak_rss_mib": round(peak_mib, 1),
+                      "small_gpus": s["gpus"], "peak_rss_mib": round(peak_mib, 1), "warm_gpus": b["warm_gpus"],
+                      "baseline_mib": round(b["baseline_mib"], 2),
                       "baseline_gpu_loop_s": round(base_s, 4), "seamguard_gpu_evidence_s": round(ours_gpu_s, 4),
                       "baseline_ratio": round(base_s / ours_gpu_s, 2), "quick": args.quick}))
 

@@ -3,7 +3,7 @@
 Pure data and pure update rules; the controller holds the state between ticks and
 persists it with the ledger snapshot (``to_arrays`` / ``from_arrays``). Every entity
 keeps a fixed number of floats (no lists, no windows), so memory is bounded at any
-fleet size: about 84 bytes per GPU, 40 per NIC, 12 per link and storage path.
+fleet size: 64 bytes per GPU, 20 per NIC, 8 per link and storage path.
 
 Each baseline is an exponentially weighted estimate with a count-based start: the
 first samples are averaged evenly (``alpha = 1 / (n + 1)``), later ones with the
