@@ -38,7 +38,7 @@ if str(ROOT / "src") not in sys.path:
 
 from seamguard.app.eval import Relations, load_labels, read_timeline, score  # noqa: E402
 from seamguard.app.config import load_topology  # noqa: E402
-from seamguard.scenarios import FAULT_CLASS_NAMES, ScenarioSpec, generate_files, rotating_classes  # noqa: E402
+from seamguard.scenarios import FAULT_CLASS_NAMES, ScenarioSpec, generate_files  # noqa: E402
 from seamguard.scenarios.backfill import backfill_file  # noqa: E402
 from seamguard.testbed.prom import PrometheusServer  # noqa: E402
 

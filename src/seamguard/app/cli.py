@@ -9,7 +9,6 @@ work shows progress on stderr, live only on a terminal.
 
 from __future__ import annotations
 
-import json
 import sys
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version as package_version
