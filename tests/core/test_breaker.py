@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from seamguard.act.base import ActionResult
 from seamguard.control import Controller
 from seamguard.decide import PolicyError, default_policy, parse_policy
 from seamguard.decide.actions import ActionKey, Verb
@@ -11,29 +10,10 @@ from seamguard.fleet import FleetShape, Kind, generate_fleet
 from seamguard.ledger import Ledger
 from seamguard.twin.telemetry import Twin, TwinConfig
 
+from .world import World
+
 SMALL = generate_fleet(FleetShape(gpus=256), seed=3)
 BIG = generate_fleet(FleetShape(gpus=2048), seed=3)
-
-
-class World:
-    name = "world"
-    verbs = frozenset(Verb)
-
-    def __init__(self) -> None:
-        self.held: set[str] = set()
-        self.applied: list[str] = []
-
-    def observe(self) -> set[str]:
-        return set(self.held)
-
-    def apply(self, action):
-        self.held.add(action.key)
-        self.applied.append(action.key)
-        return ActionResult(True, "ok")
-
-    def revert(self, key):
-        self.held.discard(key)
-        return ActionResult(True, "ok")
 
 
 class Killed(BaseException):

@@ -17,33 +17,10 @@ from seamguard.observe import make_frame
 from seamguard.observe.signals import REGISTRY
 from seamguard.twin.telemetry import Twin, TwinConfig
 
+from .world import World
+
 FLEET = generate_fleet(FleetShape(gpus=256), seed=3)
 BIG = generate_fleet(FleetShape(gpus=2048), seed=3)
-
-
-class World:
-    """An in-memory actuator: what it applied is in effect until reverted."""
-
-    name = "world"
-    verbs = frozenset(Verb)
-
-    def __init__(self) -> None:
-        self.held: set[str] = set()
-        self.applied: list[str] = []
-
-    def observe(self) -> set[str]:
-        return set(self.held)
-
-    def apply(self, action):
-        from seamguard.act.base import ActionResult
-        self.held.add(action.key)
-        self.applied.append(action.key)
-        return ActionResult(True, "ok")
-
-    def revert(self, key):
-        from seamguard.act.base import ActionResult
-        self.held.discard(key)
-        return ActionResult(True, "ok")
 
 
 def _outage_frame(fleet, t_s):
