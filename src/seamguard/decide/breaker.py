@@ -76,17 +76,203 @@ class InEffect:
 
 
 def _cap(frac: float, n: int, at_least_one: bool = False) -> int:
+    """The most of ``n`` a fraction allows (floor; at least one where asked)."""
     c = int(np.floor(frac * n + 1e-9))
     return max(c, 1) if at_least_one else c
 
 
 def _domain_nodes(fleet: Fleet, domain: str) -> np.ndarray:
+    """The nodes of a domain ("cooling_loop:<name>", "rack:<name>"), as a mask."""
     head, _, name = domain.partition(":")
     if head == Kind.COOLING_LOOP.label:
         return fleet.node_loop == fleet.index_of(Kind.COOLING_LOOP, name)
     if head == Kind.RACK.label:
         return fleet.node_rack == fleet.index_of(Kind.RACK, name)
     return np.zeros(fleet.count(Kind.NODE), dtype=bool)
+
+
+@dataclass(frozen=True, eq=False)
+class _Topology:
+    """The sizes the bounds are fractions of: nodes per loop, rack and leaf; fabric links; storage paths."""
+
+    n_nodes: int
+    n_loops: int
+    n_racks: int
+    n_leaf: int
+    loop_size: np.ndarray
+    rack_size: np.ndarray
+    leaf_size: np.ndarray
+    node_leaf_pairs: np.ndarray  # [k, 2]: (node, leaf) a node reaches through its NICs
+    n_links: int
+    n_storage: int
+    _leaves: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def leaves(self, i: int) -> np.ndarray:
+        """The leaf switches node ``i`` hangs off (cached)."""
+        if i not in self._leaves:
+            self._leaves[i] = self.node_leaf_pairs[self.node_leaf_pairs[:, 0] == i, 1]
+        return self._leaves[i]
+
+
+def _topology(fleet: Fleet) -> _Topology:
+    """The fleet's sizes per domain, as the breaker's fractions need them."""
+    n_loops, n_racks, n_leaf = fleet.count(Kind.COOLING_LOOP), fleet.count(Kind.RACK), fleet.count(Kind.SWITCH)
+    nic_ok = fleet.nic_leaf >= 0
+    leaf_of_nic, node_of_nic = fleet.nic_leaf[nic_ok], fleet.nic_node[nic_ok]
+    pairs = np.unique(np.stack([node_of_nic, leaf_of_nic], axis=1), axis=0) if leaf_of_nic.size \
+        else np.zeros((0, 2), dtype=np.int64)
+    leaf_size = np.bincount(pairs[:, 1], minlength=n_leaf) if n_leaf else np.zeros(0, dtype=np.int64)
+    return _Topology(fleet.count(Kind.NODE), n_loops, n_racks, n_leaf,
+                     np.bincount(fleet.node_loop, minlength=n_loops), np.bincount(fleet.node_rack, minlength=n_racks),
+                     leaf_size, pairs, int((fleet.link_nic < 0).sum()), fleet.count(Kind.STORAGE))
+
+
+@dataclass
+class _Tally:
+    """What is restricted so far this tick: in effect, then each request as it is admitted (local to admit)."""
+
+    doms: set[str]  # domains restricted as a whole
+    covered: np.ndarray  # nodes inside those domains
+    restricted: set[int]  # nodes restricted one by one
+    per_loop: np.ndarray  # per-domain totals count nodes restricted one by one, not those covered
+    per_rack: np.ndarray
+    per_leaf: np.ndarray
+    rate_nodes: set[int]  # nodes newly restricted inside the rate window
+    rate_loop: np.ndarray
+    paths: set[str]
+    window: tuple[tuple[float, str], ...]
+
+    def total_now(self) -> int:
+        """Nodes under any restriction now, one by one or with their domain."""
+        return int((self.covered | np.isin(np.arange(self.covered.size), list(self.restricted))).sum())
+
+
+def _tally(fleet: Fleet, topo: _Topology, now: InEffect, window: tuple[tuple[float, str], ...]) -> _Tally:
+    """Count what is in effect (and newly restricted within the window) per loop, rack and leaf."""
+    covered = np.zeros(topo.n_nodes, dtype=bool)
+    for d in now.domains:
+        covered |= _domain_nodes(fleet, d)
+    per_loop = np.zeros(topo.n_loops, dtype=np.int64)
+    per_rack = np.zeros(topo.n_racks, dtype=np.int64)
+    per_leaf = np.zeros(topo.n_leaf, dtype=np.int64)
+    for i in set(now.nodes):
+        if not covered[i]:
+            per_loop[fleet.node_loop[i]] += 1
+            per_rack[fleet.node_rack[i]] += 1
+            per_leaf[topo.leaves(i)] += 1
+    rate_nodes = {fleet.index_of(Kind.NODE, n) for _, n in window if _known(fleet, n)}
+    rate_loop = np.bincount(fleet.node_loop[list(rate_nodes)], minlength=topo.n_loops) if rate_nodes \
+        else np.zeros(topo.n_loops, dtype=np.int64)
+    return _Tally(set(now.domains), covered, set(now.nodes), per_loop, per_rack, per_leaf, rate_nodes, rate_loop,
+                  set(now.paths), window)
+
+
+def _domain_bound(fleet: Fleet, cfg: BreakerConfig, topo: _Topology, tally: _Tally, r: Request) -> str:
+    """Why restricting a new whole domain would exceed a fleet-wide bound (share of its kind, nodes restricted); "" if not."""
+    kind = r.domain.partition(":")[0]
+    n_kind = topo.n_loops if kind == Kind.COOLING_LOOP.label else topo.n_racks
+    have = sum(1 for d in tally.doms if d.partition(":")[0] == kind)
+    dn = _domain_nodes(fleet, r.domain)
+    total_now = tally.total_now()
+    grow = int((dn & ~tally.covered & ~np.isin(np.arange(topo.n_nodes), list(tally.restricted))).sum())
+    if have + 1 > _cap(cfg.max_domain_fraction, n_kind, at_least_one=True):
+        return (f"restricting {r.domain} would restrict {have + 1} of {n_kind} {kind}s as a whole "
+                f"(> {cfg.max_domain_fraction:.0%})")
+    if total_now + grow > _cap(cfg.max_in_effect_fleet_fraction, topo.n_nodes):
+        return (f"restricting {r.domain} would put {total_now + grow} of {topo.n_nodes} nodes under restriction "
+                f"(> {cfg.max_in_effect_fleet_fraction:.0%} of the fleet)")
+    return ""
+
+
+def _node_total_bound(fleet: Fleet, cfg: BreakerConfig, topo: _Topology, tally: _Tally, r: Request,
+                      new_nodes: list[int]) -> tuple[str, bool]:
+    """(why, trips) if new nodes would exceed a bound in effect: the fleet's trips; a loop's, rack's or leaf's holds."""
+    t = tally
+    add_loop = np.bincount(fleet.node_loop[new_nodes], minlength=topo.n_loops)
+    add_rack = np.bincount(fleet.node_rack[new_nodes], minlength=topo.n_racks)
+    add_leaf = np.zeros(topo.n_leaf, dtype=np.int64)
+    for i in new_nodes:
+        add_leaf[topo.leaves(i)] += 1
+    lp = int(np.argmax((t.per_loop + add_loop) - np.floor(cfg.max_in_effect_loop_fraction * topo.loop_size)))
+    rk = int(np.argmax((t.per_rack + add_rack) - np.floor(cfg.max_in_effect_rack_fraction * topo.rack_size)))
+    total = t.total_now() + len(new_nodes)
+    if total > _cap(cfg.max_in_effect_fleet_fraction, topo.n_nodes):
+        return (f"{r.key} would put {total} of {topo.n_nodes} nodes under restriction "
+                f"(> {cfg.max_in_effect_fleet_fraction:.0%} of the fleet in effect)"), True
+    if t.per_loop[lp] + add_loop[lp] > _cap(cfg.max_in_effect_loop_fraction, int(topo.loop_size[lp])):
+        return (f"{r.key} would put {t.per_loop[lp] + add_loop[lp]} of {topo.loop_size[lp]} nodes on "
+                f"{fleet.loop_names[lp]} under restriction (> {cfg.max_in_effect_loop_fraction:.0%})"), False
+    if t.per_rack[rk] + add_rack[rk] > _cap(cfg.max_in_effect_rack_fraction, int(topo.rack_size[rk])):
+        return (f"{r.key} would put {t.per_rack[rk] + add_rack[rk]} of {topo.rack_size[rk]} nodes in "
+                f"{fleet.rack_names[rk]} under restriction (> {cfg.max_in_effect_rack_fraction:.0%})"), False
+    leaf_cap = np.floor(cfg.max_in_effect_leaf_fraction * topo.leaf_size + 1e-9)
+    if topo.n_leaf and np.any(t.per_leaf + add_leaf > leaf_cap) and np.any(add_leaf > 0):
+        lf = int(np.argmax(t.per_leaf + add_leaf - np.floor(cfg.max_in_effect_leaf_fraction * topo.leaf_size)))
+        return (f"{r.key} would put {t.per_leaf[lf] + add_leaf[lf]} of {topo.leaf_size[lf]} nodes on leaf "
+                f"{fleet.switch_names[lf]} under restriction (> {cfg.max_in_effect_leaf_fraction:.0%})"), False
+    return "", True
+
+
+def _node_rate_bound(fleet: Fleet, cfg: BreakerConfig, topo: _Topology, tally: _Tally, r: Request,
+                     new_nodes: list[int]) -> tuple[str, bool]:
+    """(why, trips) if new nodes would restrict too many within the window: the fleet's share trips, a loop's holds."""
+    rl = tally.rate_loop + np.bincount(fleet.node_loop[new_nodes], minlength=topo.n_loops)
+    lp = int(np.argmax(rl - np.floor(cfg.max_loop_fraction * topo.loop_size)))
+    n_rate = len(tally.rate_nodes) + len(new_nodes)
+    if n_rate > _cap(cfg.max_fleet_fraction, topo.n_nodes):
+        return (f"{r.key} ({fleet.node_names[new_nodes[0]]}) would restrict {n_rate} of {topo.n_nodes} nodes "
+                f"within {cfg.window_s:.0f}s ({cfg.max_fleet_fraction:.1%} of the fleet per window)"), True
+    if rl[lp] > _cap(cfg.max_loop_fraction, int(topo.loop_size[lp])):
+        return (f"{r.key} would restrict {rl[lp]} of {topo.loop_size[lp]} nodes on {fleet.loop_names[lp]} "
+                f"within {cfg.window_s:.0f}s (> {cfg.max_loop_fraction:.1%} per window)"), False
+    return "", True
+
+
+def _path_bound(cfg: BreakerConfig, topo: _Topology, tally: _Tally, r: Request) -> str:
+    """Why taking a new fabric link or storage path out of use would exceed its share; "" if not."""
+    kind = r.path.partition(":")[0]
+    n_kind = topo.n_links if kind == "link" else topo.n_storage
+    frac = cfg.max_link_fraction if kind == "link" else cfg.max_storage_fraction
+    have = sum(1 for p in tally.paths if p.partition(":")[0] == kind)
+    if have + 1 > _cap(frac, n_kind, at_least_one=True):
+        return f"{r.key} would take {have + 1} of {n_kind} {kind} paths out of use (> {frac:.0%})"
+    return ""
+
+
+def _exceeds(fleet: Fleet, cfg: BreakerConfig, topo: _Topology, tally: _Tally, r: Request, new_nodes: list[int],
+             new_domain: bool, new_path: bool) -> tuple[str, bool]:
+    """(why, trips) for the first bound a request would exceed, in order: domain, nodes in effect, rate, path."""
+    why, trips = "", True  # a fleet-wide bound trips; a bound of one loop, rack or leaf holds
+    if new_domain:
+        why = _domain_bound(fleet, cfg, topo, tally, r)
+    if not why and new_nodes:
+        why, trips = _node_total_bound(fleet, cfg, topo, tally, r, new_nodes)
+        if not why and not r.hard:
+            why, trips = _node_rate_bound(fleet, cfg, topo, tally, r, new_nodes)
+    if not why and new_path:
+        why = _path_bound(cfg, topo, tally, r)
+    return why, trips
+
+
+def _count(fleet: Fleet, topo: _Topology, tally: _Tally, r: Request, new_nodes: list[int], t_s: float) -> None:
+    """Add an admitted request to the tally (its domain, path, nodes; the rate only for soft evidence)."""
+    if r.domain and r.domain not in tally.doms:
+        tally.doms.add(r.domain)
+        tally.covered |= _domain_nodes(fleet, r.domain)
+    if r.path:
+        tally.paths.add(r.path)
+    for i in new_nodes:
+        tally.restricted.add(i)
+        if tally.covered[i]:
+            continue
+        tally.per_loop[fleet.node_loop[i]] += 1
+        tally.per_rack[fleet.node_rack[i]] += 1
+        tally.per_leaf[topo.leaves(i)] += 1
+        if not r.hard:
+            tally.rate_nodes.add(i)
+            tally.rate_loop[fleet.node_loop[i]] += 1
+            tally.window = tally.window + ((t_s, fleet.node_names[i]),)
+    tally.restricted.update(r.nodes)
 
 
 def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, requests: list[Request],
@@ -101,146 +287,35 @@ def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, req
     if not cfg.enabled:
         doms = set(now.domains) | {r.domain for r in requests if r.domain}
         return replace(state, domains=tuple(sorted(doms))), [r.key for r in requests], {}
-    n_nodes = fleet.count(Kind.NODE)
-    n_loops, n_racks = fleet.count(Kind.COOLING_LOOP), fleet.count(Kind.RACK)
-    node_loop, node_rack = fleet.node_loop, fleet.node_rack
-    nic_ok = fleet.nic_leaf >= 0
-    n_leaf = fleet.count(Kind.SWITCH)
-    leaf_of_nic, node_of_nic = fleet.nic_leaf[nic_ok], fleet.nic_node[nic_ok]
-    node_leaf_pairs = np.unique(np.stack([node_of_nic, leaf_of_nic], axis=1), axis=0) if leaf_of_nic.size \
-        else np.zeros((0, 2), dtype=np.int64)
-    leaf_size = np.bincount(node_leaf_pairs[:, 1], minlength=n_leaf) if n_leaf else np.zeros(0, dtype=np.int64)
-    leaves_of: dict[int, np.ndarray] = {}
-
-    def leaves(i: int) -> np.ndarray:
-        if i not in leaves_of:
-            leaves_of[i] = node_leaf_pairs[node_leaf_pairs[:, 0] == i, 1]
-        return leaves_of[i]
-
-    loop_size = np.bincount(node_loop, minlength=n_loops)
-    rack_size = np.bincount(node_rack, minlength=n_racks)
-    doms = set(now.domains)
-    covered = np.zeros(n_nodes, dtype=bool)
-    for d in doms:
-        covered |= _domain_nodes(fleet, d)
-    restricted = set(now.nodes)
-    # per-domain totals count nodes restricted one by one (not those covered by their domain)
-    per_loop = np.zeros(n_loops, dtype=np.int64)
-    per_rack = np.zeros(n_racks, dtype=np.int64)
-    per_leaf = np.zeros(n_leaf, dtype=np.int64)
-    for i in restricted:
-        if not covered[i]:
-            per_loop[node_loop[i]] += 1
-            per_rack[node_rack[i]] += 1
-            per_leaf[leaves(i)] += 1
-    rate_nodes = {fleet.index_of(Kind.NODE, n) for _, n in window if _known(fleet, n)}
-    rate_loop = np.bincount(node_loop[list(rate_nodes)], minlength=n_loops) if rate_nodes \
-        else np.zeros(n_loops, dtype=np.int64)
-    paths = set(now.paths)
-    n_links = int((fleet.link_nic < 0).sum())
-    n_storage = fleet.count(Kind.STORAGE)
-
-    cap_fleet = _cap(cfg.max_in_effect_fleet_fraction, n_nodes)
-    cap_rate = _cap(cfg.max_fleet_fraction, n_nodes)
-
+    topo = _topology(fleet)
+    tally = _tally(fleet, topo, now, window)
     admitted: list[str] = []
     held: dict[str, str] = {}
     for r in requests:
         # a request for a whole domain covers its nodes: they are counted with the domain
-        new_nodes = [] if r.domain else [i for i in r.nodes if i not in restricted and not covered[i]]
-        new_domain = bool(r.domain) and r.domain not in doms
-        new_path = bool(r.path) and r.path not in paths
+        new_nodes = [] if r.domain else [i for i in r.nodes if i not in tally.restricted and not tally.covered[i]]
+        new_domain = bool(r.domain) and r.domain not in tally.doms
+        new_path = bool(r.path) and r.path not in tally.paths
         if not (new_nodes or new_domain or new_path):
             admitted.append(r.key)
-            restricted.update(r.nodes)
+            tally.restricted.update(r.nodes)
             continue
         if state.tripped and not r.hard:
             held[r.key] = f"breaker tripped: {state.reason}"
             continue
-        why, trips = "", True  # a fleet-wide bound trips; a bound of one loop, rack or leaf holds
-        total_now = int((covered | np.isin(np.arange(n_nodes), list(restricted))).sum())
-        if new_domain:
-            kind = r.domain.partition(":")[0]
-            n_kind = n_loops if kind == Kind.COOLING_LOOP.label else n_racks
-            have = sum(1 for d in doms if d.partition(":")[0] == kind)
-            dn = _domain_nodes(fleet, r.domain)
-            grow = int((dn & ~covered & ~np.isin(np.arange(n_nodes), list(restricted))).sum())
-            if have + 1 > _cap(cfg.max_domain_fraction, n_kind, at_least_one=True):
-                why = (f"restricting {r.domain} would restrict {have + 1} of {n_kind} {kind}s as a whole "
-                       f"(> {cfg.max_domain_fraction:.0%})")
-            elif total_now + grow > cap_fleet:
-                why = (f"restricting {r.domain} would put {total_now + grow} of {n_nodes} nodes under restriction "
-                       f"(> {cfg.max_in_effect_fleet_fraction:.0%} of the fleet)")
-        if not why and new_nodes:
-            add_loop = np.bincount(node_loop[new_nodes], minlength=n_loops)
-            add_rack = np.bincount(node_rack[new_nodes], minlength=n_racks)
-            add_leaf = np.zeros(n_leaf, dtype=np.int64)
-            for i in new_nodes:
-                add_leaf[leaves(i)] += 1
-            name = fleet.node_names[new_nodes[0]]
-            lp = int(np.argmax((per_loop + add_loop) - np.floor(cfg.max_in_effect_loop_fraction * loop_size)))
-            rk = int(np.argmax((per_rack + add_rack) - np.floor(cfg.max_in_effect_rack_fraction * rack_size)))
-            if total_now + len(new_nodes) > cap_fleet:
-                why = (f"{r.key} would put {total_now + len(new_nodes)} of {n_nodes} nodes under restriction "
-                       f"(> {cfg.max_in_effect_fleet_fraction:.0%} of the fleet in effect)")
-            elif per_loop[lp] + add_loop[lp] > _cap(cfg.max_in_effect_loop_fraction, int(loop_size[lp])):
-                trips = False
-                why = (f"{r.key} would put {per_loop[lp] + add_loop[lp]} of {loop_size[lp]} nodes on "
-                       f"{fleet.loop_names[lp]} under restriction (> {cfg.max_in_effect_loop_fraction:.0%})")
-            elif per_rack[rk] + add_rack[rk] > _cap(cfg.max_in_effect_rack_fraction, int(rack_size[rk])):
-                trips = False
-                why = (f"{r.key} would put {per_rack[rk] + add_rack[rk]} of {rack_size[rk]} nodes in "
-                       f"{fleet.rack_names[rk]} under restriction (> {cfg.max_in_effect_rack_fraction:.0%})")
-            elif n_leaf and np.any(per_leaf + add_leaf > np.floor(cfg.max_in_effect_leaf_fraction * leaf_size + 1e-9)
-                                   ) and np.any(add_leaf > 0):
-                lf = int(np.argmax(per_leaf + add_leaf - np.floor(cfg.max_in_effect_leaf_fraction * leaf_size)))
-                trips = False
-                why = (f"{r.key} would put {per_leaf[lf] + add_leaf[lf]} of {leaf_size[lf]} nodes on leaf "
-                       f"{fleet.switch_names[lf]} under restriction (> {cfg.max_in_effect_leaf_fraction:.0%})")
-            elif not r.hard:
-                rl = rate_loop + add_loop
-                lp2 = int(np.argmax(rl - np.floor(cfg.max_loop_fraction * loop_size)))
-                if len(rate_nodes) + len(new_nodes) > cap_rate:
-                    why = (f"{r.key} ({name}) would restrict {len(rate_nodes) + len(new_nodes)} of {n_nodes} nodes "
-                           f"within {cfg.window_s:.0f}s ({cfg.max_fleet_fraction:.1%} of the fleet per window)")
-                elif rl[lp2] > _cap(cfg.max_loop_fraction, int(loop_size[lp2])):
-                    trips = False
-                    why = (f"{r.key} would restrict {rl[lp2]} of {loop_size[lp2]} nodes on {fleet.loop_names[lp2]} "
-                           f"within {cfg.window_s:.0f}s (> {cfg.max_loop_fraction:.1%} per window)")
-        if not why and new_path:
-            kind = r.path.partition(":")[0]
-            n_kind = n_links if kind == "link" else n_storage
-            frac = cfg.max_link_fraction if kind == "link" else cfg.max_storage_fraction
-            have = sum(1 for p in paths if p.partition(":")[0] == kind)
-            if have + 1 > _cap(frac, n_kind, at_least_one=True):
-                why = f"{r.key} would take {have + 1} of {n_kind} {kind} paths out of use (> {frac:.0%})"
+        why, trips = _exceeds(fleet, cfg, topo, tally, r, new_nodes, new_domain, new_path)
         if why:
             if trips and not state.tripped:
                 state = replace(state, tripped=True, reason=why, tripped_at_s=t_s)
             held[r.key] = why
             continue
         admitted.append(r.key)
-        if new_domain:
-            doms.add(r.domain)
-            covered |= _domain_nodes(fleet, r.domain)
-        if new_path:
-            paths.add(r.path)
-        for i in new_nodes:
-            restricted.add(i)
-            if covered[i]:
-                continue
-            per_loop[node_loop[i]] += 1
-            per_rack[node_rack[i]] += 1
-            per_leaf[leaves(i)] += 1
-            if not r.hard:
-                rate_nodes.add(i)
-                rate_loop[node_loop[i]] += 1
-                window = window + ((t_s, fleet.node_names[i]),)
-        restricted.update(r.nodes)
-    return replace(state, drained=window, domains=tuple(sorted(doms))), admitted, held
+        _count(fleet, topo, tally, r, new_nodes, t_s)
+    return replace(state, drained=tally.window, domains=tuple(sorted(tally.doms))), admitted, held
 
 
 def _known(fleet: Fleet, name: str) -> bool:
+    """Whether the fleet still has a node of that name (one in the rate window may be gone)."""
     try:
         fleet.index_of(Kind.NODE, name)
         return True

@@ -1,0 +1,222 @@
+"""checkpoint_now for exposed training jobs: risk episodes and pricing. Pure: no clock, no I/O.
+
+Priced (decide/economics.py checkpoint_decision): the rollback a checkpoint now avoids
+(work since the job's last checkpoint x its GPUs x P(failure before its next scheduled
+one), the hazard from its exposed nodes' state and evidence) against the write
+(checkpoint_write_s x its GPUs). At most once per risk episode, again only when the
+exposure reaches a stricter state than the one it was issued for; an episode ends when
+the job's nodes have been healthy episode_end_healthy_ticks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from seamguard.assess.assessment import Assessment, node_cause
+from seamguard.assess.states import State
+from seamguard.decide.actions import Action, Verb, action_key
+from seamguard.decide.economics import CheckpointContext, checkpoint_decision
+from seamguard.decide.explain import evidence, summary
+from seamguard.decide.policy import Policy
+from seamguard.fleet.model import JOB_CLASS_BY_LABEL, Fleet, Kind
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A risk episode of one training job on one node, for checkpoint_now.
+
+    Open while the node is exposed (its own or its cooling loop's / rack's state) and until
+    it has been healthy ``episode_end_healthy_ticks``; ``level`` is the exposure state the
+    job's checkpoint was last asked for in this episode (0: not yet).
+    """
+
+    job: str
+    node: str
+    level: int = 0
+
+
+# key of a checkpoint asked this tick -> (job, t_s of its checkpoint before, its episodes before)
+Issued = dict[str, tuple[str, "float | None", list[Episode]]]
+
+
+@dataclass(frozen=True, eq=False)
+class Exposure:
+    """Per node: the state a job there is exposed to, its GFS, its hazard; per job: the hazard summed."""
+
+    node_state: np.ndarray  # int64, max of the node's own state and its domains' (loop, rack)
+    node_gfs: np.ndarray  # worst of own / loop / rack GFS, at least its state's entry threshold
+    job_hazard_per_h: np.ndarray  # hard failures per hour over the job's exposed nodes
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What the checkpoint stage decided this tick, and the episode bookkeeping it carries on."""
+
+    actions: dict[str, Action]  # new and carried checkpoint_now, in job order
+    carried: frozenset[str]  # keys of checkpoints asked earlier in an open episode (not new)
+    issued: Issued  # checkpoints asked this tick, with the job's state before (to undo if not asked)
+    episodes: list[Episode]
+    checkpoints: dict[str, float]  # job -> t_s of its last checkpoint_now
+
+
+def exposure(fleet: Fleet, a: Assessment, policy: Policy) -> Exposure:
+    """How exposed each node is, and the hard-failure hazard per hour that exposure puts on each job.
+
+    A node's hard-failure hazard: 0.5 x GFS^2 per hour (propagation), GFS the worst of its
+    own and its loop's and rack's, at least the threshold of the state it is in.
+    """
+    ex = np.maximum(a.node_state, a.node_domain_state[:, 2]).astype(np.int64)
+    hg = policy.assess.hysteresis_for(Kind.GPU)
+    floor = np.where(ex >= State.CHECKPOINT_UNSAFE, hg.quarantine_enter,
+                     np.where(ex >= State.DEGRADED, hg.degrade_enter, 0.0))
+    g = np.maximum.reduce([np.nan_to_num(a.node_gfs), a.kinds[Kind.COOLING_LOOP].gfs[fleet.node_loop],
+                           a.kinds[Kind.RACK].gfs[fleet.node_rack], floor])
+    node_hazard = np.where(ex > State.HEALTHY, policy.assess.propagation.hazard_per_h_at_gfs1 * g * g, 0.0)
+    placed = fleet.node_job >= 0
+    job_hazard = np.bincount(fleet.node_job[placed], weights=node_hazard[placed], minlength=len(fleet.job_names))
+    return Exposure(ex, g, job_hazard)
+
+
+def jobs_to_consider(fleet: Fleet, ex: Exposure, policy: Policy, episodes: dict[str, list[Episode]],
+                     last_ckpt: dict[str, float]) -> list[int]:
+    """Checkpointable jobs that are exposed now or still carry an episode or a recent checkpoint."""
+    ckpt_cls = np.isin(fleet.job_class, [JOB_CLASS_BY_LABEL[c] for c in policy.actions.checkpoint_classes])
+    node_job = fleet.node_job
+    job_index = {n: j for j, n in enumerate(fleet.job_names)}
+    busy = set(node_job[(node_job >= 0) & (ex.node_state > State.HEALTHY)].tolist())
+    busy |= {job_index[jn] for jn in list(episodes) + list(last_ckpt) if jn in job_index}
+    return [j for j in sorted(busy) if ckpt_cls[j]]
+
+
+def open_episodes(fleet: Fleet, j: int, prior: list[Episode], ex: Exposure, node_ht: np.ndarray,
+                  end_healthy_ticks: int, node_of: dict[str, int]) -> dict[str, Episode]:
+    """The job's episodes still open, by node: kept unless it left the node or the node recovered for good; new ones opened where exposed."""
+    jn = fleet.job_names[j]
+    mine = np.flatnonzero((fleet.node_job >= 0) & (fleet.node_job == j))
+    here = {fleet.node_names[i] for i in mine.tolist()}
+    eps: dict[str, Episode] = {}
+    for e in prior:
+        i = node_of.get(e.node)
+        if i is None or e.node not in here:
+            continue  # the job left the node: its episode there is over
+        if ex.node_state[i] == State.HEALTHY and node_ht[i] >= end_healthy_ticks:
+            continue  # sustained recovery ends the episode
+        eps[e.node] = e
+    for i in mine[ex.node_state[mine] > State.HEALTHY].tolist():
+        eps.setdefault(fleet.node_names[i], Episode(jn, fleet.node_names[i], 0))
+    return eps
+
+
+def carried_checkpoint(job: str, t: float) -> Action:
+    """A checkpoint asked earlier in an open episode, carried as it is (not asked again)."""
+    return Action(key=action_key(Verb.CHECKPOINT_NOW, job, f"t{int(t)}"), verb=Verb.CHECKPOINT_NOW, target=job,
+                  target_kind="job", reason=f"seamguard: checkpoint asked at t={t:.0f}s; not repeated while "
+                                            "the risk episode lasts", cause=job)
+
+
+def price_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j: int, worse: list[int],
+                     last: float | None, crit: np.ndarray) -> Action | None:
+    """checkpoint_now for a job whose exposure got worse, if the rollback it avoids outweighs the write."""
+    obj, prop = policy.objective, policy.assess.propagation
+    interval_s = prop.checkpoint_interval_h * 3600.0
+    since = a.t_s - last if last is not None else np.inf
+    uncommitted = since if since < interval_s else interval_s / 2.0
+    dec = checkpoint_decision(CheckpointContext(
+        job_gpus=max(int(float(fleet.job_gpu_count[j])), 1), uncommitted_s=uncommitted,
+        horizon_s=max(interval_s - uncommitted, 0.0), hazard_per_h=float(ex.job_hazard_per_h[j]),
+        write_s=policy.actions.checkpoint_write_s))
+    if dec.action != "checkpoint":
+        return None
+    worst = max(worse, key=lambda i: (ex.node_state[i], ex.node_gfs[i]))
+    lv = int(ex.node_state[worst])
+    _, _, reasons = node_cause(fleet, a.kinds, worst)
+    jn = fleet.job_names[j]
+    return Action(key=action_key(Verb.CHECKPOINT_NOW, jn, f"t{int(a.t_s)}"), verb=Verb.CHECKPOINT_NOW, target=jn,
+                  target_kind="job",
+                  reason=f"seamguard: job exposed to {State(lv).label} {fleet.node_names[worst]} "
+                         f"({summary(reasons)}); rollback avoided {dec.benefit_gpu_h:.2f} GPU-h > "
+                         f"write {dec.cost_gpu_h:.2f} GPU-h",
+                  cause=fleet.node_names[worst], evidence=evidence(reasons),
+                  benefit_gpu_h_per_h=round(dec.benefit_gpu_h / obj.horizon_h, 4),
+                  cost_gpu_h_per_h=round(dec.cost_gpu_h / obj.horizon_h, 4), criticality=float(crit[j]))
+
+
+@dataclass(frozen=True)
+class JobCheckpoint:
+    """One job's checkpoint decision this tick and its episodes after it."""
+
+    action: Action | None
+    carried: bool  # the action is a checkpoint asked earlier, carried
+    issued: tuple[str, float | None, list[Episode]] | None  # (job, last before, episodes before) if asked now
+    episodes: list[Episode]  # sorted by node
+    last_s: float | None  # t_s of its last checkpoint_now
+
+
+def job_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j: int, prior: list[Episode],
+                   last: float | None, node_ht: np.ndarray, crit: np.ndarray,
+                   node_of: dict[str, int]) -> JobCheckpoint:
+    """Ask one job for a checkpoint where an episode got stricter and it pays; else carry the one asked."""
+    jn = fleet.job_names[j]
+    eps = open_episodes(fleet, j, prior, ex, node_ht, policy.actions.episode_end_healthy_ticks, node_of)
+    # asked again only where a node's exposure is stricter than what this episode asked for
+    worse = [node_of[e.node] for e in eps.values() if ex.node_state[node_of[e.node]] > e.level]
+    act = price_checkpoint(fleet, a, policy, ex, j, worse, last, crit) if worse else None
+    issued = None
+    if act is not None:
+        issued = (jn, last, list(eps.values()))
+        eps = {n: replace(e, level=max(e.level, int(ex.node_state[node_of[n]]))) for n, e in eps.items()}
+        last = a.t_s
+    carried = act is None and last is not None and any(e.level > 0 for e in eps.values())
+    if carried:
+        act = carried_checkpoint(jn, last)
+    return JobCheckpoint(act, carried, issued, [eps[n] for n in sorted(eps)], last)
+
+
+def plan_checkpoints(fleet: Fleet, a: Assessment, policy: Policy, episodes: tuple[Episode, ...],
+                     checkpoints: tuple[tuple[str, float], ...], node_ht: np.ndarray,
+                     crit: np.ndarray) -> CheckpointPlan:
+    """checkpoint_now for every exposed training job, at most once per risk episode unless it worsens."""
+    ex = exposure(fleet, a, policy)
+    interval_s = policy.assess.propagation.checkpoint_interval_h * 3600.0
+    by_job: dict[str, list[Episode]] = {}
+    for e in episodes:
+        by_job.setdefault(e.job, []).append(e)
+    last_ckpt = dict(checkpoints)
+    node_of = {n: i for i, n in enumerate(fleet.node_names)}
+    actions: dict[str, Action] = {}
+    carried: set[str] = set()
+    issued: Issued = {}
+    new_episodes: list[Episode] = []
+    new_ckpts: dict[str, float] = {}
+    for j in jobs_to_consider(fleet, ex, policy, by_job, last_ckpt):
+        jn = fleet.job_names[j]
+        jc = job_checkpoint(fleet, a, policy, ex, j, by_job.get(jn, []), last_ckpt.get(jn), node_ht, crit, node_of)
+        if jc.action is not None:
+            actions[jc.action.key] = jc.action
+            if jc.carried:
+                carried.add(jc.action.key)
+            if jc.issued is not None:
+                issued[jc.action.key] = jc.issued
+        new_episodes += jc.episodes
+        if jc.last_s is not None and (jc.episodes or a.t_s - jc.last_s < interval_s):
+            new_ckpts[jn] = jc.last_s
+    return CheckpointPlan(actions, frozenset(carried), issued, new_episodes, new_ckpts)
+
+
+def undo_unasked(plan: CheckpointPlan, desired: dict[str, Action]
+                 ) -> tuple[dict[str, Action], list[Episode], dict[str, float]]:
+    """A checkpoint the freeze held back was not asked: the job's episodes stay as they were."""
+    desired, episodes, ckpts = dict(desired), list(plan.episodes), dict(plan.checkpoints)
+    for k, (jn, before, eps_before) in plan.issued.items():
+        if k in desired:
+            continue
+        episodes = [e for e in episodes if e.job != jn] + eps_before
+        if before is None:
+            ckpts.pop(jn, None)
+        else:
+            ckpts[jn] = before
+            if any(e.level > 0 for e in eps_before):
+                desired[carried_checkpoint(jn, before).key] = carried_checkpoint(jn, before)
+    return desired, episodes, ckpts
