@@ -375,7 +375,8 @@ def test_a_job_exposed_anew_is_asked_for_a_checkpoint_when_it_pays():
     assert jc.action.cause == "gpu003" and jc.action.reason.startswith(
         "seamguard: job exposed to checkpoint_unsafe gpu003 (gpu003/gpu0:probe=9); rollback avoided ")
     assert jc.issued == (J0, None, [ck.Episode(J0, "gpu003", 0)])
-    assert jc.episodes == [ck.Episode(J0, "gpu003", int(CU))] and jc.last_s == 1000.0
+    (ep,) = jc.episodes
+    assert (ep.level, ep.hazard_per_h) == (int(CU), pytest.approx(0.32)) and jc.last_s == 1000.0  # 0.5 x 0.8^2
 
 
 def test_a_checkpoint_that_does_not_pay_is_not_asked():
@@ -393,6 +394,25 @@ def test_once_per_episode_carried_until_it_worsens():
     assert not jc.carried and jc.action.key.endswith("@t1000") and jc.episodes[0].level == int(Q)
     jc = _job(worse, 0, prior=asked, last=990.0)  # worse, but 10 s to roll back: not worth a write
     assert jc.carried and jc.action.key.endswith("@t990") and jc.episodes == asked
+
+
+def test_asked_again_when_the_jobs_hazard_has_grown_enough():
+    """Same state, but the job's failure hazard grew reask_hazard_ratio (2) times since it was asked."""
+    asked_at = lambda h: [ck.Episode(J0, "gpu003", int(CU), h)]  # noqa: E731
+    jc = _job(EXPOSED, 0, prior=asked_at(0.32), last=100.0)  # hazard now 0.32/h: unchanged
+    assert jc.carried
+    jc = _job(EXPOSED, 0, prior=asked_at(0.15), last=100.0)  # 0.32 >= 2 x 0.15: worse evidence
+    assert not jc.carried and jc.action.key.endswith("@t1000") and jc.episodes[0].hazard_per_h == pytest.approx(0.32)
+    jc = _job(EXPOSED, 0, prior=asked_at(0.15), last=100.0, policy=_pol("actions", reask_hazard_ratio=3.0))
+    assert jc.carried
+
+
+def test_worsened_decision_table():
+    e = ck.Episode(J0, "n", int(Q), 0.2)
+    assert ck.worsened(e, int(Q) + 1, 0.2, 2.0)  # a stricter state
+    assert not ck.worsened(e, int(Q), 0.39, 2.0)  # hazard up 1.95x
+    assert ck.worsened(e, int(Q), 0.40, 2.0)  # hazard up 2x
+    assert not ck.worsened(ck.Episode(J0, "n", 0, 0.0), 0, 9.9, 2.0)  # never asked, not exposed
 
 
 def test_plan_checkpoints_forgets_old_checkpoints_without_episodes():

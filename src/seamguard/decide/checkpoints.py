@@ -4,7 +4,9 @@ Priced (decide/economics.py checkpoint_decision): the rollback a checkpoint now 
 (work since the job's last checkpoint x its GPUs x P(failure before its next scheduled
 one), the hazard from its exposed nodes' state and evidence) against the write
 (checkpoint_write_s x its GPUs). At most once per risk episode, again only when the
-exposure reaches a stricter state than the one it was issued for; an episode ends when
+evidence worsens: the exposure reaches a stricter state than the one it was issued for,
+or the job's failure hazard has grown ``reask_hazard_ratio`` times since it was asked
+(a failing cooling loop spreading over more of the job's nodes); an episode ends when
 the job's nodes have been healthy episode_end_healthy_ticks.
 """
 
@@ -29,12 +31,14 @@ class Episode:
 
     Open while the node is exposed (its own or its cooling loop's / rack's state) and until
     it has been healthy ``episode_end_healthy_ticks``; ``level`` is the exposure state the
-    job's checkpoint was last asked for in this episode (0: not yet).
+    job's checkpoint was last asked for in this episode (0: not yet), ``hazard_per_h`` the
+    job's failure hazard then.
     """
 
     job: str
     node: str
     level: int = 0
+    hazard_per_h: float = 0.0
 
 
 # key of a checkpoint asked this tick -> (job, t_s of its checkpoint before, its episodes before)
@@ -154,19 +158,28 @@ class JobCheckpoint:
     last_s: float | None  # t_s of its last checkpoint_now
 
 
+def worsened(e: Episode, state_now: int, job_hazard_per_h: float, ratio: float) -> bool:
+    """The evidence worsened since this episode's checkpoint: a stricter state, or the job's hazard ``ratio`` x."""
+    if state_now > e.level:
+        return True
+    return e.level > 0 and e.hazard_per_h > 0 and job_hazard_per_h >= ratio * e.hazard_per_h
+
+
 def job_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j: int, prior: list[Episode],
                    last: float | None, node_ht: np.ndarray, crit: np.ndarray,
                    node_of: dict[str, int]) -> JobCheckpoint:
     """Ask one job for a checkpoint where an episode got stricter and it pays; else carry the one asked."""
     jn = fleet.job_names[j]
     eps = open_episodes(fleet, j, prior, ex, node_ht, policy.actions.episode_end_healthy_ticks, node_of)
-    # asked again only where a node's exposure is stricter than what this episode asked for
-    worse = [node_of[e.node] for e in eps.values() if ex.node_state[node_of[e.node]] > e.level]
+    hazard = float(ex.job_hazard_per_h[j])
+    worse = [node_of[e.node] for e in eps.values() if worsened(e, int(ex.node_state[node_of[e.node]]), hazard,
+                                                               policy.actions.reask_hazard_ratio)]
     act = price_checkpoint(fleet, a, policy, ex, j, worse, last, crit) if worse else None
     issued = None
     if act is not None:
         issued = (jn, last, list(eps.values()))
-        eps = {n: replace(e, level=max(e.level, int(ex.node_state[node_of[n]]))) for n, e in eps.items()}
+        eps = {n: replace(e, level=max(e.level, int(ex.node_state[node_of[n]])), hazard_per_h=hazard)
+               for n, e in eps.items()}
         last = a.t_s
     carried = act is None and last is not None and any(e.level > 0 for e in eps.values())
     if carried:

@@ -66,12 +66,13 @@ class DecideState:
 
     def to_json(self) -> dict:
         return {"breaker": self.breaker.to_json(),
-                "episodes": [[e.job, e.node, e.level] for e in self.episodes],
+                "episodes": [[e.job, e.node, e.level, e.hazard_per_h] for e in self.episodes],
                 "checkpoints": [list(x) for x in self.checkpoints]}
 
     @classmethod
     def from_json(cls, d: dict) -> DecideState:
-        eps = tuple(Episode(str(j), str(n), int(lv)) for j, n, lv in d.get("episodes", []))
+        eps = tuple(Episode(str(e[0]), str(e[1]), int(e[2]), float(e[3]) if len(e) > 3 else 0.0)
+                    for e in d.get("episodes", []))
         ck = [(str(j), float(t)) for j, t in d.get("checkpoints", [])]
         ck += [(str(j), float(t)) for j, _, t in d.get("exposure", [])]  # before episodes: (job, level, t_s)
         return cls(BreakerState.from_json(d["breaker"]), eps, tuple(ck))

@@ -35,6 +35,7 @@ class RunResult:
     tick_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     breaker_tripped: bool = False
+    breaker_reason: str = ""
 
 
 def build(gpus: int, minutes: float, seed: int, tick_s: float = 5.0,
@@ -77,6 +78,7 @@ def run(fleet: Fleet, faults: list[FaultSpec], cfg: TwinConfig, minutes: float, 
         if on_tick is not None:
             on_tick(twin, rep)
     res.breaker_tripped = ctl.breaker.tripped if ctl is not None else False
+    res.breaker_reason = ctl.breaker.reason if ctl is not None else ""
     return res
 
 
