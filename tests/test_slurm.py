@@ -43,7 +43,8 @@ def policy(max_fleet_fraction: float = 1.0):
                                  "max_in_effect_fleet_fraction": 1.0, "max_in_effect_loop_fraction": 1.0,
                                  "max_in_effect_rack_fraction": 1.0, "max_in_effect_leaf_fraction": 1.0,
                                  "max_domain_fraction": 1.0},
-        assess={"hysteresis": {"gpu": {"recover_ticks": 2, "min_dwell_ticks": 0}}})
+        assess={"hysteresis": {"gpu": {"recover_ticks": 2, "min_dwell_ticks": 0}}},
+        actions={"release_after_healthy_ticks": 0})  # the resume mechanics are under test, not the dwell
 
 
 def frames(slow_gpus: list[int], during: range, n: int):

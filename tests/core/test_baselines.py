@@ -165,7 +165,8 @@ def test_baselines_survive_a_controller_restart(tmp_path):
     for _ in range(WARM + 3):
         assert not ctl.tick(twin.step()).error
     before = ctl.baselines
-    assert before.warm_counts(POL.assess.baselines)["gpu"] == FLEET.count(Kind.GPU)
+    busy = FLEET.gpu_job >= 0  # spare nodes idle: their GPUs' thermal fit learns at load only
+    assert before.warm_counts(POL.assess.baselines)["gpu"] == int(busy.sum()) > 0
     ctl.ledger.close()
 
     again = Controller(FLEET, POL, ledger=Ledger(db), tick_s=TICK)
@@ -174,7 +175,7 @@ def test_baselines_survive_a_controller_restart(tmp_path):
         np.testing.assert_array_equal(after.to_arrays()[name], arr, err_msg=name)
     rep = again.tick(twin.step())
     ev = rep.assessment.kinds[Kind.GPU].evidence
-    assert ev.column("warming").sum() == 0  # no re-warming after the restart
+    assert ev.column("warming")[busy].sum() == 0  # no re-warming after the restart
     again.ledger.close()
 
 

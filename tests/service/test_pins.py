@@ -60,6 +60,9 @@ def test_pin_holds_state_drives_a_drain_and_is_recorded(tmp_path):
     for _ in range(30):
         rep = _tick(ctl, twin)
     assert rep.assessment.kinds[Kind.GPU].states.state[i] == State.HEALTHY
+    # The drain is lifted once the node has stayed healthy for the release dwell.
+    for _ in range(ctl.policy.actions.release_after_healthy_ticks):
+        rep = _tick(ctl, twin)
     assert "drain:gpu010" not in rep.decisions.desired
 
 

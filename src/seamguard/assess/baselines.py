@@ -54,6 +54,10 @@ class BaselineConfig(BaseModel):
     latency_clip: float = Field(1.3, gt=1, description="a warm latency sample is clipped to baseline × / ÷ this")
     clock_clip: float = Field(0.03, gt=0, description="a warm clock sample is clipped to baseline ± this fraction")
     die_tau_s: float = Field(30.0, gt=0, description="time constant of die temperature after a power change")
+    operating_range_w: float = Field(150.0, gt=0, description="power this far (or 3 sigma) from the mean a GPU's fit "
+                                                              "was learned at is an extrapolation: no drift verdict")
+    busy_util_pct: float = Field(10.0, ge=0, le=100, description="utilisation below which a GPU idles (a drained "
+                                                                  "node): its thermal fit neither learns nor judges")
     transient_weight: float = Field(0.5, ge=0, description="uncertainty per °C of power change not yet settled")
 
 

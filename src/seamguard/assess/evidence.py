@@ -221,12 +221,20 @@ def _thermal(fleet: Fleet, frame: Frame, hist: History, base: Baselines, bcfg: B
     sd_eff = np.sqrt(sd ** 2 + (sb * np.nan_to_num(p_eff - g.p_mean)) ** 2
                      + (bcfg.transient_weight * b0 * unsettled) ** 2)
     z = d / sd_eff
+    # Far outside the operating range the fit was learned on (a drained GPU idles, a new job
+    # draws more) the fit extrapolates: no verdict there until the range has been learned.
+    # An idle GPU (a drained node, a job between steps) is judged and taught at load only.
+    spread_w = np.sqrt(np.maximum(np.nan_to_num(g.p_var), 0.0))
+    in_range = np.abs(np.nan_to_num(p_eff - g.p_mean)) <= np.maximum(3.0 * spread_w, bcfg.operating_range_w)
+    util = frame.get("DCGM_FI_DEV_GPU_UTIL")
+    busy = np.where(np.isfinite(util), util >= bcfg.busy_util_pct, True)
+    judged = warm & in_range & busy
 
     # Learn: winsorised to the baseline ± k sigma once warm; the common mode is not the GPU's.
     k = bcfg.learn_clip_sigma
     d_l = np.where(warm, np.clip(d, -k * sd_eff, k * sd_eff), d)
     x_l = np.where(warm, a + b * p_eff + d_l, x - c)
-    lrn = learn & ok
+    lrn = learn & ok & busy
     al = alpha(g.n, dt_s, bcfg.half_life_s, bcfg.warm_samples)
     dp = np.nan_to_num(p_eff - g.p_mean)
     dx = np.nan_to_num(x_l - g.x_mean)
@@ -260,7 +268,7 @@ def _thermal(fleet: Fleet, frame: Frame, hist: History, base: Baselines, bcfg: B
                 r_th, r_n = (r_th + af * (s_t - r_th)), r_n + 1
     fields = dict(n=n_new, p_filt=p_filt, p_mean=p_mean, x_mean=x_mean, p_var=p_var, px_cov=px_cov, noise=noise,
                   drift=drift_last, drift_rate=drift_rate)
-    return np.where(warm, d, np.nan), np.where(warm, z, np.nan), warm, drift_rate, fields, r_th, r_n
+    return np.where(judged, d, np.nan), np.where(judged, z, np.nan), warm, drift_rate, fields, r_th, r_n
 
 
 def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
