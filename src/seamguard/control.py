@@ -25,7 +25,7 @@ from seamguard.assess.states import STATE_BY_LABEL, State, StateVector
 from seamguard.decide.actions import Decisions
 from seamguard.decide.breaker import BreakerState
 from seamguard.decide.planner import DecideState, decide
-from seamguard.decide.policy import Policy, PolicyError
+from seamguard.decide.policy import Policy, PolicyError, check_mode
 from seamguard.fleet.model import KIND_BY_LABEL, Fleet, Kind
 from seamguard.ledger.sqlite import Ledger
 from seamguard.observe.frame import Frame
@@ -57,9 +57,7 @@ class Controller:
         self.policy = policy
         self.actuators = list(actuators or [])
         self.ledger = ledger
-        self.mode = mode or policy.mode
-        if self.mode not in ("dry_run", "enforce"):
-            raise ValueError(f"mode must be 'dry_run' or 'enforce', got {self.mode!r}")
+        self.mode = check_mode(mode or policy.mode)
         if policy.breaker.enabled and policy.breaker.window_s < tick_s:
             raise PolicyError(f"breaker.window_s: {policy.breaker.window_s:g} s is shorter than one tick "
                               f"({tick_s:g} s): the rate bound would count nothing")
@@ -172,8 +170,7 @@ class Controller:
 
     def set_mode(self, mode: str, by: str = "operator") -> None:
         """Switch dry_run/enforce; recorded, so a restarted controller keeps an operator's dry_run."""
-        if mode not in ("dry_run", "enforce"):
-            raise ValueError(f"mode must be 'dry_run' or 'enforce', got {mode!r}")
+        check_mode(mode)
         if mode != self.mode:
             log.warning("mode %s -> %s by %s", self.mode, mode, by)
         self.mode = mode

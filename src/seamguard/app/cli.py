@@ -21,6 +21,7 @@ from seamguard.app import eval_cli
 from seamguard.app import twin_cli as twin_events_cli
 from seamguard.app.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
                                   phase, wants_json)
+from seamguard.decide.policy import Mode
 from seamguard.runtime import cli as runtime_cli
 from seamguard.testbed import cli as testbed_cli
 
@@ -44,11 +45,6 @@ app.add_typer(fleet_app, name="fleet", short_help="Topology files: generate, val
 app.add_typer(policy_app, name="policy", short_help="Decision policy: show the default, validate a file.")
 twin_app.command("simulate", short_help="Discrete-event simulation: baseline vs seamguard.")(twin_events_cli.simulate)
 twin_app.command("report", short_help="ETTR-vs-size and cost plots plus a summary.")(twin_events_cli.report)
-
-
-class Mode(str, Enum):
-    dry_run = "dry_run"
-    enforce = "enforce"
 
 
 class Scenario(str, Enum):

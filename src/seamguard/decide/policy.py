@@ -6,6 +6,7 @@ writes only what they change. Errors name the file, the field and what was expec
 
 from __future__ import annotations
 
+from enum import Enum
 from importlib import resources
 from typing import Any, Literal
 
@@ -17,6 +18,20 @@ from seamguard.assess.quality import FailsafeConfig
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL
 from seamguard.config import format_validation_error
+
+
+class Mode(str, Enum):
+    """dry_run: decide and record, change nothing. enforce: actuate."""
+
+    dry_run = "dry_run"
+    enforce = "enforce"
+
+
+def check_mode(mode: str) -> str:
+    """The mode, or a ValueError naming the two there are."""
+    if mode not in Mode._value2member_map_:
+        raise ValueError(f"mode must be 'dry_run' or 'enforce', got {mode!r}")
+    return str(mode)
 
 
 class PolicyError(ValueError):

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.assess.states import State
+from seamguard.decide.policy import Mode
 from seamguard.app.snapshot import ENTITY_KINDS
 
 KindName = Enum("KindName", {k.label: k.label for k in ENTITY_KINDS}, type=str)  # type: ignore[misc]
@@ -38,11 +39,6 @@ class SortKey(str, Enum):
     prs = "prs"
     fae = "fae"
     state = "state"
-
-
-class Mode(str, Enum):
-    dry_run = "dry_run"
-    enforce = "enforce"
 
 
 class _M(BaseModel):
