@@ -443,7 +443,8 @@ def drill_prometheus(work: Path, srcs: dict[str, Path], harness: Path, gpus: int
     from http.server import ThreadingHTTPServer
 
     from seamguard.testbed.faults import MALFORMED, PromFaultProxy
-    from seamguard.testbed.prom import PrometheusServer, free_port
+    from seamguard.ports import free_port
+    from seamguard.testbed.prom import PrometheusServer
 
     def quiet(self, request, client_address, _orig=ThreadingHTTPServer.handle_error) -> None:
         if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):

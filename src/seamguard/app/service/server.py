@@ -6,7 +6,6 @@ stops it with a bounded wait, so tests and benchmarks start and stop real server
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -14,12 +13,7 @@ import uvicorn
 
 from seamguard.app.service.api import create_app
 from seamguard.app.runner import Runner
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from seamguard.ports import free_port
 
 
 class Server:
