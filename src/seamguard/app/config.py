@@ -87,14 +87,11 @@ def load_topology(path: str | Path) -> Fleet:
     return parse_topology(read_yaml(path, "topology file", TopologyError), str(path))
 
 
-def load_policy(path: str | Path | None, **overrides: Any) -> Policy:
+def load_policy(path: str | Path | None) -> Policy:
     """The policy file merged over the default, or the default when ``path`` is None."""
     if path is None:
-        return default_policy(**overrides)
-    data = read_yaml(path, "policy file", PolicyError)
-    if overrides:
-        data = {**(data or {}), **overrides} if isinstance(data, dict) or data is None else data
-    return parse_policy(data, str(path))
+        return default_policy()
+    return parse_policy(read_yaml(path, "policy file", PolicyError), str(path))
 
 
 def _resolve(base: Path, p: Path | None) -> Path | None:

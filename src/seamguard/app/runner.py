@@ -110,7 +110,7 @@ class Runner:
     def from_config(cls, cfg: RunConfig, **overrides: Any) -> Runner:
         """The live controller a run config describes: its source, actuators, policy, mode, ledger."""
         source = PrometheusLiveSource(cfg)
-        kw: dict[str, Any] = dict(policy=load_policy(cfg.policy, mode=cfg.mode), mode=cfg.mode,
+        kw: dict[str, Any] = dict(policy=load_policy(cfg.policy), mode=cfg.mode,
                                   speed=cfg.time_scale, ledger_path=cfg.ledger, events_out=cfg.events_out,
                                   max_ticks=cfg.max_ticks)
         kw.update(overrides)
