@@ -272,12 +272,12 @@ class Controller:
                         self.ledger.record_failsafe_event(tick, frame.t_s, "breaker_tripped", "breaker",
                                                           dstate.breaker.reason)
             if enforce:
-                changes = reconcile(decisions, self.actuators, self.ledger, tick, enforce=True)
+                changes = reconcile(decisions, self.actuators, self.ledger, tick, enforce=True, actual=in_effect)
             else:
                 # Dry run: report each change once, when the decision first appears or is withdrawn.
                 new = {k for ev, k in events if ev == "decided"} if self.ledger is not None else set(decisions.desired)
                 shown = Decisions(decisions.t_s, {k: v for k, v in decisions.desired.items() if k in new})
-                changes = reconcile(shown, self.actuators, self.ledger, tick, enforce=False)
+                changes = reconcile(shown, self.actuators, self.ledger, tick, enforce=False, actual=in_effect)
             t3 = time.perf_counter()
             self.states = {k: a.kinds[k].states for k in ASSESSED_KINDS}
             self.node_state = a.node_state

@@ -55,8 +55,11 @@ def diff(desired: dict[str, Action], actual: set[str], done_one_shots: set[str])
     return apply, revert
 
 
-def reconcile(decisions: Decisions, actuators: list[Actuator], ledger, tick: int, enforce: bool) -> list[Change]:
-    actual = observe_all(actuators)
+def reconcile(decisions: Decisions, actuators: list[Actuator], ledger, tick: int, enforce: bool,
+              actual: set[str] | None = None) -> list[Change]:
+    """Apply the difference between ``decisions`` and ``actual`` (what the actuators hold; observed
+    here unless the caller observed it this tick already)."""
+    actual = observe_all(actuators) if actual is None else actual
     done = ledger.done_keys() if ledger is not None else set()
     refused = ledger.refused_keys() if ledger is not None and enforce else set()
     apply, revert = diff({k: a for k, a in decisions.desired.items() if k not in refused}, actual, done | actual)
