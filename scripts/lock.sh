@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 venv=$(mktemp -d); trap 'rm -rf "$venv"' EXIT
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,runtime,service]'
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,runtime,service,gateway]'
 {
   head -n 3 requirements/test-constraints.txt
   "$venv/bin/python" -m pip freeze --exclude-editable | grep -v '^torch=='

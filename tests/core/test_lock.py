@@ -29,7 +29,7 @@ def _lock() -> dict[str, str]:
 def _requirements() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = [Requirement(r) for r in project["dependencies"]]
-    for extra in ("test", "service", "runtime"):
+    for extra in ("test", "service", "runtime", "gateway"):
         reqs += [Requirement(r) for r in project["optional-dependencies"][extra]]
     return reqs
 
