@@ -35,10 +35,10 @@ def test_simulate_both_side_by_side_and_options():
                "--seed", "3")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert REQUIRED <= doc["baseline"].keys() and REQUIRED <= doc["seamguard"].keys()
-    assert doc["baseline"]["checkpoint_interval_min"] == pytest.approx(30.0)
+    assert REQUIRED <= doc["baseline_fixed"].keys() and REQUIRED <= doc["seamguard"].keys()
+    assert doc["baseline_fixed"]["checkpoint_interval_min"] == pytest.approx(30.0)
     assert doc["node_failure_rate_per_node_day"] == pytest.approx(0.005, rel=0.05)
-    assert doc["ettr_gain"] == pytest.approx(doc["seamguard"]["ettr"] - doc["baseline"]["ettr"])
+    assert doc["ettr_gain"] == pytest.approx(doc["seamguard"]["ettr"] - doc["baseline_fixed"]["ettr"])
 
 
 def test_link_mttf_option_replaces_the_network_cause():
@@ -257,8 +257,8 @@ def test_cause_plot_says_top_n_of_m_or_shows_all(figures):
 def test_cause_plot_has_a_linear_view(figures):
     figs, _ = figures
     assert figs["cause"].axes[0].get_xscale() == "linear"
-    assert "baseline / seamguard" in figs["cause"].axes[1].get_xlabel()
-    assert "baseline / seamguard" in figs["ettr"].axes[1].get_ylabel()
+    assert "baseline_fixed / seamguard" in figs["cause"].axes[1].get_xlabel()
+    assert "baseline_fixed / seamguard" in figs["ettr"].axes[1].get_ylabel()
 
 
 def test_simulate_without_measured_says_which_defaults():
@@ -266,7 +266,8 @@ def test_simulate_without_measured_says_which_defaults():
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())  # the note is wrapped to the terminal's width
     assert "built-in defaults, no --measured FILE given" in text
-    assert "live resume 5.06 s" in text and "docs/sources.md" in text
+    assert "live resume 5.06 s" in text and "docs/twin-events.md" in text
+    assert "benchmarks/results" not in text   # no file a pip-installed user does not have
     assert max(len(line) for line in res.output.splitlines()) <= 80
 
 
@@ -279,9 +280,10 @@ def test_simulate_measured_missing_file_is_an_error(tmp_path):
 def test_simulate_output_switch_and_help_lists_choices():
     res = _run("--gpus", "1024", "--days", "1", "--compare", "baseline", "-o", "json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["policy"] == "baseline"
+    assert json.loads(res.stdout)["policy"] == "baseline_fixed"
     help_text = runner.invoke(app, ["twin", "simulate", "--help"], terminal_width=200).output
-    for choice in ("baseline", "seamguard", "both", "llama3", "hpn", "mttf", "local", "process",
-                   "ray", "single", "mix", "table", "json"):
+    for choice in ("baseline_fixed", "baseline_daly_async", "in_job_restart", "seamguard", "both",
+                   "all", "llama3", "hpn", "mttf", "local", "process", "ray", "single", "mix",
+                   "table", "json"):
         assert choice in help_text, choice
-    assert "--policy" not in help_text
+    assert "--policy " not in help_text   # the policies are chosen with --compare

@@ -21,7 +21,7 @@ import typer
 
 from seamguard.app.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, phase, wants_json
 from seamguard.twin.events.calibration import link_profile, llama3_failure_model
-from seamguard.twin.events.config import ClusterConfig, PolicyParams
+from seamguard.twin.events.config import POLICIES, ClusterConfig, CostModel, PolicyParams
 from seamguard.twin.events.measured import (DEFAULT_FIGURES, RuntimeFigures, describe_defaults,
                                             load_runtime_figures)
 from seamguard.twin.events.montecarlo import run_monte_carlo, summarise
@@ -31,11 +31,21 @@ __all__ = ["simulate", "report", "build_settings", "Compare", "Workload", "LinkP
 
 
 class Compare(str, Enum):
-    """Which policies ``twin simulate`` runs (side by side with ``both``)."""
+    """Which policies ``twin simulate`` runs: one, ``both`` (baseline_fixed and
+    seamguard) or ``all`` four side by side (``baseline`` is baseline_fixed)."""
 
     baseline = "baseline"
+    baseline_fixed = "baseline_fixed"
+    baseline_daly_async = "baseline_daly_async"
+    in_job_restart = "in_job_restart"
     seamguard = "seamguard"
     both = "both"
+    all = "all"
+
+
+#: The policies each ``--compare`` choice runs.
+_COMPARE = {"both": ("baseline_fixed", "seamguard"), "all": POLICIES,
+            "baseline": ("baseline_fixed",)}
 
 
 class Workload(str, Enum):
@@ -69,11 +79,14 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
                    job_wide_crash_fraction: float = PolicyParams.job_wide_crash_fraction,
                    sdc_caught_fraction: float = PolicyParams.sdc_caught_at_step_fraction,
                    crash_capture_fraction: float = PolicyParams.crash_capture_fraction,
+                   policy_config: Optional[Path] = None,
                    ) -> tuple[ClusterConfig, list[PolicyParams], RuntimeFigures]:
     """Validate flags and build the cluster config, the policies to run and their figures.
 
     ``measured`` is the runtime results file the user named, or ``None`` for the built-in
-    defaults (never a path guessed from the current directory).
+    defaults (never a path guessed from the current directory). ``policy_config`` is a
+    JSON file ``{"<policy>": {"<cost>": seconds, ...}}`` replacing named cost components
+    (:class:`~seamguard.twin.events.config.CostModel`) of the policies it names.
     """
     compare, workload = _value(compare), _value(workload)
     link_profile_name = _value(link_profile_name)
@@ -88,7 +101,8 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
     if link_profile_name not in {e.value for e in LinkProfile}:
         raise ValueError(f"--link-profile must be llama3, hpn or mttf, got {link_profile_name!r}")
     if compare not in {e.value for e in Compare}:
-        raise ValueError(f"--compare must be baseline, seamguard or both, got {compare!r}")
+        raise ValueError(f"--compare must be one of {', '.join(e.value for e in Compare)}, "
+                         f"got {compare!r}")
     if measured is not None and not Path(measured).is_file():
         raise ValueError(f"--measured: no such file {measured}")
     fm = llama3_failure_model()
@@ -101,7 +115,8 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
         figs = load_runtime_figures(measured)
     except ValueError as exc:
         raise ValueError(f"--measured: {exc}") from exc
-    names = ["baseline", "seamguard"] if compare == "both" else [compare]
+    overrides = read_policy_config(policy_config)
+    names = list(_COMPARE.get(compare, (compare,)))
     pols = [PolicyParams(n, checkpoint_interval_min=checkpoint_interval_min,
                          checkpoint_write_min=checkpoint_write_min,
                          restart_cost_min=restart_cost_min,
@@ -112,16 +127,53 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
                          sdc_caught_at_step_fraction=sdc_caught_fraction,
                          crash_capture_fraction=crash_capture_fraction, runtime=figs)
             for n in names]
+    pols = [with_costs(pp, overrides.get(pp.name, {})) for pp in pols]
     return cfg, pols, figs
+
+
+_COST_FIELDS = tuple(CostModel.__dataclass_fields__)
+
+
+def read_policy_config(path: Optional[Path]) -> dict[str, dict[str, float | None]]:
+    """Read ``--policy-config FILE`` (edge I/O): per policy, the costs it replaces."""
+    if path is None:
+        return {}
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--policy-config: cannot read {p}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"--policy-config: {p} must hold a JSON object of policies")
+    out: dict[str, dict[str, float | None]] = {}
+    for name, costs in doc.items():
+        name = {"baseline": "baseline_fixed"}.get(name, name)
+        if name not in POLICIES:
+            raise ValueError(f"--policy-config: unknown policy {name!r} (one of {', '.join(POLICIES)})")
+        if not isinstance(costs, dict) or set(costs) - set(_COST_FIELDS):
+            raise ValueError(f"--policy-config: {name} takes an object with costs among "
+                             f"{', '.join(_COST_FIELDS)}")
+        out[name] = costs
+    return out
+
+
+def with_costs(pp: PolicyParams, overrides: dict[str, float | None]) -> PolicyParams:
+    """The policy with some of its documented default costs replaced."""
+    if not overrides:
+        return pp
+    try:
+        return replace(pp, costs=replace(pp.cost_model, **overrides))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--policy-config: {pp.name}: {exc}") from exc
 
 
 def figures_line(figs: RuntimeFigures) -> str:
     """Where the seamguard policy's recovery figures came from, for people."""
     if figs.source == DEFAULT_FIGURES.source:
         return (f"recovery figures: built-in defaults, no --measured FILE given "
-                f"({describe_defaults(figs)}; origin of each in docs/sources.md). Pass "
-                f"--measured with a results file of benchmarks/failover_training.py "
-                f"(e.g. benchmarks/results/failover_training.json) to use measured ones.")
+                f"({describe_defaults(figs)}; listed in docs/twin-events.md, \"Shipped "
+                f"defaults\"). --measured FILE takes the results of a runtime benchmark run "
+                f"instead.")
     return f"recovery figures: {figs.source}"
 
 
@@ -163,6 +215,11 @@ _MEAS = typer.Option(None, "--measured", metavar="FILE",
                           "(e.g. benchmarks/results/failover_training.json). Without it the "
                           "built-in defaults are used (listed in docs/sources.md) and the "
                           "output says so.")
+_PCFG = typer.Option(None, "--policy-config", metavar="FILE",
+                     help="JSON {policy: {cost: seconds}} replacing named cost components "
+                          "(interval_s, write_blocking_s, write_async_s, restart_s, requeue_s, "
+                          "load_s, hang_detect_s, swap_s, backstop_interval_s); see "
+                          "docs/twin-events.md, \"Policies\".")
 _RUNS = typer.Option(1, "--runs", help="Monte-Carlo runs (seeds).")
 _SEED = typer.Option(0, "--seed", help="Master seed; the same seed reproduces every run.")
 _EXEC = typer.Option(Executor.local, "--executor", case_sensitive=False,
@@ -173,9 +230,10 @@ _WORK = typer.Option(None, "--workers", help="Worker processes for --executor pr
 
 def simulate(
     gpus: int = _GPUS, days: float = _DAYS,
-    compare: Compare = typer.Option(Compare.both, "--compare", case_sensitive=False,
-                                    help="Which policies to run: baseline, seamguard, or both "
-                                         "side by side."),
+    compare: Compare = typer.Option(Compare.all, "--compare", case_sensitive=False,
+                                    help="Which policies to run: one of baseline_fixed, "
+                                         "baseline_daly_async, in_job_restart, seamguard; "
+                                         "both (baseline_fixed and seamguard); all four."),
     output: Output = OUTPUT_OPTION, json_flag: bool = JSON_OPTION,
     workload: Workload = _WORKLOAD, spare_fraction: float = _SPARE,
     node_failure_rate: Optional[float] = _RF, link_profile_name: LinkProfile = _LINKP,
@@ -184,11 +242,11 @@ def simulate(
     detection_delay_s: float = _DD, detection_precision: float = _DP,
     state_gib_per_gpu: float = _SG, measured: Optional[Path] = _MEAS,
     job_wide_crash_fraction: float = _JW, sdc_caught_fraction: float = _SDC,
-    crash_capture_fraction: float = _CAP,
+    crash_capture_fraction: float = _CAP, policy_config: Optional[Path] = _PCFG,
     runs: int = _RUNS, seed: int = _SEED, executor: Executor = _EXEC,
     workers: Optional[int] = _WORK,
 ) -> None:
-    """Discrete-event simulation of a GPU cluster under baseline and/or seamguard."""
+    """Discrete-event simulation of a GPU cluster under the baselines and seamguard."""
     try:
         cfg, pols, figs = build_settings(
             gpus=gpus, days=days, compare=compare, workload=workload,
@@ -199,7 +257,7 @@ def simulate(
             detection_delay_s=detection_delay_s, detection_precision=detection_precision,
             state_gib_per_gpu=state_gib_per_gpu, measured=measured,
             job_wide_crash_fraction=job_wide_crash_fraction, sdc_caught_fraction=sdc_caught_fraction,
-            crash_capture_fraction=crash_capture_fraction)
+            crash_capture_fraction=crash_capture_fraction, policy_config=policy_config)
         sums = run_monte_carlo(cfg, pols, runs, seed, _value(executor), workers)
     except ValueError as exc:
         fail(str(exc))
@@ -241,7 +299,7 @@ def _print_table(sums, figs: RuntimeFigures) -> None:
     for s in sums:  # one plain line per policy: a caption would wrap mid-phrase at 80 columns
         _, lo, hi = s.metric("ettr")
         typer.echo(f"{s.policy} ETTR 95% CI [{lo:.4f}, {hi:.4f}]" if len(s.runs) > 1 else
-                   f"{s.policy} ETTR: 1 run, no interval (--runs N for one)")
+                   f"{s.policy} ETTR 95% CI n/a: 1 run (--runs N for one)")
     _echo_wrapped(figures_line(figs))
 
 
@@ -250,7 +308,8 @@ def _echo_wrapped(text: str) -> None:
     import shutil
     import textwrap
 
-    typer.echo(textwrap.fill(text, width=max(40, shutil.get_terminal_size((80, 24)).columns)))
+    typer.echo(textwrap.fill(text, width=max(40, shutil.get_terminal_size((80, 24)).columns),
+                             break_on_hyphens=False))
 
 
 def report(

@@ -13,10 +13,18 @@ from seamguard.decide.economics import Criticality, JobClass
 from seamguard.twin.events.calibration import FailureModel, llama3_failure_model
 from seamguard.twin.events.measured import DEFAULT_FIGURES, RuntimeFigures
 
-__all__ = ["JobSpec", "ClusterConfig", "PolicyParams", "workload", "POLICIES", "WORKLOADS"]
+__all__ = ["JobSpec", "ClusterConfig", "CostModel", "PolicyParams", "default_costs", "workload",
+           "POLICIES", "WORKLOADS", "NVRX_SOFT_TIMEOUT_S"]
 
-POLICIES = ("baseline", "seamguard")
+#: The policies the twin runs side by side (docs/twin-events.md, "Policies").
+POLICIES = ("baseline_fixed", "baseline_daly_async", "in_job_restart", "seamguard")
+#: Older name of ``baseline_fixed``, still accepted.
+_ALIASES = {"baseline": "baseline_fixed"}
 WORKLOADS = ("single", "mix")
+
+#: NVIDIA Resiliency Extension's in-process restart declares a rank hung after
+#: ``soft_timeout`` without progress: 60 s by default (``inprocess.Wrapper``).
+NVRX_SOFT_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -96,11 +104,59 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class CostModel:
+    """Every cost a policy pays, each a named option in seconds (docs/twin-events.md,
+    "Policies", gives the public source of each default).
+
+    A published model's setup is reproduced by filling these in (``twin simulate
+    --policy-config FILE``); a field a policy does not use is ignored by it.
+    """
+
+    interval_s: float | None
+    """Compute time between checkpoints; ``None``: the policy's interval rule decides
+    (Young/Daly from the failure rate, or the checkpoint planner)."""
+    write_blocking_s: float
+    """Part of a checkpoint write training waits for (the whole write when it is blocking;
+    the device-to-host snapshot when the write is asynchronous)."""
+    write_async_s: float
+    """Part of the write that runs in the background after it: a checkpoint counts only
+    once this has finished, so a failure inside it loses the previous interval too."""
+    restart_s: float
+    """A job-wide stop to every process running again (for ``requeue`` policies Meta's u0,
+    which includes requeue, init and reload; else the measured relaunch at the measured
+    ranks, scaled by log2 of the job's ranks)."""
+    requeue_s: float
+    """The scheduler requeueing the job and allocating its nodes, on top of ``restart_s``."""
+    load_s: float
+    """Reading the checkpoint back after a restart, on top of ``restart_s``."""
+    hang_detect_s: float
+    """A hung collective (no process exits) noticed by a timeout."""
+    swap_s: float
+    """Live replacement of one lost rank while the others keep their state (measured
+    resume at the measured ranks, scaled to the replica group); unused by policies that
+    restart every rank."""
+    backstop_interval_s: float
+    """Interval of the storage copy that silent corruption goes back to, where the
+    frequent checkpoints are in memory."""
+
+    def __post_init__(self) -> None:
+        for name in ("write_blocking_s", "write_async_s", "restart_s", "requeue_s", "load_s",
+                     "hang_detect_s", "swap_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"cost {name} must be a finite number >= 0, got {v!r}")
+        if self.interval_s is not None and not (self.interval_s > 0 and math.isfinite(self.interval_s)):
+            raise ValueError(f"cost interval_s must be > 0 or null, got {self.interval_s!r}")
+        if not self.backstop_interval_s > 0:
+            raise ValueError("cost backstop_interval_s must be > 0")
+
+
+@dataclass(frozen=True)
 class PolicyParams:
     """A policy and the costs it runs with."""
 
     name: str
-    """``baseline`` or ``seamguard``."""
+    """One of :data:`POLICIES` (``baseline`` is read as ``baseline_fixed``)."""
     checkpoint_interval_min: float = 60.0
     """Baseline's fixed compute time between checkpoints (HPN runs every 2-4 h)."""
     checkpoint_write_min: float = 5.0
@@ -162,10 +218,14 @@ class PolicyParams:
     node, where the device-to-host copy runs on a side stream); ``measured_wall`` slows
     every step by the benchmark's failure-free wall ratio, measured on a 2-core CPU VM
     where copy and hashing compete with compute for the same cores (a pessimistic bound)."""
+    costs: CostModel | None = None
+    """Every cost component of the policy; ``None``: :func:`default_costs` (the documented
+    defaults, derived from the fields above and the measured runtime figures)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "name", _ALIASES.get(self.name, self.name))
         if self.name not in POLICIES:
-            raise ValueError(f"--policy must be one of {POLICIES + ('both',)}, got {self.name!r}")
+            raise ValueError(f"--compare must be one of {POLICIES + ('both', 'all')}, got {self.name!r}")
         for opt, v in (("--checkpoint-interval-min", self.checkpoint_interval_min),
                        ("--checkpoint-write-min", self.checkpoint_write_min),
                        ("--restart-cost-min", self.restart_cost_min),
@@ -249,6 +309,58 @@ class PolicyParams:
     def restart_s(self) -> float:
         """Baseline restart overhead."""
         return self.restart_cost_min * 60.0
+
+    @property
+    def cost_model(self) -> CostModel:
+        """The costs this policy runs with: the explicit ones, else the defaults."""
+        return self.costs if self.costs is not None else default_costs(self)
+
+    def rank_scale(self, ranks: int) -> float:
+        """How a relaunch or resume measured at the benchmark's ranks grows with ranks."""
+        return self._rank_scale(ranks)
+
+
+def default_costs(pp: PolicyParams) -> CostModel:
+    """The documented defaults of each policy's costs (docs/twin-events.md, "Policies").
+
+    * ``baseline_fixed``: a fixed interval (60 min), a blocking write (Meta RSC w_cp ~5 min),
+      a full restart (Meta RSC u0 5-20 min, 10 min; requeue and reload are inside u0),
+      hangs found by NCCL's default 10-min collective timeout.
+    * ``baseline_daly_async``: the same restart and timeout; asynchronous writes
+      (PyTorch DCP ``async_save``): only the device-to-host snapshot blocks, at the
+      runtime's measured snapshot stall; the write to storage (5 min) runs behind it;
+      the interval is Young/Daly's for the job's failure rate.
+    * ``in_job_restart`` (NVRx in-job / in-process restart, torchft-style peers): every
+      rank restarts in place at the measured relaunch (no requeue), loads its state from a
+      peer's host memory at the measured copy-back rate, checkpoints to a peer at the
+      measured snapshot stall plus replication, hangs found by NVRx's 60-s soft timeout;
+      silent corruption goes back to an hourly storage copy.
+    * ``seamguard``: the checkpoint planner's interval and tier; live replacement of a
+      lost rank at the measured resume; relaunch from host memory when every rank died;
+      hangs found by the runtime's 30-s collective timeout.
+    """
+    r = pp.runtime
+    peer_stall = 1.25 * pp.in_memory_stall_s   # replication charged as a quarter more (tier_costs)
+    if pp.name == "baseline_fixed":
+        return CostModel(interval_s=pp.checkpoint_interval_min * 60.0,
+                         write_blocking_s=pp.full_write_s, write_async_s=0.0,
+                         restart_s=pp.restart_s, requeue_s=0.0, load_s=0.0,
+                         hang_detect_s=pp.baseline_hang_detect_s, swap_s=0.0,
+                         backstop_interval_s=pp.checkpoint_interval_min * 60.0)
+    if pp.name == "baseline_daly_async":
+        return CostModel(interval_s=None, write_blocking_s=pp.in_memory_stall_s,
+                         write_async_s=pp.full_write_s, restart_s=pp.restart_s, requeue_s=0.0,
+                         load_s=0.0, hang_detect_s=pp.baseline_hang_detect_s, swap_s=0.0,
+                         backstop_interval_s=pp.checkpoint_interval_min * 60.0)
+    if pp.name == "in_job_restart":
+        return CostModel(interval_s=None, write_blocking_s=peer_stall, write_async_s=0.0,
+                         restart_s=r.relaunch_s, requeue_s=0.0, load_s=pp.in_memory_restore_s,
+                         hang_detect_s=NVRX_SOFT_TIMEOUT_S, swap_s=0.0,
+                         backstop_interval_s=pp.checkpoint_interval_min * 60.0)
+    return CostModel(interval_s=None, write_blocking_s=pp.in_memory_stall_s,
+                     write_async_s=pp.full_write_s, restart_s=r.relaunch_s, requeue_s=0.0,
+                     load_s=pp.in_memory_restore_s, hang_detect_s=pp.hang_detect_s,
+                     swap_s=r.live_resume_s, backstop_interval_s=4 * 3600.0)
 
 
 def workload(cfg: ClusterConfig) -> tuple[JobSpec, ...]:

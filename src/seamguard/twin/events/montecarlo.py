@@ -108,7 +108,8 @@ class Summary:
                      "false_positive_quarantines", "precursor_prevented"):
             m, lo, hi = self.metric(name)
             out[name] = m
-            out[name + "_ci95"] = [lo, hi]
+            # one run is one draw: no interval to give
+            out[name + "_ci95"] = [lo, hi] if len(self.runs) > 1 else "n/a"
         out["schedule_slip_probability"] = out.pop("schedule_slip_fraction")
         out["schedule_slip_probability_ci95"] = out.pop("schedule_slip_fraction_ci95")
         out["release_critical_slip_probability"] = self.metric("release_critical_slipped")[0]
@@ -179,8 +180,11 @@ def summarise(summaries: Sequence[Summary], measured_source: str,
     else:
         doc = {s.policy: s.to_json() for s in summaries}
         by = {s.policy: s.metric("ettr")[0] for s in summaries}
-        if "baseline" in by and "seamguard" in by:
-            doc["ettr_gain"] = by["seamguard"] - by["baseline"]
+        if "seamguard" in by:
+            gains = {p: by["seamguard"] - v for p, v in by.items() if p != "seamguard"}
+            if gains:
+                doc["ettr_gain_vs"] = gains
+                doc["ettr_gain"] = min(gains.values())   # over the strongest baseline run
     doc["measured_source"] = measured_source
     if extra:
         doc.update(extra)

@@ -64,7 +64,7 @@ def fig_ettr_vs_size(sweep: dict[int, list[Summary]], goal: float = 0.97):
     plt = _plt()
     sizes = sorted(sweep)
     names = [s.policy for s in sweep[sizes[0]]]
-    two = "baseline" in names and "seamguard" in names
+    two = "baseline_fixed" in names and "seamguard" in names
     fig, axes = plt.subplots(1, 2 if two else 1, figsize=(11.5 if two else 7, 4.4),
                              squeeze=False)
     ax = axes[0][0]
@@ -91,7 +91,7 @@ def fig_ettr_vs_size(sweep: dict[int, list[Summary]], goal: float = 0.97):
                                             else "(1 run: no interval)"), fontsize=11)
     if two:
         rx = axes[0][1]
-        lost_b = [1.0 - m for m in means["baseline"]]
+        lost_b = [1.0 - m for m in means["baseline_fixed"]]
         lost_s = [1.0 - m for m in means["seamguard"]]
         ratio = [_ratio(b, s) for b, s in zip(lost_b, lost_s)]
         finite = [r for r in ratio if r != float("inf")]
@@ -107,11 +107,11 @@ def fig_ettr_vs_size(sweep: dict[int, list[Summary]], goal: float = 0.97):
         rx.set_ylim(0, top * 1.25 + 0.5)
         rx.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}x"))
         rx.set_xlabel("cluster size (GPUs)")
-        rx.set_ylabel("lost time: baseline / seamguard")
+        rx.set_ylabel("lost time: baseline_fixed / seamguard")
         rx.legend(loc="upper left")
         rx.grid(alpha=0.3, axis="y")
         rx.set_title("How many times less time seamguard loses\n"
-                     "(labels: share of wall-clock lost, baseline vs seamguard)", fontsize=11)
+                     "(labels: share of wall-clock lost, baseline_fixed vs seamguard)", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -134,7 +134,7 @@ def fig_lost_by_cause(summaries: Sequence[Summary], top: int | None = None):
             totals[k] = totals.get(k, 0.0) + v
     ranked = sorted(totals, key=lambda k: (-totals[k], k))
     causes = (ranked[:top] if top else ranked)[::-1]
-    two = "baseline" in data and "seamguard" in data
+    two = "baseline_fixed" in data and "seamguard" in data
     fig, axes = plt.subplots(1, 2 if two else 1, figsize=(12 if two else 8,
                                                           0.32 * len(causes) + 2.2),
                              sharey=True, squeeze=False,
@@ -158,7 +158,7 @@ def fig_lost_by_cause(summaries: Sequence[Summary], top: int | None = None):
                  f"total lost: {total} GPU-h", fontsize=11, loc="left")
     if two:
         rx = axes[0][1]
-        b, s = data["baseline"], data["seamguard"]
+        b, s = data["baseline_fixed"], data["seamguard"]
         ratios = [_ratio(b.get(c, 0.0), s.get(c, 0.0)) for c in causes]
         finite = [r for r in ratios if r != float("inf")]
         cap = max(finite, default=1.0)
@@ -167,7 +167,7 @@ def fig_lost_by_cause(summaries: Sequence[Summary], top: int | None = None):
                 color=["tab:green" if r >= 1 else "tab:red" for r in ratios], alpha=0.8)
         for yi, r, c in zip(y, ratios, causes):
             if r == float("inf"):
-                txt = "baseline only"
+                txt = "baseline_fixed only"
             elif b.get(c, 0.0) == 0:
                 txt = "seamguard only"
             else:
@@ -177,11 +177,11 @@ def fig_lost_by_cause(summaries: Sequence[Summary], top: int | None = None):
         rx.axvline(1.0, color="grey", lw=1.0, ls=":", label="1x: same loss")
         rx.set_xlim(0, cap * 1.2 + 1)
         rx.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}x"))
-        rx.set_xlabel("baseline / seamguard (red: seamguard loses more)")
+        rx.set_xlabel("baseline_fixed / seamguard (red: seamguard loses more)")
         rx.legend(loc="lower right")
         rx.grid(alpha=0.3, axis="x")
         rx.set_title(f"times less lost with seamguard\n(all causes: "
-                     f"{_ratio(sums['baseline'], sums['seamguard']):.1f}x)", fontsize=11)
+                     f"{_ratio(sums['baseline_fixed'], sums['seamguard']):.1f}x)", fontsize=11)
     fig.tight_layout()
     return fig
 

@@ -20,13 +20,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seamguard.twin.checkpoint import (Mode, PlannerInput, Scope, StoragePath, TierCosts,
-                                         plan_checkpoint)
-from seamguard.decide.economics import (CRITICALITY_WEIGHT, DegradedNodeContext, JobClass,
-                                        impact_fraction, quarantine_decision)
-from seamguard.twin.events.calibration import HANG_CAUSES
+from seamguard.decide.economics import (
+    CRITICALITY_WEIGHT,
+    JobClass,
+    impact_fraction,
+    quarantine_decision,
+)
+from seamguard.twin.checkpoint import Scope
 from seamguard.twin.events.config import ClusterConfig, JobSpec, PolicyParams, workload
 from seamguard.twin.events.kernel import EventQueue
+from seamguard.twin.events.policies import (
+    CKPT,
+    all_scope_hazards,
+    build_policy,
+    tier_costs,
+)
 from seamguard.twin.events.processes import Streams, generate_streams
 
 __all__ = ["RunResult", "simulate_run", "simulate_streams", "tier_costs", "rollback_scope_hazards"]
@@ -38,7 +46,6 @@ _PRIO = {_REPAIR: 0, _EP_END: 1, _COOL_END: 1, _FAIL: 2, _PLANNED: 3, _SLOW: 4, 
          _FLAP: 5, _DETECT: 6, _COOL_DETECT: 6}
 
 _EPS = 1e-9
-CKPT = "checkpoint_overhead"
 RUNTIME = "runtime_overhead"
 FALSE_POS = "false_positive_quarantine"
 
@@ -105,39 +112,11 @@ class RunResult:
     """Wall time of the run."""
 
 
-def tier_costs(pp: PolicyParams) -> TierCosts:
-    """Checkpoint tier costs from the policy's measured figures and write cost."""
-    return TierCosts(full_write_s=pp.full_write_s, full_restore_s=pp.full_write_s,
-                     in_memory_stall_s=pp.in_memory_stall_s,
-                     in_memory_restore_s=pp.in_memory_restore_s,
-                     # Replication to a peer runs after the local copy; we charge a
-                     # quarter of the copy as extra stall (assumption, see docs).
-                     peer_extra_stall_s=0.25 * pp.in_memory_stall_s,
-                     backstop_async=True)
-
-
 def rollback_scope_hazards(cfg: ClusterConfig, pp: PolicyParams | None = None) -> dict[Scope, float]:
-    """Per-node hazard (1/s) of failures that roll a training job back, by scope.
-
-    Under the seamguard runtime (``pp.name == "seamguard"``) node and domain losses and
-    the crash of a single rank redo only the step in flight: survivors keep their live
-    state and a spare takes the lost rank's over (docs/runtime.md). What still rolls back
-    is a crash of every rank at once that the processes could not capture on their way
-    out (to the newest host-memory snapshot, which outlives the processes in shared
-    memory) and silent corruption the step guard did not catch (to storage).
-    """
-    fm = cfg.failures
-    out: dict[Scope, float] = defaultdict(float)
-    for c in fm.causes:
-        out[c.scope] += c.rate_per_node_day() / 86_400.0
-    trip = fm.cooling_event_per_loop_day * fm.cooling_trip_probability / cfg.nodes_per_loop
-    out[Scope.DOMAIN] += trip / 86_400.0
-    if pp is not None and pp.name == "seamguard":
-        uncaptured = pp.job_wide_crash_fraction * (1.0 - pp.crash_capture_fraction)
-        kept = {Scope.PROCESS: uncaptured * out.get(Scope.PROCESS, 0.0),
-                Scope.PERSISTED: (1.0 - pp.sdc_caught_at_step_fraction) * out.get(Scope.PERSISTED, 0.0)}
-        return {k: v for k, v in kept.items() if v > 0}
-    return dict(out)
+    """Per-node hazard (1/s) of failures that roll a training job back, by scope: every
+    hard failure, or (with ``pp``) those the policy's recovery does not absorb."""
+    hz = all_scope_hazards(cfg)
+    return hz if pp is None else build_policy(pp).recovery.rolls_back(pp, hz)
 
 
 class _Job:
@@ -147,7 +126,7 @@ class _Job:
                  "uncommitted", "committed", "base_speed", "block_until", "block_cause",
                  "episodes", "impact", "slow_cause", "lost", "exposure", "interval_int",
                  "interrupts", "rollback", "direct_gpu_s", "need_nodes", "need_cause",
-                 "backstop_s", "mode", "mults")
+                 "backstop_s", "mode", "mults", "lag", "fresh")
 
     def __init__(self, spec: JobSpec, gpus_per_node: int) -> None:
         self.spec = spec
@@ -177,6 +156,8 @@ class _Job:
         self.backstop_s = math.inf
         self.mode = "none"
         self.mults: dict[int, float] = {}
+        self.lag = 0.0        # asynchronous part of a write: a checkpoint counts after it
+        self.fresh = True     # no checkpoint write pending (just (re)started)
 
     # ---------------------------------------------------------------- progress
     def advance(self, t: float) -> None:
@@ -230,9 +211,11 @@ class _Job:
                 self.committed += self.uncommitted
                 self.uncommitted = 0.0
                 pos = 0.0
+                self.fresh = False
         if rem > 0:
             k = math.floor(rem / period)
             if k:
+                self.fresh = False
                 w = speed * tau
                 self.committed += k * w
                 self.exposure += k * (w * tau / 2.0 + w * delta)
@@ -264,12 +247,19 @@ class _Job:
             self.block_cause = cause
 
     def rollback_to_checkpoint(self, cause: str) -> float:
-        """Throw away uncommitted work; return it."""
+        """Throw away uncommitted work; return it. With asynchronous writes, a failure
+        before the newest write has drained (``lag`` into the cycle) goes back one
+        checkpoint further."""
         lost = self.uncommitted
+        if self.lag > 0 and not self.fresh and self.pos < self.lag:
+            extra = min(self.committed, self.tau * self.base_speed)
+            self.committed -= extra
+            lost += extra
         self.lost[cause] += lost
         self.rollback += lost
         self.uncommitted = 0.0
         self.pos = 0.0
+        self.fresh = True
         return lost
 
     def redo(self, cause: str, seconds: float) -> None:
@@ -280,10 +270,12 @@ class _Job:
         self.rollback += lost
 
     def commit_now(self) -> None:
-        """A checkpoint taken now (its stall is charged by the caller's block)."""
+        """A checkpoint taken now (its stall, written through, is charged by the caller's
+        block)."""
         self.committed += self.uncommitted
         self.uncommitted = 0.0
         self.pos = 0.0
+        self.fresh = True
 
     def set_episode(self, eid: int, impact: float, cause: str) -> None:
         self.episodes[eid] = (impact, cause)
@@ -313,7 +305,9 @@ class _Run:
     def __init__(self, cfg: ClusterConfig, pp: PolicyParams, streams: Streams,
                  rng: np.random.Generator) -> None:
         self.cfg, self.pp, self.s, self.rng = cfg, pp, streams, rng
-        self.sg = pp.name == "seamguard"
+        self.policy = build_policy(pp)
+        self.costs = self.policy.costs
+        self.cp = self.policy.control_plane
         self.specs = workload(cfg)
         self.jobs = [_Job(sp, cfg.gpus_per_node) for sp in self.specs]
         owner = np.full(cfg.nodes, -2, dtype=np.int64)       # -2 idle, -1 spare
@@ -331,48 +325,16 @@ class _Run:
         self.cool_evacuated: dict[int, set[int]] = {}
         fm = cfg.failures
         self.node_hazard_per_h = fm.rf_per_node_day() / 24.0
-        self.scope_hz = rollback_scope_hazards(cfg, pp)
-        self.costs = tier_costs(pp)
+        self.scope_hz = self.policy.recovery.rolls_back(pp, all_scope_hazards(cfg))
+        self.tiers = tier_costs(pp)
         for job in self.jobs:
             self._plan(job, 0.0)
 
     # ------------------------------------------------------------- planning
     def _plan(self, job: _Job, t: float) -> None:
-        """Set the job's checkpoint tier and interval (policy-dependent)."""
-        if not job.training:
-            return
-        if not self.sg:
-            job.tau = self.pp.checkpoint_interval_min * 60.0
-            job.delta = self.pp.full_write_s
-            job.mode = Mode.FULL.value
-            return
-        job.advance(t)
-        self._apply(job, self._planner(job))
-        if self.pp.runtime_overhead == "measured_wall":
-            job.base_speed = 1.0 / self.pp.runtime.wall_ratio
-
-    def _apply(self, job: _Job, plan) -> None:
-        """Adopt a plan. When the memory tier covers nothing that rolls back (interval
-        infinite), the job cycles on the storage backstop, each backstop paying the
-        host-memory snapshot its persister drains."""
-        job.mode = plan.mode.value
-        job.backstop_s = plan.backstop_interval_s or math.inf
-        if math.isfinite(plan.interval_s) or not math.isfinite(job.backstop_s):
-            job.tau, job.delta = plan.interval_s, plan.stall_s
-        else:
-            job.tau, job.delta = job.backstop_s, self.costs.in_memory_stall_s
-
-    def _planner(self, job: _Job, precursor_hazard_per_s: float = 0.0):
-        total = sum(self.scope_hz.values())
-        mults = np.ones(job.spec.nodes)
-        if job.mults:
-            mults[: len(job.mults)] = list(job.mults.values())
-        return plan_checkpoint(PlannerInput(
-            entity_hazard_per_s=total, hazard_multipliers=mults, costs=self.costs,
-            scope_fractions=self.scope_hz or {Scope.PROCESS: 1.0},
-            storage_paths=(StoragePath("storage"),),
-            since_last_checkpoint_s=job.uncommitted,
-            precursor_hazard_per_s=precursor_hazard_per_s))
+        """Set the job's checkpoint tier and interval (the policy's interval rule)."""
+        if job.training:
+            self.policy.interval.plan(self, job, t)
 
     # ------------------------------------------------------------- loading
     def load(self) -> None:
@@ -418,15 +380,10 @@ class _Run:
                 self.spares -= job.need_nodes
                 job.advance(t)
                 job.need_nodes = 0
-                rec = self._recovery_s()
-                job.block_until = t + rec
+                job.block_until = t + self.policy.recovery.resume_s(self, job)
             else:
                 still.append(j)
         self.waiting = still
-
-    def _recovery_s(self) -> float:
-        """Getting a job (or replica) going again once its nodes are there."""
-        return self.pp.live_recovery_s if self.sg else self.pp.restart_s
 
     def _schedule_repair(self, t: float, n: int, mean_h: float) -> None:
         for _ in range(n):
@@ -435,17 +392,20 @@ class _Run:
 
     # ------------------------------------------------------------- hard failures
     def _hard_failure(self, job_idx: int, t: float, cause: str, scope: Scope, n_nodes: int,
-                      precursor_usable: bool) -> None:
+                      lead_s: float) -> None:
+        """A hard failure strikes a job; ``lead_s``: how long before it evidence showed
+        (0: none)."""
         job = self.jobs[job_idx]
         job.advance(t)
         job.interrupts[cause] += 1
         needs_nodes = scope in (Scope.NODE, Scope.DOMAIN)
         gpn = self.cfg.gpus_per_node
         repair_h = self.cfg.failures.repair_mean_h
+        recovery = self.policy.recovery
         if not job.training:
             # An inference replica fails alone; the rest keep serving. Without a spare
             # it waits for its own node's repair (which then does not join the pool).
-            rec = self._recovery_s()
+            rec = recovery.resume_s(self, job)
             if not needs_nodes:
                 dur = rec
             elif self.spares >= n_nodes:
@@ -460,65 +420,18 @@ class _Run:
             return
         if needs_nodes:
             self._schedule_repair(t, n_nodes, repair_h)
-        if self.sg and precursor_usable and needs_nodes:
-            # Evidence came early enough: node drained and swapped before it failed.
+        if (needs_nodes and lead_s > 0 and self.cp is not None
+                and self.cp.drains_before_failure(self, job, n_nodes, lead_s)):
+            # Evidence came early enough and the controller's rule drained the node:
+            # swapped before it failed.
             self.prevented += 1
-            self._take_spares(job_idx, n_nodes, t, cause, self.pp.live_recovery_s, False)
-            job.direct_gpu_s += n_nodes * gpn * self.pp.live_recovery_s
+            swap, reset = recovery.drain(self, job)
+            self._take_spares(job_idx, n_nodes, t, cause, swap, reset)
+            job.direct_gpu_s += n_nodes * gpn * swap
             return
-        # A hang (no process exits) first has to be noticed by a timeout.
-        detect = 0.0
-        if cause in HANG_CAUSES:
-            detect = self.pp.hang_detect_s if self.sg else self.pp.baseline_hang_detect_s
-        if not self.sg:
-            job.rollback_to_checkpoint(cause)
-            rec, reset = detect + self.pp.restart_s, True
-        elif scope is Scope.PERSISTED and self.rng.random() < self.pp.sdc_caught_at_step_fraction:
-            # Caught by the step guard before the optimizer applied it: the step is
-            # computed again; charged as a defect that corrupts the recompute too, so the
-            # rank is replaced live and its node goes to repair.
-            job.redo(cause, 2 * self.pp.step_time_s)
-            rec, reset = self.pp.live_recovery_s, False
-            needs_nodes = True
-            self._schedule_repair(t, n_nodes, repair_h)
-        elif needs_nodes or (scope is Scope.PROCESS and self.rng.random()
-                             >= self.pp.job_wide_crash_fraction):
-            # Live recovery (a node, a domain, or one rank's process lost): survivors keep
-            # their live state, a spare takes the lost rank's over from its holder; only
-            # the step in flight is redone: the measured completed steps redone, but at
-            # least half a step (the expected work in flight at a random failure time; the
-            # benchmark's kills land at step boundaries and cannot see it).
-            redo = max(self.pp.runtime.steps_lost, 0.5)
-            job.redo(cause, redo * self.pp.step_time_s)
-            rec, reset = detect + self.pp.live_recovery_s, False
-        elif scope is Scope.PROCESS:
-            # Every rank crashed at once: relaunch; each new process adopts the snapshots
-            # its predecessor left in shared memory. A crash by uncaught exception left the
-            # start of the failed step there (only the step in flight is redone, and that
-            # capture is the newest snapshot from then on); any other goes back to the
-            # newest periodic snapshot.
-            captured = self.rng.random() < self.pp.crash_capture_fraction
-            if captured:
-                job.redo(cause, 0.5 * self.pp.step_time_s)
-                job.commit_now()
-            else:
-                job.rollback_to_checkpoint(cause)
-            rec, reset = detect + self.pp.relaunch_from_memory_s(job.gpus, captured), True
-        else:
-            # Corrupt state found later: the frequent memory snapshots are suspect; back to
-            # the storage backstop, drawn over its interval (a backstop still being written
-            # does not count yet), in place: every rank kept the newest persisted step in
-            # host memory, so nothing is relaunched or read from storage.
-            job.rollback_to_checkpoint(cause)
-            if math.isfinite(job.backstop_s):
-                back = float(self.rng.uniform(0, job.backstop_s))
-                if back < self.pp.full_write_s:
-                    back += job.backstop_s
-                extra = min(job.committed, back * job.base_speed)
-                job.committed -= extra
-                job.lost[cause] += extra
-                job.rollback += extra
-            rec, reset = detect + self.pp.rollback_in_place_s(job.gpus), True
+        rec, reset, needs_nodes = recovery.hard_failure(self, job, cause, scope, needs_nodes)
+        if needs_nodes and scope is Scope.PERSISTED:
+            self._schedule_repair(t, n_nodes, repair_h)   # the defective GPU's node
         job.direct_gpu_s += n_nodes * gpn * rec
         if needs_nodes:
             self._take_spares(job_idx, n_nodes, t, cause, rec, reset)
@@ -538,8 +451,7 @@ class _Run:
         cause = fm.causes[int(s.fail_cause[i])]
         first, n = int(s.fail_node[i]), int(s.fail_nnodes[i])
         owners = self.owner[first: first + n]
-        usable = bool(s.fail_has_precursor[i]) and \
-            float(s.fail_lead_s[i]) > self.pp.detection_delay_s + self.pp.live_recovery_s
+        lead_s = float(s.fail_lead_s[i]) if bool(s.fail_has_precursor[i]) else 0.0
         for j, cnt in zip(*np.unique(owners, return_counts=True)):
             j, cnt = int(j), int(cnt)
             if j == -1:
@@ -550,7 +462,7 @@ class _Run:
                 continue
             if j < 0:
                 continue
-            self._hard_failure(j, t, cause.name, cause.scope, cnt, usable)
+            self._hard_failure(j, t, cause.name, cause.scope, cnt, lead_s)
 
     def on_planned(self, t: float, i: int) -> None:
         j = int(self.owner[int(self.s.planned_node[i])])
@@ -565,7 +477,7 @@ class _Run:
         self.planned_hits += 1
         cause = "planned_maintenance"
         if not job.training:
-            dur = self._recovery_s()
+            dur = self.policy.recovery.resume_s(self, job)
             share = impact_fraction(JobClass.LATENCY_INFERENCE, job.gpus,
                                     self.cfg.gpus_per_node, 1.0)
             if self.spares:
@@ -576,11 +488,9 @@ class _Run:
             self._episode(job, t, dur, share, cause)
             return
         self._schedule_repair(t, 1, fm.maintenance_mean_h)
-        if self.sg:  # drained ahead of time and swapped live: nothing rolls back
-            self._take_spares(j, 1, t, cause, self.pp.live_recovery_s, False)
-        else:        # checkpoint right before, then full restart
-            job.commit_now()
-            self._take_spares(j, 1, t, cause, self.pp.full_write_s + self.pp.restart_s, True)
+        # Drained ahead of time: the policy's way of taking a node out (a checkpoint
+        # right before and a restart, or seamguard's live swap).
+        self._take_spares(j, 1, t, cause, *self.policy.recovery.drain(self, job))
 
     def on_slow(self, t: float, i: int) -> None:
         s = self.s
@@ -593,8 +503,8 @@ class _Run:
         imp = impact_fraction(job.spec.job_class, job.gpus, self.cfg.gpus_per_node, sev)
         eid = self._episode(job, t, dur, imp, cause)
         job.direct_gpu_s += self.cfg.gpus_per_node * dur
-        if self.sg and dur > self.pp.detection_delay_s:
-            self.q.push(t + self.pp.detection_delay_s, _PRIO[_DETECT], _DETECT,
+        if self.cp is not None and dur > self.cp.detection_delay_s:
+            self.q.push(t + self.cp.detection_delay_s, _PRIO[_DETECT], _DETECT,
                         (j, eid, comm, sev, node))
 
     def on_detect(self, t: float, data: tuple) -> None:
@@ -629,8 +539,8 @@ class _Run:
             job.end_episode(eid)
             self._quarantine(j, t, cause, 1)
         # False alarms look the same and get the same decision.
-        n_fp = int(self.rng.poisson((1.0 - self.pp.detection_precision)
-                                    / self.pp.detection_precision))
+        n_fp = int(self.rng.poisson((1.0 - self.cp.detection_precision)
+                                    / self.cp.detection_precision))
         for _ in range(n_fp):
             if quarantine_decision(self._ctx(job, gpn, sev, horizon_h, 1.0)).action \
                     == "quarantine":
@@ -639,26 +549,20 @@ class _Run:
                 self._quarantine(j, t, FALSE_POS, 1)
 
     def _ctx(self, job: _Job, node_gpus: int, sev: float, horizon_h: float,
-             mult: float) -> DegradedNodeContext:
-        loss_h = (self.pp.live_recovery_s if self.sg else self.pp.restart_s) / 3600.0
-        return DegradedNodeContext(
-            job_class=job.spec.job_class, criticality=job.spec.criticality,
-            job_gpus=job.gpus, node_gpus=node_gpus, slowdown=sev, hazard_multiplier=mult,
-            node_hazard_per_h=self.node_hazard_per_h, loss_per_failure_h=loss_h,
-            horizon_h=horizon_h, swap_cost_s=self.pp.live_recovery_s,
-            spare_available=self.spares >= node_gpus // self.cfg.gpus_per_node,
-            hold_h=self.pp.quarantine_hold_h)
+             mult: float):
+        return self.cp.degraded_context(self, job, node_gpus, sev, horizon_h, mult)
 
     def _quarantine(self, j: int, t: float, cause: str, n: int) -> None:
         job = self.jobs[j]
         self.quarantines += n
         self.spares -= n
         stall_gpus = job.gpus if job.training else n * self.cfg.gpus_per_node
+        swap = self.policy.recovery.planned_s(self, job)
         if job.training:
-            job.block(t, max(job.block_until, t) + self.pp.live_recovery_s, cause, False)
+            job.block(t, max(job.block_until, t) + swap, cause, False)
         else:
             job.advance(t)
-            moved = min(stall_gpus / job.gpus * self.pp.live_recovery_s, job.committed)
+            moved = min(stall_gpus / job.gpus * swap, job.committed)
             job.committed -= moved
             job.lost[cause] += moved
         for _ in range(n):
@@ -668,7 +572,7 @@ class _Run:
         j = int(self.owner[int(self.s.flap_node[i])])
         job = self.jobs[j]
         fm = self.cfg.failures
-        stall = fm.failover_throughput_loss * fm.flap_down_s if self.sg else fm.flap_stall_s
+        stall = self.policy.links.flap_stall_s(fm)
         job.advance(t)
         job.direct_gpu_s += fm.flap_down_s
         if job.training:
@@ -699,8 +603,8 @@ class _Run:
         self.cool_evacuated[i] = set()
         if bool(s.cool_trip[i]):
             self.q.push(t + dur, _PRIO[_COOL_END], _COOL_END, (i, affected))
-        if self.sg and dur > self.pp.detection_delay_s and affected:
-            self.q.push(t + self.pp.detection_delay_s, _PRIO[_COOL_DETECT], _COOL_DETECT,
+        if self.cp is not None and dur > self.cp.detection_delay_s and affected:
+            self.q.push(t + self.cp.detection_delay_s, _PRIO[_COOL_DETECT], _COOL_DETECT,
                         (i, affected, t + dur))
 
     def on_cool_detect(self, t: float, data: tuple) -> None:
@@ -721,7 +625,7 @@ class _Run:
                 self.quarantines += cnt
                 self.spares -= cnt
                 if job.training:
-                    job.block(t, max(job.block_until, t) + self.pp.live_recovery_s,
+                    job.block(t, max(job.block_until, t) + self.policy.recovery.planned_s(self, job),
                               "cooling_loop_throttle", False)
                 self.q.push(end_t + self.pp.quarantine_hold_h * 3600.0, _PRIO[_REPAIR],
                             _REPAIR, cnt)
@@ -730,10 +634,10 @@ class _Run:
                 for k in range(cnt):
                     job.mults[k] = mult
                 job.advance(t)
-                plan = self._planner(job, fm.cooling_trip_probability
-                                     / max(end_t - t, 1.0))
-                self._apply(job, plan)
-                if plan.checkpoint_now and job.block_until <= t:
+                precursor = fm.cooling_trip_probability / max(end_t - t, 1.0)
+                plan = self.policy.interval.replan(self, job, precursor)
+                if plan is not None and job.block_until <= t and \
+                        self.cp.checkpoint_now(self, job, plan, precursor):
                     job.commit_now()
                     job.block(t, t + plan.stall_s, CKPT, True)
 
@@ -751,8 +655,8 @@ class _Run:
         job.advance(t)
         if job.end_episode(eid) and job.mults and not job.episodes:
             job.mults.clear()
-            if self.sg and job.training:
-                self._apply(job, self._planner(job))
+            if job.training:
+                self.policy.interval.replan(self, job)
 
     # ------------------------------------------------------------- loop
     def run(self) -> int:
