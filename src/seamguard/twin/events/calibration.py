@@ -28,6 +28,8 @@ __all__ = [
     "FailureModel",
     "llama3_failure_model",
     "META_RSC_RF_PER_NODE_DAY",
+    "META_RSC1_RF_PER_NODE_DAY",
+    "META_RSC2_RF_PER_NODE_DAY",
     "HPN_LINK_FAIL_PER_MONTH",
     "HPN_TOR_FAIL_PER_MONTH",
     "link_rate_per_day_from_mttf_years",
@@ -88,8 +90,13 @@ PRECURSOR_FRACTION: dict[str, float] = {
     "system_memory": 0.3, "ssd": 0.3,
 }
 
-# Meta RSC (Kokolis et al., HPCA 2025; docs/sources.md §3): r_f ~ 5e-3 per node-day.
+# Meta RSC (Kokolis et al., HPCA 2025; docs/sources.md §3): r_f ~ 5e-3 per node-day
+# (8-GPU nodes); 6.50 and 2.34 failures per 1,000 node-days on its two clusters.
 META_RSC_RF_PER_NODE_DAY = 5e-3
+#: RSC-1, the higher of Meta's two measured rates: the twin's headline rate.
+META_RSC1_RF_PER_NODE_DAY = 6.5e-3
+#: RSC-2, the lower one: the other end of the range the benchmark shows.
+META_RSC2_RF_PER_NODE_DAY = 2.34e-3
 # Alibaba HPN (Qian et al., SIGCOMM 2024; docs/sources.md §3): per-month failure shares.
 HPN_LINK_FAIL_PER_MONTH = 0.057e-2
 HPN_TOR_FAIL_PER_MONTH = 0.051e-2
