@@ -26,6 +26,13 @@ def test_daly_matches_hand_computed(delta, mttf, expected):
     assert daly_interval_s(delta, mttf) == pytest.approx(expected, abs=0.01)
 
 
+@pytest.mark.parametrize("mttf_min,published_min", [(24 * 60, 117.0), (6 * 60, 57.0), (15, 9.1)])
+def test_daly_matches_the_optima_daly_published(mttf_min, published_min):
+    # Daly, FGCS 22(3) 2006, Figs. 3-5: delta = 5 min; the printed optima (rounded).
+    got = daly_interval_s(300.0, mttf_min * 60.0) / 60.0
+    assert got == pytest.approx(published_min, abs=0.5 if published_min > 10 else 0.05)
+
+
 def test_young_and_daly_agree_for_small_delta():
     assert young_interval_s(300, 86_400) == pytest.approx(7200.0)
     # Daly -> Young - delta as delta/M -> 0
