@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from seamguard.app import eval_cli
+from seamguard.app import eval_cli, gateway_cli
 from seamguard.app import twin_cli as twin_events_cli
 from seamguard.app.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
                                   phase, wants_json)
@@ -45,6 +45,7 @@ app.add_typer(fleet_app, name="fleet", short_help="Topology files: generate, val
 app.add_typer(policy_app, name="policy", short_help="Decision policy: show the default, validate a file.")
 twin_app.command("simulate", short_help="Discrete-event simulation: baseline vs seamguard.")(twin_events_cli.simulate)
 twin_app.command("report", short_help="ETTR-vs-size and cost plots plus a summary.")(twin_events_cli.report)
+app.command("gateway", short_help="OpenAI-compatible gateway: token budgets, zombie keys.")(gateway_cli.gateway)
 
 
 class Scenario(str, Enum):

@@ -1,0 +1,374 @@
+"""The gateway's HTTP surface: OpenAI-compatible endpoints, /metrics, /healthz and /admin.
+
+`create_app` wires a `Gateway` (config, store, ledger, router, backends, metrics) into a
+FastAPI app. A completion request goes: key -> body check -> admission (the gatekeeper
+reserves its estimate) -> route (the router) -> prefill (disaggregated only) -> decode,
+streamed back as SSE or as one JSON answer -> usage reconciled, router told the outcome.
+Every error body is OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+Mutating /admin calls need the bearer token given to `create_app` (compared in constant time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from contextlib import asynccontextmanager
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from seamguard.gateway.config import GatewayConfig, SqliteStoreConfig, build_router
+from seamguard.gateway.gatekeeper import Gatekeeper, KeyInfo, Refusal, Ticket
+from seamguard.gateway.ledger import GatewayLedger
+from seamguard.gateway.metrics import GatewayMetrics
+from seamguard.gateway.proxy import Backends, UpstreamError
+from seamguard.gateway.routing import Outcome, Route, Router
+from seamguard.gateway.store import RedisStore, SqliteStore, Store
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class Gateway:
+    """Everything one replica holds; built by the CLI (or a test) and closed by `close`."""
+
+    cfg: GatewayConfig
+    store: Store
+    ledger: GatewayLedger
+    router: Router
+    gatekeeper: Gatekeeper
+    backends: Backends
+    metrics: GatewayMetrics
+    outstanding: Tally = field(default_factory=Tally)  # instance name -> requests in flight (routers may read it)
+
+    async def close(self) -> None:
+        await self.backends.close()
+        await self.store.close()
+        self.ledger.close()
+
+
+def error(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,
+          retry_after_s: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
+                        status_code=status, headers=headers)
+
+
+def _bearer(request: Request) -> str | None:
+    h = request.headers.get("authorization", "")
+    return h[7:].strip() if h[:7].lower() == "bearer " else None
+
+
+def _check_body(raw: bytes, endpoint: str) -> dict[str, Any] | JSONResponse:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return error(400, "the request body is not valid JSON", "invalid_request_error", "invalid_json")
+    if not isinstance(body, dict):
+        return error(400, "the request body must be a JSON object", "invalid_request_error", "invalid_json")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return error(400, "'model' is required (a string)", "invalid_request_error", "missing_required_parameter",
+                     "model")
+    if endpoint == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
+            return error(400, "'messages' must be a non-empty list of {role, content} objects",
+                         "invalid_request_error", "invalid_value", "messages")
+    elif not isinstance(body.get("prompt"), str | list):
+        return error(400, "'prompt' is required (a string or a list)", "invalid_request_error",
+                     "missing_required_parameter", "prompt")
+    for f in ("max_tokens", "max_completion_tokens"):
+        v = body.get(f)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            return error(400, f"'{f}' must be a positive integer", "invalid_request_error", "invalid_value", f)
+    if not isinstance(body.get("stream", False), bool):
+        return error(400, "'stream' must be a boolean", "invalid_request_error", "invalid_value", "stream")
+    if body.get("n", 1) != 1:
+        return error(400, "only n=1 is supported by this gateway", "invalid_request_error", "invalid_value", "n")
+    return body
+
+
+@dataclass
+class _Flight:
+    """One admitted request on its way: timings and usage as they arrive."""
+
+    gw: Gateway
+    ticket: Ticket
+    route: Route
+    t_recv: float
+    t_decode_sent: float = 0.0
+    t_first: float | None = None
+    t_last: float | None = None
+    chunks: int = 0
+    usage: dict | None = None
+    done: bool = False
+
+    def start(self) -> None:
+        for inst in filter(None, (self.route.prefill, self.route.decode)):
+            self.gw.outstanding[inst.name] += 1
+            self.gw.metrics.outstanding.labels(inst.name).set(self.gw.outstanding[inst.name])
+        started = getattr(self.gw.router, "started", None)
+        if started is not None:
+            started(self.route)
+        departed = "1" if self.route.reason else "0"
+        self.gw.metrics.routes.labels(self.route.prefill.name if self.route.prefill else "",
+                                      self.route.decode.name, departed).inc()
+
+    async def end(self, ok: bool) -> None:
+        if self.done:
+            return
+        self.done = True
+        gw, r = self.gw, self.route
+        for inst in filter(None, (r.prefill, r.decode)):
+            gw.outstanding[inst.name] -= 1
+            gw.metrics.outstanding.labels(inst.name).set(gw.outstanding[inst.name])
+        u = self.usage or {}
+        completion = u.get("completion_tokens") if isinstance(u.get("completion_tokens"), int) else self.chunks
+        prompt = u.get("prompt_tokens") if isinstance(u.get("prompt_tokens"), int) else None
+        ttft = tpot = dft = None
+        if self.t_first is not None:
+            ttft = self.t_first - self.t_recv
+            dft = self.t_first - self.t_decode_sent
+            gw.metrics.ttft.labels(r.decode.name).observe(ttft)
+            gw.metrics.decode_first.labels(r.prefill.name if r.prefill else "", r.decode.name).observe(dft)
+            if self.t_last is not None and completion > 1:
+                tpot = (self.t_last - self.t_first) / (completion - 1)
+                gw.metrics.tpot.labels(r.decode.name).observe(tpot)
+        try:
+            gw.router.finished(r, Outcome(ok, ttft, tpot, dft, completion))
+        finally:
+            await gw.gatekeeper.finish(self.ticket, ok, prompt, completion)
+
+
+def _content_in(chunk: dict) -> bool:
+    for c in chunk.get("choices") or ():
+        d = c.get("delta") or {}
+        if d.get("content") or d.get("reasoning_content") or d.get("tool_calls") or c.get("text"):
+            return True
+    return False
+
+
+async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> Response:
+    key: KeyInfo | None = gw.gatekeeper.authenticate(_bearer(request))
+    label = endpoint
+    if key is None:
+        gw.metrics.requests.labels(label, "401").inc()
+        return error(401, "Incorrect or missing API key", "invalid_request_error", "invalid_api_key")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        return error(413, f"request body over {MAX_BODY_BYTES} bytes", "invalid_request_error", "body_too_large")
+    body = _check_body(raw, endpoint)
+    if isinstance(body, JSONResponse):
+        gw.metrics.requests.labels(label, "400").inc()
+        return body
+    t_recv = time.perf_counter()
+    source = f"{request.client.host if request.client else '-'}|{request.headers.get('user-agent', '')[:80]}"
+    try:
+        ticket = await gw.gatekeeper.admit(key, body, raw, source)
+    except Refusal as r:
+        gw.metrics.requests.labels(label, str(r.status)).inc()
+        return error(r.status, r.message, r.type, r.code, retry_after_s=r.retry_after_s)
+    klass = request.headers.get("x-request-class")
+    klass = klass if klass in ("interactive", "batch") else ("batch" if key.priority == "low" else "interactive")
+    try:
+        route = gw.router.route(klass, ticket.prompt_estimate)  # type: ignore[arg-type]
+    except Exception as e:  # a router bug must not leak the reservation
+        await gw.gatekeeper.finish(ticket, False, None, 0)
+        gw.metrics.requests.labels(label, "503").inc()
+        return error(503, f"no route: {e}", "server_error", "no_route")
+    flight = _Flight(gw, ticket, route, t_recv)
+    flight.start()
+    stream = bool(body.get("stream"))
+    want_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else True
+    try:
+        if route.prefill is not None:
+            kv = await gw.backends.prefill(route.prefill, path, body)
+            body = {**body, "kv_transfer_params": kv}
+        if stream:
+            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+            flight.t_decode_sent = time.perf_counter()
+            resp = await gw.backends.open_stream(route.decode, path, body)
+        else:
+            flight.t_decode_sent = time.perf_counter()
+            async with asyncio.timeout(gw.cfg.timeouts.total_s):
+                out = await gw.backends.post_json(route.decode, path, body)
+    except (UpstreamError, TimeoutError) as e:
+        up = e if isinstance(e, UpstreamError) else UpstreamError(504, "backend took longer than total_s", "timeout")
+        gw.metrics.upstream_errors.labels(route.decode.name, up.kind).inc()
+        await flight.end(False)
+        gw.metrics.requests.labels(label, str(up.status)).inc()
+        if up.body is not None:
+            return JSONResponse(up.body, status_code=up.status)
+        return error(up.status, up.message, "server_error", "upstream_" + up.kind)
+    except BaseException:
+        await flight.end(False)
+        raise
+    if not stream:
+        flight.usage = out.get("usage") if isinstance(out.get("usage"), dict) else None
+        if flight.usage is None:  # no usage from the backend: estimate the completion from its text
+            text = "".join(str((c.get("message") or {}).get("content") or c.get("text") or "")
+                           for c in out.get("choices") or () if isinstance(c, dict))
+            flight.chunks = max(1, round(len(text) / gw.cfg.admission.chars_per_token)) if text else 0
+        await flight.end(True)
+        gw.metrics.requests.labels(label, "200").inc()
+        return JSONResponse(out)
+
+    deadline = time.monotonic() + gw.cfg.timeouts.total_s
+
+    async def relay():
+        ok = False
+        try:
+            async for data in gw.backends.lines(resp, route.decode.name):
+                if data == "[DONE]":
+                    ok = True
+                    yield b"data: [DONE]\n\n"
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    continue
+                if isinstance(chunk.get("usage"), dict):
+                    flight.usage = chunk["usage"]
+                if _content_in(chunk):
+                    now = time.perf_counter()
+                    flight.t_first = flight.t_first or now
+                    flight.t_last = now
+                    flight.chunks += 1
+                if not chunk.get("choices") and "usage" in chunk and not want_usage:
+                    continue  # the usage chunk we asked for on our own account
+                if not want_usage and "usage" in chunk:
+                    chunk.pop("usage")
+                    data = json.dumps(chunk, separators=(",", ":"))
+                yield f"data: {data}\n\n".encode()
+                if time.monotonic() > deadline:
+                    raise UpstreamError(504, "backend took longer than total_s", "timeout")
+            else:
+                ok = True  # a backend that ends its stream without [DONE]
+        except UpstreamError as e:
+            gw.metrics.upstream_errors.labels(route.decode.name, e.kind).inc()
+            err = {"error": {"message": e.message, "type": "server_error", "param": None, "code": "upstream_" + e.kind}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+        finally:
+            await resp.aclose()
+            gw.metrics.requests.labels(label, "200" if ok else "stream_error").inc()
+            await flight.end(ok)
+
+    return StreamingResponse(relay(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
+    """The app; ``admin_token`` None leaves the mutating admin calls refused (403). The app closes
+    ``gw`` when the server shuts down (run it with lifespan on)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        await gw.close()  # on the server's own event loop, where the clients were used
+
+    app = FastAPI(title="seamguard gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    want = admin_token.encode() if admin_token else None
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error(500, f"internal error: {type(exc).__name__}", "server_error", "internal_error")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await _complete(gw, request, "chat", "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _complete(gw, request, "completions", "/v1/completions")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        if gw.gatekeeper.authenticate(_bearer(request)) is None:
+            return error(401, "Incorrect or missing API key", "invalid_request_error", "invalid_api_key")
+        if gw.cfg.models:
+            return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "created": 0,
+                                                             "owned_by": "seamguard"} for m in gw.cfg.models]})
+        inst = next(i for i in gw.cfg.instance_list() if i.role != "prefill")
+        try:
+            return JSONResponse(await gw.backends.get_json(inst, "/v1/models"))
+        except UpstreamError as e:
+            return error(e.status, e.message, "server_error", "upstream_" + e.kind)
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"ok": True}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # ---- admin: reads are open, changes need the token ----------------------------------
+    def _denied(request: Request) -> JSONResponse | None:
+        if want is None:
+            return error(403, "the admin API is disabled: start the gateway with --token or its env var",
+                         "permission_error", "admin_disabled")
+        got = _bearer(request)
+        if got is None or not hmac.compare_digest(got.encode(), want):
+            return error(401, "this call changes key state: send 'Authorization: Bearer <admin token>'",
+                         "invalid_request_error", "invalid_admin_token")
+        return None
+
+    @app.get("/admin/keys")
+    async def admin_keys() -> dict:
+        return {"keys": await gw.gatekeeper.keys_view()}
+
+    @app.get("/admin/tenants")
+    async def admin_tenants() -> dict:
+        return {"tenants": await gw.gatekeeper.tenants_view()}
+
+    @app.get("/admin/events")
+    async def admin_events(key: str | None = None, limit: int = 100) -> dict:
+        return {"events": gw.ledger.events(key, max(1, min(limit, 1000)))}
+
+    async def _note(request: Request) -> str:
+        try:
+            b = json.loads(await request.body() or b"{}")
+        except ValueError:
+            b = {}
+        return str(b.get("note", ""))[:500] if isinstance(b, dict) else ""
+
+    @app.post("/admin/keys/{name}/{verb}")
+    async def admin_key(name: str, verb: str, request: Request) -> Response:
+        denied = _denied(request)
+        if denied is not None:
+            return denied
+        if name not in gw.gatekeeper.keys:
+            return error(404, f"no key named {name!r}", "invalid_request_error", "unknown_key", "name")
+        note = await _note(request)
+        if verb == "suspend":
+            rec = await gw.gatekeeper.override(name, "suspended", "operator", note or "suspended by an operator")
+        elif verb == "unsuspend":
+            rec = await gw.gatekeeper.override(name, "ok", "operator", note or "unsuspended by an operator")
+        elif verb == "reset":
+            rec = await gw.gatekeeper.reset(name, "operator")
+        else:
+            return error(404, f"unknown admin action {verb!r} (suspend, unsuspend, reset)", "invalid_request_error",
+                         "unknown_action")
+        return JSONResponse({"name": name, "state": rec.state, "reason": rec.reason, "by": rec.actor})
+
+    return app
+
+
+def build_gateway(cfg: GatewayConfig, clock=time.time) -> Gateway:
+    """A replica from a validated config: its store (SQLite file or shared Redis), ledger, router, backends."""
+    if isinstance(cfg.store, SqliteStoreConfig):
+        store: Store = SqliteStore(cfg.store.path)
+        ledger = GatewayLedger(cfg.store.path)
+    else:
+        store = RedisStore(cfg.store.url, cfg.store.prefix, cfg.timeouts.connect_s)
+        ledger = GatewayLedger(cfg.store.ledger)
+    metrics = GatewayMetrics()
+    return Gateway(cfg, store, ledger, build_router(cfg), Gatekeeper(cfg, store, ledger, metrics, clock),
+                   Backends(cfg.timeouts), metrics)

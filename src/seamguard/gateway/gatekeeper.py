@@ -1,0 +1,170 @@
+"""Who may send a request now: keys, budgets, zombie steps — the gateway's admission shell.
+
+The HTTP layer (seamguard.gateway.app) calls `Gatekeeper.admit` before it proxies a
+request and `finish` when it ends (once, on every path). Between them sit the pure parts
+(admission arithmetic, the zombie detector) and the store; the gatekeeper applies each
+detector `Step` to the shared key state (store), the ledger and /metrics. Time comes from
+the injected ``clock`` (wall seconds), so a benchmark may run it in simulated time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from seamguard.gateway.admission import (Counters, Limits, Priority, estimate_prompt_tokens, minute_used,
+                                         requested_output_tokens, shed_share, windows)
+from seamguard.gateway.config import GatewayConfig
+from seamguard.gateway.ledger import GatewayLedger
+from seamguard.gateway.metrics import GatewayMetrics
+from seamguard.gateway.store import KeyRecord, Reservation, Scope, Store
+from seamguard.gateway.zombie import KeyState, Step, ZombieDetector
+
+TICK_EVERY_S = 10.0  # how often throttles of keys gone quiet are lifted
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    name: str
+    tenant: str
+    priority: Priority
+    limits: Limits
+
+
+class Refusal(Exception):
+    """A request not admitted: the HTTP status and an OpenAI-style error."""
+
+    def __init__(self, status: int, message: str, type_: str, code: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.retry_after_s = (status, message, type_, code,
+                                                                               retry_after_s)
+
+
+@dataclass
+class Ticket:
+    key: KeyInfo
+    reservation: Reservation
+    prompt_estimate: int
+    fingerprint: str
+    finished: bool = field(default=False)
+
+
+class Gatekeeper:
+    def __init__(self, cfg: GatewayConfig, store: Store, ledger: GatewayLedger, metrics: GatewayMetrics,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg, self.store, self.ledger, self.metrics, self.clock = cfg, store, ledger, metrics, clock
+        self.detector = ZombieDetector(cfg.zombie)
+        self.keys: dict[str, KeyInfo] = {}
+        self.by_digest: dict[str, KeyInfo] = {}
+        self.tenants = {t.name: t.limits() for t in cfg.tenants}
+        for t in cfg.tenants:
+            for k in t.keys:
+                info = KeyInfo(k.name, t.name, k.priority, k.limits())
+                self.keys[k.name] = info
+                self.by_digest[k.digest()] = info
+                metrics.set_key_state(k.name, "ok", None)
+        self._last_tick = -1e18
+
+    def authenticate(self, secret: str | None) -> KeyInfo | None:
+        if not secret:
+            return None
+        return self.by_digest.get(hashlib.sha256(secret.encode()).hexdigest())
+
+    async def _apply(self, step: Step | None, now: float) -> None:
+        if step is None:
+            return
+        k = self.keys[step.key]
+        await self.store.set_key_record(step.key, KeyRecord(step.to_state, step.throttle_tpm, step.reason, now,
+                                                            step.actor))
+        self.ledger.record(now, step.key, k.tenant, step.from_state, step.to_state, step.reason, step.evidence,
+                           step.actor)
+        self.metrics.set_key_state(step.key, step.to_state, step.throttle_tpm)
+        self.metrics.key_steps.labels(step.key, step.to_state, step.actor).inc()
+
+    async def admit(self, key: KeyInfo, body: dict, raw: bytes, source: str) -> Ticket:
+        """Reserve the request's estimate against its key and tenant, or raise `Refusal`."""
+        adm = self.cfg.admission
+        now = self.clock()
+        if now - self._last_tick >= TICK_EVERY_S:
+            self._last_tick = now
+            for st in self.detector.tick(now):
+                await self._apply(st, now)
+        rec = await self.store.key_record(key.name)  # another replica or an operator may have changed it
+        self.detector.adopt(key.name, rec.state, rec.throttle_tpm, now)  # type: ignore[arg-type]
+        prompt = estimate_prompt_tokens(body, adm.chars_per_token)
+        amount = prompt + requested_output_tokens(body, adm.default_max_tokens)
+        if rec.state != "suspended":
+            await self._apply(self.detector.observe_request(key.name, now, amount, source), now)
+        state, throttle_tpm = self.detector.state(key.name)
+        if state == "suspended":
+            self.metrics.refused.labels(key.tenant, key.name, "suspended").inc()
+            raise Refusal(403, f"API key {key.name!r} is suspended; an operator can lift it (/admin)",
+                          "permission_error", "key_suspended")
+        lim = key.limits
+        if state == "throttled" and throttle_tpm is not None:
+            lim = Limits(min(lim.tpm or throttle_tpm, throttle_tpm), lim.tpd, lim.concurrency)
+        scopes = [Scope(f"key:{key.name}", lim),
+                  Scope(f"tenant:{key.tenant}", self.tenants[key.tenant],
+                        shed_share(key.priority, adm.shed_low_at, adm.shed_normal_at))]
+        verdict, res = await self.store.reserve(scopes, amount, now, adm.inflight_ttl_s)
+        if res is None:
+            reason = verdict.reason + (" (key throttled)" if state == "throttled" and verdict.reason.startswith("key")
+                                       else "")
+            self.metrics.refused.labels(key.tenant, key.name, verdict.reason).inc()
+            raise Refusal(429, f"rate limit: {reason} for key {key.name!r} ({amount} tokens reserved); "
+                               f"retry after {verdict.retry_after_s} s", "rate_limit_exceeded",
+                          verdict.reason.replace(" ", "_"), verdict.retry_after_s)
+        return Ticket(key, res, prompt, hashlib.blake2b(raw, digest_size=8).hexdigest())
+
+    async def finish(self, t: Ticket, ok: bool, prompt_tokens: int | None, completion_tokens: int) -> None:
+        """Reconcile the reservation with what was used; feed the result to the detector. Idempotent."""
+        if t.finished:
+            return
+        t.finished = True
+        now = self.clock()
+        prompt = t.prompt_estimate if prompt_tokens is None else prompt_tokens
+        used = prompt + completion_tokens if (ok or completion_tokens) else 0
+        await self.store.reconcile(t.reservation, used, now)
+        if used:
+            self.metrics.tokens.labels(t.key.tenant, t.key.name, "prompt").inc(prompt)
+            self.metrics.tokens.labels(t.key.tenant, t.key.name, "completion").inc(completion_tokens)
+        await self._apply(self.detector.observe_result(t.key.name, now, ok, t.fingerprint), now)
+
+    async def override(self, key: str, to: KeyState, actor: str, note: str) -> KeyRecord:
+        now = self.clock()
+        await self._apply(self.detector.override(key, now, to, actor, note), now)
+        return await self.store.key_record(key)
+
+    async def reset(self, key: str, actor: str) -> KeyRecord:
+        """Clear the key's counters and any throttle or suspension (the ledger records who)."""
+        now = self.clock()
+        await self.store.reset(f"key:{key}", now)
+        return await self.override(key, "ok", actor, "operator reset: counters cleared")
+
+    async def keys_view(self) -> list[dict]:
+        now = self.clock()
+        out = []
+        for k in self.keys.values():
+            c = await self.store.counters(f"key:{k.name}", now)
+            rec = await self.store.key_record(k.name)
+            out.append({"name": k.name, "tenant": k.tenant, "priority": k.priority, "state": rec.state,
+                        "throttle_tpm": rec.throttle_tpm, "reason": rec.reason, "since_s": rec.since,
+                        "by": rec.actor, "limits": vars(k.limits), "used": _used(c, now),
+                        "baseline": self.detector.baseline(k.name)})
+        return out
+
+    async def tenants_view(self) -> list[dict]:
+        now = self.clock()
+        out = []
+        for name, lim in self.tenants.items():
+            c = await self.store.counters(f"tenant:{name}", now)
+            out.append({"name": name, "limits": vars(lim), "used": _used(c, now),
+                        "keys": [k.name for k in self.keys.values() if k.tenant == name]})
+        return out
+
+
+def _used(c: Counters, now: float) -> dict:
+    _, em, _, _ = windows(now)
+    return {"tokens_last_minute": round(minute_used(c, em)), "tokens_today": c.day, "inflight": c.inflight}

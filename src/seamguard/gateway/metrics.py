@@ -1,0 +1,52 @@
+"""The gateway's Prometheus instruments, in a registry of its own (never the global one).
+
+`GatewayMetrics` is written by the request path and the gatekeeper and rendered by
+``GET /metrics``; two gateways in one process (tests, benchmarks) keep separate counts.
+Label values are names from the config (tenants, keys, instances), so cardinality is what
+the operator configured.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+KEY_STATES = ("ok", "throttled", "suspended")
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        p = "seamguard_gateway_"
+        self.requests = Counter(p + "requests", "Requests answered, by endpoint and HTTP status",
+                                ["endpoint", "status"], registry=r)
+        self.tokens = Counter(p + "tokens", "Tokens served (from usage), by tenant, key and kind",
+                              ["tenant", "key", "kind"], registry=r)
+        self.refused = Counter(p + "admission_refused", "Requests refused at admission, by reason",
+                               ["tenant", "key", "reason"], registry=r)
+        self.key_state = Gauge(p + "key_state", "1 for the state each key is in", ["key", "state"], registry=r)
+        self.key_steps = Counter(p + "key_state_changes", "Key state changes (detector or operator)",
+                                 ["key", "to", "actor"], registry=r)
+        self.throttle_tpm = Gauge(p + "key_throttle_tpm", "TPM cap of a throttled key (0: not throttled)",
+                                  ["key"], registry=r)
+        self.ttft = Histogram(p + "ttft_seconds", "Request received -> first token sent (streams)",
+                              ["decode"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram(p + "tpot_seconds", "Mean time per output token after the first (streams)",
+                              ["decode"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+                              registry=r)
+        self.decode_first = Histogram(p + "decode_first_token_seconds",
+                                      "Decode request sent -> its first token (includes the KV transfer)",
+                                      ["prefill", "decode"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_errors = Counter(p + "upstream_errors", "Backend failures by instance and kind",
+                                       ["instance", "kind"], registry=r)
+        self.outstanding = Gauge(p + "outstanding", "Requests in flight per instance", ["instance"], registry=r)
+        self.routes = Counter(p + "routes", "Routing decisions; departed=1 when the router left its default",
+                              ["prefill", "decode", "departed"], registry=r)
+
+    def set_key_state(self, key: str, state: str, throttle_tpm: int | None) -> None:
+        for s in KEY_STATES:
+            self.key_state.labels(key, s).set(1.0 if s == state else 0.0)
+        self.throttle_tpm.labels(key).set(float(throttle_tpm or 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
