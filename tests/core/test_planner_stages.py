@@ -328,8 +328,19 @@ def test_exposure_is_the_worse_of_node_and_facilities_with_a_gfs_floor():
     assert ex.node_state[[3, 8, 12]].tolist() == [D, CU, H]
     assert ex.node_gfs[[3, 8, 12]].tolist() == [hg.degrade_enter, hg.quarantine_enter, 0.9]
     h1 = POL.assess.propagation.hazard_per_h_at_gfs1
-    # job-00 has gpu003, job-01 gpu008; job-03's gpu012 is not exposed: no hazard for all its GFS
-    assert ex.job_hazard_per_h.tolist() == pytest.approx([h1 * 0.25, h1 * 0.64, 0, 0, 0])
+    # job-00's gpu003 is degraded; gpu012 (job-03) is not exposed: no hazard for all its GFS; the
+    # facilities column alone (no loop in trouble) is exposure, not hazard
+    assert ex.job_hazard_per_h.tolist() == pytest.approx([h1 * 0.25, 0, 0, 0, 0])
+
+
+def test_a_failing_loop_is_one_hazard_per_job_not_one_per_node():
+    hg = POL.assess.hysteresis_for(Kind.GPU)
+    loop1 = {Kind.COOLING_LOOP: {"state": {1: CU}, "gfs": {1: 0.6}}}  # cools gpu008..gpu015
+    ex = ck.exposure(F, _a(kinds=loop1), POL)
+    h = POL.assess.propagation.hazard_per_h_at_gfs1 * hg.quarantine_enter ** 2  # the state's GFS floor
+    # job-01 has gpu008 and gpu009 on the loop (and gpu007 off it): the loop counts once
+    assert ex.job_hazard_per_h.tolist() == pytest.approx([0, h, h, h, h])
+    assert ex.node_gfs[[7, 8]].tolist() == [0.0, 0.6]
 
 
 def test_jobs_to_consider():
@@ -394,6 +405,29 @@ def test_once_per_episode_carried_until_it_worsens():
     assert not jc.carried and jc.action.key.endswith("@t1000") and jc.episodes[0].level == int(Q)
     jc = _job(worse, 0, prior=asked, last=990.0)  # worse, but 10 s to roll back: not worth a write
     assert jc.carried and jc.action.key.endswith("@t990") and jc.episodes == asked
+
+
+def test_not_asked_again_sooner_than_youngs_interval():
+    asked = [ck.Episode(J0, "gpu003", int(CU))]
+    worse = replace(EXPOSED, node_state=np.where(np.arange(16) == 3, Q, H).astype(np.int8))
+    hazard = float(ck.exposure(F, worse, POL).job_hazard_per_h[0])
+    young = ck.young_interval_s(POL.actions.checkpoint_write_s, hazard)
+    assert young == pytest.approx((2 * POL.actions.checkpoint_write_s * 3600 / hazard) ** 0.5)
+    jc = _job(worse, 0, prior=asked, last=1000.0 - 0.9 * young)  # worse and it would pay, but too soon
+    assert jc.carried and jc.issued is None
+    jc = _job(worse, 0, prior=asked, last=1000.0 - 1.1 * young)
+    assert not jc.carried and jc.action.key.endswith("@t1000")
+
+
+def test_a_failed_node_asks_no_checkpoint():
+    failed = replace(EXPOSED, node_state=np.where(np.arange(16) == 3, FAIL, H).astype(np.int8))
+    assert _job(failed, 0).action is None  # nothing to avoid: the failure has happened
+    assert _job(failed, 0, prior=[ck.Episode(J0, "gpu003", int(CU))], last=100.0).carried
+
+
+def test_youngs_interval():
+    assert ck.young_interval_s(20.0, 0.0) == float("inf")
+    assert ck.young_interval_s(20.0, 2.0) == pytest.approx(268.33, abs=0.01)  # sqrt(2 x 20 s x 1800 s)
 
 
 def test_asked_again_when_the_jobs_hazard_has_grown_enough():

@@ -31,7 +31,9 @@ def _default_hysteresis() -> dict[str, Hysteresis]:
         "gpu": Hysteresis(),
         "nic": Hysteresis(recover_ticks=36),  # flap dampening: stay out until stable
         "link": Hysteresis(),
-        "storage": Hysteresis(severe_state="checkpoint_unsafe"),
+        # A synchronous checkpoint's own write burst slows its path for a minute or two: a
+        # path must stay slow 4 ticks (2 min at a 30 s tick) before it is degraded.
+        "storage": Hysteresis(severe_state="checkpoint_unsafe", enter_ticks=4),
     }
 
 
@@ -170,14 +172,15 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         return ok & ~h if h is not None else ok
 
     evid: dict[Kind, ev.Evidence] = {}
-    evid[Kind.COOLING_LOOP] = ev.loop_evidence(fleet, frame, e_cfg)
+    evid[Kind.COOLING_LOOP], loop_b = ev.loop_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.COOLING_LOOP),
+                                                       dt_s)
     evid[Kind.RACK] = ev.rack_evidence(fleet, frame, e_cfg)
     evid[Kind.GPU], gpu_b, r_th, r_n = ev.gpu_evidence(fleet, frame, hist, e_cfg, evid[Kind.COOLING_LOOP].gfs,
                                                       base, b_cfg, learn(Kind.GPU), dt_s)
     evid[Kind.NIC], nic_b = ev.nic_evidence(fleet, frame, hist, e_cfg, base, b_cfg, learn(Kind.NIC), dt_s)
     evid[Kind.LINK], link_b = ev.link_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.LINK), dt_s)
     evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s)
-    new_base = Baselines(gpu_b, nic_b, link_b, sto_b, r_th, r_n, frame.t_s)
+    new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, r_th, r_n, frame.t_s)
 
     kinds: dict[Kind, KindAssessment] = {}
     transitions: list[Transition] = []

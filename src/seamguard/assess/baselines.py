@@ -3,7 +3,7 @@
 Pure data and pure update rules; the controller holds the state between ticks and
 persists it with the ledger snapshot (``to_arrays`` / ``from_arrays``). Every entity
 keeps a fixed number of floats (no lists, no windows), so memory is bounded at any
-fleet size: 64 bytes per GPU, 20 per NIC, 8 per link and storage path.
+fleet size: 64 bytes per GPU, 20 per NIC, 8 per link, storage path and cooling loop.
 
 Each baseline is an exponentially weighted estimate with a count-based start: the
 first samples are averaged evenly (``alpha = 1 / (n + 1)``), later ones with the
@@ -23,6 +23,7 @@ What is learned (docs/evidence.md):
 - GPU and NIC error counters: each one's floor rate (errors per hour when healthy).
 - NIC congestion: its transmit-wait rate.
 - Links and storage paths: log latency (their latency floor).
+- Cooling loops: log coolant flow (the flow this loop holds when healthy).
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class Baselines:
     nic: NicBaseline
     link: LatencyBaseline
     storage: LatencyBaseline
+    loop: LatencyBaseline  # log coolant flow, same update rule as a latency
     r_th: float  # °C/W, the fleet's slope of die rise over power (learned across GPUs)
     r_th_n: int  # ticks it was learned from
     t_s: float  # time of the last update (NaN before the first)
@@ -152,14 +154,15 @@ class Baselines:
     def initial(cls, fleet: Fleet, cfg: BaselineConfig) -> Baselines:
         return cls(GpuBaseline.initial(fleet.count(Kind.GPU)), NicBaseline.initial(fleet.count(Kind.NIC)),
                    LatencyBaseline.initial(fleet.count(Kind.LINK)), LatencyBaseline.initial(fleet.count(Kind.STORAGE)),
-                   float(cfg.r_th_prior_c_per_w), 0, float("nan"))
+                   LatencyBaseline.initial(fleet.count(Kind.COOLING_LOOP)), float(cfg.r_th_prior_c_per_w), 0,
+                   float("nan"))
 
     def dt(self, t_s: float, default_s: float) -> float:
         """Seconds since the last update (``default_s`` for the first)."""
         return default_s if not np.isfinite(self.t_s) else max(0.0, t_s - self.t_s)
 
     # ---- persistence through the ledger's snapshot arrays -------------------------------
-    _PARTS = ("gpu", "nic", "link", "storage")
+    _PARTS = ("gpu", "nic", "link", "storage", "loop")
 
     def to_arrays(self, prefix: str = "baseline") -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -195,14 +198,15 @@ class Baselines:
         fl = arrays.get(f"{prefix}.fleet")
         if fl is None or fl.shape != (3,):
             return replace(fresh, **parts), stale + (["fleet"] if fl is None else [])
-        return cls(parts["gpu"], parts["nic"], parts["link"], parts["storage"], float(fl[0]), int(fl[1]),
-                   float(fl[2])), stale
+        return cls(parts["gpu"], parts["nic"], parts["link"], parts["storage"], parts["loop"], float(fl[0]),
+                   int(fl[1]), float(fl[2])), stale
 
     def warm_counts(self, cfg: BaselineConfig) -> dict[str, int]:
         """How many entities of each kind have a warm baseline (for reports and /metrics)."""
         w = cfg.warm_samples
         return {"gpu": int((self.gpu.n >= w).sum()), "nic": int((self.nic.n >= w).sum()),
-                "link": int((self.link.n >= w).sum()), "storage": int((self.storage.n >= w).sum())}
+                "link": int((self.link.n >= w).sum()), "storage": int((self.storage.n >= w).sum()),
+                "cooling_loop": int((self.loop.n >= w).sum())}
 
 
 def count_up(n: np.ndarray, learn: np.ndarray, cap: int = 1 << 30) -> np.ndarray:

@@ -68,7 +68,8 @@ class EvidenceConfig(BaseModel):
     gpu_r_th_c_per_w: float = Field(0.045, ge=0, description="die-to-coolant thermal resistance for the temp_peer_z data column")
     sbe_rate_per_h: tuple[float, float] = Field((60.0, 600.0), description="correctable ECC errors per hour above own floor")
     remapped_rows: tuple[float, float] = Field((0.0, 2.0), description="rows remapped within the rate window")
-    pcie_replays_per_h: tuple[float, float] = Field((60.0, 480.0), description="PCIe replays per hour above own floor")
+    pcie_replays_per_h: tuple[float, float] = Field((240.0, 480.0), description="PCIe replays per hour above own floor "
+                                                    "(DCGM's limit is 8 per minute: counting starts at half of it)")
     nvlink_crc_per_h: tuple[float, float] = Field((60.0, 600.0), description="NVLink CRC errors per hour above own floor")
     nvlink_replay_per_h: tuple[float, float] = Field((6.0, 60.0), description="NVLink replays + recoveries per hour")
     pending_score: float = Field(0.6, ge=0, le=1, description="score of a pending row remap / page retirement (needs a reset)")
@@ -86,6 +87,8 @@ class EvidenceConfig(BaseModel):
     latency_ratio: tuple[float, float] = Field((1.5, 3.0), description="link latency over the tier median and its own floor")
     latency_z_min: float = Field(6.0, description="robust z a link's latency must also exceed")
     flow_ratio: tuple[float, float] = Field((0.92, 0.80), description="coolant flow / rated: concern, saturation")
+    flow_drop_own: tuple[float, float] = Field((0.03, 0.10), description="coolant flow below what this loop holds "
+                                                                         "when healthy (fraction): concern, saturation")
     supply_excess_c: tuple[float, float] = Field((2.0, 5.0), description="loop supply temp above peer median")
     storage_latency_ratio: tuple[float, float] = Field((2.0, 4.0), description="write latency over path median and own floor")
     storage_latency_ms: tuple[float, float] = Field((100.0, 400.0), description="absolute p99 write latency")
@@ -552,7 +555,16 @@ def link_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
                     none, none), new
 
 
-def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
+def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselines | None = None,
+                  bcfg: BaselineConfig | None = None, learn: np.ndarray | None = None, dt_s: float = 0.0):
+    """Coolant flow against the loop's rating and against what it holds when healthy; supply vs peers.
+
+    A CDU's pumps hold its flow steady, so a sustained drop below the loop's own learned
+    flow is the earliest sign of a pump, valve or filter going: it is seen at the first
+    sample, before the flow falls far enough below the rating to matter on its own.
+    """
+    bcfg = bcfg or BaselineConfig()
+    base = base or Baselines.initial(fleet, bcfg)
     flow = frame.get("seamguard_coolant_flow_lpm")
     supply = frame.get("seamguard_coolant_supply_temp_c")
     ratio = flow / fleet.loop_rated_flow_lpm
@@ -564,11 +576,19 @@ def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
     s_supply = ramp(excess, *cfg.supply_excess_c) if n >= 3 else np.zeros(n)
     gone = np.isnan(flow)
     s_missing = np.where(gone, cfg.missing_node_score, 0.0)
+    learn = np.ones(n, dtype=bool) if learn is None else learn
+    d_lo, d_hi = cfg.flow_drop_own
+    # A loop teaches its baseline only while it holds its flow (no drop of concern, not below rating).
+    with np.errstate(invalid="ignore"):
+        held = (base.loop.n < bcfg.warm_samples) | ~(1.0 - flow / np.exp(base.loop.log_lat) >= d_lo)
+    new, own, warm = latency_step(base.loop, flow, learn & held & (s_flow == 0), dt_s, bcfg)
+    drop = np.where(warm, 1.0 - own, 0.0)
+    s_own = ramp(drop, d_lo, d_hi)
     none = np.zeros(n, dtype=bool)
-    return Evidence(Kind.COOLING_LOOP, ("flow_ratio", "supply_excess", "missing"),
-                    ("ratio", "celsius", "bool"),
-                    _stack([s_flow, s_supply, s_missing]), _stack([ratio, excess, gone.astype(float)]),
-                    none, none)
+    return Evidence(Kind.COOLING_LOOP, ("flow_ratio", "flow_own", "supply_excess", "missing"),
+                    ("ratio", "ratio", "celsius", "bool"),
+                    _stack([s_flow, s_own, s_supply, s_missing]),
+                    _stack([ratio, own, excess, gone.astype(float)]), none, none), new
 
 
 def rack_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:

@@ -8,6 +8,13 @@ evidence worsens: the exposure reaches a stricter state than the one it was issu
 or the job's failure hazard has grown ``reask_hazard_ratio`` times since it was asked
 (a failing cooling loop spreading over more of the job's nodes); an episode ends when
 the job's nodes have been healthy episode_end_healthy_ticks.
+
+Asked again no sooner than Young's interval at the job's hazard now, sqrt(2 x write x MTBF)
+(J. W. Young, "A first order approximation to the optimum checkpoint interval", CACM 17(9),
+1974): checkpointing more often than that costs more in writes than it saves in rollback,
+whatever one write's price says. A node already failed does not ask: no checkpoint avoids
+a failure that has happened (recovery is the planner's remedy stage). A loop's or rack's
+hazard counts once per job, not once per node it cools: one failing loop is one cause.
 """
 
 from __future__ import annotations
@@ -68,19 +75,39 @@ class CheckpointPlan:
 def exposure(fleet: Fleet, a: Assessment, policy: Policy) -> Exposure:
     """How exposed each node is, and the hard-failure hazard per hour that exposure puts on each job.
 
-    A node's hard-failure hazard: 0.5 x GFS^2 per hour (propagation), GFS the worst of its
-    own and its loop's and rack's, at least the threshold of the state it is in.
+    Hard-failure hazard of an entity: 0.5 x GFS^2 per hour (propagation), GFS at least the
+    threshold of the state it is in. A job's hazard sums its nodes' own hazards and, once
+    each, the hazards of the loops and racks its nodes are in.
     """
-    ex = np.maximum(a.node_state, a.node_domain_state[:, 2]).astype(np.int64)
+    h1 = policy.assess.propagation.hazard_per_h_at_gfs1
     hg = policy.assess.hysteresis_for(Kind.GPU)
-    floor = np.where(ex >= State.CHECKPOINT_UNSAFE, hg.quarantine_enter,
-                     np.where(ex >= State.DEGRADED, hg.degrade_enter, 0.0))
-    g = np.maximum.reduce([np.nan_to_num(a.node_gfs), a.kinds[Kind.COOLING_LOOP].gfs[fleet.node_loop],
-                           a.kinds[Kind.RACK].gfs[fleet.node_rack], floor])
-    node_hazard = np.where(ex > State.HEALTHY, policy.assess.propagation.hazard_per_h_at_gfs1 * g * g, 0.0)
-    placed = fleet.node_job >= 0
-    job_hazard = np.bincount(fleet.node_job[placed], weights=node_hazard[placed], minlength=len(fleet.job_names))
+
+    def hazard(state: np.ndarray, gfs: np.ndarray) -> np.ndarray:
+        floor = np.where(state >= State.CHECKPOINT_UNSAFE, hg.quarantine_enter,
+                         np.where(state >= State.DEGRADED, hg.degrade_enter, 0.0))
+        g = np.maximum(np.nan_to_num(gfs), floor)
+        return np.where(state > State.HEALTHY, h1 * g * g, 0.0)
+
+    loop, rack = a.kinds[Kind.COOLING_LOOP], a.kinds[Kind.RACK]
+    ex = np.maximum(a.node_state, a.node_domain_state[:, 2]).astype(np.int64)
+    g = np.maximum.reduce([np.nan_to_num(a.node_gfs), loop.gfs[fleet.node_loop], rack.gfs[fleet.node_rack]])
+    g = np.maximum(g, np.where(ex >= State.CHECKPOINT_UNSAFE, hg.quarantine_enter,
+                               np.where(ex >= State.DEGRADED, hg.degrade_enter, 0.0)))
+    n_jobs = len(fleet.job_names)
+    placed = np.flatnonzero(fleet.node_job >= 0)
+    jobs = fleet.node_job[placed]
+    own = hazard(a.node_state.astype(np.int64), a.node_gfs)
+    job_hazard = np.bincount(jobs, weights=own[placed], minlength=n_jobs)
+    for dom_of_node, dom in ((fleet.node_loop, loop), (fleet.node_rack, rack)):
+        dom_h = hazard(dom.states.state.astype(np.int64), dom.gfs)
+        pairs = np.unique(np.stack([jobs, dom_of_node[placed]]), axis=1)  # (job, domain) once each
+        job_hazard += np.bincount(pairs[0], weights=dom_h[pairs[1]], minlength=n_jobs)
     return Exposure(ex, g, job_hazard)
+
+
+def young_interval_s(write_s: float, hazard_per_h: float) -> float:
+    """Young's optimum checkpoint interval, sqrt(2 x write x MTBF), in seconds (inf with no hazard)."""
+    return float(np.sqrt(2.0 * write_s * 3600.0 / hazard_per_h)) if hazard_per_h > 0 else float("inf")
 
 
 def jobs_to_consider(fleet: Fleet, ex: Exposure, policy: Policy, episodes: dict[str, list[Episode]],
@@ -172,9 +199,11 @@ def job_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j:
     jn = fleet.job_names[j]
     eps = open_episodes(fleet, j, prior, ex, node_ht, policy.actions.episode_end_healthy_ticks, node_of)
     hazard = float(ex.job_hazard_per_h[j])
-    worse = [node_of[e.node] for e in eps.values() if worsened(e, int(ex.node_state[node_of[e.node]]), hazard,
-                                                               policy.actions.reask_hazard_ratio)]
-    act = price_checkpoint(fleet, a, policy, ex, j, worse, last, crit) if worse else None
+    worse = [node_of[e.node] for e in eps.values()
+             if ex.node_state[node_of[e.node]] < State.FAILED
+             and worsened(e, int(ex.node_state[node_of[e.node]]), hazard, policy.actions.reask_hazard_ratio)]
+    spaced = last is None or a.t_s - last >= young_interval_s(policy.actions.checkpoint_write_s, hazard)
+    act = price_checkpoint(fleet, a, policy, ex, j, worse, last, crit) if worse and spaced else None
     issued = None
     if act is not None:
         issued = (jn, last, list(eps.values()))
