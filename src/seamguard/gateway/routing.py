@@ -398,7 +398,8 @@ class SeamguardRouter:
             if inst.nic is None:
                 continue
             for nic, state in self._fabric.items():
-                if nic == inst.nic or nic.startswith(inst.nic + "~"):  # the NIC or its link to the leaf
+                # the NIC itself, its link to the leaf ("nic~leaf"), or any NIC of a host ("host/nic")
+                if nic == inst.nic or nic.startswith((inst.nic + "~", inst.nic + "/")):
                     sev = FABRIC_SEVERITY.get(state, 0)
                     if sev > worst:
                         worst, name = sev, f"{nic}={state}"
