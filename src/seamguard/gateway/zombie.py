@@ -6,7 +6,8 @@ few numbers learned from that key alone and returns a `Step` when the key's stat
 change. Nothing here reads a clock, a file or the network. Departures:
 
 - volume: demand (tokens asked for, admitted or not) in the last 60 s over ``volume_ratio``
-  x the key's own peak minute (a max of its minute totals that decays with a 7-day half-life);
+  x the key's own peak minute (a max of its minute totals that decays with a 7-day half-life;
+  a minute is learned only once the minute after it closed without a departure too);
 - new source: most of that demand from an address/user agent first seen in the last hour,
   at ``new_source_ratio`` x its peak (a new source alone is normal: laptops move);
 - error-retry loop: ``error_loop_count`` failures of one identical request in 60 s while most
@@ -85,6 +86,8 @@ class _Key:
     minute: int | None = None
     minute_total: int = 0
     minute_departed: bool = False
+    last_t: float = -math.inf
+    pending: float | None = None  # the last closed minute's total, learned if the next one is ordinary too
     first_seen: float | None = None
     sources: dict[str, float] = field(default_factory=dict)  # source -> first seen
     hours: deque = field(default_factory=lambda: deque(maxlen=24))  # active hour indices, last 24 h
@@ -120,14 +123,23 @@ class ZombieDetector:
                 "sources": len(k.sources), "max_active_hours_per_day": max(k.day_history, default=0)}
 
     # ---- learning ---------------------------------------------------------------------------
-    def _roll(self, k: _Key, now: float) -> None:
+    def _roll(self, k: _Key, now: float) -> float:
+        """Advance the key's windows to ``now`` (never backwards: two replicas' or threads' clocks may
+        interleave out of order by a little); returns the time used."""
+        now = max(now, k.last_t)
+        k.last_t = now
         m = math.floor(now / WINDOW_S)
-        if k.minute is not None and m != k.minute and k.minute_total > 0:
-            if not k.minute_departed and k.state == "ok":  # never learn from a departure
+        if k.minute is not None and m != k.minute:
+            # A minute is learned one minute late, once the next one closed without a departure
+            # too: the first minute of a ramp (not yet over the bar) must not raise the bar.
+            if k.pending is not None and not k.minute_departed:
                 decay = 0.5 ** ((now - k.peak_t) / self.th.peak_half_life_s)
-                k.peak = max(float(k.minute_total), k.peak * decay)
+                k.peak = max(k.pending, k.peak * decay)
                 k.peak_t = now
                 k.active_minutes += 1
+            k.pending = None
+            if k.minute_total > 0 and not k.minute_departed and k.state == "ok":  # never learn a departure
+                k.pending = float(k.minute_total)
         if m != k.minute:
             k.minute, k.minute_total, k.minute_departed = m, 0, False
         h = math.floor(now / 3600.0)
@@ -143,6 +155,7 @@ class ZombieDetector:
             k.demand.popleft()
         while k.results and k.results[0][0] <= now - WINDOW_S:
             k.results.popleft()
+        return now
 
     def _new_source(self, k: _Key, source: str, now: float) -> bool:
         first = k.sources.pop(source, None)
@@ -192,6 +205,7 @@ class ZombieDetector:
         if dep is not None:
             k.last_departure = now
             k.minute_departed = True
+            k.pending = None
         if k.state == "ok" and dep is not None:
             tpm = max(th.throttle_floor_tpm, math.ceil(th.throttle_headroom * k.peak))
             return self._move(key, k, "throttled", now, dep[0], dep[1], tpm)
@@ -212,7 +226,7 @@ class ZombieDetector:
     def observe_request(self, key: str, now: float, tokens: int, source: str) -> Step | None:
         """A request arrived (before admission): ``tokens`` is its reservation estimate."""
         k = self._k(key)
-        self._roll(k, now)
+        now = self._roll(k, now)
         new = self._new_source(k, source, now)
         if k.first_seen is None:
             k.first_seen = now
@@ -223,7 +237,7 @@ class ZombieDetector:
     def observe_result(self, key: str, now: float, ok: bool, fingerprint: str) -> Step | None:
         """A request ended (``ok`` False for a backend or client error, not for our own 429)."""
         k = self._k(key)
-        self._roll(k, now)
+        now = self._roll(k, now)
         k.results.append((now, ok, fingerprint))
         return self._judge(key, k, now)
 

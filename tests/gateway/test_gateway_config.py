@@ -1,0 +1,87 @@
+"""The gateway config: a problem is one line naming the file and the field; the CLI checks before binding."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from seamguard.gateway.config import ROUTERS, GatewayConfigError, load_gateway_config, register_router
+from seamguard.gateway.routing import RoundRobin
+from tests.conftest import subprocess_env
+
+GOOD = {"version": 1, "instances": [{"name": "v0", "url": "http://10.0.0.2:8000"}],
+        "tenants": [{"name": "acme", "tpm": 100000, "keys": [{"name": "app", "key": "sk-aaaaaaaaaaaa"}]}]}
+
+
+def _write(tmp_path, data, name="gw.yaml"):
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+@pytest.mark.parametrize("patch,where", [
+    (lambda c: c["tenants"][0]["keys"][0].update(tpm=0), "tenants[0].keys[0].tpm"),
+    (lambda c: c["tenants"][0]["keys"][0].update(key_sha256="ab" * 32), "tenants[0].keys[0]"),
+    (lambda c: c["instances"][0].update(url="10.0.0.2:8000"), "instances[0].url"),
+    (lambda c: c.update(router="fastest"), "(top level)"),
+    (lambda c: c.update(store={"type": "etcd"}), "store"),
+    (lambda c: c["tenants"].append(dict(c["tenants"][0])), "(top level)"),
+    (lambda c: c.update(zombie={"volume_ratio": 0.5}), "zombie.volume_ratio"),
+    (lambda c: c.update(admission={"shed_low_at": 2}), "admission.shed_low_at"),
+    (lambda c: c.update(colour="blue"), "colour"),
+])
+def test_config_errors_are_one_line_naming_file_and_field(tmp_path, patch, where):
+    import copy
+
+    cfg = copy.deepcopy(GOOD)
+    patch(cfg)
+    p = _write(tmp_path, cfg)
+    with pytest.raises(GatewayConfigError) as e:
+        load_gateway_config(p)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{p}: {where}")
+
+
+def test_relative_store_path_is_beside_the_config(tmp_path):
+    cfg = load_gateway_config(_write(tmp_path, {**GOOD, "store": {"type": "sqlite", "path": "state/gw.db"}}))
+    assert cfg.store.path == tmp_path / "state/gw.db"
+
+
+def test_registered_routers_are_found_by_name(tmp_path):
+    made = []
+
+    def factory(instances, weight=1):
+        made.append(weight)
+        return RoundRobin(instances)
+
+    register_router("test_only", factory)
+    try:
+        load_gateway_config(_write(tmp_path, {**GOOD, "router": "test_only", "router_options": {"weight": 3}}))
+        assert made == [3]
+        with pytest.raises(GatewayConfigError, match=r"gw.yaml: router: .*unexpected keyword"):
+            load_gateway_config(_write(tmp_path, {**GOOD, "router": "test_only", "router_options": {"w": 3}}))
+    finally:
+        ROUTERS.pop("test_only")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "seamguard", "gateway", *args], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=60)
+
+
+def test_cli_reports_a_bad_config_in_one_line_before_binding(tmp_path):
+    bad = _write(tmp_path, {**GOOD, "port": 99999})
+    r = _cli("--config", str(bad))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert r.stderr.startswith(f"error: {bad}: port: ")
+    r = _cli("--config", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "missing.yaml: cannot read the gateway config" in r.stderr
+    r = _cli("--config", str(_write(tmp_path, "version: [1", "syntax.yaml")))
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "syntax.yaml" in r.stderr
+    ok = _cli("--config", str(_write(tmp_path, {**GOOD, "store": {"type": "sqlite", "path": "gw.db"}}, "ok.yaml")),
+              "--check", "-o", "json", "--token", "t0k3n")
+    assert ok.returncode == 0, ok.stderr
+    assert '"router": "round_robin"' in ok.stdout and (tmp_path / "gw.db").exists()
