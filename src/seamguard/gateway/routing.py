@@ -239,6 +239,7 @@ class _Path:
     tft: deque = field(default_factory=deque)  # route -> first decode token (seconds, router clock)
     last_sample_t: float = -math.inf
     last_used_t: float = -math.inf
+    good_probes: int = 0  # consecutive probes that came back in line with the peers
 
 
 @dataclass
@@ -355,7 +356,7 @@ class SeamguardRouter:
             return
         now = self._clock()
         pend.first_token_t = now
-        self._sample(pend.path, decode_first_token_s, now - pend.t0, now)
+        self._sample(pend.path, decode_first_token_s, now - pend.t0, now, pend.probe)
 
     def finished(self, route: Route, outcome: Outcome) -> None:
         pend = self._inflight.pop(route)
@@ -364,9 +365,9 @@ class SeamguardRouter:
         now = self._clock()
         if pend.first_token_t is None:
             if outcome.decode_first_token_s is not None:
-                self._sample(pend.path, outcome.decode_first_token_s, now - pend.t0, now)
+                self._sample(pend.path, outcome.decode_first_token_s, now - pend.t0, now, pend.probe)
             elif not outcome.ok:  # failed before any token: the time it took is the evidence
-                self._sample(pend.path, now - pend.t0, now - pend.t0, now)
+                self._sample(pend.path, now - pend.t0, now - pend.t0, now, pend.probe)
         if pend.request_class == "interactive" and outcome.ttft_s is not None:
             self._itft.append(outcome.ttft_s)
 
@@ -374,12 +375,18 @@ class SeamguardRouter:
     def _path(self, pair: tuple[str, str]) -> _Path:
         return self._paths.setdefault(pair, _Path())
 
-    def _sample(self, pair: tuple[str, str], dft: float, tft: float, now: float) -> None:
+    def _sample(self, pair: tuple[str, str], dft: float, tft: float, now: float, probe: bool = False) -> None:
         p = self._path(pair)
+        if probe:  # two probes in a row in line with the peers: the path recovered, drop its old samples
+            peer = self._peers(pair, "dft", self.options.quantile)
+            p.good_probes = p.good_probes + 1 if math.isnan(peer) or dft <= self.options.peer_ratio * peer else 0
         for q, v in ((p.dft, dft), (p.tft, tft)):
             q.append(v)
-            while len(q) > self.options.window:
+            keep = p.good_probes if p.good_probes >= 2 else self.options.window
+            while len(q) > keep:
                 q.popleft()
+        if p.good_probes >= 2:
+            p.good_probes = 0
         p.last_sample_t = now
 
     def _latency(self, pair: tuple[str, str]) -> float:

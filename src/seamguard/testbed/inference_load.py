@@ -12,9 +12,9 @@ for a Route, POSTs the prompt to the prefill instance (``max_tokens: 1``, ``stre
 ``first_token`` and ``finished`` — the same calls and the same order as the gateway server.
 Batch requests the router sheds (`Shed`) are retried after Retry-After until their TTFT budget
 is spent (deferred), then counted as shed. Instance ``/metrics`` are polled into
-``update_load`` and timed shell commands (``events``: e.g. a ``tc`` that degrades a link) run
-at their offsets, so a degradation lands at the same point of the same arrival sequence for
-every router.
+``update_load`` (seamguard.gateway.routing_feeds), and timed shell commands (``events``, e.g.
+a ``tc`` that degrades a link) run at their offsets, so a degradation lands at the same point
+of the same arrival sequence for every router.
 
 The arrival sequence is a pure function of the spec and seed (`arrivals`): Poisson arrivals
 plus periodic bursts; per class a share, log-normal prompt and output lengths (median and
@@ -31,7 +31,8 @@ import random
 import time
 from dataclasses import asdict, dataclass
 
-from seamguard.gateway.routing import Instance, Outcome, Shed, make_router, parse_vllm_metrics
+from seamguard.gateway.routing import Instance, Outcome, Shed, make_router
+from seamguard.gateway.routing_feeds import feed_router
 
 
 @dataclass(frozen=True)
@@ -177,19 +178,6 @@ async def _one(client, router, a: Arrival, t_start: float, budget_s: float, time
     return rec
 
 
-async def _poll_load(client, router, instances: list[Instance], every_s: float) -> None:
-    if not hasattr(router, "update_load"):
-        return
-    while True:
-        for inst in instances:
-            try:
-                r = await client.get(inst.url + "/metrics", timeout=every_s)
-                router.update_load(inst.name, **parse_vllm_metrics(r.text))
-            except Exception:  # noqa: BLE001 - a missing /metrics only means no load input
-                pass
-        await asyncio.sleep(every_s)
-
-
 async def _event(at_s: float, argv: list[str], t_start: float, applied: list) -> None:
     await asyncio.sleep(max(0.0, t_start + at_s - time.monotonic()))
     p = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
@@ -210,7 +198,8 @@ async def run_load(instances: list[Instance], router_name: str, router_options: 
     applied: list[dict] = []
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200)) as client:
         t_start = time.monotonic()
-        poller = asyncio.ensure_future(_poll_load(client, router, instances, metrics_poll_s))
+        stop = asyncio.Event()
+        poller = asyncio.ensure_future(feed_router(router, client, instances, None, metrics_poll_s, stop))
         evs = [asyncio.ensure_future(_event(e["at_s"], e["argv"], t_start, applied)) for e in events]
 
         async def at(a: Arrival) -> Record:
@@ -220,7 +209,8 @@ async def run_load(instances: list[Instance], router_name: str, router_options: 
         records = await asyncio.gather(*(at(a) for a in seq))
         for e in evs:
             await e
-        poller.cancel()
+        stop.set()
+        await poller
         wall = time.monotonic() - t_start
     return {"router": router_name, "wall_s": round(wall, 3), "events": applied,
             "decisions": dict(getattr(router, "decisions", {})), "records": [asdict(r) for r in records]}
