@@ -99,6 +99,9 @@ def test_slow_path_is_out_for_interactive_but_within_batch_budget(cls, slow_path
     assert (("p0", "d1") in {pair(x) for x in later}) is slow_path_used
     if cls == "interactive":
         assert all("avoided p0->d1" in x.reason and x.evidence["p0->d1.latency_s"] == SLOW for x in later)
+    snap = {(x["prefill"], x["decode"]): x for x in r.snapshot()["paths"]}
+    assert snap[("p0", "d1")]["admissible"] == {"interactive": False, "batch": True}
+    assert snap[("p0", "d1")]["latency_s"] == SLOW and snap[("p1", "d0")]["admissible"]["interactive"]
 
 
 def test_slow_path_excess_must_matter_against_the_budget():

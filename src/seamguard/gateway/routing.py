@@ -223,7 +223,8 @@ class SeamguardOptions:
     """Batch work is deferred while recent interactive TTFTs (their upper quantile) exceed
     defer_share of the interactive budget and some path is out for interactive."""
     probe_after_s: float = 5.0
-    """A path out of use for this long gets one batch request to learn whether it recovered."""
+    """A path out of use for this long gets one batch request to learn whether it recovered; two
+    probes in a row in line with the peers drop its older samples (it is back)."""
     forget_after_s: float = 30.0
     """A path's samples older than this are dropped, so interactive work may use it again when no
     batch work has probed it."""
@@ -306,6 +307,28 @@ class SeamguardRouter:
 
     def outstanding(self, name: str) -> int:
         return self._inflight.count.get(name, 0)
+
+    def snapshot(self) -> dict:
+        """What the router currently believes, for /metrics and the dashboard (plain data):
+        per path its latency quantile, median, samples, pending transfers and, per class,
+        whether it is admissible and why not; per instance its load; decision counts."""
+        now, opts = self._clock(), self.options
+        paths = []
+        for p in self._prefill:
+            for d in self._decode:
+                key = (p.name, d.name)
+                st = self._paths.get(key, _Path())
+                why = {c: self._judge(p, d, c, b, now)[0] for c, b in opts.ttft_budget_s.items()}
+                paths.append({"prefill": p.name, "decode": d.name, "latency_s": self._latency(key),
+                              "median_s": _median(list(st.dft)) if st.dft else math.nan, "samples": len(st.dft),
+                              "pending": sum(1 for n in self._inflight.notes()
+                                             if isinstance(n, _Pending) and n.path == key),
+                              "admissible": {c: not w for c, w in why.items()}, "why": why})
+        loads = {i.name: {"outstanding": self.outstanding(i.name),
+                          "waiting": self._load.get(i.name, _Load()).waiting,
+                          "kv_usage": self._load.get(i.name, _Load()).kv_usage}
+                 for i in self._prefill + self._decode}
+        return {"paths": paths, "instances": loads, "fabric": dict(self._fabric), "decisions": dict(self.decisions)}
 
     # ---- hooks --------------------------------------------------------------------------------
     def route(self, request_class: RequestClass, prompt_tokens: int) -> Route:
