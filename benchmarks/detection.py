@@ -123,7 +123,9 @@ def aggregate(results: list[dict], truths: list[dict]) -> dict:
                 "hard_failures_unwarned": sum(i["missed_hard_failure"] for i in rows),
                 "actions_per_fault": round(sum(i["actions"] for i in rows) / n, 3) if n else None,
                 "checkpoint_requests_per_fault": round(sum(i["checkpoint_requests"] for i in rows) / n, 3) if n else None,
-                "max_checkpoint_requests_per_fault": max((i["checkpoint_requests"] for i in rows), default=0)}
+                "max_checkpoint_requests_per_fault": max((i["checkpoint_requests"] for i in rows), default=0),
+                "max_checkpoint_requests_per_fault_and_job": max(
+                    (i["max_checkpoint_requests_per_job"] for i in rows), default=0)}
 
     overall = figs(incs)
     flagged = sum(o["flagged_entities"] for o in ov)

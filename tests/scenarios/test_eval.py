@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from seamguard.app.eval import EvalInputError, Incident, Relations, load_labels, parse_labels, read_timeline, score
@@ -91,6 +92,22 @@ def test_false_flags_actions_drains_and_checkpoints(rel):
     # An end closes coverage after the grace period: the late flag becomes false.
     res = score([inc("a", "gpu", "gpu003/gpu2", "ecc_sbe", 100, end=400)], events, rel, grace_s=600)
     assert "gpu:gpu003/gpu2" in res["false_flags"]
+
+
+def test_a_jobs_checkpoint_belongs_to_the_incident_on_its_cause(rel):
+    f = rel.fleet
+    j = int(f.node_job[3])
+    a_node, b_node = [f.node_names[i] for i in np.flatnonzero(f.node_job == j)[:2]]
+    job = f.job_names[j]
+    incs = [inc("a", "node", a_node, "power_brake", 100), inc("b", "node", b_node, "power_brake", 200)]
+    events = [act(300, "checkpoint_now", "job", job, cause=a_node), act(900, "checkpoint_now", "job", job, cause=a_node),
+              act(400, "checkpoint_now", "job", job, cause=b_node)]
+    res = score(incs, sorted(events, key=lambda e: e["t"]), rel)
+    rows = {r["id"]: r for r in res["incidents"]}
+    # b started later and covers the job too, but the first two were asked for a's node
+    assert (rows["a"]["checkpoint_requests"], rows["b"]["checkpoint_requests"]) == (2, 1)
+    assert rows["a"]["max_checkpoint_requests_per_job"] == 2
+    assert res["overall"]["max_checkpoint_requests_per_fault_and_job"] == 2
 
 
 def test_storage_incident_covers_jobs_writing_there_and_maintenance_is_no_incident(rel):

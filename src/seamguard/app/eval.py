@@ -350,6 +350,7 @@ def score(incidents: list[Incident], events: list[dict], relations: Relations | 
     healthy_drains = 0
     act_by_inc = [0] * len(incidents)
     ckpt_by_inc = [0] * len(incidents)
+    ckpt_by_inc_job: dict[tuple[int, str], int] = {}
     n_ckpt = 0
     for ev in actions:
         a = ev["action"]
@@ -372,6 +373,8 @@ def score(incidents: list[Incident], events: list[dict], relations: Relations | 
             i = max(cov, key=lambda k: incidents[k].start)
             act_by_inc[i] += 1
             ckpt_by_inc[i] += verb == "checkpoint_now"
+            if verb == "checkpoint_now":
+                ckpt_by_inc_job[i, key[1]] = ckpt_by_inc_job.get((i, key[1]), 0) + 1
         else:
             label = f"{verb} {key[0]}:{key[1]}"
             false_actions[label] = false_actions.get(label, 0) + 1
@@ -386,7 +389,9 @@ def score(incidents: list[Incident], events: list[dict], relations: Relations | 
             "lead_s": _round(inc.hard_failure - d) if d is not None and inc.hard_failure is not None else None,
             "hard_failure": inc.hard_failure,
             "missed_hard_failure": inc.hard_failure is not None and (d is None or d >= inc.hard_failure),
-            "actions": act_by_inc[i], "checkpoint_requests": ckpt_by_inc[i]})
+            "actions": act_by_inc[i], "checkpoint_requests": ckpt_by_inc[i],
+            "max_checkpoint_requests_per_job": max((c for (k, _), c in ckpt_by_inc_job.items() if k == i),
+                                                   default=0)})
 
     def figures(rows: list[dict]) -> dict[str, Any]:
         det = [r for r in rows if r["detected"]]
@@ -400,7 +405,9 @@ def score(incidents: list[Incident], events: list[dict], relations: Relations | 
                 "hard_failures_unwarned": sum(r["missed_hard_failure"] for r in rows),
                 "actions_per_fault": _round(sum(r["actions"] for r in rows) / n) if n else None,
                 "checkpoint_requests_per_fault": _round(sum(r["checkpoint_requests"] for r in rows) / n) if n else None,
-                "max_checkpoint_requests_per_fault": max((r["checkpoint_requests"] for r in rows), default=0)}
+                "max_checkpoint_requests_per_fault": max((r["checkpoint_requests"] for r in rows), default=0),
+                "max_checkpoint_requests_per_fault_and_job": max((r["max_checkpoint_requests_per_job"] for r in rows),
+                                                                 default=0)}
 
     overall = figures(per_inc)
     n_flag = len(flagged)
