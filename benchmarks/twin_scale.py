@@ -169,6 +169,11 @@ def main() -> None:
             sens[f"{field}={v:g}"] = round(sv.metric("ettr")[0], 4)
     print("seamguard ETTR at the bounds of its assumed shares: "
           + ", ".join(f"{k} {v:.4f}" for k, v in sens.items()))
+    # The strongest baseline with the other rail (kernel bonding, active-backup) too.
+    [ij_bond] = run_monte_carlo(base_cfg, [replace(pols[POLICIES.index("in_job_restart")],
+                                                   links="rail_failover")], runs, args.seed)
+    ij_bond_ettr = round(ij_bond.metric("ettr")[0], 4)
+    print(f"in_job_restart with rail failover for flaps (bonding, active-backup): {ij_bond_ettr:.4f}")
     blocking = None
     if figs.blocking_stall_ratio > 0:
         slow = replace(sg, runtime=replace(figs, snapshot_stall_ratio=figs.blocking_stall_ratio))
@@ -198,6 +203,7 @@ def main() -> None:
         "ettr": {k: {"mean": round(v.metric("ettr")[0], 4), "ci95": _ci(v, runs)}
                  for k, v in sums.items()},
         "ettr_by_node_failure_rate": by_rf,
+        "ettr_in_job_restart_rail_failover": ij_bond_ettr,
         "seamguard_goal": GOAL, "seamguard_goal_met": bool(met),
         "seamguard_short_by": None if met else round(GOAL - sm, 4),
         "seamguard_ettr_with_runtime_figure_free": closers,

@@ -129,3 +129,15 @@ def test_the_simulator_never_asks_which_policy_it_runs():
     from seamguard.twin.events import simulator
     src = inspect.getsource(simulator)
     assert "name ==" not in src and '"seamguard"' not in src and "self.sg" not in src
+
+
+def test_links_are_a_named_part_any_policy_can_take(quiet_model):
+    from seamguard.twin.events.config import ClusterConfig as CC
+    model = replace(quiet_model, flap_per_link_day=0.05)
+    cfg = CC(gpus=4096, days=2, workload="single", failures=model)
+    from seamguard.twin.events.simulator import simulate_run
+    stall = simulate_run(cfg, PolicyParams("in_job_restart"), 5).gpu_hours_lost_by_cause["link_flap"]
+    bond = simulate_run(cfg, PolicyParams("in_job_restart", links="rail_failover"), 5)
+    assert bond.gpu_hours_lost_by_cause["link_flap"] == pytest.approx(stall * 0.0625 * 5 / 9, rel=0.02)
+    with pytest.raises(ValueError, match="links"):
+        PolicyParams("baseline_fixed", links="bonded")

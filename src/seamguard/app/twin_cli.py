@@ -150,9 +150,9 @@ def read_policy_config(path: Optional[Path]) -> dict[str, dict[str, float | None
         name = {"baseline": "baseline_fixed"}.get(name, name)
         if name not in POLICIES:
             raise ValueError(f"--policy-config: unknown policy {name!r} (one of {', '.join(POLICIES)})")
-        if not isinstance(costs, dict) or set(costs) - set(_COST_FIELDS):
+        if not isinstance(costs, dict) or set(costs) - set(_COST_FIELDS) - {"links"}:
             raise ValueError(f"--policy-config: {name} takes an object with costs among "
-                             f"{', '.join(_COST_FIELDS)}")
+                             f"{', '.join(_COST_FIELDS)} and optionally links")
         out[name] = costs
     return out
 
@@ -161,8 +161,10 @@ def with_costs(pp: PolicyParams, overrides: dict[str, float | None]) -> PolicyPa
     """The policy with some of its documented default costs replaced."""
     if not overrides:
         return pp
+    overrides = dict(overrides)
+    links = overrides.pop("links", pp.links)
     try:
-        return replace(pp, costs=replace(pp.cost_model, **overrides))
+        return replace(pp, links=links, costs=replace(pp.cost_model, **overrides))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--policy-config: {pp.name}: {exc}") from exc
 
@@ -218,7 +220,8 @@ _MEAS = typer.Option(None, "--measured", metavar="FILE",
 _PCFG = typer.Option(None, "--policy-config", metavar="FILE",
                      help="JSON {policy: {cost: seconds}} replacing named cost components "
                           "(interval_s, write_blocking_s, write_async_s, restart_s, requeue_s, "
-                          "load_s, hang_detect_s, swap_s, backstop_interval_s); see "
+                          "load_s, hang_detect_s, swap_s, backstop_interval_s) and links "
+                          "(stall or rail_failover); see "
                           "docs/twin-events.md, \"Policies\".")
 _RUNS = typer.Option(1, "--runs", help="Monte-Carlo runs (seeds).")
 _SEED = typer.Option(0, "--seed", help="Master seed; the same seed reproduces every run.")

@@ -221,6 +221,11 @@ class PolicyParams:
     costs: CostModel | None = None
     """Every cost component of the policy; ``None``: :func:`default_costs` (the documented
     defaults, derived from the fields above and the measured runtime figures)."""
+    links: str | None = None
+    """What a link flap costs: ``stall`` (a single rail: HPN's > 9 s) or ``rail_failover``
+    (traffic moves to the other rail: seamguard's runtime, or kernel bonding in
+    active-backup mode under a baseline); ``None``: the policy's default (failover for
+    seamguard only)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _ALIASES.get(self.name, self.name))
@@ -233,6 +238,8 @@ class PolicyParams:
                        ("--state-gib-per-gpu", self.state_gib_per_gpu)):
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{opt} must be > 0, got {v!r}")
+        if self.links not in (None, "stall", "rail_failover"):
+            raise ValueError(f"links must be 'stall' or 'rail_failover', got {self.links!r}")
         if self.runtime_overhead not in ("snapshot_stall", "measured_wall"):
             raise ValueError("runtime_overhead must be 'snapshot_stall' or 'measured_wall', "
                              f"got {self.runtime_overhead!r}")

@@ -417,15 +417,16 @@ def build_policy(pp: PolicyParams) -> Policy:
     """The parts of each named policy (docs/twin-events.md, "Policies")."""
     c = pp.cost_model
     fixed = FixedInterval() if c.interval_s is not None else None
+    links = Links(pp.links or "stall")
     if pp.name == "baseline_fixed":
         return Policy(pp.name, c, fixed or YoungDalyInterval(Mode.FULL.value), RequeueRestart(),
-                      None, Links("stall"))
+                      None, links)
     if pp.name == "baseline_daly_async":
         return Policy(pp.name, c, fixed or YoungDalyInterval("full_async"), RequeueRestart(),
-                      None, Links("stall"))
+                      None, links)
     if pp.name == "in_job_restart":
         return Policy(pp.name, c, fixed or YoungDalyInterval(Mode.PEER_REPLICATED.value),
-                      InJobRestart(), None, Links("stall"))
+                      InJobRestart(), None, links)
     return Policy(pp.name, c, fixed or PlannerInterval(), LiveRecovery(),
                   ControlPlane(pp.detection_delay_s, pp.detection_precision),
-                  Links("rail_failover"))
+                  Links(pp.links or "rail_failover"))
