@@ -1,0 +1,367 @@
+"""A leaked key drains a tenant's budget: seamguard's admission vs a static per-key rate limit.
+
+One tenant, five legitimate keys with their own daily shapes and request mixes (interactive
+web and mobile chat, a RAG backend with long prompts, CI evaluation bursts, a low-priority
+nightly batch), three days of their history, then one key's secret leaks: from 12:00 a
+script on a new address sends 4 requests/s of long prompts at max_tokens 1000 and ignores
+every refusal. Two systems see the same traffic:
+
+- static: what a competent operator configures without seamguard: per key, TPM and TPD at
+  1.5x the key's own peak minute and peak day over the three days of history (50 % headroom;
+  nothing legitimate was ever refused by them in that history); the tenant's TPM and TPD at
+  1.3x the tenant's peak minute and peak day.
+- seamguard: the same caps, plus priority shedding and the zombie-key detector, its
+  baselines learned from the same three days.
+
+Figures per system: ``time_to_throttle_s`` (leak start -> the first refusal of a leaked-key
+request that is an action against that key: its TPM cap for static, the detector's throttle
+for seamguard), ``time_to_suspend_s`` (seamguard; static never stops the key),
+``tokens_lost_to_zombie`` (tokens served to the leak), ``legit_requests_rejected`` (on the
+other keys) and, apart, ``owner_requests_rejected`` (the leaked key's own legitimate user,
+cut off with the leak by any system that stops the key).
+
+Two modes, both printed:
+
+- simulated (``sim``): the gateway's own admission code (Gatekeeper, SqliteStore in memory,
+  the detector) driven by an injected clock through the whole trace, several seeds, the two
+  systems interleaved per seed; medians with [min-max].
+- end to end (``http``, seamguard only): the real gateway over HTTP in front of the fake
+  OpenAI backend, wall clock, the detector's history seeded with the same three simulated
+  days ending now; live legitimate traffic at this hour's rates, then the leak.
+
+    PYTHONPATH=src python benchmarks/token_gateway.py --quick   # about two minutes
+    PYTHONPATH=src python benchmarks/token_gateway.py
+
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DAY, HOUR = 86400.0, 3600.0
+LEAKED = "chat-mobile"
+ZOMBIE_SOURCE = "198.51.100.23|python-requests/2.31"
+ZOMBIE_RPS = 4.0
+
+
+@dataclass(frozen=True)
+class Req:
+    t: float
+    key: str
+    prompt: int  # real prompt tokens
+    max_tokens: int
+    output: int  # tokens the model will produce (<= max_tokens)
+    source: str
+    zombie: bool = False
+
+    @property
+    def duration_s(self) -> float:
+        return 0.3 + 0.02 * self.output
+
+
+# name: active hours (UTC), peak requests/s, prompt (median, sigma), output (median, sigma), max_tokens, priority
+PROFILES = {
+    "chat-web": (range(7, 23), 0.6, (350, 0.8), (180, 0.6), 1024, "high"),
+    "chat-mobile": (range(6, 24), 0.3, (250, 0.8), (150, 0.6), 512, "high"),
+    "rag-backend": (range(8, 19), 0.25, (2200, 0.4), (120, 0.5), 400, "normal"),
+    "eval-ci": (range(9, 18), 0.0, (600, 0.3), (300, 0.3), 512, "normal"),  # bursts, below
+    "batch-nightly": (range(1, 4), 0.8, (900, 0.5), (400, 0.5), 800, "low"),
+}
+
+
+def legit_trace(t0: float, t1: float, rng: random.Random) -> list[Req]:
+    """Every legitimate request in [t0, t1): per 5-minute block, a Poisson count at the key's rate for
+    that hour of day (a sine over its active hours) times a lognormal burst factor, at uniform times;
+    eval-ci instead sends 40 requests within a minute at :30 of every other hour of its day."""
+    out: list[Req] = []
+    g = np.random.default_rng(rng.randrange(2**32))
+    for ki, (key, (hours, peak, (pm, ps), (om, os_), mt, _)) in enumerate(PROFILES.items()):
+        sources = [f"10.1.{ki}.{i}|openai-python/1.{i}" for i in range(3)]
+        times: list[float] = []
+        if key == "eval-ci":
+            for h in range(int(t0 // HOUR), int(math.ceil(t1 / HOUR))):
+                start = h * HOUR + 1800.0
+                if h % 24 in hours and h % 2 == 0 and t0 <= start < t1:
+                    times += list(start + g.uniform(0, 60, 40))
+        else:
+            for block in range(int(t0 // 300), int(math.ceil(t1 / 300))):
+                h = (block * 300.0 % DAY) / HOUR
+                if int(h) not in hours:
+                    continue
+                rate = peak * (0.5 + 0.5 * math.sin(math.pi * (h - hours.start) / len(hours))) * g.lognormal(0, 0.35)
+                times += [t for t in block * 300.0 + g.uniform(0, 300, g.poisson(rate * 300)) if t0 <= t < t1]
+        n = len(times)
+        prompts = np.maximum(1, g.lognormal(math.log(pm), ps, n)).astype(int)
+        outs = np.minimum(mt, np.maximum(1, g.lognormal(math.log(om), os_, n))).astype(int)
+        srcs = g.integers(0, len(sources), n)
+        out += [Req(float(t), key, int(p), mt, int(o), sources[si]) for t, p, o, si in zip(times, prompts, outs, srcs)]
+    out.sort(key=lambda r: r.t)
+    return out
+
+
+def zombie_trace(t0: float, t1: float, rng: random.Random) -> list[Req]:
+    out, t = [], t0
+    while t < t1:
+        out.append(Req(t, LEAKED, max(1, int(rng.lognormvariate(math.log(1500), 0.3))), 1000, 1000, ZOMBIE_SOURCE,
+                       zombie=True))
+        t += rng.expovariate(ZOMBIE_RPS)
+    return out
+
+
+def peaks(trace: list[Req]) -> tuple[dict[str, int], dict[str, int], int, int]:
+    """Per key and for the tenant: the peak minute and peak day of tokens in a trace (what an operator
+    reads off a dashboard of the last days)."""
+    minute: dict[tuple[str, int], int] = defaultdict(int)
+    day: dict[tuple[str, int], int] = defaultdict(int)
+    for r in trace:
+        n = r.prompt + r.output
+        for who in (r.key, "*tenant*"):
+            minute[(who, int(r.t // 60))] += n
+            day[(who, int(r.t // DAY))] += n
+    pm: dict[str, int] = defaultdict(int)
+    pd: dict[str, int] = defaultdict(int)
+    for (who, _), n in minute.items():
+        pm[who] = max(pm[who], n)
+    for (who, _), n in day.items():
+        pd[who] = max(pd[who], n)
+    return pm, pd, pm.pop("*tenant*"), pd.pop("*tenant*")
+
+
+def config(system: str, history: list[Req], store: dict) -> dict:
+    pm, pd, tpm, tpd = peaks(history)
+    keys = [{"name": k, "key": f"sk-bench-{k}", "priority": PROFILES[k][5],
+             "tpm": math.ceil(1.5 * pm[k]), "tpd": math.ceil(1.5 * pd[k])} for k in PROFILES]
+    return {"version": 1, "instances": [{"name": "b0", "url": "http://127.0.0.1:9"}], "store": store,
+            "models": ["fake-model"], "zombie": {"enabled": system == "seamguard"},
+            "tenants": [{"name": "acme", "tpm": math.ceil(1.3 * tpm), "tpd": math.ceil(1.3 * tpd), "keys": keys}]}
+
+
+def body(r: Req) -> dict:
+    # characters for the gateway's estimate (4 per token, less the 4 it adds per message)
+    return {"model": "fake-model", "messages": [{"role": "user", "content": "x" * max(0, 4 * (r.prompt - 4))}],
+            "max_tokens": r.max_tokens}
+
+
+def seed_detector(det, history: list[Req]) -> None:
+    """The detector's baselines from the history, in time order (requests and their results)."""
+    ev = [(r.t, 0, i, r) for i, r in enumerate(history)] + [(r.t + r.duration_s, 1, i, r) for i, r in enumerate(history)]
+    ev.sort(key=lambda e: (e[0], e[1], e[2]))
+    for t, kind, i, r in ev:
+        if kind == 0:
+            det.observe_request(r.key, t, r.prompt + r.max_tokens, r.source)
+        else:
+            det.observe_result(r.key, t, True, f"h{i}")
+
+
+@dataclass
+class Tally:
+    time_to_throttle_s: float | None = None
+    time_to_suspend_s: float | None = None
+    tokens_lost_to_zombie: int = 0
+    legit_requests: int = 0
+    legit_requests_rejected: int = 0
+    owner_requests: int = 0
+    owner_requests_rejected: int = 0
+    zombie_requests: int = 0
+    legit_keys_flagged: int = 0
+    rejected_reasons: dict | None = None
+
+
+def score(results: list[tuple[Req, int, str, int]], leak_t: float, system: str, steps: list) -> Tally:
+    """(request, status, error code, tokens served) -> the figures."""
+    tl = Tally(rejected_reasons={})
+    for r, status, code, tokens in results:
+        if r.zombie:
+            tl.zombie_requests += 1
+            tl.tokens_lost_to_zombie += tokens
+            acted = (code in ("key_tpm", "key_tpd") if system == "static"
+                     else code == "key_suspended" or "throttled" in code)
+            if acted and tl.time_to_throttle_s is None:
+                tl.time_to_throttle_s = round(r.t - leak_t, 2)
+            continue
+        owner = r.key == LEAKED
+        tl.owner_requests += owner
+        tl.legit_requests += not owner
+        if status != 200:
+            tl.owner_requests_rejected += owner
+            tl.legit_requests_rejected += not owner
+            if not owner:
+                tl.rejected_reasons[code] = tl.rejected_reasons.get(code, 0) + 1
+    for s in steps:
+        if s["key"] == LEAKED and s["to"] == "suspended" and tl.time_to_suspend_s is None:
+            tl.time_to_suspend_s = round(s["t"] - leak_t, 2)
+        if s["key"] == LEAKED and s["to"] == "throttled" and system == "seamguard":
+            tl.time_to_throttle_s = min(tl.time_to_throttle_s or 1e18, round(s["t"] - leak_t, 2))
+        if s["key"] != LEAKED:
+            tl.legit_keys_flagged += 1
+    return tl
+
+
+# ---- simulated time ---------------------------------------------------------------------------------
+async def simulate(system: str, history: list[Req], live: list[Req], leak_t: float) -> Tally:
+    from seamguard.gateway.config import parse_gateway_config
+    from seamguard.gateway.gatekeeper import Gatekeeper, Refusal
+    from seamguard.gateway.ledger import GatewayLedger
+    from seamguard.gateway.metrics import GatewayMetrics
+    from seamguard.gateway.store import SqliteStore
+
+    cfg = parse_gateway_config(config(system, history, {"type": "sqlite", "path": ":memory:"}), "bench")
+    now = [live[0].t]
+    gk = Gatekeeper(cfg, SqliteStore(":memory:"), GatewayLedger(":memory:"), GatewayMetrics(), clock=lambda: now[0])
+    seed_detector(gk.detector, history)
+    heap: list = [(r.t, 1, i, r, None) for i, r in enumerate(live)]
+    heapq.heapify(heap)
+    results: list[tuple[Req, int, str, int]] = []
+    seq = len(live)
+    while heap:
+        t, kind, _, r, ticket = heapq.heappop(heap)
+        now[0] = t
+        if kind == 0:  # a request ends: usage reconciled
+            await gk.finish(ticket, True, r.prompt, r.output)
+            continue
+        b = body(r)
+        try:
+            ticket = await gk.admit(gk.keys[r.key], b, str(seq).encode(), r.source)
+        except Refusal as e:
+            results.append((r, e.status, e.code + (" throttled" if "throttled" in e.message else ""), 0))
+            continue
+        results.append((r, 200, "", r.prompt + r.output))
+        seq += 1
+        heapq.heappush(heap, (t + r.duration_s, 0, seq, r, ticket))
+    steps = [{"t": e["wall_s"], "key": e["key"], "to": e["to"]} for e in reversed(gk.ledger.events(limit=10_000))]
+    return score(results, leak_t, system, steps)
+
+
+# ---- end to end over HTTP -----------------------------------------------------------------------------
+async def http_run(history: list[Req], live: list[Req], leak_t: float, t_start_wall: float, workdir: Path) -> Tally:
+    import httpx
+
+    from seamguard.gateway.app import build_gateway, create_app
+    from seamguard.gateway.config import parse_gateway_config
+    from seamguard.testbed.openai_backend import FakeBackend, ThreadedServer
+
+    backend = ThreadedServer(FakeBackend(ttft_s=0.05, per_token_s=0.0).app()).start()
+    cfg = config("seamguard", history, {"type": "sqlite", "path": str(workdir / "gw.db")})
+    cfg["instances"][0]["url"] = backend.url
+    gw = build_gateway(parse_gateway_config(cfg, "bench"))
+    seed_detector(gw.gatekeeper.detector, history)
+    server = ThreadedServer(create_app(gw, "bench-admin")).start()
+    results: list[tuple[Req, int, str, int]] = []
+    try:
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+        async with httpx.AsyncClient(base_url=server.url, timeout=30.0, limits=limits) as c:
+            async def send(r: Req) -> None:
+                await asyncio.sleep(max(0.0, r.t - time.time()))
+                # a fake backend answers max_tokens tokens: ask for what the model would produce, reserve
+                # as the client would (the gateway only sees max_tokens)
+                resp = await c.post("/v1/chat/completions", json={**body(r), "max_tokens": r.output},
+                                    headers={"Authorization": f"Bearer sk-bench-{r.key}",
+                                             "User-Agent": r.source.split("|")[1]})
+                code = "" if resp.status_code == 200 else resp.json()["error"]["code"] or ""
+                if "throttled" in (resp.json().get("error") or {}).get("message", ""):
+                    code += " throttled"
+                used = resp.json()["usage"]["total_tokens"] if resp.status_code == 200 else 0
+                results.append((r, resp.status_code, code, used))
+
+            await asyncio.gather(*(send(r) for r in live))
+        steps = [{"t": e["wall_s"], "key": e["key"], "to": e["to"]}
+                 for e in reversed(gw.ledger.events(limit=10_000))]
+    finally:
+        server.stop()
+        backend.stop()
+    return score(results, leak_t, "seamguard", steps)
+
+
+def summarize(tallies: list[Tally]) -> dict:
+    out: dict = {}
+    for f in ("time_to_throttle_s", "time_to_suspend_s", "tokens_lost_to_zombie", "legit_requests_rejected",
+              "owner_requests_rejected", "legit_requests", "owner_requests", "zombie_requests", "legit_keys_flagged"):
+        xs = [getattr(t, f) for t in tallies]
+        vals = [x for x in xs if x is not None]
+        out[f] = float(np.median(vals)) if len(vals) == len(xs) else None
+        out[f + "_spread"] = [min(vals), max(vals)] if vals else None
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 h before and 1 h after the leak (full: 2 h, then to "
+                                                         "midnight); 75 s over HTTP (full: 120 s)")
+    ap.add_argument("--seeds", type=int)
+    ap.add_argument("--no-http", action="store_true", help="simulated time only")
+    args = ap.parse_args()
+    seeds = args.seeds or 3
+    # the full run lets the leak go on until midnight: long enough for a static limit to run the
+    # tenant's day out; --quick stops an hour after the leak
+    before_h, after_h = (1.0, 1.0) if args.quick else (2.0, 12.0)
+    leak_t = 3 * DAY + 12 * HOUR
+    runs: dict[str, list[Tally]] = {"static": [], "seamguard": []}
+    t_begin = time.perf_counter()
+    for s in range(seeds):
+        rng = random.Random(s)
+        history = legit_trace(0.0, 3 * DAY, rng)
+        live = sorted(legit_trace(leak_t - before_h * HOUR, leak_t + after_h * HOUR, rng)
+                      + zombie_trace(leak_t, leak_t + after_h * HOUR, rng), key=lambda r: r.t)
+        order = ("static", "seamguard") if s % 2 == 0 else ("seamguard", "static")
+        for system in order:
+            runs[system].append(asyncio.run(simulate(system, history, live, leak_t)))
+        print(f"seed {s}: " + ", ".join(f"{k} lost {v[-1].tokens_lost_to_zombie} tokens, rejected "
+                                          f"{v[-1].legit_requests_rejected} legit" for k, v in runs.items()),
+              file=sys.stderr)
+    sim = {k: summarize(v) for k, v in runs.items()}
+    sim_s = time.perf_counter() - t_begin
+    out: dict = {"quick": args.quick, "seeds": seeds, "hours_before_leak": before_h, "hours_after_leak": after_h,
+                 "zombie_rps": ZOMBIE_RPS, "sim": sim, "sim_wall_s": round(sim_s, 1)}
+
+    print(f"\nsimulated time, {seeds} seeds, leak at 12:00 for {after_h:g} h (median [min-max])")
+    print(f"{'':28} {'static':>24} {'seamguard':>24}")
+    for f in ("time_to_throttle_s", "time_to_suspend_s", "tokens_lost_to_zombie", "legit_requests_rejected",
+              "owner_requests_rejected", "legit_keys_flagged"):
+        cells = []
+        for k in ("static", "seamguard"):
+            v, sp = sim[k][f], sim[k][f + "_spread"]
+            cells.append("-" if v is None else f"{v:g} [{sp[0]:g}-{sp[1]:g}]")
+        print(f"{f:28} {cells[0]:>24} {cells[1]:>24}")
+    lost_s, lost_g = sim["static"]["tokens_lost_to_zombie"], sim["seamguard"]["tokens_lost_to_zombie"]
+    out["tokens_lost_ratio_static_over_seamguard"] = round(lost_s / max(1.0, lost_g), 2)
+
+    if not args.no_http:
+        rng = random.Random(1000)
+        wall0 = time.time()
+        pre, post = (15.0, 75.0) if args.quick else (30.0, 120.0)
+        leak_wall = wall0 + 5.0 + pre
+        history = legit_trace(wall0 - 3 * DAY, wall0, rng)
+        live = sorted(legit_trace(wall0 + 5.0, leak_wall + post, rng)
+                      + zombie_trace(leak_wall, leak_wall + post, rng), key=lambda r: r.t)
+        with tempfile.TemporaryDirectory(prefix="token-gw-") as d:
+            tl = asyncio.run(http_run(history, live, leak_wall, wall0, Path(d)))
+        out["http"] = {"seconds_before_leak": pre, "seconds_after_leak": post, **vars(tl)}
+        print(f"\nend to end over HTTP (seamguard, wall clock, {pre:g} s then the leak for {post:g} s, "
+              f"hour {time.gmtime(wall0).tm_hour} UTC): throttled after {tl.time_to_throttle_s} s, suspended after "
+              f"{tl.time_to_suspend_s} s, {tl.tokens_lost_to_zombie} tokens to the leak, "
+              f"{tl.legit_requests_rejected} of {tl.legit_requests} legit requests rejected "
+              f"(owner {tl.owner_requests_rejected} of {tl.owner_requests}), {tl.legit_keys_flagged} legit keys flagged")
+    g = sim["seamguard"]
+    out["goal_throttled_within_30s"] = bool(g["time_to_throttle_s_spread"] and g["time_to_throttle_s_spread"][1] <= 30
+                                           and (args.no_http or (out["http"]["time_to_throttle_s"] or 1e9) <= 30))
+    out["goal_no_legit_rejected"] = bool(g["legit_requests_rejected_spread"][1] == 0
+                                         and (args.no_http or out["http"]["legit_requests_rejected"] == 0))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
