@@ -43,7 +43,8 @@ policy_app = typer.Typer(help="Decision policy: show the default, validate a fil
 app.add_typer(twin_app, name="twin", short_help="Simulated telemetry and discrete-event planning.")
 app.add_typer(fleet_app, name="fleet", short_help="Topology files: generate, validate.")
 app.add_typer(policy_app, name="policy", short_help="Decision policy: show the default, validate a file.")
-twin_app.command("simulate", short_help="Discrete-event simulation: baseline vs seamguard.")(twin_events_cli.simulate)
+twin_app.command("simulate", short_help="Discrete-event simulation: seamguard beside three baselines.")(
+    twin_events_cli.simulate)
 twin_app.command("report", short_help="ETTR-vs-size and cost plots plus a summary.")(twin_events_cli.report)
 app.command("gateway", short_help="OpenAI-compatible gateway: token budgets, zombie keys.")(gateway_cli.gateway)
 

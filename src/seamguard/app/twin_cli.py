@@ -233,7 +233,7 @@ _WORK = typer.Option(None, "--workers", help="Worker processes for --executor pr
 
 def simulate(
     gpus: int = _GPUS, days: float = _DAYS,
-    compare: Compare = typer.Option(Compare.all, "--compare", case_sensitive=False,
+    compare: Compare = typer.Option(Compare.all, "--compare", case_sensitive=False, metavar="<policy|both|all>",
                                     help="Which policies to run: one of baseline_fixed, "
                                          "baseline_daly_async, in_job_restart, seamguard; "
                                          "both (baseline_fixed and seamguard); all four."),
