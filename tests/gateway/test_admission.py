@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from seamguard.gateway.admission import (Counters, Limits, estimate_prompt_tokens, fits, minute_used,
-                                         requested_output_tokens, shed_share, windows)
+from seamguard.gateway.admission import (
+    Counters,
+    Limits,
+    estimate_prompt_tokens,
+    fits,
+    minute_used,
+    requested_output_tokens,
+    shed_share,
+    windows,
+)
 
 
 @pytest.mark.parametrize("counters,limits,amount,elapsed,share,ok,reason", [

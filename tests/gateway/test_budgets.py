@@ -32,7 +32,7 @@ def _burst(urls: list[str], n: int, max_tokens: int = 90) -> list[httpx.Response
 def test_tpm_holds_under_concurrency_and_429_says_when(gateway_factory, tmp_path):
     fb = FakeBackend(ttft_s=0.3)  # requests overlap: each reserves before any ends
     with ThreadedServer(fb.app()) as be:
-        url, gw = gateway_factory(_budget_config(be.url, {"type": "sqlite", "path": str(tmp_path / "g.db")},
+        url, _ = gateway_factory(_budget_config(be.url, {"type": "sqlite", "path": str(tmp_path / "g.db")},
                                                  tpm=1000), clock=lambda: T0)
         rs = _burst([url], 30)
         ok = [r for r in rs if r.status_code == 200]
@@ -114,3 +114,18 @@ def test_low_priority_is_shed_first_near_the_tenant_budget(gateway_factory, tmp_
         assert r.status_code == 429 and r.json()["error"]["code"] == "tenant_shed"
         assert _post(url, 150, KEY_B).status_code == 200  # normal may go to 950
         assert _post(url, 90, KEY_A).status_code == 200  # high may use it all
+
+
+def test_a_client_that_leaves_mid_stream_gives_its_slot_and_unused_tokens_back(gateway_factory, tmp_path):
+    fb = FakeBackend(per_token_s=0.05)
+    with ThreadedServer(fb.app()) as be:
+        url, _ = gateway_factory(_budget_config(be.url, {"type": "sqlite", "path": str(tmp_path / "g.db")},
+                                                concurrency=1), clock=lambda: T0)
+        with httpx.stream("POST", url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY_B}"},
+                          json={"model": "m", "messages": MSG, "max_tokens": 200, "stream": True}) as r:
+            next(r.iter_lines())
+        def used() -> dict:
+            return httpx.get(url + "/admin/keys").json()["keys"][1]["used"]
+        eventually(lambda: used()["inflight"] == 0)
+        assert 0 < used()["tokens_last_minute"] < 50  # what was relayed, not the 205 reserved
+        assert _post(url, 2).status_code == 200

@@ -8,7 +8,12 @@ import sys
 import pytest
 import yaml
 
-from seamguard.gateway.config import ROUTERS, GatewayConfigError, load_gateway_config, register_router
+from seamguard.gateway.config import (
+    ROUTERS,
+    GatewayConfigError,
+    load_gateway_config,
+    register_router,
+)
 from seamguard.gateway.routing import RoundRobin
 from tests.conftest import subprocess_env
 

@@ -15,7 +15,7 @@ def _client(url: str, key: str = KEY_A) -> openai.OpenAI:
 
 def test_chat_streaming_and_whole_with_the_openai_client(backend, gateway_factory, tmp_path):
     fb, burl = backend
-    url, gw = gateway_factory(base_config(burl, {"type": "sqlite", "path": str(tmp_path / "gw.db")}))
+    url, _ = gateway_factory(base_config(burl, {"type": "sqlite", "path": str(tmp_path / "gw.db")}))
     c = _client(url)
     chunks = list(c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi there"}],
                                             max_tokens=5, stream=True))
@@ -45,7 +45,7 @@ def test_chat_streaming_and_whole_with_the_openai_client(backend, gateway_factor
 def test_stream_without_usage_counts_chunks(backend, gateway_factory, tmp_path):
     fb, burl = backend
     fb.usage_in_stream = False
-    url, gw = gateway_factory(base_config(burl, {"type": "sqlite", "path": str(tmp_path / "gw.db")}))
+    url, _ = gateway_factory(base_config(burl, {"type": "sqlite", "path": str(tmp_path / "gw.db")}))
     list(_client(url).chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
                                               max_tokens=7, stream=True))
     eventually(lambda: 'kind="completion",tenant="acme"} 7.0' in httpx.get(url + "/metrics").text)
@@ -59,7 +59,7 @@ def test_disaggregated_prefill_then_decode(gateway_factory, tmp_path):
         cfg = base_config(ps.url, {"type": "sqlite", "path": str(tmp_path / "gw.db")},
                           instances=[{"name": "p0", "url": ps.url, "role": "prefill"},
                                      {"name": "d0", "url": ds.url, "role": "decode"}])
-        url, gw = gateway_factory(cfg)
+        url, _ = gateway_factory(cfg)
         chunks = list(_client(url).chat.completions.create(
             model="fake-model", messages=[{"role": "user", "content": "hello world"}], max_tokens=4, stream=True))
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "tok0 tok1 tok2 tok3"

@@ -14,7 +14,14 @@ from typing import Any
 
 import typer
 
-from seamguard.app.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, wants_json
+from seamguard.app.clikit import (
+    JSON_OPTION,
+    OUTPUT_OPTION,
+    Output,
+    emit,
+    fail,
+    wants_json,
+)
 
 
 def gateway(
@@ -32,7 +39,11 @@ def gateway(
         import uvicorn
 
         from seamguard.gateway.app import build_gateway, create_app
-        from seamguard.gateway.config import GatewayConfigError, RedisStoreConfig, load_gateway_config
+        from seamguard.gateway.config import (
+            GatewayConfigError,
+            RedisStoreConfig,
+            load_gateway_config,
+        )
         from seamguard.gateway.store import StoreError
     except ImportError as e:
         fail(f"`seamguard gateway` needs the gateway extra ({e.name} is missing): pip install 'seamguard[gateway]'")

@@ -14,11 +14,14 @@ import asyncio
 import hmac
 import json
 import time
-from contextlib import asynccontextmanager
 from collections import Counter as Tally
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -155,55 +158,61 @@ def _content_in(chunk: dict) -> bool:
     return False
 
 
-async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> Response:
-    key: KeyInfo | None = gw.gatekeeper.authenticate(_bearer(request))
-    label = endpoint
+async def _admitted(gw: Gateway, request: Request, endpoint: str) -> tuple[KeyInfo, dict, Ticket] | Response:
+    """Key, body, admission: the request's reservation, or the error response that refuses it."""
+    key = gw.gatekeeper.authenticate(_bearer(request))
     if key is None:
-        gw.metrics.requests.labels(label, "401").inc()
+        gw.metrics.requests.labels(endpoint, "401").inc()
         return error(401, "Incorrect or missing API key", "invalid_request_error", "invalid_api_key")
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
+        gw.metrics.requests.labels(endpoint, "413").inc()
         return error(413, f"request body over {MAX_BODY_BYTES} bytes", "invalid_request_error", "body_too_large")
     body = _check_body(raw, endpoint)
     if isinstance(body, JSONResponse):
-        gw.metrics.requests.labels(label, "400").inc()
+        gw.metrics.requests.labels(endpoint, "400").inc()
         return body
-    t_recv = time.perf_counter()
     source = f"{request.client.host if request.client else '-'}|{request.headers.get('user-agent', '')[:80]}"
     try:
-        ticket = await gw.gatekeeper.admit(key, body, raw, source)
+        return key, body, await gw.gatekeeper.admit(key, body, raw, source)
     except Refusal as r:
-        gw.metrics.requests.labels(label, str(r.status)).inc()
+        gw.metrics.requests.labels(endpoint, str(r.status)).inc()
         return error(r.status, r.message, r.type, r.code, retry_after_s=r.retry_after_s)
+
+
+async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> Response:
+    t_recv = time.perf_counter()
+    got = await _admitted(gw, request, endpoint)
+    if isinstance(got, Response):
+        return got
+    key, body, ticket = got
     klass = request.headers.get("x-request-class")
     klass = klass if klass in ("interactive", "batch") else ("batch" if key.priority == "low" else "interactive")
     try:
         route = gw.router.route(klass, ticket.prompt_estimate)  # type: ignore[arg-type]
     except Exception as e:  # a router bug must not leak the reservation
         await gw.gatekeeper.finish(ticket, False, None, 0)
-        gw.metrics.requests.labels(label, "503").inc()
+        gw.metrics.requests.labels(endpoint, "503").inc()
         return error(503, f"no route: {e}", "server_error", "no_route")
     flight = _Flight(gw, ticket, route, t_recv)
     flight.start()
     stream = bool(body.get("stream"))
-    want_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else True
     try:
         if route.prefill is not None:
             kv = await gw.backends.prefill(route.prefill, path, body)
             body = {**body, "kv_transfer_params": kv}
+        flight.t_decode_sent = time.perf_counter()
         if stream:
-            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-            flight.t_decode_sent = time.perf_counter()
-            resp = await gw.backends.open_stream(route.decode, path, body)
+            upstream = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+            resp = await gw.backends.open_stream(route.decode, path, upstream)
         else:
-            flight.t_decode_sent = time.perf_counter()
             async with asyncio.timeout(gw.cfg.timeouts.total_s):
                 out = await gw.backends.post_json(route.decode, path, body)
     except (UpstreamError, TimeoutError) as e:
         up = e if isinstance(e, UpstreamError) else UpstreamError(504, "backend took longer than total_s", "timeout")
         gw.metrics.upstream_errors.labels(route.decode.name, up.kind).inc()
         await flight.end(False)
-        gw.metrics.requests.labels(label, str(up.status)).inc()
+        gw.metrics.requests.labels(endpoint, str(up.status)).inc()
         if up.body is not None:
             return JSONResponse(up.body, status_code=up.status)
         return error(up.status, up.message, "server_error", "upstream_" + up.kind)
@@ -211,57 +220,67 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
         await flight.end(False)
         raise
     if not stream:
-        flight.usage = out.get("usage") if isinstance(out.get("usage"), dict) else None
-        if flight.usage is None:  # no usage from the backend: estimate the completion from its text
-            text = "".join(str((c.get("message") or {}).get("content") or c.get("text") or "")
-                           for c in out.get("choices") or () if isinstance(c, dict))
-            flight.chunks = max(1, round(len(text) / gw.cfg.admission.chars_per_token)) if text else 0
-        await flight.end(True)
-        gw.metrics.requests.labels(label, "200").inc()
-        return JSONResponse(out)
-
-    deadline = time.monotonic() + gw.cfg.timeouts.total_s
-
-    async def relay():
-        ok = False
-        try:
-            async for data in gw.backends.lines(resp, route.decode.name):
-                if data == "[DONE]":
-                    ok = True
-                    yield b"data: [DONE]\n\n"
-                    break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    continue
-                if isinstance(chunk.get("usage"), dict):
-                    flight.usage = chunk["usage"]
-                if _content_in(chunk):
-                    now = time.perf_counter()
-                    flight.t_first = flight.t_first or now
-                    flight.t_last = now
-                    flight.chunks += 1
-                if not chunk.get("choices") and "usage" in chunk and not want_usage:
-                    continue  # the usage chunk we asked for on our own account
-                if not want_usage and "usage" in chunk:
-                    chunk.pop("usage")
-                    data = json.dumps(chunk, separators=(",", ":"))
-                yield f"data: {data}\n\n".encode()
-                if time.monotonic() > deadline:
-                    raise UpstreamError(504, "backend took longer than total_s", "timeout")
-            else:
-                ok = True  # a backend that ends its stream without [DONE]
-        except UpstreamError as e:
-            gw.metrics.upstream_errors.labels(route.decode.name, e.kind).inc()
-            err = {"error": {"message": e.message, "type": "server_error", "param": None, "code": "upstream_" + e.kind}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
-        finally:
-            await resp.aclose()
-            gw.metrics.requests.labels(label, "200" if ok else "stream_error").inc()
-            await flight.end(ok)
-
-    return StreamingResponse(relay(), media_type="text/event-stream",
+        return await _whole(flight, out, endpoint)
+    want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    return StreamingResponse(_relay(flight, resp, want_usage, endpoint), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _whole(flight: _Flight, out: dict, endpoint: str) -> JSONResponse:
+    gw = flight.gw
+    flight.usage = out.get("usage") if isinstance(out.get("usage"), dict) else None
+    if flight.usage is None:  # no usage from the backend: estimate the completion from its text
+        text = "".join(str((c.get("message") or {}).get("content") or c.get("text") or "")
+                       for c in out.get("choices") or () if isinstance(c, dict))
+        flight.chunks = max(1, round(len(text) / gw.cfg.admission.chars_per_token)) if text else 0
+    await flight.end(True)
+    gw.metrics.requests.labels(endpoint, "200").inc()
+    return JSONResponse(out)
+
+
+async def _relay(flight: _Flight, resp: httpx.Response, want_usage: bool, endpoint: str) -> AsyncIterator[bytes]:
+    """The backend's SSE events to the client as they come, reading usage and token times on the way."""
+    gw, decode = flight.gw, flight.route.decode.name
+    deadline = time.monotonic() + gw.cfg.timeouts.total_s
+    ok = False
+    try:
+        async for data in gw.backends.lines(resp, decode):
+            if data == "[DONE]":
+                ok = True
+                yield b"data: [DONE]\n\n"
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(chunk.get("usage"), dict):
+                flight.usage = chunk["usage"]
+            if _content_in(chunk):
+                now = time.perf_counter()
+                flight.t_first = flight.t_first or now
+                flight.t_last = now
+                flight.chunks += 1
+            if "usage" in chunk and not want_usage:  # the usage we asked for on our own account
+                if not chunk.get("choices"):
+                    continue
+                chunk.pop("usage")
+                data = json.dumps(chunk, separators=(",", ":"))
+            yield f"data: {data}\n\n".encode()
+            if time.monotonic() > deadline:
+                raise UpstreamError(504, "backend took longer than total_s", "timeout")
+        else:
+            ok = True  # a backend that ends its stream without [DONE]
+    except UpstreamError as e:
+        gw.metrics.upstream_errors.labels(decode, e.kind).inc()
+        err = {"error": {"message": e.message, "type": "server_error", "param": None, "code": "upstream_" + e.kind}}
+        yield f"data: {json.dumps(err)}\n\n".encode()
+    finally:
+        # A client that goes away cancels this generator; the reservation is still reconciled
+        # with what was relayed (shielded, or the cancellation would skip it).
+        with anyio.CancelScope(shield=True):
+            await resp.aclose()
+            gw.metrics.requests.labels(endpoint, "200" if ok else "stream_error").inc()
+            await flight.end(ok)
 
 
 def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:

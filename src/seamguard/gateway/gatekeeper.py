@@ -14,8 +14,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from seamguard.gateway.admission import (Counters, Limits, Priority, estimate_prompt_tokens, minute_used,
-                                         requested_output_tokens, shed_share, windows)
+from seamguard.gateway.admission import (
+    Counters,
+    Limits,
+    Priority,
+    estimate_prompt_tokens,
+    minute_used,
+    requested_output_tokens,
+    shed_share,
+    windows,
+)
 from seamguard.gateway.config import GatewayConfig
 from seamguard.gateway.ledger import GatewayLedger
 from seamguard.gateway.metrics import GatewayMetrics

@@ -106,9 +106,9 @@ class SqliteStore:
         self._last_gc = -1
 
     def _counters(self, scope: str, m: int, d: int, now: float) -> Counters:
-        rows = dict(((k, i), t) for k, i, t in self.db.execute(
+        rows = {(k, i): t for k, i, t in self.db.execute(
             "SELECT kind, idx, tokens FROM buckets WHERE scope=? AND ((kind='m' AND idx IN (?, ?)) OR "
-            "(kind='d' AND idx=?))", (scope, m, m - 1, d)))
+            "(kind='d' AND idx=?))", (scope, m, m - 1, d))}
         (n,) = self.db.execute("SELECT COUNT(*) FROM inflight WHERE scope=? AND expires>?", (scope, now)).fetchone()
         return Counters(rows.get(("m", m), 0), rows.get(("m", m - 1), 0), rows.get(("d", d), 0), n)
 
