@@ -129,3 +129,14 @@ def test_a_client_that_leaves_mid_stream_gives_its_slot_and_unused_tokens_back(g
         eventually(lambda: used()["inflight"] == 0)
         assert 0 < used()["tokens_last_minute"] < 50  # what was relayed, not the 205 reserved
         assert _post(url, 2).status_code == 200
+
+
+def test_unreachable_redis_fails_closed_with_503(backend, gateway_factory, tmp_path):
+    from seamguard.ports import free_port
+
+    _, burl = backend
+    store = {"type": "redis", "url": f"redis://127.0.0.1:{free_port()}/0", "ledger": str(tmp_path / "l.db")}
+    url, _ = gateway_factory(base_config(burl, store))
+    r = _post(url, 2)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+    assert r.headers["Retry-After"] == "1"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import sqlite3
 import time
 from collections import Counter as Tally
 from collections.abc import AsyncIterator
@@ -31,7 +32,7 @@ from seamguard.gateway.ledger import GatewayLedger
 from seamguard.gateway.metrics import GatewayMetrics
 from seamguard.gateway.proxy import Backends, UpstreamError
 from seamguard.gateway.routing import Outcome, Route, Router
-from seamguard.gateway.store import RedisStore, SqliteStore, Store
+from seamguard.gateway.store import RedisStore, SqliteStore, Store, StoreError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -178,6 +179,10 @@ async def _admitted(gw: Gateway, request: Request, endpoint: str) -> tuple[KeyIn
     except Refusal as r:
         gw.metrics.requests.labels(endpoint, str(r.status)).inc()
         return error(r.status, r.message, r.type, r.code, retry_after_s=r.retry_after_s)
+    except (StoreError, sqlite3.Error) as e:  # fail closed: a budget that cannot be checked is not spent
+        gw.metrics.store_errors.labels("admit").inc()
+        gw.metrics.requests.labels(endpoint, "503").inc()
+        return error(503, f"budget store unavailable: {e}", "server_error", "store_unavailable", retry_after_s=1)
 
 
 async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> Response:

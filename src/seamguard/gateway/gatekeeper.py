@@ -27,7 +27,7 @@ from seamguard.gateway.admission import (
 from seamguard.gateway.config import GatewayConfig
 from seamguard.gateway.ledger import GatewayLedger
 from seamguard.gateway.metrics import GatewayMetrics
-from seamguard.gateway.store import KeyRecord, Reservation, Scope, Store
+from seamguard.gateway.store import KeyRecord, Reservation, Scope, Store, StoreError
 from seamguard.gateway.zombie import KeyState, Step, ZombieDetector
 
 TICK_EVERY_S = 10.0  # how often throttles of keys gone quiet are lifted
@@ -134,7 +134,10 @@ class Gatekeeper:
         now = self.clock()
         prompt = t.prompt_estimate if prompt_tokens is None else prompt_tokens
         used = prompt + completion_tokens if (ok or completion_tokens) else 0
-        await self.store.reconcile(t.reservation, used, now)
+        try:
+            await self.store.reconcile(t.reservation, used, now)
+        except StoreError:  # the reservation stays charged, its slot expires: never under-counts
+            self.metrics.store_errors.labels("reconcile").inc()
         if used:
             self.metrics.tokens.labels(t.key.tenant, t.key.name, "prompt").inc(prompt)
             self.metrics.tokens.labels(t.key.tenant, t.key.name, "completion").inc(completion_tokens)

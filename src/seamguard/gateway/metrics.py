@@ -45,6 +45,8 @@ class GatewayMetrics:
                                       ["prefill", "decode"], buckets=_LATENCY_BUCKETS, registry=r)
         self.upstream_errors = Counter(p + "upstream_errors", "Backend failures by instance and kind",
                                        ["instance", "kind"], registry=r)
+        self.store_errors = Counter(p + "store_errors", "Budget store failures (admission answers 503)",
+                                    ["op"], registry=r)
         self.outstanding = Gauge(p + "outstanding", "Requests in flight per instance", ["instance"], registry=r)
         self.routes = Counter(p + "routes", "Routing decisions; departed=1 when the router left its default",
                               ["prefill", "decode", "departed"], registry=r)

@@ -87,7 +87,8 @@ CREATE TABLE IF NOT EXISTS key_state (key TEXT PRIMARY KEY, state TEXT NOT NULL,
 
 
 class StoreError(RuntimeError):
-    """The store cannot be opened; the message names it."""
+    """The store cannot be opened, or cannot be reached now; the message names it. The gateway
+    answers 503 (admission fails closed: a budget it cannot check is not spent)."""
 
 
 class SqliteStore:
@@ -229,8 +230,10 @@ return 1
 
 class RedisStore:
     def __init__(self, url: str, prefix: str = "seamguard:gw:", timeout_s: float = 2.0) -> None:
+        import redis
         import redis.asyncio as aredis
 
+        self._errors = (redis.RedisError, OSError)
         self.prefix = prefix
         self.r = aredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._reserve = self.r.register_script(_RESERVE_LUA)
@@ -250,7 +253,10 @@ class RedisStore:
             lim = s.limits
             args += [-1 if lim.tpm is None else lim.tpm, -1 if lim.tpd is None else lim.tpd,
                      -1 if lim.concurrency is None else lim.concurrency, repr(s.tpm_share)]
-        out = await self._reserve(keys=keys, args=args)
+        try:
+            out = await self._reserve(keys=keys, args=args)
+        except self._errors as e:
+            raise StoreError(f"redis: {e}") from None
         if int(out[0]) == 1:
             return Verdict(True), Reservation(rid, tuple(s.name for s in scopes), amount, m, d)
         i = int(out[1])
@@ -260,7 +266,10 @@ class RedisStore:
         keys: list[str] = []
         for scope in r.scopes:
             keys += [self._k(scope, "m", r.minute), self._k(scope, "d", r.day), self._k(scope, "inflight")]
-        await self._reconcile(keys=keys, args=[actual - r.amount, r.id])
+        try:
+            await self._reconcile(keys=keys, args=[actual - r.amount, r.id])
+        except self._errors as e:  # the reservation stays charged and its slot expires: errs on the safe side
+            raise StoreError(f"redis: {e}") from None
 
     async def counters(self, scope: str, now: float) -> Counters:
         m, _, d, _ = windows(now)
@@ -271,7 +280,10 @@ class RedisStore:
         return Counters(int(mc or 0), int(mp or 0), int(dd or 0), int(n))
 
     async def key_record(self, key: str) -> KeyRecord:
-        h = await self.r.hgetall(self._k(f"key:{key}", "state"))
+        try:
+            h = await self.r.hgetall(self._k(f"key:{key}", "state"))
+        except self._errors as e:
+            raise StoreError(f"redis: {e}") from None
         if not h:
             return KeyRecord()
         g = {k.decode(): v.decode() for k, v in h.items()}
