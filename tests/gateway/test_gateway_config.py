@@ -90,3 +90,36 @@ def test_cli_reports_a_bad_config_in_one_line_before_binding(tmp_path):
               "--check", "-o", "json", "--token", "t0k3n")
     assert ok.returncode == 0, ok.stderr
     assert '"router": "round_robin"' in ok.stdout and (tmp_path / "gw.db").exists()
+
+
+def test_cli_serves_the_openai_api(tmp_path, backend):
+    import time
+
+    import httpx
+    import openai
+
+    from seamguard.ports import free_port
+
+    _, burl = backend
+    port = free_port()
+    cfg = {**GOOD, "instances": [{"name": "b0", "url": burl}], "store": {"type": "sqlite", "path": "gw.db"}}
+    p = subprocess.Popen([sys.executable, "-m", "seamguard", "gateway", "--config", str(_write(tmp_path, cfg)),
+                          "--port", str(port), "--token", "adm1n"], env=subprocess_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else ""
+            time.sleep(0.1)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-aaaaaaaaaaaa", max_retries=0)
+        r = c.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert r.choices[0].message.content == "tok0 tok1"
+    finally:
+        p.terminate()
+        out, _ = p.communicate(timeout=20)
+    assert "admin token  adm1n" in out
