@@ -411,7 +411,7 @@ def test_not_asked_again_sooner_than_youngs_interval():
     asked = [ck.Episode(J0, "gpu003", int(CU))]
     worse = replace(EXPOSED, node_state=np.where(np.arange(16) == 3, Q, H).astype(np.int8))
     hazard = float(ck.exposure(F, worse, POL).job_hazard_per_h[0])
-    young = ck.young_interval_s(POL.actions.checkpoint_write_s, hazard)
+    young = ck.reask_spacing_s(POL.actions.checkpoint_write_s, hazard)
     assert young == pytest.approx((2 * POL.actions.checkpoint_write_s * 3600 / hazard) ** 0.5)
     jc = _job(worse, 0, prior=asked, last=1000.0 - 0.9 * young)  # worse and it would pay, but too soon
     assert jc.carried and jc.issued is None
@@ -425,9 +425,9 @@ def test_a_failed_node_asks_no_checkpoint():
     assert _job(failed, 0, prior=[ck.Episode(J0, "gpu003", int(CU))], last=100.0).carried
 
 
-def test_youngs_interval():
-    assert ck.young_interval_s(20.0, 0.0) == float("inf")
-    assert ck.young_interval_s(20.0, 2.0) == pytest.approx(268.33, abs=0.01)  # sqrt(2 x 20 s x 1800 s)
+def test_reask_spacing_is_youngs_interval_at_the_jobs_hazard():
+    assert ck.reask_spacing_s(20.0, 0.0) == float("inf")
+    assert ck.reask_spacing_s(20.0, 2.0) == pytest.approx(268.33, abs=0.01)  # sqrt(2 x 20 s x 1800 s)
 
 
 def test_asked_again_when_the_jobs_hazard_has_grown_enough():

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from seamguard.twin.checkpoint import (Mode, PlannerInput, Scope, StoragePath, TierCosts,
+from seamguard.decide.tiers import (Mode, PlannerInput, Scope, StoragePath, TierCosts,
                                          daly_interval_s, footprint_hazard_per_s,
                                          hazard_multipliers_from_gfs, plan_checkpoint,
                                          should_checkpoint_now, young_interval_s)

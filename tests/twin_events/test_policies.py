@@ -82,7 +82,7 @@ def test_young_daly_interval_follows_the_jobs_failure_rate(quiet_model):
     r = simulate_streams(_cfg(model), PolicyParams("in_job_restart"), empty_streams())
     pp = PolicyParams("in_job_restart")
     hz_s = model.rf_per_node_day() / 86_400.0 * 125   # 125 job nodes
-    from seamguard.twin.checkpoint import daly_interval_s
+    from seamguard.decide.tiers import daly_interval_s
     expected = daly_interval_s(pp.cost_model.write_blocking_s, 1.0 / hz_s)
     # cooling trips add a little to the hazard the interval is planned for
     assert r.checkpoint_interval_min * 60 == pytest.approx(expected, rel=0.05)

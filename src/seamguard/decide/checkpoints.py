@@ -29,6 +29,7 @@ from seamguard.decide.actions import Action, Verb, action_key
 from seamguard.decide.economics import CheckpointContext, checkpoint_decision
 from seamguard.decide.explain import evidence, summary
 from seamguard.decide.policy import Policy
+from seamguard.decide.tiers import young_interval_s
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL, Fleet, Kind
 
 
@@ -105,9 +106,9 @@ def exposure(fleet: Fleet, a: Assessment, policy: Policy) -> Exposure:
     return Exposure(ex, g, job_hazard)
 
 
-def young_interval_s(write_s: float, hazard_per_h: float) -> float:
-    """Young's optimum checkpoint interval, sqrt(2 x write x MTBF), in seconds (inf with no hazard)."""
-    return float(np.sqrt(2.0 * write_s * 3600.0 / hazard_per_h)) if hazard_per_h > 0 else float("inf")
+def reask_spacing_s(write_s: float, hazard_per_h: float) -> float:
+    """Young's interval at the job's hazard now (inf with no hazard): the soonest to ask again."""
+    return young_interval_s(write_s, 3600.0 / hazard_per_h) if hazard_per_h > 0 else float("inf")
 
 
 def jobs_to_consider(fleet: Fleet, ex: Exposure, policy: Policy, episodes: dict[str, list[Episode]],
@@ -202,7 +203,7 @@ def job_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j:
     worse = [node_of[e.node] for e in eps.values()
              if ex.node_state[node_of[e.node]] < State.FAILED
              and worsened(e, int(ex.node_state[node_of[e.node]]), hazard, policy.actions.reask_hazard_ratio)]
-    spaced = last is None or a.t_s - last >= young_interval_s(policy.actions.checkpoint_write_s, hazard)
+    spaced = last is None or a.t_s - last >= reask_spacing_s(policy.actions.checkpoint_write_s, hazard)
     act = price_checkpoint(fleet, a, policy, ex, j, worse, last, crit) if worse and spaced else None
     issued = None
     if act is not None:

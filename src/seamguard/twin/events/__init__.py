@@ -5,7 +5,7 @@ event kernel (:mod:`.kernel`), the job-level simulator under the ``baseline`` an
 ``seamguard`` policies (:mod:`.simulator`), Monte-Carlo runs with confidence intervals
 and parallel executors (:mod:`.montecarlo`), size sweeps (:mod:`.sweep`), plots and a
 Markdown report (:mod:`.report`), and the ``seamguard twin simulate|report`` commands
-(:mod:`.cli`). The policy decisions come from :mod:`seamguard.twin.checkpoint` and
+(:mod:`.cli`). The policy decisions come from :mod:`seamguard.decide.tiers` and
 :mod:`seamguard.decide.economics`; this package never imports torch.
 """
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from seamguard.twin.checkpoint import Scope
+from seamguard.decide.tiers import Scope
 
 __all__ = [
     "COMPONENTS_PER_NODE",

@@ -4,7 +4,7 @@ Why this file exists: a policy is what a team would actually run, put together f
 parts the simulator calls without knowing which policy it runs:
 
 * an **interval rule** — a fixed interval, Young/Daly's from the job's failure rate, or the
-  pure checkpoint planner :func:`seamguard.twin.checkpoint.plan_checkpoint` (tier and
+  pure checkpoint planner :func:`seamguard.decide.tiers.plan_checkpoint` (tier and
   Daly interval; ``decide`` has no interval entry point of its own yet);
 * a **recovery** — requeue and restart the whole job from storage, restart every rank in
   place from a peer's memory (NVRx / torchft style), or seamguard's live recovery;
@@ -34,7 +34,7 @@ from seamguard.decide.economics import (
     checkpoint_decision,
     quarantine_decision,
 )
-from seamguard.twin.checkpoint import (
+from seamguard.decide.tiers import (
     Mode,
     PlannerInput,
     Scope,

@@ -26,7 +26,7 @@ from seamguard.decide.economics import (
     impact_fraction,
     quarantine_decision,
 )
-from seamguard.twin.checkpoint import Scope
+from seamguard.decide.tiers import Scope
 from seamguard.twin.events.config import ClusterConfig, JobSpec, PolicyParams, workload
 from seamguard.twin.events.kernel import EventQueue
 from seamguard.twin.events.policies import (

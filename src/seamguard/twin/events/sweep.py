@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from seamguard.twin.checkpoint import PlannerInput, Scope, plan_checkpoint
+from seamguard.decide.tiers import PlannerInput, Scope, plan_checkpoint
 from seamguard.twin.events.config import ClusterConfig, PolicyParams
 from seamguard.twin.events.montecarlo import Summary, run_monte_carlo
 from seamguard.twin.events.simulator import rollback_scope_hazards, tier_costs

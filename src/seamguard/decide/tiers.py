@@ -1,8 +1,10 @@
 """Checkpoint planner: when to checkpoint, to which tier, and whether to do it *now*.
 
-One pure planner shared by the event-mode twin (``seamguard.twin.events``) and, live,
-by the resilient runtime: arrays and numbers in, a frozen :class:`CheckpointPlan` out.
-No clock, no I/O, no imports from twin/runtime/act.
+One pure planner in the decide layer, so the event-mode twin's seamguard policy
+(``seamguard.twin.events.policies``) runs the project's planner, not a copy of it: arrays
+and numbers in, a frozen :class:`CheckpointPlan` out. No clock, no I/O, no imports from
+twin/runtime/act. Its early-checkpoint decision is priced like the controller's
+``checkpoint_now`` (``seamguard.decide.economics``).
 
 The model
 ---------
