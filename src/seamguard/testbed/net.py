@@ -13,7 +13,16 @@ namespace is never touched):
                       (10.213.200.<i+1>/24), plus ``lo``
 
 Each host interface is one end of a veth pair; the other end (``h<i>r<r>`` / ``h<i>m``)
-is a port of the bridge in the fabric namespace. Faults are applied on the fabric side
+is a port of the bridge in the fabric namespace.
+
+A bonded testbed (``TestbedSpec(bond=True)``) is what a user without seamguard would build
+over the same rails: every host's rails are slaves of ``bond0`` in active-backup mode
+(miimon), which holds the host's only data address 10.213.100.<i+1>/24, and an
+inter-switch link (``isl0``-``isl1``) joins the rail switches into one L2 domain, as
+active-backup across two switches needs (a host that failed over to rail 1 must still
+reach hosts on rail 0). The kernel's bonding driver is used when the kernel has one,
+else `seamguard.testbed.bond`'s stand-in (same behaviour, see there); `bond_impl` says
+which. Faults are applied on the fabric side
 (a switch port going down is what a host sees as a carrier loss) or on the bridge itself
 (a whole rail's switch). Deleting the namespaces deletes every link, bridge and qdisc
 with them, so cleanup is one operation per namespace and cannot leave a veth behind.
@@ -22,15 +31,23 @@ with them, so cleanup is one operation per namespace and cannot leave a veth beh
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
+import shutil
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SUBNET = "10.213"  # private test subnet, only ever configured inside our namespaces
 MGMT_OCTET = 200
+BOND_OCTET = 100
+BOND_IF = "bond0"
+SRC = str(Path(__file__).resolve().parents[2])  # .../src, for PYTHONPATH inside namespaces
 NAME_RE = re.compile(r"^sg(\d+)t(\d+)-(fab|h\d+)$")
 
 
@@ -86,6 +103,8 @@ class TestbedSpec:
     hosts: int = 4
     rails: int = 2
     mtu_bytes: int = 9000  # jumbo frames like a real RoCE fabric; also cheaper per byte on veth
+    bond: bool = False  # rails as slaves of an active-backup bond0 per host (see module doc)
+    miimon_ms: int = 100  # the bond's carrier poll period (the kernel bond's miimon)
 
     def __post_init__(self) -> None:
         if not 1 <= self.hosts <= 60:
@@ -117,6 +136,9 @@ class Testbed:
     _timers: list[threading.Timer] = field(default_factory=list, repr=False)
     _gray: set[tuple[int, int]] = field(default_factory=set, repr=False)
     _up: bool = False
+    bond_impl: str = ""  # "kernel" or "emulated" once a bonded testbed is up
+    _monitors: list[subprocess.Popen] = field(default_factory=list, repr=False)
+    _state_dir: str = ""
 
     def __post_init__(self) -> None:
         if not self.prefix:
@@ -143,6 +165,11 @@ class Testbed:
     @staticmethod
     def addr(host: int, rail: int | None) -> str:
         return f"{SUBNET}.{MGMT_OCTET if rail is None else rail}.{host + 1}"
+
+    @staticmethod
+    def bond_addr(host: int) -> str:
+        """A bonded host's data address (on ``bond0``)."""
+        return f"{SUBNET}.{BOND_OCTET}.{host + 1}"
 
     def namespaces(self) -> list[str]:
         return [self.fabric_ns] + [self.host_ns(h) for h in range(self.spec.hosts)]
@@ -178,14 +205,102 @@ class Testbed:
                     "peer", "name", inner, "netns", hns, "mtu", str(s.mtu_bytes))
                 _ip("-n", fab, "link", "set", outer, "master", br)
                 _ip("-n", fab, "link", "set", outer, "up")
+                if s.bond and rail is not None:
+                    continue  # a slave: no address of its own, enslaved below
                 _ip("-n", hns, "addr", "add", f"{self.addr(h, rail)}/24", "dev", inner)
                 _ip("-n", hns, "link", "set", inner, "up")
+        if s.bond:
+            self._build_bonds()
+
+    def _build_bonds(self) -> None:
+        s, fab = self.spec, self.fabric_ns
+        # the inter-switch link: rail switches in one L2 domain, a chain (no loop)
+        for r in range(1, s.rails):
+            a, b = f"isl{r - 1}r{r}a", f"isl{r - 1}r{r}b"
+            _ip("-n", fab, "link", "add", a, "mtu", str(s.mtu_bytes), "type", "veth", "peer", "name", b,
+                "mtu", str(s.mtu_bytes))
+            for end, br in ((a, f"br{r - 1}"), (b, f"br{r}")):
+                _ip("-n", fab, "link", "set", end, "master", br)
+                _ip("-n", fab, "link", "set", end, "up")
+        slaves = [self.rail_if(r) for r in range(s.rails)]
+        probe = _ip("-n", self.host_ns(0), "link", "add", BOND_IF, "type", "bond", "mode", "active-backup",
+                    "miimon", str(s.miimon_ms), check=False)
+        self.bond_impl = "kernel" if probe.returncode == 0 else "emulated"
+        if self.bond_impl == "emulated":
+            self._state_dir = tempfile.mkdtemp(prefix=f"{self.prefix}-bond")
+        for h in range(s.hosts):
+            hns = self.host_ns(h)
+            if self.bond_impl == "kernel":
+                if h:
+                    _ip("-n", hns, "link", "add", BOND_IF, "type", "bond", "mode", "active-backup",
+                        "miimon", str(s.miimon_ms))
+            else:
+                _ip("-n", hns, "link", "add", BOND_IF, "mtu", str(s.mtu_bytes), "type", "bridge",
+                    "stp_state", "0", "forward_delay", "0")
+            for sl in slaves:  # a kernel bond only takes slaves that are down
+                _ip("-n", hns, "link", "set", sl, "master", BOND_IF)
+                if self.bond_impl == "emulated":
+                    p = subprocess.run(["bridge", "-n", hns, "link", "set", "dev", sl, "isolated", "on",
+                                        "learning", "off"], check=False, capture_output=True, text=True, timeout=10.0)
+                    if p.returncode != 0:
+                        raise TestbedError(f"bridge link set {sl} in {hns}: {p.stderr.strip()}")
+            if self.bond_impl == "emulated":  # a bridge's MAC follows its ports' unless set; a bond's is fixed
+                mac = _ip("-n", hns, "-j", "link", "show", slaves[0]).stdout
+                _ip("-n", hns, "link", "set", BOND_IF, "address", json.loads(mac)[0]["address"])
+            _ip("-n", hns, "addr", "add", f"{self.bond_addr(h)}/24", "dev", BOND_IF)
+            _ip("-n", hns, "link", "set", BOND_IF, "up")
+            for sl in slaves:
+                _ip("-n", hns, "link", "set", sl, "up")
+            if self.bond_impl == "emulated":
+                cmd = [*self.exec_prefix(h), sys.executable, "-m", "seamguard.testbed.bond", "--bond", BOND_IF,
+                       "--slaves", ",".join(slaves), "--ip", self.bond_addr(h), "--miimon-ms", str(s.miimon_ms),
+                       "--state-file", str(self._bond_state_file(h))]
+                pp = os.environ.get("PYTHONPATH", "")
+                env = {**os.environ, "PYTHONPATH": SRC + (os.pathsep + pp if pp else "")}
+                self._monitors.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 15.0
+        while any(self.bond_active(h) is None for h in range(s.hosts)):
+            if time.monotonic() > deadline or any(m.poll() is not None for m in self._monitors):
+                raise TestbedError("bond monitors did not select an active slave within 15 s")
+            time.sleep(0.05)
+
+    def _bond_state_file(self, host: int) -> Path:
+        return Path(self._state_dir) / f"h{host}.json"
+
+    def monitor_pids(self) -> list[int]:
+        """Processes this testbed runs (the emulated bonds' monitors); none after down()."""
+        return [m.pid for m in self._monitors if m.poll() is None]
+
+    def bond_active(self, host: int) -> str | None:
+        """The slave that carries a bonded host's traffic now (None before one is chosen)."""
+        if self.bond_impl == "kernel":
+            p = subprocess.run([*self.exec_prefix(host), "cat", f"/sys/class/net/{BOND_IF}/bonding/active_slave"], check=False,
+                               capture_output=True, text=True, timeout=10.0)
+            return p.stdout.strip() or None
+        try:
+            return json.loads(self._bond_state_file(host).read_text())["active"]
+        except (OSError, ValueError, KeyError):
+            return None
 
     def down(self) -> None:
         """Delete everything this testbed created. Idempotent; never raises."""
         for t in self._timers:
             t.cancel()
         self._timers.clear()
+        for m in self._monitors:  # they live in our namespaces: stop them first
+            if m.poll() is None:
+                m.terminate()
+        for m in self._monitors:
+            try:
+                m.wait(5.0)
+            except subprocess.TimeoutExpired:
+                m.kill()
+                m.wait(5.0)
+        self._monitors.clear()
+        if self._state_dir:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
+            self._state_dir = ""
         for ns in self.namespaces():
             _ip("netns", "delete", ns, check=False)
         self._gray.clear()
