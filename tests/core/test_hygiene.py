@@ -100,31 +100,39 @@ def test_flapping_node_gets_one_checkpoint_per_episode(tmp_path):
     assert sorted(d["key"] for d in decided) == sorted(keys)
 
 
-def test_stricter_exposure_asks_again_and_a_restart_does_not(tmp_path):
-    """Degraded, then failed on the same node: a second request only because the state is
-    stricter; a controller restarted from the ledger does not ask a third time."""
+def test_one_request_per_episode_through_escalation_and_a_restart(tmp_path):
+    """Degraded, then quarantined, then failed on the same node: one request for the whole
+    episode (a failed node asks none); a controller restarted from the ledger does not ask
+    again. With reask_on_worse the stricter state asks once more, when it pays."""
     tick_s = 15.0
-    pol = default_policy(mode="enforce")
-    log = LogActuator(tmp_path / "actions.jsonl")
-    path = tmp_path / "l.sqlite"
-    ctl = Controller(FLEET, pol, [log], Ledger(path), tick_s=tick_s)
-    twin = Twin(FLEET, [], TwinConfig(tick_s=tick_s), seed=4)
-    node = _job_node(FLEET, JOB)
-    gpu = FLEET.gpu_names[int(np.flatnonzero(FLEET.gpu_node == node)[0])]
-    ctl.pin(Kind.GPU, gpu, State.DEGRADED, "test")
-    for _ in range(30):
-        ctl.tick(twin.step())
-    assert len(_checkpoints(log, JOB)) == 1
-    ctl.pin(Kind.GPU, gpu, State.FAILED, "test")
-    for _ in range(30):
-        ctl.tick(twin.step())
-    assert len(_checkpoints(log, JOB)) == 2
-    ctl.ledger.close()
-    ctl2 = Controller(FLEET, pol, [log], Ledger(path), tick_s=tick_s)
-    assert ctl2.pins  # restored: still failed
-    for _ in range(30):
-        ctl2.tick(twin.step())
-    assert len(_checkpoints(log, JOB)) == 2
+    for reask, expected in ((False, 1), (True, 2)):
+        base = default_policy(mode="enforce")
+        pol = base.model_copy(update={"actions": base.actions.model_copy(update={"reask_on_worse": reask})})
+        log = LogActuator(tmp_path / f"actions-{reask}.jsonl")
+        path = tmp_path / f"l-{reask}.sqlite"
+        ctl = Controller(FLEET, pol, [log], Ledger(path), tick_s=tick_s)
+        twin = Twin(FLEET, [], TwinConfig(tick_s=tick_s), seed=4)
+        node = _job_node(FLEET, JOB)
+        gpu = FLEET.gpu_names[int(np.flatnonzero(FLEET.gpu_node == node)[0])]
+        ctl.pin(Kind.GPU, gpu, State.DEGRADED, "test")
+        for _ in range(30):
+            ctl.tick(twin.step())
+        assert len(_checkpoints(log, JOB)) == 1
+        ctl.pin(Kind.GPU, gpu, State.QUARANTINE, "test")
+        for _ in range(60):  # past Young's interval at the quarantined node's hazard
+            ctl.tick(twin.step())
+        assert len(_checkpoints(log, JOB)) == expected, reask
+        ctl.pin(Kind.GPU, gpu, State.FAILED, "test")
+        for _ in range(30):
+            ctl.tick(twin.step())
+        assert len(_checkpoints(log, JOB)) == expected, reask
+        ctl.ledger.close()
+        ctl2 = Controller(FLEET, pol, [log], Ledger(path), tick_s=tick_s)
+        assert ctl2.pins  # restored: still failed
+        for _ in range(30):
+            ctl2.tick(twin.step())
+        assert len(_checkpoints(log, JOB)) == expected, reask
+        ctl2.ledger.close()
 
 
 # ---- checkpoint_now: only when it pays --------------------------------------------------------

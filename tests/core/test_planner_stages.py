@@ -395,27 +395,39 @@ def test_a_checkpoint_that_does_not_pay_is_not_asked():
     assert jc == ck.JobCheckpoint(None, False, None, [ck.Episode(J0, "gpu003", 0)], None)
 
 
-def test_once_per_episode_carried_until_it_worsens():
+REASK = _pol("actions", reask_on_worse=True)
+WORSE = replace(EXPOSED, node_state=np.where(np.arange(16) == 3, Q, H).astype(np.int8))
+
+
+def test_once_per_episode_by_default_even_when_it_worsens():
     asked = [ck.Episode(J0, "gpu003", int(CU))]
     jc = _job(EXPOSED, 0, prior=asked, last=100.0)
     assert jc.carried and jc.action == ck.carried_checkpoint(J0, 100.0) and jc.issued is None
     assert jc.episodes == asked and jc.last_s == 100.0
-    worse = replace(EXPOSED, node_state=np.where(np.arange(16) == 3, Q, H).astype(np.int8))
-    jc = _job(worse, 0, prior=asked, last=100.0)  # 900 s of work at stake, as when first asked
+    jc = _job(WORSE, 0, prior=asked, last=100.0)  # quarantine now, 900 s at stake: still the one ask
+    assert jc.carried and jc.action.key.endswith("@t100") and jc.issued is None
+    # another node of the job exposed later shares the checkpoint already asked
+    both = replace(EXPOSED, node_state=np.where(np.isin(np.arange(16), [3, 4]), CU, H).astype(np.int8))
+    jc = _job(both, 0, prior=asked, last=100.0)
+    assert jc.carried and [(e.node, e.level) for e in jc.episodes] == [("gpu003", int(CU)), ("gpu004", int(CU))]
+
+
+def test_with_reask_on_worse_asked_again_when_it_worsens_and_pays():
+    asked = [ck.Episode(J0, "gpu003", int(CU))]
+    jc = _job(WORSE, 0, prior=asked, last=100.0, policy=REASK)  # 900 s of work at stake, as when first asked
     assert not jc.carried and jc.action.key.endswith("@t1000") and jc.episodes[0].level == int(Q)
-    jc = _job(worse, 0, prior=asked, last=990.0)  # worse, but 10 s to roll back: not worth a write
+    jc = _job(WORSE, 0, prior=asked, last=990.0, policy=REASK)  # worse, but 10 s to roll back: not worth a write
     assert jc.carried and jc.action.key.endswith("@t990") and jc.episodes == asked
 
 
 def test_not_asked_again_sooner_than_youngs_interval():
     asked = [ck.Episode(J0, "gpu003", int(CU))]
-    worse = replace(EXPOSED, node_state=np.where(np.arange(16) == 3, Q, H).astype(np.int8))
-    hazard = float(ck.exposure(F, worse, POL).job_hazard_per_h[0])
+    hazard = float(ck.exposure(F, WORSE, POL).job_hazard_per_h[0])
     young = ck.reask_spacing_s(POL.actions.checkpoint_write_s, hazard)
     assert young == pytest.approx((2 * POL.actions.checkpoint_write_s * 3600 / hazard) ** 0.5)
-    jc = _job(worse, 0, prior=asked, last=1000.0 - 0.9 * young)  # worse and it would pay, but too soon
+    jc = _job(WORSE, 0, prior=asked, last=1000.0 - 0.9 * young, policy=REASK)  # worse and it would pay: too soon
     assert jc.carried and jc.issued is None
-    jc = _job(worse, 0, prior=asked, last=1000.0 - 1.1 * young)
+    jc = _job(WORSE, 0, prior=asked, last=1000.0 - 1.1 * young, policy=REASK)
     assert not jc.carried and jc.action.key.endswith("@t1000")
 
 
@@ -433,12 +445,14 @@ def test_reask_spacing_is_youngs_interval_at_the_jobs_hazard():
 def test_asked_again_when_the_jobs_hazard_has_grown_enough():
     """Same state, but the job's failure hazard grew reask_hazard_ratio (2) times since it was asked."""
     asked_at = lambda h: [ck.Episode(J0, "gpu003", int(CU), h)]  # noqa: E731
-    jc = _job(EXPOSED, 0, prior=asked_at(0.32), last=100.0)  # hazard now 0.32/h: unchanged
+    jc = _job(EXPOSED, 0, prior=asked_at(0.32), last=100.0, policy=REASK)  # hazard now 0.32/h: unchanged
     assert jc.carried
-    jc = _job(EXPOSED, 0, prior=asked_at(0.15), last=100.0)  # 0.32 >= 2 x 0.15: worse evidence
+    jc = _job(EXPOSED, 0, prior=asked_at(0.15), last=100.0, policy=REASK)  # 0.32 >= 2 x 0.15: worse evidence
     assert not jc.carried and jc.action.key.endswith("@t1000") and jc.episodes[0].hazard_per_h == pytest.approx(0.32)
-    jc = _job(EXPOSED, 0, prior=asked_at(0.15), last=100.0, policy=_pol("actions", reask_hazard_ratio=3.0))
+    jc = _job(EXPOSED, 0, prior=asked_at(0.15), last=100.0,
+              policy=_pol("actions", reask_on_worse=True, reask_hazard_ratio=3.0))
     assert jc.carried
+    assert _job(EXPOSED, 0, prior=asked_at(0.15), last=100.0).carried  # by default: once per episode
 
 
 def test_worsened_decision_table():

@@ -75,10 +75,14 @@ class ActionRules(_Strict):
         120, ge=1, description="a job's risk episode ends after its nodes have been healthy this many ticks "
                                "(the state machine's own recovery ticks count): at most one checkpoint_now per "
                                "episode unless its state worsens")
+    reask_on_worse: bool = Field(
+        False, description="within a job's risk episode, ask checkpoint_now again when the evidence worsens (a "
+                           "stricter state, or the hazard reask_hazard_ratio times), if it pays and Young's interval "
+                           "has passed; off: exactly once per episode")
     reask_hazard_ratio: float = Field(
         2.0, gt=1, allow_inf_nan=False,
-        description="within a risk episode checkpoint_now is asked again when the job's failure hazard has grown "
-                    "this many times since it was asked (the evidence worsened), if it pays")
+        description="with reask_on_worse: the job's failure-hazard growth since it was asked that counts as worse "
+                    "evidence")
     release_after_healthy_ticks: int = Field(
         40, ge=0, description="a restriction (drain, label, avoid_*, move_job) is withdrawn only after its entity "
                               "has been healthy this many ticks (the state machine's own recovery ticks count)")
