@@ -44,7 +44,7 @@ from seamguard.testbed.prom import PrometheusServer  # noqa: E402
 
 SCRAPE_S = 30.0
 GOALS = {"recall": 0.95, "precision": 0.95, "healthy_drains": 0, "median_delay_scrapes": 3.0,
-         "cooling_lead_s": 60.0, "max_checkpoint_requests_per_fault": 1}
+         "cooling_lead_s": 60.0, "max_checkpoint_requests_per_fault_and_job": 1}
 
 
 def plan(quick: bool, n: int | None) -> list[ScenarioSpec]:
@@ -163,7 +163,9 @@ def goals(agg: dict) -> dict:
         "median_delay<=3_scrapes": md is not None and md <= GOALS["median_delay_scrapes"] * SCRAPE_S,
         "cooling_lead>=60s": cool.get("min_lead_s") is not None and cool["min_lead_s"] >= GOALS["cooling_lead_s"]
         and cool.get("hard_failures_unwarned", 1) == 0,
-        "checkpoint_now<=1_per_fault": o["max_checkpoint_requests_per_fault"] <= GOALS["max_checkpoint_requests_per_fault"],
+        # A fault episode is a job's: a failing loop exposes every job it cools, each asked once.
+        "checkpoint_now<=1_per_fault_episode_of_a_job": o["max_checkpoint_requests_per_fault_and_job"]
+        <= GOALS["max_checkpoint_requests_per_fault_and_job"],
     }
 
 
@@ -173,7 +175,8 @@ def _f(v: object) -> str:
 
 def print_table(cur: dict, base: dict, ref: str) -> None:
     keys = ("recall", "median_delay_s", "p90_delay_s", "median_lead_s", "min_lead_s", "actions_per_fault",
-            "checkpoint_requests_per_fault", "max_checkpoint_requests_per_fault")
+            "checkpoint_requests_per_fault", "max_checkpoint_requests_per_fault",
+            "max_checkpoint_requests_per_fault_and_job")
     print("\noverall                          current      " + ref)
     for k in ("precision", "flagged_entities", "false_flags", "healthy_drains", "actions", "false_actions",
               *keys, "controller_errors"):
