@@ -23,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -69,17 +70,25 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=None, help="repetitions per router (default 1 quick, 2 full)")
     ap.add_argument("--rate-mbit", type=float, default=20.0, help="the degraded path's tbf rate")
     ap.add_argument("--rps", type=float, default=6.0, help="mean arrival rate besides bursts")
+    ap.add_argument("--routers", default=",".join(ROUTERS), help="comma list (default: all three)")
+    ap.add_argument("--records", default=None, help="directory to write every run's per-request records to")
+    ap.add_argument("--kv-blocking", action="store_true",
+                    help="decode steps wait while a KV pull is in flight (see inference_pool)")
     a = ap.parse_args()
     reps = a.reps or (1 if a.quick else 2)
     duration, deg = (36.0, (12.0, 32.0)) if a.quick else (90.0, (30.0, 80.0))
     load = LoadSpec(rate_rps=a.rps, duration_s=duration)
     slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in load.classes}
     t_start = time.monotonic()
-    per: dict[str, list[dict]] = {r: [] for r in ROUTERS}
-    with PoolBed(prefill=2, decode=3) as bed:
+    routers = [r for r in a.routers.split(",") if r]
+    per: dict[str, list[dict]] = {r: [] for r in routers}
+    with PoolBed(prefill=2, decode=3, instance_args=["--kv-blocking"] if a.kv_blocking else []) as bed:
         for rep in range(reps):
-            for router in ROUTERS:  # interleaved: every router sees every repetition's seed and machine state
+            for router in routers:  # interleaved: every router sees every repetition's seed and machine state
                 res = run(router, bed, load, deg, a.rate_mbit, seed=rep)
+                if a.records:
+                    Path(a.records).mkdir(parents=True, exist_ok=True)
+                    (Path(a.records) / f"{router}.{rep}.json").write_text(json.dumps(res))
                 healthy = window_figures(res["records"], 0.0, deg[0], slo)
                 degraded = window_figures(res["records"], deg[0], deg[1], slo)
                 per[router].append({"healthy": healthy, "degraded": degraded, "decisions": res["decisions"],
@@ -93,17 +102,22 @@ def main() -> None:
         keys = [k for k in rows[0] if isinstance(rows[0][k], (int, float))]
         return {k: round(statistics.median(r[k] for r in rows if r.get(k) is not None), 4) for k in keys}
 
-    summary = {r: {"healthy": agg(r, "healthy"), "degraded": agg(r, "degraded")} for r in ROUTERS}
+    summary = {r: {"healthy": agg(r, "healthy"), "degraded": agg(r, "degraded")} for r in routers}
     cols = ("slo_attainment", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "errors",
             "shed")
     print(f"\nwindows: nothing degraded 0-{deg[0]:.0f} s, p0->d1 at {a.rate_mbit} mbit {deg[0]:.0f}-{deg[1]:.0f} s "
-          f"(of {duration:.0f} s); {a.rps} req/s + bursts; {reps} repetition(s), medians")
+          f"(of {duration:.0f} s); {a.rps} req/s + bursts; {reps} repetition(s), medians"
+          + ("; decode steps wait for KV pulls" if a.kv_blocking else ""))
     print(f"{'router':18s} {'window':9s} " + " ".join(f"{c:>14s}" for c in cols))
-    for r in ROUTERS:
+    for r in routers:
         for w in ("healthy", "degraded"):
             print(f"{r:18s} {w:9s} " + " ".join(f"{summary[r][w].get(c, float('nan')):>14}" for c in cols))
-    best_deg = max(summary[r]["degraded"]["goodput_rps"] for r in ROUTERS[:2])
-    best_ok = max(summary[r]["healthy"]["slo_attainment"] for r in ROUTERS[:2])
+    base = [r for r in routers if r != "seamguard"]
+    if "seamguard" not in summary or not base:
+        print(json.dumps({"routers": summary}))
+        return
+    best_deg = max(summary[r]["degraded"]["goodput_rps"] for r in base)
+    best_ok = max(summary[r]["healthy"]["slo_attainment"] for r in base)
     goals = {"degraded_attainment": summary["seamguard"]["degraded"]["slo_attainment"],
              "degraded_goodput_vs_best_baseline": round(summary["seamguard"]["degraded"]["goodput_rps"]
                                                         / max(best_deg, 1e-9), 3),
@@ -114,7 +128,8 @@ def main() -> None:
     print(f"goals: {goals}; wall {time.monotonic() - t_start:.0f} s")
     print(json.dumps({"routers": summary, "goals": goals, "reps": reps, "duration_s": duration,
                       "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit, "rps": a.rps,
-                      "decisions": {r: [x["decisions"] for x in per[r]] for r in ROUTERS}}))
+                      "kv_blocking": a.kv_blocking,
+                      "decisions": {r: [x["decisions"] for x in per[r]] for r in routers}}))
 
 
 if __name__ == "__main__":

@@ -91,8 +91,8 @@ def test_healthy_paths_use_every_pair_with_no_reason():
     assert all(x.reason == "" and x.evidence == {} for x in routes)
 
 
-@pytest.mark.parametrize("cls, slow_path_used", [("interactive", False), ("batch", True)])
-def test_slow_path_is_out_for_interactive_but_within_batch_budget(cls, slow_path_used):
+@pytest.mark.parametrize("cls, slow_path_used", [("interactive", False), ("batch", False)])
+def test_slow_path_is_out_for_interactive_and_last_resort_for_batch(cls, slow_path_used):
     r, c = sg()
     serve(r, c, 24, lambda p: SLOW if p == ("p0", "d1") else FAST)
     later = serve(r, c, 24, lambda p: SLOW if p == ("p0", "d1") else FAST, cls=cls)
@@ -102,6 +102,14 @@ def test_slow_path_is_out_for_interactive_but_within_batch_budget(cls, slow_path
     snap = {(x["prefill"], x["decode"]): x for x in r.snapshot()["paths"]}
     assert snap[("p0", "d1")]["admissible"] == {"interactive": False, "batch": True}
     assert snap[("p0", "d1")]["latency_s"] == SLOW and snap[("p1", "d0")]["admissible"]["interactive"]
+
+
+def test_batch_takes_a_slow_path_within_its_budget_when_nothing_fine_for_everyone_is_left():
+    r, c = sg()
+    serve(r, c, 24, lambda p: SLOW if p == ("p0", "d1") else FAST)
+    r.update_fabric({"h1": "degraded", "h2/rail0": "degraded"})  # every other path out for interactive
+    used = {pair(x) for x in serve(r, c, 12, lambda p: SLOW if p == ("p0", "d1") else FAST, cls="batch")}
+    assert ("p0", "d1") in used
 
 
 def test_slow_path_excess_must_matter_against_the_budget():
@@ -167,6 +175,25 @@ def test_old_evidence_is_forgotten():
     assert ("p0", "d1") in {pair(x) for x in serve(r, c, 8, lambda p: FAST, hold=True)}
 
 
+def test_a_decode_instance_with_slow_tokens_is_out_until_a_probe_is_in_line():
+    r, c = sg(probe_after_s=5.0)
+    for _ in range(40):
+        c.t += 0.1
+        x = r.route("batch", 200)
+        r.first_token(x, FAST)
+        tpot = 0.5 if x.decode.name == "d1" else 0.02  # d1's steps stall: 2 tokens/s
+        r.finished(x, Outcome(True, 0.1, tpot, FAST, 20))
+    later = serve(r, c, 10, lambda p: FAST, cls="interactive")
+    assert {pair(x)[1] for x in later} == {"d0"}
+    assert "decode d1 TPOT p90 0.500s" in later[0].reason and later[0].evidence["p0->d1.decode_tpot_s"] == 0.5
+    c.t += 6.0
+    probe = r.route("batch", 200)
+    assert probe.decode.name == "d1" and probe.reason.startswith("probe")
+    r.first_token(probe, FAST)
+    r.finished(probe, Outcome(True, 0.1, 0.02, FAST, 20))
+    assert "d1" in {pair(x)[1] for x in serve(r, c, 10, lambda p: FAST)}
+
+
 def test_failed_requests_are_slow_samples():
     r, c = sg()
     for _ in range(40):
@@ -185,7 +212,7 @@ def test_failed_requests_are_slow_samples():
 
 @pytest.mark.parametrize("states, cls, excluded", [
     ({"h3/rail1": "degraded"}, "interactive", {("p0", "d1"), ("p1", "d1")}),
-    ({"h3/rail1": "degraded"}, "batch", set()),
+    ({"h3/rail1": "degraded"}, "batch", {("p0", "d1"), ("p1", "d1")}),  # admissible, but the last resort
     ({"h3/rail1~leaf1": "harmful"}, "batch", {("p0", "d1"), ("p1", "d1")}),  # the NIC's link
     ({"h0/mlx5_1": "failed"}, "interactive", {("p0", "d0"), ("p0", "d1")}),  # any NIC of prefill host h0
     ({"h2/rail0": "healthy", "other/nic": "failed"}, "interactive", set()),

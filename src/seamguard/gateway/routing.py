@@ -203,6 +203,9 @@ class SeamguardOptions:
     ttft_budget_s: Mapping[str, float] = field(
         default_factory=lambda: {"interactive": 1.0, "batch": 10.0})
     """TTFT target per request class (the SLO the gateway is held to)."""
+    tpot_budget_s: Mapping[str, float] = field(
+        default_factory=lambda: {"interactive": 0.1, "batch": 0.25})
+    """TPOT target per request class (mean time per output token after the first)."""
     window: int = 8
     """Recent transfer samples kept per path (median and upper quantile are taken over them)."""
     quantile: float = 0.9
@@ -286,6 +289,8 @@ class SeamguardRouter:
         self._fabric: dict[str, str] = {}
         self._load: dict[str, _Load] = {}
         self._itft: deque = deque(maxlen=max(4, 2 * self.options.window))  # recent interactive TTFTs
+        self._tpot: dict[str, deque] = {}  # decode instance -> recent TPOT samples
+        self._tpot_t: dict[str, float] = {}  # ... and when the last one came
         self._turn = 0
         self.decisions: dict[str, int] = {}  # reason kind -> count (for /metrics)
 
@@ -342,8 +347,14 @@ class SeamguardRouter:
                   for p in self._prefill for d in self._decode}
         ok = [k for k, (why, _) in judged.items() if not why]
         ibudget = opts.ttft_budget_s.get("interactive", budget)
-        out_for_interactive = len(ok) < len(judged) if request_class == "interactive" else any(
-            self._judge(p, d, "interactive", ibudget, now)[0] for p in self._prefill for d in self._decode)
+        fine = set(ok) if request_class == "interactive" else {
+            (p.name, d.name) for p in self._prefill for d in self._decode
+            if not self._judge(p, d, "interactive", ibudget, now)[0]}
+        out_for_interactive = len(fine) < len(judged)
+        # a path out for interactive work but within a looser budget takes that work only when no
+        # path fine for everyone can: its slow transfers hold KV on both ends (and, with some KV
+        # connectors, stall the decode batch), so it is the last resort, not a free lane
+        ok = [k for k in ok if k in fine] or ok
         probe = None
         if request_class == "batch":
             probe = self._probe_candidate(judged, now)
@@ -393,6 +404,12 @@ class SeamguardRouter:
                 self._sample(pend.path, now - pend.t0, now - pend.t0, now, pend.probe)
         if pend.request_class == "interactive" and outcome.ttft_s is not None:
             self._itft.append(outcome.ttft_s)
+        if outcome.tpot_s is not None and outcome.output_tokens > 1:
+            q = self._tpot.setdefault(route.decode.name, deque(maxlen=self.options.window))
+            if pend.probe and not self._slow_decode(route.decode.name, "batch", now, {}, outcome.tpot_s):
+                q.clear()  # a probe whose tokens came at the peers' pace: the instance is back
+            q.append(outcome.tpot_s)
+            self._tpot_t[route.decode.name] = now
 
     # ---- judgement ----------------------------------------------------------------------------
     def _path(self, pair: tuple[str, str]) -> _Path:
@@ -448,6 +465,9 @@ class SeamguardRouter:
         if p and p.dft and now - p.last_sample_t > opts.forget_after_s:
             p.dft.clear()
             p.tft.clear()
+        why = self._slow_decode(decode.name, request_class, now, ev)
+        if why:
+            return why, ev
         lat, peer = self._latency(pair), self._peers(pair, "dft", opts.quantile)
         ev.update(latency_s=lat, peers_latency_s=peer)
         if p and p.dft:
@@ -471,6 +491,28 @@ class SeamguardRouter:
             if lat * queued > budget:
                 return f"slow path ({lat:.3f}s) x {queued} queued transfers exceeds the {budget:.1f}s budget", ev
         return "", ev
+
+    def _slow_decode(self, name: str, request_class: str, now: float, ev: dict[str, float],
+                     sample: float | None = None) -> str:
+        """A decode instance whose tokens come slower than its peers' by a share of the TPOT
+        budget that matters (same ratio and share as for paths): out for this class. With
+        `sample`, judge that one sample instead of the instance's window."""
+        opts = self.options
+        budget = opts.tpot_budget_s.get(request_class)
+        if name in self._tpot and now - self._tpot_t.get(name, now) > opts.forget_after_s:
+            del self._tpot[name]
+        mine = [sample] if sample is not None else list(self._tpot.get(name) or ())
+        if budget is None or not mine:
+            return ""
+        q = _quantile(mine, opts.quantile)
+        others = [_quantile(list(v), opts.quantile) for k, v in self._tpot.items() if k != name and v]
+        if not others:
+            return ""
+        peer = _median(others)
+        ev.update(decode_tpot_s=q, peers_tpot_s=peer)
+        if q > opts.peer_ratio * peer and q - peer > opts.budget_share * budget:
+            return f"decode {name} TPOT p{round(100 * opts.quantile)} {q:.3f}s vs peers {peer:.3f}s"
+        return ""
 
     def _probe_candidate(self, judged: dict, now: float) -> tuple[str, str] | None:
         """A path out for every class, idle and unsampled for probe_after_s: probe it with batch."""
@@ -520,7 +562,7 @@ class SeamguardRouter:
             return "", {}
         ev = {k: v for k, v in judged[pair][1].items() if not (isinstance(v, float) and math.isnan(v))}
         for (a, b), why in out.items():
-            for key in ("latency_s", "oldest_pending_s", "severity"):
+            for key in ("latency_s", "oldest_pending_s", "severity", "decode_tpot_s"):
                 v = judged[(a, b)][1].get(key)
                 if v is not None and not math.isnan(v):
                     ev[f"{a}->{b}.{key}"] = v

@@ -193,7 +193,9 @@ async def run_load(instances: list[Instance], router_name: str, router_options: 
     import httpx
 
     budgets = {c.name: c.ttft_slo_s for c in load.classes}
-    router = make_router(router_name, instances, **{"ttft_budget_s": budgets, **router_options})
+    tpot = {c.name: c.tpot_slo_s for c in load.classes}
+    router = make_router(router_name, instances, **{"ttft_budget_s": budgets, "tpot_budget_s": tpot,
+                                                    **router_options})
     seq = arrivals(load)
     applied: list[dict] = []
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200)) as client:

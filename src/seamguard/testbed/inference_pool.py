@@ -18,7 +18,8 @@ What it emulates (vLLM's disaggregated-prefill convention):
   KV space, pulls the bytes from the prefill instance (from its own address ``--kv-bind``,
   picking the prefill address in the same subnet: one rail), then joins a continuous batch
   whose step takes ``decode_base_s + decode_per_seq_s x batch size`` and yields one token to
-  every running sequence; streams SSE chunks (OpenAI format, final usage chunk when
+  every running sequence (``--kv-blocking``: no step while a pull is in flight, as a
+  connector that receives the KV inside the model step); streams SSE chunks (OpenAI format, final usage chunk when
   ``stream_options.include_usage``) or answers one JSON.
 - **unified** (``--role unified``): prefill locally, then decode.
 
@@ -80,6 +81,9 @@ class PoolTiming:
     kv_capacity_tokens: int = 65536
     kv_hold_s: float = 30.0  # prefill frees KV nobody pulled after this
     kv_timeout_s: float = 60.0  # decode gives up a KV pull after this
+    kv_blocking: bool = False  # decode steps wait while a KV pull is in flight (a connector that
+    # receives the KV inside the model step, as vLLM V0's PyNccl connector did); False: pulls run
+    # beside the batch (vLLM V1's NIXL connector)
 
 
 @dataclass
@@ -104,6 +108,9 @@ class Engine:
         self._queued: deque[_Seq] = deque()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._pulls = 0
+        self._no_pulls = asyncio.Event()
+        self._no_pulls.set()
 
     # ---- KV cache ---------------------------------------------------------------------------
     async def reserve(self, tokens: int) -> None:
@@ -189,6 +196,16 @@ class Engine:
         if self.kv_bind:
             mine = ipaddress.ip_interface(f"{self.kv_bind}/24").network
             host = next((h for h in hosts if ipaddress.ip_address(h) in mine), host)
+        self._pulls += 1
+        self._no_pulls.clear()
+        try:
+            return await self._pull(host, params)
+        finally:
+            self._pulls -= 1
+            if self._pulls == 0:
+                self._no_pulls.set()
+
+    async def _pull(self, host: str, params: dict) -> int:
         reader, writer = await asyncio.open_connection(host, int(params["remote_port"]),
                                                        local_addr=(self.kv_bind, 0) if self.kv_bind else None)
         try:
@@ -226,6 +243,8 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if t.kv_blocking:
+                await self._no_pulls.wait()
             await asyncio.sleep(t.decode_base_s + t.decode_per_seq_s * (len(self._running) - 1))
             for seq in self._running:
                 seq.remaining -= 1
@@ -408,7 +427,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-bind", default=None, help="decode: local address to pull KV from (its NIC)")
     p.add_argument("--model-shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     for k, f in PoolTiming.__dataclass_fields__.items():
-        p.add_argument("--" + k.replace("_", "-"), type=type(f.default), default=f.default)
+        if isinstance(f.default, bool):
+            p.add_argument("--" + k.replace("_", "-"), action="store_true")
+        else:
+            p.add_argument("--" + k.replace("_", "-"), type=type(f.default), default=f.default)
     return p
 
 
