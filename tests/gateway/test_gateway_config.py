@@ -8,13 +8,8 @@ import sys
 import pytest
 import yaml
 
-from seamguard.gateway.config import (
-    ROUTERS,
-    GatewayConfigError,
-    load_gateway_config,
-    register_router,
-)
-from seamguard.gateway.routing import RoundRobin
+from seamguard.gateway.config import GatewayConfigError, load_gateway_config, register_router
+from seamguard.gateway.routing import ROUTERS, RoundRobin
 from tests.conftest import subprocess_env
 
 GOOD = {"version": 1, "instances": [{"name": "v0", "url": "http://10.0.0.2:8000"}],
@@ -58,7 +53,7 @@ def test_relative_store_path_is_beside_the_config(tmp_path):
 def test_registered_routers_are_found_by_name(tmp_path):
     made = []
 
-    def factory(instances, weight=1):
+    def factory(instances, weight=1, clock=None):
         made.append(weight)
         return RoundRobin(instances)
 

@@ -143,3 +143,58 @@ def test_mutating_admin_calls_need_the_token(backend, gateway_factory, tmp_path)
     assert ev[1]["reason"] == "leaked on a forum"
     assert httpx.post(url + "/admin/keys/zz/reset", headers=auth).status_code == 404
     assert 'seamguard_gateway_key_state{key="a",state="ok"} 1.0' in httpx.get(url + "/metrics").text
+
+
+def test_router_hooks_shed_and_snapshot_in_metrics(gateway_factory, tmp_path):
+    """The seamguard router over a disaggregated pool: first_token and finished reach it, its view is
+    in /metrics, and a Shed it raises is a 503 with Retry-After that gives the reservation back."""
+    from seamguard.gateway.config import register_router
+    from seamguard.gateway.routing import ROUTERS, Shed, make_router
+    from seamguard.testbed.openai_backend import FakeBackend, ThreadedServer
+
+    seen = {"first": 0, "finished": 0}
+
+    class Spy:
+        def __init__(self, instances, clock=None, **options):
+            self.inner = make_router("seamguard", instances, **options)
+
+        def route(self, request_class, prompt_tokens):
+            if request_class == "batch":
+                raise Shed("interactive paths are short", 2.5)
+            return self.inner.route(request_class, prompt_tokens)
+
+        def first_token(self, route, dft):
+            seen["first"] += 1
+            self.inner.first_token(route, dft)
+
+        def finished(self, route, outcome):
+            seen["finished"] += 1
+            self.inner.finished(route, outcome)
+
+        def snapshot(self):
+            return self.inner.snapshot()
+
+    register_router("spy", Spy)
+    try:
+        with ThreadedServer(FakeBackend(name="p0").app()) as ps, ThreadedServer(FakeBackend(name="d0").app()) as ds:
+            cfg = base_config(ps.url, {"type": "sqlite", "path": str(tmp_path / "gw.db")}, router="spy",
+                              instances=[{"name": "p0", "url": ps.url, "role": "prefill"},
+                                         {"name": "d0", "url": ds.url, "role": "decode"}])
+            url, _ = gateway_factory(cfg)
+            list(_client(url).chat.completions.create(model="fake-model", max_tokens=3, stream=True,
+                                                      messages=[{"role": "user", "content": "hi"}]))
+            eventually(lambda: seen == {"first": 1, "finished": 1})
+            r = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY_A}",
+                                                                  "X-Request-Class": "batch"},
+                           json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100})
+            assert r.status_code == 503 and r.headers["Retry-After"] == "3"
+            assert r.json()["error"]["code"] == "shed"
+            keys = {k["name"]: k for k in httpx.get(url + "/admin/keys").json()["keys"]}
+            assert keys["a"]["used"]["inflight"] == 0 and keys["a"]["used"]["tokens_last_minute"] == 7
+            m = httpx.get(url + "/metrics").text
+            assert 'seamguard_gateway_route_path_samples{decode="d0",prefill="p0"} 1.0' in m
+            assert 'seamguard_gateway_route_path_admissible{decode="d0",prefill="p0",request_class="interactive"} 1.0' \
+                in m
+            assert 'seamguard_gateway_router_shed_total{request_class="batch"} 1.0' in m
+    finally:
+        ROUTERS.pop("spy")

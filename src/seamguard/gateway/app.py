@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import sqlite3
 import time
 from collections import Counter as Tally
@@ -31,7 +32,8 @@ from seamguard.gateway.gatekeeper import Gatekeeper, KeyInfo, Refusal, Ticket
 from seamguard.gateway.ledger import GatewayLedger
 from seamguard.gateway.metrics import GatewayMetrics
 from seamguard.gateway.proxy import Backends, UpstreamError
-from seamguard.gateway.routing import Outcome, Route, Router
+from seamguard.gateway.routing import Outcome, Route, Router, Shed
+from seamguard.gateway.routing_feeds import feed_router
 from seamguard.gateway.store import RedisStore, SqliteStore, Store, StoreError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -114,6 +116,13 @@ class _Flight:
     usage: dict | None = None
     done: bool = False
 
+    def first_token(self) -> None:
+        """Tell the router as soon as the decode instance's first token is here (a stalled KV
+        transfer shows before the request ends)."""
+        hook = getattr(self.gw.router, "first_token", None)
+        if hook is not None and self.t_first is not None:
+            hook(self.route, self.t_first - self.t_decode_sent)
+
     def start(self) -> None:
         for inst in filter(None, (self.route.prefill, self.route.decode)):
             self.gw.outstanding[inst.name] += 1
@@ -195,6 +204,12 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
     klass = klass if klass in ("interactive", "batch") else ("batch" if key.priority == "low" else "interactive")
     try:
         route = gw.router.route(klass, ticket.prompt_estimate)  # type: ignore[arg-type]
+    except Shed as e:  # deferred by the router (batch work while interactive paths are short)
+        await gw.gatekeeper.release(ticket)
+        gw.metrics.requests.labels(endpoint, "503").inc()
+        gw.metrics.shed.labels(klass).inc()
+        return error(503, f"deferred by the router: {e.reason}", "server_error", "shed",
+                     retry_after_s=max(1, math.ceil(e.retry_after_s)))
     except Exception as e:  # a router bug must not leak the reservation
         await gw.gatekeeper.finish(ticket, False, None, 0)
         gw.metrics.requests.labels(endpoint, "503").inc()
@@ -262,7 +277,9 @@ async def _relay(flight: _Flight, resp: httpx.Response, want_usage: bool, endpoi
                 flight.usage = chunk["usage"]
             if _content_in(chunk):
                 now = time.perf_counter()
-                flight.t_first = flight.t_first or now
+                if flight.t_first is None:
+                    flight.t_first = now
+                    flight.first_token()
                 flight.t_last = now
                 flight.chunks += 1
             if "usage" in chunk and not want_usage:  # the usage we asked for on our own account
@@ -294,7 +311,15 @@ def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        # the router's inputs: instances' /metrics (vLLM's waiting requests, KV-cache use) and,
+        # with a controller_url, seamguard's NIC/link states; read on an interval, bounded waits
+        stop = asyncio.Event()
+        feed = asyncio.create_task(feed_router(gw.router, gw.backends.client, gw.cfg.instance_list(),
+                                               gw.cfg.controller_url, gw.cfg.feed_every_s, stop))
         yield
+        stop.set()
+        with anyio.move_on_after(5):
+            await feed
         await gw.close()  # on the server's own event loop, where the clients were used
 
     app = FastAPI(title="seamguard gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
@@ -393,6 +418,7 @@ def build_gateway(cfg: GatewayConfig, clock=time.time) -> Gateway:
     else:
         store = RedisStore(cfg.store.url, cfg.store.prefix, cfg.timeouts.connect_s)
         ledger = GatewayLedger(cfg.store.ledger)
-    metrics = GatewayMetrics()
-    return Gateway(cfg, store, ledger, build_router(cfg), Gatekeeper(cfg, store, ledger, metrics, clock),
+    router = build_router(cfg)
+    metrics = GatewayMetrics(router)
+    return Gateway(cfg, store, ledger, router, Gatekeeper(cfg, store, ledger, metrics, clock),
                    Backends(cfg.timeouts), metrics)

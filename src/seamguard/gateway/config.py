@@ -4,7 +4,8 @@ Everything the gateway reads from a file is modelled here: backends (instances a
 router that chooses among them), the budget store, tenants and their keys, admission and
 zombie-key thresholds. `load_gateway_config` reads the file (the CLI calls it before any
 port is bound); a problem is one line naming the file and the field. Routers are found by
-name in ``ROUTERS``; a routing module adds its own with `register_router`.
+name in seamguard.gateway.routing.ROUTERS (round_robin, least_outstanding, seamguard); another
+module adds its own with `register_router`.
 """
 
 from __future__ import annotations
@@ -18,17 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from seamguard.config import MAX_CONFIG_BYTES, field_path, parse_yaml
 from seamguard.gateway.admission import Limits, Priority
-from seamguard.gateway.routing import Instance, RoundRobin, Router
+from seamguard.gateway.routing import ROUTERS, Instance, Router, make_router
 from seamguard.gateway.zombie import ZombieThresholds
 
-RouterFactory = Callable[..., Router]  # (instances: list[Instance], **router_options) -> Router
-
-# name -> constructor. Called as factory(instances, **cfg.router_options) once per gateway.
-ROUTERS: dict[str, RouterFactory] = {"round_robin": RoundRobin}
+RouterFactory = Callable[..., Router]  # (instances, clock=..., **router_options) -> Router
 
 
 def register_router(name: str, factory: RouterFactory) -> None:
-    """Make ``router: <name>`` in a gateway config build ``factory(instances, **router_options)``."""
+    """Make ``router: <name>`` in a gateway config build ``factory(instances, clock=<monotonic>,
+    **router_options)`` (the routing module's ROUTERS, where the built-in routers are)."""
     ROUTERS[name] = factory
 
 
@@ -114,8 +113,11 @@ class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     instances: list[InstanceConfig] = Field(min_length=1)
-    router: str = Field("round_robin", description="a name in seamguard.gateway.config.ROUTERS")
-    router_options: dict[str, Any] = Field(default_factory=dict)
+    router: str = Field("round_robin", description="round_robin | least_outstanding | seamguard (routing.ROUTERS)")
+    router_options: dict[str, Any] = Field(default_factory=dict, description="the router's own settings")
+    controller_url: str | None = Field(None, pattern=r"^https?://",
+                                       description="seamguard's HTTP API: NIC/link states for the router")
+    feed_every_s: float = Field(1.0, gt=0, description="how often instance /metrics and fabric states are read")
     models: list[str] = Field(default_factory=list, description="served by /v1/models; empty: ask a backend")
     timeouts: TimeoutsConfig = TimeoutsConfig()
     store: StoreConfig = SqliteStoreConfig(type="sqlite")
@@ -141,7 +143,7 @@ class GatewayConfig(_Strict):
 
 
 def build_router(cfg: GatewayConfig) -> Router:
-    return ROUTERS[cfg.router](cfg.instance_list(), **cfg.router_options)
+    return make_router(cfg.router, cfg.instance_list(), **cfg.router_options)
 
 
 def _one_line(source: str, err: ValidationError) -> str:

@@ -143,6 +143,17 @@ class Gatekeeper:
             self.metrics.tokens.labels(t.key.tenant, t.key.name, "completion").inc(completion_tokens)
         await self._apply(self.detector.observe_result(t.key.name, now, ok, t.fingerprint), now)
 
+    async def release(self, t: Ticket) -> None:
+        """Give the whole reservation back for a request that was never sent (the router shed it):
+        no tokens, and no result for the detector (a deferred request is not a failure)."""
+        if t.finished:
+            return
+        t.finished = True
+        try:
+            await self.store.reconcile(t.reservation, 0, self.clock())
+        except StoreError:
+            self.metrics.store_errors.labels("reconcile").inc()
+
     async def override(self, key: str, to: KeyState, actor: str, note: str) -> KeyRecord:
         now = self.clock()
         await self._apply(self.detector.override(key, now, to, actor, note), now)

@@ -8,20 +8,59 @@ the operator configured.
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+import math
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 KEY_STATES = ("ok", "throttled", "suspended")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+class RouterCollector(Collector):
+    """A router's own view (`snapshot()`, when it has one) rendered at scrape time: per path its
+    transfer latency, samples, pending transfers and admissibility per request class; per instance
+    its load; decision counts by reason kind."""
+
+    def __init__(self, router: object) -> None:
+        self.router = router
+
+    def collect(self) -> Iterator:
+        snap = getattr(self.router, "snapshot", None)
+        if snap is None:
+            return
+        s = snap()
+        p = "seamguard_gateway_route_"
+        lat = GaugeMetricFamily(p + "path_latency_seconds", "Transfer latency quantile per prefill->decode path",
+                                labels=["prefill", "decode"])
+        n = GaugeMetricFamily(p + "path_samples", "Transfer samples held per path", labels=["prefill", "decode"])
+        pend = GaugeMetricFamily(p + "path_pending", "Transfers in flight per path", labels=["prefill", "decode"])
+        adm = GaugeMetricFamily(p + "path_admissible", "1 when the path may take this request class",
+                                labels=["prefill", "decode", "request_class"])
+        for path in s.get("paths", ()):
+            who = [path["prefill"], path["decode"]]
+            if isinstance(path.get("latency_s"), float) and math.isfinite(path["latency_s"]):
+                lat.add_metric(who, path["latency_s"])
+            n.add_metric(who, float(path.get("samples", 0)))
+            pend.add_metric(who, float(path.get("pending", 0)))
+            for klass, ok in (path.get("admissible") or {}).items():
+                adm.add_metric([*who, klass], 1.0 if ok else 0.0)
+        load = GaugeMetricFamily(p + "instance_load", "What the router knows of an instance's load",
+                                 labels=["instance", "kind"])
+        for name, d in (s.get("instances") or {}).items():
+            for kind, v in d.items():
+                if isinstance(v, int | float) and v is not None and math.isfinite(v):
+                    load.add_metric([name, kind], float(v))
+        dec = CounterMetricFamily(p + "decisions", "Routing decisions by reason kind", labels=["kind"])
+        for kind, c in (s.get("decisions") or {}).items():
+            dec.add_metric([kind], float(c))
+        yield from (lat, n, pend, adm, load, dec)
+
+
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, router: object | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "seamguard_gateway_"
         self.requests = Counter(p + "requests", "Requests answered, by endpoint and HTTP status",
@@ -47,9 +86,13 @@ class GatewayMetrics:
                                        ["instance", "kind"], registry=r)
         self.store_errors = Counter(p + "store_errors", "Budget store failures (admission answers 503)",
                                     ["op"], registry=r)
+        self.shed = Counter(p + "router_shed", "Requests the router deferred (503 + Retry-After)",
+                            ["request_class"], registry=r)
         self.outstanding = Gauge(p + "outstanding", "Requests in flight per instance", ["instance"], registry=r)
         self.routes = Counter(p + "routes", "Routing decisions; departed=1 when the router left its default",
                               ["prefill", "decode", "departed"], registry=r)
+        if router is not None:
+            r.register(RouterCollector(router))
 
     def set_key_state(self, key: str, state: str, throttle_tpm: int | None) -> None:
         for s in KEY_STATES:
