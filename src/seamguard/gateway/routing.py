@@ -566,10 +566,11 @@ class SeamguardRouter:
                 v = judged[(a, b)][1].get(key)
                 if v is not None and not math.isnan(v):
                     ev[f"{a}->{b}.{key}"] = v
-        avoided = "; ".join(f"{a}->{b} ({why})" for (a, b), why in out.items())
-        head = {"probe": "probe of an idle path out of use", "least_bad": "no admissible path; least bad"}.get(
-            kind, f"{request_class}: avoided")
-        return f"{head}: chose {pair[0]}->{pair[1]}; avoided {avoided}" if avoided else head, ev
+        avoided = "; ".join(f"{a}->{b} ({why})" for (a, b), why in out.items() if (a, b) != pair)
+        head = {"probe": f"probe of {pair[0]}->{pair[1]}, out of use ({out.get(pair, '')})",
+                "least_bad": f"no admissible path; least bad {pair[0]}->{pair[1]}"}.get(
+            kind, f"{request_class}: chose {pair[0]}->{pair[1]}")
+        return f"{head}; avoided {avoided}" if avoided else head, ev
 
     def _route_unified(self, request_class: RequestClass) -> Route:
         now = self._clock()
