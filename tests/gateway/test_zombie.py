@@ -128,3 +128,11 @@ def test_operator_override_holds_automatic_steps_off():
 def test_disabled_detector_never_steps():
     det = ZombieDetector(ZombieThresholds(enabled=False))
     assert run(det, 0.0, 60.0, 1.0, 100, ok=False, fingerprint="x") == []
+
+
+def test_an_unsuspend_made_on_another_replica_holds_steps_off_here_too():
+    det = ZombieDetector(ZombieThresholds(override_s=600.0))
+    t0 = office_hours(det)
+    assert [s.to_state for _, s in run(det, t0, 90.0, 0.5, 300)] == ["throttled", "suspended"]
+    det.adopt("k", "ok", None, t0 + 95, operator_at=t0 + 92)  # read from the shared store
+    assert run(det, t0 + 96, 200.0, 0.5, 300) == []

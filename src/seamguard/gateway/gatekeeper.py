@@ -100,7 +100,8 @@ class Gatekeeper:
             for st in self.detector.tick(now):
                 await self._apply(st, now)
         rec = await self.store.key_record(key.name)  # another replica or an operator may have changed it
-        self.detector.adopt(key.name, rec.state, rec.throttle_tpm, now)  # type: ignore[arg-type]
+        self.detector.adopt(key.name, rec.state, rec.throttle_tpm, now,  # type: ignore[arg-type]
+                            rec.since if rec.actor == "operator" else None)
         prompt = estimate_prompt_tokens(body, adm.chars_per_token)
         amount = prompt + requested_output_tokens(body, adm.default_max_tokens)
         if rec.state != "suspended":

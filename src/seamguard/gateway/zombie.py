@@ -277,8 +277,16 @@ class ZombieDetector:
             k.fails_by_body.clear()
         return self._move(key, k, to, now, note or f"operator override to {to}", {}, None, actor)
 
-    def adopt(self, key: str, state: KeyState, throttle_tpm: int | None, now: float) -> None:
-        """Take a state another replica (or a restart) recorded in the store, without a Step."""
+    def adopt(self, key: str, state: KeyState, throttle_tpm: int | None, now: float,
+              operator_at: float | None = None) -> None:
+        """Take a state another replica (or a restart) recorded in the store, without a Step.
+        ``operator_at``: an operator set it then; an unsuspend holds automatic steps off here too."""
         k = self._k(key)
         if k.state != state:
             k.state, k.since, k.throttle_tpm = state, now, throttle_tpm
+            if state == "ok" and operator_at is not None:
+                k.override_until = operator_at + self.th.override_s
+                k.demand.clear()
+                k.results.clear()
+                k.demand_sum = k.new_sum = k.fails = 0
+                k.fails_by_body.clear()
