@@ -1,32 +1,45 @@
-"""Failover benchmark: seamguard runtime vs torchrun elastic vs torchft, same model and data.
+"""Failover benchmark: seamguard runtime vs torchrun elastic (vs torchft), same model and data.
 
-    PYTHONPATH=src python benchmarks/failover_training.py --quick   # about a minute, no torchft
-    PYTHONPATH=src python benchmarks/failover_training.py           # a few minutes
+    PYTHONPATH=src python benchmarks/failover_training.py --quick   # 3 reps of 1 kill, small model
+    PYTHONPATH=src python benchmarks/failover_training.py           # 3 reps, 14.7M-param model
 
-4 ranks (+1 hot spare for seamguard) train the same ~15M-parameter MLP on CPU/gloo; a
-rank is SIGKILLed on a fixed step schedule (full mode: about every 30 s of training).
-Per failure it prints the time from the kill to the next completed step and the steps
-lost (completed work that had to be redone); per run the wall time relative to a
-failure-free run of plain DDP without checkpoints. It also measures the snapshot stall
-against torch.save+fsync of the same state and restore-from-RAM against torch.load.
-The last line is one JSON object, also written to benchmarks/results/failover_training.json.
+4 ranks (+1 hot spare for seamguard) train the same MLP on CPU/gloo. A repetition runs
+every system once failure-free and once with SIGKILLs of a non-zero rank at steps drawn
+from a seeded RNG (the same kills for every system of that repetition, each uniform in
+its own segment of the run, so no system's checkpoint interval decides where they land);
+the system order rotates from one repetition to the next (ABC, BCA, CAB, ...) so a noisy
+shared machine's drift is spread over all systems. The baseline torchrun job checkpoints
+with DCP `async_save` at the Young/Daly interval derived from a probe run (its measured
+save stall and write time) and this benchmark's own failure rate, and resumes with DCP
+`load`. Reported per system, median [min-max] over repetitions: failure cost (training
+time with failures minus the same system's failure-free training time, per failure),
+kill-to-next-step time and steps lost per failure, wall ratio against plain DDP (no
+checkpoints, no failures) with and without failures, and seamguard's failure cost over
+the best baseline's (paired per repetition). It also measures the snapshot stall against
+torch.save+fsync of the same state and restore-from-RAM against torch.load. The last
+line is one JSON object, also written to benchmarks/results/failover_training.json
+(failover_training_quick.json with --quick); the event twin reads the full one.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
+from seamguard.decide.tiers import daly_interval_s
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD_SIZE = 4  # training ranks of every system (seamguard adds one hot spare)
@@ -39,7 +52,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 @dataclass(frozen=True)
 class Config:
     steps: int
-    fail_steps: tuple[int, ...]
+    kills: tuple[tuple[int, int], ...]   # (step, rank) of every SIGKILL
     ckpt_every: int
     snapshot_every: int = 10
     dim: int = 1024
@@ -53,10 +66,18 @@ class Config:
                 str(self.layers), "--global-batch", str(self.global_batch), "--dataset",
                 str(self.dataset)]
 
-    def chaos(self, ranks: int = 4) -> str:
-        # victims rotate over ranks 1..3 so rank 0 (torchrun's checkpoint writer) also lives
-        return "; ".join(f"kill:rank={1 + i % (ranks - 1)},step={s},phase=step"
-                         for i, s in enumerate(self.fail_steps))
+    def chaos(self) -> str:
+        return "; ".join(f"kill:rank={r},step={s},phase=step" for s, r in self.kills)
+
+
+def draw_kills(rng: random.Random, segment: int, count: int) -> tuple[tuple[int, int], ...]:
+    """Kill i uniform in the segment centred on step (i + 1) * segment, an eighth of a
+    segment kept clear at each end so one recovery ends before the next kill; victims
+    are ranks 1..3 (rank 0 stays, as a job's coordinator usually does)."""
+    margin = max(1, segment // 8)
+    return tuple((rng.randrange(int((i + 0.5) * segment) + margin,
+                                int((i + 1.5) * segment) - margin + 1),
+                  rng.randrange(1, WORLD_SIZE)) for i in range(count))
 
 
 # ---------------------------------------------------------------- log analysis
@@ -112,14 +133,15 @@ def run(cmd: list[str], log: Path, env: dict, timeout_s: float) -> float:
     return wall
 
 
-def run_plain(cfg: Config, work: Path) -> dict:
-    """Failure-free reference: torchrun + DDP, no checkpoints, no fault tolerance."""
-    out = work / "plain"
+def run_plain(cfg: Config, work: Path, faults: bool, name: str) -> dict:
+    """The reference: torchrun + DDP, no checkpoints, no fault tolerance, no failures."""
+    assert not faults, "plain DDP has no way to survive a kill"
+    out = work / name
     wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(WORLD_SIZE), str(REPO / "benchmarks" / "torchrun_train.py"),
                 "--steps", str(cfg.steps), "--ckpt-every", "0", "--out", str(out),
-                *cfg.model_args()], work / "plain.log", ENV, 900)
-    return {"wall_s": wall, "window_s": window_s(out)}
+                *cfg.model_args()], work / f"{name}.log", ENV, 900)
+    return {"wall_s": wall, "window_s": window_s(out), "failures": []}
 
 
 def run_seamguard(cfg: Config, work: Path, faults: bool, name: str, chaos: str | None = None) -> dict:
@@ -145,7 +167,7 @@ def run_torchrun(cfg: Config, work: Path, faults: bool, name: str) -> dict:
     if faults:
         env["SEAMGUARD_CHAOS"] = cfg.chaos()
     wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", str(len(cfg.fail_steps) + 1),
+                "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", str(len(cfg.kills) + 1),
                 "--monitor-interval", "0.1", str(REPO / "benchmarks" / "torchrun_train.py"),
                 "--steps", str(cfg.steps), "--ckpt-every", str(cfg.ckpt_every), "--out",
                 str(out), *cfg.model_args()], work / f"{name}.log", env, 900)
@@ -153,16 +175,42 @@ def run_torchrun(cfg: Config, work: Path, faults: bool, name: str) -> dict:
             "failures": per_failure(read_logs(out), read_kills(chaos_dir), False)}
 
 
-def run_torchft(cfg: Config, work: Path) -> dict:
+def probe_checkpointing(cfg: Config, work: Path) -> dict:
+    """A failure-free torchrun run saving every 4th step: step time, save stall, write time.
+
+    The stall is what saving costs the training loop per checkpoint: every step's excess
+    over the median step, summed and divided by the checkpoints (this catches the writer
+    thread competing for the cores, not only the time blocked in async_save), and at
+    least the median time blocked in async_save itself.
+    """
+    every = 4
+    run_torchrun(replace(cfg, ckpt_every=every, kills=()), work, False, "probe")
+    times = sorted(t for s, t, _ in read_logs(work / "probe") if True)
+    rank0 = [float(x.split()[1]) for x in (work / "probe" / "worker_0.log").read_text().splitlines()]
+    dts = [b - a for a, b in itertools.pairwise(rank0[1:])]   # the first step warms up
+    step_s = statistics.median(dts)
+    rows = [x.split() for x in (work / "probe" / "ckpt_0.log").read_text().splitlines()]
+    blocked = statistics.median(float(r[1]) for r in rows)
+    write = statistics.median(float(r[2]) for r in rows)
+    excess = sum(max(0.0, d - step_s) for d in dts) / max(1, len(rows))
+    shutil.rmtree(work / "probe", ignore_errors=True)
+    del times
+    return {"step_s": step_s, "save_stall_s": max(blocked, excess), "blocked_s": blocked,
+            "write_s": write, "probe_every": every, "probe_steps": cfg.steps}
+
+
+def run_torchft(cfg: Config, work: Path, faults: bool, name: str) -> dict:
     """4 replica groups of one rank + Lighthouse; a killed replica is restarted by us."""
     os.environ.setdefault("RUST_LOG", "error")
     from torchft._torchft import LighthouseServer
 
-    out, chaos_dir = work / "torchft", work / "torchft_chaos"
-    env = {**ENV, "SEAMGUARD_CHAOS_DIR": str(chaos_dir), "SEAMGUARD_CHAOS": cfg.chaos()}
+    out, chaos_dir = work / name, work / f"{name}_chaos"
+    env = {**ENV, "SEAMGUARD_CHAOS_DIR": str(chaos_dir)}
+    if faults:
+        env["SEAMGUARD_CHAOS"] = cfg.chaos()
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=3, join_timeout_ms=100)
     limit_s = 600.0
-    logf = open(work / "torchft.log", "w")
+    logf = open(work / f"{name}.log", "w")
 
     def start(i: int) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "torchft_train.py"),
@@ -319,23 +367,102 @@ def step_stalls(model, opt, state, slots, cycles: int) -> dict:
 
 
 # ---------------------------------------------------------------- main
-def summarize(r: dict | None, plain: dict) -> dict | None:
-    if r is None:
+RUNNERS = {"plain": run_plain, "seamguard": run_seamguard, "torchrun": run_torchrun,
+           "torchft": run_torchft}
+BASELINES = ("torchrun", "torchft")
+
+
+def spread(values: list[float], digits: int = 3) -> dict | None:
+    """Median and range over repetitions (three runs make an IQR meaningless)."""
+    v = [x for x in values if x is not None]
+    if not v:
         return None
+    return {"median": round(statistics.median(v), digits), "min": round(min(v), digits),
+            "max": round(max(v), digits), "n": len(v)}
+
+
+def fmt(s: dict | None, unit: str = "") -> str:
+    if s is None:
+        return "n/a"
+    return f"{s['median']:g}{unit} [{s['min']:g}-{s['max']:g}]"
+
+
+def summarize(system: str, reps: list[dict]) -> dict:
+    """One system over all repetitions; keeps the keys the event twin reads
+    (resume_s_max, steps_lost_max, wall_ratio) beside the spreads."""
+    cost, cost_per, wall, free, resumes, lost = [], [], [], [], [], []
+    for rep in reps:
+        clean, fault, plain = rep["runs"][system]["clean"], rep["runs"][system]["faults"], \
+            rep["runs"]["plain"]["clean"]
+        kills = max(1, len(rep["kills"]))
+        cost.append(fault["window_s"] - clean["window_s"])
+        cost_per.append(cost[-1] / kills)
+        wall.append(fault["window_s"] / plain["window_s"])
+        free.append(clean["window_s"] / plain["window_s"])
+        resumes += [f["resume_s"] for f in fault["failures"]]
+        lost += [f["steps_lost"] for f in fault["failures"]]
+    ok_resumes = [r for r in resumes if r is not None]
+    ok_lost = [x for x in lost if x is not None]
+    return {"resume_s_max": max(ok_resumes) if ok_resumes else None,
+            "steps_lost_max": max(ok_lost) if ok_lost else None,
+            "wall_ratio": round(statistics.median(wall), 3),
+            "failure_free_wall_ratio": round(statistics.median(free), 3),
+            "unrecovered_failures": len(resumes) - len(ok_resumes),
+            "spread": {"failure_cost_s": spread(cost, 2), "failure_cost_per_failure_s": spread(cost_per, 2),
+                       "resume_s": spread(resumes), "steps_lost": spread(lost, 1),
+                       "wall_ratio": spread(wall), "failure_free_wall_ratio": spread(free)}}
+
+
+def versus_best_baseline(reps: list[dict], summary: dict) -> dict | None:
+    """seamguard over the baseline with the lowest median failure cost, paired per rep."""
+    ran = [b for b in BASELINES if b in summary]
+    if "seamguard" not in summary or not ran:
+        return None
+    best = min(ran, key=lambda b: summary[b]["spread"]["failure_cost_s"]["median"])
+
+    def paired(key) -> dict | None:
+        return spread([key(r, "seamguard") / key(r, best) for r in reps if key(r, best)], 3)
+
+    def cost(rep, s):
+        return rep["runs"][s]["faults"]["window_s"] - rep["runs"][s]["clean"]["window_s"]
+
+    def wall(rep, s):
+        return rep["runs"][s]["faults"]["window_s"]
+
+    def free(rep, s):
+        return rep["runs"][s]["clean"]["window_s"]
+
+    return {"baseline": best, "failure_cost_ratio": paired(cost), "wall_ratio_ratio": paired(wall),
+            "failure_free_wall_ratio_ratio": paired(free)}
+
+
+def single(r: dict, plain_window_s: float) -> dict:
+    """A one-off run (the job-wide crashes) in the layout the twin reads."""
     resumes = [f["resume_s"] for f in r["failures"] if f["resume_s"] is not None]
     lost = [f["steps_lost"] for f in r["failures"] if f["steps_lost"] is not None]
     return {"resume_s_max": max(resumes) if resumes else None,
             "steps_lost_max": max(lost) if lost else None,
-            "wall_ratio": round(r["window_s"] / plain["window_s"], 3),
-            "process_wall_ratio": round(r["wall_s"] / plain["wall_s"], 3)}
+            "wall_ratio": round(r["window_s"] / plain_window_s, 3), "runs": 1}
 
 
-def main() -> None:
+def rotated(systems: list[str], rep: int) -> list[str]:
+    k = rep % len(systems)
+    return systems[k:] + systems[:k]
+
+
+def main() -> None:  # noqa: C901
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skip-torchft", action="store_true",
-                    help="leave torchft out (the default with --quick; --with-torchft adds it)")
-    ap.add_argument("--with-torchft", action="store_true", help="run torchft in --quick too")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
+    ap.add_argument("--kills", type=int, default=None,
+                    help="SIGKILLs per run (default 1 with --quick, 2 otherwise)")
+    ap.add_argument("--segment-s", type=float, default=8.0,
+                    help="mean training seconds between kills in full mode (the failure "
+                         "rate every system sees, and the MTTF torchrun's interval assumes)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the kill steps and victims")
+    ap.add_argument("--skip-torchft", action="store_true", help="leave torchft out")
+    ap.add_argument("--no-job-wide", action="store_true",
+                    help="full mode: skip the two one-off job-wide crash runs")
     ap.add_argument("--snapshot-every", type=int, default=10,
                     help="seamguard's full-snapshot cadence in steps (a loss redoes only the "
                          "step in flight whatever it is; it bounds the rollback when a live "
@@ -347,9 +474,13 @@ def main() -> None:
     if args.out is None:
         args.out = REPO / "benchmarks" / "results" / (
             "failover_training_quick.json" if args.quick else "failover_training.json")
+    kills_per_run = args.kills if args.kills is not None else (1 if args.quick else 2)
+    t_start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="sg-failover-"))
     try:
-        micro = state_micro(Config(1, (), 1), work, repeats=3 if args.quick else 5)
+        # quick mode: a smaller model (3.2M params) for everything, the micro-benchmark too
+        small = {"hidden": 1024, "layers": 3} if args.quick else {}
+        micro = state_micro(Config(1, (), 1, **small), work, repeats=3 if args.quick else 5)
         print(f"state {micro['state_bytes'] / 2**20:.0f} MiB ({micro['params'] / 1e6:.1f}M params): "
               f"snapshot {micro['snapshot_s'] * 1e3:.1f} ms vs torch.save+fsync "
               f"{micro['save_fsync_s'] * 1e3:.1f} ms; restore from RAM "
@@ -361,87 +492,148 @@ def main() -> None:
               f"{micro['step_stall_blocking_s'] * 1e3:.1f} ms, overlapped "
               f"{micro['step_stall_overlap_s'] * 1e3:.1f} ms "
               f"(training thread blocked {micro['step_blocked_overlap_s'] * 1e3:.1f} ms)", flush=True)
-        # quick mode: a smaller model (3.2M params) so the whole comparison takes minutes
-        small = {"hidden": 1024, "layers": 3} if args.quick else {}
-        if args.quick:   # fixed schedule: no probe run needed
-            cfg = Config(steps=30, fail_steps=(10, 20), ckpt_every=8,
-                         snapshot_every=args.snapshot_every, **small)
-        else:
-            probe = Config(steps=20, fail_steps=(), ckpt_every=0)
-            step_s = run_plain(probe, work)["window_s"] / (probe.steps - 1)
-            shutil.rmtree(work / "plain")
-            every = max(5, round(30.0 / step_s))  # one failure per ~30 s of training
-            cfg = Config(steps=3 * every, fail_steps=(every, 2 * every),
-                         ckpt_every=max(5, every // 3), snapshot_every=args.snapshot_every)
-        plain = run_plain(cfg, work)
-        step_s = plain["window_s"] / (cfg.steps - 1)
-        print(f"step ~{step_s:.3f}s; {cfg.steps} steps, kills at {list(cfg.fail_steps)}, "
-              f"torchrun checkpoints every {cfg.ckpt_every} steps", flush=True)
-        print(f"plain DDP, no failures: training {plain['window_s']:.1f}s "
-              f"(process {plain['wall_s']:.1f}s)", flush=True)
-        results: dict[str, dict | None] = {}
-        results["seamguard"] = run_seamguard(cfg, work, True, "seamguard")
-        results["torchrun"] = run_torchrun(cfg, work, True, "torchrun")
+
+        base = Config(steps=16 if args.quick else 24, kills=(), ckpt_every=0,
+                      snapshot_every=args.snapshot_every, **small)
+        probe = probe_checkpointing(base, work)
+        step_s = probe["step_s"]
+        segment = 12 if args.quick else max(10, round(args.segment_s / step_s))
+        mttf_s = segment * step_s
+        # Young/Daly with the stall the loop pays per save; never more often than a save
+        # takes to reach disk (one save in flight at a time)
+        interval_s = max(daly_interval_s(probe["save_stall_s"], mttf_s), probe["write_s"])
+        every = max(1, round(interval_s / step_s))
+        steps = (kills_per_run + 1) * segment
+        cfg = replace(base, steps=steps, ckpt_every=every)
+        ckpt_info = {"saver": "torch.distributed.checkpoint.async_save (thread, own gloo group)",
+                     "loader": "torch.distributed.checkpoint.load",
+                     "interval_rule": "max(seamguard.decide.tiers.daly_interval_s(save_stall_s, "
+                                      "mttf_s), write_s), rounded to steps",
+                     "save_stall_s": round(probe["save_stall_s"], 4),
+                     "blocked_in_async_save_s": round(probe["blocked_s"], 4),
+                     "write_s": round(probe["write_s"], 4), "mttf_s": round(mttf_s, 2),
+                     "interval_s": round(interval_s, 3), "every_steps": every}
+        print(f"probe: step {step_s:.3f}s; DCP async_save stall {probe['save_stall_s']:.3f}s "
+              f"(blocked in the call {probe['blocked_s']:.3f}s), write {probe['write_s']:.3f}s; "
+              f"failure every {segment} steps = {mttf_s:.1f}s of training -> Young/Daly "
+              f"{interval_s:.2f}s = checkpoint every {every} steps", flush=True)
+
+        systems = ["plain", "seamguard", "torchrun"]
         torchft_note = None
-        if args.skip_torchft or (args.quick and not args.with_torchft):
-            torchft_note = "skipped (--skip-torchft, or --quick without --with-torchft)"
+        if args.skip_torchft:
+            torchft_note = "skipped (--skip-torchft)"
         else:
             try:
                 import torchft  # noqa: F401
 
-                results["torchft"] = run_torchft(cfg, work)
+                systems.append("torchft")
             except ImportError as exc:
-                torchft_note = f"torchft not importable: {exc}"
-            except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
-                torchft_note = f"torchft run failed: {exc}"
-        extra = {}
-        if not args.quick:
-            # a crash every rank hits at once: replacements adopt the snapshots the dead
-            # processes left in shared memory (one hot spare; the launcher starts the rest)
-            s = cfg.fail_steps[0]
+                torchft_note = f"skipped: torchft not installed ({exc})"
+        if torchft_note:
+            print(f"torchft {torchft_note}", flush=True)
+
+        rng = random.Random(args.seed)
+        reps: list[dict] = []
+        for rep in range(args.reps):
+            kills = draw_kills(rng, segment, kills_per_run)
+            rcfg = replace(cfg, kills=kills)
+            order = rotated(systems, rep)
+            print(f"rep {rep + 1}/{args.reps}: {steps} steps, kills (step, rank) {list(kills)}, "
+                  f"order {' '.join(order)}", flush=True)
+            runs: dict[str, dict] = {}
+            for system in order:
+                modes = [False] if system == "plain" else [False, True]
+                if rep % 2:
+                    modes.reverse()   # clean/faulted order alternates too
+                runs[system] = {}
+                for faults in modes:
+                    name = f"r{rep}_{system}_{'faults' if faults else 'clean'}"
+                    try:
+                        r = RUNNERS[system](rcfg, work, faults, name)
+                    except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
+                        if system != "torchft":
+                            raise
+                        torchft_note = f"torchft run failed: {exc}"
+                        systems.remove("torchft")
+                        runs.pop("torchft", None)
+                        break
+                    runs[system]["faults" if faults else "clean"] = r
+                    shutil.rmtree(work / name / "ckpt", ignore_errors=True)
+                    fails = ", ".join(f"kill@{f['step']}: next step {f['resume_s']}s, lost "
+                                      f"{f['steps_lost']}" for f in r["failures"])
+                    print(f"  {system:9s} {'faults' if faults else 'clean ':6s} training "
+                          f"{r['window_s']:6.1f}s (process {r['wall_s']:5.1f}s) {fails}", flush=True)
+            reps.append({"kills": [list(k) for k in kills], "order": order,
+                         "runs": {s: v for s, v in runs.items() if v}})
+
+        ran = [s for s in systems if s != "plain"]
+        summary: dict = {s: summarize(s, reps) for s in ran}
+        plain_windows = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
+        vs = versus_best_baseline(reps, summary)
+        extra: dict = {}
+        if not args.quick and not args.no_job_wide:
+            # one-off, after the reps: a crash every rank hits at once (replacements adopt
+            # the snapshots the dead processes left in shared memory), and the same crash
+            # by an uncaught exception (each process leaves the failed step's start in
+            # shared memory on its way out); the twin reads both
+            s = reps[0]["kills"][0][0]
             every_rank = "; ".join(f"kill:rank={r},step={s},phase=step" for r in range(WORLD_SIZE))
-            results["seamguard_job_wide"] = run_seamguard(cfg, work, True, "seamguard_job_wide",
-                                                          every_rank)
-            # the same crash by an uncaught exception: each process leaves the failed
-            # step's start in shared memory on its way out (--crash-capture)
-            every_raise = every_rank.replace("kill:", "raise:")
-            results["seamguard_job_wide_exception"] = run_seamguard(
-                cfg, work, True, "seamguard_job_wide_exception", every_raise)
-            sg_clean = run_seamguard(cfg, work, False, "seamguard_clean")
-            tr_clean = run_torchrun(cfg, work, False, "torchrun_clean")
-            extra = {"seamguard_no_failure_wall_ratio": round(sg_clean["window_s"] / plain["window_s"], 3),
-                     "torchrun_no_failure_wall_ratio": round(tr_clean["window_s"] / plain["window_s"], 3)}
-        for name, r in results.items():
-            if r is None:
-                continue
-            for f in r["failures"]:
-                print(f"{name:9s} fault at step {f['step']:4d}: next step after "
-                      f"{f['resume_s']}s, steps lost {f['steps_lost']}", flush=True)
-            print(f"{name:9s} training {r['window_s']:.1f}s = {r['window_s'] / plain['window_s']:.3f}x "
-                  f"failure-free plain DDP (process {r['wall_s']:.1f}s = "
-                  f"{r['wall_s'] / plain['wall_s']:.3f}x)"
-                  + (f", samples dropped {r['samples_dropped']}" if "samples_dropped" in r else ""),
-                  flush=True)
-        summary = {name: summarize(results.get(name), plain)
-                   for name in ("seamguard", "torchrun", "torchft", "seamguard_job_wide",
-                                "seamguard_job_wide_exception")}
+            jw = run_seamguard(cfg, work, True, "seamguard_job_wide", every_rank)
+            jx = run_seamguard(cfg, work, True, "seamguard_job_wide_exception",
+                               every_rank.replace("kill:", "raise:"))
+            plain_med = statistics.median(plain_windows)
+            extra = {"seamguard_job_wide": single(jw, plain_med),
+                     "seamguard_job_wide_exception": single(jx, plain_med)}
+            for name, r in (("job-wide kill", jw), ("job-wide raise", jx)):
+                print(f"seamguard {name} at step {s}: " + ", ".join(
+                    f"next step {f['resume_s']}s, lost {f['steps_lost']}" for f in r["failures"])
+                    + f"; training {r['window_s']:.1f}s", flush=True)
+
+        print(f"\nmedian [min-max] over {args.reps} interleaved reps, {kills_per_run} kill(s) each; "
+              f"plain DDP failure-free training {fmt(spread(plain_windows, 1), 's')}")
+        print(f"{'system':10s} {'failure cost/kill':>22s} {'kill->next step':>22s} "
+              f"{'steps lost':>14s} {'wall vs plain':>22s} {'failure-free vs plain':>22s}")
+        for s in ran:
+            sp = summary[s]["spread"]
+            print(f"{s:10s} {fmt(sp['failure_cost_per_failure_s'], 's'):>22s} "
+                  f"{fmt(sp['resume_s'], 's'):>22s} {fmt(sp['steps_lost']):>14s} "
+                  f"{fmt(sp['wall_ratio'], 'x'):>22s} {fmt(sp['failure_free_wall_ratio'], 'x'):>22s}")
+        if vs:
+            print(f"seamguard / {vs['baseline']} (paired per rep): failure cost "
+                  f"{fmt(vs['failure_cost_ratio'])}, training time with failures "
+                  f"{fmt(vs['wall_ratio_ratio'])}, failure-free {fmt(vs['failure_free_wall_ratio_ratio'])}")
+
+        sg_free = summary.get("seamguard", {}).get("failure_free_wall_ratio")
+        tr_free = summary.get("torchrun", {}).get("failure_free_wall_ratio")
+        summary.update(extra)
         summary.update({
+            "seamguard_vs_best_baseline": vs,
             # the runtime's default (overlapped) snapshot, as a training step sees it
             "snapshot_stall_ratio": round(micro["step_stall_overlap_s"] / micro["save_fsync_s"], 4),
             "snapshot_stall_ratio_blocking": round(micro["step_stall_blocking_s"] / micro["save_fsync_s"], 4),
             "restore_speedup": round(micro["torch_load_s"] / micro["restore_ram_s"], 2),
             "mode": "quick" if args.quick else "full",
             "config": {"world_size": WORLD_SIZE, "snapshot_every": cfg.snapshot_every,
-                       "steps": cfg.steps, "fail_steps": list(cfg.fail_steps),
+                       "steps": cfg.steps, "reps": args.reps, "kills_per_run": kills_per_run,
+                       "segment_steps": segment, "seed": args.seed,
                        "torchrun_ckpt_every": cfg.ckpt_every, "step_s": round(step_s, 3),
                        "hidden": cfg.hidden, "layers": cfg.layers,
                        "micro_params": micro["params"], "micro_state_bytes": micro["state_bytes"]},
-            "plain_window_s": round(plain["window_s"], 2), "plain_wall_s": round(plain["wall_s"], 2),
-            "seamguard_recovery_s": results["seamguard"].get("recovery_s"),
+            "torchrun_checkpoint": ckpt_info,
+            "plain_window_s": spread(plain_windows, 2),
+            "seamguard_recovery_s": [x for r in reps
+                                     for x in r["runs"]["seamguard"]["faults"].get("recovery_s", [])],
             "torchft_note": torchft_note,
-            "torchft_samples_dropped": (results.get("torchft") or {}).get("samples_dropped"),
             "micro_s": {k: round(v, 4) for k, v in micro.items() if k.endswith("_s")},
-            **extra,
+            "seamguard_no_failure_wall_ratio": sg_free,
+            "torchrun_no_failure_wall_ratio": tr_free,
+            "reps": [{"kills": r["kills"], "order": r["order"],
+                      "window_s": {f"{s}_{m}": round(v["window_s"], 2)
+                                   for s, ms in r["runs"].items() for m, v in ms.items()},
+                      "process_wall_s": {f"{s}_{m}": round(v["wall_s"], 2)
+                                         for s, ms in r["runs"].items() for m, v in ms.items()}}
+                     for r in reps],
+            "benchmark_wall_s": round(time.perf_counter() - t_start, 1),
         })
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
