@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from seamguard.app import eval_cli, gateway_cli
+from seamguard.app import agent_cli, eval_cli, gateway_cli
 from seamguard.app import twin_cli as twin_events_cli
 from seamguard.app.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
                                   phase, wants_json)
@@ -47,6 +47,7 @@ twin_app.command("simulate", short_help="Discrete-event simulation: seamguard be
     twin_events_cli.simulate)
 twin_app.command("report", short_help="ETTR-vs-size and cost plots plus a summary.")(twin_events_cli.report)
 app.command("gateway", short_help="OpenAI-compatible gateway: token budgets, zombie keys.")(gateway_cli.gateway)
+app.command("agent", short_help="Per-node exporter: XIDs, NICs, storage/fabric probes.")(agent_cli.agent)
 
 
 class Scenario(str, Enum):

@@ -20,7 +20,8 @@ log = logging.getLogger("seamguard.observe.sysfs")
 
 IB_ACTIVE = 4  # node_infiniband_state_id: 4 = ACTIVE
 IB_DOWN = 1
-_IB_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors", "port_xmit_wait")
+_IB_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors", "port_xmit_wait",
+                "local_link_integrity_errors", "port_xmit_discards")
 
 
 def _read(p: Path) -> str | None:
@@ -81,6 +82,28 @@ def netdev_state_id(rec: dict[str, object]) -> float:
     return float(IB_ACTIVE) if rec.get("operstate") == "up" and rec.get("carrier") == 1 else float(IB_DOWN)
 
 
+def nic_record(iface: str, ib: dict[tuple[str, str], dict[str, float]],
+               net: dict[str, dict[str, object]]) -> dict[str, float] | None:
+    """One NIC in node_exporter's infiniband terms: port 1 of an IB device, else a netdev.
+
+    An Ethernet/RoCE interface gets the IB state code (4 up, 1 down) and its carrier down
+    transitions as ``link_downed``; its IB-only counters are NaN. None when neither exists.
+    Shared by ``SysfsSource`` and the node agent (seamguard.agent), so both read a NIC alike.
+    """
+    rec = ib.get((iface, "1"))
+    if rec is not None:
+        return dict(rec)
+    r = net.get(iface)
+    if r is None:
+        return None
+    # Down transitions; older kernels only have carrier_changes (ups + downs).
+    dc = r["carrier_down_count"]
+    downed = dc if not np.isnan(dc) else np.floor(r["carrier_changes"] / 2.0)
+    out = {c: np.nan for c in _IB_COUNTERS}
+    out.update(state_id=netdev_state_id(r), phys_state_id=np.nan, link_downed=downed)
+    return out
+
+
 class SysfsSource:
     """NIC signals of one node from sysfs, as a Frame aligned to the fleet.
 
@@ -101,18 +124,12 @@ class SysfsSource:
         net = read_netdev(self.net_root)
         flags = []
         for i, iface in self.targets:
-            rec = ib.get((iface, "1"))
-            if rec is not None:
-                state[i], downed[i] = rec["state_id"], rec["link_downed"]
-                symbol[i], wait[i] = rec["symbol_error"], rec["port_xmit_wait"]
-            elif iface in net:
-                r = net[iface]
-                state[i] = netdev_state_id(r)
-                # Down transitions; older kernels only have carrier_changes (ups + downs).
-                dc = r["carrier_down_count"]
-                downed[i] = dc if not np.isnan(dc) else np.floor(r["carrier_changes"] / 2.0)
-            else:
+            rec = nic_record(iface, ib, net)
+            if rec is None:
                 flags.append(f"sysfs: {iface} not present")
+                continue
+            state[i], downed[i] = rec["state_id"], rec["link_downed"]
+            symbol[i], wait[i] = rec["symbol_error"], rec["port_xmit_wait"]
         return make_frame(self.fleet, t_s, {"node_infiniband_state_id": state,
                                             "node_infiniband_link_downed_total": downed,
                                             "node_infiniband_symbol_error_total": symbol,

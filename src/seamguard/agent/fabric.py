@@ -1,0 +1,177 @@
+"""Fabric probe, Pingmesh-style: TCP round trips from each rail's address to peers on that rail.
+
+Every agent runs a tiny echo responder and probes a bounded set of peers (at most
+``MAX_PEERS_PER_RAIL`` per rail, validated in the config) from the source address of each
+of its rails, so the series say which (source NIC, destination NIC) pairs are slow or lossy.
+A gray NIC or NIC-to-leaf link shows on every pair from (or to) that NIC; a gray leaf or
+spine uplink on the pairs that cross it — the controller localizes from the pattern
+(C. Guo et al., "Pingmesh", SIGCOMM 2015; docs/agent.md).
+
+A probe is a fresh TCP connection bound to the rail's source address, one payload echoed
+back; its RTT is the echo's round trip, and a failed connect, a reset or an answer later
+than ``timeout_s`` is a loss. A round visits every pair once, sequentially, so one round
+costs at most ``pairs x timeout_s`` and the agent never holds more than one probe socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import statistics
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("seamguard.agent.fabric")
+
+MAX_ECHO_CONNECTIONS = 64
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One probed path: this node's NIC on a rail to a peer's NIC on the same rail."""
+
+    src_nic: str
+    src_addr: str
+    dst_nic: str
+    dst_addr: str
+    port: int
+    rail: int
+    link: str | None = None  # the source NIC's link in the topology, when configured
+
+
+def probe_once(pair: Pair, payload_bytes: int, timeout_s: float, seq: int = 0) -> float | None:
+    """The echo round trip in seconds, or None when the probe was lost (refused, reset, timed out)."""
+    payload = struct.pack("!Q", seq) + b"\x00" * max(0, payload_bytes - 8)
+    payload = payload[:payload_bytes]
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((pair.dst_addr, pair.port), timeout=timeout_s,
+                                      source_address=(pair.src_addr, 0)) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t0 = time.perf_counter()
+            s.sendall(payload)
+            got = 0
+            while got < len(payload):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                s.settimeout(left)
+                chunk = s.recv(65536)
+                if not chunk:
+                    return None
+                got += len(chunk)
+            return time.perf_counter() - t0
+    except OSError:  # refused, unreachable, reset, timeout
+        return None
+
+
+class EchoServer:
+    """Echoes what each connection sends until it closes; at most ``MAX_ECHO_CONNECTIONS`` at once."""
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(128)
+        self.sock.settimeout(0.2)  # so stop() is noticed
+        self.port = int(self.sock.getsockname()[1])
+        self.timeout_s = timeout_s
+        self.slots = threading.BoundedSemaphore(MAX_ECHO_CONNECTIONS)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._accept, name="fabric-echo", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=1.0)
+        self.sock.close()
+
+    def _accept(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not self.slots.acquire(blocking=False):
+                conn.close()  # over the bound: the prober counts it as lost, which it is
+                continue
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def _echo(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(self.timeout_s)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                conn.sendall(data)
+        except OSError:
+            return
+        finally:
+            conn.close()
+            self.slots.release()
+
+
+class FabricProber:
+    """Probe rounds on a thread; ``record(pair, rtt_or_None)`` feeds the exporter after each probe."""
+
+    def __init__(self, pairs: list[Pair], interval_s: float, timeout_s: float, payload_bytes: int,
+                 record: Callable[[Pair, float | None], None]) -> None:
+        self.pairs, self.interval_s, self.timeout_s = pairs, interval_s, timeout_s
+        self.payload_bytes, self.record = payload_bytes, record
+        self.lock = threading.Lock()
+        self.link_us: dict[str, float] = {}
+        self.rounds = 0
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="fabric-probe", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=self.timeout_s + 1.0)
+
+    def run_round(self) -> dict[Pair, float | None]:
+        out: dict[Pair, float | None] = {}
+        for pair in self.pairs:
+            if self.stop_event.is_set():
+                break
+            rtt = probe_once(pair, self.payload_bytes, self.timeout_s, seq=self.rounds)
+            out[pair] = rtt
+            self.record(pair, rtt)
+        with self.lock:
+            self.link_us = link_latency_us(out)
+            self.rounds += 1
+        return out
+
+    def _loop(self) -> None:
+        while not self.stop_event.is_set():
+            self.run_round()
+            self.stop_event.wait(self.interval_s)
+
+    def snapshot(self) -> dict[str, float]:
+        with self.lock:
+            return dict(self.link_us)
+
+
+def link_latency_us(round_rtts: dict[Pair, float | None]) -> dict[str, float]:
+    """Per configured source link: the median RTT (µs) over its peers in one round.
+
+    The median over every peer of the rail is what the NIC's own link adds for all of
+    them; one slow peer does not move it, a slow local link moves all of them. A link whose
+    probes were all lost has no value this round (loss is in the counters).
+    """
+    by_link: dict[str, list[float]] = {}
+    for pair, rtt in round_rtts.items():
+        if pair.link is not None and rtt is not None:
+            by_link.setdefault(pair.link, []).append(rtt)
+    return {link: statistics.median(v) * 1e6 for link, v in by_link.items()}
