@@ -59,6 +59,8 @@ def test_tpd_retry_after_is_the_next_utc_day():
                                                   {"type": "image_url", "image_url": {"url": "u"}}]}]}, 10 + 85 + 4),
     ({"prompt": "z" * 9}, 3),
     ({"prompt": ["ab", "cd"]}, 1),
+    ({"prompt": [101, 2023, 2003, 102]}, 4),
+    ({"prompt": [[1, 2, 3], [4, 5]]}, 5),
     ({}, 0),
 ])
 def test_prompt_estimate(body, tokens):

@@ -64,7 +64,8 @@ def _text_chars(content: Any) -> int:
 
 def estimate_prompt_tokens(body: dict[str, Any], chars_per_token: float = 4.0) -> int:
     """Prompt tokens from text length: characters / chars_per_token (about 4 for English with
-    BPE tokenizers), plus PER_MESSAGE_TOKENS per chat message; rounded up. Reconciled with the
+    BPE tokenizers), plus PER_MESSAGE_TOKENS per chat message; rounded up (a completions prompt
+    given as token ids counts exactly). Reconciled with the
     backend's real ``usage`` when the request ends, so a wrong guess costs one request's
     difference, never a drift."""
     if isinstance(body.get("messages"), list):
@@ -72,6 +73,10 @@ def estimate_prompt_tokens(body: dict[str, Any], chars_per_token: float = 4.0) -
         extra = PER_MESSAGE_TOKENS * len(body["messages"])
     else:
         p = body.get("prompt")
+        if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+            return len(p)  # already token ids
+        if isinstance(p, list) and p and all(isinstance(x, list) for x in p):
+            return sum(len(x) for x in p)  # a batch of token-id prompts
         chars = sum(len(x) for x in p if isinstance(x, str)) if isinstance(p, list) else _text_chars(p)
         extra = 0
     return math.ceil(chars / chars_per_token) + extra
