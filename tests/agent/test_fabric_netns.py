@@ -77,7 +77,7 @@ def test_fabric_probe_sees_tbf_delay_and_loss(netns_pair, tmp_path):
                                                "fabric": {"port": ECHO_PORT, "listen": ADDR_B}})
     cfg_a = write_config(tmp_path / "a.yaml", {
         "version": 1, "node": "a", **common, "listen": {"host": "127.0.0.1", "port": METRICS_PORT},
-        "fabric": {"port": ECHO_PORT, "listen": ADDR_A, "interval_s": 0.05, "timeout_s": 0.4,
+        "fabric": {"port": ECHO_PORT, "listen": ADDR_A, "interval_s": 0.05, "timeout_s": 0.6,
                    "payload_bytes": 16000,
                    "rails": [{"nic": "a/eth0", "address": ADDR_A, "rail": 0, "link": "a/eth0~leaf-0"}],
                    "peers": [{"nic": "b/eth0", "address": ADDR_B, "rail": 0}]}})
@@ -102,9 +102,10 @@ def test_fabric_probe_sees_tbf_delay_and_loss(netns_pair, tmp_path):
         err_a, err_b = stop(agent_a), stop(agent_b)
     print(f"baseline rtt {base_rtt * 1e3:.2f} ms loss {base_loss:.2f} ({n0} probes); "
           f"tbf 1mbit rtt {slow_rtt * 1e3:.2f} ms loss {slow_loss:.2f} ({n1}); tbf 16kbit loss {lossy_loss:.2f} ({n2})")
-    assert n0 >= 5 and base_loss == 0.0 and base_rtt < 0.01, err_a
-    assert slow_rtt > 0.03 and slow_rtt > 10 * base_rtt, (base_rtt, slow_rtt)
+    assert n0 >= 5 and base_loss == 0.0, err_a
+    # tbf adds about 115 ms to every echo (measured here: 0.5-13 ms unshaped on a busy host, ~125 ms shaped)
+    assert slow_rtt - base_rtt > 0.07, (base_rtt, slow_rtt)
     assert slow_loss == 0.0
-    assert lossy_loss >= 0.3, (lossy_loss, n2, err_a, err_b)
+    assert n2 >= 2 and lossy_loss >= 0.3, (lossy_loss, n2, err_a, err_b)
     # the link gauge (what the controller maps) is the last round's median RTT in µs
     assert link is not None and link > 0.5 * slow_rtt * 1e6

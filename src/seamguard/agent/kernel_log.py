@@ -120,11 +120,12 @@ class _Lines:
     def __init__(self, fd: int, max_lines: int) -> None:
         self.fd, self.max_lines = fd, max_lines
         self.partial = b""
+        self.ready: list[str] = []
         self.overrun = 0  # kmsg records overwritten before they were read (EPIPE)
 
     def read(self) -> list[str]:
-        lines: list[str] = []
-        while len(lines) < self.max_lines:
+        # Lines past the bound wait in ``ready`` (at most one 8 KiB chunk's worth beyond it).
+        while len(self.ready) < self.max_lines:
             try:
                 chunk = os.read(self.fd, 8192)  # one record per read on /dev/kmsg
             except BlockingIOError:
@@ -134,12 +135,12 @@ class _Lines:
                 continue
             if not chunk:
                 break  # EOF: a regular file, or a pipe whose writer exited
-            data = self.partial + chunk
-            *whole, self.partial = data.split(b"\n")
+            *whole, self.partial = (self.partial + chunk).split(b"\n")
             if len(self.partial) > 65536:  # a "line" this long is not a log line
                 self.partial = b""
-            lines.extend(w.decode("utf-8", "replace") for w in whole)
-        return lines
+            self.ready.extend(w.decode("utf-8", "replace") for w in whole)
+        out, self.ready = self.ready[:self.max_lines], self.ready[self.max_lines:]
+        return out
 
 
 class KmsgTail:
