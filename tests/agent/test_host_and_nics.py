@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from seamguard.agent.config import NicConfig
+from seamguard.agent.config import HostConfig, NicConfig
 from seamguard.agent.exporter import HostCollector, NicCollector
-from seamguard.agent.config import HostConfig
 from seamguard.agent.host import parse_psi, parse_vmstat, read_edac, read_host
 from tests.agent.conftest import samples, value
 

@@ -11,8 +11,18 @@ import os
 
 import pytest
 
-from seamguard.agent.kernel_log import FALLEN, SXID, UNKNOWN_BUS, XID, KernelEvent, KmsgTail, Pending, \
-    normalize_bdf, parse_kernel_lines, record_text
+from seamguard.agent.kernel_log import (
+    FALLEN,
+    SXID,
+    UNKNOWN_BUS,
+    XID,
+    KernelEvent,
+    KmsgTail,
+    Pending,
+    normalize_bdf,
+    parse_kernel_lines,
+    record_text,
+)
 
 J = "[ 1843.308145] gpu-node-07 kernel: "  # journalctl -k -o short-monotonic prefix
 

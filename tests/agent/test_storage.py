@@ -59,14 +59,14 @@ def test_hung_path_is_down_without_blocking_the_scrape(tmp_path, monkeypatch):
         return 0.001, 0.001
 
     monkeypatch.setattr(storage, "probe_path", hung)
-    p, observed, failed = _prober([("nfs", tmp_path)], timeout_s=0.1)
+    p, _, failed = _prober([("nfs", tmp_path)], timeout_s=0.1)
     p.start()
     try:
         time.sleep(0.3)
         t0 = time.monotonic()
         snap = p.snapshot()
         took = time.monotonic() - t0
-        (name, _, up, ms), = snap
+        (_, _, up, ms), = snap
         assert took < 0.05  # the scrape reads state, it does not wait for the probe
         assert up == 0.0 and ms >= 100.0  # down, and at least as slow as it has been waiting
         p.snapshot()

@@ -14,6 +14,7 @@ import math
 import threading
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
+from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,8 +23,17 @@ from prometheus_client.exposition import start_http_server
 from seamguard.agent.config import AgentConfig
 from seamguard.agent.fabric import EchoServer, FabricProber, Pair
 from seamguard.agent.host import read_host
-from seamguard.agent.kernel_log import FALLEN, SXID, XID, JournalTail, KernelEvent, KmsgTail, Pending, \
-    parse_kernel_lines, record_text
+from seamguard.agent.kernel_log import (
+    FALLEN,
+    SXID,
+    XID,
+    JournalTail,
+    KernelEvent,
+    KmsgTail,
+    Pending,
+    parse_kernel_lines,
+    record_text,
+)
 from seamguard.agent.storage import StorageProber
 from seamguard.observe.nvml import close_nvml, open_nvml, pci_bus_id, read_gpu
 from seamguard.observe.sysfs import nic_record, read_infiniband, read_netdev
@@ -177,10 +187,14 @@ class NicCollector:
 
 # ---- host pressure ----------------------------------------------------------------------------
 class HostCollector:
-    _PSI = {("cpu", "some"): "node_pressure_cpu_waiting_seconds", ("cpu", "full"): "node_pressure_cpu_stalled_seconds",
-            ("memory", "some"): "node_pressure_memory_waiting_seconds",
-            ("memory", "full"): "node_pressure_memory_stalled_seconds",
-            ("io", "some"): "node_pressure_io_waiting_seconds", ("io", "full"): "node_pressure_io_stalled_seconds"}
+    _PSI: ClassVar[dict[tuple[str, str], str]] = {
+        ("cpu", "some"): "node_pressure_cpu_waiting_seconds",
+        ("cpu", "full"): "node_pressure_cpu_stalled_seconds",
+        ("memory", "some"): "node_pressure_memory_waiting_seconds",
+        ("memory", "full"): "node_pressure_memory_stalled_seconds",
+        ("io", "some"): "node_pressure_io_waiting_seconds",
+        ("io", "full"): "node_pressure_io_stalled_seconds",
+    }
 
     def __init__(self, node: str, cfg) -> None:
         self.node, self.cfg = node, cfg

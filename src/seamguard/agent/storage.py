@@ -9,6 +9,7 @@ probe per path is in flight; one running past ``timeout_s`` is reported as faile
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -139,6 +140,6 @@ class StorageProber:
                 p99 = float(np.percentile(np.fromiter(st.writes, float), 99)) * 1e3 if st.writes else float("nan")
                 if up == 0.0 and st.in_flight_since is not None:
                     # still waiting on a write: the latency it shows is at least how long it has waited
-                    p99 = max(p99 if p99 == p99 else 0.0, (now - st.in_flight_since) * 1e3)
+                    p99 = max(0.0 if math.isnan(p99) else p99, (now - st.in_flight_since) * 1e3)
                 out.append((st.name, str(st.path), up, p99))
         return out
