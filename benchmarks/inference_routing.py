@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from seamguard.testbed.inference_bed import PoolBed
+from seamguard.testbed.inference_bed import BENCH_KEYS, GATEWAY_PORT, PoolBed
 from seamguard.testbed.inference_load import LoadSpec, spec_dict
 
 ROUTERS = ("round_robin", "least_outstanding", "seamguard")
@@ -57,11 +58,26 @@ def window_figures(records: list[dict], t0: float, t1: float, slo: dict[str, tup
     return out
 
 
-def run(router: str, bed: PoolBed, load: LoadSpec, deg: tuple[float, float], rate_mbit: float, seed: int) -> dict:
+def run(router: str, bed: PoolBed, load: LoadSpec, deg: tuple[float, float], rate_mbit: float, seed: int,
+        direct: bool) -> dict:
     load = LoadSpec(**{**load.__dict__, "seed": seed})
     events = [{"at_s": deg[0], "argv": a} for a in bed.shape_argv(0, 1, rate_mbit)]
     events += [{"at_s": deg[1], "argv": a} for a in bed.shape_argv(0, 1, None)]
-    return bed.run_load(spec_dict(bed.instances(), router, load, events), timeout_s=load.duration_s + 120)
+    budgets = {"ttft_budget_s": {c.name: c.ttft_slo_s for c in load.classes},
+               "tpot_budget_s": {c.name: c.tpot_slo_s for c in load.classes}}
+    if direct:
+        return bed.run_load(spec_dict(bed.instances(), router, load, events), timeout_s=load.duration_s + 120)
+    with tempfile.TemporaryDirectory(prefix="sg-gw-") as d:
+        gw = bed.start_gateway(router, budgets if router == "seamguard" else {}, Path(d))
+        try:
+            spec = spec_dict(bed.instances(), router, load, events,
+                             gateway={"url": f"http://127.0.0.1:{GATEWAY_PORT}", "keys": BENCH_KEYS})
+            return bed.run_load(spec, timeout_s=load.duration_s + 120)
+        except RuntimeError:
+            print((Path(d) / "gateway.log").read_text()[-2000:])
+            raise
+        finally:
+            bed.stop_gateway(gw)
 
 
 def main() -> None:
@@ -70,6 +86,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=None, help="repetitions per router (default 1 quick, 2 full)")
     ap.add_argument("--rate-mbit", type=float, default=20.0, help="the degraded path's tbf rate")
     ap.add_argument("--rps", type=float, default=6.0, help="mean arrival rate besides bursts")
+    ap.add_argument("--direct", action="store_true",
+                    help="drive the routers from the load generator's own loop instead of `seamguard gateway`")
     ap.add_argument("--routers", default=",".join(ROUTERS), help="comma list (default: all three)")
     ap.add_argument("--records", default=None, help="directory to write every run's per-request records to")
     ap.add_argument("--kv-blocking", action="store_true",
@@ -85,7 +103,7 @@ def main() -> None:
     with PoolBed(prefill=2, decode=3, instance_args=["--kv-blocking"] if a.kv_blocking else []) as bed:
         for rep in range(reps):
             for router in routers:  # interleaved: every router sees every repetition's seed and machine state
-                res = run(router, bed, load, deg, a.rate_mbit, seed=rep)
+                res = run(router, bed, load, deg, a.rate_mbit, seed=rep, direct=a.direct)
                 if a.records:
                     Path(a.records).mkdir(parents=True, exist_ok=True)
                     (Path(a.records) / f"{router}.{rep}.json").write_text(json.dumps(res))
@@ -107,7 +125,8 @@ def main() -> None:
             "shed")
     print(f"\nwindows: nothing degraded 0-{deg[0]:.0f} s, p0->d1 at {a.rate_mbit} mbit {deg[0]:.0f}-{deg[1]:.0f} s "
           f"(of {duration:.0f} s); {a.rps} req/s + bursts; {reps} repetition(s), medians"
-          + ("; decode steps wait for KV pulls" if a.kv_blocking else ""))
+          + ("; decode steps wait for KV pulls" if a.kv_blocking else "")
+          + ("; routers driven directly" if a.direct else "; through `seamguard gateway`"))
     print(f"{'router':18s} {'window':9s} " + " ".join(f"{c:>14s}" for c in cols))
     for r in routers:
         for w in ("healthy", "degraded"):
@@ -128,7 +147,7 @@ def main() -> None:
     print(f"goals: {goals}; wall {time.monotonic() - t_start:.0f} s")
     print(json.dumps({"routers": summary, "goals": goals, "reps": reps, "duration_s": duration,
                       "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit, "rps": a.rps,
-                      "kv_blocking": a.kv_blocking,
+                      "kv_blocking": a.kv_blocking, "via": "direct" if a.direct else "gateway",
                       "decisions": {r: [x["decisions"] for x in per[r]] for r in routers}}))
 
 

@@ -15,6 +15,7 @@ Decode j pulls over rail j, and rail j of prefill i carries only decode j's pull
 interface ``rail<j>`` of prefill host i is the path (prefill i -> decode j) alone.
 `shape_argv` gives the ``tc`` commands that degrade it (both directions, like
 Testbed.set_gray, with an explicit rate and burst); `degrade` applies them now.
+`start_gateway` runs `seamguard gateway` on the client host in front of the pool.
 The MTU is 1500 so that a tbf burst smaller than a jumbo frame cannot black-hole the link.
 """
 
@@ -24,7 +25,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from seamguard.gateway.routing import Instance
@@ -33,6 +34,8 @@ from seamguard.testbed.net import Testbed, TestbedSpec, _tc
 
 API_PORT = 8100
 KV_PORT = 8200
+GATEWAY_PORT = 8080
+BENCH_KEYS = {"interactive": "sk-bench-interactive-0001", "batch": "sk-bench-batch-0001"}
 
 
 @dataclass
@@ -114,6 +117,39 @@ class PoolBed:
     def degrade(self, prefill: int, decode: int, rate_mbit: float | None, burst_bytes: int = 16384) -> None:
         for argv in self.shape_argv(prefill, decode, rate_mbit, burst_bytes):
             _tc(argv[2], *argv[3:], check=rate_mbit is not None)
+
+    def start_gateway(self, router: str, router_options: dict, workdir: Path, port: int = GATEWAY_PORT,
+                      feed_every_s: float = 0.5, timeout_s: float = 30.0) -> subprocess.Popen:
+        """`seamguard gateway` in the client host, in front of the pool, with `router`; one key per
+        request class (BENCH_KEYS), no token budgets and no zombie detection (the routing is what
+        is measured). Stop it with stop_gateway. Readiness: the load generator waits for /healthz."""
+        tb = self.tb
+        assert tb is not None
+        cfg = {"version": 1, "host": "127.0.0.1", "port": port,
+               "instances": [asdict(i) for i in self.instances()], "router": router,
+               "router_options": router_options, "feed_every_s": feed_every_s,
+               "timeouts": {"connect_s": 2.0, "read_s": timeout_s, "total_s": 4 * timeout_s},
+               "store": {"type": "sqlite", "path": str(workdir / "gateway.db")},
+               "zombie": {"enabled": False},
+               "tenants": [{"name": cls, "keys": [{"name": f"{cls}-key", "key": key,
+                                                   "priority": "low" if cls == "batch" else "normal"}]}
+                           for cls, key in BENCH_KEYS.items()]}
+        path = workdir / "gateway.json"  # JSON is YAML
+        path.write_text(json.dumps(cfg))
+        log = (workdir / "gateway.log").open("w")
+        return subprocess.Popen([*tb.exec_prefix(self.client_host), sys.executable, "-m", "seamguard", "gateway",
+                                 "--config", str(path), "--token", "bench-admin-token-0001", "-o", "json"],
+                                stdout=log, stderr=subprocess.STDOUT)
+
+    @staticmethod
+    def stop_gateway(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout_s)
 
     def run_load(self, spec: dict, timeout_s: float) -> dict:
         """Run seamguard.testbed.inference_load with `spec` inside the client host; its result."""

@@ -5,7 +5,9 @@ against real instances (seamguard.testbed.inference_pool) with realistic mixes. 
 benchmarks/inference_routing.py and tests/gateway/test_routing_pool.py, which run it inside a
 testbed host with ``python -m seamguard.testbed.inference_load --spec SPEC.json --out OUT.json``.
 
-It is the gateway's routing loop without the HTTP front: for every arrival it asks the router
+Two ways to send: through a running gateway (``gateway`` in the spec: the `seamguard gateway`
+server routes and runs the flow; the client sees what a user sees), or directly — the
+gateway's routing loop without the HTTP front: for every arrival it asks the router
 for a Route, POSTs the prompt to the prefill instance (``max_tokens: 1``, ``stream: false``,
 ``kv_transfer_params: {"do_remote_decode": true}``), POSTs the request plus the returned
 ``kv_transfer_params`` to the decode instance, streams the SSE tokens, and tells the router
@@ -124,6 +126,89 @@ class Record:
     reason: str = ""
 
 
+async def _via_gateway(client, gw: dict, a: Arrival, budget_s: float, timeout_s: float) -> Record:
+    """One request through the gateway (it routes and runs the disaggregated flow); a 503 with
+    Retry-After is a deferral, retried while the TTFT budget lasts."""
+    import httpx
+
+    rec = Record(a.t_s, a.cls, a.tenant, a.prompt_tokens, a.output_tokens)
+    t_arr = time.monotonic()
+    body = {"model": "emulated", "messages": [{"role": "user", "content": "w " * a.prompt_tokens}],
+            "max_tokens": a.output_tokens, "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"Authorization": f"Bearer {gw['keys'][a.cls]}", "x-request-class": a.cls}
+    first = last = None
+    n = 0
+    try:
+        while True:
+            async with client.stream("POST", gw["url"] + "/v1/chat/completions", json=body, headers=headers,
+                                     timeout=timeout_s) as resp:
+                if resp.status_code == 503 and "retry-after" in resp.headers:
+                    wait = float(resp.headers["retry-after"])
+                    text = (await resp.aread()).decode(errors="replace")
+                    if time.monotonic() - t_arr + wait > budget_s:
+                        rec.shed, rec.error, rec.reason = True, "shed", text[:200]
+                        return rec
+                    rec.deferred += 1
+                    await asyncio.sleep(wait)
+                    continue
+                resp.raise_for_status()
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise ValueError(str(chunk["error"].get("message"))[:150])
+                    if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+                        now = time.monotonic()
+                        first = first or now
+                        last, n = now, n + 1
+                break
+        rec.ok = n > 0
+        rec.error = "" if rec.ok else "no tokens"
+    except (httpx.HTTPError, KeyError, ValueError) as e:
+        rec.error = f"{type(e).__name__}: {e}"[:200]
+    if first is not None:
+        rec.ttft_s = first - t_arr
+        rec.tpot_s = (last - first) / (n - 1) if n > 1 else 0.0
+    return rec
+
+
+async def _wait_up(client, url: str, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if (await client.get(url + "/healthz", timeout=1.0)).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gateway at {url} not up after {timeout_s}s")
+        await asyncio.sleep(0.1)
+
+
+async def _gateway_decisions(client, url: str) -> dict:
+    """The gateway router's decision counts by kind, and routes per path, from its /metrics."""
+    import re
+
+    out: dict = {}
+    try:
+        text = (await client.get(url + "/metrics", timeout=5.0)).text
+    except Exception:  # noqa: BLE001 - figures without them still stand
+        return out
+    for line in text.splitlines():
+        m = re.match(r'^seamguard_gateway_route_decisions(?:_total)?\{kind="([^"]+)"\} (\S+)', line)
+        if m:
+            out[m.group(1)] = int(float(m.group(2)))
+        m = re.match(r'^seamguard_gateway_routes_total\{(.*)\} (\S+)', line)
+        if m:
+            lab = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            k = f"routes {lab.get('prefill')}->{lab.get('decode')}"
+            out[k] = out.get(k, 0) + int(float(m.group(2)))
+    return out
+
+
 async def _one(client, router, a: Arrival, t_start: float, budget_s: float, timeout_s: float) -> Record:
     import httpx
 
@@ -188,8 +273,11 @@ async def _event(at_s: float, argv: list[str], t_start: float, applied: list) ->
 
 
 async def run_load(instances: list[Instance], router_name: str, router_options: dict, load: LoadSpec,
-                   events: list[dict], timeout_s: float = 30.0, metrics_poll_s: float = 0.5) -> dict:
-    """Drive one router through the arrival sequence; records and the router's decision counts."""
+                   events: list[dict], timeout_s: float = 30.0, metrics_poll_s: float = 0.5,
+                   gateway: dict | None = None) -> dict:
+    """Drive one router through the arrival sequence; records and the router's decision counts.
+    With ``gateway`` ({"url", "keys": {class: api key}}) the requests go through that gateway,
+    which runs its own router (configured with the same name); the local router is then unused."""
     import httpx
 
     budgets = {c.name: c.ttft_slo_s for c in load.classes}
@@ -199,13 +287,18 @@ async def run_load(instances: list[Instance], router_name: str, router_options: 
     seq = arrivals(load)
     applied: list[dict] = []
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200)) as client:
+        if gateway:
+            await _wait_up(client, gateway["url"], 30.0)
         t_start = time.monotonic()
         stop = asyncio.Event()
-        poller = asyncio.ensure_future(feed_router(router, client, instances, None, metrics_poll_s, stop))
+        poller = asyncio.ensure_future(feed_router(router, client, [] if gateway else instances, None,
+                                                   metrics_poll_s, stop))
         evs = [asyncio.ensure_future(_event(e["at_s"], e["argv"], t_start, applied)) for e in events]
 
         async def at(a: Arrival) -> Record:
             await asyncio.sleep(max(0.0, t_start + a.t_s - time.monotonic()))
+            if gateway:
+                return await _via_gateway(client, gateway, a, budgets.get(a.cls, 10.0), timeout_s)
             return await _one(client, router, a, t_start, budgets.get(a.cls, 10.0), timeout_s)
 
         records = await asyncio.gather(*(at(a) for a in seq))
@@ -213,9 +306,12 @@ async def run_load(instances: list[Instance], router_name: str, router_options: 
             await e
         stop.set()
         await poller
+        decisions = dict(getattr(router, "decisions", {}))
+        if gateway:
+            decisions = await _gateway_decisions(client, gateway["url"])
         wall = time.monotonic() - t_start
     return {"router": router_name, "wall_s": round(wall, 3), "events": applied,
-            "decisions": dict(getattr(router, "decisions", {})), "records": [asdict(r) for r in records]}
+            "decisions": decisions, "records": [asdict(r) for r in records]}
 
 
 def load_spec(d: dict) -> LoadSpec:
@@ -234,16 +330,16 @@ def main(argv: list[str] | None = None) -> None:
     instances = [Instance(**i) for i in spec["instances"]]
     res = asyncio.run(run_load(instances, spec["router"], spec.get("router_options", {}),
                                load_spec(spec.get("load", {})), spec.get("events", []),
-                               spec.get("timeout_s", 30.0)))
+                               spec.get("timeout_s", 30.0), gateway=spec.get("gateway")))
     with open(a.out, "w") as f:
         json.dump(res, f)
 
 
 def spec_dict(instances: list[Instance], router: str, load: LoadSpec, events: list[dict] | None = None,
-              router_options: dict | None = None, timeout_s: float = 30.0) -> dict:
+              router_options: dict | None = None, timeout_s: float = 30.0, gateway: dict | None = None) -> dict:
     """The --spec document for main()."""
     return {"instances": [asdict(i) for i in instances], "router": router, "router_options": router_options or {},
-            "load": asdict(load), "events": events or [], "timeout_s": timeout_s}
+            "load": asdict(load), "events": events or [], "timeout_s": timeout_s, "gateway": gateway}
 
 
 if __name__ == "__main__":
