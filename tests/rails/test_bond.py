@@ -86,7 +86,13 @@ def test_bond_fails_over_when_its_active_slave_goes_down(make_testbed):
         tb.set_link(1, 0, True)
         time.sleep(3 * tb.spec.miimon_ms / 1000)
         assert tb.bond_active(1) == "rail1"  # no fail-back (no `primary`)
-        assert echo("back") == "back"
+        before = tb.fabric_tx_bytes()
+        for i in range(50):
+            assert echo(f"back {i} " + "x" * 1000) == f"back {i} " + "x" * 1000
+        after = tb.fabric_tx_bytes()
+        # the returned slave stays silent, so the switches keep sending host 1's traffic to rail 1
+        assert after[(1, 1)] - before[(1, 1)] > 50_000
+        assert after[(1, 0)] - before[(1, 0)] < 5_000
         tb.set_link(1, 1, False)  # now rail 1 goes: back to rail 0
         assert _wait(lambda: tb.bond_active(1) == "rail0", 2.0)
         assert echo("again") == "again"

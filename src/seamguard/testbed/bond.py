@@ -11,9 +11,16 @@ from what every kernel with a bridge has, with the same observable behaviour:
   (``GLOO_SOCKET_IFNAME=bond0``), one MAC and one address whatever slave is active.
 * Exactly one slave carries traffic: the others' bridge ports are ``disabled`` (they
   neither send nor deliver frames, as a kernel bond's backup slave drops what it
-  receives). Both ports are ``isolated`` and do not learn, so the bridge never forwards
-  between slaves: no loop through the fabric's inter-switch link, even in the moment
-  after a slave's carrier returns (the kernel re-enables such a port by itself).
+  receives), so the fabric's switches learn the bond's MAC on the active slave only.
+  The kernel re-enables a disabled port by itself when its carrier returns; until the
+  monitor disables it again (one miimon period) it must not make the switches learn
+  the bond's MAC there, or they would send the bond's traffic into a port that is about
+  to drop it. So the ports do not learn (everything the bond sends is flooded) and only
+  the active slave's port floods unicast; what could still leak in that moment is a
+  broadcast the bond itself originates (the bridge floods those on every port), and
+  the gratuitous ARP sent after each correction puts the switches right. Both ports are
+  ``isolated``: the bridge never forwards between slaves, so there is no loop through
+  the fabric's inter-switch link.
 * A monitor process per host (this module's ``main``, started by the testbed inside the
   host's namespace) reads each slave's carrier every ``miimon`` ms; when the active
   slave's carrier is gone it makes the first slave with carrier active and sends a
@@ -37,7 +44,8 @@ import sys
 import time
 from pathlib import Path
 
-PORT_DISABLED, PORT_FORWARDING = 0, 3  # bridge port states (include/uapi/linux/if_bridge.h)
+FLOOD = ("unicast_flood", "multicast_flood", "broadcast_flood")  # bridge port flags in sysfs
+DISABLED, FORWARDING = 0, 3  # bridge port states (include/uapi/linux/if_bridge.h)
 
 
 def select_active(active: str | None, carrier: dict[str, bool], slaves: list[str]) -> str | None:
@@ -66,14 +74,31 @@ def _carrier(slave: str) -> bool:
     return _read(f"/sys/class/net/{slave}/carrier", "0") == "1"
 
 
-def _port_state(slave: str) -> int:
-    return int(_read(f"/sys/class/net/{slave}/brport/state", "-1") or -1)
+def _is_active(slave: str) -> bool:
+    """Whether the slave's port floods and forwards (disabled and silent otherwise)."""
+    return _read(f"/sys/class/net/{slave}/brport/unicast_flood", "0") == "1" and \
+        _read(f"/sys/class/net/{slave}/brport/state", "-1") == str(FORWARDING)
 
 
-def _set_port(slave: str, state: int) -> bool:
-    p = subprocess.run(["bridge", "link", "set", "dev", slave, "state", str(state)],
-                       check=False, capture_output=True, text=True, timeout=5.0)
-    return p.returncode == 0  # forwarding is refused while the slave has no carrier
+def _is_backup(slave: str) -> bool:
+    return _read(f"/sys/class/net/{slave}/brport/unicast_flood", "1") == "0" and \
+        _read(f"/sys/class/net/{slave}/brport/state", "-1") == str(DISABLED)
+
+
+def _make(slave: str, active: bool) -> None:
+    """Silence before disabling; enable before flooding. Forwarding needs carrier: the
+    kernel refuses it otherwise, and sets it itself when the carrier comes."""
+    flags = "1" if active else "0"
+    if not active:
+        for f in FLOOD:
+            Path(f"/sys/class/net/{slave}/brport/{f}").write_text(flags)
+    st = subprocess.run(["bridge", "link", "set", "dev", slave, "state", str(FORWARDING if active else DISABLED)],
+                        check=False, capture_output=True, text=True, timeout=5.0)  # read-only in sysfs
+    if st.returncode != 0:
+        raise OSError(st.stderr.strip())
+    if active:
+        for f in FLOOD:
+            Path(f"/sys/class/net/{slave}/brport/{f}").write_text(flags)
 
 
 def _garp(bond: str, ip: str) -> None:
@@ -92,12 +117,14 @@ def run(bond: str, slaves: list[str], ip: str, miimon_s: float, state_file: Path
     while not stop and os.getppid() == parent:
         carrier = {s: _carrier(s) for s in slaves}
         new = select_active(active, carrier, slaves)
-        moved = new != active
-        fixed = False
-        for s in slaves:  # level-triggered: the kernel re-enables a port whose carrier returns
-            want = PORT_FORWARDING if s == new else PORT_DISABLED
-            if _port_state(s) != want and (want == PORT_DISABLED or carrier[s]):
-                fixed |= _set_port(s, want)
+        moved, fixed = new != active, False
+        for s in sorted(slaves, key=lambda s: s == new):  # level-triggered; the old one first
+            if not (_is_active(s) if s == new else _is_backup(s)):
+                try:
+                    _make(s, s == new)
+                    fixed = True
+                except OSError:
+                    pass  # e.g. forwarding refused: the carrier went meanwhile; next period
         if moved or fixed:
             active = new
             try:
