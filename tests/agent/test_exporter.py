@@ -147,3 +147,19 @@ def test_cli_check_says_in_one_line_that_there_is_no_gpu_driver(tmp_path):
     assert p.returncode == 0, p.stderr
     gpu_lines = [ln for ln in p.stderr.splitlines() if "GPU" in ln]
     assert len(gpu_lines) == 1 and "no NVIDIA driver" in gpu_lines[0]
+
+
+def test_shipped_configs_validate():
+    """deploy/agent.example.yaml and the DaemonSet's per-node config are valid agent configs."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "deploy"
+    parse_agent_config((root / "agent.example.yaml").read_text(), "agent.example.yaml")
+    docs = list(yaml.safe_load_all((root / "seamguard-agent-daemonset.yaml").read_text()))
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    for name, text in cm["data"].items():
+        assert parse_agent_config(text, name).version == 1
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["hostNetwork"] is True
