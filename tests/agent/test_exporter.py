@@ -88,6 +88,8 @@ BAD = [
      "fabric.rails[0].address"),
     ("version: 1\nnode: n\nfabric:\n  rails: [{nic: a, address: 10.0.0.1, rail: 0}]\n"
      "  peers: [{nic: b, address: 10.0.0.2, rail: 3}]\n", "rail 3"),
+    ("version: 1\nnode: n\nfabric:\n  port: 0\n  rails: [{nic: a, address: 10.0.0.1, rail: 0}]\n"
+     "  peers: [{nic: b, address: 10.0.0.2, rail: 0}]\n", "needs a port"),
     ("version: 1\nnode: n\nstorage: {interval_s: -1}\n", "storage.interval_s"),
     ("version: 1\nnode: n\nlisten: {port: 99999}\n", "listen.port"),
     ("version: 1\nnode: n\nkernel_log: {source: dmesg}\n", "kernel_log.source"),

@@ -153,3 +153,36 @@ def test_real_kmsg_seek_to_end_and_nonblocking():
         assert KernelEvent(XID, "0000:fe:1f.0", 31) in events
     finally:
         tail.close()
+
+
+def test_journal_tail_reads_a_following_journalctl_without_blocking(tmp_path):
+    """source: journal runs `journalctl -k -f ...`; a stand-in script prints two kernel lines and
+    stays up; the tail returns what is there without waiting for more, and says so when it exits."""
+    import time
+
+    from seamguard.agent.kernel_log import JournalTail
+
+    fake = tmp_path / "journalctl"
+    fake.write_text("#!/bin/sh\n"
+                    "echo \"[ 1843.308145] node-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\"\n"
+                    "echo \"[ 1843.400000] node-7 kernel: nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28\"\n"
+                    "exec sleep 30\n")
+    fake.chmod(0o755)
+    tail = JournalTail(str(fake), max_lines=100)
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 10
+        while len(lines) < 2 and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            lines += tail.read()
+            assert time.monotonic() - t0 < 0.5  # never waits for the next line
+            time.sleep(0.05)
+        events, _ = parse_kernel_lines(lines)
+        assert events == [KernelEvent(XID, "0000:3b:00.0", 79), KernelEvent(SXID, "0000:c3:00.0", 24007, "fatal")]
+        assert tail.up
+        tail.proc.kill()
+        tail.proc.wait(timeout=5)
+        tail.read()
+        assert not tail.up  # exited: reported, restarted no sooner than RESTART_S
+    finally:
+        tail.close()

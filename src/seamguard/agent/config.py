@@ -119,6 +119,8 @@ class FabricConfig(_Strict):
     def _bounded(self) -> FabricConfig:
         rails = {r.rail for r in self.rails}
         for p in self.peers:
+            if p.port is None and self.port == 0:
+                raise ValueError(f"peer {p.nic} needs a port: fabric.port is 0 (any free port)")
             if p.rail not in rails:
                 raise ValueError(f"peer {p.nic} is on rail {p.rail}, which no entry of `rails` names")
         for rail in rails:
