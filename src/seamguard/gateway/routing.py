@@ -24,6 +24,7 @@ before it ends), ``finished`` after. ``route`` may raise `Shed` (answer 503 + Re
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import re
@@ -244,6 +245,9 @@ class _Path:
     last_sample_t: float = -math.inf
     last_used_t: float = -math.inf
     good_probes: int = 0  # consecutive probes that came back in line with the peers
+    lat: float = math.nan  # cached: the window's quantile (the path's latency)
+    tft_med: float = math.nan  # cached: median route -> first token
+    pending: dict = field(default_factory=dict)  # id(route) -> _Pending, routed and not finished
 
 
 @dataclass
@@ -275,6 +279,18 @@ def _median(xs: list[float]) -> float:
     return _quantile(xs, 0.5)
 
 
+def _median_without(sorted_vals: list[float], v: float | None) -> float:
+    """Median of sorted_vals with one occurrence of v left out (v None: nothing left out)."""
+    if v is None or math.isnan(v):
+        return _median(sorted_vals)
+    k = bisect.bisect_left(sorted_vals, v)
+    m = len(sorted_vals) - 1
+    if m <= 0:
+        return math.nan
+    at = lambda i: sorted_vals[i if i < k else i + 1]  # noqa: E731
+    return (at((m - 1) // 2) + at(m // 2)) / 2
+
+
 class SeamguardRouter:
     """Fabric-aware (prefill, decode) choice per request; see the module docstring and
     docs/gateway-routing.md. Pure: clock injected, inputs fed by the gateway."""
@@ -293,6 +309,8 @@ class SeamguardRouter:
         self._tpot_t: dict[str, float] = {}  # ... and when the last one came
         self._turn = 0
         self.decisions: dict[str, int] = {}  # reason kind -> count (for /metrics)
+        self._version = 0  # bumped by every new sample; keys the peers cache
+        self._cache: tuple[int, dict] | None = None
 
     # ---- inputs -------------------------------------------------------------------------------
     def update_fabric(self, states: Mapping[str, str]) -> None:
@@ -318,16 +336,16 @@ class SeamguardRouter:
         per path its latency quantile, median, samples, pending transfers and, per class,
         whether it is admissible and why not; per instance its load; decision counts."""
         now, opts = self._clock(), self.options
+        self._forget(now)
         paths = []
         for p in self._prefill:
             for d in self._decode:
                 key = (p.name, d.name)
                 st = self._paths.get(key, _Path())
                 why = {c: self._judge(p, d, c, b, now)[0] for c, b in opts.ttft_budget_s.items()}
-                paths.append({"prefill": p.name, "decode": d.name, "latency_s": self._latency(key),
+                paths.append({"prefill": p.name, "decode": d.name, "latency_s": st.lat,
                               "median_s": _median(list(st.dft)) if st.dft else math.nan, "samples": len(st.dft),
-                              "pending": sum(1 for n in self._inflight.notes()
-                                             if isinstance(n, _Pending) and n.path == key),
+                              "pending": len(st.pending),
                               "admissible": {c: not w for c, w in why.items()}, "why": why})
         loads = {i.name: {"outstanding": self.outstanding(i.name),
                           "waiting": self._load.get(i.name, _Load()).waiting,
@@ -342,6 +360,7 @@ class SeamguardRouter:
         now = self._clock()
         self._turn += 1
         opts = self.options
+        self._forget(now)
         budget = opts.ttft_budget_s.get(request_class, max(opts.ttft_budget_s.values()))
         judged = {(p.name, d.name): self._judge(p, d, request_class, budget, now)
                   for p in self._prefill for d in self._decode}
@@ -378,8 +397,11 @@ class SeamguardRouter:
         decode = next(i for i in self._decode if i.name == pair[1])
         reason, evidence = self._explain(kind, pair, judged, request_class)
         r = Route(decode=decode, prefill=prefill, reason=reason, evidence=evidence)
-        self._inflight.add(r, _Pending(pair, request_class, now, probe=kind == "probe"))
-        self._path(pair).last_used_t = now
+        pend = _Pending(pair, request_class, now, probe=kind == "probe")
+        self._inflight.add(r, pend)
+        path = self._path(pair)
+        path.last_used_t = now
+        path.pending[id(r)] = pend
         if reason:
             self._count(kind or "avoid")
         return r
@@ -396,6 +418,7 @@ class SeamguardRouter:
         pend = self._inflight.pop(route)
         if not isinstance(pend, _Pending):
             return
+        self._path(pend.path).pending.pop(id(route), None)
         now = self._clock()
         if pend.first_token_t is None:
             if outcome.decode_first_token_s is not None:
@@ -410,6 +433,7 @@ class SeamguardRouter:
                 q.clear()  # a probe whose tokens came at the peers' pace: the instance is back
             q.append(outcome.tpot_s)
             self._tpot_t[route.decode.name] = now
+            self._version += 1
 
     # ---- judgement ----------------------------------------------------------------------------
     def _path(self, pair: tuple[str, str]) -> _Path:
@@ -418,7 +442,7 @@ class SeamguardRouter:
     def _sample(self, pair: tuple[str, str], dft: float, tft: float, now: float, probe: bool = False) -> None:
         p = self._path(pair)
         if probe:  # two probes in a row in line with the peers: the path recovered, drop its old samples
-            peer = self._peers(pair, "dft", self.options.quantile)
+            peer = self._peers(pair, "lat")
             p.good_probes = p.good_probes + 1 if math.isnan(peer) or dft <= self.options.peer_ratio * peer else 0
         for q, v in ((p.dft, dft), (p.tft, tft)):
             q.append(v)
@@ -428,16 +452,45 @@ class SeamguardRouter:
         if p.good_probes >= 2:
             p.good_probes = 0
         p.last_sample_t = now
+        self._refresh(p)
+
+    def _refresh(self, p: _Path) -> None:
+        p.lat = _quantile(list(p.dft), self.options.quantile) if p.dft else math.nan
+        p.tft_med = _median(list(p.tft)) if p.tft else math.nan
+        self._version += 1
+
+    def _sorted(self) -> dict:
+        """Every path's latency and route->first-token median, every decode instance's TPOT
+        quantile, sorted: the peers of one are these minus itself (cached until a new sample)."""
+        if self._cache is None or self._cache[0] != self._version:
+            q = self.options.quantile
+            tpot = {k: _quantile(list(v), q) for k, v in self._tpot.items() if v}
+            have = [p for p in self._paths.values() if p.dft]
+            self._cache = (self._version, {"lat": sorted(p.lat for p in have),
+                                           "tft_med": sorted(p.tft_med for p in have),
+                                           "tpot": tpot, "tpot_sorted": sorted(tpot.values())})
+        return self._cache[1]
+
+    def _forget(self, now: float) -> None:
+        """Drop evidence older than forget_after_s (paths and decode TPOT windows)."""
+        for p in self._paths.values():
+            if p.dft and now - p.last_sample_t > self.options.forget_after_s:
+                p.dft.clear()
+                p.tft.clear()
+                self._refresh(p)
+        for name in [n for n, t in self._tpot_t.items() if now - t > self.options.forget_after_s]:
+            self._tpot.pop(name, None)
+            del self._tpot_t[name]
+            self._version += 1
 
     def _latency(self, pair: tuple[str, str]) -> float:
         d = self._paths.get(pair)
-        return _quantile(list(d.dft), self.options.quantile) if d and d.dft else math.nan
+        return d.lat if d else math.nan
 
-    def _peers(self, pair: tuple[str, str], attr: str, q: float) -> float:
-        """Median over the other paths of their own quantile q of `attr` (nan without data)."""
-        vals = [_quantile(list(getattr(p, attr)), q) for k, p in self._paths.items()
-                if k != pair and getattr(p, attr)]
-        return _median(vals) if vals else math.nan
+    def _peers(self, pair: tuple[str, str], attr: str) -> float:
+        """Median over the other paths of their `attr` ("lat" or "tft_med"); nan without data."""
+        p = self._paths.get(pair)
+        return _median_without(self._sorted()[attr], getattr(p, attr) if p and p.dft else None)
 
     def _severity(self, prefill: Instance, decode: Instance) -> tuple[int, str]:
         worst, name = 0, ""
@@ -462,13 +515,10 @@ class SeamguardRouter:
         if sev >= opts.fabric_block.get(request_class, 1):
             return f"control plane: {nic}", ev
         p = self._paths.get(pair)
-        if p and p.dft and now - p.last_sample_t > opts.forget_after_s:
-            p.dft.clear()
-            p.tft.clear()
         why = self._slow_decode(decode.name, request_class, now, ev)
         if why:
             return why, ev
-        lat, peer = self._latency(pair), self._peers(pair, "dft", opts.quantile)
+        lat, peer = self._latency(pair), self._peers(pair, "lat")
         ev.update(latency_s=lat, peers_latency_s=peer)
         if p and p.dft:
             ev["jitter_s"] = lat - _median(list(p.dft))
@@ -476,9 +526,8 @@ class SeamguardRouter:
                 and lat - peer > opts.budget_share * budget:
             return f"transfer p{round(100 * opts.quantile)} {lat:.3f}s vs peers {peer:.3f}s", ev
         # a transfer still waiting for its first token: censored evidence, before it ends
-        typical = self._peers(pair, "tft", 0.5)
-        ages = [now - n.t0 for n in self._inflight.notes()
-                if isinstance(n, _Pending) and n.path == pair and n.first_token_t is None]
+        typical = self._peers(pair, "tft_med")
+        ages = [now - n.t0 for n in p.pending.values() if n.first_token_t is None] if p else []
         if ages and not math.isnan(typical):
             oldest = max(ages)
             ev.update(oldest_pending_s=oldest, peers_first_token_s=typical)
@@ -499,16 +548,13 @@ class SeamguardRouter:
         `sample`, judge that one sample instead of the instance's window."""
         opts = self.options
         budget = opts.tpot_budget_s.get(request_class)
-        if name in self._tpot and now - self._tpot_t.get(name, now) > opts.forget_after_s:
-            del self._tpot[name]
-        mine = [sample] if sample is not None else list(self._tpot.get(name) or ())
-        if budget is None or not mine:
+        cache = self._sorted()
+        q = sample if sample is not None else cache["tpot"].get(name)
+        if budget is None or q is None:
             return ""
-        q = _quantile(mine, opts.quantile)
-        others = [_quantile(list(v), opts.quantile) for k, v in self._tpot.items() if k != name and v]
-        if not others:
+        peer = _median_without(cache["tpot_sorted"], cache["tpot"].get(name))
+        if math.isnan(peer):
             return ""
-        peer = _median(others)
         ev.update(decode_tpot_s=q, peers_tpot_s=peer)
         if q > opts.peer_ratio * peer and q - peer > opts.budget_share * budget:
             return f"decode {name} TPOT p{round(100 * opts.quantile)} {q:.3f}s vs peers {peer:.3f}s"
@@ -520,7 +566,7 @@ class SeamguardRouter:
             if not why or why.startswith("control plane"):
                 continue
             p = self._path(pair)
-            busy = any(isinstance(n, _Pending) and n.path == pair for n in self._inflight.notes())
+            busy = bool(p.pending)
             if not busy and now - max(p.last_sample_t, p.last_used_t) >= self.options.probe_after_s:
                 return pair
         return None
