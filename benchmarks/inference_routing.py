@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -98,6 +99,7 @@ def main() -> None:
     load = LoadSpec(rate_rps=a.rps, duration_s=duration)
     slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in load.classes}
     t_start = time.monotonic()
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     routers = [r for r in a.routers.split(",") if r]
     per: dict[str, list[dict]] = {r: [] for r in routers}
     with PoolBed(prefill=2, decode=3, instance_args=["--kv-blocking"] if a.kv_blocking else []) as bed:
@@ -144,10 +146,12 @@ def main() -> None:
                                                              - best_ok, 4)}
     goals["met"] = (goals["degraded_attainment"] >= 0.99 and goals["degraded_goodput_vs_best_baseline"] >= 1.3
                     and goals["healthy_attainment_minus_best_baseline"] >= -0.01)
-    print(f"goals: {goals}; wall {time.monotonic() - t_start:.0f} s")
+    print(f"goals: {goals}; wall {time.monotonic() - t_start:.0f} s; load average (1 min) "
+          f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end on {os.cpu_count()} CPUs")
     print(json.dumps({"routers": summary, "goals": goals, "reps": reps, "duration_s": duration,
                       "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit, "rps": a.rps,
                       "kv_blocking": a.kv_blocking, "via": "direct" if a.direct else "gateway",
+                      "loadavg_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)], "cpus": os.cpu_count(),
                       "decisions": {r: [x["decisions"] for x in per[r]] for r in routers}}))
 
 
