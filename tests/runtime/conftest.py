@@ -20,7 +20,7 @@ class Run:
     out: Path
     events: list[dict]
     stderr: str
-    log: str = ""  # the whole stderr: worker-side notes are JSON lines in it
+    log: str = ""  # the whole stderr: what a person reads
 
     @property
     def checksum(self) -> str | None:
@@ -31,14 +31,8 @@ class Run:
         return [e for e in self.events if e["event"] == name]
 
     def notes(self, kind: str) -> list[dict]:
-        """Worker-side events of one kind (printed as '[seamguard-worker] {json}')."""
-        tag, dec, out = "[seamguard-worker] ", json.JSONDecoder(), []
-        for chunk in self.log.split(tag)[1:]:   # processes share stderr: lines can run together
-            try:
-                out.append(dec.raw_decode(chunk)[0])
-            except json.JSONDecodeError:
-                continue
-        return [n for n in out if n["kind"] == kind]
+        """Worker-side events of one kind (the workers append them to the events file)."""
+        return [e for e in self.events if e["event"] == "worker" and e["kind"] == kind]
 
 
 def launch(tmp: Path, name: str, *, nproc=2, spares=0, steps=20, chaos="", extra=(),

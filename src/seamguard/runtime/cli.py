@@ -6,10 +6,11 @@ launcher. torch is imported only when a launch actually starts.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
@@ -60,16 +61,23 @@ def launch(
         True, "--crash-capture/--no-crash-capture",
         help="On an uncaught exception, keep the failed step's start in host memory."),
     hint_dir: Optional[Path] = typer.Option(None, "--hint-dir", help="Watched for hint files."),
-    events_file: Optional[Path] = typer.Option(None, "--events-file", help="Write runtime events (JSON lines) here."),
+    events_file: Optional[Path] = typer.Option(None, "--events-file",
+                                               help="Append every event, the launcher's and the workers', as JSON lines here."),
+    log_format: str = typer.Option("text", "--log-format", metavar="<text|json>",
+                                   help="stderr: lines a person reads, or the JSON event records."),
     chaos: str = typer.Option("", "--chaos", help="Fault plan (see seamguard.runtime.chaos)."),
     chaos_dir: Optional[Path] = typer.Option(None, "--chaos-dir", help="Directory for the fault plan's once-per-job claims and kills.jsonl."),
 ) -> None:
     """Run a training script with hot spares, in-memory snapshots and recovery."""
+    if importlib.util.find_spec("torch") is None:
+        _fail("torch is not installed: pip install torch, then pip install 'seamguard[runtime]'")
     from seamguard.runtime.launcher import launch as run
 
     script = list(ctx.args)
     if script and script[0] == "--":
         script = script[1:]
+    if script and script[0].endswith(".py") and not Path(script[0]).is_file():
+        _fail(f"training script not found: {script[0]} (see 'seamguard launch --help')")
     try:
         rt = RuntimeSettings(snapshot_every_steps=snapshot_every, persist_every_steps=persist_every,
                              checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
@@ -89,8 +97,13 @@ def launch(
                                   evacuate_stragglers=evacuate_stragglers, hint_dir=hint_dir,
                                   replenish_spares=replenish_spares, fork_server=fork_server,
                                   preload=tuple(m.strip() for m in preload.split(",") if m.strip()),
-                                  events_file=events_file, env=env)
-    except ValueError as exc:  # the CLI's one error style (seamguard.app.clikit.fail): one line, exit 2
-        typer.echo(f"error: {exc} (see 'seamguard launch --help')", err=True)
-        raise typer.Exit(2) from None
+                                  events_file=events_file, log_format=log_format, env=env)
+    except ValueError as exc:
+        _fail(f"{exc} (see 'seamguard launch --help')")
     raise typer.Exit(run(settings))
+
+
+def _fail(message: str) -> NoReturn:
+    """The CLI's one error style (seamguard.app.clikit.fail): one line, exit 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)

@@ -49,6 +49,7 @@ class Coordinator:
     _joined_seen: int = 0
     _deferred: set[int] = field(default_factory=set)  # losses waiting for replacement spares
     _deferred_since_s: float = 0.0
+    _furthest_step: int = 0  # the furthest step any rank's heartbeat reported (for steps redone)
     tracker: HeartbeatTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +71,11 @@ class Coordinator:
             return self.phase
         now = self.clock()
         if self.phase == "starting":
+            early = self._exited_before_registering()
+            if early:
+                w, code = early
+                return self._fail(f"worker w{w} exited with code {code} before it registered "
+                                  "(its error is above in the launcher's output)")
             if all(self.store.check([keys.worker_addr(w)]) for w in self.all_workers):
                 self._start_generation(initial_plan(self.trainers, self.spares), now)
             elif now - self._phase_since_s > self.settings.startup_timeout_s:
@@ -100,6 +106,15 @@ class Coordinator:
         return self.phase
 
     # ---------------------------------------------------------------- observation
+    def _exited_before_registering(self) -> tuple[int, int] | None:
+        """A worker that died before it registered (a bad script, a missing module): torchrun's
+        ChildFailedError case, which ends the launch at once instead of at the start-up bound."""
+        for w in self.all_workers:
+            code = self._get(keys.exit_code(w))
+            if code is not None and not self.store.check([keys.worker_addr(w)]):
+                return w, int(code)
+        return None
+
     def _read_joined(self) -> None:
         """Replacement spares started by node launchers enter the pool once ready."""
         raw = self._get(keys.JOINED_COUNT)
@@ -139,6 +154,7 @@ class Coordinator:
             if raw is not None:
                 hb = json.loads(raw)
                 self.tracker.observe(w, Beat(hb["n"], hb["step"], hb["phase"], hb["compute_s"]), now)
+                self._furthest_step = max(self._furthest_step, int(hb["step"]))
         out = set()
         for v in self.tracker.verdicts(active, now):
             if v.kind == "straggler" and not self.settings.evacuate_stragglers:
@@ -278,10 +294,12 @@ class Coordinator:
             results[w] = json.loads(raw)
         if all(r["ok"] for r in results.values()):
             self.phase = "running"
-            self.log({"event": "resumed", "gen": gen, "step": results[self.plan.ranks[0]]["step"],
+            step = results[self.plan.ranks[0]]["step"]
+            self.log({"event": "resumed", "gen": gen, "step": step,
                       "checksum": results[self.plan.ranks[0]]["checksum"],
                       "recovery_s": now - self._phase_since_s,
-                      "since_detection_s": now - self._detected_at_s if gen else None})
+                      "since_detection_s": now - self._detected_at_s if gen else None,
+                      "steps_redone": max(0, self._furthest_step - step) if gen else None})
             return
         errors = {w: r.get("error") for w, r in results.items() if not r["ok"]}
         self.log({"event": "recovery_failed", "gen": gen, "errors": errors})

@@ -23,6 +23,7 @@ from pathlib import Path
 from seamguard.ports import free_port
 from seamguard.runtime import keys
 from seamguard.runtime.coordinator import Coordinator
+from seamguard.runtime.eventlog import EVENTS_FILE_ENV, LOG_FORMAT_ENV, EventLog, set_title
 from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
 
@@ -62,7 +63,10 @@ def _worker_env(s: LaunchSettings, port: int, wid: int, local: int) -> dict[str,
         "RANK": str(s.node_rank * s.nproc + local) if trainer else "-1",
         "SEAMGUARD_WORKER_ID": str(wid), "SEAMGUARD_RUN_ID": s.run_id,
         "SEAMGUARD_RANKS_PER_NODE": str(s.nproc), "SEAMGUARD_ROLE": "trainer" if trainer else "spare",
+        LOG_FORMAT_ENV: s.log_format,
     })
+    if s.events_file is not None:
+        env[EVENTS_FILE_ENV] = str(s.events_file)
     return env
 
 
@@ -80,7 +84,7 @@ def _hint_files(store, hint_dir: Path | None) -> None:
         elif p.name == "rollback" or p.name.startswith("rollback_to_step_"):
             to = p.name.rsplit("_", 1)[1] if p.name != "rollback" else "-1"
             if not to.lstrip("-").isdigit():
-                print(f"[seamguard] ignoring hint file {p}: bad step {to!r}", file=sys.stderr)
+                print(f"seamguard launcher: ignoring hint file {p}: bad step {to!r}", file=sys.stderr)
             else:
                 store.set(keys.HINT_ROLLBACK_TO, to)
                 store.add(keys.HINT_ROLLBACK_N, 1)
@@ -98,17 +102,13 @@ def launch(s: LaunchSettings) -> int:
     store = dist.TCPStore(s.master_addr, port, None, master,
                           timeout=datetime.timedelta(seconds=s.startup_timeout_s),
                           wait_for_workers=False)
-    if s.events_file:
-        s.events_file.parent.mkdir(parents=True, exist_ok=True)
-    events = open(s.events_file, "a") if s.events_file else None
+    events = EventLog(s.log_format, s.events_file)
+    who = f"node {s.node_rank}/{s.nnodes}" if s.nnodes > 1 else "launcher"
+    set_title(f"seamguard launch: {who} run {s.run_id}")
+    t0 = time.monotonic()
 
     def log(event: dict) -> None:
-        event = {"t": time.time(), **event}
-        line = json.dumps(event)
-        print(f"[seamguard] {line}", file=sys.stderr, flush=True)
-        if events:
-            events.write(line + "\n")
-            events.flush()
+        events.emit(event, who)
 
     per_node = s.nproc + s.spares
     settings_env = json.loads(s.env.get("SEAMGUARD_SETTINGS", "{}"))
@@ -151,6 +151,10 @@ def launch(s: LaunchSettings) -> int:
                 break
             time.sleep(POLL_S)
         _drain(children, timeout_s=30.0, log=log)
+        if coord is not None:
+            log({"event": "summary", "outcome": "job done" if code == 0 else "JOB FAILED",
+                 "wall_s": round(time.monotonic() - t0, 3), "recoveries": coord.recoveries,
+                 "lost": len(coord.lost)})
     finally:
         for c in children:
             if c.proc.poll() is None:
@@ -158,8 +162,7 @@ def launch(s: LaunchSettings) -> int:
         _remove_shared_memory(s.run_id, children)
         if server is not None:
             server.close()
-        if events:
-            events.close()
+        events.close()
     return code
 
 

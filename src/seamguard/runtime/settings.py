@@ -114,13 +114,17 @@ class LaunchSettings:
     hint_dir: Path | None = None
     """Directory the launcher watches for control-plane hint files (see docs/runtime.md)."""
     events_file: Path | None = None
-    """JSON-lines log of detections and recoveries."""
+    """JSON-lines log of detections and recoveries (the launcher's and every worker's)."""
+    log_format: str = "text"
+    """stderr: ``text`` (a line a person reads) or ``json`` (the event records)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the workers (settings, chaos plan)."""
 
     def __post_init__(self) -> None:
         if not self.script:
             raise ValueError("no training command given after '--'")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"--log-format must be text or json, got {self.log_format!r}")
         if self.nproc < 1 or self.spares < 0 or self.nnodes < 1:
             raise ValueError("need nproc >= 1, spares >= 0, nnodes >= 1")
         if not 0 <= self.node_rank < self.nnodes:

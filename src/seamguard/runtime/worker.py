@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from seamguard.runtime import chaos, keys, replica
 from seamguard.runtime.data import GlobalBatchSampler
+from seamguard.runtime.eventlog import EventLog, set_title
 from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, replica_holder
@@ -117,6 +118,7 @@ class Runtime:
                       "replica_bytes_sent": 0, "persisted": 0, "persist_errors": 0,
                       "steps_rejected": 0}
         self.events: list[dict] = []
+        self.log = EventLog.from_environment()
         self.store.set(keys.worker_addr(wid), self.server.address)
         self.store.set(keys.worker_pid(wid), str(os.getpid()))
         self.store.set(keys.worker_slots(wid), self.slots.prefix)
@@ -610,11 +612,19 @@ class Runtime:
             self._stop.wait(self.settings.heartbeat_interval_s)
 
     def _note(self, kind: str, **fields) -> None:
-        """Record a worker-side event and print it as one JSON line on stderr (the node
-        launcher's log), so recoveries can be explained from the logs."""
-        event = {"t": time.time(), "wid": self.wid, "kind": kind, **fields}
-        self.events.append(event)
-        print(f"[seamguard-worker] {json.dumps(event, default=str)}", file=sys.stderr, flush=True)
+        """Record a worker-side event: on stderr (the node launcher's log) in the launch's
+        log format, and in its events file, so recoveries can be explained from the logs."""
+        event = {"event": "worker", "kind": kind, "wid": self.wid, "pid": os.getpid(), "rank": self.rank,
+                 **fields}
+        who = f"worker w{self.wid}" + (f" rank {self.rank}" if self.rank >= 0 else " (spare)") + f" pid {os.getpid()}"
+        self.events.append(self.log.emit(event, who))
+
+    def _title(self) -> None:
+        """``ps`` names the worker by rank and generation (or as a spare)."""
+        if self.rank >= 0 and self.plan is not None:
+            set_title(f"seamguard: rank {self.rank}/{self.plan.world_size} gen {self.gen} (w{self.wid})")
+        else:
+            set_title(f"seamguard: spare w{self.wid} gen {self.gen}")
 
     # ------------------------------------------------------------------ recovery
     def _wait(self, key: str, gen: int, timeout_s: float, spare: bool = False) -> bytes:
@@ -644,6 +654,7 @@ class Runtime:
                 # a spare, or a replacement spare the plan does not list yet: keep waiting
                 if self.wid in plan.spares or self.rank < 0:
                     self.gen, self.plan = gen, None
+                    self._title()
                     continue
                 self._note("evacuated", gen=gen)
                 self.finish()
@@ -651,7 +662,8 @@ class Runtime:
             try:
                 self._recover_into(gen, plan, phases)
                 self.stats["recoveries"] += 1 if gen > 0 else 0
-                self._note("recovered", gen=gen, step=self.step, rank=self.rank,
+                self._title()
+                self._note("recovered" if gen > 0 else "started", gen=gen, step=self.step,
                            seconds=time.monotonic() - t0, phases_s=phases)
                 return
             except (JobFinished, JobFailed):

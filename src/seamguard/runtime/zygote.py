@@ -37,6 +37,8 @@ def _run_child(argv: list[str], env: dict[str, str], cwd: str | None) -> None:
     """In the forked child: become ``python argv[0] argv[1:]`` (never returns)."""
     os.environ.clear()
     os.environ.update(env)
+    from seamguard.runtime.eventlog import set_title
+    set_title(f"seamguard: worker w{env.get('SEAMGUARD_WORKER_ID', '?')} {env.get('SEAMGUARD_ROLE', '')} starting")
     if cwd:
         os.chdir(cwd)
     script = Path(argv[0])
@@ -52,6 +54,9 @@ def _run_child(argv: list[str], env: dict[str, str], cwd: str | None) -> None:
 def serve(fd: int, preload: tuple[str, ...] = ()) -> None:
     """The zygote's loop: fork on request, report exits, leave when the launcher does."""
     import importlib
+
+    from seamguard.runtime.eventlog import set_title
+    set_title("seamguard: fork server")
 
     # the training stack, imported once for every worker forked from here
     import numpy  # noqa: F401

@@ -1,0 +1,135 @@
+"""What the runtime says happened: one event record, for people on stderr, as JSON in a file.
+
+The node launcher (its coordinator's events) and every worker (its notes) write through an
+EventLog. By default stderr gets one line a person reads — wall-clock time, who (the
+launcher, or a worker with its rank and pid), what happened and what it cost — and
+``--log-format json`` prints the JSON records instead. ``--events-file`` always gets the
+JSON records, one per line; workers append theirs to the same file as
+``{"event": "worker", "kind": …}`` (one ``write`` of one whole
+line on an ``O_APPEND`` file each, so lines never run together). Pure rendering
+(:func:`describe`) is separate from writing (:class:`EventLog`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Literal
+
+LogFormat = Literal["text", "json"]
+LOG_FORMAT_ENV = "SEAMGUARD_LOG_FORMAT"
+EVENTS_FILE_ENV = "SEAMGUARD_EVENTS_FILE"
+
+
+def _workers(ws) -> str:
+    return ", ".join(f"w{w}" for w in ws) if ws else "none"
+
+
+def _generic(name: str, e: dict) -> str:
+    skip = {"t", "event", "kind", "wid", "pid", "rank"}
+    rest = ", ".join(f"{k}={v}" for k, v in e.items() if k not in skip)
+    return name.replace("_", " ") + (f": {rest}" if rest else "")
+
+
+def describe(e: dict) -> str:
+    """The event in words (no time, no who)."""
+    name = str(e.get("kind") if e.get("event") == "worker" else e.get("event") or "event")
+    gen = e.get("gen")
+    if name == "plan":
+        if gen == 0:
+            return f"starting {len(e['ranks'])} ranks on workers {_workers(e['ranks'])}; spares {_workers(e['spares'])}"
+        return (f"generation {gen}: {e.get('reason') or 'replan'}; ranks on workers {_workers(e['ranks'])}; "
+                f"spares {_workers(e['spares'])}" + ("; from storage" if e.get("force_disk") else ""))
+    if name == "resumed":
+        if gen == 0:
+            return f"all ranks running from step {e['step']}"
+        since = e.get("since_detection_s")
+        redone = e.get("steps_redone")
+        return (f"recovered: generation {gen} resumed at step {e['step']}, {e['recovery_s']:.2f} s"
+                + (f" ({since:.2f} s since the loss was detected)" if since is not None else "")
+                + (f", {redone} step{'s' if redone != 1 else ''} redone" if redone is not None else ""))
+    if name == "detected":
+        what = {"exited": f"exited with code {e.get('code')}", "unresponsive": "unresponsive (heartbeat stopped)",
+                "stalled": "stalled (its step stands still while its peers wait)",
+                "straggler": "is a straggler",
+                "evacuate_hint": f"asked to evacuate (rank {e.get('rank')})"}.get(e.get("kind"), e.get("kind"))
+        ev = e.get("evidence")
+        return f"worker w{e['wid']} {what}" + (f" ({ev})" if ev else "")
+    if name == "resume_chosen":
+        return f"generation {gen} restores from {e['source']} at step {e['step']}"
+    if name == "job_done":
+        return f"job done (generation {gen}; {gen} recover{'y' if gen == 1 else 'ies'})"
+    if name == "job_failed":
+        return f"JOB FAILED: {e['reason']}"
+    if name == "spare_ready":
+        return f"spare {_workers(e['wids'])} ready"
+    if name == "started":
+        return f"started as rank {e['rank']} at step {e['step']} ({e['seconds']:.2f} s)"
+    if name == "recovered":
+        return (f"joined generation {gen} as rank {e['rank']} at step {e['step']} "
+                f"({e['seconds']:.2f} s)")
+    if name == "summary":
+        return (f"{e['outcome']}: {e['wall_s']:.1f} s, {e['recoveries']} recover"
+                f"{'y' if e['recoveries'] == 1 else 'ies'}, {e['lost']} worker(s) lost")
+    return _generic(name, e)
+
+
+def render_text(e: dict, who: str) -> str:
+    t = e.get("t", time.time())
+    stamp = time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
+    return f"{stamp} seamguard {who}: {describe(e)}"
+
+
+def set_title(title: str) -> None:
+    """Name this process in ``ps``/``top`` (``seamguard: rank 1/4 gen 2``): setproctitle
+    where installed (the runtime extra), else the kernel's 15-character ``comm``."""
+    try:
+        import setproctitle
+    except ImportError:
+        try:
+            import ctypes
+            ctypes.CDLL(None).prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        except (OSError, AttributeError):
+            pass
+        return
+    setproctitle.setproctitle(title)
+
+
+class EventLog:
+    """Writes events: text or JSON on ``stream``, JSON lines to ``events_file`` (appended)."""
+
+    def __init__(self, fmt: LogFormat = "text", events_file: Path | None = None,
+                 stream: IO[str] | None = None) -> None:
+        if fmt not in ("text", "json"):
+            raise ValueError(f"log format must be text or json, got {fmt!r}")
+        self.fmt = fmt
+        self.stream = stream if stream is not None else sys.stderr
+        self._fd: int | None = None
+        if events_file is not None:
+            events_file.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(events_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    @classmethod
+    def from_environment(cls) -> EventLog:
+        """A worker's log: the format and the events file its launcher set."""
+        fmt = os.environ.get(LOG_FORMAT_ENV, "text")
+        path = os.environ.get(EVENTS_FILE_ENV)
+        return cls(fmt if fmt in ("text", "json") else "text", Path(path) if path else None)
+
+    def emit(self, event: dict, who: str) -> dict:
+        event = {"t": time.time(), **event}
+        line = json.dumps(event, default=str)
+        if self._fd is not None:
+            os.write(self._fd, (line + "\n").encode())
+        text = line if self.fmt == "json" else render_text(event, who)
+        self.stream.write(text + "\n")  # one write: processes sharing stderr never interleave mid-line
+        self.stream.flush()
+        return event
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
