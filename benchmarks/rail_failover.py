@@ -76,10 +76,13 @@ class Run:
     restarts: int
     completed: bool
     steps: int
+    t_end: float  # when the run ended: its last commit, or when it was cut off
     wall_s: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.wall_s = self.commits[-1] - self.commits[0] if len(self.commits) > 1 else float("nan")
+        # an unfinished run counts until it was cut off: its figures are lower bounds
+        end = self.commits[-1] if self.completed else self.t_end
+        self.wall_s = end - self.commits[0] if self.commits else float("nan")
 
 
 def flap_schedule(seed: int, flaps: int, min_s: float, max_s: float) -> list[Fault]:
@@ -102,7 +105,8 @@ def run_seamguard(steps: int, faults: list[Fault], out: Path) -> Run:
         res = run_rail_job(tb, JobSpec(steps=steps, timeout_s=300), faults, out)
     if not res.ok:
         raise SystemExit(f"seamguard run failed: {res.returncodes}\n{res.stderr_tail}")
-    return Run([s["t_wall"] for s in res.steps], [s["rails"] for s in res.steps], res.faults, 0, True, steps)
+    return Run([s["t_wall"] for s in res.steps], [s["rails"] for s in res.steps], res.faults, 0, True, steps,
+               res.steps[-1]["t_wall"])
 
 
 def stop_agents(procs: list[subprocess.Popen], out: Path) -> None:
@@ -154,6 +158,7 @@ def run_baseline(b: Baseline, steps: int, faults: list[Fault], out: Path, deadli
             player.start(time.time())
             while time.time() < deadline and any(p.poll() is None for p in procs):
                 time.sleep(0.1)
+            t_end = time.time()
         finally:
             player.stop()
             stop_agents(procs, out)
@@ -164,14 +169,14 @@ def run_baseline(b: Baseline, steps: int, faults: list[Fault], out: Path, deadli
             done[r["step"]] = r["t_wall"]
     restarts = max((r["restart"] for r in rows if r.get("event") == "start"), default=0)
     ok = len(done) == steps and all(p.returncode == 0 for p in procs)
-    return Run(sorted(done.values()), None, player.records, restarts, ok, steps)
+    return Run(sorted(done.values()), None, player.records, restarts, ok, steps, t_end)
 
 
 def run_system(name: str, steps: int, faults: list[Fault], out: Path, deadline_s: float) -> Run:
     r = run_seamguard(steps, faults, out) if name == "seamguard" else \
         run_baseline(BASELINES[name], steps, faults, out, deadline_s)
     (out / "run.json").write_text(json.dumps({  # what the figures are computed from, to recompute them
-        "commits": r.commits, "restarts": r.restarts, "completed": r.completed, "steps": r.steps,
+        "commits": r.commits, "restarts": r.restarts, "completed": r.completed, "steps": r.steps, "t_end": r.t_end,
         "faults": [{**rec.fault.__dict__, "applied_t": rec.applied_t, "reverted_t": rec.reverted_t}
                    for rec in r.records]}))
     return r
@@ -199,20 +204,25 @@ def lost_local(commits: list[float], applied_t: float, reverted_t: float, regain
 def flapped_figures(r: Run, rate_ff: float) -> dict:
     """Failover cost of a flapped run: against the same system's flap-free rate, and locally."""
     flaps = [rec for rec in r.records if rec.applied_t]
-    figs = [flap_figures(r.commits, r.rails, RAILS, rec.applied_t, rec.reverted_t) for rec in flaps]
-    local = [lost_local(r.commits, rec.applied_t, rec.reverted_t, f.regain_95_s) for rec, f in zip(flaps, figs)]
+    commits = r.commits if r.completed else [*r.commits, r.t_end]  # cut off: the gap lasts until then
+    figs = [flap_figures(commits, r.rails, RAILS, rec.applied_t, rec.reverted_t) for rec in flaps]
+    local = [lost_local(commits, rec.applied_t, rec.reverted_t, f.regain_95_s) for rec, f in zip(flaps, figs)]
     extra = (r.wall_s - (len(r.commits) - 1) / rate_ff) / max(len(flaps), 1)
-    outlasted = len(flaps) < len(r.records) or (bool(flaps) and r.commits[-1] < max(x.reverted_t for x in flaps))
+    outlasted = r.completed and (len(flaps) < len(r.records) or max(x.reverted_t for x in flaps) > r.commits[-1])
     return {"extra_s_per_flap": extra, "lost_s_local": local, "stall_s": [f.stall_s for f in figs],
             "outlasted": outlasted,
             "regain_95_s": [f.regain_95_s for f in figs], "restarts": r.restarts, "completed": r.completed,
             "steps": r.steps, "wall_s": r.wall_s, "flaps": len(flaps)}
 
 
+def _json(o: object) -> object:
+    return o.item() if hasattr(o, "item") else str(o)  # numpy scalars
+
+
 def spread(xs: list[float]) -> dict:
     a = np.asarray([x for x in xs if not math.isnan(x)], dtype=float)
     if a.size == 0:
-        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
+        return {"median": None, "min": None, "max": None, "n": 0}  # JSON has no NaN
     return {"median": round(float(np.median(a)), 4), "min": round(float(a.min()), 4),
             "max": round(float(a.max()), 4), "n": int(a.size)}
 
@@ -278,7 +288,7 @@ def main() -> None:
                 best_rate[name] = max(best_rate.get(name, 0.0), rate)
                 steps = max(ff_steps, math.ceil(1.5 * best_rate[name] * horizon))
                 # bounded: a baseline that keeps failing to re-form its group is cut off (completed: false)
-                fl = run_system(name, steps, faults, root / f"r{rep}" / name / "flap", 60 + 4 * horizon)
+                fl = run_system(name, steps, faults, root / f"r{rep}" / name / "flap", 30 + 3 * horizon)
                 res[name] = {"steps_per_s": rate, "flapped": flapped_figures(fl, rate)}
                 f = res[name]["flapped"]
                 print(f"  {name:20s} flap-free {rate:6.1f} steps/s | flapped {steps} steps: "
@@ -289,11 +299,12 @@ def main() -> None:
             reps.append({"faults": [f.__dict__ for f in faults], **res})
         summary = summarize(reps)
         if a.out:
-            (a.out / "rail_failover.json").write_text(json.dumps({"reps": reps, "summary": summary}, indent=1))
+            (a.out / "rail_failover.json").write_text(json.dumps({"reps": reps, "summary": summary}, indent=1,
+                                                                  default=_json))
     print(f"\n{a.reps} repetitions, medians [min-max]")
     print(f"{'system':20s} {'steps/s':>22s} {'extra s/flap':>22s} {'lost s/flap (local)':>22s} "
           f"{'max stall s/flap':>22s} {'restarts':>10s}")
-    fmt = lambda x: f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]"  # noqa: E731
+    fmt = lambda x: "n/a" if x["n"] == 0 else f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]"  # noqa: E731
     for s in SYSTEMS:
         x = summary[s]
         print(f"{s:20s} {fmt(x['steps_per_s']):>22s} {fmt(x['extra_s_per_flap']):>22s} "
@@ -308,7 +319,7 @@ def main() -> None:
     print(f"benchmark wall {wall:.0f} s")
     print(json.dumps({"quick": a.quick, "reps": a.reps, "seed": a.seed, "flaps_per_run": flaps,
                       "flap_s_range": flap_s, "flap_free_steps": ff_steps, "benchmark_wall_s": round(wall, 1),
-                      **summary}))
+                      **summary}, default=_json))
 
 
 if __name__ == "__main__":
