@@ -406,10 +406,16 @@ def test_once_per_episode_by_default_even_when_it_worsens():
     assert jc.episodes == asked and jc.last_s == 100.0
     jc = _job(WORSE, 0, prior=asked, last=100.0)  # quarantine now, 900 s at stake: still the one ask
     assert jc.carried and jc.action.key.endswith("@t100") and jc.issued is None
-    # another node of the job exposed later shares the checkpoint already asked
+    # another node of the job exposed later is a new risk: asked, once Young's interval has passed
     both = replace(EXPOSED, node_state=np.where(np.isin(np.arange(16), [3, 4]), CU, H).astype(np.int8))
+    young = ck.reask_spacing_s(POL.actions.checkpoint_write_s, float(ck.exposure(F, both, POL).job_hazard_per_h[0]))
+    jc = _job(both, 0, prior=asked, last=1000.0 - 0.5 * young)
+    assert jc.carried and [(e.node, e.level) for e in jc.episodes] == [("gpu003", int(CU)), ("gpu004", 0)]
     jc = _job(both, 0, prior=asked, last=100.0)
-    assert jc.carried and [(e.node, e.level) for e in jc.episodes] == [("gpu003", int(CU)), ("gpu004", int(CU))]
+    assert not jc.carried and jc.action.key.endswith("@t1000")
+    assert [(e.node, e.level) for e in jc.episodes] == [("gpu003", int(CU)), ("gpu004", int(CU))]
+    jc = _job(both, 0, prior=jc.episodes, last=1000.0)  # both asked: carried, whatever comes
+    assert jc.carried
 
 
 def test_with_reask_on_worse_asked_again_when_it_worsens_and_pays():

@@ -3,12 +3,13 @@
 Priced (decide/economics.py checkpoint_decision): the rollback a checkpoint now avoids
 (work since the job's last checkpoint x its GPUs x P(failure before its next scheduled
 one), the hazard from its exposed nodes' state and evidence) against the write
-(checkpoint_write_s x its GPUs). Once per risk episode of the job (nodes exposed later
-share it); an episode ends when the job's nodes have been healthy
-episode_end_healthy_ticks. With ``reask_on_worse`` it is asked again when the evidence
+(checkpoint_write_s x its GPUs). Once per risk episode (a job on a node, open until the
+node has been healthy episode_end_healthy_ticks): an episode on another of the job's nodes
+is a new risk and may ask too, no sooner than Young's interval after the job's last
+request. With ``reask_on_worse`` an episode already asked asks again when the evidence
 worsens: the exposure reaches a stricter state than the one it was issued for, or the
-job's failure hazard has grown ``reask_hazard_ratio`` times since it was asked; and then
-no sooner than Young's interval at the job's hazard now, sqrt(2 x write x MTBF)
+job's failure hazard has grown ``reask_hazard_ratio`` times since it was asked. Any
+request waits at least Young's interval at the job's hazard now, sqrt(2 x write x MTBF)
 (J. W. Young, "A first order approximation to the optimum checkpoint interval", CACM 17(9),
 1974): checkpointing more often than that costs more in writes than it saves in rollback,
 whatever one write's price says. A node already failed does not ask: no checkpoint avoids
@@ -199,13 +200,11 @@ def job_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j:
     jn = fleet.job_names[j]
     eps = open_episodes(fleet, j, prior, ex, node_ht, policy.actions.episode_end_healthy_ticks, node_of)
     hazard = float(ex.job_hazard_per_h[j])
-    asked = any(e.level > 0 for e in eps.values())
-    if asked and not policy.actions.reask_on_worse:
-        # Once per risk episode of the job: nodes exposed since share the checkpoint already asked.
-        eps = {n: e if e.level else replace(e, level=int(ex.node_state[node_of[n]])) for n, e in eps.items()}
+    # An episode not asked yet asks (a new fault on another of the job's nodes is a new risk);
+    # one already asked asks again only with reask_on_worse.
     worse = [node_of[e.node] for e in eps.values()
              if ex.node_state[node_of[e.node]] < State.FAILED
-             and (policy.actions.reask_on_worse or not asked)
+             and (e.level == 0 or policy.actions.reask_on_worse)
              and worsened(e, int(ex.node_state[node_of[e.node]]), hazard, policy.actions.reask_hazard_ratio)]
     spaced = last is None or a.t_s - last >= reask_spacing_s(policy.actions.checkpoint_write_s, hazard)
     act = price_checkpoint(fleet, a, policy, ex, j, worse, last, crit) if worse and spaced else None
