@@ -132,6 +132,13 @@ def stop_agents(procs: list[subprocess.Popen], out: Path) -> None:
             pass
 
 
+def restart_attempts(out: Path) -> int:
+    """Worker groups torchrun saw fail (and so restarted), most seen by any host's agent:
+    a restarted group that never forms its process group logs no step, so count here."""
+    logs = [f.read_text(errors="replace") for f in out.glob("agent.*.txt")]
+    return max((t.count("failed (exitcode") for t in logs), default=0)
+
+
 def run_baseline(b: Baseline, steps: int, faults: list[Fault], out: Path, deadline_s: float) -> Run:
     out.mkdir(parents=True, exist_ok=True)
     env = {**_env(), "GLOO_SOCKET_IFNAME": b.ifname, "PYTHONPATH": SRC}
@@ -167,7 +174,7 @@ def run_baseline(b: Baseline, steps: int, faults: list[Fault], out: Path, deadli
     for r in rows:  # a step re-done after a restart counts when it finally committed
         if "event" not in r:
             done[r["step"]] = r["t_wall"]
-    restarts = max((r["restart"] for r in rows if r.get("event") == "start"), default=0)
+    restarts = max([r["restart"] for r in rows if r.get("event") == "start"] + [restart_attempts(out)])
     ok = len(done) == steps and all(p.returncode == 0 for p in procs)
     return Run(sorted(done.values()), None, player.records, restarts, ok, steps, t_end)
 
@@ -193,7 +200,8 @@ def lost_local(commits: list[float], applied_t: float, reverted_t: float, regain
     from the flap's start until it ended and the rate was regained (+1 s), the time taken
     minus the time its commits took at the rate of the pre_s seconds before the flap."""
     t = np.asarray(commits)
-    pre = ((t >= applied_t - pre_s) & (t < applied_t)).sum() / pre_s
+    start = max(applied_t - pre_s, float(t[0]))  # training may have begun less than pre_s before
+    pre = ((t >= start) & (t < applied_t)).sum() / max(applied_t - start, 1e-9)
     end = applied_t + max(reverted_t - applied_t, 0.0 if math.isnan(regain_s) else regain_s) + 1.0
     end = min(end, float(t[-1])) if not math.isnan(regain_s) else float(t[-1])
     if pre <= 0 or end <= applied_t:
@@ -256,12 +264,38 @@ def summarize(reps: list[dict]) -> dict:
     return out
 
 
+def load_run(d: Path) -> Run:
+    j = json.loads((d / "run.json").read_text())
+    recs = [FaultRecord(Fault(**{k: v for k, v in f.items() if k not in ("applied_t", "reverted_t")}),
+                        f["applied_t"], f["reverted_t"]) for f in j["faults"]]
+    return Run(j["commits"], None, recs, max(j["restarts"], restart_attempts(d)), j["completed"], j["steps"],
+               j["t_end"])
+
+
+def recompute(root: Path) -> list[dict]:
+    """The repetitions' figures again from the runs an earlier `--out` kept."""
+    reps = []
+    for rd in sorted(root.glob("r*"), key=lambda x: int(x.name[1:])):
+        res: dict = {}
+        for name in SYSTEMS:
+            ff_dir = rd / name / "ff"
+            if not (ff_dir / "run.json").exists():  # --quick: shared with its twin
+                ff_dir = next(rd / n / "ff" for n in ("default_timeout", "single_rail_restart")
+                              if (rd / n / "ff" / "run.json").exists())
+            rate = steady_rate(load_run(ff_dir))
+            fl = load_run(rd / name / "flap")
+            res[name] = {"steps_per_s": rate, "flapped": flapped_figures(fl, rate)}
+        reps.append({"faults": [r.fault.__dict__ for r in fl.records], **res})
+    return reps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one flap of 2-6 s per run, shorter flap-free runs")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=18)
     ap.add_argument("--out", type=Path, default=None, help="keep the runs' logs and a JSON of every figure here")
+    ap.add_argument("--recompute", type=Path, default=None, help="no runs: figures from an earlier --out")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: testbeds and jobs are removed
     flaps, ff_steps, margin_s, flap_s = (1, 150, 3.0, (2.0, 6.0)) if a.quick else (3, 300, 5.0, (2.0, 8.0))
@@ -269,8 +303,8 @@ def main() -> None:
     best_rate: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="rail_bench") as d:
         root = a.out or Path(d)
-        reps = []
-        for rep in range(a.reps):
+        reps = recompute(a.recompute) if a.recompute else []
+        for rep in range(0 if a.recompute else a.reps):
             faults = flap_schedule(a.seed + rep, flaps, *flap_s)
             horizon = max(f.at_s + f.duration_s for f in faults) + margin_s
             order = SYSTEMS[rep % len(SYSTEMS):] + SYSTEMS[:rep % len(SYSTEMS)]
@@ -301,7 +335,7 @@ def main() -> None:
         if a.out:
             (a.out / "rail_failover.json").write_text(json.dumps({"reps": reps, "summary": summary}, indent=1,
                                                                   default=_json))
-    print(f"\n{a.reps} repetitions, medians [min-max]")
+    print(f"\n{len(reps)} repetitions, medians [min-max]")
     print(f"{'system':20s} {'steps/s':>22s} {'extra s/flap':>22s} {'lost s/flap (local)':>22s} "
           f"{'max stall s/flap':>22s} {'restarts':>10s}")
     fmt = lambda x: "n/a" if x["n"] == 0 else f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]"  # noqa: E731
@@ -317,7 +351,7 @@ def main() -> None:
               f"(local: {fmt(r['lost_s_local_minus_seamguard'])} s)")
     wall = time.time() - t_bench
     print(f"benchmark wall {wall:.0f} s")
-    print(json.dumps({"quick": a.quick, "reps": a.reps, "seed": a.seed, "flaps_per_run": flaps,
+    print(json.dumps({"quick": a.quick, "reps": len(reps), "seed": a.seed, "flaps_per_run": flaps,
                       "flap_s_range": flap_s, "flap_free_steps": ff_steps, "benchmark_wall_s": round(wall, 1),
                       **summary}, default=_json))
 
