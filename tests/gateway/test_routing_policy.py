@@ -253,6 +253,14 @@ def test_batch_is_deferred_while_interactive_ttft_nears_its_budget_and_a_path_is
         r.finished(x, Outcome(True, ttft_s=0.7, tpot_s=0.02, decode_first_token_s=FAST, output_tokens=5))
     with pytest.raises(Shed, match="deferred"):
         r.route("batch", 100)
+    outcomes = []  # never starved: at most defer_max_share of recent batch requests deferred
+    for _ in range(20):
+        try:
+            r.route("batch", 100)
+            outcomes.append(False)
+        except Shed:
+            outcomes.append(True)
+    assert 0.3 <= sum(outcomes) / len(outcomes) <= 0.6
     r.update_fabric({})  # nothing out: batch flows again even with slow interactive TTFTs
     assert r.route("batch", 100).decode is not None
 

@@ -226,6 +226,9 @@ class SeamguardOptions:
     defer_share: float = 0.6
     """Batch work is deferred while recent interactive TTFTs (their upper quantile) exceed
     defer_share of the interactive budget and some path is out for interactive."""
+    defer_max_share: float = 0.5
+    """At most this share of the recent batch requests is deferred: batch work slows, it never
+    starves (a request deferred k times in a row has probability defer_max_share^k)."""
     probe_after_s: float = 5.0
     """A path out of use for this long gets one batch request to learn whether it recovered; two
     probes in a row in line with the peers drop its older samples (it is back)."""
@@ -305,6 +308,7 @@ class SeamguardRouter:
         self._fabric: dict[str, str] = {}
         self._load: dict[str, _Load] = {}
         self._itft: deque = deque(maxlen=max(4, 2 * self.options.window))  # recent interactive TTFTs
+        self._batch_deferred: deque = deque(maxlen=20)  # recent batch route() calls: deferred or not
         self._tpot: dict[str, deque] = {}  # decode instance -> recent TPOT samples
         self._tpot_t: dict[str, float] = {}  # ... and when the last one came
         self._turn = 0
@@ -378,7 +382,12 @@ class SeamguardRouter:
         if request_class == "batch":
             probe = self._probe_candidate(judged, now)
             if probe is None and ok and out_for_interactive:
-                self._defer_if_interactive_at_risk(budget)
+                try:
+                    self._defer_if_interactive_at_risk(budget)
+                except Shed:
+                    self._batch_deferred.append(True)
+                    raise
+            self._batch_deferred.append(False)
         if probe is not None:
             pair, kind = probe, "probe"
         elif ok:
@@ -577,7 +586,8 @@ class SeamguardRouter:
         if ibudget is None or len(self._itft) < 4:
             return
         recent = _quantile(list(self._itft), opts.quantile)
-        if recent > opts.defer_share * ibudget:
+        deferred = sum(self._batch_deferred) / len(self._batch_deferred) if self._batch_deferred else 0.0
+        if recent > opts.defer_share * ibudget and deferred < opts.defer_max_share:
             self._count("defer_batch")
             raise Shed(f"batch deferred: interactive TTFT p{round(100 * opts.quantile)} {recent:.3f}s is over "
                        f"{opts.defer_share:.0%} of its {ibudget:.2f}s budget while a path is out",
