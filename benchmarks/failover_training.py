@@ -432,8 +432,16 @@ def versus_best_baseline(reps: list[dict], summary: dict) -> dict | None:
     def free(rep, s):
         return rep["runs"][s]["clean"]["window_s"]
 
+    def of_medians(key: str) -> float | None:
+        a, b = summary["seamguard"]["spread"][key], summary[best]["spread"][key]
+        return round(a["median"] / b["median"], 3) if a and b and b["median"] else None
+
+    # paired ratios of differences can turn negative when a failure costs less than the
+    # run-to-run noise; the ratios of medians beside them cannot
     return {"baseline": best, "failure_cost_ratio": paired(cost), "wall_ratio_ratio": paired(wall),
-            "failure_free_wall_ratio_ratio": paired(free)}
+            "failure_free_wall_ratio_ratio": paired(free),
+            "failure_cost_ratio_of_medians": of_medians("failure_cost_s"),
+            "resume_s_ratio_of_medians": of_medians("resume_s")}
 
 
 def single(r: dict, plain_window_s: float) -> dict:
@@ -601,7 +609,9 @@ def main() -> None:  # noqa: C901
         if vs:
             print(f"seamguard / {vs['baseline']} (paired per rep): failure cost "
                   f"{fmt(vs['failure_cost_ratio'])}, training time with failures "
-                  f"{fmt(vs['wall_ratio_ratio'])}, failure-free {fmt(vs['failure_free_wall_ratio_ratio'])}")
+                  f"{fmt(vs['wall_ratio_ratio'])}, failure-free {fmt(vs['failure_free_wall_ratio_ratio'])}; "
+                  f"ratio of medians: failure cost {vs['failure_cost_ratio_of_medians']}, "
+                  f"kill->next step {vs['resume_s_ratio_of_medians']}")
 
         sg_free = summary.get("seamguard", {}).get("failure_free_wall_ratio")
         tr_free = summary.get("torchrun", {}).get("failure_free_wall_ratio")
@@ -628,6 +638,8 @@ def main() -> None:  # noqa: C901
             "seamguard_no_failure_wall_ratio": sg_free,
             "torchrun_no_failure_wall_ratio": tr_free,
             "reps": [{"kills": r["kills"], "order": r["order"],
+                      "failures": {s: ms["faults"]["failures"] for s, ms in r["runs"].items()
+                                   if "faults" in ms},
                       "window_s": {f"{s}_{m}": round(v["window_s"], 2)
                                    for s, ms in r["runs"].items() for m, v in ms.items()},
                       "process_wall_s": {f"{s}_{m}": round(v["wall_s"], 2)
