@@ -21,12 +21,17 @@ fastest flap-free rate seen for that system, so every flap lands mid-training (a
 ended before its last flap did is flagged ``outlasted``). ``--quick`` shares one flap-free
 run between default_timeout and single_rail_restart: they are the same processes and
 settings but for a collective timeout that no flap-free step comes near.
+
 Figures per system: steady-state steps/s (flap-free run, first to last commit); failover
 cost per flap = (flapped run's first-to-last-commit time - its steps at the flap-free
-rate) / flaps; the longest commit gap per flap; restarts. Medians over repetitions with
-min-max; ratios seamguard vs each baseline. The last stdout line is one JSON object.
+rate) / flaps, and the same measured inside the flapped run against the rate just before
+each flap (immune to load drift between runs); the longest commit gap per flap;
+restarts (failed worker groups). A run cut off at its deadline counts until then: its
+figures are lower bounds. Medians over repetitions with min-max; seamguard vs each
+baseline within a repetition. The last stdout line is one JSON object.
 
-    PYTHONPATH=src python benchmarks/rail_failover.py --quick
+    PYTHONPATH=src python benchmarks/rail_failover.py --quick --out DIR
+    PYTHONPATH=src python benchmarks/rail_failover.py --recompute DIR   # figures again, no runs
 """
 
 from __future__ import annotations
@@ -275,7 +280,7 @@ def load_run(d: Path) -> Run:
 def recompute(root: Path) -> list[dict]:
     """The repetitions' figures again from the runs an earlier `--out` kept."""
     reps = []
-    for rd in sorted(root.glob("r*"), key=lambda x: int(x.name[1:])):
+    for rd in sorted((d for d in root.glob("r*") if d.name[1:].isdigit()), key=lambda x: int(x.name[1:])):
         res: dict = {}
         for name in SYSTEMS:
             ff_dir = rd / name / "ff"
@@ -337,13 +342,13 @@ def main() -> None:
                                                                   default=_json))
     print(f"\n{len(reps)} repetitions, medians [min-max]")
     print(f"{'system':20s} {'steps/s':>22s} {'extra s/flap':>22s} {'lost s/flap (local)':>22s} "
-          f"{'max stall s/flap':>22s} {'restarts':>10s}")
+          f"{'max stall s/flap':>22s} {'restarts':>16s}")
     fmt = lambda x: "n/a" if x["n"] == 0 else f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]"  # noqa: E731
     for s in SYSTEMS:
         x = summary[s]
         print(f"{s:20s} {fmt(x['steps_per_s']):>22s} {fmt(x['extra_s_per_flap']):>22s} "
               f"{fmt(x['lost_s_local_per_flap']):>22s} {fmt(x['max_stall_s_per_flap']):>22s} "
-              f"{x['restarts']['median']:>10g}")
+              f"{fmt(x['restarts']):>16s}")
     for b, r in summary["ratios_vs_seamguard"].items():
         print(f"seamguard vs {b}: steady steps/s x{fmt(r['steps_per_s_seamguard_over'])}, "
               f"failover cost per flap {b}/seamguard x{fmt(r['extra_s_per_flap_over_seamguard'])}, "
