@@ -223,17 +223,17 @@ class Testbed:
                 _ip("-n", fab, "link", "set", end, "master", br)
                 _ip("-n", fab, "link", "set", end, "up")
         slaves = [self.rail_if(r) for r in range(s.rails)]
-        probe = _ip("-n", self.host_ns(0), "link", "add", BOND_IF, "type", "bond", "mode", "active-backup",
-                    "miimon", str(s.miimon_ms), check=False)
+        kernel_bond = ["link", "add", BOND_IF, "mtu", str(s.mtu_bytes), "type", "bond", "mode", "active-backup",
+                       "miimon", str(s.miimon_ms)]
+        probe = _ip("-n", self.host_ns(0), *kernel_bond, check=False)  # "Unknown device type" without the driver
         self.bond_impl = "kernel" if probe.returncode == 0 else "emulated"
         if self.bond_impl == "emulated":
             self._state_dir = tempfile.mkdtemp(prefix=f"{self.prefix}-bond")
         for h in range(s.hosts):
             hns = self.host_ns(h)
             if self.bond_impl == "kernel":
-                if h:
-                    _ip("-n", hns, "link", "add", BOND_IF, "type", "bond", "mode", "active-backup",
-                        "miimon", str(s.miimon_ms))
+                if h:  # host 0's is the probe
+                    _ip("-n", hns, *kernel_bond)
             else:
                 _ip("-n", hns, "link", "add", BOND_IF, "mtu", str(s.mtu_bytes), "type", "bridge",
                     "stp_state", "0", "forward_delay", "0")
