@@ -294,6 +294,51 @@ def recompute(root: Path) -> list[dict]:
     return reps
 
 
+def run_repetition(rep: int, faults: list[Fault], quick: bool, ff_steps: int, horizon: float,
+                   best_rate: dict[str, float], root: Path) -> dict:
+    """Every system flap-free, then on this repetition's flaps, in a rotated order."""
+    order = SYSTEMS[rep % len(SYSTEMS):] + SYSTEMS[:rep % len(SYSTEMS)]
+    print(f"rep {rep}: order {order}; flaps {[f'{f.describe()} at {f.at_s:g}s' for f in faults]}", flush=True)
+    res: dict = {}
+    shared: list[float] = []
+    for name in order:
+        twin = quick and name in ("default_timeout", "single_rail_restart")
+        if twin and shared:
+            rate = shared[0]
+        else:
+            rate = steady_rate(run_system(name, ff_steps, [], root / f"r{rep}" / name / "ff", 300))
+            if twin:
+                shared.append(rate)
+        best_rate[name] = max(best_rate.get(name, 0.0), rate)
+        steps = max(ff_steps, math.ceil(1.5 * best_rate[name] * horizon))
+        # bounded: a baseline that keeps failing to re-form its group is cut off (completed: false)
+        fl = run_system(name, steps, faults, root / f"r{rep}" / name / "flap", 30 + 3 * horizon)
+        res[name] = {"steps_per_s": rate, "flapped": flapped_figures(fl, rate)}
+        f = res[name]["flapped"]
+        print(f"  {name:20s} flap-free {rate:6.1f} steps/s | flapped {steps} steps: "
+              f"extra {f['extra_s_per_flap']:6.2f} s/flap (local {[round(x, 2) for x in f['lost_s_local']]}), "
+              f"stalls {[round(x, 2) for x in f['stall_s']]} s, restarts {f['restarts']}, "
+              f"completed {f['completed']}" + (", OUTLASTED" if f["outlasted"] else ""), flush=True)
+    return {"faults": [f.__dict__ for f in faults], **res}
+
+
+def print_summary(summary: dict, reps: int) -> None:
+    print(f"\n{reps} repetitions, medians [min-max]")
+    print(f"{'system':20s} {'steps/s':>22s} {'extra s/flap':>22s} {'lost s/flap (local)':>22s} "
+          f"{'max stall s/flap':>22s} {'restarts':>18s}")
+    fmt = lambda x: "n/a" if x["n"] == 0 else f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]"  # noqa: E731
+    for s in SYSTEMS:
+        x = summary[s]
+        print(f"{s:20s} {fmt(x['steps_per_s']):>22s} {fmt(x['extra_s_per_flap']):>22s} "
+              f"{fmt(x['lost_s_local_per_flap']):>22s} {fmt(x['max_stall_s_per_flap']):>22s} "
+              f"{fmt(x['restarts']):>18s}")
+    for b, r in summary["ratios_vs_seamguard"].items():
+        print(f"seamguard vs {b}: steady steps/s x{fmt(r['steps_per_s_seamguard_over'])}, "
+              f"failover cost per flap {b}/seamguard x{fmt(r['extra_s_per_flap_over_seamguard'])}, "
+              f"{b} - seamguard {fmt(r['extra_s_per_flap_minus_seamguard'])} s "
+              f"(local: {fmt(r['lost_s_local_minus_seamguard'])} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one flap of 2-6 s per run, shorter flap-free runs")
@@ -312,48 +357,12 @@ def main() -> None:
         for rep in range(0 if a.recompute else a.reps):
             faults = flap_schedule(a.seed + rep, flaps, *flap_s)
             horizon = max(f.at_s + f.duration_s for f in faults) + margin_s
-            order = SYSTEMS[rep % len(SYSTEMS):] + SYSTEMS[:rep % len(SYSTEMS)]
-            print(f"rep {rep}: order {order}; flaps {[f'{f.describe()} at {f.at_s:g}s' for f in faults]}", flush=True)
-            res: dict = {}
-            shared: dict[str, float] = {}
-            for name in order:
-                twin = a.quick and name in ("default_timeout", "single_rail_restart")
-                if twin and shared:
-                    rate = next(iter(shared.values()))
-                else:
-                    rate = steady_rate(run_system(name, ff_steps, [], root / f"r{rep}" / name / "ff", 300))
-                    if twin:
-                        shared[name] = rate
-                best_rate[name] = max(best_rate.get(name, 0.0), rate)
-                steps = max(ff_steps, math.ceil(1.5 * best_rate[name] * horizon))
-                # bounded: a baseline that keeps failing to re-form its group is cut off (completed: false)
-                fl = run_system(name, steps, faults, root / f"r{rep}" / name / "flap", 30 + 3 * horizon)
-                res[name] = {"steps_per_s": rate, "flapped": flapped_figures(fl, rate)}
-                f = res[name]["flapped"]
-                print(f"  {name:20s} flap-free {rate:6.1f} steps/s | flapped {steps} steps: "
-                      f"extra {f['extra_s_per_flap']:6.2f} s/flap (local {[round(x, 2) for x in f['lost_s_local']]}), "
-                      f"stalls {[round(x, 2) for x in f['stall_s']]} s, "
-                      f"restarts {f['restarts']}, completed {f['completed']}"
-                      + (", OUTLASTED" if f["outlasted"] else ""), flush=True)
-            reps.append({"faults": [f.__dict__ for f in faults], **res})
+            reps.append(run_repetition(rep, faults, a.quick, ff_steps, horizon, best_rate, root))
         summary = summarize(reps)
         if a.out:
             (a.out / "rail_failover.json").write_text(json.dumps({"reps": reps, "summary": summary}, indent=1,
                                                                   default=_json))
-    print(f"\n{len(reps)} repetitions, medians [min-max]")
-    print(f"{'system':20s} {'steps/s':>22s} {'extra s/flap':>22s} {'lost s/flap (local)':>22s} "
-          f"{'max stall s/flap':>22s} {'restarts':>16s}")
-    fmt = lambda x: "n/a" if x["n"] == 0 else f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]"  # noqa: E731
-    for s in SYSTEMS:
-        x = summary[s]
-        print(f"{s:20s} {fmt(x['steps_per_s']):>22s} {fmt(x['extra_s_per_flap']):>22s} "
-              f"{fmt(x['lost_s_local_per_flap']):>22s} {fmt(x['max_stall_s_per_flap']):>22s} "
-              f"{fmt(x['restarts']):>16s}")
-    for b, r in summary["ratios_vs_seamguard"].items():
-        print(f"seamguard vs {b}: steady steps/s x{fmt(r['steps_per_s_seamguard_over'])}, "
-              f"failover cost per flap {b}/seamguard x{fmt(r['extra_s_per_flap_over_seamguard'])}, "
-              f"{b} - seamguard {fmt(r['extra_s_per_flap_minus_seamguard'])} s "
-              f"(local: {fmt(r['lost_s_local_minus_seamguard'])} s)")
+    print_summary(summary, len(reps))
     wall = time.time() - t_bench
     print(f"benchmark wall {wall:.0f} s")
     print(json.dumps({"quick": a.quick, "reps": len(reps), "seed": a.seed, "flaps_per_run": flaps,
