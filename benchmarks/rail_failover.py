@@ -306,7 +306,7 @@ def run_repetition(rep: int, faults: list[Fault], quick: bool, ff_steps: int, ho
         if twin and shared:
             rate = shared[0]
         else:
-            rate = steady_rate(run_system(name, ff_steps, [], root / f"r{rep}" / name / "ff", 300))
+            rate = steady_rate(run_system(name, ff_steps, [], root / f"r{rep}" / name / "ff", 120))
             if twin:
                 shared.append(rate)
         best_rate[name] = max(best_rate.get(name, 0.0), rate)
