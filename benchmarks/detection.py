@@ -17,6 +17,8 @@ per fault class, `precision`, `recall`, `median_delay_s`, `p90_delay_s`, `health
 
     python benchmarks/detection.py --quick      # 4 scenarios of 256 GPUs, ~1-2 min
     python benchmarks/detection.py              # 20 scenarios, 256-4,096 GPUs
+    python benchmarks/detection.py --keep DIR   # ... and keep scenarios and timelines in DIR
+    python benchmarks/detection.py --rescore DIR  # score DIR's timelines again (scoring rules changed)
 """
 
 from __future__ import annotations
@@ -200,7 +202,12 @@ def main() -> None:
     ap.add_argument("--current-src", type=Path, default=ROOT / "src",
                     help="source tree of the current detector (default: this checkout's src)")
     ap.add_argument("--keep", type=Path, default=None, help="keep scenario files and timelines here")
+    ap.add_argument("--rescore", type=Path, default=None,
+                    help="score the timelines a --keep run left in this folder again (after a change to the "
+                         "scoring rules), without generating or replaying anything")
     args = ap.parse_args()
+    if args.rescore is not None:
+        return rescore(args.rescore, args.baseline_ref)
 
     t_all = time.monotonic()
     specs = plan(args.quick, args.scenarios)
@@ -250,6 +257,27 @@ def main() -> None:
            "wall_s": round(time.monotonic() - t_all, 1), "timing_s": {k: round(v, 1) for k, v in timing.items()},
            "current": cur, "baseline": base, "goals_current": goals(cur), "goals_baseline": goals(base)}
     print(json.dumps(out))
+
+
+def rescore(folder: Path, ref: str) -> None:
+    """Score kept timelines again: same scenarios, same replays, the current scoring rules."""
+    t0 = time.monotonic()
+    res: dict[str, list[dict]] = {"current": [], "baseline": []}
+    truths, dirs = [], sorted(d for d in folder.iterdir() if d.is_dir() and d.name[:1] == "s")
+    if not dirs:
+        raise SystemExit(f"error: --rescore {folder}: no scenario folders (s00-…) from a --keep run")
+    for d in dirs:
+        rel = Relations(load_topology(d / "topology.yaml"))
+        incidents = load_labels(d / "labels.yaml")
+        truths.append(json.loads((d / "truth.json").read_text()))
+        for name in res:
+            res[name].append(score(incidents, read_timeline(d / f"{name}.jsonl"), rel, tolerance_s=0.0))
+    cur, base = aggregate(res["current"], truths), aggregate(res["baseline"], truths)
+    print_table(cur, base, ref)
+    print(json.dumps({"benchmark": "detection", "rescored_from": str(folder), "scenarios": len(dirs),
+                      "faults": sum(r["overall"]["incidents"] for r in res["current"]), "scrape_s": SCRAPE_S,
+                      "baseline_ref": ref, "wall_s": round(time.monotonic() - t0, 1), "current": cur,
+                      "baseline": base, "goals_current": goals(cur), "goals_baseline": goals(base)}))
 
 
 if __name__ == "__main__":

@@ -108,6 +108,11 @@ def test_a_jobs_checkpoint_belongs_to_the_incident_on_its_cause(rel):
     assert (rows["a"]["checkpoint_requests"], rows["b"]["checkpoint_requests"]) == (2, 1)
     assert rows["a"]["max_checkpoint_requests_per_job"] == 2
     assert res["overall"]["max_checkpoint_requests_per_fault_and_job"] == 2
+    # asked for a node of the same job that no incident covers: a false action, not a's or b's
+    c_node = next(f.node_names[i] for i in np.flatnonzero(f.node_job == j)[2:])
+    res = score(incs, sorted(events + [act(500, "checkpoint_now", "job", job, cause=c_node)], key=lambda e: e["t"]), rel)
+    assert [r["checkpoint_requests"] for r in res["incidents"]] == [2, 1]
+    assert res["false_actions"] == {f"checkpoint_now job:{job}": 1}
 
 
 def test_storage_incident_covers_jobs_writing_there_and_maintenance_is_no_incident(rel):

@@ -357,13 +357,12 @@ def score(incidents: list[Incident], events: list[dict], relations: Relations | 
         t = float(ev["t"])
         key = (str(ev.get("kind")), str(ev.get("entity")))
         # An action belongs to the incident that covers its cause (a job asked to checkpoint for
-        # one of its nodes belongs to that node's incident, not to any incident on the job);
-        # without a covered cause, to an incident covering its target.
+        # one of its nodes belongs to that node's incident, not to any incident on the job); a
+        # cause no incident covers makes it a false action. Without a known cause, it belongs to
+        # an incident covering its target.
         cause = a.get("cause")
         cause_kind = rel.kind_of(str(cause)) if cause else None
-        cov = covering((cause_kind, str(cause)), t) if cause_kind is not None else []
-        if not cov:
-            cov = covering(key, t)
+        cov = covering((cause_kind, str(cause)), t) if cause_kind is not None else covering(key, t)
         verb = a.get("verb")
         n_ckpt += verb == "checkpoint_now"
         if not cov and planned(key, t):
