@@ -191,13 +191,32 @@ def _back_to_storage(run: _Run, job: _Job, cause: str, interval_s: float) -> Non
     job.rollback += extra
 
 
-@dataclass(frozen=True)
-class RequeueRestart:
-    """The job stops, goes back to its newest completed storage checkpoint, is requeued
-    and restarted: ``hang_detect + requeue + restart + load``."""
+class _Restart:
+    """What every restarting recovery shares: a failure costs half an interval of work plus
+    the resume, and a node drained ahead of time costs a planned checkpoint and resume."""
 
     def rolls_back(self, pp: PolicyParams, hz: dict[Scope, float]) -> dict[Scope, float]:
         return hz
+
+    def resume_s(self, run: _Run, job: _Job) -> float:
+        raise NotImplementedError
+
+    def planned_s(self, run: _Run, job: _Job) -> float:
+        raise NotImplementedError
+
+    def failure_loss_s(self, run: _Run, job: _Job) -> float:
+        return job.tau / 2.0 + self.resume_s(run, job)
+
+    def drain(self, run: _Run, job: _Job) -> tuple[float, bool]:
+        """A node taken out ahead of time: checkpoint, then restart without it."""
+        job.commit_now()
+        return self.planned_s(run, job), True
+
+
+@dataclass(frozen=True)
+class RequeueRestart(_Restart):
+    """The job stops, goes back to its newest completed storage checkpoint, is requeued
+    and restarted: ``hang_detect + requeue + restart + load``."""
 
     def resume_s(self, run: _Run, job: _Job) -> float:
         c = run.costs
@@ -208,14 +227,6 @@ class RequeueRestart:
         c = run.costs
         return c.write_blocking_s + c.write_async_s + self.resume_s(run, job)
 
-    def failure_loss_s(self, run: _Run, job: _Job) -> float:
-        return job.tau / 2.0 + self.resume_s(run, job)
-
-    def drain(self, run: _Run, job: _Job) -> tuple[float, bool]:
-        """A node taken out ahead of time: checkpoint, then restart without it."""
-        job.commit_now()
-        return self.planned_s(run, job), True
-
     def hard_failure(self, run: _Run, job: _Job, cause: str, scope: Scope,
                      needs_nodes: bool) -> tuple[float, bool, bool]:
         job.rollback_to_checkpoint(cause)
@@ -223,13 +234,10 @@ class RequeueRestart:
 
 
 @dataclass(frozen=True)
-class InJobRestart:
+class InJobRestart(_Restart):
     """Every rank restarts in place (no requeue; a hot spare replaces a lost node) and
-    loads the newest in-memory checkpoint from a peer; silent corruption goes back to the
-    storage copy."""
-
-    def rolls_back(self, pp: PolicyParams, hz: dict[Scope, float]) -> dict[Scope, float]:
-        return hz
+    loads the newest in-memory checkpoint from a peer (a drained node: checkpoint to a
+    peer, restart in place); silent corruption goes back to the storage copy."""
 
     def resume_s(self, run: _Run, job: _Job) -> float:
         c = run.costs
@@ -237,14 +245,6 @@ class InJobRestart:
 
     def planned_s(self, run: _Run, job: _Job) -> float:
         return run.costs.write_blocking_s + self.resume_s(run, job)
-
-    def failure_loss_s(self, run: _Run, job: _Job) -> float:
-        return job.tau / 2.0 + self.resume_s(run, job)
-
-    def drain(self, run: _Run, job: _Job) -> tuple[float, bool]:
-        """A node taken out ahead of time: checkpoint to a peer, restart in place."""
-        job.commit_now()
-        return self.planned_s(run, job), True
 
     def hard_failure(self, run: _Run, job: _Job, cause: str, scope: Scope,
                      needs_nodes: bool) -> tuple[float, bool, bool]:
