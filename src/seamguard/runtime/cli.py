@@ -65,6 +65,8 @@ def launch(
                                                help="Append every event, the launcher's and the workers', as JSON lines here."),
     log_format: str = typer.Option("text", "--log-format", metavar="<text|json>",
                                    help="stderr: lines a person reads, or the JSON event records."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
+                                               help="Node 0 serves the job's progress as Prometheus /metrics here."),
     chaos: str = typer.Option("", "--chaos", help="Fault plan (see seamguard.runtime.chaos)."),
     chaos_dir: Optional[Path] = typer.Option(None, "--chaos-dir", help="Directory for the fault plan's once-per-job claims and kills.jsonl."),
 ) -> None:
@@ -97,7 +99,8 @@ def launch(
                                   evacuate_stragglers=evacuate_stragglers, hint_dir=hint_dir,
                                   replenish_spares=replenish_spares, fork_server=fork_server,
                                   preload=tuple(m.strip() for m in preload.split(",") if m.strip()),
-                                  events_file=events_file, log_format=log_format, env=env)
+                                  events_file=events_file, log_format=log_format, metrics_port=metrics_port,
+                                  env=env)
     except ValueError as exc:
         _fail(f"{exc} (see 'seamguard launch --help')")
     raise typer.Exit(run(settings))

@@ -22,6 +22,7 @@ from seamguard.runtime import keys
 from seamguard.runtime.detect import Beat, HeartbeatTracker
 from seamguard.runtime.manifest import complete_steps, latest_verified
 from seamguard.runtime.membership import Plan, initial_plan, next_plan, resume_step
+from seamguard.runtime.metrics import JobView, RankView, StepClock
 from seamguard.runtime.settings import LaunchSettings
 
 
@@ -50,6 +51,8 @@ class Coordinator:
     _deferred: set[int] = field(default_factory=set)  # losses waiting for replacement spares
     _deferred_since_s: float = 0.0
     _furthest_step: int = 0  # the furthest step any rank's heartbeat reported (for steps redone)
+    _beats: dict = field(default_factory=dict)  # wid -> its last heartbeat (for metrics)
+    _steps: StepClock = field(default_factory=StepClock)
     tracker: HeartbeatTracker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +108,18 @@ class Coordinator:
             self._advance_recovery(now)
         return self.phase
 
+    def view(self, job: str) -> JobView:
+        """What the job's metrics show now (seamguard.runtime.metrics)."""
+        ranks = []
+        if self.plan is not None:
+            for r, w in enumerate(self.plan.ranks):
+                hb = self._beats.get(w)
+                if hb is not None and w not in self.lost:
+                    ranks.append(RankView(r, w, str(hb.get("host", "")), int(hb.get("local", r)), int(hb["step"]),
+                                          float(hb["compute_s"]), str(hb["phase"])))
+        return JobView(job, tuple(ranks), self.plan.gen if self.plan else -1, self._furthest_step,
+                       self._steps.seconds_per_step(), self.recoveries, len(self.lost))
+
     # ---------------------------------------------------------------- observation
     def _exited_before_registering(self) -> tuple[int, int] | None:
         """A worker that died before it registered (a bad script, a missing module): torchrun's
@@ -155,6 +170,8 @@ class Coordinator:
                 hb = json.loads(raw)
                 self.tracker.observe(w, Beat(hb["n"], hb["step"], hb["phase"], hb["compute_s"]), now)
                 self._furthest_step = max(self._furthest_step, int(hb["step"]))
+                self._steps.advance(self._furthest_step, now)
+                self._beats[w] = hb
         out = set()
         for v in self.tracker.verdicts(active, now):
             if v.kind == "straggler" and not self.settings.evacuate_stragglers:

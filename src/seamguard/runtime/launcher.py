@@ -24,6 +24,7 @@ from seamguard.ports import free_port
 from seamguard.runtime import keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.eventlog import EVENTS_FILE_ENV, LOG_FORMAT_ENV, EventLog, set_title
+from seamguard.runtime.metrics import render
 from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
 
@@ -126,8 +127,11 @@ def launch(s: LaunchSettings) -> int:
                             float(settings_env.get("recovery_timeout_s", 60.0)), log)
     code = 1
     respawned = 0
+    exporter = MetricsServer(s.metrics_port) if master and s.metrics_port is not None else None
     try:
         while True:
+            if exporter is not None:
+                exporter.publish(lambda: render(coord.view(s.run_id)))
             for c in list(children):
                 if not c.reported and c.proc.poll() is not None:
                     c.reported = True
@@ -156,6 +160,8 @@ def launch(s: LaunchSettings) -> int:
                  "wall_s": round(time.monotonic() - t0, 3), "recoveries": coord.recoveries,
                  "lost": len(coord.lost)})
     finally:
+        if exporter is not None:
+            exporter.close()
         for c in children:
             if c.proc.poll() is None:
                 c.proc.kill()
@@ -164,6 +170,46 @@ def launch(s: LaunchSettings) -> int:
             server.close()
         events.close()
     return code
+
+
+class MetricsServer:
+    """``GET /metrics`` on a daemon thread; the supervising loop publishes the text at most
+    twice a second, so a scrape never touches the coordinator's state."""
+
+    def __init__(self, port: int, every_s: float = 0.5) -> None:
+        import http.server
+        import threading
+
+        body = {"text": b""}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                data = body["text"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._body, self._every_s, self._last = body, every_s, -1e9
+        self._server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="seamguard-metrics", daemon=True).start()
+
+    def publish(self, text) -> None:
+        now = time.monotonic()
+        if now - self._last >= self._every_s:
+            self._body["text"], self._last = text().encode(), now
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def _remove_shared_memory(run_id: str, children: list[Child]) -> None:

@@ -115,6 +115,8 @@ class LaunchSettings:
     """Directory the launcher watches for control-plane hint files (see docs/runtime.md)."""
     events_file: Path | None = None
     """JSON-lines log of detections and recoveries (the launcher's and every worker's)."""
+    metrics_port: int | None = None
+    """Node 0 serves the job's progress as Prometheus text on this port (None: off)."""
     log_format: str = "text"
     """stderr: ``text`` (a line a person reads) or ``json`` (the event records)."""
     env: dict[str, str] = field(default_factory=dict)

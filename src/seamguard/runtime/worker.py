@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -119,6 +120,9 @@ class Runtime:
                       "steps_rejected": 0}
         self.events: list[dict] = []
         self.log = EventLog.from_environment()
+        # where this worker runs, for the job's metrics: the node as the topology names it, its GPU slot
+        self._host = os.environ.get("SEAMGUARD_NODE_NAME") or socket.gethostname().split(".")[0]
+        self._local = int(os.environ.get("LOCAL_RANK", "0"))
         self.store.set(keys.worker_addr(wid), self.server.address)
         self.store.set(keys.worker_pid(wid), str(os.getpid()))
         self.store.set(keys.worker_slots(wid), self.slots.prefix)
@@ -604,7 +608,7 @@ class Runtime:
             try:
                 store.set(keys.heartbeat(self.wid), json.dumps(
                     {"n": counter, "step": self.step, "phase": self._phase,
-                     "compute_s": self._compute_s, "gen": self.gen}))
+                     "compute_s": self._compute_s, "gen": self.gen, "host": self._host, "local": self._local}))
                 if store.check([keys.GENERATION]):
                     self._gen_seen = int(store.get(keys.GENERATION))
             except (RuntimeError, ValueError, OSError):

@@ -1,0 +1,85 @@
+"""The runtime reports itself: per-rank and per-job progress as Prometheus text.
+
+`seamguard launch --metrics-port P` (node 0) serves what its coordinator sees in the
+workers' heartbeats, under the names the control plane reads (seamguard.observe.signals):
+each rank's compute time of its last step on its GPU (``Hostname``, ``gpu`` labels, one
+rank per GPU), the job's wall time per step and its progress, recoveries and losses
+(``job_name`` label). These are the live inputs of useful throughput (a rank computing
+slower than its peers) and rollback exposure (steps since the last persisted one).
+Pure: :func:`render` turns a :class:`JobView` into text; the launcher serves it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One training rank as its last heartbeat showed it."""
+
+    rank: int
+    wid: int
+    host: str
+    local: int  # local slot on its node: its GPU index
+    step: int
+    compute_s: float
+    phase: str
+
+
+@dataclass(frozen=True)
+class JobView:
+    job: str
+    ranks: tuple[RankView, ...]
+    generation: int
+    furthest_step: int
+    step_seconds: float | None  # wall seconds per step, over the recent steps
+    recoveries: int
+    lost: int
+
+
+@dataclass
+class StepClock:
+    """Wall seconds per step from when the furthest step advanced (the last ``window`` advances)."""
+
+    window: int = 16
+    _seen: deque = field(default_factory=lambda: deque(maxlen=17))
+
+    def advance(self, step: int, t_s: float) -> None:
+        if not self._seen or step > self._seen[-1][0]:
+            self._seen.append((step, t_s))
+
+    def seconds_per_step(self) -> float | None:
+        if len(self._seen) < 2:
+            return None
+        (s0, t0), (s1, t1) = self._seen[0], self._seen[-1]
+        return (t1 - t0) / (s1 - s0)
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render(v: JobView) -> str:
+    """Prometheus text exposition (version 0.0.4) of one job."""
+    job = f'job_name="{_esc(v.job)}"'
+    out = ["# HELP seamguard_rank_compute_seconds compute time of the rank's last step before its collective",
+           "# TYPE seamguard_rank_compute_seconds gauge"]
+    for r in sorted(v.ranks, key=lambda r: r.rank):
+        out.append(f'seamguard_rank_compute_seconds{{Hostname="{_esc(r.host)}",gpu="{r.local}",{job},'
+                   f'rank="{r.rank}",worker="{r.wid}"}} {r.compute_s:.6g}')
+    out += ["# HELP seamguard_rank_step the step each rank is on", "# TYPE seamguard_rank_step gauge"]
+    out += [f'seamguard_rank_step{{{job},rank="{r.rank}"}} {r.step}' for r in sorted(v.ranks, key=lambda r: r.rank)]
+    if v.step_seconds is not None:
+        out += ["# HELP seamguard_job_step_seconds wall time of the job's last steps, per step",
+                "# TYPE seamguard_job_step_seconds gauge", f"seamguard_job_step_seconds{{{job}}} {v.step_seconds:.6g}"]
+    out += ["# HELP seamguard_job_step the furthest step any rank has reached", "# TYPE seamguard_job_step gauge",
+            f"seamguard_job_step{{{job}}} {v.furthest_step}",
+            "# HELP seamguard_job_generation the membership generation (one per recovery)",
+            "# TYPE seamguard_job_generation gauge", f"seamguard_job_generation{{{job}}} {v.generation}",
+            "# HELP seamguard_job_recoveries_total recoveries without restarting the survivors",
+            "# TYPE seamguard_job_recoveries_total counter", f"seamguard_job_recoveries_total{{{job}}} {v.recoveries}",
+            "# HELP seamguard_job_workers_lost_total worker processes lost (killed, hung, evacuated)",
+            "# TYPE seamguard_job_workers_lost_total counter", f"seamguard_job_workers_lost_total{{{job}}} {v.lost}"]
+    return "\n".join(out) + "\n"
