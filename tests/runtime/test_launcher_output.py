@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -111,26 +112,60 @@ def test_a_run_reads_as_words_names_its_workers_and_ends_with_a_summary(tmp_path
     assert r.kinds("resumed")[-1]["steps_redone"] is not None
 
 
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, state, title) of every process."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(") ", 1)[1].split()[:2]
+        out[int(d.name)] = (int(ppid), state, cmd)
+    return out
+
+
+def _descendants(root: int) -> dict[int, str]:
+    procs, found, todo = _processes(), {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, state, cmd) in procs.items():
+            if ppid == parent and pid not in found:
+                found[pid] = cmd
+                todo.append(pid)
+    return found
+
+
+def _alive(pids) -> set[int]:
+    procs = _processes()
+    return {p for p in pids if p in procs and procs[p][1] != "Z"}
+
+
 @pytest.mark.timeout(180)
-def test_ps_shows_rank_and_generation(tmp_path):
-    out = tmp_path / "run"
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+def test_ps_shows_rank_and_generation_and_workers_die_with_their_launcher(tmp_path, stop):
     p = subprocess.Popen([sys.executable, "-m", "seamguard", "launch", "--nproc", "2", "--spares", "1", "--",
-                          str(REPO / "examples" / "train_ddp.py"), "--steps", "400", "--out", str(out)],
+                          str(REPO / "examples" / "train_ddp.py"), "--steps", "400", "--out", str(tmp_path / "run")],
                          env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: set[str] = set()
+    family: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and p.poll() is None and len(seen) < 3:
-            for d in Path("/proc").iterdir():
-                try:
-                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                if cmd.startswith("seamguard: rank 0/2 gen 0") or cmd.startswith("seamguard: rank 1/2 gen 0") \
-                        or cmd.startswith("seamguard: spare"):
+            family = _descendants(p.pid)
+            for cmd in family.values():
+                if cmd.startswith(("seamguard: rank 0/2 gen 0", "seamguard: rank 1/2 gen 0", "seamguard: spare")):
                     seen.add(cmd.split(" (")[0].split(" gen")[0])
             time.sleep(0.2)
     finally:
-        p.kill()
-        p.wait()
+        p.send_signal(signal.SIGKILL if stop == "SIGKILL" else signal.SIGTERM)
+        p.wait(timeout=60)
     assert seen == {"seamguard: rank 0/2", "seamguard: rank 1/2", "seamguard: spare w2"}, seen
+    assert "seamguard: fork server" in family.values()
+    deadline = time.monotonic() + 30
+    while _alive(family) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(family), {p: family[p] for p in _alive(family)}  # none left training into a dead store

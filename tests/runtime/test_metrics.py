@@ -70,8 +70,8 @@ def test_launch_serves_the_jobs_progress(tmp_path):
                 break
             time.sleep(0.3)
     finally:
-        p.kill()
-        p.wait()
+        p.terminate()  # SIGTERM: the launcher takes its workers down
+        p.wait(timeout=60)
     host = socket.gethostname().split(".")[0]
     ranks = {(x.labels["Hostname"], x.labels["gpu"], x.labels["job_name"]) for x in s["seamguard_rank_compute_seconds"]}
     assert ranks == {(host, "0", "metrics-test"), (host, "1", "metrics-test")}, s

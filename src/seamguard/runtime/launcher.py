@@ -111,6 +111,10 @@ def launch(s: LaunchSettings) -> int:
     def log(event: dict) -> None:
         events.emit(event, who)
 
+    def _terminate(signum, frame) -> None:  # SIGTERM (scheduler, kill): clean up as on any exit
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminate)
     per_node = s.nproc + s.spares
     settings_env = json.loads(s.env.get("SEAMGUARD_SETTINGS", "{}"))
     server = ForkServer(s.preload) if s.fork_server and s.script[0].endswith(".py") else None

@@ -33,8 +33,20 @@ POLL_S = 0.005
 
 
 # ---------------------------------------------------------------- the zygote process
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux PR_SET_PDEATHSIG):
+    a launcher killed with SIGKILL takes its zygote and workers with it instead of leaving
+    them training into a store that is gone."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _run_child(argv: list[str], env: dict[str, str], cwd: str | None) -> None:
     """In the forked child: become ``python argv[0] argv[1:]`` (never returns)."""
+    die_with_parent()
     os.environ.clear()
     os.environ.update(env)
     from seamguard.runtime.eventlog import set_title
@@ -76,7 +88,7 @@ def serve(fd: int, preload: tuple[str, ...] = ()) -> None:
         if ready:
             data = sock.recv(65536)
             if not data:
-                return   # the launcher is gone: its children are its business
+                return   # the launcher is gone; the workers die with this process (die_with_parent)
             buf += data
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
