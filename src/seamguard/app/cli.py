@@ -46,8 +46,6 @@ app.add_typer(policy_app, name="policy", short_help="Decision policy: show the d
 twin_app.command("simulate", short_help="Discrete-event simulation: seamguard beside three baselines.")(
     twin_events_cli.simulate)
 twin_app.command("report", short_help="ETTR-vs-size and cost plots plus a summary.")(twin_events_cli.report)
-app.command("gateway", short_help="OpenAI-compatible gateway: token budgets, zombie keys.")(gateway_cli.gateway)
-app.command("agent", short_help="Per-node exporter: XIDs, NICs, storage/fabric probes.")(agent_cli.agent)
 
 
 class Scenario(str, Enum):
@@ -421,6 +419,11 @@ def _serve_banner(d: dict[str, Any]) -> None:
     typer.echo(f"  dashboard  {d['dashboard']}")
     typer.echo(f"  API docs   {d['api_docs']}   metrics {d['metrics']}")
     typer.echo(f"  token      {d['token']}   (Authorization: Bearer <token> for mode, breaker reset, pins)")
+
+
+# after the controller's commands in --help: the node agent and the inference gateway
+app.command("agent", short_help="Per-node exporter: XIDs, NICs, storage/fabric probes.")(agent_cli.agent)
+app.command("gateway", short_help="OpenAI-compatible gateway: token budgets, zombie keys.")(gateway_cli.gateway)
 
 
 def main() -> None:
