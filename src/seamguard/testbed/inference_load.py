@@ -152,25 +152,35 @@ async def _via_gateway(client, gw: dict, a: Arrival, budget_s: float, timeout_s:
                     await asyncio.sleep(wait)
                     continue
                 resp.raise_for_status()
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        raise ValueError(str(chunk["error"].get("message"))[:150])
-                    if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
-                        now = time.monotonic()
-                        first = first or now
-                        last, n = now, n + 1
+                async for now in _content_times(resp):
+                    first = first or now
+                    last, n = now, n + 1
                 break
         rec.ok = n > 0
         rec.error = "" if rec.ok else "no tokens"
     except (httpx.HTTPError, KeyError, ValueError) as e:
         rec.error = f"{type(e).__name__}: {e}"[:200]
+    _token_timing(rec, t_arr, first, last, n)
+    return rec
+
+
+async def _content_times(resp):
+    """The arrival time (monotonic) of each content chunk of an OpenAI SSE stream; an error chunk raises."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            raise ValueError(str(chunk["error"].get("message"))[:150])
+        if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+            yield time.monotonic()
+
+
+def _token_timing(rec: Record, t_arr: float, first: float | None, last: float | None, n: int) -> None:
+    """TTFT from the request's arrival, TPOT over the tokens after the first."""
     if first is not None:
         rec.ttft_s = first - t_arr
         rec.tpot_s = (last - first) / (n - 1) if n > 1 else 0.0
-    return rec
 
 
 async def _wait_up(client, url: str, timeout_s: float) -> None:
@@ -240,24 +250,17 @@ async def _one(client, router, a: Arrival, t_start: float, budget_s: float, time
         async with client.stream("POST", route.decode.url + "/v1/chat/completions", json=body,
                                  timeout=timeout_s) as resp:
             resp.raise_for_status()
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
-                    now = time.monotonic()
-                    if first is None:
-                        first, dft = now, now - t_dec
-                        router.first_token(route, dft)
-                    last, n = now, n + 1
+            async for now in _content_times(resp):
+                if first is None:
+                    first, dft = now, now - t_dec
+                    router.first_token(route, dft)
+                last, n = now, n + 1
         rec.ok = n > 0
         rec.error = "" if rec.ok else "no tokens"
     except (httpx.HTTPError, KeyError, ValueError) as e:
         rec.error = f"{type(e).__name__}: {e}"[:200]
-    if first is not None:
-        rec.ttft_s = first - t_arr
-        rec.tpot_s = (last - first) / (n - 1) if n > 1 else 0.0
-        rec.dft_s = dft
+    _token_timing(rec, t_arr, first, last, n)
+    rec.dft_s = dft
     router.finished(route, Outcome(ok=rec.ok, ttft_s=rec.ttft_s, tpot_s=rec.tpot_s, decode_first_token_s=dft,
                                    output_tokens=n))
     return rec
