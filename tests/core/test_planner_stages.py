@@ -395,6 +395,25 @@ def test_a_checkpoint_that_does_not_pay_is_not_asked():
     assert jc == ck.JobCheckpoint(None, False, None, [ck.Episode(J0, "gpu003", 0)], None)
 
 
+def _reported(uncommitted_s: float):
+    per_job = np.full(F.count(Kind.JOB), np.nan)
+    per_job[0] = uncommitted_s
+    return replace(EXPOSED, job_uncommitted_s=per_job)
+
+
+def test_the_runtimes_reported_exposure_prices_the_checkpoint():
+    interval_s = POL.assess.propagation.checkpoint_interval_h * 3600.0
+    assert ck.uncommitted_and_horizon_s(EXPOSED, 0, None, interval_s) == (interval_s / 2, interval_s / 2)  # assumed
+    assert ck.uncommitted_and_horizon_s(EXPOSED, 0, 400.0, interval_s) == (600.0, interval_s - 600.0)
+    assert ck.uncommitted_and_horizon_s(_reported(90.0), 0, None, interval_s) == (90.0, interval_s - 90.0)
+    assert ck.uncommitted_and_horizon_s(_reported(3 * interval_s), 0, None, interval_s) == (3 * interval_s, interval_s)
+    # a job that just persisted has almost nothing at stake: the same risk no longer pays for a write
+    assert _job(EXPOSED, 0).action is not None
+    assert _job(_reported(1.0), 0).action is None
+    overdue = _job(_reported(2 * interval_s), 0).action  # twice the assumed exposure, over a full interval
+    assert overdue.benefit_gpu_h_per_h > _job(EXPOSED, 0).action.benefit_gpu_h_per_h
+
+
 REASK = _pol("actions", reask_on_worse=True)
 WORSE = replace(EXPOSED, node_state=np.where(np.arange(16) == 3, Q, H).astype(np.int8))
 

@@ -118,6 +118,7 @@ class Assessment:
     transitions: list[Transition] = field(default_factory=list)
     frozen: tuple = ()  # quality.FrozenScope: scopes whose input failed; their states were held
     baselines: Baselines | None = None  # the per-entity baselines after this tick (the controller keeps them)
+    job_uncommitted_s: np.ndarray | None = None  # per job, the runtime's rollback exposure (NaN: not reported)
 
     def state(self, kind: Kind) -> np.ndarray:
         return self.node_state if kind == Kind.NODE else self.kinds[kind].states.state
@@ -226,6 +227,7 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         node_domain_state=domain,
         admissible=node_admissibility(domain, cfg.admissibility),
         transitions=transitions, frozen=tuple(frozen), baselines=new_base,
+        job_uncommitted_s=frame.get("seamguard_job_uncommitted_seconds"),
     )
 
 

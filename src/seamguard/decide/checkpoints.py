@@ -148,16 +148,31 @@ def carried_checkpoint(job: str, t: float) -> Action:
                                             "the risk episode lasts", cause=job)
 
 
+def uncommitted_and_horizon_s(a: Assessment, j: int, last: float | None, interval_s: float) -> tuple[float, float]:
+    """The job's work since its last checkpoint and the time until its next one, seconds.
+
+    Measured where the job's runtime reports its rollback exposure
+    (``seamguard_job_uncommitted_seconds``); a job past the policy's interval is taken to
+    checkpoint one interval from now. Otherwise assumed: the time since seamguard's own
+    last request, or half an interval (a job at a random point of its cycle)."""
+    measured = float(a.job_uncommitted_s[j]) if a.job_uncommitted_s is not None else float("nan")
+    if np.isfinite(measured):
+        uncommitted = max(measured, 0.0)
+        return uncommitted, interval_s - uncommitted if uncommitted < interval_s else interval_s
+    since = a.t_s - last if last is not None else np.inf
+    uncommitted = since if since < interval_s else interval_s / 2.0
+    return uncommitted, max(interval_s - uncommitted, 0.0)
+
+
 def price_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j: int, worse: list[int],
                      last: float | None, crit: np.ndarray) -> Action | None:
     """checkpoint_now for a job whose exposure got worse, if the rollback it avoids outweighs the write."""
     obj, prop = policy.objective, policy.assess.propagation
     interval_s = prop.checkpoint_interval_h * 3600.0
-    since = a.t_s - last if last is not None else np.inf
-    uncommitted = since if since < interval_s else interval_s / 2.0
+    uncommitted, horizon = uncommitted_and_horizon_s(a, j, last, interval_s)
     dec = checkpoint_decision(CheckpointContext(
         job_gpus=max(int(float(fleet.job_gpu_count[j])), 1), uncommitted_s=uncommitted,
-        horizon_s=max(interval_s - uncommitted, 0.0), hazard_per_h=float(ex.job_hazard_per_h[j]),
+        horizon_s=horizon, hazard_per_h=float(ex.job_hazard_per_h[j]),
         write_s=policy.actions.checkpoint_write_s))
     if dec.action != "checkpoint":
         return None

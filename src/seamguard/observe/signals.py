@@ -114,6 +114,8 @@ SIGNALS: tuple[Signal, ...] = (
            help="p99 write latency of the path as seen by checkpoint writers"),
     # jobs
     Signal("seamguard_job_step_seconds", _J, "seconds", RT, +1, help="wall time of the job's last step"),
+    Signal("seamguard_job_uncommitted_seconds", _J, "seconds", RT, +1,
+           help="training a restart from storage would redo (the runtime's rollback exposure)"),
 )
 
 REGISTRY: dict[str, Signal] = {s.name: s for s in SIGNALS}

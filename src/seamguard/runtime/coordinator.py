@@ -116,7 +116,9 @@ class Coordinator:
                 hb = self._beats.get(w)
                 if hb is not None and w not in self.lost:
                     ranks.append(RankView(r, w, str(hb.get("host", "")), int(hb.get("local", r)), int(hb["step"]),
-                                          float(hb["compute_s"]), str(hb["phase"])))
+                                          float(hb["compute_s"]), str(hb["phase"]), float(hb.get("comm_s", 0.0)),
+                                          float(hb.get("stall_s", 0.0)), int(hb.get("snap_step", -1)),
+                                          int(hb.get("persisted_step", -1))))
         return JobView(job, tuple(ranks), self.plan.gen if self.plan else -1, self._furthest_step,
                        self._steps.seconds_per_step(), self.recoveries, len(self.lost))
 

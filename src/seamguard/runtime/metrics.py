@@ -24,8 +24,12 @@ class RankView:
     host: str
     local: int  # local slot on its node: its GPU index
     step: int
-    compute_s: float
+    compute_s: float  # the last step: compute before its gradient collective
     phase: str
+    comm_s: float = 0.0  # the last step's gradient collective
+    stall_s: float = 0.0  # the last step's wait for its snapshot copy
+    snapshot_step: int = -1  # newest step whose snapshot is complete in host memory
+    persisted_step: int = -1  # newest step this rank committed to storage
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,28 @@ class JobView:
     step_seconds: float | None  # wall seconds per step, over the recent steps
     recoveries: int
     lost: int
+
+    @property
+    def persisted_step(self) -> int:
+        """The newest step every rank committed, as the ranks report it (-1: none yet).
+
+        A replacement that has not persisted yet reports -1; its predecessor's commits
+        are in the checkpoint, so such ranks are left out while any rank reports one."""
+        done = [r.persisted_step for r in self.ranks if r.persisted_step >= 0]
+        return min(done) if done else -1
+
+    @property
+    def snapshot_step(self) -> int:
+        """The newest step whose snapshot every rank holds in host memory (-1: none)."""
+        return min((r.snapshot_step for r in self.ranks), default=-1)
+
+    @property
+    def uncommitted_s(self) -> float | None:
+        """Wall seconds of training a restart from storage would redo: the steps after the
+        newest persisted one at the job's current seconds per step (rollback exposure)."""
+        if self.step_seconds is None:
+            return None
+        return max(self.furthest_step - max(self.persisted_step, 0), 0) * self.step_seconds
 
 
 @dataclass
@@ -69,13 +95,27 @@ def render(v: JobView) -> str:
     for r in sorted(v.ranks, key=lambda r: r.rank):
         out.append(f'seamguard_rank_compute_seconds{{Hostname="{_esc(r.host)}",gpu="{r.local}",{job},'
                    f'rank="{r.rank}",worker="{r.wid}"}} {r.compute_s:.6g}')
+    ranks = sorted(v.ranks, key=lambda r: r.rank)
+    for name, help_, attr in (("seamguard_rank_comm_seconds", "the rank's gradient collective in its last step", "comm_s"),
+                              ("seamguard_rank_checkpoint_stall_seconds",
+                               "time the rank's last step waited for its snapshot copy", "stall_s")):
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        out += [f'{name}{{{job},rank="{r.rank}"}} {getattr(r, attr):.6g}' for r in ranks]
     out += ["# HELP seamguard_rank_step the step each rank is on", "# TYPE seamguard_rank_step gauge"]
-    out += [f'seamguard_rank_step{{{job},rank="{r.rank}"}} {r.step}' for r in sorted(v.ranks, key=lambda r: r.rank)]
+    out += [f'seamguard_rank_step{{{job},rank="{r.rank}"}} {r.step}' for r in ranks]
     if v.step_seconds is not None:
         out += ["# HELP seamguard_job_step_seconds wall time of the job's last steps, per step",
-                "# TYPE seamguard_job_step_seconds gauge", f"seamguard_job_step_seconds{{{job}}} {v.step_seconds:.6g}"]
+                "# TYPE seamguard_job_step_seconds gauge", f"seamguard_job_step_seconds{{{job}}} {v.step_seconds:.6g}",
+                "# HELP seamguard_job_uncommitted_seconds training a restart from storage would redo "
+                "(steps after the newest persisted one x seconds per step)",
+                "# TYPE seamguard_job_uncommitted_seconds gauge",
+                f"seamguard_job_uncommitted_seconds{{{job}}} {v.uncommitted_s:.6g}"]
     out += ["# HELP seamguard_job_step the furthest step any rank has reached", "# TYPE seamguard_job_step gauge",
             f"seamguard_job_step{{{job}}} {v.furthest_step}",
+            "# HELP seamguard_job_snapshot_step the newest step every rank holds a snapshot of in host memory",
+            "# TYPE seamguard_job_snapshot_step gauge", f"seamguard_job_snapshot_step{{{job}}} {v.snapshot_step}",
+            "# HELP seamguard_job_persisted_step the newest step every rank committed to storage (-1: none)",
+            "# TYPE seamguard_job_persisted_step gauge", f"seamguard_job_persisted_step{{{job}}} {v.persisted_step}",
             "# HELP seamguard_job_generation the membership generation (one per recovery)",
             "# TYPE seamguard_job_generation gauge", f"seamguard_job_generation{{{job}}} {v.generation}",
             "# HELP seamguard_job_recoveries_total recoveries without restarting the survivors",

@@ -95,8 +95,12 @@ class Runtime:
         self._meta_target: tuple[int, str, int] = (-1, "", -1)  # (gen, holder address, role)
         self._gen_seen = -1
         self._phase = "start"
-        self._compute_s = 0.0
+        self._compute_s = 0.0   # the last step's split, for the job's metrics: compute before the
+        self._comm_s = 0.0      # gradient collective, the collective itself, and the time the step
+        self._stall_s = 0.0     # waited for its snapshot copy
         self._t_compute = 0.0
+        self._snap_step = -1       # newest step whose snapshot is complete in host memory
+        self._persisted_step = -1  # newest step this rank committed to the checkpoint directory
         self._local_n = 0
         self._persist_at = -1
         self._hint_persisted = -1
@@ -215,6 +219,7 @@ class Runtime:
                                                   or self.settings.crash_capture):
                 self._private = (self.step, self.state.step_private(self.step))
             self._send_meta()
+            stall_before_s = self.stats["snapshot_stall_s"]
             self._maybe_snapshot()
             self.injector.maybe_fire("step", self.rank, self.step, forget_memory=self.slots.close)
             self._phase, self._t_compute = "compute", time.perf_counter()
@@ -222,6 +227,7 @@ class Runtime:
             idx = self.sampler.indices(self.step, self.rank, self.world_size)
             self._local_n = len(idx)
             yield self.step, idx
+            self._stall_s = self.stats["snapshot_stall_s"] - stall_before_s
             if self._redo:   # rejected by the step guard: the same step again, from its start
                 self._redo = False
                 self.state.restore_private(self._private[1])
@@ -270,7 +276,10 @@ class Runtime:
             self.injector.maybe_corrupt(self.rank, self.step, grad)
             self._flat[n_grad:].zero_()
             self._flat[n_grad + self.rank] = torch.linalg.vector_norm(grad) / max(scale, 1e-12)
-        if not self._collective(lambda: self.group.allreduce([self._flat])):
+        t_comm = time.perf_counter()
+        ok = self._collective(lambda: self.group.allreduce([self._flat]))
+        self._comm_s = time.perf_counter() - t_comm
+        if not ok:
             self._failed = True
             return False
         if lanes and not self._guard_accepts(self._flat[n_grad:].double().cpu().numpy()):
@@ -486,6 +495,7 @@ class Runtime:
         finally:
             self.stats["snapshot_stall_s"] += time.perf_counter() - t0
         self.stats["snapshots"] += 1
+        self._snap_step = max(self._snap_step, cap.step)
         with self.slots.cond:
             slot.readers += 1
         self._pipeline.put((slot, cap.step, self.gen, persist))
@@ -583,6 +593,7 @@ class Runtime:
                 self.slots.cond.notify_all()
             if reply["ok"]:
                 self.stats["persisted"] += 1
+                self._persisted_step = max(self._persisted_step, int(reply["step"]))
             else:
                 self.stats["persist_errors"] += 1
                 self._note("persist_failed", step=reply["step"], error=reply["error"])
@@ -608,7 +619,9 @@ class Runtime:
             try:
                 store.set(keys.heartbeat(self.wid), json.dumps(
                     {"n": counter, "step": self.step, "phase": self._phase,
-                     "compute_s": self._compute_s, "gen": self.gen, "host": self._host, "local": self._local}))
+                     "compute_s": self._compute_s, "comm_s": self._comm_s, "stall_s": self._stall_s,
+                     "snap_step": self._snap_step, "persisted_step": self._persisted_step,
+                     "gen": self.gen, "host": self._host, "local": self._local}))
                 if store.check([keys.GENERATION]):
                     self._gen_seen = int(store.get(keys.GENERATION))
             except (RuntimeError, ValueError, OSError):
