@@ -134,3 +134,38 @@ def test_rollback_without_a_persisted_step_is_refused_and_training_goes_on(tmp_p
     assert not any(e["event"] == "rollback_requested" for e in events)
     assert (out / "final_checksum.txt").read_text() == clean_checksums(24)
     assert not list(hints.iterdir())
+
+
+@pytest.mark.timeout(240)
+def test_checkpoint_interval_hint_sets_the_persist_cadence_and_default_restores_the_jobs_own(tmp_path, clean_checksums):
+    # The controller's checkpoint planner asks a running job for a shorter interval while
+    # its nodes are at risk (seconds; the coordinator turns them into steps at the job's
+    # pace), then hands it back ("default"). Every rank persists the same steps, so every
+    # checkpoint is complete; a bad value is ignored with a message, training goes on.
+    hints, ckpt, out = tmp_path / "hints", tmp_path / "ckpt", tmp_path / "run"
+    hints.mkdir()
+    proc = _launch_bg(hints, ckpt, out, steps=70, extra=("--keep-checkpoints", "100"))
+    try:
+        _wait_for_step(out, 8)
+        (hints / "checkpoint_interval_s").write_text("nonsense")
+        _wait_for_step(out, 10)
+        (hints / "checkpoint_interval_s").write_text("0.8")
+        _wait_for_step(out, 40)
+        (hints / "checkpoint_interval_s").write_text("default")
+        assert proc.wait(timeout=150) == 0
+    finally:
+        proc.kill()
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    asked, back = [e for e in events if e["event"] == "checkpoint_interval"]
+    assert asked["interval"] == "0.8" and asked["every_steps"] >= 1 and back["every_steps"] == 0
+    # --snapshot-every 5: a persist point p is written with the first snapshot at or after it
+    def at_snapshot(p):
+        return -(-p // 5) * 5
+    start, every, back_at = asked["from_step"], asked["every_steps"], back["from_step"]
+    expected = {s for s in range(10, 70, 10) if at_snapshot(s) < start or at_snapshot(s) >= back_at}
+    expected |= {at_snapshot(p) for p in range(start, back_at, every) if at_snapshot(p) < back_at}
+    committed = set(committed_steps(ckpt))
+    assert committed - {70} == expected, (committed, asked, back)
+    assert all(latest_verified(ckpt, at_most=s) is not None for s in committed)
+    assert (out / "final_checksum.txt").read_text() == clean_checksums(70)
+    assert not list(hints.iterdir())

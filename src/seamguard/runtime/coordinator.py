@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from seamguard.runtime import keys
+from seamguard.runtime import cadence, keys
 from seamguard.runtime.detect import Beat, HeartbeatTracker
 from seamguard.runtime.manifest import complete_steps, latest_verified
 from seamguard.runtime.membership import Plan, initial_plan, next_plan, resume_step
@@ -46,6 +46,7 @@ class Coordinator:
     _detected_at_s: float = 0.0
     _hint_checkpoint: int = 0
     _hint_rollback: int = 0
+    _hint_interval: int = 0
     joined: list[int] = field(default_factory=list)  # replacement spares, ready or not
     _joined_seen: int = 0
     _deferred: set[int] = field(default_factory=set)  # losses waiting for replacement spares
@@ -88,6 +89,7 @@ class Coordinator:
         self._read_joined()
         newly_lost = self._read_exits() | self._judge_heartbeats(now) | self._read_evacuations()
         self._read_checkpoint_hint()
+        self._read_interval_hint()
         if self._job_complete():
             self.phase = "done"
             self.store.set(keys.JOB_DONE, "ok")
@@ -199,18 +201,38 @@ class Coordinator:
                 out.add(w)
         return out
 
+    def _ahead_step(self) -> int:
+        """A step far enough ahead that every rank reads a key set now before reaching it."""
+        beats = [json.loads(r) for w in self.plan.ranks if (r := self._get(keys.heartbeat(w)))]
+        step_s = max((b["compute_s"] for b in beats), default=0.0)
+        margin = 2 + min(50, int(0.5 / step_s) if step_s > 0 else 50)
+        return max((b["step"] for b in beats), default=0) + margin
+
     def _read_checkpoint_hint(self) -> None:
         raw = self._get(keys.HINT_CHECKPOINT)
         if raw is None or int(raw) <= self._hint_checkpoint:
             return
         self._hint_checkpoint = int(raw)
-        beats = [json.loads(r) for w in self.plan.ranks if (r := self._get(keys.heartbeat(w)))]
-        step_s = max((b["compute_s"] for b in beats), default=0.0)
-        # far enough ahead that every rank reads the key before reaching the step
-        margin = 2 + min(50, int(0.5 / step_s) if step_s > 0 else 50)
-        target = max((b["step"] for b in beats), default=0) + margin
+        target = self._ahead_step()
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self.log({"event": "checkpoint_hint", "persist_at": target})
+
+    def _read_interval_hint(self) -> None:
+        """A checkpoint interval in seconds -> steps at the job's pace, from a step every rank agrees on."""
+        raw = self._get(keys.HINT_INTERVAL_N)
+        if raw is None or int(raw) <= self._hint_interval:
+            return
+        want = (self._get(keys.HINT_INTERVAL_S) or b"default").decode()
+        try:
+            every = cadence.every_steps_for(None if want == "default" else float(want), self._steps.seconds_per_step())
+        except ValueError:
+            return  # the job's pace is not known yet (its first steps): asked again next tick
+        self._hint_interval = int(raw)
+        entries = cadence.parse((self._get(keys.PERSIST_CADENCE) or b"").decode())
+        start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
+        entries += (cadence.CadenceEntry(start, every),)
+        self.store.set(keys.PERSIST_CADENCE, cadence.format_entries(entries))
+        self.log({"event": "checkpoint_interval", "interval": want, "every_steps": every, "from_step": start})
 
     def _read_rollback_hint(self, now: float) -> bool:
         """A rollback request (e.g. corruption found after it was persisted): every rank

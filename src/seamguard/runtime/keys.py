@@ -96,6 +96,11 @@ def event(n: int) -> str:
     return f"{ROOT}/events/{n}"
 
 HINT_PERSIST_AT = f"{ROOT}/hint/persist_at"
+# checkpoint interval requests: a counter and the interval in seconds ("default": the job's own);
+# the coordinator answers with the cadence entries every rank reads (runtime/cadence.py)
+HINT_INTERVAL_N = f"{ROOT}/hint/interval_n"
+HINT_INTERVAL_S = f"{ROOT}/hint/interval_s"
+PERSIST_CADENCE = f"{ROOT}/hint/persist_cadence"
 # rollback requests: a counter, and the step to go back to (-1: the newest persisted)
 HINT_ROLLBACK_N = f"{ROOT}/hint/rollback_n"
 HINT_ROLLBACK_TO = f"{ROOT}/hint/rollback_to"

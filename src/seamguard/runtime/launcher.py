@@ -71,8 +71,16 @@ def _worker_env(s: LaunchSettings, port: int, wid: int, local: int) -> dict[str,
     return env
 
 
+def _positive_number(text: str) -> bool:
+    try:
+        return float(text) > 0 and float(text) != float("inf")
+    except ValueError:
+        return False
+
+
 def _hint_files(store, hint_dir: Path | None) -> None:
     """checkpoint_now -> bump the checkpoint hint; evacuate_rank_<r> -> evacuate hint;
+    checkpoint_interval_s (seconds, or "default") -> persist at that interval;
     rollback -> back to the newest persisted step; rollback_to_step_<s> -> back to s."""
     if hint_dir is None or not hint_dir.is_dir():
         return
@@ -82,6 +90,17 @@ def _hint_files(store, hint_dir: Path | None) -> None:
         elif p.name.startswith("evacuate_rank_"):
             cur = store.get(keys.HINT_EVACUATE).decode() if store.check([keys.HINT_EVACUATE]) else ""
             store.set(keys.HINT_EVACUATE, ",".join(filter(None, [cur, p.name.rsplit("_", 1)[1]])))
+        elif p.name == "checkpoint_interval_s":
+            try:
+                want = p.read_text(encoding="utf-8").strip()
+            except OSError:
+                continue  # being replaced: read it next poll
+            if want != "default" and not _positive_number(want):
+                print(f"seamguard launcher: ignoring hint file {p}: expected seconds > 0 or 'default', "
+                      f"got {want[:40]!r}", file=sys.stderr)
+            else:
+                store.set(keys.HINT_INTERVAL_S, want)
+                store.add(keys.HINT_INTERVAL_N, 1)
         elif p.name == "rollback" or p.name.startswith("rollback_to_step_"):
             to = p.name.rsplit("_", 1)[1] if p.name != "rollback" else "-1"
             if not to.lstrip("-").isdigit():

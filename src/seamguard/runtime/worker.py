@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seamguard.runtime import chaos, keys, replica
+from seamguard.runtime import cadence, chaos, keys, replica
 from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.eventlog import EventLog, set_title
 from seamguard.runtime.guard import GuardSettings, judge_gradients
@@ -511,7 +511,8 @@ class Runtime:
         if self._persist_at > self._hint_persisted and step >= self._persist_at:
             self._hint_persisted = self._persist_at
             return True
-        return bool(s.persist_every_steps and step % s.persist_every_steps == 0 and step > 0)
+        raw = self.store.get(keys.PERSIST_CADENCE) if self.store.check([keys.PERSIST_CADENCE]) else b""
+        return cadence.persist_due(step, s.persist_every_steps, cadence.parse(raw.decode()), s.snapshot_every_steps)
 
     def _pipeline_loop(self) -> None:
         """Off the training thread: hash, replicate to the holder, hand to the persister."""

@@ -1,0 +1,66 @@
+"""Which steps a job persists: its own interval, or the one the control plane asked for.
+
+The controller asks for a checkpoint interval in seconds (the checkpoint planner's Young
+interval at the job's hazard while its nodes are at risk); the coordinator turns it into
+steps at the job's measured seconds per step and fixes the step from which it holds, far
+enough ahead that every rank has read it before (the same rule as ``checkpoint_now``).
+Every rank then decides from the same entries, so they persist the same steps and each
+checkpoint is complete. Entries only grow (the newest few are kept): a rank that read a
+newer entry early still agrees with one that did not for every step before its start.
+Pure; the store keys and the hint file are in keys.py and launcher.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KEEP_ENTRIES = 4
+
+
+@dataclass(frozen=True)
+class CadenceEntry:
+    start_step: int
+    every_steps: int  # 0: back to the job's own --persist-every
+
+    def __post_init__(self) -> None:
+        if self.start_step < 0 or self.every_steps < 0:
+            raise ValueError(f"cadence entry {self}: start_step and every_steps must be >= 0")
+
+
+def parse(raw: str) -> tuple[CadenceEntry, ...]:
+    """``"start:every;start:every"`` (starts increasing) -> entries."""
+    out = []
+    for part in filter(None, raw.split(";")):
+        start, sep, every = part.partition(":")
+        if not sep:
+            raise ValueError(f"cadence entry {part!r}: expected 'start:every'")
+        out.append(CadenceEntry(int(start), int(every)))
+    return tuple(out)
+
+
+def format_entries(entries: tuple[CadenceEntry, ...]) -> str:
+    return ";".join(f"{e.start_step}:{e.every_steps}" for e in entries[-KEEP_ENTRIES:])
+
+
+def every_steps_for(interval_s: float | None, step_s: float | None) -> int:
+    """Steps between persists for an interval in seconds (None: the job's own interval)."""
+    if interval_s is None:
+        return 0
+    if step_s is None or step_s <= 0:
+        raise ValueError("the job's seconds per step are not known yet")
+    return max(1, round(interval_s / step_s))
+
+
+def persist_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ...], window_steps: int = 1) -> bool:
+    """Whether the snapshot of ``step`` is persisted: a persist point of the rule in force
+    (the newest entry that has started, else the job's own every-k) lies in the last
+    ``window_steps`` steps (the snapshot interval: points between snapshots are taken at
+    the next one, as every rank snapshots the same steps)."""
+    every, start = own_every_steps, 0
+    for e in entries:
+        if e.start_step <= step:
+            every, start = (e.every_steps, e.start_step) if e.every_steps else (own_every_steps, 0)
+    if every <= 0 or step < start:
+        return False
+    point = start + (step - start) // every * every
+    return point > 0 and point > step - max(window_steps, 1)
