@@ -192,8 +192,8 @@ def test_router_hooks_shed_and_snapshot_in_metrics(gateway_factory, tmp_path):
             keys = {k["name"]: k for k in httpx.get(url + "/admin/keys").json()["keys"]}
             assert keys["a"]["used"]["inflight"] == 0 and keys["a"]["used"]["tokens_last_minute"] == 7
             m = httpx.get(url + "/metrics").text
-            assert 'seamguard_gateway_route_path_samples{decode="d0",prefill="p0"} 1.0' in m
-            assert 'seamguard_gateway_route_path_admissible{decode="d0",prefill="p0",request_class="interactive"} 1.0' \
+            assert 'seamguard_gateway_route_path_samples{decode="d0",prefill="p0",rail=""} 1.0' in m
+            assert 'seamguard_gateway_route_path_admissible{decode="d0",prefill="p0",rail="",request_class="interactive"} 1.0' \
                 in m
             assert 'seamguard_gateway_router_shed_total{request_class="batch"} 1.0' in m
     finally:

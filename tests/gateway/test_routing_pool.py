@@ -17,6 +17,11 @@ from seamguard.testbed.inference_load import LoadSpec, spec_dict
 from seamguard.testbed.net import list_namespaces
 
 SHAPED = ("p1", "d1")
+SHAPED_RAIL = 1  # d1's home rail: the shaped link is p1's rail1 (PoolBed: decode j pulls over rail j)
+
+
+def crosses_shaped(r: dict) -> bool:
+    return (r["prefill"], r["decode"]) == SHAPED and r["rail"] in (None, SHAPED_RAIL)
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +48,16 @@ def run(bed: PoolBed, router: str) -> list[dict]:
 
 
 def on_shaped(records: list[dict], after_s: float, cls: str | None = None) -> list[dict]:
-    return [r for r in records if (r["prefill"], r["decode"]) == SHAPED and r["t_s"] >= after_s
+    return [r for r in records if crosses_shaped(r) and r["t_s"] >= after_s
             and (cls is None or r["cls"] == cls)]
 
 
 def test_shaped_path_is_slow_on_real_traffic_and_round_robin_keeps_using_it(bed):
     recs = run(bed, "round_robin")
-    assert all(r["ok"] for r in recs if (r["prefill"], r["decode"]) != SHAPED)
+    assert all(r["ok"] for r in recs if not crosses_shaped(r))
     shaped = on_shaped(recs, 3.0)
     assert len(shaped) >= 0.3 * len([r for r in recs if r["t_s"] >= 3.0])
-    others = sorted(r["dft_s"] for r in recs if (r["prefill"], r["decode"]) != SHAPED)
+    others = sorted(r["dft_s"] for r in recs if not crosses_shaped(r))
     # the shaped path's transfers crawl (or time out): real bytes through tbf
     assert all(not r["ok"] or r["dft_s"] > 3 * others[len(others) // 2] for r in shaped)
 
@@ -63,5 +68,9 @@ def test_seamguard_avoids_the_shaped_path_for_interactive_work(bed):
     assert on_shaped(recs, 3.0, "interactive") == []
     late = [r for r in recs if r["t_s"] >= 3.0 and r["cls"] == "interactive"]
     # the choice is explained: the shaped path named as avoided, with its evidence
-    assert late and sum("avoided p1->d1" in r["reason"] for r in late) >= 0.8 * len(late)
+    assert late and sum("avoided p1->d1/r1" in r["reason"] for r in late) >= 0.8 * len(late)
     assert sum(r["ttft_s"] <= 1.0 for r in late) / len(late) >= 0.95
+    # KV placement: the pair p1->d1 stays in use, its KV pulled over another rail at the peers' pace
+    moved = [r for r in late if (r["prefill"], r["decode"]) == SHAPED]
+    assert moved and all(r["rail"] != SHAPED_RAIL and "KV moved from rail 1" in r["reason"] for r in moved)
+    assert all(r["ok"] and r["ttft_s"] <= 1.0 for r in moved)

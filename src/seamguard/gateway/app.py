@@ -1,4 +1,4 @@
-"""The gateway's HTTP surface: OpenAI-compatible endpoints, /metrics, /healthz and /admin.
+"""The gateway's HTTP surface: OpenAI-compatible endpoints, /metrics, /healthz, /dashboard and /admin.
 
 `create_app` wires a `Gateway` (config, store, ledger, router, backends, metrics) into a
 FastAPI app. A completion request goes: key -> body check -> admission (the gatekeeper
@@ -25,14 +25,15 @@ from typing import Any
 import anyio
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from seamguard.gateway.config import GatewayConfig, SqliteStoreConfig, build_router
+from seamguard.gateway.dashboard import plain, render_dashboard
 from seamguard.gateway.gatekeeper import Gatekeeper, KeyInfo, Refusal, Ticket
 from seamguard.gateway.ledger import GatewayLedger
 from seamguard.gateway.metrics import GatewayMetrics
 from seamguard.gateway.proxy import Backends, UpstreamError
-from seamguard.gateway.routing import Outcome, Route, Router, Shed
+from seamguard.gateway.routing import Outcome, Route, Router, Shed, place_kv
 from seamguard.gateway.routing_feeds import feed_router
 from seamguard.gateway.store import RedisStore, SqliteStore, Store, StoreError
 
@@ -220,7 +221,7 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
     try:
         if route.prefill is not None:
             kv = await gw.backends.prefill(route.prefill, path, body)
-            body = {**body, "kv_transfer_params": kv}
+            body = {**body, "kv_transfer_params": place_kv(kv, route.kv_rail)}
         flight.t_decode_sent = time.perf_counter()
         if stream:
             upstream = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
@@ -376,6 +377,19 @@ def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
     @app.get("/admin/tenants")
     async def admin_tenants() -> dict:
         return {"tenants": await gw.gatekeeper.tenants_view()}
+
+    def _snapshot() -> dict | None:
+        snap = getattr(gw.router, "snapshot", None)
+        return snap() if snap is not None else None
+
+    @app.get("/admin/routing")
+    async def admin_routing() -> JSONResponse:
+        """The router's view (paths, rails, instances, batch caps, decisions, latest departures)."""
+        return JSONResponse({"router": gw.cfg.router, "snapshot": plain(_snapshot())})
+
+    @app.get("/dashboard")
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(render_dashboard(_snapshot(), time.monotonic(), f"seamguard gateway: {gw.cfg.router}"))
 
     @app.get("/admin/events")
     async def admin_events(key: str | None = None, limit: int = 100) -> dict:

@@ -44,9 +44,14 @@ class InstanceConfig(_Strict):
     url: str = Field(pattern=r"^https?://", description="base URL of its OpenAI-compatible API (no /v1)")
     role: Literal["prefill", "decode", "unified"] = "unified"
     nic: str | None = Field(None, description="the NIC/link id seamguard's control plane knows it by")
+    rails: list[str] = Field(default_factory=list,
+                             description="the NICs it moves KV over, one per rail, in the order of the prefill's "
+                                         "remote_hosts (control-plane names); on every prefill and decode "
+                                         "instance, the seamguard router places each KV transfer on a rail")
+    home_rail: int = Field(0, ge=0, description="decode: the rail it pulls KV over unless the router moves it")
 
     def instance(self) -> Instance:
-        return Instance(self.name, self.url.rstrip("/"), self.role, self.nic)
+        return Instance(self.name, self.url.rstrip("/"), self.role, self.nic, tuple(self.rails), self.home_rail)
 
 
 class TimeoutsConfig(_Strict):

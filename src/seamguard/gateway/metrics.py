@@ -20,9 +20,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class RouterCollector(Collector):
-    """A router's own view (`snapshot()`, when it has one) rendered at scrape time: per path its
-    transfer latency, samples, pending transfers and admissibility per request class; per instance
-    its load; decision counts by reason kind."""
+    """A router's own view (`snapshot()`, when it has one) rendered at scrape time: per path (and
+    rail, with KV placement) its transfer latency, samples, pending transfers and admissibility per
+    request class; per instance its load and batch cap; decision counts by reason kind."""
 
     def __init__(self, router: object) -> None:
         self.router = router
@@ -33,25 +33,28 @@ class RouterCollector(Collector):
             return
         s = snap()
         p = "seamguard_gateway_route_"
+        who_l = ["prefill", "decode", "rail"]  # rail "": the connector chooses (no KV placement)
         lat = GaugeMetricFamily(p + "path_latency_seconds", "Transfer latency quantile per prefill->decode path",
-                                labels=["prefill", "decode"])
-        n = GaugeMetricFamily(p + "path_samples", "Transfer samples held per path", labels=["prefill", "decode"])
-        pend = GaugeMetricFamily(p + "path_pending", "Transfers in flight per path", labels=["prefill", "decode"])
+                                labels=who_l)
+        n = GaugeMetricFamily(p + "path_samples", "Transfer samples held per path", labels=who_l)
+        pend = GaugeMetricFamily(p + "path_pending", "Transfers in flight per path", labels=who_l)
         adm = GaugeMetricFamily(p + "path_admissible", "1 when the path may take this request class",
-                                labels=["prefill", "decode", "request_class"])
+                                labels=[*who_l, "request_class"])
         for path in s.get("paths", ()):
-            who = [path["prefill"], path["decode"]]
+            rail = path.get("rail")
+            who = [path["prefill"], path["decode"], "" if rail is None else str(rail)]
             if isinstance(path.get("latency_s"), float) and math.isfinite(path["latency_s"]):
                 lat.add_metric(who, path["latency_s"])
             n.add_metric(who, float(path.get("samples", 0)))
             pend.add_metric(who, float(path.get("pending", 0)))
             for klass, ok in (path.get("admissible") or {}).items():
                 adm.add_metric([*who, klass], 1.0 if ok else 0.0)
-        load = GaugeMetricFamily(p + "instance_load", "What the router knows of an instance's load",
+        load = GaugeMetricFamily(p + "instance_load", "What the router knows of an instance's load "
+                                 "(outstanding, waiting, kv_usage; batch_cap while its batch is shrunk)",
                                  labels=["instance", "kind"])
         for name, d in (s.get("instances") or {}).items():
             for kind, v in d.items():
-                if isinstance(v, int | float) and v is not None and math.isfinite(v):
+                if isinstance(v, int | float) and math.isfinite(v):
                     load.add_metric([name, kind], float(v))
         dec = CounterMetricFamily(p + "decisions", "Routing decisions by reason kind", labels=["kind"])
         for kind, c in (s.get("decisions") or {}).items():

@@ -47,6 +47,15 @@ class Instance:
     url: str  # base URL of its OpenAI-compatible API, e.g. http://10.0.0.2:8000
     role: Role = "unified"
     nic: str | None = None  # the NIC/link id the control plane knows it by (link and NIC states)
+    rails: tuple[str, ...] = ()
+    """The NICs it moves KV over, one per rail, by their control-plane names, in rail order (a
+    prefill instance's ``kv_transfer_params.remote_hosts`` order). Given on the prefill and the
+    decode instances, the router chooses the rail of each transfer (KV placement); empty: the
+    backend's connector chooses."""
+    home_rail: int = 0  # a decode instance: the rail it pulls KV over unless the router moves it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rails", tuple(self.rails))  # from JSON/YAML lists
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,17 @@ class Route:
     prefill: Instance | None = None  # disaggregated serving: where the prompt is prefilled
     reason: str = ""  # empty for the default choice; evidence in words otherwise
     evidence: dict[str, float] = field(default_factory=dict)
+    kv_rail: int | None = None  # the rail the decode instance pulls the KV over (None: its connector's choice)
+
+
+def place_kv(kv_transfer_params: dict, rail: int | None) -> dict:
+    """The prefill's ``kv_transfer_params`` narrowed to one rail: ``remote_hosts`` (one address per
+    rail) becomes that rail's address alone, also as ``remote_host``, so the decode instance pulls
+    over it. Unchanged when rail is None or the prefill advertised no such rail."""
+    hosts = kv_transfer_params.get("remote_hosts")
+    if rail is None or not isinstance(hosts, list) or not 0 <= rail < len(hosts):
+        return kv_transfer_params
+    return {**kv_transfer_params, "remote_host": hosts[rail], "remote_hosts": [hosts[rail]]}
 
 
 @dataclass(frozen=True)
@@ -239,6 +259,16 @@ class SeamguardOptions:
     """Retry-After given with Shed."""
     load_stale_s: float = 10.0
     """Instance load (waiting, KV usage) older than this is ignored."""
+    batch_tpot_share: float = 0.8
+    """A decode instance's batch is shrunk while its TPOT (the window's upper quantile) exceeds
+    this share of the tightest TPOT budget: the gateway caps the requests it has in flight there
+    (vLLM's max_num_seqs, applied from outside), lowering the cap by batch_cap_decrease once per
+    window of samples and raising it by one per sample back under the target."""
+    batch_cap_decrease: float = 0.75
+    """Multiplicative decrease of a decode instance's cap (AIMD, as TCP and Envoy's adaptive
+    concurrency do); the cap is lifted once it grows past the in-flight count it started from."""
+    batch_cap_min: int = 2
+    """The cap never goes below this many requests in flight per decode instance."""
 
 
 @dataclass
@@ -253,9 +283,21 @@ class _Path:
     pending: dict = field(default_factory=dict)  # id(route) -> _Pending, routed and not finished
 
 
+PathKey = tuple[str, str, "int | None"]  # (prefill, decode, rail); rail None: the connector's choice
+
+
+@dataclass
+class _Cap:
+    """A decode instance's shrunk batch: at most `cap` requests in flight from this gateway."""
+
+    cap: int
+    origin: int  # in-flight count when it was first capped; the cap is lifted above it
+    since: int = 0  # TPOT samples since the last decrease
+
+
 @dataclass
 class _Pending:
-    path: tuple[str, str]
+    path: PathKey
     request_class: str
     t0: float
     first_token_t: float | None = None
@@ -295,7 +337,7 @@ def _median_without(sorted_vals: list[float], v: float | None) -> float:
 
 
 class SeamguardRouter:
-    """Fabric-aware (prefill, decode) choice per request; see the module docstring and
+    """Fabric-aware (prefill, decode, rail) choice per request; see the module docstring and
     docs/gateway-routing.md. Pure: clock injected, inputs fed by the gateway."""
 
     def __init__(self, instances: list[Instance], options: SeamguardOptions | None = None,
@@ -304,17 +346,46 @@ class SeamguardRouter:
         self.options = options or SeamguardOptions()
         self._clock = clock
         self._inflight = _InFlight()
-        self._paths: dict[tuple[str, str], _Path] = {}
+        self._paths: dict[PathKey, _Path] = {}
         self._fabric: dict[str, str] = {}
         self._load: dict[str, _Load] = {}
         self._itft: deque = deque(maxlen=max(4, 2 * self.options.window))  # recent interactive TTFTs
         self._batch_deferred: deque = deque(maxlen=20)  # recent batch route() calls: deferred or not
         self._tpot: dict[str, deque] = {}  # decode instance -> recent TPOT samples
         self._tpot_t: dict[str, float] = {}  # ... and when the last one came
+        self._caps: dict[str, _Cap] = {}  # decode instance -> its shrunk batch
         self._turn = 0
         self.decisions: dict[str, int] = {}  # reason kind -> count (for /metrics)
+        self.recent: deque = deque(maxlen=50)  # the latest departures from the default, newest last
         self._version = 0  # bumped by every new sample; keys the peers cache
         self._cache: tuple[int, dict] | None = None
+        for p in self._prefill:
+            for d in self._decode:
+                if p.rails and d.rails and len(p.rails) != len(d.rails):
+                    raise ValueError(f"routing: {p.name} has {len(p.rails)} rails and {d.name} {len(d.rails)}; "
+                                     "give every instance the same rails or none")
+        for d in self._decode:
+            if d.rails and not 0 <= d.home_rail < len(d.rails):
+                raise ValueError(f"routing: {d.name}.home_rail {d.home_rail} is not one of its {len(d.rails)} rails")
+
+    # ---- paths --------------------------------------------------------------------------------
+    @staticmethod
+    def _rails(prefill: Instance, decode: Instance) -> list[int | None]:
+        """The rails a transfer between the two can take; [None] when the router does not place KV."""
+        n = len(prefill.rails) if prefill.rails and len(prefill.rails) == len(decode.rails) else 0
+        return list(range(n)) if n >= 2 else [None]
+
+    @staticmethod
+    def _home(decode: Instance, rails: list[int | None]) -> int | None:
+        return decode.home_rail if rails != [None] else None
+
+    def _keys(self) -> list[tuple[Instance, Instance, int | None]]:
+        return [(p, d, r) for p in self._prefill for d in self._decode for r in self._rails(p, d)]
+
+    @staticmethod
+    def label(key: PathKey) -> str:
+        """``p0->d1`` or, with KV placement, ``p0->d1/r1`` (rail 1)."""
+        return f"{key[0]}->{key[1]}" + ("" if key[2] is None else f"/r{key[2]}")
 
     # ---- inputs -------------------------------------------------------------------------------
     def update_fabric(self, states: Mapping[str, str]) -> None:
@@ -335,27 +406,34 @@ class SeamguardRouter:
     def outstanding(self, name: str) -> int:
         return self._inflight.count.get(name, 0)
 
+    def batch_cap(self, name: str) -> int | None:
+        """The cap on requests in flight to decode instance `name` while its batch is shrunk."""
+        c = self._caps.get(name)
+        return c.cap if c else None
+
     def snapshot(self) -> dict:
         """What the router currently believes, for /metrics and the dashboard (plain data):
-        per path its latency quantile, median, samples, pending transfers and, per class,
-        whether it is admissible and why not; per instance its load; decision counts."""
+        per path (and rail) its latency quantile, median, samples, pending transfers and, per
+        class, whether it is admissible and why not; per instance its load and batch cap;
+        decision counts; the latest departures from the default with their evidence."""
         now, opts = self._clock(), self.options
         self._forget(now)
         paths = []
-        for p in self._prefill:
-            for d in self._decode:
-                key = (p.name, d.name)
-                st = self._paths.get(key, _Path())
-                why = {c: self._judge(p, d, c, b, now)[0] for c, b in opts.ttft_budget_s.items()}
-                paths.append({"prefill": p.name, "decode": d.name, "latency_s": st.lat,
-                              "median_s": _median(list(st.dft)) if st.dft else math.nan, "samples": len(st.dft),
-                              "pending": len(st.pending),
-                              "admissible": {c: not w for c, w in why.items()}, "why": why})
+        for p, d, r in self._keys():
+            key = (p.name, d.name, r)
+            st = self._paths.get(key, _Path())
+            why = {c: self._judge(p, d, r, c, b, now)[0] for c, b in opts.ttft_budget_s.items()}
+            paths.append({"prefill": p.name, "decode": d.name, "rail": r, "home": r == self._home(d, [r]),
+                          "latency_s": st.lat, "median_s": _median(list(st.dft)) if st.dft else math.nan,
+                          "samples": len(st.dft), "pending": len(st.pending),
+                          "admissible": {c: not w for c, w in why.items()}, "why": why})
         loads = {i.name: {"outstanding": self.outstanding(i.name),
                           "waiting": self._load.get(i.name, _Load()).waiting,
-                          "kv_usage": self._load.get(i.name, _Load()).kv_usage}
+                          "kv_usage": self._load.get(i.name, _Load()).kv_usage,
+                          "batch_cap": self.batch_cap(i.name)}
                  for i in self._prefill + self._decode}
-        return {"paths": paths, "instances": loads, "fabric": dict(self._fabric), "decisions": dict(self.decisions)}
+        return {"paths": paths, "instances": loads, "fabric": dict(self._fabric), "decisions": dict(self.decisions),
+                "recent": list(self.recent)}
 
     # ---- hooks --------------------------------------------------------------------------------
     def route(self, request_class: RequestClass, prompt_tokens: int) -> Route:
@@ -366,53 +444,52 @@ class SeamguardRouter:
         opts = self.options
         self._forget(now)
         budget = opts.ttft_budget_s.get(request_class, max(opts.ttft_budget_s.values()))
-        judged = {(p.name, d.name): self._judge(p, d, request_class, budget, now)
-                  for p in self._prefill for d in self._decode}
+        keys = self._keys()
+        judged = {(p.name, d.name, r): self._judge(p, d, r, request_class, budget, now) for p, d, r in keys}
         ok = [k for k, (why, _) in judged.items() if not why]
         ibudget = opts.ttft_budget_s.get("interactive", budget)
         fine = set(ok) if request_class == "interactive" else {
-            (p.name, d.name) for p in self._prefill for d in self._decode
-            if not self._judge(p, d, "interactive", ibudget, now)[0]}
+            (p.name, d.name, r) for p, d, r in keys if not self._judge(p, d, r, "interactive", ibudget, now)[0]}
         out_for_interactive = len(fine) < len(judged)
         # a path out for interactive work but within a looser budget takes that work only when no
         # path fine for everyone can: its slow transfers hold KV on both ends (and, with some KV
         # connectors, stall the decode batch), so it is the last resort, not a free lane
         ok = [k for k in ok if k in fine] or ok
+        cands = self._placed(ok)
+        cands, capped = self._under_cap(cands, request_class)
         probe = None
         if request_class == "batch":
             probe = self._probe_candidate(judged, now)
-            if probe is None and ok and out_for_interactive:
+            if probe is None and cands and out_for_interactive:
                 try:
                     self._defer_if_interactive_at_risk(budget)
-                except Shed:
+                except Shed as e:
                     self._batch_deferred.append(True)
+                    self._remember(request_class, None, "defer_batch", e.reason, e.evidence)
                     raise
             self._batch_deferred.append(False)
         if probe is not None:
-            pair, kind = probe, "probe"
-        elif ok:
-            pair, kind = self._least_loaded(ok, now), ""
+            key, kind = probe, "probe"
+        elif cands:
+            key = self._least_loaded(cands, now)
+            kind = "kv_rail" if key[2] != self._home(self._inst(key[1]), [key[2]]) else ""
         elif request_class == "batch":
-            worst = {k: e for k, (_, e) in judged.items()}
-            self._count("shed_no_path")
-            raise Shed("no path admissible for batch: " + "; ".join(f"{a}->{b}: {judged[(a, b)][0]}"
-                                                                     for a, b in judged),
-                       opts.retry_after_s, {f"{a}->{b}.latency_s": e.get("latency_s", math.nan)
-                                            for (a, b), e in worst.items()})
+            self._shed_batch(judged, capped)
         else:  # interactive with nothing admissible: the least bad path, and say so
-            pair = min(judged, key=lambda k: (judged[k][1].get("severity", 0), judged[k][1].get("latency_s", 0.0)))
+            key = min(judged, key=lambda k: (judged[k][1].get("severity", 0), judged[k][1].get("latency_s", 0.0),
+                                             self.outstanding(k[1])))
             kind = "least_bad"
-        prefill = next(i for i in self._prefill if i.name == pair[0])
-        decode = next(i for i in self._decode if i.name == pair[1])
-        reason, evidence = self._explain(kind, pair, judged, request_class)
-        r = Route(decode=decode, prefill=prefill, reason=reason, evidence=evidence)
-        pend = _Pending(pair, request_class, now, probe=kind == "probe")
+        prefill, decode = self._inst(key[0]), self._inst(key[1])
+        reason, evidence = self._explain(kind, key, judged, request_class, capped)
+        r = Route(decode=decode, prefill=prefill, reason=reason, evidence=evidence, kv_rail=key[2])
+        pend = _Pending(key, request_class, now, probe=kind == "probe")
         self._inflight.add(r, pend)
-        path = self._path(pair)
+        path = self._path(key)
         path.last_used_t = now
         path.pending[id(r)] = pend
         if reason:
-            self._count(kind or "avoid")
+            self._count(kind or ("batch_cap" if capped else "avoid"))
+            self._remember(request_class, key, kind or ("batch_cap" if capped else "avoid"), reason, evidence)
         return r
 
     def first_token(self, route: Route, decode_first_token_s: float) -> None:
@@ -437,21 +514,79 @@ class SeamguardRouter:
         if pend.request_class == "interactive" and outcome.ttft_s is not None:
             self._itft.append(outcome.ttft_s)
         if outcome.tpot_s is not None and outcome.output_tokens > 1:
-            q = self._tpot.setdefault(route.decode.name, deque(maxlen=self.options.window))
-            if pend.probe and not self._slow_decode(route.decode.name, "batch", now, {}, outcome.tpot_s):
+            name = route.decode.name
+            q = self._tpot.setdefault(name, deque(maxlen=self.options.window))
+            if pend.probe and not self._slow_decode(name, "batch", now, {}, outcome.tpot_s):
                 q.clear()  # a probe whose tokens came at the peers' pace: the instance is back
             q.append(outcome.tpot_s)
-            self._tpot_t[route.decode.name] = now
+            self._tpot_t[name] = now
             self._version += 1
+            self._adapt_cap(name, outcome.tpot_s)
+
+    # ---- shrinking a decode instance's batch ------------------------------------------------
+    def _adapt_cap(self, name: str, tpot_s: float) -> None:
+        """AIMD on the requests in flight to one decode instance, from its TPOT: while the
+        window's upper quantile and the latest sample are over the target, cut the cap (at most
+        once per window of samples); each sample under the target raises it by one; past the
+        in-flight count it started from, it is lifted."""
+        opts = self.options
+        if not opts.tpot_budget_s:
+            return
+        target = opts.batch_tpot_share * min(opts.tpot_budget_s.values())
+        q = _quantile(list(self._tpot[name]), opts.quantile)
+        cur = self._caps.get(name)
+        load = self.outstanding(name) + 1  # the request that just finished was in the batch
+        if q > target and tpot_s > target:  # the window and the latest sample: slow now, not an old outlier
+            if cur is None:
+                cur = self._caps[name] = _Cap(cap=max(opts.batch_cap_min, math.floor(opts.batch_cap_decrease * load)),
+                                              origin=max(load, opts.batch_cap_min))
+            elif cur.since >= opts.window:
+                cur.cap = max(opts.batch_cap_min, math.floor(opts.batch_cap_decrease * min(cur.cap, load)))
+                cur.since = 0
+            cur.since += 1
+        elif cur is not None and tpot_s <= target:
+            cur.cap += 1
+            cur.since += 1
+            if cur.cap > cur.origin:
+                del self._caps[name]
+
+    def _under_cap(self, cands: list[PathKey], request_class: str) -> tuple[list[PathKey], dict[str, int]]:
+        """Candidates whose decode instance is below its batch cap, and the caps that took some
+        out. Interactive work that finds every candidate at its cap goes over it (least loaded)."""
+        capped = {k[1]: c.cap for k in cands if (c := self._caps.get(k[1])) and self.outstanding(k[1]) >= c.cap}
+        if not capped:
+            return cands, {}
+        room = [k for k in cands if k[1] not in capped]
+        if room:
+            return room, capped
+        return ([] if request_class == "batch" else cands), capped
+
+    # ---- KV placement -------------------------------------------------------------------------
+    def _placed(self, ok: list[PathKey]) -> list[PathKey]:
+        """One candidate per (prefill, decode) pair: its home rail when admissible, else the
+        admissible rail with the fewest transfers pending, then the lowest latency."""
+        by_pair: dict[tuple[str, str], list[PathKey]] = {}
+        for k in ok:
+            by_pair.setdefault((k[0], k[1]), []).append(k)
+        out = []
+        for (_, d), ks in by_pair.items():
+            home = self._home(self._inst(d), [ks[0][2]])
+            at_home = [k for k in ks if k[2] == home]
+            out.append(at_home[0] if at_home else min(ks, key=lambda k: (
+                len(self._path(k).pending), 0.0 if math.isnan(self._latency(k)) else self._latency(k))))
+        return out
+
+    def _inst(self, name: str) -> Instance:
+        return next(i for i in self._prefill + self._decode if i.name == name)
 
     # ---- judgement ----------------------------------------------------------------------------
-    def _path(self, pair: tuple[str, str]) -> _Path:
-        return self._paths.setdefault(pair, _Path())
+    def _path(self, key: PathKey) -> _Path:
+        return self._paths.setdefault(key, _Path())
 
-    def _sample(self, pair: tuple[str, str], dft: float, tft: float, now: float, probe: bool = False) -> None:
-        p = self._path(pair)
+    def _sample(self, key: PathKey, dft: float, tft: float, now: float, probe: bool = False) -> None:
+        p = self._path(key)
         if probe:  # two probes in a row in line with the peers: the path recovered, drop its old samples
-            peer = self._peers(pair, "lat")
+            peer = self._peers(key, "lat")
             p.good_probes = p.good_probes + 1 if math.isnan(peer) or dft <= self.options.peer_ratio * peer else 0
         for q, v in ((p.dft, dft), (p.tft, tft)):
             q.append(v)
@@ -481,7 +616,7 @@ class SeamguardRouter:
         return self._cache[1]
 
     def _forget(self, now: float) -> None:
-        """Drop evidence older than forget_after_s (paths and decode TPOT windows)."""
+        """Drop evidence older than forget_after_s (paths, decode TPOT windows and batch caps)."""
         for p in self._paths.values():
             if p.dft and now - p.last_sample_t > self.options.forget_after_s:
                 p.dft.clear()
@@ -489,45 +624,50 @@ class SeamguardRouter:
                 self._refresh(p)
         for name in [n for n, t in self._tpot_t.items() if now - t > self.options.forget_after_s]:
             self._tpot.pop(name, None)
+            self._caps.pop(name, None)
             del self._tpot_t[name]
             self._version += 1
 
-    def _latency(self, pair: tuple[str, str]) -> float:
-        d = self._paths.get(pair)
+    def _latency(self, key: PathKey) -> float:
+        d = self._paths.get(key)
         return d.lat if d else math.nan
 
-    def _peers(self, pair: tuple[str, str], attr: str) -> float:
+    def _peers(self, key: PathKey, attr: str) -> float:
         """Median over the other paths of their `attr` ("lat" or "tft_med"); nan without data."""
-        p = self._paths.get(pair)
+        p = self._paths.get(key)
         return _median_without(self._sorted()[attr], getattr(p, attr) if p and p.dft else None)
 
-    def _severity(self, prefill: Instance, decode: Instance) -> tuple[int, str]:
+    def _severity(self, prefill: Instance, decode: Instance, rail: int | None) -> tuple[int, str]:
+        """The worst control-plane state on the NICs the transfer crosses: with KV placement the
+        two ends of its rail, else each instance's `nic`."""
         worst, name = 0, ""
         for inst in (prefill, decode):
-            if inst.nic is None:
+            mine = inst.rails[rail] if rail is not None else inst.nic
+            if mine is None:
                 continue
             for nic, state in self._fabric.items():
-                # the NIC itself, its link to the leaf ("nic~leaf"), or any NIC of a host ("host/nic")
-                if nic == inst.nic or nic.startswith((inst.nic + "~", inst.nic + "/")):
+                # the NIC itself, its link to the leaf ("nic~leaf"), any NIC of a host named by
+                # `mine` ("host/nic"), or the host `mine` is on ("host" for "host/nic")
+                if nic == mine or nic.startswith((mine + "~", mine + "/")) or mine.startswith(nic + "/"):
                     sev = FABRIC_SEVERITY.get(state, 0)
                     if sev > worst:
                         worst, name = sev, f"{nic}={state}"
         return worst, name
 
-    def _judge(self, prefill: Instance, decode: Instance, request_class: str, budget: float,
+    def _judge(self, prefill: Instance, decode: Instance, rail: int | None, request_class: str, budget: float,
                now: float) -> tuple[str, dict[str, float]]:
         """Why the path is not admissible for this class ("" when it is), and the evidence."""
-        opts, pair = self.options, (prefill.name, decode.name)
+        opts, key = self.options, (prefill.name, decode.name, rail)
         ev: dict[str, float] = {}
-        sev, nic = self._severity(prefill, decode)
+        sev, nic = self._severity(prefill, decode, rail)
         ev["severity"] = float(sev)
         if sev >= opts.fabric_block.get(request_class, 1):
             return f"control plane: {nic}", ev
-        p = self._paths.get(pair)
+        p = self._paths.get(key)
         why = self._slow_decode(decode.name, request_class, now, ev)
         if why:
             return why, ev
-        lat, peer = self._latency(pair), self._peers(pair, "lat")
+        lat, peer = self._latency(key), self._peers(key, "lat")
         ev.update(latency_s=lat, peers_latency_s=peer)
         if p and p.dft:
             ev["jitter_s"] = lat - _median(list(p.dft))
@@ -535,7 +675,7 @@ class SeamguardRouter:
                 and lat - peer > opts.budget_share * budget:
             return f"transfer p{round(100 * opts.quantile)} {lat:.3f}s vs peers {peer:.3f}s", ev
         # a transfer still waiting for its first token: censored evidence, before it ends
-        typical = self._peers(pair, "tft_med")
+        typical = self._peers(key, "tft_med")
         ages = [now - n.t0 for n in p.pending.values() if n.first_token_t is None] if p else []
         if ages and not math.isnan(typical):
             oldest = max(ages)
@@ -569,15 +709,15 @@ class SeamguardRouter:
             return f"decode {name} TPOT p{round(100 * opts.quantile)} {q:.3f}s vs peers {peer:.3f}s"
         return ""
 
-    def _probe_candidate(self, judged: dict, now: float) -> tuple[str, str] | None:
+    def _probe_candidate(self, judged: dict, now: float) -> PathKey | None:
         """A path out for every class, idle and unsampled for probe_after_s: probe it with batch."""
-        for pair, (why, _) in judged.items():
+        for key, (why, _) in judged.items():
             if not why or why.startswith("control plane"):
                 continue
-            p = self._path(pair)
+            p = self._path(key)
             busy = bool(p.pending)
             if not busy and now - max(p.last_sample_t, p.last_used_t) >= self.options.probe_after_s:
-                return pair
+                return key
         return None
 
     def _defer_if_interactive_at_risk(self, batch_budget: float) -> None:
@@ -593,6 +733,21 @@ class SeamguardRouter:
                        f"{opts.defer_share:.0%} of its {ibudget:.2f}s budget while a path is out",
                        opts.retry_after_s, {"interactive_ttft_s": recent, "interactive_budget_s": ibudget})
 
+    def _shed_batch(self, judged: dict, capped: dict[str, int]) -> None:
+        opts = self.options
+        if capped and any(not why for why, _ in judged.values()):
+            self._count("defer_batch_cap")
+            ev = {f"{d}.batch_cap": float(c) for d, c in capped.items()}
+            reason = "batch deferred: every decode instance is at its shrunk batch cap (" + ", ".join(
+                f"{d} {self.outstanding(d)}/{c}" for d, c in capped.items()) + ")"
+            self._remember("batch", None, "defer_batch_cap", reason, ev)
+            raise Shed(reason, opts.retry_after_s, ev)
+        self._count("shed_no_path")
+        reason = "no path admissible for batch: " + "; ".join(f"{self.label(k)}: {judged[k][0]}" for k in judged)
+        ev = {f"{self.label(k)}.latency_s": e.get("latency_s", math.nan) for k, (_, e) in judged.items()}
+        self._remember("batch", None, "shed_no_path", reason, ev)
+        raise Shed(reason, opts.retry_after_s, ev)
+
     def _instance_load(self, name: str, now: float) -> float:
         ld = self._load.get(name)
         fresh = ld is not None and now - ld.t <= self.options.load_stale_s
@@ -602,31 +757,50 @@ class SeamguardRouter:
         ld = self._load.get(name)
         return ld is not None and now - ld.t <= self.options.load_stale_s and ld.kv_usage >= self.options.kv_high
 
-    def _least_loaded(self, pairs: list[tuple[str, str]], now: float) -> tuple[str, str]:
-        roomy = [k for k in pairs if not self._kv_full(k[0], now) and not self._kv_full(k[1], now)]
-        pairs = roomy or pairs
-        score = {k: self._instance_load(k[0], now) + self._instance_load(k[1], now) for k in pairs}
+    def _least_loaded(self, keys: list[PathKey], now: float) -> PathKey:
+        roomy = [k for k in keys if not self._kv_full(k[0], now) and not self._kv_full(k[1], now)]
+        keys = roomy or keys
+        score = {k: self._instance_load(k[0], now) + self._instance_load(k[1], now) for k in keys}
         low = min(score.values())
-        tied = [k for k in pairs if score[k] == low]
+        tied = [k for k in keys if score[k] == low]
         return tied[self._turn % len(tied)]
 
-    def _explain(self, kind: str, pair: tuple[str, str], judged: dict, request_class: str
+    def _explain(self, kind: str, key: PathKey, judged: dict, request_class: str, capped: dict[str, int]
                  ) -> tuple[str, dict[str, float]]:
-        """Reason and evidence when the choice departs from the default (all paths admissible)."""
+        """Reason and evidence when the choice departs from the default (every path admissible
+        on its home rail, no decode instance at its batch cap)."""
         out = {k: why for k, (why, _) in judged.items() if why}
-        if not out and not kind:
+        if not out and not kind and not capped:
             return "", {}
-        ev = {k: v for k, v in judged[pair][1].items() if not (isinstance(v, float) and math.isnan(v))}
-        for (a, b), why in out.items():
-            for key in ("latency_s", "oldest_pending_s", "severity", "decode_tpot_s"):
-                v = judged[(a, b)][1].get(key)
+        ev = {k: v for k, v in judged[key][1].items() if not (isinstance(v, float) and math.isnan(v))}
+        for k, why in out.items():
+            for field_ in ("latency_s", "oldest_pending_s", "severity", "decode_tpot_s"):
+                v = judged[k][1].get(field_)
                 if v is not None and not math.isnan(v):
-                    ev[f"{a}->{b}.{key}"] = v
-        avoided = "; ".join(f"{a}->{b} ({why})" for (a, b), why in out.items() if (a, b) != pair)
-        head = {"probe": f"probe of {pair[0]}->{pair[1]}, out of use ({out.get(pair, '')})",
-                "least_bad": f"no admissible path; least bad {pair[0]}->{pair[1]}"}.get(
-            kind, f"{request_class}: chose {pair[0]}->{pair[1]}")
+                    ev[f"{self.label(k)}.{field_}"] = v
+        for d, c in capped.items():
+            ev[f"{d}.batch_cap"] = float(c)
+            ev[f"{d}.outstanding"] = float(self.outstanding(d))
+            tp = self._sorted()["tpot"].get(d)
+            if tp is not None:
+                ev[f"{d}.decode_tpot_s"] = tp
+        avoided = "; ".join(f"{self.label(k)} ({why})" for k, why in out.items() if k != key)
+        head = {"probe": f"probe of {self.label(key)}, out of use ({out.get(key, '')})",
+                "least_bad": f"no admissible path; least bad {self.label(key)}"}.get(
+            kind, f"{request_class}: chose {self.label(key)}")
+        if kind == "kv_rail":
+            home = self._inst(key[1]).home_rail
+            head += f", KV moved from rail {home} to rail {key[2]}"
+            ev["kv_rail"], ev["home_rail"] = float(key[2]), float(home)  # type: ignore[arg-type]
+        if capped:
+            head += "; batch shrunk on " + ", ".join(f"{d} (cap {c})" for d, c in capped.items())
         return f"{head}; avoided {avoided}" if avoided else head, ev
+
+    def _remember(self, request_class: str, key: PathKey | None, kind: str, reason: str,
+                  evidence: dict[str, float]) -> None:
+        self.recent.append({"t": self._clock(), "request_class": request_class, "kind": kind,
+                            "path": self.label(key) if key else None, "reason": reason,
+                            "evidence": {k: v for k, v in evidence.items() if not math.isnan(v)}})
 
     def _route_unified(self, request_class: RequestClass) -> Route:
         now = self._clock()

@@ -8,7 +8,8 @@ exactly that path's KV transfers (real traffic, not a sleep). Built on seamguard
 Layout, for P prefill and D decode instances (``Testbed`` with P + D + 1 hosts and D rails):
 
     host i < P          prefill i: OpenAI API on its mgmt address, KV served on every rail
-    host P + j          decode j: OpenAI API on mgmt, pulls KV from its rail j address
+    host P + j          decode j: OpenAI API on mgmt, pulls KV from its rail j address (its
+                        home rail) unless the gateway places the transfer on another rail
     host P + D          the client (load generator / gateway), on mgmt only
 
 Decode j pulls over rail j, and rail j of prefill i carries only decode j's pulls, so the
@@ -66,9 +67,10 @@ class PoolBed:
                     "--kv-port", str(KV_PORT), "--kv-addrs", addrs, *self.instance_args]))
             for j in range(self.decode):
                 h = self.prefill + j
+                binds = [tb.addr(h, j)] + [tb.addr(h, r) for r in range(self.decode) if r != j]  # home rail first
                 self.procs.append(launch(tb.exec_prefix(h), [
                     "--role", "decode", "--name", f"d{j}", "--host", tb.addr(h, None), "--port", str(API_PORT),
-                    "--kv-bind", tb.addr(h, j), *self.instance_args]))
+                    "--kv-bind", ",".join(binds), *self.instance_args]))
         except BaseException:
             self.down()
             raise
@@ -92,15 +94,18 @@ class PoolBed:
         self.down()
 
     def instances(self) -> list[Instance]:
-        """The instances as the router sees them. nic: a decode instance's own rail interface
-        (``<host ns>/rail<j>``); a prefill instance's host (``<host ns>``), since it serves KV on
-        every rail: a control-plane state on any of its NICs applies to all its paths."""
+        """The instances as the router sees them. nic: a decode instance's home rail interface
+        (``<host ns>/rail<j>``), a prefill instance's host (``<host ns>``: it serves KV on every
+        rail). rails: every host's rail interfaces in rail order, so the seamguard router can
+        place a transfer on another rail than the decode instance's home rail (KV placement)."""
         tb = self.tb
         assert tb is not None
-        out = [Instance(f"p{i}", f"http://{tb.addr(i, None)}:{API_PORT}", "prefill", tb.host_ns(i))
+        rails = lambda h: tuple(f"{tb.host_ns(h)}/{tb.rail_if(r)}" for r in range(self.decode))  # noqa: E731
+        out = [Instance(f"p{i}", f"http://{tb.addr(i, None)}:{API_PORT}", "prefill", tb.host_ns(i), rails(i))
                for i in range(self.prefill)]
         out += [Instance(f"d{j}", f"http://{tb.addr(self.prefill + j, None)}:{API_PORT}", "decode",
-                         f"{tb.host_ns(self.prefill + j)}/rail{j}") for j in range(self.decode)]
+                         f"{tb.host_ns(self.prefill + j)}/rail{j}", rails(self.prefill + j), home_rail=j)
+                for j in range(self.decode)]
         return out
 
     def shape_argv(self, prefill: int, decode: int, rate_mbit: float | None, burst_bytes: int = 16384,

@@ -33,7 +33,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 
-from seamguard.gateway.routing import Instance, Outcome, Shed, make_router
+from seamguard.gateway.routing import Instance, Outcome, Shed, make_router, place_kv
 from seamguard.gateway.routing_feeds import feed_router
 
 
@@ -123,6 +123,7 @@ class Record:
     dft_s: float | None = None
     prefill: str = ""
     decode: str = ""
+    rail: int | None = None  # the rail the router placed the KV transfer on (None: the decode's own choice)
     reason: str = ""
 
 
@@ -235,6 +236,7 @@ async def _one(client, router, a: Arrival, t_start: float, budget_s: float, time
             rec.deferred += 1
             await asyncio.sleep(s.retry_after_s)
     rec.prefill, rec.decode, rec.reason = route.prefill.name if route.prefill else "", route.decode.name, route.reason
+    rec.rail = route.kv_rail
     body = {"model": "emulated", "messages": [{"role": "user", "content": "w " * a.prompt_tokens}],
             "max_tokens": a.output_tokens, "stream": True, "stream_options": {"include_usage": True}}
     dft = first = last = None
@@ -245,7 +247,7 @@ async def _one(client, router, a: Arrival, t_start: float, budget_s: float, time
                                   json={**body, "max_tokens": 1, "stream": False, "stream_options": None,
                                         "kv_transfer_params": {"do_remote_decode": True}})
             r.raise_for_status()
-            body["kv_transfer_params"] = r.json()["kv_transfer_params"]
+            body["kv_transfer_params"] = place_kv(r.json()["kv_transfer_params"], route.kv_rail)
         t_dec = time.monotonic()
         async with client.stream("POST", route.decode.url + "/v1/chat/completions", json=body,
                                  timeout=timeout_s) as resp:

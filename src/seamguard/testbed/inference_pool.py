@@ -16,7 +16,8 @@ What it emulates (vLLM's disaggregated-prefill convention):
   ``kv_transfer_params`` naming the addresses, port and id to pull from.
 - **decode** (``--role decode``): the request plus those ``kv_transfer_params``; it reserves
   KV space, pulls the bytes from the prefill instance (from its own address ``--kv-bind``,
-  picking the prefill address in the same subnet: one rail), then joins a continuous batch
+  picking the first of its addresses that shares a subnet with one the prefill advertised: one
+  rail, its home rail unless the gateway narrowed ``remote_hosts`` to another), then joins a continuous batch
   whose step takes ``decode_base_s + decode_per_seq_s x batch size`` and yields one token to
   every running sequence (``--kv-blocking``: no step while a pull is in flight, as a
   connector that receives the KV inside the model step); streams SSE chunks (OpenAI format, final usage chunk when
@@ -96,9 +97,9 @@ class Engine:
     """One instance's emulated GPU: a FIFO prefill, a KV cache, a continuous decode batch."""
 
     def __init__(self, name: str, role: str, shape: ModelShape, timing: PoolTiming, kv_addrs: list[str],
-                 kv_port: int, kv_bind: str | None) -> None:
+                 kv_port: int, kv_binds: list[str]) -> None:
         self.name, self.role, self.shape, self.timing = name, role, shape, timing
-        self.kv_addrs, self.kv_port, self.kv_bind = kv_addrs, kv_port, kv_bind
+        self.kv_addrs, self.kv_port, self.kv_binds = kv_addrs, kv_port, kv_binds
         self.kv_used = 0
         self.waiting = 0
         self._prefill_lock = asyncio.Lock()  # FIFO: one prompt on the GPU at a time
@@ -189,25 +190,33 @@ class Engine:
         finally:
             writer.close()
 
+    def kv_route(self, params: dict) -> tuple[str, str | None]:
+        """(prefill address, own address) of a pull: the first of this instance's KV addresses
+        (its home rail first) that shares a subnet with an address the prefill advertised, so a
+        gateway that narrows ``remote_hosts`` to one rail moves the pull onto that rail."""
+        hosts = params.get("remote_hosts") or [params["remote_host"]]
+        for bind in self.kv_binds:
+            mine = ipaddress.ip_interface(f"{bind}/24").network
+            for h in hosts:
+                if ipaddress.ip_address(h) in mine:
+                    return h, bind
+        return hosts[0], None
+
     async def pull_kv(self, params: dict) -> int:
         """Fetch the prompt's KV from the prefill instance named in params; bytes received."""
-        hosts = params.get("remote_hosts") or [params["remote_host"]]
-        host = hosts[0]
-        if self.kv_bind:
-            mine = ipaddress.ip_interface(f"{self.kv_bind}/24").network
-            host = next((h for h in hosts if ipaddress.ip_address(h) in mine), host)
+        host, bind = self.kv_route(params)
         self._pulls += 1
         self._no_pulls.clear()
         try:
-            return await self._pull(host, params)
+            return await self._pull(host, bind, params)
         finally:
             self._pulls -= 1
             if self._pulls == 0:
                 self._no_pulls.set()
 
-    async def _pull(self, host: str, params: dict) -> int:
+    async def _pull(self, host: str, bind: str | None, params: dict) -> int:
         reader, writer = await asyncio.open_connection(host, int(params["remote_port"]),
-                                                       local_addr=(self.kv_bind, 0) if self.kv_bind else None)
+                                                       local_addr=(bind, 0) if bind else None)
         try:
             writer.write(f"GET {params['transfer_id']}\n".encode())
             await writer.drain()
@@ -396,7 +405,8 @@ async def serve(args: argparse.Namespace) -> None:
 
     timing = PoolTiming(**{k: getattr(args, k) for k in PoolTiming.__dataclass_fields__})
     kv_addrs = [a for a in (args.kv_addrs or args.host).split(",") if a]
-    engine = Engine(args.name, args.role, SHAPES[args.model_shape], timing, kv_addrs, args.kv_port, args.kv_bind)
+    kv_binds = [a for a in (args.kv_bind or "").split(",") if a]
+    engine = Engine(args.name, args.role, SHAPES[args.model_shape], timing, kv_addrs, args.kv_port, kv_binds)
     kv_server = None
     if args.role in ("prefill",):
         kv_server = await asyncio.start_server(engine.serve_kv, "0.0.0.0", args.kv_port)
@@ -424,7 +434,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--kv-port", type=int, default=8200, help="prefill: TCP port the KV is pulled from")
     p.add_argument("--kv-addrs", default="", help="prefill: comma list of addresses it advertises for KV pulls")
-    p.add_argument("--kv-bind", default=None, help="decode: local address to pull KV from (its NIC)")
+    p.add_argument("--kv-bind", default=None,
+                   help="decode: comma list of its own addresses to pull KV from, one per NIC, the home rail "
+                        "first; a pull leaves from the first one in a subnet the prefill advertised")
     p.add_argument("--model-shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     for k, f in PoolTiming.__dataclass_fields__.items():
         if isinstance(f.default, bool):

@@ -36,6 +36,7 @@ class FakeBackend:
     default_max_tokens: int = 16
     usage_in_stream: bool = True  # False: never send the usage chunk (the gateway must count chunks)
     seen: list[dict[str, Any]] = field(default_factory=list)  # request bodies, in order (tests look)
+    kv_hosts: list[str] = field(default_factory=list)  # a prefill's KV addresses, one per rail (remote_hosts)
     _fail: list[int] = field(default_factory=list)
 
     def fail_next(self, n: int, status: int = 500) -> None:
@@ -80,7 +81,10 @@ class FakeBackend:
         if kv_in.get("do_remote_decode"):  # prefill half of disaggregated serving
             n = 1
             kv_out = {"do_remote_prefill": True, "remote_engine_id": self.name, "remote_request_id": rid,
-                      "remote_block_ids": list(range(max(1, prompt // 16))), "remote_host": "127.0.0.1"}
+                      "remote_block_ids": list(range(max(1, prompt // 16))),
+                      "remote_host": self.kv_hosts[0] if self.kv_hosts else "127.0.0.1"}
+            if self.kv_hosts:
+                kv_out["remote_hosts"] = list(self.kv_hosts)
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
         obj = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
