@@ -93,6 +93,7 @@ class Coordinator:
         if self._job_complete():
             self.phase = "done"
             self.store.set(keys.JOB_DONE, "ok")
+            self.store.set(keys.wake(self.plan.gen + 1), "done")
             self.log({"event": "job_done", "gen": self.plan.gen})
             return self.phase
         members = set(self.plan.ranks) | set(self.plan.spares)
@@ -150,15 +151,28 @@ class Coordinator:
             self.plan = replace(self.plan, spares=self.plan.spares + fresh)
             self.log({"event": "spare_ready", "wids": fresh})
 
+    def _read_beats(self, wids: list[int]) -> dict[int, dict]:
+        """The latest heartbeat of each of ``wids`` that has one: from the node records
+        (aggregated: one range read) or from each worker's own key (one node, TCPStore)."""
+        if self.settings.aggregate:
+            merged: dict[int, dict] = {}
+            records = keys.read_family(self.store, keys.NODE_PREFIX, [str(n) for n in range(self.settings.nnodes)])
+            for raw in records.values():
+                merged.update({int(w): hb for w, hb in json.loads(raw)["beats"].items()})
+            return {w: merged[w] for w in wids if w in merged}
+        raws = {w: self._get(keys.heartbeat(w)) for w in wids}
+        return {w: json.loads(r) for w, r in raws.items() if r is not None}
+
     def _read_exits(self) -> set[int]:
         out = set()
-        for w in self.all_workers:
-            if w in self.lost or w in self.finished:
-                continue
-            code = self._get(keys.exit_code(w))
+        watched = [w for w in self.all_workers if w not in self.lost and w not in self.finished]
+        codes = keys.read_family(self.store, keys.EXIT_PREFIX, [str(w) for w in watched])
+        dones = keys.read_family(self.store, keys.DONE_PREFIX, list(codes)) if codes else {}
+        for w in watched:
+            code = codes.get(str(w))
             if code is None:
                 continue
-            if int(code) == 0 and self.store.check([keys.done(w)]):
+            if int(code) == 0 and str(w) in dones:
                 self.finished.add(w)
                 continue
             self.lost.add(w)
@@ -168,14 +182,11 @@ class Coordinator:
 
     def _judge_heartbeats(self, now: float) -> set[int]:
         active = [w for w in self.plan.ranks if w not in self.lost and w not in self.finished]
-        for w in active:
-            raw = self._get(keys.heartbeat(w))
-            if raw is not None:
-                hb = json.loads(raw)
-                self.tracker.observe(w, Beat(hb["n"], hb["step"], hb["phase"], hb["compute_s"]), now)
-                self._furthest_step = max(self._furthest_step, int(hb["step"]))
-                self._steps.advance(self._furthest_step, now)
-                self._beats[w] = hb
+        for w, hb in self._read_beats(active).items():
+            self.tracker.observe(w, Beat(hb["n"], hb["step"], hb["phase"], hb["compute_s"]), now)
+            self._furthest_step = max(self._furthest_step, int(hb["step"]))
+            self._steps.advance(self._furthest_step, now)
+            self._beats[w] = hb
         out = set()
         for v in self.tracker.verdicts(active, now):
             if v.kind == "straggler" and not self.settings.evacuate_stragglers:
@@ -203,7 +214,7 @@ class Coordinator:
 
     def _ahead_step(self) -> int:
         """A step far enough ahead that every rank reads a key set now before reaching it."""
-        beats = [json.loads(r) for w in self.plan.ranks if (r := self._get(keys.heartbeat(w)))]
+        beats = list(self._read_beats(self.plan.ranks).values())
         step_s = max((b["compute_s"] for b in beats), default=0.0)
         margin = 2 + min(50, int(0.5 / step_s) if step_s > 0 else 50)
         return max((b["step"] for b in beats), default=0) + margin
@@ -283,7 +294,7 @@ class Coordinator:
 
     def _job_complete(self) -> bool:
         alive = [w for w in self.plan.ranks if w not in self.lost]
-        return bool(alive) and all(self.store.check([keys.done(w)]) for w in alive)
+        return bool(alive) and len(keys.read_family(self.store, keys.DONE_PREFIX, [str(w) for w in alive])) == len(alive)
 
     # ---------------------------------------------------------------- generations
     def _start_generation(self, plan: Plan, now: float) -> None:
@@ -291,6 +302,7 @@ class Coordinator:
         self.plan = plan
         self.store.set(keys.plan(plan.gen), plan.to_json())
         self.store.set(keys.GENERATION, str(plan.gen))
+        self.store.set(keys.wake(plan.gen), "1")
         self.phase, self._phase_since_s, self._resume_written = "recovering", now, False
         for w in plan.ranks:
             if w not in previous:  # a member already being watched keeps its evidence
@@ -375,5 +387,6 @@ class Coordinator:
     def _fail(self, why: str) -> str:
         self.phase = "failed"
         self.store.set(keys.JOB_DONE, "failed")
+        self.store.set(keys.wake(self.plan.gen + 1 if self.plan else 0), "failed")
         self.log({"event": "job_failed", "reason": why})
         return self.phase

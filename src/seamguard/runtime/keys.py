@@ -126,3 +126,45 @@ def guard_replaced(step: int) -> str:
     """Set (to the generation) by a rank leaving because its gradient at `step` stayed
     anomalous on recompute; in a later generation, an anomaly at that step is the data's."""
     return f"{ROOT}/guard/replaced/{step}"
+
+
+def wake(gen: int) -> str:
+    """Set by the coordinator when generation `gen` starts, and (gen = current + 1) when the
+    job ends: idle spares block on it (a server-side wait, an etcd watch) instead of polling."""
+    return f"{ROOT}/wake/{gen}"
+
+
+NODE_PREFIX = f"{ROOT}/node/"
+
+
+def node_beats(node: int) -> str:
+    """JSON written by a node's launcher every node beat: its counter and the latest
+    heartbeat of each of its workers (read from the node-local store), so the job-wide store
+    takes one write per node instead of one per rank (multi-node or etcd launches)."""
+    return f"{NODE_PREFIX}{node}"
+
+
+EXIT_PREFIX = f"{ROOT}/exit/"
+DONE_PREFIX = f"{ROOT}/done/"
+KILL_PREFIX = f"{ROOT}/kill/"
+
+
+def read_family(store, prefix: str, names: list[str]) -> dict[str, bytes]:
+    """The values of ``prefix + name`` that exist: one range request on a store that can
+    read a prefix (runtime/store.py's EtcdStore), else a check and a get per name (a
+    TCPStore has no range read)."""
+    if hasattr(store, "get_prefix"):
+        found = store.get_prefix(prefix)
+        return {n: found[prefix + n] for n in names if prefix + n in found}
+    out = {}
+    for n in names:
+        if store.check([prefix + n]):
+            out[n] = store.get(prefix + n)
+    return out
+
+
+def peek(store, key: str) -> bytes | None:
+    """A key's value or None, in one request where the store can (EtcdStore.peek)."""
+    if hasattr(store, "peek"):
+        return store.peek(key)
+    return store.get(key) if store.check([key]) else None

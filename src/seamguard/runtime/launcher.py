@@ -2,8 +2,12 @@
 
 Speaks torchrun's environment contract (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE) so scripts and schedulers (Slurm, Kubernetes) see what they
-expect, plus SEAMGUARD_* variables for the runtime. Node 0 hosts the TCPStore and runs the
-Coordinator; every node's launcher reports its children's exits to the store the moment
+expect, plus SEAMGUARD_* variables for the runtime. Node 0 runs the Coordinator and, unless
+the job-wide store is etcd (``--store etcd://…``, runtime/store.py), hosts the TCPStore.
+With etcd or several nodes the membership is aggregated per node: workers beat to a
+TCPStore their own launcher hosts on 127.0.0.1, and the launcher writes one record for
+the node to the job-wide store every node beat (docs/runtime.md, "Many nodes"). Every
+node's launcher reports its children's exits to the store the moment
 `waitpid` sees them (this is how a killed rank is detected in milliseconds), carries out
 kill requests for its own children, and turns hint files into store keys.
 """
@@ -22,8 +26,14 @@ from pathlib import Path
 
 from seamguard.ports import free_port
 from seamguard.runtime import keys
+from seamguard.runtime import store as jobstore
 from seamguard.runtime.coordinator import Coordinator
-from seamguard.runtime.eventlog import EVENTS_FILE_ENV, LOG_FORMAT_ENV, EventLog, set_title
+from seamguard.runtime.eventlog import (
+    EVENTS_FILE_ENV,
+    LOG_FORMAT_ENV,
+    EventLog,
+    set_title,
+)
 from seamguard.runtime.metrics import render
 from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
@@ -52,7 +62,8 @@ def _start(s: LaunchSettings, server: ForkServer | None, env: dict[str, str]
     return subprocess.Popen(_command(s.script), env=env)
 
 
-def _worker_env(s: LaunchSettings, port: int, wid: int, local: int) -> dict[str, str]:
+def _worker_env(s: LaunchSettings, port: int, wid: int, local: int,
+                node_store: str = "") -> dict[str, str]:
     env = dict(os.environ)
     env.update(s.env)
     trainer = local < s.nproc
@@ -64,8 +75,10 @@ def _worker_env(s: LaunchSettings, port: int, wid: int, local: int) -> dict[str,
         "RANK": str(s.node_rank * s.nproc + local) if trainer else "-1",
         "SEAMGUARD_WORKER_ID": str(wid), "SEAMGUARD_RUN_ID": s.run_id,
         "SEAMGUARD_RANKS_PER_NODE": str(s.nproc), "SEAMGUARD_ROLE": "trainer" if trainer else "spare",
-        LOG_FORMAT_ENV: s.log_format,
+        LOG_FORMAT_ENV: s.log_format, "SEAMGUARD_STORE": s.store,
     })
+    if node_store:
+        env["SEAMGUARD_NODE_STORE"] = node_store
     if s.events_file is not None:
         env[EVENTS_FILE_ENV] = str(s.events_file)
     return env
@@ -115,13 +128,14 @@ def _hint_files(store, hint_dir: Path | None) -> None:
 
 def launch(s: LaunchSettings) -> int:
     """Run one node of a job to completion; returns the exit code for the CLI."""
-    import torch.distributed as dist  # lazy: the CLI must work without torch
-
     port = s.master_port or free_port()
     master = s.node_rank == 0
-    store = dist.TCPStore(s.master_addr, port, None, master,
-                          timeout=datetime.timedelta(seconds=s.startup_timeout_s),
-                          wait_for_workers=False)
+    store = jobstore.connect(s.store_url, s.master_addr, port, s.startup_timeout_s, is_master=master)
+    if keys.peek(store, keys.JOB_DONE) is not None:
+        print(f"error: the job-wide store already holds a finished run {s.run_id!r}: "
+              "give every job its own --run-id (e.g. the scheduler's job id)", file=sys.stderr)
+        return 2
+    node = _NodeBeat(store, s) if s.aggregate else None
     events = EventLog(s.log_format, s.events_file)
     who = f"node {s.node_rank}/{s.nnodes}" if s.nnodes > 1 else "launcher"
     set_title(f"seamguard launch: {who} run {s.run_id}")
@@ -140,7 +154,7 @@ def launch(s: LaunchSettings) -> int:
     children = []
     for local in range(per_node):
         wid = s.node_rank * per_node + local
-        children.append(Child(wid, _start(s, server, _worker_env(s, port, wid, local))))
+        children.append(Child(wid, _start(s, server, _worker_env(s, port, wid, local, node.address if node else ""))))
     coord = None
     if master:
         trainers = [n * per_node + i for n in range(s.nnodes) for i in range(s.nproc)]
@@ -162,17 +176,23 @@ def launch(s: LaunchSettings) -> int:
                     if c.proc.returncode != 0 and s.replenish_spares and \
                             not store.check([keys.JOB_DONE]) and respawned < s.max_recoveries:
                         respawned += 1
-                        children.append(_spawn_spare(s, server, store, port, per_node))
-                if not c.reported and store.check([keys.kill_request(c.wid)]):
+                        children.append(_spawn_spare(s, server, store, port, per_node,
+                                                     node.address if node else ""))
+                if node is None and not c.reported and store.check([keys.kill_request(c.wid)]):
                     c.proc.send_signal(signal.SIGKILL)
+            job_done = None
+            if node is not None:  # kill requests and the job's end come with the node beat
+                job_done = node.maybe_beat(children)
+            elif not master and store.check([keys.JOB_DONE]):
+                job_done = store.get(keys.JOB_DONE)
             if master:
                 _hint_files(store, s.hint_dir)
                 phase = coord.tick()
                 if phase in ("done", "failed"):
                     code = 0 if phase == "done" else 1
                     break
-            elif store.check([keys.JOB_DONE]):
-                code = 0 if store.get(keys.JOB_DONE) == b"ok" else 1
+            elif job_done is not None:
+                code = 0 if job_done == b"ok" else 1
                 break
             if all(c.reported for c in children) and not master:
                 break
@@ -244,13 +264,51 @@ def _remove_shared_memory(run_id: str, children: list[Child]) -> None:
 
 
 def _spawn_spare(s: LaunchSettings, server: ForkServer | None, store, port: int,
-                 per_node: int) -> Child:
+                 per_node: int, node_store: str) -> Child:
     """Start a fresh hot spare in place of a lost process (new worker id)."""
     wid = s.nnodes * per_node + store.add(keys.NEXT_WID, 1) - 1
-    env = _worker_env(s, port, wid, s.nproc)  # a local slot past the trainers: a spare
+    env = _worker_env(s, port, wid, s.nproc, node_store)  # a local slot past the trainers: a spare
     child = Child(wid, _start(s, server, env))
     store.set(keys.joined(store.add(keys.JOINED_COUNT, 1)), str(wid))
     return child
+
+
+class _NodeBeat:
+    """Per-node aggregation: this node's workers beat into a TCPStore on 127.0.0.1 that the
+    launcher hosts; every ``node_beat_s`` the launcher writes their latest beats to the
+    job-wide store as one record (keys.node_beats), mirrors the generation back for the
+    workers' heartbeat threads, and reads its children's kill requests and the job's end.
+    Four requests per node beat, whatever the node's rank count."""
+
+    def __init__(self, job, s: LaunchSettings) -> None:
+        import torch.distributed as dist
+
+        self.job, self.node, self.every_s = job, s.node_rank, s.node_beat_s
+        self.local = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=s.startup_timeout_s))
+        self.address = f"127.0.0.1:{self.local.port}"
+        self.counter = 0
+        self._next_s = 0.0
+        self._gen: bytes | None = None
+
+    def maybe_beat(self, children: list[Child]) -> bytes | None:
+        """One node beat when due; returns the job's end (JOB_DONE's value) once set."""
+        now = time.monotonic()
+        if now < self._next_s:
+            return None
+        self._next_s = now + self.every_s
+        self.counter += 1
+        live = [c for c in children if not c.reported]
+        beats = keys.read_family(self.local, f"{keys.ROOT}/hb/", [str(c.wid) for c in live])
+        self.job.set(keys.node_beats(self.node), json.dumps(
+            {"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}}))
+        gen = keys.peek(self.job, keys.GENERATION)
+        if gen is not None and gen != self._gen:
+            self.local.set(keys.GENERATION, gen)
+            self._gen = gen
+        for w in keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]):
+            next(c for c in live if str(c.wid) == w).proc.send_signal(signal.SIGKILL)
+        return keys.peek(self.job, keys.JOB_DONE)
 
 
 def _drain(children: list[Child], timeout_s: float, log) -> None:

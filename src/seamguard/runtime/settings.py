@@ -9,11 +9,38 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 #: Imported lazily by common training code, and costly: ``torch.compile`` and
 #: ``torch.use_deterministic_algorithms`` pull in dynamo and inductor (with sympy), about
 #: 1.7 s of CPU per process on the 2-core test machine.
 DEFAULT_PRELOAD = ("torch._dynamo", "torch._inductor.config")
+
+
+@dataclass(frozen=True)
+class StoreUrl:
+    """Where the job-wide store is: ``tcp`` (node 0's TCPStore) or an etcd cluster."""
+
+    kind: str  # "tcp" | "etcd"
+    endpoints: tuple[tuple[str, int], ...] = ()
+    prefix: str = ""
+    """Every key of the job lives under this prefix (the run id), so jobs can share etcd."""
+
+
+def parse_store_url(text: str, run_id: str) -> StoreUrl:
+    """``tcp`` (default) or ``etcd://host:port[,host:port…]``; ValueError names what is wrong."""
+    if text in ("", "tcp"):
+        return StoreUrl("tcp")
+    parts = urlsplit(text)
+    if parts.scheme != "etcd" or not parts.netloc:
+        raise ValueError(f"--store: expected 'tcp' or 'etcd://host:port[,host:port]', got {text!r}")
+    endpoints = []
+    for item in parts.netloc.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--store: bad etcd endpoint {item!r} in {text!r} (want host:port)")
+        endpoints.append((host, int(port)))
+    return StoreUrl("etcd", tuple(endpoints), f"/seamguard/{run_id}/")
 
 
 @dataclass(frozen=True)
@@ -121,6 +148,21 @@ class LaunchSettings:
     """stderr: ``text`` (a line a person reads) or ``json`` (the event records)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the workers (settings, chaos plan)."""
+    store: str = "tcp"
+    """The job-wide store: ``tcp`` (node 0's launcher hosts a TCPStore) or
+    ``etcd://host:port[,host:port…]`` (an etcd cluster; runtime/store.py)."""
+    node_beat_s: float = 0.1
+    """With per-node aggregation (an etcd store or several nodes), how often each node's
+    launcher writes its workers' heartbeats to the job-wide store as one record."""
+
+    @property
+    def store_url(self) -> StoreUrl:
+        return parse_store_url(self.store, self.run_id)
+
+    @property
+    def aggregate(self) -> bool:
+        """Workers beat to their own node's launcher, which writes one record per node."""
+        return self.nnodes > 1 or self.store_url.kind != "tcp"
 
     def __post_init__(self) -> None:
         if not self.script:
@@ -131,8 +173,12 @@ class LaunchSettings:
             raise ValueError("need nproc >= 1, spares >= 0, nnodes >= 1")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} outside 0..{self.nnodes - 1}")
-        if self.nnodes > 1 and self.master_port == 0:
-            raise ValueError("multi-node launch needs an explicit --master-port")
+        url = parse_store_url(self.store, self.run_id)
+        if self.nnodes > 1 and self.master_port == 0 and url.kind == "tcp":
+            raise ValueError("multi-node launch needs an explicit --master-port (or --store etcd://…)")
+        if not 0 < self.node_beat_s <= self.hang_timeout_s / 2:
+            raise ValueError(f"node_beat_s must be in (0, hang_timeout_s/2 = {self.hang_timeout_s / 2}], "
+                             f"got {self.node_beat_s}")
         for name in self.preload:
             try:
                 found = importlib.util.find_spec(name) is not None

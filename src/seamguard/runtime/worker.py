@@ -29,12 +29,13 @@ import torch
 import torch.distributed as dist
 
 from seamguard.runtime import cadence, chaos, keys, replica
+from seamguard.runtime import store as jobstore
 from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.eventlog import EventLog, set_title
 from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, replica_holder
-from seamguard.runtime.settings import RuntimeSettings
+from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url
 from seamguard.runtime.snapshot import (SlotStore, TrainingState, find_orphans, read_orphan,
                                         state_checksum, tensors_of)
 
@@ -58,21 +59,31 @@ class JobFailed(RuntimeError):
     """The coordinator gave the job up (no consistent state left); see the launcher log."""
 
 
-def _connect(host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    return dist.TCPStore(host, port, None, False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+TCP_STORE = StoreUrl("tcp")
+
+
+def _connect(host: str, port: int, timeout_s: float, url: StoreUrl = TCP_STORE) -> dist.Store:
+    return jobstore.connect(url, host, port, timeout_s)
+
+
+def _host_port(text: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
 
 
 class Runtime:
     """One training process of a seamguard job (see module docstring and docs/runtime.md)."""
 
     def __init__(self, wid: int, master_addr: str, master_port: int, ranks_per_node: int,
-                 settings: RuntimeSettings, run_id: str, advertise_host: str = "127.0.0.1"):
+                 settings: RuntimeSettings, run_id: str, advertise_host: str = "127.0.0.1",
+                 store_url: StoreUrl = TCP_STORE, node_store: tuple[str, int] | None = None):
         self.wid = wid
+        self._store_url = store_url
+        self._node_store = node_store  # heartbeats go to the node's launcher (multi-node/etcd)
         self.settings = settings
         self.ranks_per_node = ranks_per_node
         self._addr = (master_addr, master_port)
-        self.store = _connect(master_addr, master_port, settings.recovery_timeout_s)
+        self.store = _connect(master_addr, master_port, settings.recovery_timeout_s, store_url)
         self.slots = SlotStore(f"seamguard-{run_id}-{os.getpid()}-w{wid}", settings.snapshot_slots)
         self.replicas = replica.ReplicaStore(self.slots)
         self.server = replica.ReplicaServer(self.replicas, advertise_host,
@@ -149,7 +160,9 @@ class Runtime:
         return cls(int(env["SEAMGUARD_WORKER_ID"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]),
                    int(env.get("SEAMGUARD_RANKS_PER_NODE", env.get("LOCAL_WORLD_SIZE", "1"))),
                    settings, env.get("SEAMGUARD_RUN_ID", "seamguard"),
-                   env.get("SEAMGUARD_ADVERTISE_HOST", "127.0.0.1"))
+                   env.get("SEAMGUARD_ADVERTISE_HOST", "127.0.0.1"),
+                   parse_store_url(env.get("SEAMGUARD_STORE", ""), env.get("SEAMGUARD_RUN_ID", "seamguard")),
+                   _host_port(env.get("SEAMGUARD_NODE_STORE", "")))
 
     def register(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  sampler: GlobalBatchSampler) -> None:
@@ -543,7 +556,7 @@ class Runtime:
             return
         holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node)]
         if self._side_store is None:  # the pipeline thread's own store connection
-            self._side_store = _connect(*self._addr, self.settings.recovery_timeout_s)
+            self._side_store = _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url)
         addr = self._side_store.get(keys.worker_addr(holder)).decode()
         role = plan.roles[self.rank]
         sent = replica.push(addr, role, manifest, slot.array, self.settings.replica_timeout_s,
@@ -613,7 +626,8 @@ class Runtime:
 
     # ------------------------------------------------------------------ heartbeats
     def _heartbeat_loop(self) -> None:
-        store = _connect(*self._addr, self.settings.recovery_timeout_s)
+        store = (_connect(*self._node_store, self.settings.recovery_timeout_s) if self._node_store
+                 else _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url))
         counter = 0
         while not self._stop.is_set():
             counter += 1
@@ -713,10 +727,15 @@ class Runtime:
                 if g > self.gen:
                     return g
             self._check_job_done()
-            if not spare and time.monotonic() > deadline:
+            left_s = deadline - time.monotonic()
+            if not spare and left_s <= 0:
                 raise RecoveryError(f"worker {self.wid}: coordinator announced no new generation "
                                     f"within {self.settings.recovery_timeout_s}s")
-            time.sleep(0.002)
+            try:  # block until the coordinator wakes us (next generation or job end): no polling
+                self.store.wait([keys.wake(self.gen + 1)],
+                                datetime.timedelta(seconds=60.0 if spare else max(0.01, left_s)))
+            except dist.DistStoreError:
+                pass
 
     def _recover_into(self, gen: int, plan: Plan, phases: dict[str, float]) -> None:
         """Recover into generation ``gen``; the seconds of each phase go into ``phases``."""
