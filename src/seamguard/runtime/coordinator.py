@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from seamguard.runtime import cadence, keys
-from seamguard.runtime.detect import Beat, HeartbeatTracker
+from seamguard.runtime.detect import Beat, HeartbeatTracker, NodeTracker
 from seamguard.runtime.manifest import complete_steps, latest_verified
 from seamguard.runtime.membership import Plan, initial_plan, next_plan, resume_step
 from seamguard.runtime.metrics import JobView, RankView, StepClock
@@ -53,13 +53,16 @@ class Coordinator:
     _deferred_since_s: float = 0.0
     _furthest_step: int = 0  # the furthest step any rank's heartbeat reported (for steps redone)
     _beats: dict = field(default_factory=dict)  # wid -> its last heartbeat (for metrics)
+    _records: dict = field(default_factory=dict)  # node -> its aggregated record, this tick
     _steps: StepClock = field(default_factory=StepClock)
     tracker: HeartbeatTracker = field(init=False)
+    nodes: NodeTracker = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
         self.tracker = HeartbeatTracker(s.hang_timeout_s, s.stall_timeout_s, s.straggler_factor,
                                         s.straggler_window)
+        self.nodes = NodeTracker(s.hang_timeout_s)
         self._phase_since_s = self.clock()
 
     @property
@@ -87,7 +90,8 @@ class Coordinator:
                                   f"{self.settings.startup_timeout_s}s")
             return self.phase
         self._read_joined()
-        newly_lost = self._read_exits() | self._judge_heartbeats(now) | self._read_evacuations()
+        newly_lost = (self._read_exits() | self._judge_nodes(now) | self._judge_heartbeats(now)
+                      | self._read_evacuations())
         self._read_checkpoint_hint()
         self._read_interval_hint()
         if self._job_complete():
@@ -151,14 +155,35 @@ class Coordinator:
             self.plan = replace(self.plan, spares=self.plan.spares + fresh)
             self.log({"event": "spare_ready", "wids": fresh})
 
+    def _node_records(self) -> dict[int, dict]:
+        """Each node's latest aggregated record (keys.node_beats), in one range read."""
+        names = [str(n) for n in range(self.settings.nnodes)]
+        return {int(n): json.loads(raw) for n, raw in keys.read_family(self.store, keys.NODE_PREFIX, names).items()}
+
+    def _judge_nodes(self, now: float) -> set[int]:
+        """A node whose launcher stopped writing its record is lost with all its workers."""
+        if not self.settings.aggregate:
+            return set()
+        self._records = self._node_records()  # this tick's; _read_beats uses them too
+        for node, rec in self._records.items():
+            self.nodes.observe(node, rec["n"], {int(w) for w in rec["beats"]}, now)
+        out = set()
+        for node, wids, silent in self.nodes.verdicts(now):
+            gone = {w for w in wids if w not in self.lost and w not in self.finished}
+            self.log({"event": "node_lost", "node": node, "wids": sorted(gone),
+                      "evidence": f"node record silent {silent:.2f}s > {self.settings.hang_timeout_s}s"})
+            for w in gone:
+                self._evict(w)
+            out |= gone
+        return out
+
     def _read_beats(self, wids: list[int]) -> dict[int, dict]:
         """The latest heartbeat of each of ``wids`` that has one: from the node records
         (aggregated: one range read) or from each worker's own key (one node, TCPStore)."""
         if self.settings.aggregate:
             merged: dict[int, dict] = {}
-            records = keys.read_family(self.store, keys.NODE_PREFIX, [str(n) for n in range(self.settings.nnodes)])
-            for raw in records.values():
-                merged.update({int(w): hb for w, hb in json.loads(raw)["beats"].items()})
+            for rec in self._records.values():
+                merged.update({int(w): hb for w, hb in rec["beats"].items()})
             return {w: merged[w] for w in wids if w in merged}
         raws = {w: self._get(keys.heartbeat(w)) for w in wids}
         return {w: json.loads(r) for w, r in raws.items() if r is not None}

@@ -109,3 +109,37 @@ class HeartbeatTracker:
                                    f"compute {t.compute_s * 1e3:.0f}ms > {self.straggler_factor}x "
                                    f"peer median {median * 1e3:.0f}ms for {t.slow_steps} steps"))
         return out
+
+
+@dataclass
+class NodeTracker:
+    """Liveness of whole nodes from their launchers' aggregated records (multi-node, etcd).
+
+    A node's record counter stands still when its launcher is gone: the node is lost,
+    with every worker its last record listed (ranks and idle spares alike), in one
+    verdict instead of one heartbeat timeout per rank, so a dead spare is never handed a
+    rank. The clock is the caller's.
+    """
+
+    hang_timeout_s: float
+    counters: dict[int, tuple[int, float]] = field(default_factory=dict)
+    members: dict[int, set[int]] = field(default_factory=dict)
+    lost: set[int] = field(default_factory=set)
+
+    def observe(self, node: int, counter: int, wids: set[int], now_s: float) -> None:
+        if node in self.lost:
+            return
+        last = self.counters.get(node)
+        if last is None or last[0] != counter:
+            self.counters[node] = (counter, now_s)
+        self.members[node] = set(wids)
+
+    def verdicts(self, now_s: float) -> list[tuple[int, set[int], float]]:
+        """Nodes newly judged lost: (node, its workers, seconds silent); each reported once."""
+        out = []
+        for node, (_, since_s) in self.counters.items():
+            silent = now_s - since_s
+            if node not in self.lost and silent > self.hang_timeout_s:
+                self.lost.add(node)
+                out.append((node, self.members.get(node, set()), silent))
+        return out

@@ -58,6 +58,11 @@ def describe(e: dict) -> str:
                 "evacuate_hint": f"asked to evacuate (rank {e.get('rank')})"}.get(e.get("kind"), e.get("kind"))
         ev = e.get("evidence")
         return f"worker w{e['wid']} {what}" + (f" ({ev})" if ev else "")
+    if name == "node_lost":
+        return f"node {e['node']} lost with workers {_workers(e['wids'])} ({e.get('evidence')})"
+    if name == "coordinator_lost":
+        return (f"node 0 (the coordinator) silent for {e['silent_s']} s: ending this node's part of the job; "
+                "restart the job (etcd kept its store; persisted checkpoints resume it)")
     if name == "resume_chosen":
         return f"generation {gen} restores from {e['source']} at step {e['step']}"
     if name == "job_done":

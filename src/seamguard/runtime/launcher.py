@@ -39,6 +39,7 @@ from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
 
 POLL_S = 0.005
+COORDINATOR_LOST = b"coordinator lost"
 
 
 @dataclass
@@ -191,6 +192,13 @@ def launch(s: LaunchSettings) -> int:
                 if phase in ("done", "failed"):
                     code = 0 if phase == "done" else 1
                     break
+            elif job_done == COORDINATOR_LOST:
+                log({"event": "coordinator_lost", "silent_s": s.coordinator_timeout_s})
+                for c in children:  # nobody will ever assign them a rank again
+                    if c.proc.poll() is None:
+                        c.proc.kill()
+                code = 1
+                break
             elif job_done is not None:
                 code = 0 if job_done == b"ok" else 1
                 break
@@ -278,7 +286,8 @@ class _NodeBeat:
     launcher hosts; every ``node_beat_s`` the launcher writes their latest beats to the
     job-wide store as one record (keys.node_beats), mirrors the generation back for the
     workers' heartbeat threads, and reads its children's kill requests and the job's end.
-    Four requests per node beat, whatever the node's rank count."""
+    Four requests per node beat (five off node 0: node 0's record is read to notice the
+    coordinator's loss), whatever the node's rank count."""
 
     def __init__(self, job, s: LaunchSettings) -> None:
         import torch.distributed as dist
@@ -290,6 +299,8 @@ class _NodeBeat:
         self.counter = 0
         self._next_s = 0.0
         self._gen: bytes | None = None
+        self._coordinator_timeout_s, self._startup_timeout_s = s.coordinator_timeout_s, s.startup_timeout_s
+        self._coordinator: tuple[int | None, float] = (None, time.monotonic())
 
     def maybe_beat(self, children: list[Child]) -> bytes | None:
         """One node beat when due; returns the job's end (JOB_DONE's value) once set."""
@@ -308,7 +319,20 @@ class _NodeBeat:
             self._gen = gen
         for w in keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]):
             next(c for c in live if str(c.wid) == w).proc.send_signal(signal.SIGKILL)
-        return keys.peek(self.job, keys.JOB_DONE)
+        done = keys.peek(self.job, keys.JOB_DONE)
+        return done if done is not None or self.node == 0 else self._coordinator_silent(now)
+
+    def _coordinator_silent(self, now: float) -> bytes | None:
+        """COORDINATOR_LOST once node 0's record (its launcher runs the coordinator) has
+        stood still for coordinator_timeout_s: no one would plan a generation again."""
+        raw = keys.peek(self.job, keys.node_beats(0))
+        counter = json.loads(raw)["n"] if raw else None
+        if counter != self._coordinator[0]:
+            self._coordinator = (counter, now)
+        elif now - self._coordinator[1] > (self._coordinator_timeout_s if counter is not None
+                                           else self._startup_timeout_s):  # node 0 may start late
+            return COORDINATOR_LOST
+        return None
 
 
 def _drain(children: list[Child], timeout_s: float, log) -> None:

@@ -154,6 +154,10 @@ class LaunchSettings:
     node_beat_s: float = 0.1
     """With per-node aggregation (an etcd store or several nodes), how often each node's
     launcher writes its workers' heartbeats to the job-wide store as one record."""
+    coordinator_timeout_s: float = 10.0
+    """With per-node aggregation: a node whose launcher sees node 0's record (node 0 runs
+    the coordinator) stand still this long ends its part of the job (exit 1) instead of
+    waiting forever; the coordinator is not re-elected (docs/runtime.md, "Many nodes")."""
 
     @property
     def store_url(self) -> StoreUrl:

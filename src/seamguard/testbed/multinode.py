@@ -1,0 +1,213 @@
+"""A `seamguard launch` job across testbed hosts: etcd on one host, a launcher per host.
+
+Why this exists: the runtime's multi-node path (one launcher per node, real TCP between
+them, a job-wide store that survives a node) must be exercised on real sockets between
+network namespaces, and so must losing a whole node. Tests and benchmarks build the
+hosts with `seamguard.testbed.net.Testbed` and run the job with this module; the caller
+owns the testbed and stops the job (`MultiNodeJob.stop`), also on failure.
+
+Hosts talk over the management network (10.213.200.<i+1>); etcd runs in its own host's
+namespace from Debian's etcd-server package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seamguard.testbed.net import SRC, Testbed, _ip
+from seamguard.testbed.prom import need
+
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+
+
+@dataclass
+class EtcdServer:
+    """A one-member etcd cluster inside a testbed host's namespace, data in ``workdir``."""
+
+    tb: Testbed
+    host: int
+    workdir: Path
+    _proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.tb.addr(self.host, None)}:{ETCD_CLIENT_PORT}"
+
+    @property
+    def url(self) -> str:
+        return f"etcd://{self.address}"
+
+    def start(self, timeout_s: float = 20.0) -> EtcdServer:
+        exe = need("etcd", "etcd-server")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        ip = self.tb.addr(self.host, None)
+        peer = f"http://{ip}:{ETCD_PEER_PORT}"
+        log = open(self.workdir / "etcd.log", "wb")
+        self._proc = subprocess.Popen(
+            [*self.tb.exec_prefix(self.host), exe, "--name", "sg", "--data-dir", str(self.workdir / "data"),
+             "--listen-client-urls", f"http://{ip}:{ETCD_CLIENT_PORT}",
+             "--advertise-client-urls", f"http://{ip}:{ETCD_CLIENT_PORT}",
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"sg={peer}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while not self._healthy():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"etcd did not become healthy on {self.address} (see {self.workdir}/etcd.log)")
+            time.sleep(0.1)
+        return self
+
+    def _healthy(self) -> bool:
+        cmd = [*self.tb.exec_prefix(self.host), sys.executable, "-c",
+               "import sys, urllib.request; sys.exit(0 if b'true' in urllib.request.urlopen("
+               f"'http://{self.address}/health', timeout=1).read() else 1)"]
+        return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(10)
+        self._proc = None
+
+
+def namespace_pids(tb: Testbed, host: int) -> list[int]:
+    out = _ip("netns", "pids", tb.host_ns(host), check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def kill_host(tb: Testbed, host: int) -> list[int]:
+    """A node lost at once: SIGKILL every process in the host's namespace (launcher,
+    zygote, workers, spares alike). Returns the pids killed."""
+    pids = namespace_pids(tb, host)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+@dataclass
+class MultiNodeJob:
+    """One launcher per host in ``hosts``, all joined through ``store`` (an etcd URL)."""
+
+    tb: Testbed
+    hosts: list[int]
+    store: str
+    out: Path
+    run_id: str
+    nproc: int = 2
+    spares: int = 1
+    launch_args: tuple[str, ...] = ()
+    script_args: tuple[str, ...] = ()
+    script: Path = Path(SRC).parent / "examples" / "train_ddp.py"
+    procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+
+    def command(self, node: int) -> list[str]:
+        host = self.hosts[node]
+        return [*self.tb.exec_prefix(host), "env", f"PYTHONPATH={SRC}",
+                f"SEAMGUARD_ADVERTISE_HOST={self.tb.addr(host, None)}", "GLOO_SOCKET_IFNAME=mgmt",
+                f"SEAMGUARD_NODE_NAME=h{host}",
+                sys.executable, "-m", "seamguard", "launch", "--nproc", str(self.nproc),
+                "--spares", str(self.spares), "--nnodes", str(len(self.hosts)), "--node-rank", str(node),
+                "--master-addr", self.tb.addr(self.hosts[0], None), "--store", self.store,
+                "--run-id", self.run_id, "--events-file", str(self.out / "events.jsonl"),
+                "--chaos-dir", str(self.out / "chaos"), *self.launch_args,
+                "--", str(self.script), "--out", str(self.out), *self.script_args]
+
+    def start(self) -> MultiNodeJob:
+        self.out.mkdir(parents=True, exist_ok=True)
+        for node in range(len(self.hosts)):
+            with open(self.out / f"launcher{node}.log", "wb") as log:
+                self.procs[node] = subprocess.Popen(self.command(node), stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait(self, timeout_s: float) -> dict[int, int | None]:
+        """Exit code per node (None: still running at the deadline, or killed with its host)."""
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return {n: p.poll() for n, p in self.procs.items()}
+
+    def events(self) -> list[dict]:
+        f = self.out / "events.jsonl"
+        if not f.exists():
+            return []
+        return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+
+    def wait_for(self, accept, timeout_s: float) -> dict | None:
+        """The first event ``accept(event)`` takes, waiting (bounded) for it to be logged."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = next((e for e in self.events() if accept(e)), None)
+            if found is not None or any(p.poll() is not None for p in self.procs.values()):
+                return found
+            time.sleep(0.1)
+        return None
+
+    def furthest_step(self, etcd: EtcdServer) -> int:
+        """The furthest step any rank's beat reports, read from the node records in etcd
+        (from inside etcd's host: the testbed's addresses are not routed to the caller)."""
+        prefix = f"/seamguard/{self.run_id}/sg/node/"
+        code = ("import base64, json, sys, urllib.request\n"
+                f"k = base64.b64encode({prefix!r}.encode()).decode()\n"
+                f"e = base64.b64encode({prefix[:-1] + '0'!r}.encode()).decode()\n"
+                "r = urllib.request.Request('http://%s/v3/kv/range' % sys.argv[1], "
+                "json.dumps({'key': k, 'range_end': e}).encode())\n"
+                "kvs = json.loads(urllib.request.urlopen(r, timeout=2).read()).get('kvs', [])\n"
+                "print(max([b['step'] for kv in kvs for b in json.loads(base64.b64decode(kv['value']))"
+                "['beats'].values()] or [-1]))\n")
+        p = subprocess.run([*self.tb.exec_prefix(etcd.host), sys.executable, "-c", code, etcd.address],
+                           capture_output=True, text=True, timeout=10)
+        return int(p.stdout.strip()) if p.returncode == 0 and p.stdout.strip() else -1
+
+    def wait_for_step(self, etcd: EtcdServer, step: int, timeout_s: float) -> int:
+        """Wait (bounded) until some rank reached ``step``; returns the furthest step seen."""
+        deadline = time.monotonic() + timeout_s
+        seen = -1
+        while time.monotonic() < deadline and all(p.poll() is None for p in self.procs.values()):
+            seen = self.furthest_step(etcd)
+            if seen >= step:
+                break
+            time.sleep(0.2)
+        return seen
+
+    def log(self, node: int) -> str:
+        f = self.out / f"launcher{node}.log"
+        return f.read_text(errors="replace") if f.exists() else ""
+
+    def stop(self) -> None:
+        """Kill every launcher still running and everything in the job's hosts."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for host in self.hosts:
+            kill_host(self.tb, host)
+
+
+def etcd_up(address: str, timeout_s: float = 1.0) -> bool:
+    """From the caller's namespace: does etcd at host:port answer /health?"""
+    try:
+        return b"true" in urllib.request.urlopen(f"http://{address}/health", timeout=timeout_s).read()
+    except OSError:
+        return False
