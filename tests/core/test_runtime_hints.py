@@ -41,3 +41,40 @@ def test_unwritable_directory_is_a_retryable_failure(tmp_path):
     act = RuntimeHintActuator({"train": blocker / "hints"})
     res = act.apply(_ckpt("train", 1))
     assert not res.ok and res.retryable and "cannot write the hint" in res.detail
+
+
+def _interval(job: str, seconds: int) -> Action:
+    return Action(key=action_key(Verb.CHECKPOINT_INTERVAL, job, value=str(seconds)), verb=Verb.CHECKPOINT_INTERVAL,
+                  target=job, target_kind="job", params=(("interval_s", str(seconds)),),
+                  reason="seamguard: job exposed")
+
+
+def test_checkpoint_interval_is_held_replaced_rung_by_rung_and_handed_back(tmp_path):
+    hints = tmp_path / "hints"
+    act = RuntimeHintActuator({"train": hints})
+    a, b = _interval("train", 900), _interval("train", 450)
+    assert act.apply(a).ok and (hints / "checkpoint_interval_s").read_text() == "900\n"
+    assert a.key in RuntimeHintActuator({"train": hints}).observe()  # a restarted controller sees it held
+    # the next rung: reconcile applies the new key and reverts the old, in either order
+    apply, revert = diff({b.key: b}, act.observe(), set())
+    assert apply == [b] and revert == [a.key]
+    assert act.apply(b).ok and act.revert(a.key).ok
+    assert (hints / "checkpoint_interval_s").read_text() == "450\n"  # the old revert did not undo the new one
+    assert act.observe() == {b.key}
+    # the episode ends: the job's own interval again, and nothing is held
+    assert act.revert(b.key).ok and (hints / "checkpoint_interval_s").read_text() == "default\n"
+    assert RuntimeHintActuator({"train": hints}).observe() == set()
+
+
+def test_checkpoint_interval_revert_before_apply_and_bad_values(tmp_path):
+    hints = tmp_path / "hints"
+    act = RuntimeHintActuator({"train": hints})
+    a, b = _interval("train", 900), _interval("train", 1800)
+    act.apply(a)
+    assert act.revert(a.key).ok and act.apply(b).ok
+    assert (hints / "checkpoint_interval_s").read_text() == "1800\n" and act.observe() == {b.key}
+    bad = Action(key=action_key(Verb.CHECKPOINT_INTERVAL, "train", value="-5"), verb=Verb.CHECKPOINT_INTERVAL,
+                 target="train", target_kind="job", params=(("interval_s", "-5"),))
+    res = act.apply(bad)
+    assert not res.ok and not res.retryable and "not a positive number" in res.detail
+    assert (hints / "checkpoint_interval_s").read_text() == "1800\n"

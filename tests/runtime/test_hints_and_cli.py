@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from seamguard.act.runtime import RuntimeHintActuator
+from seamguard.decide.actions import Action, Verb, action_key
 from seamguard.runtime.manifest import committed_steps, latest_verified
 
 from .conftest import REPO
@@ -149,9 +151,14 @@ def test_checkpoint_interval_hint_sets_the_persist_cadence_and_default_restores_
         _wait_for_step(out, 8)
         (hints / "checkpoint_interval_s").write_text("nonsense")
         _wait_for_step(out, 10)
-        (hints / "checkpoint_interval_s").write_text("0.8")
+        # delivered by the controller's runtime actuator, as `seamguard run` would
+        hint = RuntimeHintActuator({"train": hints})
+        shorter = Action(key=action_key(Verb.CHECKPOINT_INTERVAL, "train", value="0.8"),
+                         verb=Verb.CHECKPOINT_INTERVAL, target="train", target_kind="job",
+                         params=(("interval_s", "0.8"),), reason="test")
+        assert hint.apply(shorter).ok
         _wait_for_step(out, 40)
-        (hints / "checkpoint_interval_s").write_text("default")
+        assert hint.revert(shorter.key).ok
         assert proc.wait(timeout=150) == 0
     finally:
         proc.kill()
@@ -168,4 +175,4 @@ def test_checkpoint_interval_hint_sets_the_persist_cadence_and_default_restores_
     assert committed - {70} == expected, (committed, asked, back)
     assert all(latest_verified(ckpt, at_most=s) is not None for s in committed)
     assert (out / "final_checksum.txt").read_text() == clean_checksums(70)
-    assert not list(hints.iterdir())
+    assert [p.name for p in hints.iterdir()] == [".seamguard-hints.jsonl"]  # consumed; the actuator's record stays

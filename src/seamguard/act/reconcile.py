@@ -20,7 +20,7 @@ from seamguard.decide.actions import Action, Decisions, Verb
 log = logging.getLogger("seamguard.act")
 
 # Protect the job before disrupting it; disrupt before relabelling.
-_ORDER = {Verb.CHECKPOINT_NOW: 0, Verb.MOVE_JOB: 1, Verb.DRAIN: 2, Verb.AVOID_STORAGE: 3,
+_ORDER = {Verb.CHECKPOINT_NOW: 0, Verb.CHECKPOINT_INTERVAL: 0, Verb.MOVE_JOB: 1, Verb.DRAIN: 2, Verb.AVOID_STORAGE: 3,
           Verb.AVOID_LINK: 4, Verb.LABEL_DEGRADED: 5}
 
 

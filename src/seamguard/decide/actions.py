@@ -18,6 +18,7 @@ class Verb(str, Enum):
     AVOID_LINK = "avoid_link"  # take a fabric path out of routing (ECMP weight 0)
     AVOID_STORAGE = "avoid_storage"  # checkpoints go to another storage path
     MOVE_JOB = "move_job"  # move a job's ranks off a degraded domain (loop, rack)
+    CHECKPOINT_INTERVAL = "checkpoint_interval"  # a job checkpoints at a shorter interval while at risk
 
     @property
     def one_shot(self) -> bool:

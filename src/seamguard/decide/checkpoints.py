@@ -237,9 +237,9 @@ def job_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j:
 
 def plan_checkpoints(fleet: Fleet, a: Assessment, policy: Policy, episodes: tuple[Episode, ...],
                      checkpoints: tuple[tuple[str, float], ...], node_ht: np.ndarray,
-                     crit: np.ndarray) -> CheckpointPlan:
+                     crit: np.ndarray, ex: Exposure | None = None) -> CheckpointPlan:
     """checkpoint_now for every exposed training job, at most once per risk episode unless it worsens."""
-    ex = exposure(fleet, a, policy)
+    ex = exposure(fleet, a, policy) if ex is None else ex
     interval_s = policy.assess.propagation.checkpoint_interval_h * 3600.0
     by_job: dict[str, list[Episode]] = {}
     for e in episodes:

@@ -30,5 +30,7 @@ def kept(key: str, why: str) -> Action:
         kind = "storage"
     elif ak.verb == Verb.CHECKPOINT_NOW:
         kind = "job"
+    elif ak.verb == Verb.CHECKPOINT_INTERVAL:
+        params, kind = (("interval_s", ak.value),), "job"
     return Action(key=key, verb=ak.verb, target=ak.entity, target_kind=kind, params=params,
                   reason=f"seamguard: kept: {why}", cause=ak.entity)

@@ -24,7 +24,7 @@ from seamguard.assess.quality import FreezeView
 from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, ActionKey, Decisions, Verb, action_key
 from seamguard.decide.breaker import BreakerState, InEffect, Request, admit
-from seamguard.decide.checkpoints import Episode, plan_checkpoints, undo_unasked
+from seamguard.decide.checkpoints import Episode, exposure, plan_checkpoints, undo_unasked
 from seamguard.decide.economics import (
     DegradedNodeContext,
     EconomicDecision,
@@ -33,6 +33,7 @@ from seamguard.decide.economics import (
 from seamguard.decide.explain import evidence as _evidence
 from seamguard.decide.explain import summary as _summary
 from seamguard.decide.freeze import apply_freeze
+from seamguard.decide.intervals import plan_checkpoint_intervals
 from seamguard.decide.policy import ActionRules, Policy
 from seamguard.decide.restrictions import (
     RESTRICTS_NODE,
@@ -356,9 +357,13 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     restricts = plan_drains(fleet, a, policy, node_w, drain_mask, free, drained_now)
     if rules.label_degraded:
         restricts += plan_labels(fleet, a, node_w, drain_mask)
-    ckpt = plan_checkpoints(fleet, a, policy, state.episodes, state.checkpoints, node_ht, crit)
+    ex = exposure(fleet, a, policy)
+    ckpt = plan_checkpoints(fleet, a, policy, state.episodes, state.checkpoints, node_ht, crit, ex)
+    intervals = plan_checkpoint_intervals(fleet, policy, ex, crit, in_effect,
+                                          {e.job for e in ckpt.episodes})
     avoids = plan_path_avoidance(fleet, a, rules) + plan_moves(fleet, a, policy, crit, free, in_effect, frozen)
-    desired = {act.key: act for act, _ in restricts} | ckpt.actions | {act.key: act for act, _ in avoids}
+    desired = ({act.key: act for act, _ in restricts} | ckpt.actions | intervals
+               | {act.key: act for act, _ in avoids})
     requests = {r.key: r for _, r in restricts + avoids}
 
     desired, requests, n_frozen = apply_freeze(fleet, frozen, desired, requests, in_effect, ckpt.carried)

@@ -83,6 +83,11 @@ class ActionRules(_Strict):
         2.0, gt=1, allow_inf_nan=False,
         description="with reask_on_worse: the job's failure-hazard growth since it was asked that counts as worse "
                     "evidence")
+    adapt_checkpoint_interval: bool = Field(
+        True, description="while a checkpointed job is exposed, ask its runtime for a shorter checkpoint interval "
+                          "(Young's at the job's hazard, on a ladder of halvings of "
+                          "assess.propagation.checkpoint_interval_h) where it saves more rollback than its writes "
+                          "cost; its own interval again when the exposure ends")
     release_after_healthy_ticks: int = Field(
         40, ge=0, description="a restriction (drain, label, avoid_*, move_job) is withdrawn only after its entity "
                               "has been healthy this many ticks (the state machine's own recovery ticks count)")

@@ -53,6 +53,10 @@ class TwinActuator:
             tw.storage_avoided[i] = True
         elif action.verb == Verb.MOVE_JOB:
             detail = self._move_off_loop(i, f.index_of(Kind.COOLING_LOOP, action.param("domain")))
+        elif action.verb == Verb.CHECKPOINT_INTERVAL:
+            self.held -= {k for k in self.held if verb_of(k) == Verb.CHECKPOINT_INTERVAL
+                          and ActionKey.parse(k).entity == action.target}  # one interval per job
+            tw.job_interval_s[i] = float(action.param("interval_s"))
         self.held.add(action.key)
         tw.events.append({"t_s": tw.t_s, "event": action.verb.value, "target": action.target, "detail": detail})
         return ActionResult(True, detail)
@@ -69,6 +73,8 @@ class TwinActuator:
             tw.link_avoided[f.index_of(Kind.LINK, target)] = False
         elif verb == Verb.AVOID_STORAGE:
             tw.storage_avoided[f.index_of(Kind.STORAGE, target)] = False
+        elif verb == Verb.CHECKPOINT_INTERVAL and key in self.held:  # not one a newer interval replaced
+            tw.job_interval_s[f.index_of(Kind.JOB, target)] = np.nan
         self.held.discard(key)
         tw.events.append({"t_s": tw.t_s, "event": f"revert_{verb.value}", "target": target})
         return ActionResult(True)

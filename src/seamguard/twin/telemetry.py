@@ -126,6 +126,7 @@ class Twin:
         n_j = len(f.job_names)
         self.jobs = JobState(np.zeros(n_j), np.zeros(n_j), np.zeros(n_j),
                              np.zeros(n_j), np.zeros(n_j), np.zeros(n_j, dtype=np.int64), np.ones(n_j))
+        self.job_interval_s = np.full(n_j, np.nan)  # a controller's checkpoint_interval; NaN: cfg's
         for s in self.faults:
             n = f.count(s.entity_kind)
             if not 0 <= s.index < n:
@@ -376,7 +377,8 @@ class Twin:
         js.step_s = np.where(job_rate > 0, 1.0 / np.maximum(job_rate, 1e-9), np.inf)
         avail = np.clip((t - js.busy_until_s) / dt, 0.0, 1.0)
         js.work_s += job_rate * avail * dt
-        due = (t - js.last_ckpt_s >= c.checkpoint_interval_s) & (js.busy_until_s <= t) & (count > 0)
+        interval_s = np.where(np.isnan(self.job_interval_s), c.checkpoint_interval_s, self.job_interval_s)
+        due = (t - js.last_ckpt_s >= interval_s) & (js.busy_until_s <= t) & (count > 0)
         for j in np.flatnonzero(due).tolist():
             self.checkpoint_job(j)
 
