@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seamguard.ports import free_port
 from seamguard.testbed.net import SRC, Testbed, _ip
 from seamguard.testbed.prom import need
 
@@ -31,16 +32,29 @@ ETCD_PEER_PORT = 2380
 
 @dataclass
 class EtcdServer:
-    """A one-member etcd cluster inside a testbed host's namespace, data in ``workdir``."""
+    """A one-member etcd cluster, data in ``workdir``: inside a testbed host's namespace
+    (`in_host`) or on free loopback ports of the caller's (`loopback`)."""
 
-    tb: Testbed
-    host: int
     workdir: Path
+    ip: str = "127.0.0.1"
+    client_port: int = ETCD_CLIENT_PORT
+    peer_port: int = ETCD_PEER_PORT
+    exec_prefix: tuple[str, ...] = ()
+    host: int | None = None
+    """The testbed host it runs in (None: the caller's namespace)."""
     _proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def in_host(tb: Testbed, host: int, workdir: Path) -> EtcdServer:
+        return EtcdServer(workdir, tb.addr(host, None), exec_prefix=tuple(tb.exec_prefix(host)), host=host)
+
+    @staticmethod
+    def loopback(workdir: Path) -> EtcdServer:
+        return EtcdServer(workdir, client_port=free_port(), peer_port=free_port())
 
     @property
     def address(self) -> str:
-        return f"{self.tb.addr(self.host, None)}:{ETCD_CLIENT_PORT}"
+        return f"{self.ip}:{self.client_port}"
 
     @property
     def url(self) -> str:
@@ -49,17 +63,15 @@ class EtcdServer:
     def start(self, timeout_s: float = 20.0) -> EtcdServer:
         exe = need("etcd", "etcd-server")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        ip = self.tb.addr(self.host, None)
-        peer = f"http://{ip}:{ETCD_PEER_PORT}"
-        log = open(self.workdir / "etcd.log", "wb")
-        self._proc = subprocess.Popen(
-            [*self.tb.exec_prefix(self.host), exe, "--name", "sg", "--data-dir", str(self.workdir / "data"),
-             "--listen-client-urls", f"http://{ip}:{ETCD_CLIENT_PORT}",
-             "--advertise-client-urls", f"http://{ip}:{ETCD_CLIENT_PORT}",
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"sg={peer}"],
-            stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        peer = f"http://{self.ip}:{self.peer_port}"
+        client = f"http://{self.address}"
+        with open(self.workdir / "etcd.log", "wb") as log:
+            self._proc = subprocess.Popen(
+                [*self.exec_prefix, exe, "--name", "sg", "--data-dir", str(self.workdir / "data"),
+                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--initial-cluster", f"sg={peer}"],
+                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while not self._healthy():
             if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -69,10 +81,16 @@ class EtcdServer:
         return self
 
     def _healthy(self) -> bool:
-        cmd = [*self.tb.exec_prefix(self.host), sys.executable, "-c",
-               "import sys, urllib.request; sys.exit(0 if b'true' in urllib.request.urlopen("
-               f"'http://{self.address}/health', timeout=1).read() else 1)"]
-        return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+        if not self.exec_prefix:
+            return etcd_up(self.address)
+        probe = ("import sys, urllib.request; sys.exit(0 if b'true' in urllib.request.urlopen("
+                 f"'http://{self.address}/health', timeout=1).read() else 1)")
+        cmd = [*self.exec_prefix, sys.executable, "-c", probe]
+        return subprocess.run(cmd, capture_output=True, timeout=10, check=False).returncode == 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
 
     def stop(self) -> None:
         if self._proc is None:
@@ -84,6 +102,12 @@ class EtcdServer:
             self._proc.kill()
             self._proc.wait(10)
         self._proc = None
+
+    def __enter__(self) -> EtcdServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def namespace_pids(tb: Testbed, host: int) -> list[int]:
@@ -176,8 +200,8 @@ class MultiNodeJob:
                 "kvs = json.loads(urllib.request.urlopen(r, timeout=2).read()).get('kvs', [])\n"
                 "print(max([b['step'] for kv in kvs for b in json.loads(base64.b64decode(kv['value']))"
                 "['beats'].values()] or [-1]))\n")
-        p = subprocess.run([*self.tb.exec_prefix(etcd.host), sys.executable, "-c", code, etcd.address],
-                           capture_output=True, text=True, timeout=10)
+        p = subprocess.run([*etcd.exec_prefix, sys.executable, "-c", code, etcd.address],
+                           capture_output=True, text=True, timeout=10, check=False)
         return int(p.stdout.strip()) if p.returncode == 0 and p.stdout.strip() else -1
 
     def wait_for_step(self, etcd: EtcdServer, step: int, timeout_s: float) -> int:
