@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--records", default=None, help="directory to write every run's per-request records to")
     ap.add_argument("--kv-blocking", action="store_true",
                     help="decode steps wait while a KV pull is in flight (see inference_pool)")
+    ap.add_argument("--prefill-tokens-per-s", type=float, default=10000.0,
+                    help="emulated prefill speed of each prefill instance (sets its utilization under the mix)")
     a = ap.parse_args()
     reps = a.reps or (1 if a.quick else 2)
     duration, deg = (36.0, (12.0, 32.0)) if a.quick else (90.0, (30.0, 80.0))
@@ -102,7 +104,8 @@ def main() -> None:
     load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     routers = [r for r in a.routers.split(",") if r]
     per: dict[str, list[dict]] = {r: [] for r in routers}
-    with PoolBed(prefill=2, decode=3, instance_args=["--kv-blocking"] if a.kv_blocking else []) as bed:
+    inst_args = ["--prefill-per-token-s", f"{1.0 / a.prefill_tokens_per_s:.9f}"]
+    with PoolBed(prefill=2, decode=3, instance_args=inst_args + (["--kv-blocking"] if a.kv_blocking else [])) as bed:
         for rep in range(reps):
             for router in routers:  # interleaved: every router sees every repetition's seed and machine state
                 res = run(router, bed, load, deg, a.rate_mbit, seed=rep, direct=a.direct)

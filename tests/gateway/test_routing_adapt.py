@@ -243,3 +243,21 @@ def test_gateway_places_kv_on_the_router_rail_and_serves_routing_json_and_dashbo
             assert 'seamguard_gateway_route_decisions_total{kind="kv_rail"} 1.0' in httpx.get(url + "/metrics").text
     finally:
         ROUTERS.pop("rail-test")
+
+
+def test_a_prefilled_request_no_longer_loads_its_prefill_instance():
+    """A request whose KV waits for its pull (e.g. on a crawling path) holds KV on the prefill
+    instance, not its GPU: once prefilled it no longer counts against the prefill's load."""
+    plain_p = [Instance(i.name, i.url, i.role, i.nic) for i in P]
+    r, c = sg(plain_p + D)
+    first = hold(r, c, 2)  # one on each prefill instance
+    stuck = next(x for x in first if x.prefill.name == "p0")
+    other = next(x for x in first if x.prefill.name == "p1")
+    r.prefilled(stuck)
+    nxt = hold(r, c, 1)[0]
+    assert nxt.prefill.name == "p0"  # p0's GPU is free; p1 still prefills `other`
+    r.prefilled(stuck)  # twice changes nothing
+    r.finished(stuck, Outcome(True))
+    r.finished(other, Outcome(True))  # never reported prefilled: released when it finishes
+    r.finished(nxt, Outcome(True))
+    assert r._in_prefill == {"p0": 0, "p1": 0}

@@ -70,7 +70,39 @@ def test_seamguard_avoids_the_shaped_path_for_interactive_work(bed):
     # the choice is explained: the shaped path named as avoided, with its evidence
     assert late and sum("avoided p1->d1/r1" in r["reason"] for r in late) >= 0.8 * len(late)
     assert sum(r["ttft_s"] <= 1.0 for r in late) / len(late) >= 0.95
-    # KV placement: the pair p1->d1 stays in use, its KV pulled over another rail at the peers' pace
+    # KV placement: when the pair p1->d1 is chosen, its KV is pulled over another rail
     moved = [r for r in late if (r["prefill"], r["decode"]) == SHAPED]
-    assert moved and all(r["rail"] != SHAPED_RAIL and "KV moved from rail 1" in r["reason"] for r in moved)
+    assert all(r["rail"] != SHAPED_RAIL and "KV moved from rail 1" in r["reason"] for r in moved)
     assert all(r["ok"] and r["ttft_s"] <= 1.0 for r in moved)
+
+
+PULL = """
+import json, sys, time
+import httpx
+from seamguard.gateway.routing import place_kv
+prefill, decode = sys.argv[1], sys.argv[2]
+body = {"model": "m", "messages": [{"role": "user", "content": "w " * 400}], "max_tokens": 2}
+out = {}
+for rail in (1, 0, None):
+    kv = httpx.post(prefill + "/v1/chat/completions", timeout=30,
+                    json={**body, "kv_transfer_params": {"do_remote_decode": True}}).json()["kv_transfer_params"]
+    t = time.monotonic()
+    r = httpx.post(decode + "/v1/chat/completions", json={**body, "kv_transfer_params": place_kv(kv, rail)}, timeout=60)
+    out[str(rail)] = [r.status_code, time.monotonic() - t]
+print(json.dumps(out))
+"""
+
+
+def test_kv_placed_on_another_rail_avoids_the_shaped_link_for_the_same_pair(bed):
+    """The same prefill->decode pair, its KV pulled over the shaped rail 1 (the decode instance's
+    home rail, also its choice when the gateway places nothing) or moved to rail 0: real bytes,
+    so only the shaped rail crawls."""
+    import json
+    import sys
+
+    inst = {i.name: i for i in bed.instances()}
+    p = subprocess.run([*bed.tb.exec_prefix(bed.client_host), sys.executable, "-c", PULL, inst["p1"].url,
+                        inst["d1"].url], capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert all(code == 200 for code, _ in got.values()), got
+    assert got["1"][1] > 5 * got["0"][1] and got["None"][1] > 5 * got["0"][1], got

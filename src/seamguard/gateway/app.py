@@ -132,8 +132,9 @@ class _Flight:
         if started is not None:
             started(self.route)
         departed = "1" if self.route.reason else "0"
+        rail = "" if self.route.kv_rail is None else str(self.route.kv_rail)
         self.gw.metrics.routes.labels(self.route.prefill.name if self.route.prefill else "",
-                                      self.route.decode.name, departed).inc()
+                                      self.route.decode.name, rail, departed).inc()
 
     async def end(self, ok: bool) -> None:
         if self.done:
@@ -222,6 +223,9 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
         if route.prefill is not None:
             kv = await gw.backends.prefill(route.prefill, path, body)
             body = {**body, "kv_transfer_params": place_kv(kv, route.kv_rail)}
+            prefilled = getattr(gw.router, "prefilled", None)
+            if prefilled is not None:
+                prefilled(route)
         flight.t_decode_sent = time.perf_counter()
         if stream:
             upstream = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}

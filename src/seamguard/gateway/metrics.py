@@ -92,8 +92,9 @@ class GatewayMetrics:
         self.shed = Counter(p + "router_shed", "Requests the router deferred (503 + Retry-After)",
                             ["request_class"], registry=r)
         self.outstanding = Gauge(p + "outstanding", "Requests in flight per instance", ["instance"], registry=r)
-        self.routes = Counter(p + "routes", "Routing decisions; departed=1 when the router left its default",
-                              ["prefill", "decode", "departed"], registry=r)
+        self.routes = Counter(p + "routes", "Routing decisions; rail: where the KV transfer was placed (\"\": the "
+                              "connector's choice); departed=1 when the router left its default",
+                              ["prefill", "decode", "rail", "departed"], registry=r)
         if router is not None:
             r.register(RouterCollector(router))
 

@@ -17,9 +17,10 @@ Three routers, by name in ROUTERS (`make_router` builds one from the gateway con
   queue and KV-cache pressure; a path is admissible or not per request class; batch work is
   deferred (`Shed`) before interactive work misses its TTFT budget. docs/gateway-routing.md.
 
-Hooks the gateway calls on every router: ``route`` before proxying, ``first_token`` when the
-decode instance's first token arrives (optional but it is what lets a stalled transfer be seen
-before it ends), ``finished`` after. ``route`` may raise `Shed` (answer 503 + Retry-After).
+Hooks the gateway calls on every router: ``route`` before proxying, ``prefilled`` when the
+prefill instance has answered (optional), ``first_token`` when the decode instance's first token
+arrives (optional but it is what lets a stalled transfer be seen before it ends), ``finished``
+after. ``route`` may raise `Shed` (answer 503 + Retry-After).
 """
 
 from __future__ import annotations
@@ -302,6 +303,7 @@ class _Pending:
     t0: float
     first_token_t: float | None = None
     probe: bool = False
+    prefilled: bool = False  # the prefill instance answered: its GPU is done with this request
 
 
 @dataclass
@@ -354,6 +356,7 @@ class SeamguardRouter:
         self._tpot: dict[str, deque] = {}  # decode instance -> recent TPOT samples
         self._tpot_t: dict[str, float] = {}  # ... and when the last one came
         self._caps: dict[str, _Cap] = {}  # decode instance -> its shrunk batch
+        self._in_prefill: dict[str, int] = {}  # prefill instance -> requests routed and not yet prefilled
         self._turn = 0
         self.decisions: dict[str, int] = {}  # reason kind -> count (for /metrics)
         self.recent: deque = deque(maxlen=50)  # the latest departures from the default, newest last
@@ -484,6 +487,7 @@ class SeamguardRouter:
         r = Route(decode=decode, prefill=prefill, reason=reason, evidence=evidence, kv_rail=key[2])
         pend = _Pending(key, request_class, now, probe=kind == "probe")
         self._inflight.add(r, pend)
+        self._in_prefill[key[0]] = self._in_prefill.get(key[0], 0) + 1
         path = self._path(key)
         path.last_used_t = now
         path.pending[id(r)] = pend
@@ -491,6 +495,15 @@ class SeamguardRouter:
             self._count(kind or ("batch_cap" if capped else "avoid"))
             self._remember(request_class, key, kind or ("batch_cap" if capped else "avoid"), reason, evidence)
         return r
+
+    def prefilled(self, route: Route) -> None:
+        """The prefill instance answered (its KV is held for the pull): from now on the request
+        loads the KV path and the decode instance, not the prefill GPU. Optional for callers; a
+        request never reported here counts on its prefill instance until it finishes."""
+        pend = self._inflight.note(route)
+        if isinstance(pend, _Pending) and not pend.prefilled:
+            pend.prefilled = True
+            self._in_prefill[pend.path[0]] -= 1
 
     def first_token(self, route: Route, decode_first_token_s: float) -> None:
         pend = self._inflight.note(route)
@@ -504,6 +517,8 @@ class SeamguardRouter:
         pend = self._inflight.pop(route)
         if not isinstance(pend, _Pending):
             return
+        if not pend.prefilled:
+            self._in_prefill[pend.path[0]] -= 1
         self._path(pend.path).pending.pop(id(route), None)
         now = self._clock()
         if pend.first_token_t is None:
@@ -749,9 +764,13 @@ class SeamguardRouter:
         raise Shed(reason, opts.retry_after_s, ev)
 
     def _instance_load(self, name: str, now: float) -> float:
+        """Requests on the instance's GPU or queued for it: a prefill instance's are those not yet
+        prefilled (a request whose KV waits for its pull holds KV, counted in kv_usage, not the
+        GPU); a decode instance's are all routed to it; plus the waiting it reports."""
         ld = self._load.get(name)
         fresh = ld is not None and now - ld.t <= self.options.load_stale_s
-        return self.outstanding(name) + (ld.waiting if fresh else 0.0)  # type: ignore[union-attr]
+        busy = self._in_prefill[name] if name in self._in_prefill else self.outstanding(name)
+        return busy + (ld.waiting if fresh else 0.0)  # type: ignore[union-attr]
 
     def _kv_full(self, name: str, now: float) -> bool:
         ld = self._load.get(name)

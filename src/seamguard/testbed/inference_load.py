@@ -215,7 +215,7 @@ async def _gateway_decisions(client, url: str) -> dict:
         m = re.match(r'^seamguard_gateway_routes_total\{(.*)\} (\S+)', line)
         if m:
             lab = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-            k = f"routes {lab.get('prefill')}->{lab.get('decode')}"
+            k = f"routes {lab.get('prefill')}->{lab.get('decode')}" + (f"/r{lab['rail']}" if lab.get("rail") else "")
             out[k] = out.get(k, 0) + int(float(m.group(2)))
     return out
 
@@ -248,6 +248,9 @@ async def _one(client, router, a: Arrival, t_start: float, budget_s: float, time
                                         "kv_transfer_params": {"do_remote_decode": True}})
             r.raise_for_status()
             body["kv_transfer_params"] = place_kv(r.json()["kv_transfer_params"], route.kv_rail)
+            prefilled = getattr(router, "prefilled", None)
+            if prefilled is not None:
+                prefilled(route)
         t_dec = time.monotonic()
         async with client.stream("POST", route.decode.url + "/v1/chat/completions", json=body,
                                  timeout=timeout_s) as resp:

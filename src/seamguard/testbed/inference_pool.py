@@ -80,7 +80,7 @@ class PoolTiming:
     decode_per_seq_s: float = 0.0004  # each more sequence in the batch adds this to a step
     max_batch: int = 64  # running sequences; more wait
     kv_capacity_tokens: int = 65536
-    kv_hold_s: float = 30.0  # prefill frees KV nobody pulled after this
+    kv_hold_s: float = 30.0  # prefill frees KV nobody is pulling after this (vLLM's initial NIXL lease)
     kv_timeout_s: float = 60.0  # decode gives up a KV pull after this
     kv_blocking: bool = False  # decode steps wait while a KV pull is in flight (a connector that
     # receives the KV inside the model step, as vLLM V0's PyNccl connector did); False: pulls run
@@ -164,7 +164,10 @@ class Engine:
                 "kv_bytes": self.shape.kv_bytes(tokens), "prompt_tokens": tokens}
 
     async def serve_kv(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One pull: ``GET <id>\\n`` -> 8-byte big-endian length, then that many bytes."""
+        """One pull: ``GET <id>\\n`` -> 8-byte big-endian length, then that many bytes. While the
+        pull runs the KV is held whatever its age (vLLM's NIXL lease is renewed while the decode
+        instance works on the request); a pull that fails leaves it held for another kv_hold_s."""
+        tid = ""
         try:
             line = await asyncio.wait_for(reader.readline(), self.timing.kv_timeout_s)
             tid = line.decode(errors="replace").strip().removeprefix("GET ")
@@ -173,6 +176,7 @@ class Engine:
                 writer.write(struct.pack(">Q", 2**64 - 1))
                 await writer.drain()
                 return
+            got[1].cancel()
             n = self.shape.kv_bytes(got[0])
             writer.write(struct.pack(">Q", n))
             sent = 0
@@ -189,6 +193,10 @@ class Engine:
             pass
         finally:
             writer.close()
+            got = self._held.get(tid)
+            if got is not None:  # not pulled to the end: the lease runs again
+                self._held[tid] = (got[0], asyncio.get_running_loop().call_later(self.timing.kv_hold_s,
+                                                                                  self._expire, tid))
 
     def kv_route(self, params: dict) -> tuple[str, str | None]:
         """(prefill address, own address) of a pull: the first of this instance's KV addresses
