@@ -19,7 +19,12 @@ import time
 
 import pytest
 
-from seamguard.testbed.multinode import EtcdServer, MultiNodeJob, kill_host, namespace_pids
+from seamguard.testbed.multinode import (
+    EtcdServer,
+    MultiNodeJob,
+    kill_host,
+    namespace_pids,
+)
 from seamguard.testbed.net import Testbed, TestbedSpec, list_namespaces
 
 from .conftest import REPO
@@ -101,7 +106,7 @@ def test_host_killed_continues_on_the_other_hosts_spare(cluster):
     assert plans[-1]["roles"] == [0, 1, 3]
     resumed = [e for e in _kinds(job, "resumed") if e["gen"] > 0]
     assert len(resumed) == 1 and resumed[0]["step"] >= 30
-    assert [e for e in _kinds(job, "resume_chosen") if e["gen"] > 0][0]["source"] == "memory"
+    assert next(e for e in _kinds(job, "resume_chosen") if e["gen"] > 0)["source"] == "memory"
     assert (job.out / "final_checksum.txt").exists()
     assert namespace_pids(tb, 1) == []
 
