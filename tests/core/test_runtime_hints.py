@@ -78,3 +78,22 @@ def test_checkpoint_interval_revert_before_apply_and_bad_values(tmp_path):
     res = act.apply(bad)
     assert not res.ok and not res.retryable and "not a positive number" in res.detail
     assert (hints / "checkpoint_interval_s").read_text() == "1800\n"
+
+
+def test_drain_evacuates_the_ranks_the_placement_puts_on_the_node(tmp_path):
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    (a_dir / ".placement.json").write_text('{"job": "a", "gen": 3, "ranks": {"0": "n1", "1": "n2", "2": "n2"}}')
+    (b_dir / ".placement.json").write_text("{torn")
+    act = RuntimeHintActuator({"a": a_dir, "b": b_dir})
+    drain = Action(key=action_key(Verb.DRAIN, "n2"), verb=Verb.DRAIN, target="n2", target_kind="node", reason="r")
+    res = act.apply(drain)
+    assert res.ok and "a ranks 1,2" in res.detail
+    assert sorted(p.name for p in a_dir.iterdir() if not p.name.startswith(".")) == ["evacuate_rank_1",
+                                                                                    "evacuate_rank_2"]
+    assert [p.name for p in b_dir.iterdir()] == [".placement.json"]  # unreadable placement: left alone
+    assert act.observe() == {drain.key}
+    assert act.revert(drain.key).ok and act.observe() == set()
+    idle = Action(key=action_key(Verb.DRAIN, "n9"), verb=Verb.DRAIN, target="n9", target_kind="node")
+    assert act.apply(idle).ok and drain.key not in act.observe() and idle.key not in act.observe()

@@ -176,3 +176,37 @@ def test_checkpoint_interval_hint_sets_the_persist_cadence_and_default_restores_
     assert all(latest_verified(ckpt, at_most=s) is not None for s in committed)
     assert (out / "final_checksum.txt").read_text() == clean_checksums(70)
     assert [p.name for p in hints.iterdir()] == [".seamguard-hints.jsonl"]  # consumed; the actuator's record stays
+
+
+@pytest.mark.timeout(240)
+def test_draining_a_node_evacuates_its_ranks_to_hot_spares(tmp_path, clean_checksums):
+    # The controller drains a node (e.g. XIDs before it falls off the bus): the runtime
+    # actuator reads where the job's ranks run from the placement its launcher publishes
+    # and asks for each rank there to be evacuated; the spares take them, nothing restarts.
+    hints, ckpt, out = tmp_path / "hints", tmp_path / "ckpt", tmp_path / "run"
+    hints.mkdir()
+    cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", "2", "--spares", "2", "--hint-dir", str(hints),
+           "--checkpoint-dir", str(ckpt), "--events-file", str(out / "events.jsonl"), "--",
+           str(REPO / "examples" / "train_ddp.py"), "--steps", "40", "--out", str(out), "--step-sleep-s", "0.1"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO / "src"), "SEAMGUARD_NODE_NAME": "gpu007"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    act = RuntimeHintActuator({"train": hints})
+    drain = Action(key=action_key(Verb.DRAIN, "gpu007"), verb=Verb.DRAIN, target="gpu007", target_kind="node",
+                   reason="seamguard: harmful gpu007/gpu0:xid=79")
+    try:
+        _wait_for_step(out, 10)
+        placement = json.loads((hints / ".placement.json").read_text())
+        assert placement["ranks"] == {"0": "gpu007", "1": "gpu007"} and placement["gen"] == 0
+        other = act.apply(Action(key=action_key(Verb.DRAIN, "gpu003"), verb=Verb.DRAIN, target="gpu003",
+                                 target_kind="node"))
+        assert other.ok and "nothing to evacuate" in other.detail
+        res = act.apply(drain)
+        assert res.ok and "ranks 0,1" in res.detail, res.detail
+        assert proc.wait(timeout=150) == 0
+    finally:
+        proc.kill()
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    assert sorted(e["rank"] for e in events if e.get("kind") == "evacuate_hint") == [0, 1]
+    assert (out / "final_checksum.txt").read_text() == clean_checksums(40)
+    assert act.observe() == {drain.key}
+    assert act.revert(drain.key).ok and act.observe() == set()

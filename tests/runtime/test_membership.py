@@ -17,6 +17,16 @@ def test_spare_takes_lost_rank_and_records_holder():
     assert p.holders == {2: 3} and p.spares == [] and p.lost == [2]
 
 
+def test_an_evacuated_rank_takes_a_spare_off_its_node_while_one_is_left():
+    # two nodes of 2 ranks + 1 spare: w0 w1 s2 | w3 w4 s5; rank 0 (w0) evacuated from node 0
+    p = next_plan(initial_plan([0, 1, 3, 4], [2, 5]), {0}, 2, "evacuate 0", avoid=frozenset({2}))
+    assert p.ranks == [5, 1, 3, 4] and p.spares == [2]
+    # both ranks of node 0 evacuated: one spare elsewhere, then the one left on the node
+    p = next_plan(initial_plan([0, 1, 3, 4], [2, 5]), {0, 1}, 2, "evacuate 0,1", avoid=frozenset({2}))
+    assert p.ranks == [5, 2, 3, 4] and p.spares == []
+    assert next_plan(initial_plan([0, 1, 3, 4], [2, 5]), {0}, 2, "lost 0").ranks[0] == 2  # a crash: lowest id
+
+
 def test_without_spare_the_group_shrinks_keeping_order():
     p = next_plan(initial_plan([0, 1, 2, 3], []), {1}, 4, "lost 1")
     assert p.ranks == [0, 2, 3] and p.roles == [0, 2, 3] and p.holders == {}

@@ -8,7 +8,11 @@ launcher polls. This actuator turns two decisions into hint files:
 - ``checkpoint_interval`` (held): a file ``checkpoint_interval_s`` with the interval in
   seconds; reverting it writes ``default`` (the job's own ``--persist-every`` again), and
   only when the reverted key is the one the job runs with — a newer interval applied in the
-  same tick is not undone.
+  same tick is not undone;
+- ``drain`` of a node that runs ranks of the job (the launcher's ``.placement.json`` in the
+  hint directory names each rank's node): a file ``evacuate_rank_<r>`` per rank there, so
+  hot spares on other nodes take them before the node fails (the runtime prefers spares
+  off an evacuated node). Reverting the drain has nothing to undo in the job.
 
 Files are written atomically (temp file, fsync, rename). The actuator keeps its own record
 of what it delivered, in the same directory, so a restarted controller knows which hints
@@ -26,6 +30,16 @@ from seamguard.decide.actions import Action, ActionKey, Verb
 
 APPLIED_LOG = ".seamguard-hints.jsonl"
 _FILE = {Verb.CHECKPOINT_NOW: "checkpoint_now", Verb.CHECKPOINT_INTERVAL: "checkpoint_interval_s"}
+PLACEMENT_FILE = ".placement.json"  # written by `seamguard launch` (runtime/launcher.py)
+
+
+def ranks_on(d: Path, node: str) -> list[int]:
+    """The job's ranks on ``node``, from the placement its launcher publishes (none if unknown)."""
+    try:
+        placement = json.loads((d / PLACEMENT_FILE).read_text(encoding="utf-8"))
+        return sorted(int(r) for r, host in placement["ranks"].items() if host == node)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def _write_durable(path: Path, text: str) -> None:
@@ -46,7 +60,7 @@ def _append(path: Path, record: dict) -> None:
 
 class RuntimeHintActuator:
     name = "runtime"
-    verbs = frozenset(_FILE)
+    verbs = frozenset(_FILE) | {Verb.DRAIN}
 
     def __init__(self, hint_dirs: dict[str, Path]) -> None:
         """``hint_dirs``: job name -> the directory its `seamguard launch --hint-dir` polls."""
@@ -67,22 +81,26 @@ class RuntimeHintActuator:
         return out
 
     def observe(self) -> set[str]:
-        """Checkpoints delivered, and the interval each job runs with (the last delivered, unless reverted)."""
+        """Checkpoints delivered, drains evacuated and not reverted, and the interval each job
+        runs with (the last delivered, unless reverted)."""
         held: set[str] = set()
         for d in self.hint_dirs.values():
             interval: str | None = None
             for rec in self._records(d):
-                if verb_of(rec["key"]) != Verb.CHECKPOINT_INTERVAL:
-                    held.add(rec["key"])
-                elif rec.get("op") == "revert":
-                    interval = None if rec["key"] == interval else interval
+                key, revert = rec["key"], rec.get("op") == "revert"
+                if verb_of(key) == Verb.CHECKPOINT_INTERVAL:
+                    interval = (None if key == interval else interval) if revert else key
+                elif revert:
+                    held.discard(key)
                 else:
-                    interval = rec["key"]
+                    held.add(key)
             if interval is not None:
                 held.add(interval)
         return held
 
     def apply(self, action: Action) -> ActionResult:
+        if action.verb == Verb.DRAIN:
+            return self._evacuate(action)
         d = self.hint_dirs.get(action.target)
         if d is None:
             return ActionResult(True, f"job {action.target!r} is not run by the seamguard runtime here: "
@@ -98,8 +116,33 @@ class RuntimeHintActuator:
             text = action.reason
         return self._deliver(d, _FILE[action.verb], text + "\n", {"key": action.key, "reason": action.reason})
 
+    def _evacuate(self, action: Action) -> ActionResult:
+        moved = []
+        for job, d in self.hint_dirs.items():
+            ranks = ranks_on(d, action.target)
+            if not ranks:
+                continue
+            for r in ranks:
+                res = self._deliver(d, f"evacuate_rank_{r}", action.reason + "\n", None)
+                if not res.ok:
+                    return res
+            res = self._deliver_record(d, {"key": action.key, "job": job, "ranks": ranks, "reason": action.reason})
+            if not res.ok:
+                return res
+            moved.append(f"{job} ranks {','.join(map(str, ranks))}")
+        if not moved:
+            return ActionResult(True, f"no seamguard-runtime rank runs on {action.target}: nothing to evacuate")
+        return ActionResult(True, f"evacuating {'; '.join(moved)} off {action.target} to hot spares")
+
     def revert(self, key: str) -> ActionResult:
         ak = ActionKey.parse(key)
+        if ak.verb == Verb.DRAIN:
+            for d in self.hint_dirs.values():
+                if any(r["key"] == key for r in self._records(d)):
+                    res = self._deliver_record(d, {"key": key, "op": "revert"})
+                    if not res.ok:
+                        return res
+            return ActionResult(True, "the job's ranks stay where the evacuation put them")
         if ak.verb != Verb.CHECKPOINT_INTERVAL:
             return ActionResult(True, "one-shot hint: nothing to revert")
         d = self.hint_dirs.get(ak.entity)
@@ -107,23 +150,26 @@ class RuntimeHintActuator:
             return ActionResult(True, f"job {ak.entity!r} has no hint directory: nothing to revert")
         if key not in self.observe():
             # a newer interval replaced it (or it was never delivered): the job keeps that one
-            return self._record_only(d, {"key": key, "op": "revert"})
+            res = self._deliver_record(d, {"key": key, "op": "revert"})
+            return ActionResult(True, "a newer interval is in effect: the job keeps it") if res.ok else res
         return self._deliver(d, _FILE[Verb.CHECKPOINT_INTERVAL], "default\n", {"key": key, "op": "revert"})
 
     @staticmethod
-    def _deliver(d: Path, name: str, text: str, record: dict) -> ActionResult:
+    def _deliver(d: Path, name: str, text: str, record: dict | None) -> ActionResult:
+        """Write a hint file, then (if given) the record that it was delivered."""
         try:
             d.mkdir(parents=True, exist_ok=True)
             _write_durable(d / name, text)
-            _append(d / APPLIED_LOG, record)
+            if record is not None:
+                _append(d / APPLIED_LOG, record)
         except OSError as e:
             return ActionResult(False, f"{d}: cannot write the hint: {e.strerror}", retryable=True)
         return ActionResult(True, f"hint written to {d / name}: {text.strip()[:80]}")
 
     @staticmethod
-    def _record_only(d: Path, record: dict) -> ActionResult:
+    def _deliver_record(d: Path, record: dict) -> ActionResult:
         try:
             _append(d / APPLIED_LOG, record)
         except OSError as e:
-            return ActionResult(False, f"{d}: cannot record the revert: {e.strerror}", retryable=True)
-        return ActionResult(True, "a newer interval is in effect: the job keeps it")
+            return ActionResult(False, f"{d}: cannot record the hint: {e.strerror}", retryable=True)
+        return ActionResult(True, "recorded")

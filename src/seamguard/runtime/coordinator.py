@@ -47,6 +47,7 @@ class Coordinator:
     _hint_checkpoint: int = 0
     _hint_rollback: int = 0
     _hint_interval: int = 0
+    _suspect_hosts: set[str] = field(default_factory=set)  # nodes ranks were evacuated from
     joined: list[int] = field(default_factory=list)  # replacement spares, ready or not
     _joined_seen: int = 0
     _deferred: set[int] = field(default_factory=set)  # losses waiting for replacement spares
@@ -234,8 +235,19 @@ class Coordinator:
                 w = self.plan.ranks[r]
                 self.log({"event": "detected", "wid": w, "kind": "evacuate_hint", "rank": r})
                 self._evict(w)
+                self._suspect_hosts.add(self._host_of(w))
                 out.add(w)
         return out
+
+    def _host_of(self, wid: int) -> str:
+        """The address a worker registered from, less its port: its node on this job's network."""
+        return (self._get(keys.worker_addr(wid)) or b"").decode().rpartition(":")[0]
+
+    def _spares_on_suspect_hosts(self) -> frozenset[int]:
+        """Spares on a node a rank was evacuated from: replacements go elsewhere while another is left."""
+        if not self._suspect_hosts:
+            return frozenset()
+        return frozenset(w for w in self.plan.spares if self._host_of(w) in self._suspect_hosts)
 
     def _ahead_step(self) -> int:
         """A step far enough ahead that every rank reads a key set now before reaching it."""
@@ -342,7 +354,8 @@ class Coordinator:
             return self._fail(f"more than {self.settings.max_recoveries} recoveries")
         try:
             plan = next_plan(self.plan, lost, self.settings.nproc, reason, force_disk,
-                             pending=self.phase == "recovering", max_step=max_step)
+                             pending=self.phase == "recovering", max_step=max_step,
+                             avoid=self._spares_on_suspect_hosts())
         except ValueError as exc:
             return self._fail(str(exc))
         self._start_generation(plan, now)

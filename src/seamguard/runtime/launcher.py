@@ -127,6 +127,29 @@ def _hint_files(store, hint_dir: Path | None) -> None:
         p.unlink(missing_ok=True)
 
 
+PLACEMENT_FILE = ".placement.json"
+
+
+def _publish_placement(hint_dir: Path | None, view, last: str) -> str:
+    """Write which node each rank runs on (by the name the topology uses) into the hint
+    directory when it changes, so a controller draining a node knows which ranks to
+    evacuate first. Returns what is written now."""
+    if hint_dir is None or not view.ranks:
+        return last
+    text = json.dumps({"job": view.job, "gen": view.generation,
+                       "ranks": {str(r.rank): r.host for r in sorted(view.ranks, key=lambda r: r.rank)}})
+    if text != last and hint_dir.is_dir():
+        tmp = hint_dir / f"{PLACEMENT_FILE}.tmp"
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, hint_dir / PLACEMENT_FILE)
+        except OSError as exc:
+            print(f"seamguard launcher: cannot write {hint_dir / PLACEMENT_FILE}: {exc.strerror}", file=sys.stderr)
+            return last
+        return text
+    return last
+
+
 def launch(s: LaunchSettings) -> int:
     """Run one node of a job to completion; returns the exit code for the CLI."""
     port = s.master_port or free_port()
@@ -165,6 +188,7 @@ def launch(s: LaunchSettings) -> int:
                             float(settings_env.get("recovery_timeout_s", 60.0)), log)
     code = 1
     respawned = 0
+    placement, placement_t = "", 0.0
     exporter = MetricsServer(s.metrics_port) if master and s.metrics_port is not None else None
     try:
         while True:
@@ -188,6 +212,9 @@ def launch(s: LaunchSettings) -> int:
                 job_done = store.get(keys.JOB_DONE)
             if master:
                 _hint_files(store, s.hint_dir)
+                if s.hint_dir is not None and time.monotonic() - placement_t > 0.5:
+                    placement, placement_t = _publish_placement(s.hint_dir, coord.view(s.run_id), placement), \
+                        time.monotonic()
                 phase = coord.tick()
                 if phase in ("done", "failed"):
                     code = 0 if phase == "done" else 1

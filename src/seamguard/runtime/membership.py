@@ -70,8 +70,9 @@ def initial_plan(trainers: list[int], spares: list[int]) -> Plan:
 
 def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
               force_disk: bool = False, pending: bool = False,
-              max_step: int | None = None) -> Plan:
-    """Replace every lost rank by a spare (lowest id first) or drop it (shrink).
+              max_step: int | None = None, avoid: frozenset[int] = frozenset()) -> Plan:
+    """Replace every lost rank by a spare (lowest id first, spares in `avoid` — on a node
+    being evacuated — only when no other is left) or drop it (shrink).
 
     `pending` says the current generation never finished recovering: its newcomers hold
     no state yet, so their roles still come from the holders recorded before (carried
@@ -95,7 +96,7 @@ def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
             continue
         holder = current.ranks[replica_holder(r, old_world, ranks_per_node)]
         if spares:
-            ranks.append(spares.pop(0))
+            ranks.append(spares.pop(next((i for i, w in enumerate(spares) if w not in avoid), 0)))
             roles.append(role)
             holders.setdefault(role, holder)
             replaced.setdefault(role, wid)
