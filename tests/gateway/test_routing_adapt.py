@@ -261,3 +261,15 @@ def test_a_prefilled_request_no_longer_loads_its_prefill_instance():
     r.finished(other, Outcome(True))  # never reported prefilled: released when it finishes
     r.finished(nxt, Outcome(True))
     assert r._in_prefill == {"p0": 0, "p1": 0}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('sglang:num_queue_reqs{model_name="m",tp_rank="0"} 4\nsglang:num_queue_reqs{model_name="m",tp_rank="1"} 3\n'
+     'sglang:token_usage{model_name="m"} 0.52\nsglang:num_running_reqs{model_name="m"} 8\n',
+     {"waiting": 7.0, "kv_usage": 0.52}),
+    ("# TYPE tgi_queue_size gauge\ntgi_queue_size 5\ntgi_batch_current_size 12\n", {"waiting": 5.0}),
+])
+def test_sglang_and_tgi_metrics_feed_the_router(text, expected):
+    from seamguard.gateway.routing import parse_vllm_metrics
+
+    assert parse_vllm_metrics(text) == expected

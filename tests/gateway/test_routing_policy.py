@@ -294,7 +294,8 @@ def test_unified_instances_are_routed_by_load():
      'vllm:gpu_cache_usage_perc{engine="0"} 0.25\nvllm:gpu_cache_usage_perc{engine="1"} 0.75\n',
      {"waiting": 3.0, "kv_usage": 0.75}),  # V0 name; engines summed (waiting) and maxed (usage)
     ("vllm:kv_cache_usage_perc 0.1\nvllm:gpu_cache_usage_perc 0.9\n", {"kv_usage": 0.1}),  # V1 name first
-    ("tgi_queue_size 4\nvllm:num_requests_waiting NaN\ngarbage line\n", {}),
+    ("vllm:num_requests_waiting NaN\ngarbage line\n", {}),
+    ("tgi_queue_size 4\nvllm:num_requests_waiting NaN\n", {"waiting": 4.0}),  # a NaN series is not there
 ])
 def test_parse_vllm_metrics(text, expected):
     assert parse_vllm_metrics(text) == expected

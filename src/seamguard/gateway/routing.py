@@ -836,14 +836,15 @@ class SeamguardRouter:
 # ---- vLLM /metrics ---------------------------------------------------------------------------
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-WAITING = ("vllm:num_requests_waiting",)
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # V1 name, then the V0 one
+# The first name an instance exports wins: vLLM (V1, then V0), SGLang, TGI (docs/gateway.md).
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size")
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 
 
 def parse_vllm_metrics(text: str) -> dict[str, float]:
-    """``waiting`` and ``kv_usage`` (0..1) from a vLLM-style Prometheus exposition; a key is
-    absent when the server does not export it. Several series (one per model or engine) are
-    summed for waiting and maxed for usage."""
+    """``waiting`` and ``kv_usage`` (0..1) from a vLLM-, SGLang- or TGI-style Prometheus
+    exposition; a key is absent when the server does not export it (TGI has no KV-usage gauge).
+    Several series (one per model, engine or rank) are summed for waiting and maxed for usage."""
     seen: dict[str, list[float]] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
