@@ -194,10 +194,10 @@ def test_rails_caps_and_departures_in_metrics_admin_json_and_dashboard():
     assert 'seamguard_gateway_route_decisions_total{kind="kv_rail"}' in m
     snap = r.snapshot()
     json.dumps(plain(snap), allow_nan=False)  # strict JSON for /admin/routing
-    page = render_dashboard(snap, c.t)
+    page = render_dashboard(snap)
     assert "KV moved from rail 1 to rail 0" in page and "p0-&gt;d1/r1" in page and "kv_rail" in page
     assert "transfer p90 2.000s" in page  # why p0->d1/r1 is not admissible
-    assert "This router keeps no evidence" in render_dashboard(None, 0.0)
+    assert "This router keeps no evidence" in render_dashboard(None)
 
 
 def test_gateway_places_kv_on_the_router_rail_and_serves_routing_json_and_dashboard(gateway_factory, tmp_path):

@@ -393,7 +393,7 @@ def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
 
     @app.get("/dashboard")
     async def dashboard() -> HTMLResponse:
-        return HTMLResponse(render_dashboard(_snapshot(), time.monotonic(), f"seamguard gateway: {gw.cfg.router}"))
+        return HTMLResponse(render_dashboard(_snapshot(), f"seamguard gateway: {gw.cfg.router}"))
 
     @app.get("/admin/events")
     async def admin_events(key: str | None = None, limit: int = 100) -> dict:

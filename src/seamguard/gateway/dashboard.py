@@ -2,9 +2,9 @@
 
 Why this exists: a routing decision that departs from the default must be visible to an operator
 with its evidence, not only as counters in /metrics. ``GET /dashboard`` (seamguard.gateway.app)
-renders `render_dashboard(snapshot, now)`; ``GET /admin/routing`` serves the same snapshot as
+renders `render_dashboard(snapshot)`; ``GET /admin/routing`` serves the same snapshot as
 JSON (`plain`). Both are reads, open like the other admin reads. Pure functions: no I/O, no
-clock (the caller passes the router's `now`).
+clock (ages are taken against the snapshot's own ``now``, the router's clock).
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return f"<table><tr>{th}</tr>{body}</table>" if rows else "<p>none</p>"
 
 
-def render_dashboard(snapshot: dict | None, now: float, title: str = "seamguard gateway: routing",
-                     refresh_s: int = 2) -> str:
+def render_dashboard(snapshot: dict | None, title: str = "seamguard gateway: routing", refresh_s: int = 2) -> str:
     """The page: paths (per rail) with latency, pending transfers, admissibility and why; instances
     with load and batch caps; fabric states; decision counts; the latest departures, newest first."""
     if not snapshot:
@@ -59,6 +58,7 @@ def render_dashboard(snapshot: dict | None, now: float, title: str = "seamguard 
             for n, d in (snapshot.get("instances") or {}).items()]
     fabric = [[html.escape(k), html.escape(v)] for k, v in sorted((snapshot.get("fabric") or {}).items())]
     dec = [[html.escape(k), str(v)] for k, v in sorted((snapshot.get("decisions") or {}).items())]
+    now = snapshot.get("now", 0.0)
     recent = [[_num(now - r["t"], "{:.1f}"), html.escape(r.get("request_class") or ""), html.escape(r["kind"]),
                html.escape(r.get("path") or ""), html.escape(r["reason"]),
                html.escape(", ".join(f"{k}={_num(v)}" for k, v in (r.get("evidence") or {}).items()))]

@@ -435,8 +435,8 @@ class SeamguardRouter:
                           "kv_usage": self._load.get(i.name, _Load()).kv_usage,
                           "batch_cap": self.batch_cap(i.name)}
                  for i in self._prefill + self._decode}
-        return {"paths": paths, "instances": loads, "fabric": dict(self._fabric), "decisions": dict(self.decisions),
-                "recent": list(self.recent)}
+        return {"now": now, "paths": paths, "instances": loads, "fabric": dict(self._fabric),
+                "decisions": dict(self.decisions), "recent": list(self.recent)}
 
     # ---- hooks --------------------------------------------------------------------------------
     def route(self, request_class: RequestClass, prompt_tokens: int) -> Route:
