@@ -1,4 +1,7 @@
-"""The Slurm actuator: drains, resumes and admissibility features through scontrol/sinfo.
+"""The Slurm actuator: drains, admissibility features, no-new-work reservations and job moves.
+
+Drains, resumes and features go through scontrol/sinfo here; moving (or shedding) a job
+off a degraded domain and the per-node reservations are in act/slurm_jobs.py.
 
 Level-triggered: `observe()` reads the cluster's actual state back with `sinfo` and
 reports only what seamguard owns — drains whose reason carries the owner tag
@@ -37,6 +40,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.act.base import ActionResult, verb_of
+from seamguard.act.slurm_jobs import SlurmJobs
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.decide.actions import Action, ActionKey, Verb, action_key
 
@@ -57,6 +61,8 @@ class SlurmConfig(BaseModel):
 
     scontrol: str = Field("scontrol", description="scontrol binary")
     sinfo: str = Field("sinfo", description="sinfo binary")
+    squeue: str = Field("squeue", description="squeue binary (job moves)")
+    scancel: str = Field("scancel", description="scancel binary (the checkpoint signal of a job move)")
     slurm_conf: Path | None = Field(None, description="SLURM_CONF for the calls (default: Slurm's own)")
     timeout_s: float = Field(15.0, gt=0, description="timeout of every scontrol/sinfo call")
     tag: str = Field("seamguard", min_length=1, description="owner tag: drain reasons start with '<tag>:'")
@@ -64,6 +70,14 @@ class SlurmConfig(BaseModel):
     max_reason_len: int = Field(200, ge=32, description="drain reasons are cut to this length")
     max_output_bytes: int = Field(64 * 1024 * 1024, ge=1024,
                                   description="a call printing more than this is killed and counted as failed")
+    move_jobs: bool = Field(True, description="act on move_job (moves and sheds): checkpoint, then requeue the "
+                                              "job with the domain's nodes excluded; false: not handled here")
+    checkpoint_signal: str = Field("USR1", pattern=r"^([A-Z0-9]+)?$",
+                                   description="signal asking a job to checkpoint before it is requeued "
+                                               "(scancel --signal --full); empty: none")
+    checkpoint_grace_s: float = Field(60.0, ge=0, description="time between the checkpoint signal and the requeue")
+    reserve_no_new_work: bool = Field(True, description="a node labelled for no job class also gets a "
+                                                        "Flags=MAINT reservation, so no new job starts there")
 
 
 class SlurmError(RuntimeError):
@@ -131,14 +145,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 class SlurmActuator:
     name = "slurm"
-    verbs = frozenset({Verb.DRAIN, Verb.LABEL_DEGRADED})
 
     def __init__(self, cfg: SlurmConfig | None = None) -> None:
         self.cfg = cfg or SlurmConfig()
+        self.verbs = frozenset({Verb.DRAIN, Verb.LABEL_DEGRADED} | ({Verb.MOVE_JOB} if self.cfg.move_jobs else set()))
         self._env = dict(os.environ)
         if self.cfg.slurm_conf is not None:
             self._env["SLURM_CONF"] = str(self.cfg.slurm_conf)
         self.problems: list[str] = []  # rows the last sinfo read dropped, and why
+        self.jobs = SlurmJobs(self._run, self.cfg.scontrol, self.cfg.squeue, self.cfg.scancel, self.cfg.tag,
+                              self.cfg.feature_prefix, self.cfg.checkpoint_signal, self.cfg.checkpoint_grace_s)
 
     # ---- subprocess --------------------------------------------------------------------
     def _run(self, args: list[str]) -> subprocess.CompletedProcess:
@@ -216,11 +232,16 @@ class SlurmActuator:
     # ---- Actuator protocol -----------------------------------------------------------------
     def observe(self) -> set[str]:
         held: set[str] = set()
+        reserved = set(self.jobs.reservations().values()) if self.cfg.reserve_no_new_work else set()
         for n in self.nodes().values():
             if n.draining and self._owned(n.reason):
                 held.add(action_key(Verb.DRAIN, n.name))
             if self.cfg.feature_prefix + "degraded" in n.available:
-                held.add(action_key(Verb.LABEL_DEGRADED, n.name, value=','.join(self._classes_from(n.available))))
+                value = ",".join(self._classes_from(n.available)) or "none"  # the planner's spelling
+                if value != "none" or not self.cfg.reserve_no_new_work or n.name in reserved:
+                    held.add(action_key(Verb.LABEL_DEGRADED, n.name, value=value))
+        if self.cfg.move_jobs:
+            held |= self.jobs.held_moves()
         return held
 
     def apply(self, action: Action) -> ActionResult:
@@ -228,7 +249,9 @@ class SlurmActuator:
             return self._drain(action)
         if action.verb == Verb.LABEL_DEGRADED:
             classes = [c for c in action.param("classes").split(",") if c]
-            return self._set_features(action.target, classes)
+            return self._label(action.target, classes)
+        if action.verb == Verb.MOVE_JOB and self.cfg.move_jobs:
+            return self._guard(lambda: self.jobs.move(action))
         return ActionResult(False, f"slurm actuator does not handle {action.verb.value}")
 
     def revert(self, key: str) -> ActionResult:
@@ -237,8 +260,29 @@ class SlurmActuator:
         if verb == Verb.DRAIN:
             return self._resume(target)
         if verb == Verb.LABEL_DEGRADED:
-            return self._set_features(target, None)
+            return self._label(target, None)
+        if verb == Verb.MOVE_JOB and self.cfg.move_jobs:
+            return self._guard(lambda: self.jobs.unmove(key))
         return ActionResult(False, f"slurm actuator does not handle {verb.value}")
+
+    @staticmethod
+    def _guard(fn) -> ActionResult:
+        """A job/reservation call: a Slurm refusal is permanent, a timeout or a dead slurmctld is retried."""
+        try:
+            return fn()
+        except SlurmError as e:
+            return ActionResult(False, str(e), retryable=e.retryable)
+        except RuntimeError as e:
+            return ActionResult(False, str(e))
+
+    def _label(self, node: str, classes: list[str] | None) -> ActionResult:
+        """Features, and for a node that may take no job class at all, the no-new-work reservation."""
+        res = self._set_features(node, classes)
+        if not res.ok or not self.cfg.reserve_no_new_work:
+            return res
+        want = classes is not None and not classes
+        more = self._guard(lambda: ActionResult(True, self.jobs.reserve(node, want)))
+        return ActionResult(more.ok, f"{res.detail}; {more.detail}", more.retryable)
 
     # ---- verbs ----------------------------------------------------------------------------------
     def reason_for(self, action: Action) -> str:

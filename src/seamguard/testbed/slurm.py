@@ -1,31 +1,63 @@
-"""A throwaway Slurm controller: munged + slurmctld with fake nodes, no slurmd.
+"""A throwaway Slurm cluster: munged + slurmctld, with fake nodes or with real slurmd nodes.
 
 Everything lives in a temporary directory (munge socket and key, slurm.conf, state,
-logs) on free loopback ports, so concurrent test runs do not collide with each other
-or with a system Slurm. Nodes are `NodeHostname=localhost` and never register, which
-is enough for drain/resume/features (slurm.conf(5); docs/sources.md §2).
+spool, logs), so concurrent test runs do not collide with each other or with a system
+Slurm. Two shapes:
+
+- ``SlurmCluster(workdir, names)``: slurmctld on loopback, nodes `NodeHostname=localhost`
+  that never register. Enough for drain/resume/features (slurm.conf(5); docs/sources.md §2).
+- ``SlurmCluster(workdir, names, slurmd=True)``: a real cluster. A `seamguard.testbed.net`
+  testbed gives every node its own network namespace (host 0 is the controller, host
+  i+1 is ``names[i]``, on the management bridge); slurmctld runs in host 0's namespace
+  and one `slurmd -N <name>` in each node's, all on Slurm's usual ports. Jobs really run
+  (as root, through slurmstepd), really get requeued and really restart on another node.
+  Client commands (`scontrol`, `sinfo`, `squeue`, `sbatch`, `scancel`) run in the
+  controller's namespace through small wrapper scripts under ``workdir/bin``
+  (``cluster.bin("scontrol")``), so an actuator configured with them talks to this cluster.
+
+Why `nsenter --net` and not `ip netns exec` (observed with Slurm 22.05.8 here): `ip netns
+exec` also unshares the mount namespace and mounts a fresh sysfs on /sys, which hides the
+cgroup file systems under /sys/fs/cgroup; slurmd initialises its cgroup plugin at start
+whatever ProctrackType/TaskPlugin say and exits with "No filesystem mounted on
+/sys/fs/cgroup / Unable to initialize cgroup plugin / slurmd initialization failed".
+`nsenter --net=/run/netns/<ns>` enters only the network namespace, so slurmd sees the
+host's cgroup mounts and starts. No cgroup plugin is used for jobs: proctrack/linuxproc,
+task/none, jobacct_gather/none. Slurm was not built with --enable-multiple-slurmd, so
+one slurmd per namespace is the only way to run several nodes on one machine.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Self
 
 from seamguard.ports import free_port
+from seamguard.testbed.net import Testbed, TestbedSpec
 from seamguard.testbed.prom import need
+
+CLIENTS = ("scontrol", "sinfo", "squeue", "sbatch", "scancel")
 
 
 class SlurmCluster:
     """``with SlurmCluster(workdir, ["gpu000", ...]) as sc: sc.env`` (SLURM_CONF set)."""
 
-    def __init__(self, workdir: Path, nodes: list[str], start_timeout_s: float = 60.0) -> None:
+    def __init__(self, workdir: Path, nodes: list[str], start_timeout_s: float = 60.0, slurmd: bool = False,
+                 kill_wait_s: int = 2, cred_expire_s: int = 5) -> None:
         self.workdir = Path(workdir)
         self.nodes = nodes
         self.start_timeout_s = start_timeout_s
+        self.with_slurmd = slurmd
+        self.kill_wait_s = kill_wait_s  # SIGTERM -> SIGKILL of a job being requeued or cancelled
+        self.cred_expire_s = cred_expire_s  # how long a requeued job waits before it may start again
         self.munged: subprocess.Popen | None = None
         self.ctld: subprocess.Popen | None = None
+        self.slurmds: dict[str, subprocess.Popen] = {}
+        self.testbed: Testbed | None = None
         self.conf = self.workdir / "slurm.conf"
         self.socket = self.workdir / "munge" / "munge.socket"
 
@@ -33,23 +65,41 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def __enter__(self) -> SlurmCluster:
+    def _netns(self, host: int) -> list[str]:
+        assert self.testbed is not None
+        return ["nsenter", f"--net=/run/netns/{self.testbed.host_ns(host)}"]
+
+    def bin(self, client: str) -> str:
+        """The command that runs Slurm client ``client`` against this cluster."""
+        return str(self.workdir / "bin" / client) if self.with_slurmd else client
+
+    def __enter__(self) -> Self:
         munged = need("munged", "munge")
         slurmctld = need("slurmctld", "slurmctld")
-        need("scontrol", "slurm-client")
-        need("sinfo", "slurm-client")
+        slurmd = need("slurmd", "slurmd") if self.with_slurmd else ""
+        for c in CLIENTS:
+            need(c, "slurm-client")
         try:
             self._start_munge(munged)
+            if self.with_slurmd:
+                self.testbed = Testbed(TestbedSpec(hosts=len(self.nodes) + 1, rails=1)).up()
+                self._write_wrappers()
             self._write_conf()
-            log = open(self.workdir / "slurmctld.out", "w")
-            self.ctld = subprocess.Popen([slurmctld, "-D", "-c", "-f", str(self.conf)], env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT)
-            log.close()
+            prefix = self._netns(0) if self.with_slurmd else []
+            self.ctld = self._daemon([*prefix, slurmctld, "-D", "-c", "-f", str(self.conf)], "slurmctld.out")
+            for i, name in enumerate(self.nodes if self.with_slurmd else []):
+                (self.workdir / "spool" / name).mkdir(parents=True, exist_ok=True)
+                self.slurmds[name] = self._daemon([*self._netns(i + 1), slurmd, "-D", "-N", name, "-f", str(self.conf)],
+                                                  f"slurmd.{name}.out")
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _daemon(self, cmd: list[str], out: str) -> subprocess.Popen:
+        with open(self.workdir / out, "w") as log:
+            return subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
     def _start_munge(self, munged: str) -> None:
         d = self.workdir / "munge"
@@ -58,66 +108,132 @@ class SlurmCluster:
         key = d / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
-        self.munged = subprocess.Popen(
-            [munged, "--foreground", "--force", f"--socket={self.socket}", f"--key-file={key}",
-             f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}", f"--seed-file={d / 'seed'}"],
-            stdout=subprocess.DEVNULL, stderr=open(d / "munged.err", "w"))
+        with open(d / "munged.err", "w") as err:
+            self.munged = subprocess.Popen(
+                [munged, "--foreground", "--force", f"--socket={self.socket}", f"--key-file={key}",
+                 f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}", f"--seed-file={d / 'seed'}"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 15
         while not self.socket.exists():
             if self.munged.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"munged did not start: {(d / 'munged.err').read_text()[-1000:]}")
             time.sleep(0.05)
 
+    def _write_wrappers(self) -> None:
+        d = self.workdir / "bin"
+        d.mkdir(exist_ok=True)
+        prefix = " ".join(self._netns(0))
+        for c in CLIENTS:
+            p = d / c
+            p.write_text(f'#!/bin/sh\nSLURM_CONF={self.conf} exec {prefix} {need(c, "slurm-client")} "$@"\n')
+            os.chmod(p, 0o755)
+
+    def _node_lines(self) -> list[str]:
+        if not self.with_slurmd:
+            return [f"NodeName={','.join(self.nodes)} NodeHostname=localhost CPUs=1 RealMemory=1000 State=UNKNOWN"]
+        assert self.testbed is not None
+        return [f"NodeName={n} NodeAddr={self.testbed.addr(i + 1, None)} NodeHostname={n} CPUs=1 RealMemory=100 "
+                "State=UNKNOWN" for i, n in enumerate(self.nodes)]
+
     def _write_conf(self) -> None:
         state = self.workdir / "state"
         state.mkdir(exist_ok=True)
         w = self.workdir
-        names = ",".join(self.nodes)
+        if self.with_slurmd:
+            assert self.testbed is not None
+            # slurmctld checks that it runs on SlurmctldHost by hostname; the namespaces share the UTS one
+            ctl = f"SlurmctldHost={socket.gethostname().split('.')[0]}({self.testbed.addr(0, None)})"
+            ports = ["SlurmctldPort=6817", "SlurmdPort=6818"]  # each daemon has its own network namespace
+        else:
+            ctl, ports = "SlurmctldHost=localhost", [f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}"]
         self.conf.write_text("\n".join([
             "ClusterName=sgtest",
-            "SlurmctldHost=localhost",
-            f"SlurmctldPort={free_port()}",
-            f"SlurmdPort={free_port()}",
+            ctl,
+            *ports,
             "SlurmUser=root",
+            "SlurmdUser=root",
             "AuthType=auth/munge",
-            f"AuthInfo=socket={self.socket}",
+            # cred_expire: a requeued job waits this long before it may start again (default 120 s)
+            f"AuthInfo=socket={self.socket},cred_expire={self.cred_expire_s}",
             "CredType=cred/munge",
             f"StateSaveLocation={state}",
-            f"SlurmdSpoolDir={w / 'spool'}",
+            f"SlurmdSpoolDir={w / 'spool' / '%n'}",
             f"SlurmctldPidFile={w / 'slurmctld.pid'}",
+            f"SlurmdPidFile={w / 'slurmd.%n.pid'}",
             f"SlurmctldLogFile={w / 'slurmctld.log'}",
+            f"SlurmdLogFile={w / 'slurmd.%n.log'}",
             "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "SlurmdParameters=config_overrides",  # nodes say CPUs=1 whatever the machine has
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
             "MpiDefault=none",
             "ReturnToService=2",
+            "JobRequeue=1",
+            f"KillWait={self.kill_wait_s}",
             "SchedulerType=sched/builtin",
+            "SchedulerParameters=sched_interval=1",  # pending jobs whose BeginTime passed start within a second
             "SelectType=select/linear",
-            f"NodeName={names} NodeHostname=localhost CPUs=1 RealMemory=1000 State=UNKNOWN",
+            *self._node_lines(),
             "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "",
         ]))
 
     def _wait_ready(self) -> None:
+        """Until sinfo lists every node (and, with slurmd, every node has registered: idle)."""
         deadline = time.monotonic() + self.start_timeout_s
         err = ""
         while time.monotonic() < deadline:
-            if self.ctld is not None and self.ctld.poll() is not None:
-                raise RuntimeError(f"slurmctld exited {self.ctld.returncode}: "
-                                   f"{(self.workdir / 'slurmctld.log').read_text()[-2000:]}")
-            r = subprocess.run(["sinfo", "-N", "-h", "-o", "%N"], env=self.env, capture_output=True,
-                               text=True, timeout=20)
-            if r.returncode == 0 and len(set(r.stdout.split())) == len(self.nodes):
+            for what, proc in [("slurmctld", self.ctld), *((f"slurmd {n}", p) for n, p in self.slurmds.items())]:
+                if proc is not None and proc.poll() is not None:
+                    log = "slurmctld.log" if what == "slurmctld" else f"slurmd.{what.split()[1]}.log"
+                    path = self.workdir / log
+                    raise RuntimeError(f"{what} exited {proc.returncode}: "
+                                       f"{path.read_text()[-2000:] if path.exists() else ''}")
+            r = subprocess.run([self.bin("sinfo"), "-N", "-h", "-o", "%N %T"], env=self.env, capture_output=True,
+                               text=True, timeout=20, check=False)
+            rows = dict(line.split()[:2] for line in r.stdout.splitlines() if len(line.split()) >= 2)
+            if r.returncode == 0 and set(rows) == set(self.nodes) and (
+                    not self.with_slurmd or all(s == "idle" for s in rows.values())):
                 return
-            err = r.stderr
+            err = r.stderr or str(rows)
             time.sleep(0.3)
-        raise TimeoutError(f"slurmctld not answering after {self.start_timeout_s}s: {err}")
+        raise TimeoutError(f"slurm cluster not ready after {self.start_timeout_s}s: {err}")
+
+    def run(self, client: str, *args: str, timeout_s: float = 20.0) -> subprocess.CompletedProcess:
+        """Run a Slurm client command against this cluster."""
+        return subprocess.run([self.bin(client), *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
 
     def scontrol(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True, timeout=20)
+        return self.run("scontrol", *args)
+
+    def sbatch(self, script: Path, *args: str) -> int:
+        """Submit a batch script; its job id."""
+        r = self.run("sbatch", "--parsable", *args, str(script))
+        if r.returncode != 0:
+            raise RuntimeError(f"sbatch {script}: {r.stderr.strip()}")
+        return int(r.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict (empty once Slurm forgot the job)."""
+        r = self.scontrol("show", "job", "-o", str(job_id))
+        out: dict[str, str] = {}
+        for tok in r.stdout.split():
+            k, sep, v = tok.partition("=")
+            if sep and k not in out:
+                out[k] = v
+        return out
 
     def stop(self) -> None:
-        for proc in (self.ctld, self.munged):
+        """Cancel every job, stop every daemon and whatever runs in the namespaces, delete them."""
+        if self.ctld is not None and self.ctld.poll() is None and self.slurmds:
+            try:
+                self.run("scancel", "--full", "--signal=KILL", "--user=root", timeout_s=10)
+            except (OSError, subprocess.SubprocessError):
+                pass
+        for proc in [*self.slurmds.values(), self.ctld, self.munged]:
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 try:
@@ -125,7 +241,22 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=5)
-        self.ctld = self.munged = None
+        if self.testbed is not None:
+            self._kill_namespace_processes()
+            self.testbed.down()
+        self.ctld = self.munged = self.testbed = None
+        self.slurmds = {}
+
+    def _kill_namespace_processes(self) -> None:
+        """slurmstepd and job processes outlive slurmd: kill what still runs in our namespaces, by pid."""
+        assert self.testbed is not None
+        for ns in self.testbed.namespaces():
+            r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10, check=False)
+            for pid in (int(p) for p in r.stdout.split() if p.isdigit()):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
