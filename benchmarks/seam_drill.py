@@ -1,0 +1,428 @@
+"""Seam drill (issue 16's acceptance): four real faults, the whole control loop on real parts.
+
+In a namespaced test bed (seamguard.testbed.drill: 3 hosts, 2 rails) every repetition
+starts: a `seamguard agent` per host (kernel log from a file the drill appends XID lines to,
+a storage probe on the checkpoint path, a fabric probe to the other hosts over each rail),
+the twin exporter for the facilities series (there is no real CDU; the flow loss is in the
+twin's fault schedule), one real Prometheus scraping agents, twin and the job's
+`--metrics-port`, a `seamguard launch` job over two hosts (one rank and one hot spare each,
+etcd as the job-wide store; launched directly, not through Slurm — see docs/seam-drill.md)
+running examples/train_ddp.py with --hint-dir, --checkpoint-dir on the slow-able path,
+--metrics-port and --events-file, and `seamguard run` with the log and runtime actuators.
+
+Then, one after another with calm time between:
+
+1. gray_link     tc tbf on h0's rail 0 (the rail the job's gradients use)
+2. slow_storage  writers flood the checkpoint path's loop device (fsync waits behind them)
+3. cooling       the twin's loop cdu-a (h0's) loses half its flow
+4. node_failure  an XID 79 line in h1's kernel log, then h1's rank processes are killed
+
+Each repetition runs twice, interleaved: `seamguard run` in enforce mode and in dry_run
+(the same decisions recorded, nothing delivered). Figures per fault: time_to_action_s
+(fault start -> first decision on an entity the fault covers, from the controller's
+events), action, delivered (what the runtime actuator wrote for the job), job_steps_lost
+(steps redone by the job's recoveries in that fault's window); overall useful throughput
+(net steps per second of the job over the drill) with and without control, and
+healthy_actions (decisions on entities no fault started so far covers; must be 0).
+
+    python benchmarks/seam_drill.py --quick     # 1 repetition per mode, shorter faults
+    python benchmarks/seam_drill.py --reps 3    # full run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from seamguard.decide.actions import ActionKey  # noqa: E402
+from seamguard.testbed.drill import (  # noqa: E402
+    AGENT_PORT, JOB_METRICS_PORT, PROM_PORT, TWIN_PORT, Layout, NsProcs, SlowDisk, agent_yaml, fsync_ms,
+    kill_namespace, kill_workers, prom_query, prometheus_yaml, run_yaml, topology_yaml, wait_http,
+)
+from seamguard.testbed.multinode import EtcdServer  # noqa: E402
+from seamguard.testbed.net import Testbed, TestbedSpec  # noqa: E402
+from seamguard.testbed.prom import need  # noqa: E402
+
+FAULTS = ("gray_link", "slow_storage", "cooling", "node_failure")
+MODES = ("enforce", "dry_run")
+
+
+def log(msg: str) -> None:
+    print(f"[seam_drill {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def stats(xs: list[float]) -> dict:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3),
+            "n": len(xs)}
+
+
+@dataclass(frozen=True)
+class Timing:
+    calm_s: float
+    fault_s: float
+    gap_s: float
+    kill_after_s: float  # node failure: XID line first, rank processes killed this much later
+    tick_s: float = 1.0
+
+    def starts(self, t0: float) -> dict[str, float]:
+        return {f: t0 + self.calm_s + i * (self.fault_s + self.gap_s) for i, f in enumerate(FAULTS)}
+
+    def end(self, t0: float) -> float:
+        return t0 + self.calm_s + len(FAULTS) * (self.fault_s + self.gap_s)
+
+
+def covered(lay: Layout) -> dict[str, set[str]]:
+    """The entities each fault puts at risk: an action on one of them covers the fault."""
+    job, h0, h1 = lay.job, lay.node(0), lay.node(1)
+    return {
+        "gray_link": {lay.link(0, 0), lay.nic(0, 0), lay.leaf(0), f"{lay.leaf(0)}~spine-0", h0, lay.gpu(0), job},
+        "slow_storage": {lay.storage, job},
+        "cooling": {lay.loop_of_host[0], lay.rack_of_host[0], h0, lay.gpu(0), job},
+        "node_failure": {h1, lay.gpu(1), lay.nic(1, 0), lay.nic(1, 1), job},
+    }
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict):
+            out.append(r)
+    return out
+
+
+# ---- figures (pure) ------------------------------------------------------------------------------------
+def decisions(events: list[dict]) -> list[dict]:
+    """The controller's `apply` decisions, in time order (both modes record them)."""
+    out = [e for e in events if isinstance(e.get("action"), dict) and e["action"].get("op") == "apply"]
+    return sorted(out, key=lambda e: e["t"])
+
+
+def key_of(e: dict) -> str:
+    return str(e["action"].get("key"))
+
+
+def entity_of(e: dict) -> str:
+    try:
+        return ActionKey.parse(key_of(e)).entity
+    except ValueError:
+        return str(e.get("entity"))
+
+
+def fault_figures(starts: dict[str, float], ends: dict[str, float], cover: dict[str, set[str]], events: list[dict],
+                  job_events: list[dict], delivered: list[dict]) -> dict[str, dict]:
+    dec = decisions(events)
+    out = {}
+    order = sorted(starts, key=starts.get)
+    for i, f in enumerate(order):
+        t0 = starts[f]
+        window_end = starts[order[i + 1]] if i + 1 < len(order) else ends[f]
+        mine = [e for e in dec if e["t"] >= t0 and entity_of(e) in cover[f]]
+        first = next((e for e in mine if e["t"] < window_end), None)
+        lost = sum(int(e.get("steps_redone") or 0) for e in job_events
+                   if e.get("event") == "resumed" and t0 <= e.get("t", 0) < window_end)
+        keys = sorted({key_of(e) for e in mine if e["t"] < window_end})
+        out[f] = {
+            "time_to_action_s": round(first["t"] - t0, 2) if first else None,
+            "action": key_of(first) if first else None,
+            "actions": keys,
+            "delivered": sorted({r["key"] for r in delivered if r.get("key") in keys}),
+            "job_steps_lost": lost,
+            "recoveries": sum(1 for e in job_events if e.get("event") == "resumed" and e.get("gen")
+                              and t0 <= e.get("t", 0) < window_end),
+        }
+    return out
+
+
+def healthy_actions(starts: dict[str, float], cover: dict[str, set[str]], events: list[dict]) -> list[str]:
+    """Decisions on entities that no fault started before them covers."""
+    bad = []
+    for e in decisions(events):
+        at_risk = set().union(*(cover[f] for f, t0 in starts.items() if t0 <= e["t"]))
+        if entity_of(e) not in at_risk:
+            bad.append(key_of(e))
+    return bad
+
+
+# ---- one repetition ---------------------------------------------------------------------------------------
+class Rep:
+    """Everything one repetition starts, stopped in reverse order whatever happens."""
+
+    def __init__(self, tb: Testbed, lay: Layout, disk: SlowDisk, work: Path, mode: str, timing: Timing,
+                 steps_s: float) -> None:
+        self.tb, self.lay, self.disk, self.work, self.mode, self.timing = tb, lay, disk, work, mode, timing
+        self.procs = NsProcs(tb)
+        self.etcd: EtcdServer | None = None
+        self.ctl = lay.control_host
+        self.prom = f"http://127.0.0.1:{PROM_PORT}"
+        self.step_sleep_s = steps_s
+
+    # files
+    def write_files(self) -> None:
+        w, lay, tb = self.work, self.lay, self.tb
+        (w / "hints").mkdir(parents=True, exist_ok=True)
+        (w / "job").mkdir(exist_ok=True)
+        self.ckpt = self.disk.mount / f"job-{w.name}"
+        self.ckpt.mkdir(parents=True, exist_ok=True)
+        (w / "fleet.yaml").write_text(topology_yaml(lay))
+        for h in range(lay.hosts):
+            (w / f"kmsg-h{h}").write_text("")
+            (w / f"agent-h{h}.yaml").write_text(agent_yaml(tb, lay, h, w / f"kmsg-h{h}", self.disk.mount))
+        agents = [f"{tb.addr(h, None)}:{AGENT_PORT}" for h in range(lay.hosts)]
+        (w / "prometheus.yml").write_text(prometheus_yaml(
+            agents, f"{tb.addr(lay.job_hosts[0], None)}:{JOB_METRICS_PORT}", f"127.0.0.1:{TWIN_PORT}",
+            self.timing.tick_s))
+        (w / "run.yaml").write_text(run_yaml(lay, w / "fleet.yaml", self.prom, self.mode, w / "ctl", w / "hints",
+                                             self.timing.tick_s))
+        (w / "ctl").mkdir(exist_ok=True)
+
+    def start_job(self) -> None:
+        lay, tb, w = self.lay, self.tb, self.work
+        self.etcd = EtcdServer.in_host(tb, self.ctl, w / "etcd").start()
+        master = tb.addr(lay.job_hosts[0], 0)
+        for i, h in enumerate(lay.job_hosts):
+            argv = [sys.executable, "-m", "seamguard", "launch", "--nproc", "1", "--spares", "1",
+                    "--nnodes", str(len(lay.job_hosts)), "--node-rank", str(i), "--master-addr", master,
+                    "--store", self.etcd.url, "--run-id", lay.job, "--events-file", str(w / "job" / "events.jsonl"),
+                    "--checkpoint-dir", str(self.ckpt), "--persist-every", "20", "--hint-dir", str(w / "hints"),
+                    "--metrics-port", str(JOB_METRICS_PORT), "--collective-timeout-s", "10",
+                    "--", str(ROOT / "examples" / "train_ddp.py"), "--out", str(w / "job"), "--steps", "1000000",
+                    "--hidden", "256", "--layers", "3", "--dataset", "8192",
+                    "--step-sleep-s", str(self.step_sleep_s)]
+            env = {"SEAMGUARD_ADVERTISE_HOST": tb.addr(h, 0), "GLOO_SOCKET_IFNAME": tb.rail_if(0),
+                   "SEAMGUARD_NODE_NAME": lay.node(h), "OMP_NUM_THREADS": "1"}
+            self.procs.start(f"launch{h}", h, argv, w / f"launcher-h{h}.log", env)
+
+    def start_observers(self, cooling_at: float) -> None:
+        lay, tb, w = self.lay, self.tb, self.work
+        for h in range(lay.hosts):
+            self.procs.start(f"agent{h}", h, [sys.executable, "-m", "seamguard", "agent", "--config",
+                                              str(w / f"agent-h{h}.yaml")], w / f"agent-h{h}.log")
+        self.procs.start("twin", self.ctl, [sys.executable, "-m", "seamguard.testbed.drill", "twin", "--topology",
+                                            str(w / "fleet.yaml"), "--port", str(TWIN_PORT), "--loop",
+                                            lay.loop_of_host[0], "--start-epoch", f"{cooling_at:.3f}",
+                                            "--duration-s", str(self.timing.fault_s), "--tick-s",
+                                            str(self.timing.tick_s)], w / "twin.log")
+        self.procs.start("prometheus", self.ctl, [need("prometheus", "prometheus"),
+                                                  f"--config.file={w / 'prometheus.yml'}",
+                                                  f"--storage.tsdb.path={w / 'tsdb'}",
+                                                  f"--web.listen-address=127.0.0.1:{PROM_PORT}", "--log.level=warn"],
+                         w / "prometheus.log")
+        wait_http(tb, self.ctl, f"{self.prom}/-/ready", 60, "prometheus")
+        for h in range(lay.hosts):
+            wait_http(tb, self.ctl, f"http://{tb.addr(h, None)}:{AGENT_PORT}/metrics", 60, f"agent h{h}")
+        wait_http(tb, self.ctl, f"http://127.0.0.1:{TWIN_PORT}/metrics", 60, "twin exporter")
+
+    def start_controller(self) -> None:
+        self.procs.start("controller", self.ctl, [sys.executable, "-m", "seamguard", "run", "--config",
+                                                  str(self.work / "run.yaml")], self.work / "controller.log")
+
+    def job_step(self, at: float | None = None) -> float | None:
+        r = prom_query(self.tb, self.ctl, self.prom, f'max(seamguard_job_step{{job_name="{self.lay.job}"}})', at)
+        return float(r[0]["value"][1]) if r else None
+
+    def wait_job_training(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name in ("launch0", "launch1"):
+                if name in self.procs.procs and not self.procs.alive(name):
+                    raise RuntimeError(f"{name} exited early; see {self.work}/launcher-*.log")
+            ev = read_jsonl(self.work / "job" / "events.jsonl")
+            steps = [e.get("step", -1) for e in ev if e.get("event") == "worker"]
+            if any(e.get("event") == "resumed" for e in ev) and (not steps or max(steps) >= 0):
+                return
+            time.sleep(1)
+        raise TimeoutError(f"the job did not start training within {timeout_s:.0f} s; see {self.work}")
+
+    # faults
+    def inject(self, fault: str, on: bool) -> None:
+        lay, tb = self.lay, self.tb
+        if fault == "gray_link":
+            tb.set_gray(lay.job_hosts[0], 0, 5.0 if on else None)
+        elif fault == "slow_storage":
+            if on:
+                self.disk.flood()
+            else:
+                self.disk.calm()
+        elif fault == "cooling":
+            pass  # in the twin's fault schedule (start and duration given at its start)
+        elif fault == "node_failure" and on:
+            h = lay.job_hosts[1]
+            with open(self.work / f"kmsg-h{h}", "a") as fh:
+                fh.write("NVRM: Xid (PCI:0000:18:00): 79, pid=0, GPU has fallen off the bus.\n")
+
+    def run(self) -> dict:
+        t = self.timing
+        self.write_files()
+        self.start_job()
+        self.wait_job_training(240)
+        t0 = time.time() + 25  # observers and controller start, then the calm period
+        starts = t.starts(t0)
+        self.start_observers(starts["cooling"])
+        self.start_controller()
+        log(f"{self.mode}: observers and controller up; drill starts in {t0 - time.time():.0f} s")
+        while time.time() < t0:
+            time.sleep(0.2)
+        step0, probe_before = self.job_step(t0), fsync_ms(self.disk.mount)
+        probe_during = None
+        ends = {}
+        for f in FAULTS:
+            _sleep_until(starts[f])
+            log(f"{self.mode}: {f} on")
+            self.inject(f, True)
+            if f == "node_failure":
+                _sleep_until(starts[f] + t.kill_after_s)
+                killed = kill_workers(self.tb, self.lay.job_hosts[1])
+                log(f"{self.mode}: killed {len(killed)} worker process(es) on h{self.lay.job_hosts[1]}")
+            if f == "slow_storage":
+                time.sleep(2)
+                probe_during = fsync_ms(self.disk.mount)
+            _sleep_until(starts[f] + t.fault_s)
+            self.inject(f, False)
+            ends[f] = starts[f] + t.fault_s + t.gap_s
+            log(f"{self.mode}: {f} off")
+        t_end = t.end(t0)
+        _sleep_until(t_end + 2)
+        step1 = self.job_step(t_end)
+        events = read_jsonl(self.work / "ctl" / "events.jsonl")
+        job_events = read_jsonl(self.work / "job" / "events.jsonl")
+        delivered = read_jsonl(self.work / "hints" / ".seamguard-hints.jsonl")
+        cover = covered(self.lay)
+        throughput = (step1 - step0) / (t_end - t0) if step0 is not None and step1 is not None else None
+        return {
+            "mode": self.mode,
+            "faults": fault_figures(starts, ends, cover, events, job_events, delivered),
+            "healthy_actions": healthy_actions(starts, cover, events),
+            "useful_steps_per_s": round(throughput, 4) if throughput is not None else None,
+            "steps": [step0, step1], "drill_s": round(t_end - t0, 1),
+            "storage_probe_ms": {"before": round(probe_before, 1),
+                                 "during": round(probe_during, 1) if probe_during else None},
+            "controller_errors": sum(1 for e in events if e.get("kind") == "controller"),
+            "controller_alive": self.procs.alive("controller"),
+        }
+
+    def stop(self) -> None:
+        self.disk.calm()
+        self.tb.set_gray(self.lay.job_hosts[0], 0, None)
+        self.procs.stop_all(grace_s=10)
+        if self.etcd is not None:
+            self.etcd.stop()
+        for h in range(self.lay.hosts):
+            kill_namespace(self.tb, h)
+
+
+def _sleep_until(t: float) -> None:
+    while (d := t - time.time()) > 0:
+        time.sleep(min(d, 0.2))
+
+
+# ---- the run --------------------------------------------------------------------------------------------------
+def summarize(reps: list[dict]) -> dict:
+    by = {m: [r for r in reps if r["mode"] == m] for m in MODES}
+    tput = {m: stats([r["useful_steps_per_s"] for r in by[m]]) for m in MODES}
+    per_fault = {}
+    for f in FAULTS:
+        per_fault[f] = {}
+        for m in MODES:
+            rs = [r["faults"][f] for r in by[m]]
+            per_fault[f][m] = {
+                "time_to_action_s": stats([x["time_to_action_s"] for x in rs]),
+                "action": sorted({x["action"] for x in rs}, key=str) if rs else [],
+                "delivered": sorted({k for x in rs for k in x["delivered"]}),
+                "job_steps_lost": stats([x["job_steps_lost"] for x in rs]),
+            }
+    w, wo = tput["enforce"]["median"], tput["dry_run"]["median"]
+    return {
+        "per_fault": per_fault,
+        "useful_throughput_with_control": tput["enforce"],
+        "useful_throughput_without_control": tput["dry_run"],
+        "throughput_ratio": round(w / wo, 3) if w and wo else None,
+        "healthy_actions": sum(len(r["healthy_actions"]) for r in reps),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1 repetition per mode, 15 s faults")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per mode (full run)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("error: seam_drill needs root (ip netns, tc, mount, losetup)")
+    reps = 1 if a.quick else a.reps
+    timing = Timing(calm_s=15, fault_s=15, gap_s=10, kill_after_s=5) if a.quick else \
+        Timing(calm_s=30, fault_s=30, gap_s=20, kill_after_s=8)
+    load0 = os.getloadavg()
+    t_start = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="seam_drill."))
+    lay = Layout()
+    tb = Testbed(TestbedSpec(hosts=lay.hosts, rails=lay.rails))
+    disk = SlowDisk(work / "ckpt.img", work / "ckpt")
+    results: list[dict] = []
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        tb.up()
+        disk.up()
+        for k in range(reps):
+            order = MODES if k % 2 == 0 else MODES[::-1]
+            for mode in order:
+                rep = Rep(tb, lay, disk, work / f"rep{k}-{mode}", mode, timing, steps_s=0.02)
+                rep.work.mkdir(parents=True)
+                try:
+                    log(f"rep {k} {mode}: starting")
+                    results.append(rep.run())
+                    log(f"rep {k} {mode}: {json.dumps(results[-1])}")
+                finally:
+                    rep.stop()
+    finally:
+        disk.down()
+        tb.down()
+        if not a.keep:
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+    out = {
+        "benchmark": "seam_drill", "quick": a.quick, "reps_per_mode": reps,
+        "launch": "seamguard launch across 2 testbed hosts (etcd store), not through Slurm",
+        **summarize(results), "reps": results,
+        "wall_s": round(time.monotonic() - t_start, 1),
+        "loadavg_start": [round(x, 2) for x in load0], "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    print_table(out)
+    print(json.dumps(out))
+
+
+def print_table(out: dict) -> None:
+    print(f"{'fault':<14} {'mode':<8} {'time_to_action_s':<28} {'steps_lost':<12} action")
+    for f, by in out["per_fault"].items():
+        for m, x in by.items():
+            tta = x["time_to_action_s"]
+            print(f"{f:<14} {m:<8} {str(tta['median']) + ' [' + str(tta['min']) + '-' + str(tta['max']) + ']':<28} "
+                  f"{str(x['job_steps_lost']['median']):<12} {x['action']} delivered={x['delivered']}")
+    w, wo = out["useful_throughput_with_control"], out["useful_throughput_without_control"]
+    print(f"useful steps/s with control {w['median']} [{w['min']}-{w['max']}], without {wo['median']} "
+          f"[{wo['min']}-{wo['max']}], ratio {out['throughput_ratio']}; healthy_actions {out['healthy_actions']}")
+
+
+if __name__ == "__main__":
+    main()
