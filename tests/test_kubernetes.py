@@ -7,20 +7,66 @@ check the exact patches the actuator would send (docs/kubernetes.md says so).
 
 from __future__ import annotations
 
-from kubernetes.client import V1Node, V1NodeList, V1NodeSpec, V1ObjectMeta, V1Taint
+from datetime import UTC, datetime
 
-from seamguard.act.kubernetes import KubernetesActuator
-from seamguard.decide.actions import Action, Verb, action_key
+from kubernetes.client import (
+    V1Eviction,
+    V1Node,
+    V1NodeList,
+    V1NodeSpec,
+    V1ObjectMeta,
+    V1OwnerReference,
+    V1Pod,
+    V1PodList,
+    V1PodSpec,
+    V1PodStatus,
+    V1Taint,
+)
+from kubernetes.client.exceptions import ApiException
+
+from seamguard.act.kubernetes import KubernetesActuator, KubernetesConfig
+from seamguard.act.reconcile import reconcile
+from seamguard.decide.actions import Action, Decisions, Verb, action_key
 
 
 class Recorder:
-    def __init__(self, nodes: dict[str, V1Node]):
+    """CoreV1Api as far as the actuator uses it. Eviction follows the API server's rule: a pod
+    covered by a PodDisruptionBudget with no disruption allowed answers 429; otherwise the
+    pod starts terminating (deletionTimestamp) and the budget allows one fewer."""
+
+    def __init__(self, nodes: dict[str, V1Node], pods: list[V1Pod] = (), pdbs: list[dict] = ()):
         self.nodes = nodes
+        self.pods = list(pods)
+        self.pdbs = [dict(b) for b in pdbs]  # {namespace, match: {label: value}, allowed: int}
         self.calls: list[tuple[str, str, dict]] = []
 
     def list_node(self, **kw):
         assert "_request_timeout" in kw
         return V1NodeList(items=list(self.nodes.values()))
+
+    def list_pod_for_all_namespaces(self, field_selector=None, _request_timeout=None):
+        assert _request_timeout and field_selector.startswith("spec.nodeName=")
+        node = field_selector.partition("=")[2]
+        return V1PodList(items=[p for p in self.pods if p.spec.node_name == node])
+
+    def create_namespaced_pod_eviction(self, name, namespace, body, _request_timeout=None):
+        assert _request_timeout and isinstance(body, V1Eviction)
+        assert (body.metadata.name, body.metadata.namespace) == (name, namespace)
+        self.calls.append(("evict", f"{namespace}/{name}", body))
+        pod = next((p for p in self.pods if (p.metadata.name, p.metadata.namespace) == (name, namespace)), None)
+        if pod is None:
+            raise ApiException(status=404, reason="Not Found")
+        labels = pod.metadata.labels or {}
+        for b in self.pdbs:
+            if b["namespace"] == namespace and all(labels.get(k) == v for k, v in b["match"].items()):
+                if b["allowed"] <= 0:
+                    raise ApiException(status=429, reason="Too Many Requests")
+                b["allowed"] -= 1
+        pod.metadata.deletion_timestamp = datetime.now(UTC)
+
+    def finish_terminating(self):
+        """The kubelet finishes what was evicted: terminating pods disappear."""
+        self.pods = [p for p in self.pods if p.metadata.deletion_timestamp is None]
 
     def read_node(self, name, _request_timeout=None):
         assert _request_timeout
@@ -118,3 +164,73 @@ def test_api_errors_are_sorted_retryable_or_not():
     assert not res.ok and res.retryable and "409" in res.detail
     res = k.apply(drain("missing"))
     assert not res.ok
+
+
+def pod(name, node, namespace="default", owner="ReplicaSet", labels=None, phase="Running", annotations=None):
+    return V1Pod(metadata=V1ObjectMeta(name=name, namespace=namespace, labels=labels, annotations=annotations,
+                                       owner_references=[V1OwnerReference(api_version="apps/v1", kind=owner,
+                                                                          name=f"{name}-owner", uid="u")]),
+                 spec=V1PodSpec(node_name=node, containers=[]), status=V1PodStatus(phase=phase))
+
+
+def test_quarantine_evicts_the_pods_a_drain_moves_and_only_those():
+    pods = [pod("trainer-0", "n5"), pod("agent", "n5", owner="DaemonSet"),
+            pod("static", "n5", annotations={"kubernetes.io/config.mirror": "x"}),
+            pod("dns", "n5", namespace="kube-system"), pod("done", "n5", phase="Succeeded"),
+            pod("elsewhere", "n6")]
+    api = Recorder({"n5": node("n5"), "n6": node("n6")}, pods)
+    k = KubernetesActuator(KubernetesConfig(eviction_grace_s=30), api=api)
+    res = k.apply(drain("n5"))
+    assert res.ok and "cordoned; evicted 1 pod(s): default/trainer-0" in res.detail, res.detail
+    evictions = [c for c in api.calls if c[0] == "evict"]
+    assert [c[1] for c in evictions] == ["default/trainer-0"]
+    assert evictions[0][2].delete_options.grace_period_seconds == 30
+    # terminating pods are left to finish: the drain is in effect
+    assert k.observe() == {"drain:n5"}
+
+
+def test_a_disruption_budget_blocks_eviction_and_it_is_retried_never_deleted():
+    pods = [pod(f"web-{i}", "n7", labels={"app": "web"}) for i in range(2)]
+    api = Recorder({"n7": node("n7")}, pods, pdbs=[{"namespace": "default", "match": {"app": "web"}, "allowed": 1}])
+    k = KubernetesActuator(api=api)
+    act = drain("n7")
+    changes = reconcile(Decisions(t_s=0.0, desired={act.key: act}), [k], None, tick=1, enforce=True)
+    (ch,) = changes
+    assert ch.status == "failed" and "PodDisruptionBudget (429)" in ch.detail and "default/web-1" in ch.detail
+    assert api.nodes["n7"].spec.unschedulable is True  # cordoned all the same
+    assert k.observe() == set()  # a pod that must leave is still there: not in effect
+    assert not any(c[0].startswith("delete") for c in api.calls)
+    # The first pod terminates and its replacement runs elsewhere; the budget allows one again.
+    api.finish_terminating()
+    api.pdbs[0]["allowed"] = 1
+    api.calls.clear()
+    (ch,) = reconcile(Decisions(t_s=15.0, desired={act.key: act}), [k], None, tick=2, enforce=True)
+    assert ch.status == "done" and ch.detail == "evicted 1 pod(s): default/web-1"
+    assert [c[0] for c in api.calls] == ["evict"]  # tainted already: no second patch, only the evacuation
+    assert k.observe() == {"drain:n7"}
+    assert reconcile(Decisions(t_s=30.0, desired={act.key: act}), [k], None, tick=3, enforce=True) == []
+
+
+def test_eviction_can_be_switched_off():
+    api = Recorder({"n8": node("n8")}, [pod("trainer-0", "n8")])
+    k = KubernetesActuator(KubernetesConfig(evict_pods=False), api=api)
+    assert k.apply(drain("n8")).detail == "cordoned"
+    assert k.observe() == {"drain:n8"} and not [c for c in api.calls if c[0] == "evict"]
+
+
+def test_other_eviction_errors_are_sorted():
+    class Forbidden(Recorder):
+        def create_namespaced_pod_eviction(self, name, namespace, body, _request_timeout=None):
+            raise ApiException(status=403, reason="Forbidden")
+
+    res = KubernetesActuator(api=Forbidden({"n9": node("n9")}, [pod("p", "n9")])).apply(drain("n9"))
+    assert not res.ok and not res.retryable and "eviction of default/p failed (403): Forbidden" in res.detail
+
+
+def test_degraded_for_no_job_class_reads_back_as_the_planners_key():
+    api = Recorder({"n10": node("n10")})
+    k = KubernetesActuator(api=api)
+    key = action_key(Verb.LABEL_DEGRADED, "n10", value="none")
+    act = Action(key=key, verb=Verb.LABEL_DEGRADED, target="n10", target_kind="node", params=(("classes", ""),),
+                 reason="seamguard: no new work")
+    assert k.apply(act).ok and k.observe() == {key}

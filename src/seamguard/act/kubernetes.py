@@ -1,4 +1,4 @@
-"""The Kubernetes actuator: cordon, taints and a node condition via the official client.
+"""The Kubernetes actuator: cordon, taints, a node condition and pod eviction via the official client.
 
 Follows NVSentinel's split (github.com/NVIDIA/NVSentinel; docs/sources.md §2): the taint says "is it bad"
 (`seamguard.io/state=quarantine:NoSchedule`, `seamguard.io/state=degraded:PreferNoSchedule`),
@@ -6,6 +6,15 @@ the condition says why (type `SeamguardHealthy`, reason, message, lastTransition
 and cordon (`spec.unschedulable`) keeps new pods off a quarantined node. Ownership is
 written on the node as annotations, so the actuator never uncordons a node it did not
 cordon and `observe()` reads its own actions back from the API server (level-triggered).
+
+A quarantine also evacuates the node (``evict_pods``): every pod on it that a drain
+would move (not a DaemonSet's, not a mirror pod, not finished, not in
+``eviction_skip_namespaces``) is evicted through the Eviction API (policy/v1
+`Eviction`, `create_namespaced_pod_eviction`), never deleted, so PodDisruptionBudgets
+hold: the API answers 429 while a budget forbids the disruption, and the actuator reports
+that as a retryable failure and tries again next tick. A drain counts as in effect only
+once no such pod is left on the node (pods already terminating are left to finish), so
+the reconciler keeps asking until the node is empty (level-triggered).
 
 Not integration-tested against a real API server (none can run on the build machines);
 the tests check the exact request bodies against a recorder standing in for CoreV1Api.
@@ -38,6 +47,12 @@ class KubernetesConfig(BaseModel):
     condition_type: str = "SeamguardHealthy"
     annotation_prefix: str = "seamguard.io/"
     label_selector: str | None = Field(None, description="only nodes matching this selector are observed")
+    evict_pods: bool = Field(True, description="a quarantine also evicts the node's pods (Eviction API, "
+                                               "PodDisruptionBudgets respected); false: cordon and taint only")
+    eviction_skip_namespaces: tuple[str, ...] = Field(("kube-system",),
+                                                      description="pods in these namespaces are never evicted")
+    eviction_grace_s: int | None = Field(None, ge=0, description="termination grace of evicted pods "
+                                                                 "(None: each pod's own)")
 
 
 class KubernetesActuator:
@@ -75,6 +90,7 @@ class KubernetesActuator:
         if self.cfg.label_selector:
             kw["label_selector"] = self.cfg.label_selector
         held: set[str] = set()
+        tainted: list[str] = []
         skipped = 0
         for node in getattr(self.api.list_node(**kw), "items", None) or []:
             # One odd node object (no metadata, no name, annotations not a map) is skipped,
@@ -89,14 +105,72 @@ class KubernetesActuator:
                 classes = ann.get(self.ann_admissible) or ""
                 for t in self._taints(node):
                     if self._ours(t, "NoSchedule"):
-                        held.add(action_key(Verb.DRAIN, name))
+                        tainted.append(name)
                     elif self._ours(t, "PreferNoSchedule"):
-                        held.add(action_key(Verb.LABEL_DEGRADED, name, value=str(classes)))
+                        held.add(action_key(Verb.LABEL_DEGRADED, name, value=str(classes) or "none"))
             except (AttributeError, TypeError, ValueError):
                 skipped += 1
         if skipped:
             log.warning("kubernetes: %d node object(s) without a usable name or taints skipped", skipped)
+        # a drain is in effect once its node is evacuated (an API error here fails the tick, as list_node's does)
+        held |= {action_key(Verb.DRAIN, n) for n in tainted if not (self.cfg.evict_pods and self.evictable(n))}
         return held
+
+    # ---- eviction ---------------------------------------------------------------------------
+    def _must_leave(self, pod: Any) -> bool:
+        """Whether a drain moves this pod: not a DaemonSet's, not a mirror pod, not finished, not exempt."""
+        meta, status = pod.metadata, getattr(pod, "status", None)
+        if meta.namespace in self.cfg.eviction_skip_namespaces or getattr(meta, "deletion_timestamp", None):
+            return False  # exempt, or already terminating (evicted before: left to finish)
+        if getattr(status, "phase", None) in ("Succeeded", "Failed"):
+            return False
+        if "kubernetes.io/config.mirror" in (meta.annotations or {}):
+            return False  # a static pod: the kubelet owns it, the API cannot evict it
+        return not any(getattr(o, "kind", None) == "DaemonSet" for o in (meta.owner_references or []))
+
+    def evictable(self, node: str) -> list[Any]:
+        """Pods on ``node`` a drain still has to evict (raises what the API raises)."""
+        pods = self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
+                                                    _request_timeout=self.cfg.request_timeout_s)
+        return [p for p in getattr(pods, "items", None) or [] if self._must_leave(p)]
+
+    def eviction_body(self, pod: Any) -> Any:
+        from kubernetes.client import V1DeleteOptions, V1Eviction, V1ObjectMeta
+
+        opts = None if self.cfg.eviction_grace_s is None else V1DeleteOptions(
+            grace_period_seconds=self.cfg.eviction_grace_s)
+        return V1Eviction(metadata=V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace),
+                          delete_options=opts)
+
+    def evict(self, node: str) -> ActionResult:
+        """Evict every pod a drain moves off ``node``; a PodDisruptionBudget's 429 is retried next tick."""
+        try:
+            pods = self.evictable(node)
+        except Exception as e:
+            status = getattr(e, "status", None)
+            return ActionResult(False, f"list pods on {node} failed ({status or type(e).__name__})", retryable=True)
+        evicted, blocked, failed = [], [], []
+        for p in pods:
+            name = f"{p.metadata.namespace}/{p.metadata.name}"
+            try:
+                self.api.create_namespaced_pod_eviction(p.metadata.name, p.metadata.namespace, self.eviction_body(p),
+                                                        _request_timeout=self.cfg.request_timeout_s)
+                evicted.append(name)
+            except Exception as e:
+                status = getattr(e, "status", None)
+                if status == 404:
+                    evicted.append(name)  # gone meanwhile
+                elif status == 429:
+                    blocked.append(name)
+                else:
+                    failed.append((name, status, e))
+        parts = [f"evicted {len(evicted)} pod(s)" + (f": {', '.join(evicted[:5])}" if evicted else "")]
+        if blocked:
+            parts.append(f"blocked by a PodDisruptionBudget (429), retried next tick: {', '.join(blocked[:5])}")
+        for name, status, e in failed[:3]:
+            parts.append(f"eviction of {name} failed ({status or type(e).__name__}): {getattr(e, 'reason', '') or e}")
+        retry = all(st is None or st in (409, 429) or (isinstance(st, int) and st >= 500) for _, st, _ in failed)
+        return ActionResult(not blocked and not failed, "; ".join(parts), retryable=retry)
 
     # ---- request bodies (pure, so tests can read them) --------------------------------------
     def _taint_body(self, node: Any, add: dict | None, remove_effect: str | None) -> list[dict]:
@@ -161,6 +235,9 @@ class KubernetesActuator:
         if err:
             return err
         if action.verb == Verb.DRAIN:
+            if any(self._ours(t, "NoSchedule") for t in self._taints(node)):
+                # tainted before: what is left of the drain is the evacuation
+                return self.evict(action.target) if self.cfg.evict_pods else ActionResult(True, "already tainted")
             body = self.drain_patch(node, action)
             cond = self._condition(False, "Quarantine", action.reason)
         elif action.verb == Verb.LABEL_DEGRADED:
@@ -174,7 +251,12 @@ class KubernetesActuator:
         if err:
             return err
         owned = "cordoned" if body["spec"].get("unschedulable") else "tainted (cordon left to its owner)"
-        return ActionResult(True, owned if action.verb == Verb.DRAIN else "tainted degraded")
+        if action.verb != Verb.DRAIN:
+            return ActionResult(True, "tainted degraded")
+        if not self.cfg.evict_pods:
+            return ActionResult(True, owned)
+        ev = self.evict(action.target)
+        return ActionResult(ev.ok, f"{owned}; {ev.detail}", ev.retryable)
 
     def revert(self, key: str) -> ActionResult:
         verb = verb_of(key)

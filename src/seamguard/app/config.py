@@ -45,6 +45,9 @@ class KubernetesActuatorConfig(_Strict):
     context: str | None = None
     request_timeout_s: float = Field(10.0, gt=0)
     label_selector: str | None = None
+    evict_pods: bool = Field(True, description="a quarantine also evicts the node's pods (Eviction API)")
+    eviction_skip_namespaces: tuple[str, ...] = ("kube-system",)
+    eviction_grace_s: int | None = Field(None, ge=0)
 
 
 class RuntimeActuatorConfig(_Strict):
