@@ -267,7 +267,8 @@ MOVE0, MOVE1 = f"move_job:{J0}@loop-000", f"move_job:{J1}@loop-000"
 def test_moves_most_critical_first_where_they_fit_and_pay():
     out = _moves(_a(kinds=LOOP0_BAD))
     assert [(x.key, r.domain) for x, r in out] == [(MOVE0, "cooling_loop:loop-000"), (MOVE1, "cooling_loop:loop-000")]
-    assert out[0][0].params == (("domain", "loop-000"), ("domain_kind", "cooling_loop"))
+    assert out[0][0].params == (("domain", "loop-000"), ("domain_kind", "cooling_loop"),
+                                ("nodes", ",".join(f"gpu{i:03d}" for i in range(8))))  # what an actuator excludes
     assert out[0][0].reason == "seamguard: loop-000 degraded (probe=9)" and out[0][0].criticality == 3.0
     dec = pl.move_pays(F, POL, 0, 6, 0.9, 3.0)
     assert dec.action == "quarantine" and out[0][0].benefit_gpu_h_per_h == round(dec.benefit_gpu_h / 4.0, 3)

@@ -7,9 +7,10 @@ healthy GPU-hours per hour, and is taken only when the benefit pays for the cost
 breaker then bounds how much the controller may disrupt.
 
 ``decide`` is the sequence of stages, each a pure function below (or in
-decide/checkpoints.py, decide/freeze.py, decide/restrictions.py): drains and labels by
-economics, checkpoint_now per risk episode, fabric/storage avoidance, move_job, the
-freeze, the breaker, restrictions that only tighten, release after sustained recovery.
+decide/checkpoints.py, decide/freeze.py, decide/restrictions.py, decide/shed.py): drains
+and labels by economics, checkpoint_now per risk episode, fabric/storage avoidance,
+move_job, shedding, the freeze, the breaker, restrictions that only tighten, release
+after sustained recovery.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from seamguard.decide.restrictions import (
     only_tighten,
     release_dwell,
 )
+from seamguard.decide.shed import loop_nodes, plan_sheds
 from seamguard.fleet.model import (
     JOB_CLASS_BY_LABEL,
     JOB_CLASS_SYNCHRONY,
@@ -300,7 +302,7 @@ def plan_moves(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, fr
             if dec.action != "quarantine" and key not in in_effect:
                 continue
             act = Action(key=key, verb=Verb.MOVE_JOB, target=jn, target_kind="job",
-                         params=(("domain", ln), ("domain_kind", "cooling_loop")),
+                         params=(("domain", ln), ("domain_kind", "cooling_loop"), ("nodes", loop_nodes(fleet, lp))),
                          reason=f"seamguard: {ln} {State(int(loops.states.state[lp])).label} ({_summary(reasons)})",
                          cause=ln, evidence=_evidence(reasons),
                          benefit_gpu_h_per_h=round(dec.benefit_gpu_h / horizon_h, 3),
@@ -361,7 +363,9 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     ckpt = plan_checkpoints(fleet, a, policy, state.episodes, state.checkpoints, node_ht, crit, ex)
     intervals = plan_checkpoint_intervals(fleet, policy, ex, crit, in_effect,
                                           {e.job for e in ckpt.episodes})
-    avoids = plan_path_avoidance(fleet, a, rules) + plan_moves(fleet, a, policy, crit, free, in_effect, frozen)
+    moves = plan_moves(fleet, a, policy, crit, free, in_effect, frozen)
+    sheds = plan_sheds(fleet, a, policy, crit, in_effect, frozen, {act.key for act, _ in moves})
+    avoids = plan_path_avoidance(fleet, a, rules) + moves + sheds
     desired = ({act.key: act for act, _ in restricts} | ckpt.actions | intervals
                | {act.key: act for act, _ in avoids})
     requests = {r.key: r for _, r in restricts + avoids}

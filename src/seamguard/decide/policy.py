@@ -96,9 +96,15 @@ class ActionRules(_Strict):
     move_job_domain_states: list[str]
     move_job_classes: list[str]
     move_job_min_criticality: float = Field(1.0, ge=0)
+    shed_job_domain_states: list[str] = Field(
+        default_factory=list, description="cooling-loop states in which the lowest-criticality jobs are shed "
+                                          "(requeued off the loop, waiting for room elsewhere); [] turns shedding off")
+    shed_job_max_criticality: float = Field(0.5, ge=0, description="only jobs at or below this criticality are shed")
+    shed_job_max_loop_fraction: float = Field(
+        0.5, ge=0, le=1, description="at most this share of a loop's nodes is shed (lowest criticality first)")
 
     _v_states = field_validator("drain_states", "avoid_link_states", "avoid_storage_states",
-                                "move_job_domain_states")(_states)
+                                "move_job_domain_states", "shed_job_domain_states")(_states)
     _v_classes = field_validator("checkpoint_classes", "move_job_classes")(_classes)
 
     @model_validator(mode="before")
