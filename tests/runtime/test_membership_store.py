@@ -157,3 +157,26 @@ def test_a_lost_node_stays_lost():
     assert [v[0] for v in t.verdicts(2.0)] == [0]
     t.observe(0, 2, {0}, 2.1)  # a late record from a node already replaced changes nothing
     assert t.verdicts(5.0) == []
+
+
+def test_prefix_mirror_follows_writes_in_order(etcd):
+    s = _store(etcd, "/mirror/")
+    s.set("sg/node/0", "a")
+    m = s.mirror("sg/")
+    try:
+        assert m.get_prefix("sg/node/") == {"sg/node/0": b"a"}  # what was there before
+        s.set("sg/done/3", "20")
+        s.set("sg/exit/3", "0")
+        s.set("sg/node/0", "b")
+        s.delete_key("sg/node/0")
+        s.set("other/x", "1")  # outside the prefix
+        deadline = time.monotonic() + 5
+        while "sg/exit/3" not in m.get_prefix("sg/") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # the done mark was written first, so a copy that has the exit code has it too
+        assert m.get_prefix("sg/done/") == {"sg/done/3": b"20"}
+        while m.get_prefix("sg/node/") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert m.get_prefix("sg/") == {"sg/done/3": b"20", "sg/exit/3": b"0"}
+    finally:
+        m.close()

@@ -55,6 +55,7 @@ class Coordinator:
     _furthest_step: int = 0  # the furthest step any rank's heartbeat reported (for steps redone)
     _beats: dict = field(default_factory=dict)  # wid -> its last heartbeat (for metrics)
     _records: dict = field(default_factory=dict)  # node -> its aggregated record, this tick
+    _mirrors: dict = field(default_factory=dict)  # a watched local copy of the job's keys (etcd)
     _steps: StepClock = field(default_factory=StepClock)
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
@@ -159,7 +160,18 @@ class Coordinator:
     def _node_records(self) -> dict[int, dict]:
         """Each node's latest aggregated record (keys.node_beats), in one range read."""
         names = [str(n) for n in range(self.settings.nnodes)]
-        return {int(n): json.loads(raw) for n, raw in keys.read_family(self.store, keys.NODE_PREFIX, names).items()}
+        return {int(n): json.loads(raw) for n, raw in self._family(keys.NODE_PREFIX, names).items()}
+
+    def _family(self, prefix: str, names: list[str]) -> dict[str, bytes]:
+        """keys.read_family, served from a watched local copy where the store offers one
+        (etcd: the job-wide families read every tick cost the store nothing per tick)."""
+        if hasattr(self.store, "mirror"):
+            # one copy of the whole job's keys, one stream: changes arrive in the order they
+            # were made (a worker's done mark before its exit code, as written)
+            if "" not in self._mirrors:
+                self._mirrors[""] = self.store.mirror(keys.ROOT + "/")
+            return keys.read_family(self._mirrors[""], prefix, names)
+        return keys.read_family(self.store, prefix, names)
 
     def _judge_nodes(self, now: float) -> set[int]:
         """A node whose launcher stopped writing its record is lost with all its workers."""
@@ -192,8 +204,8 @@ class Coordinator:
     def _read_exits(self) -> set[int]:
         out = set()
         watched = [w for w in self.all_workers if w not in self.lost and w not in self.finished]
-        codes = keys.read_family(self.store, keys.EXIT_PREFIX, [str(w) for w in watched])
-        dones = keys.read_family(self.store, keys.DONE_PREFIX, list(codes)) if codes else {}
+        codes = self._family(keys.EXIT_PREFIX, [str(w) for w in watched])
+        dones = self._family(keys.DONE_PREFIX, list(codes)) if codes else {}
         for w in watched:
             code = codes.get(str(w))
             if code is None:
@@ -331,7 +343,7 @@ class Coordinator:
 
     def _job_complete(self) -> bool:
         alive = [w for w in self.plan.ranks if w not in self.lost]
-        return bool(alive) and len(keys.read_family(self.store, keys.DONE_PREFIX, [str(w) for w in alive])) == len(alive)
+        return bool(alive) and len(self._family(keys.DONE_PREFIX, [str(w) for w in alive])) == len(alive)
 
     # ---------------------------------------------------------------- generations
     def _start_generation(self, plan: Plan, now: float) -> None:
