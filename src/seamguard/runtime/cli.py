@@ -54,6 +54,9 @@ def launch(
     preload: str = typer.Option(
         ",".join(DEFAULT_PRELOAD), "--preload",
         help="Comma-separated modules the fork server imports once for every worker."),
+    rails: str = typer.Option("", "--rails", metavar="<if0,if1,…>",
+                              help="Rail interfaces for the gradient all-reduce, with rail failover "
+                                   "(a flap costs chunks re-run on another rail, not a recovery)."),
     no_dedup: bool = typer.Option(False, "--no-dedup", help="Send full replicas."),
     step_guard: bool = typer.Option(
         True, "--step-guard/--no-step-guard",
@@ -89,7 +92,8 @@ def launch(
                              checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
                              collective_timeout_s=collective_timeout_s,
                              dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots,
-                             step_guard=step_guard, crash_capture=crash_capture)
+                             step_guard=step_guard, crash_capture=crash_capture,
+                             rails=tuple(filter(None, rails.split(","))))
         env = {"SEAMGUARD_SETTINGS": json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                  for k, v in asdict(rt).items()})}
         if chaos:

@@ -189,6 +189,7 @@ def launch(s: LaunchSettings) -> int:
     code = 1
     respawned = 0
     placement, placement_t = "", 0.0
+    ended_s: float | None = None  # when this (non-coordinator) node's last worker ended
     exporter = MetricsServer(s.metrics_port) if master and s.metrics_port is not None else None
     try:
         while True:
@@ -230,7 +231,10 @@ def launch(s: LaunchSettings) -> int:
                 code = 0 if job_done == b"ok" else 1
                 break
             if all(c.reported for c in children) and not master:
-                break
+                # its workers can end before the job's end reaches this node: wait for it, bounded
+                ended_s = ended_s if ended_s is not None else time.monotonic()
+                if time.monotonic() - ended_s > s.coordinator_timeout_s:
+                    break
             time.sleep(POLL_S)
         _drain(children, timeout_s=30.0, log=log)
         if coord is not None:

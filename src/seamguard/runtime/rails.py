@@ -348,7 +348,10 @@ class RailGroup:
         self._builders: dict[int, threading.Thread] = {}
         self._round = 0
         self._stop = threading.Event()
-        self._watch_store = store.clone() if hasattr(store, "clone") else store
+        try:  # a clone of a TCPStore is a second connection for the watcher thread
+            self._watch_store = store.clone()
+        except (AttributeError, RuntimeError):  # a store implemented in Python (etcd) is shared
+            self._watch_store = store
         self.events: list[dict] = []  # rail transitions, for the job's log
         self.causes: list[dict] = []  # why this rank abandoned chunks (carrier, peer flag, timeout)
         # Processes start with seconds of skew; gloo's connect timeout is short by design,

@@ -78,8 +78,14 @@ class RuntimeSettings:
     """When an exception the training script does not catch ends the process before the
     optimizer touched the step, leave the state at the start of that step in host memory
     first, so a restart resumes there instead of at the last periodic snapshot."""
+    rails: tuple[str, ...] = ()
+    """Rail interfaces (e.g. ("rail0", "rail1")) the gradient all-reduce runs over with
+    rail failover (runtime/rail_sync.py); empty: the job's one gloo group."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "rails", tuple(self.rails))  # JSON gives a list
+        if any(not r or "," in r for r in self.rails):
+            raise ValueError(f"rails must be interface names, got {list(self.rails)}")
         if self.snapshot_every_steps < 1:
             raise ValueError(f"snapshot_every_steps must be >= 1, got {self.snapshot_every_steps}")
         if self.persist_every_steps < 0:

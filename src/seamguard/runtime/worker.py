@@ -35,6 +35,7 @@ from seamguard.runtime.eventlog import EventLog, set_title
 from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, replica_holder
+from seamguard.runtime.rail_sync import RailSync
 from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url
 from seamguard.runtime.snapshot import (SlotStore, TrainingState, find_orphans, read_orphan,
                                         state_checksum, tensors_of)
@@ -95,6 +96,7 @@ class Runtime:
         self.role = -1  # whose state this worker continues; fixed once assigned
         self._orphans: dict[int, tuple] = {}  # step -> (manifest, path) a dead worker left
         self.group: dist.ProcessGroupGloo | None = None
+        self._rails: RailSync | None = None  # the gradient all-reduce over rails (--rails)
         self._graveyard: list = []  # abandoned groups: destroying one can block on a dead peer
         self.step = 0
         self.state: TrainingState | None = None
@@ -290,7 +292,8 @@ class Runtime:
             self._flat[n_grad:].zero_()
             self._flat[n_grad + self.rank] = torch.linalg.vector_norm(grad) / max(scale, 1e-12)
         t_comm = time.perf_counter()
-        ok = self._collective(lambda: self.group.allreduce([self._flat]))
+        ok = self._rail_allreduce() if self._rails is not None else \
+            self._collective(lambda: self.group.allreduce([self._flat]))
         self._comm_s = time.perf_counter() - t_comm
         if not ok:
             self._failed = True
@@ -360,6 +363,21 @@ class Runtime:
         self.slots.close()
 
     # ------------------------------------------------------------------ collectives
+    def _rail_allreduce(self) -> bool:
+        """The gradient all-reduce over the rails: a rail flap is handled inside (chunks
+        re-run elsewhere); a new generation or the timeout ends it as a failed step."""
+        self._phase = "collective"
+        try:
+            why = self._rails.allreduce(self._flat, self.step, lambda: self._gen_seen > self.gen,
+                                        self.settings.collective_timeout_s)
+        finally:
+            self._phase = "idle"
+        for e in self._rails.new_events():
+            self._note(f"rail_{e['event']}", step=e["step"], rail=e["rail"], reason=e.get("reason", ""))
+        if why:
+            self._note("collective_error", error=f"rails: {why}"[:200])
+        return not why
+
     def _collective(self, issue) -> bool:
         """Run one collective, polling so a new generation or a timeout cancels it."""
         self._phase = "collective"
@@ -774,6 +792,10 @@ class Runtime:
             dist.PrefixStore(keys.group_prefix(gen), self.store), rank, plan.world_size,
             datetime.timedelta(seconds=self.settings.collective_timeout_s))
         lap("form_group")
+        if self.settings.rails:
+            self._close_rails()
+            self._rails = RailSync(self.store, gen, rank, plan.world_size, self.settings.rails, timeout)
+            lap("form_rails")
         if source == "fresh":
             self._broadcast_model()
         checksum = state_checksum(self.state.model, params_only=True)
@@ -868,7 +890,14 @@ class Runtime:
             raise RecoveryError(f"parameter checksums disagree after recovery to gen {self.gen}: "
                                 f"{[hex(int(o) + (1 << 63)) for o in out]}")
 
+    def _close_rails(self) -> None:
+        if self._rails is not None:
+            self._rails.close()
+            self._graveyard.append(self._rails)  # its gloo groups may still wait on a dead peer
+            self._rails = None
+
     def _abandon_group(self) -> None:
+        self._close_rails()
         if self.group is not None:
             try:
                 self.group.abort()

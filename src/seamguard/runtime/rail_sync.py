@@ -1,0 +1,83 @@
+"""The runtime's gradient all-reduce over the host's rails, one RailGroup per generation.
+
+A job launched with ``--rails rail0,rail1`` gets rail failover for its gradient
+collective: every generation (membership) builds a ``RailGroup`` (runtime/rails.py: one
+gloo group per rail interface, fixed chunks, a rail given up on carrier loss, a peer's
+announcement, a missed deadline or a gray bandwidth, and rebuilt when it is back) under
+its own store prefix, with the generation's ranks. A rail flap then costs a few chunks
+re-run on the other rail, never a recovery; losing a rank still goes through the
+runtime's recovery, and the next generation builds its own RailGroup.
+
+The collective runs on a private copy of the buffer in a helper thread, so the training
+thread can give up on it when a new generation appears (a peer died) without anything
+writing into the buffer later; the abandoned RailGroup is closed and kept until exit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from seamguard.runtime import keys
+from seamguard.runtime.rails import CollectiveReport, RailGroup, RailSettings, RailsError
+
+
+def rail_prefix(gen: int) -> str:
+    return f"{keys.ROOT}/rails/{gen}"
+
+
+class RailSync:
+    """``allreduce(flat, step, cancelled)`` on this generation's rails; ``close()`` when it ends."""
+
+    def __init__(self, store: dist.Store, gen: int, rank: int, world: int, interfaces: tuple[str, ...],
+                 start_timeout_s: float) -> None:
+        settings = RailSettings(interfaces=interfaces, start_timeout_s=start_timeout_s)
+        self.group = RailGroup(store, rank, world, settings, prefix=rail_prefix(gen))
+        self.last: CollectiveReport | None = None
+        self.broken = False
+        self._seen = 0
+
+    def allreduce(self, flat: torch.Tensor, step: int, cancelled: Callable[[], bool],
+                  timeout_s: float) -> str:
+        """Sum ``flat`` over the ranks in place. Returns "" on success, else why it failed
+        ("cancelled", "timeout" or the RailsError); after a failure this group is done."""
+        if self.broken:
+            return "rail group abandoned"
+        buf = flat.clone()
+        out: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                out["report"] = self.group.allreduce_(buf, step)
+            except (RailsError, RuntimeError) as exc:
+                out["error"] = str(exc)
+
+        worker = threading.Thread(target=run, name="sg-rail-allreduce", daemon=True)
+        worker.start()
+        deadline = time.monotonic() + timeout_s
+        nap_s = 0.0002
+        while worker.is_alive():
+            if cancelled() or time.monotonic() > deadline:
+                self.broken = True
+                return "cancelled" if cancelled() else "timeout"
+            worker.join(nap_s)
+            nap_s = min(0.005, nap_s * 1.5)
+        if "error" in out:
+            self.broken = True
+            return str(out["error"])
+        flat.copy_(buf)
+        self.last = out["report"]  # type: ignore[assignment]
+        return ""
+
+    def new_events(self) -> list[dict]:
+        """Rail transitions (out, probe, in) since the last call, for the job's log."""
+        events = self.group.events[self._seen:]
+        self._seen += len(events)
+        return events
+
+    def close(self) -> None:
+        self.group.close()
