@@ -36,7 +36,7 @@ class Run:
 
 
 def launch(tmp: Path, name: str, *, nproc=2, spares=0, steps=20, chaos="", extra=(),
-           script_args=(), timeout_s=90) -> Run:
+           script_args=(), timeout_s=90, script="train_ddp.py") -> Run:
     out = tmp / name
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", str(nproc), "--spares",
@@ -44,7 +44,7 @@ def launch(tmp: Path, name: str, *, nproc=2, spares=0, steps=20, chaos="", extra
            str(out / "chaos"), *extra]
     if chaos:
         cmd += ["--chaos", chaos]
-    cmd += ["--", str(REPO / "examples" / "train_ddp.py"), "--steps", str(steps),
+    cmd += ["--", str(REPO / "examples" / script), "--steps", str(steps),
             "--out", str(out), *script_args]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     ev = out / "events.jsonl"

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seamguard.runtime.fsdp import like, local
 from seamguard.runtime.manifest import Manifest, TensorEntry, hash_bytes
 
 META = "__meta__"
@@ -74,11 +75,13 @@ class TrainingState:
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        out = [(f"model/{k}", v.detach()) for k, v in self.model.state_dict(keep_vars=True).items()]
+        """Every tensor of the state as this rank holds it: for FSDP2-sharded parameters
+        and their optimizer state (DTensors), this rank's local shard."""
+        out = [(f"model/{k}", local(v.detach())) for k, v in self.model.state_dict(keep_vars=True).items()]
         for pid, p in enumerate(self._params):
             for k, v in sorted(self.optimizer.state.get(p, {}).items()):
                 if isinstance(v, torch.Tensor):
-                    out.append((f"optim/{pid}/{k}", v.detach()))
+                    out.append((f"optim/{pid}/{k}", local(v.detach())))
         return out
 
     def buffer_names(self) -> list[str]:
@@ -119,6 +122,7 @@ class TrainingState:
                 src = tensors.get(f"model/{k}")
                 if src is None:
                     raise KeyError(f"snapshot has no tensor 'model/{k}'")
+                v = local(v)
                 v.copy_(src.view(v.shape))
         self._restore_optimizer(tensors, meta)
         _restore_rng(meta["rng"])
@@ -159,12 +163,13 @@ class TrainingState:
                 st = self.optimizer.state[p] if in_place else {}
                 for k, arr in saved.items():
                     if in_place:
-                        t = st[k]
+                        t = local(st[k])
                         t.copy_(arr.view(t.shape))
                     else:
-                        # fresh optimizer (a spare): own copies; scalar 'step' stays on CPU
-                        dev = p.device if arr.dim() > 0 else torch.device("cpu")
-                        st[k] = arr.clone().to(dev)
+                        # fresh optimizer (a spare): own copies; scalar 'step' stays on CPU;
+                        # state of an FSDP2-sharded parameter is a DTensor like it
+                        dev = local(p).device if arr.dim() > 0 else torch.device("cpu")
+                        st[k] = like(p, arr.clone().to(dev))
                 st.update(meta["opt_scalars"].get(pid, {}))
                 if not in_place:
                     self.optimizer.state[p] = st
@@ -515,7 +520,7 @@ def state_checksum(model: torch.nn.Module, params_only: bool = False) -> str:
 def _raw(t: torch.Tensor) -> np.ndarray:
     """A tensor's raw bytes as a uint8 array, without a copy for a contiguous CPU tensor
     (0-d tensors such as BatchNorm's step counter included)."""
-    t = t.detach().cpu().contiguous().reshape(-1)
+    t = local(t.detach()).cpu().contiguous().reshape(-1)
     return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, dtype=np.uint8)
 
 

@@ -12,6 +12,7 @@ new store prefix, parameter checksums are compared, and training goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seamguard.runtime import cadence, chaos, keys, replica
+from seamguard.runtime import cadence, chaos, fsdp, keys, replica
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.eventlog import EventLog, set_title
@@ -72,6 +73,31 @@ def _host_port(text: str) -> tuple[str, int] | None:
     return (host, int(port)) if host and port.isdigit() else None
 
 
+class _WaitingWork:
+    """A collective whose ``wait()`` does the work, run on a thread so it can be polled;
+    ``wait()`` re-raises its error."""
+
+    def __init__(self, work) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), daemon=True,
+                                        name="sg-collective-wait")
+        self._thread.start()
+
+    def _run(self, work) -> None:
+        try:
+            work.wait()
+        except BaseException as exc:  # noqa: BLE001 - handed to wait()
+            self._error = exc
+
+    def is_completed(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(str(self._error)) from self._error
+
+
 class Runtime:
     """One training process of a seamguard job (see module docstring and docs/runtime.md)."""
 
@@ -97,6 +123,8 @@ class Runtime:
         self._orphans: dict[int, tuple] = {}  # step -> (manifest, path) a dead worker left
         self.group: dist.ProcessGroupGloo | None = None
         self._rails: RailSync | None = None  # the gradient all-reduce over rails (--rails)
+        self._mesh = None         # FSDP2: the DeviceMesh over a fsdp.ResilientGroup
+        self._mesh_rank = -1      # FSDP2: the rank this process's shards were laid out for
         self._graveyard: list = []  # abandoned groups: destroying one can block on a dead peer
         self.step = 0
         self.state: TrainingState | None = None
@@ -210,6 +238,53 @@ class Runtime:
     def world_size(self) -> int:
         return self.plan.world_size if self.plan else 0
 
+    @property
+    def sharded(self) -> bool:
+        """True once `device_mesh()` was called: the state is FSDP2-sharded."""
+        return self._mesh is not None
+
+    def device_mesh(self):
+        """FSDP2: the one-dimensional `DeviceMesh` over the job's ranks to pass to
+        `fully_shard(..., mesh=rt.device_mesh())`, whose process group the runtime re-forms
+        after a loss (`seamguard.runtime.fsdp`). Call it before building the model: a spare
+        blocks here until it is given a rank, since FSDP2 lays the shards out by rank.
+
+        Sharded state is not replicated between ranks, so from here on replicas carry every
+        byte of a rank's snapshot (no deduplication) and a loss resumes at the newest step
+        whose snapshot every rank and every lost rank's replica holder have; the step guard
+        (which compares ranks' gradients of the same parameters) is off."""
+        if self._mesh is not None:
+            return self._mesh
+        from torch.distributed.device_mesh import DeviceMesh
+
+        try:
+            rank, world_size = self._await_rank()
+        except JobFinished:   # a spare the job never needed: nothing to build or train
+            self.finish()
+            os._exit(0)
+        self.settings = dataclasses.replace(self.settings, dedup_replicas=False, step_guard=False)
+        self.server.dedup = False
+        fsdp.install_default_group(self, rank, world_size,
+                                   dist.PrefixStore("sg/pg/default/", self.store))
+        self._mesh_rank = rank
+        self._mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+        return self._mesh
+
+    def _await_rank(self) -> tuple[int, int]:
+        """(rank, world size) of the first generation that gives this worker a rank;
+        a spare waits for it (it counts as ready: everything is imported)."""
+        self.store.set(keys.ready(self.wid), "1")
+        while True:
+            gen = self._next_generation()
+            try:
+                plan = Plan.from_json(self._wait(keys.plan(gen), gen,
+                                                 self.settings.recovery_timeout_s, spare=True))
+            except GenerationChanged:
+                continue
+            if self.wid in plan.ranks:
+                return plan.ranks.index(self.wid), plan.world_size
+            self.gen = gen   # not in this one: wait for a newer generation
+
     # ------------------------------------------------------------------ the loop
     def steps(self, total_steps: int) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (step, sample indices of this rank) until `total_steps` are committed."""
@@ -271,6 +346,8 @@ class Runtime:
         if self._failed or self._gen_seen > self.gen:
             self._failed = True
             return False
+        if self.sharded:   # FSDP2 reduce-scattered the gradients in backward, on our group
+            return self._await_replica()
         n_grad = self._n_grad
         lanes = self.plan.world_size if self.settings.step_guard else 0
         if self._flat is None or self._flat.numel() != n_grad + lanes:
@@ -307,6 +384,26 @@ class Runtime:
                 p.grad = torch.empty_like(p)
             p.grad.copy_(self._flat[off:off + n].view_as(p))
             off += n
+        return True
+
+    def _await_replica(self) -> bool:
+        """Sharded state: commit the step only once its start-of-step snapshot has reached
+        the replica holder (hashed, pushed, acknowledged), since no peer holds this rank's
+        shard. A rank lost during step s+1 has then delivered the start of step s: the job
+        resumes at s, at most one completed step is redone. False if a new generation
+        overtakes the wait."""
+        self._finish_snapshot()
+        t0 = time.perf_counter()
+        nap_s = 0.0002
+        try:
+            while self._pipeline.unfinished_tasks:
+                if self._failed or self._gen_seen > self.gen:
+                    self._failed = True
+                    return False
+                time.sleep(nap_s)
+                nap_s = min(0.005, nap_s * 1.5)
+        finally:
+            self.stats["snapshot_stall_s"] += time.perf_counter() - t0
         return True
 
     def _guard_accepts(self, norms: np.ndarray) -> bool:
@@ -363,6 +460,15 @@ class Runtime:
         self.slots.close()
 
     # ------------------------------------------------------------------ collectives
+    def _collective(self, issue) -> bool:
+        """Run one collective, polling so a new generation or a timeout cancels it."""
+        try:
+            work = issue()
+        except RuntimeError as exc:
+            self._note("collective_error", error=str(exc)[:200])
+            return False
+        return self._await_work(work)
+
     def _rail_allreduce(self) -> bool:
         """The gradient all-reduce over the rails: a rail flap is handled inside (chunks
         re-run elsewhere); a new generation or the timeout ends it as a failed step."""
@@ -378,17 +484,21 @@ class Runtime:
             self._note("collective_error", error=f"rails: {why}"[:200])
         return not why
 
-    def _collective(self, issue) -> bool:
-        """Run one collective, polling so a new generation or a timeout cancels it."""
-        self._phase = "collective"
+    def _await_work(self, work, runs_in_wait: bool = False) -> bool:
+        """Wait for a collective issued on ``self.group``; False (and the step failed) if
+        it errs, times out, or a new generation overtakes it. A collective that only
+        progresses inside ``wait()`` (``runs_in_wait``) is waited for on a helper thread."""
+        phase, self._phase = self._phase, "collective"
         deadline = time.monotonic() + self.settings.collective_timeout_s
+        if runs_in_wait:
+            work = _WaitingWork(work)
         try:
-            work = issue()
             nap_s = 0.0002
             while not work.is_completed():
                 if self._gen_seen > self.gen or time.monotonic() > deadline:
                     self._note("collective_cancelled", reason="new generation"
                                if self._gen_seen > self.gen else "timeout")
+                    self._failed = True
                     return False
                 time.sleep(nap_s)
                 # back off to 5 ms: waking thousands of times a second would steal the
@@ -398,9 +508,23 @@ class Runtime:
             return True
         except RuntimeError as exc:
             self._note("collective_error", error=str(exc)[:200])
+            self._failed = True
             return False
         finally:
-            self._phase = "idle"
+            # FSDP2's collectives run inside the forward and backward: back to computing
+            self._phase = phase if self.sharded and phase != "collective" else "idle"
+
+    def _collective_allowed(self) -> bool:
+        """May a collective of FSDP2's run now? Not once this step failed or a new
+        generation exists (it would only wait for a peer that is gone)."""
+        if self._failed or self._gen_seen > self.gen or self.group is None:
+            self._failed = True
+            return False
+        return True
+
+    def _collective_failed(self, why: str) -> None:
+        self._note("collective_error", error=why[:200])
+        self._failed = True
 
     def _final_barrier(self) -> bool:
         flag = torch.ones(1)
@@ -765,6 +889,10 @@ class Runtime:
             now = time.monotonic()
             phases[name], t = round(now - t, 4), now
         rank, role = plan.ranks.index(self.wid), plan.roles[plan.ranks.index(self.wid)]
+        if self.sharded and rank != self._mesh_rank:
+            raise JobFailed(f"generation {gen} moves worker {self.wid} from rank {self._mesh_rank} "
+                            f"to {rank}: an FSDP2 job keeps its ranks (it needs a spare per loss; "
+                            f"to change its size, restart from a checkpoint)")
         if plan.max_step is None:   # a rollback throws the live state away
             self._capture_live()
         orphans = {}
@@ -796,11 +924,12 @@ class Runtime:
             self._close_rails()
             self._rails = RailSync(self.store, gen, rank, plan.world_size, self.settings.rails, timeout)
             lap("form_rails")
-        if source == "fresh":
+        if source == "fresh" and not self.sharded:
             self._broadcast_model()
         checksum = state_checksum(self.state.model, params_only=True)
         lap("checksum")
-        self._verify_checksums(checksum)
+        if not self.sharded:   # shards differ by design; each was hash-verified on restore
+            self._verify_checksums(checksum)
         lap("verify_checksums")
         self.step = step
         self._failed = False

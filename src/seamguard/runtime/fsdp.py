@@ -1,0 +1,176 @@
+"""FSDP2 under the runtime: a process group the runtime can re-form behind FSDP's back.
+
+FSDP2 (`torch.distributed.fsdp.fully_shard`) issues its all-gathers (forward) and
+reduce-scatters (backward) on the process group of its `DeviceMesh`, from inside the
+model's forward and backward, where the runtime cannot cancel them and an error would
+raise into model code. `ResilientGroup` is the group the mesh holds. It is a
+`torch.distributed.ProcessGroup` with a fixed rank and size that owns no connections: each
+collective is forwarded to the runtime's current gloo group (`Runtime.group`, re-formed
+under a new store prefix at every recovery), and its completion is polled like the
+runtime's own collectives. A collective that fails, times out or is overtaken by a new
+generation marks the step failed and reports itself complete with its output left as it
+was: the forward and backward run on to their end with garbage, `rt.sync_gradients()`
+returns False, the optimizer step is skipped, and the next `rt.steps()` iteration
+recovers (the step is the transaction, as for data parallelism).
+
+The group is registered with c10d as the default process group (backend "seamguard"), so
+`init_device_mesh`, `DeviceMesh.from_group`, `dist.get_rank()` and user collectives all
+find it. The rank is fixed for the life of the process: a replacement spare takes over the
+lost rank's index, and its shard of parameters and optimizer state, so the layout FSDP2
+chose at `fully_shard` time stays valid. A spare therefore builds its model only once it
+knows its rank (`Runtime.device_mesh` blocks a spare until then).
+
+The idea of a wrapper that forwards to a replaceable inner group and swallows errors until
+it is reconfigured is torchft's (`torchft/process_group.py`:
+ProcessGroupWrapper, ErrorSwallowingProcessGroupWrapper; https://github.com/pytorch/torchft).
+torchft applies it to the replicate dimension of HSDP only and restarts a whole replica
+group on a loss; here it is the shard dimension, and only the lost rank is replaced.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+BACKEND = "seamguard"
+
+# the collectives a ProcessGroup offers and the gloo backend's method that does each
+_FORWARDS = {
+    "all_gather_single": "_allgather_base",
+    "_allgather_base": "_allgather_base",
+    "reduce_scatter_single": "_reduce_scatter_base",
+    "_reduce_scatter_base": "_reduce_scatter_base",
+    "allreduce": "allreduce",
+    "allreduce_coalesced": "allreduce_coalesced",
+    "broadcast": "broadcast",
+    "allgather": "allgather",
+    "allgather_coalesced": "allgather_coalesced",
+    "gather": "gather",
+    "scatter": "scatter",
+    "reduce": "reduce",
+    "reduce_scatter": "reduce_scatter",
+    "alltoall_base": "alltoall_base",
+    "barrier": "barrier",
+}
+
+# gloo's reduce-scatters do their work inside `wait()` (is_completed() stays False until
+# then; measured with torch 2.13): they are waited for on a helper thread instead
+_RUN_IN_WAIT = {"reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter"}
+
+
+class _Done(dist.Work):
+    """A collective that will not run (its step already failed): complete at once."""
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+
+class _Polled(_Done):
+    """A collective in flight on the runtime's gloo group; `wait` polls it so a new
+    generation or the collective timeout cancels it, and never raises."""
+
+    def __init__(self, runtime, work: dist.Work, runs_in_wait: bool) -> None:
+        super().__init__()
+        self._rt, self._work, self._runs_in_wait = runtime, work, runs_in_wait
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        self._rt._await_work(self._work, self._runs_in_wait)
+        return True
+
+
+class ResilientGroup(dist.ProcessGroup):
+    """The process group FSDP2's mesh holds; forwards to `runtime.group` (module docstring)."""
+
+    def __init__(self, runtime, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self._rt = runtime
+        self._name = ""
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # c10d keeps a group's name in its backends, and this group has none of its own
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def _forward(self, name: str, args: tuple) -> dist.Work:
+        rt = self._rt
+        if not rt._collective_allowed():
+            return _Done()
+        try:
+            work = getattr(rt.group, _FORWARDS[name])(*args)
+        except RuntimeError as exc:
+            rt._collective_failed(f"{name}: {exc}")
+            return _Done()
+        return _Polled(rt, work, name in _RUN_IN_WAIT)
+
+
+def _forwarder(name: str):
+    def method(self, *args):
+        return self._forward(name, args)
+    method.__name__ = name
+    return method
+
+
+for _name in _FORWARDS:
+    setattr(ResilientGroup, _name, _forwarder(_name))
+
+_current: list[ResilientGroup] = []
+
+
+def _create(store, rank: int, world_size: int, timeout) -> ResilientGroup:
+    """c10d's backend factory: hands back the group the runtime made (the store is unused:
+    the runtime forms its gloo groups itself)."""
+    group = _current[-1]
+    if (group.rank(), group.size()) != (rank, world_size):
+        raise ValueError(f"seamguard process group is rank {group.rank()} of {group.size()}, "
+                         f"c10d asked for rank {rank} of {world_size}")
+    return group
+
+
+def install_default_group(runtime, rank: int, world_size: int, store: dist.Store) -> ResilientGroup:
+    """Make a `ResilientGroup` the default process group of this process."""
+    if dist.is_initialized():
+        raise RuntimeError("seamguard: the default process group is already initialised; "
+                           "call rt.device_mesh() instead of dist.init_process_group()")
+    if not hasattr(dist.Backend, BACKEND.upper()):
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    group = ResilientGroup(runtime, rank, world_size)
+    _current.append(group)
+    dist.init_process_group(BACKEND, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=runtime.settings.collective_timeout_s))
+    return group
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a DTensor's local shard, any other tensor itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def like(param: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    """``shard`` (this rank's bytes) as a tensor shaped like ``param``: a DTensor with the
+    parameter's mesh and placements when the parameter is one (optimizer state a spare
+    creates for FSDP2-sharded parameters), else ``shard`` itself."""
+    if not hasattr(param, "_local_tensor") or shard.dim() == 0:
+        return shard
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(shard, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
