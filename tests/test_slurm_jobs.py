@@ -180,7 +180,7 @@ def test_no_new_work_reservation_keeps_jobs_off_and_is_lifted(clean, tmp_path) -
                        "Duration=60", "Users=root", "Flags=MAINT").returncode == 0
     act = actuator(sc)
     key = action_key(Verb.LABEL_DEGRADED, "n1", value="none")  # the planner's "no job class" label
-    label = Action(key=key, verb=Verb.LABEL_DEGRADED, target="n1", target_kind="node", params=(("classes", ""),),
+    label = Action(key=key, verb=Verb.LABEL_DEGRADED, target="n1", target_kind="node", params=(("classes", "checkpoint_restore"),),
                    reason="seamguard: admissible for no job class (no new work) (cooling_loop:cdu-a)")
     res = act.apply(label)
     assert res.ok and "reservation sg_nonew_n1 created" in res.detail, res.detail
@@ -201,7 +201,7 @@ def test_reservation_missing_means_not_in_effect(clean) -> None:
     """Features alone (a reservation deleted by hand) are not the label: reconcile puts it back."""
     act = actuator(clean)
     key = action_key(Verb.LABEL_DEGRADED, "n2", value="none")
-    label = Action(key=key, verb=Verb.LABEL_DEGRADED, target="n2", target_kind="node", params=(("classes", ""),),
+    label = Action(key=key, verb=Verb.LABEL_DEGRADED, target="n2", target_kind="node", params=(("classes", "checkpoint_restore"),),
                    reason="seamguard: no new work")
     assert act.apply(label).ok and key in act.observe()
     assert clean.scontrol("delete", "ReservationName=sg_nonew_n2").returncode == 0

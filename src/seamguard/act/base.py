@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.decide.actions import Action, ActionKey, Verb
+
+JOB_CLASS_COLUMNS = frozenset(c for c in ADMISSIBILITY_COLUMNS if c != "checkpoint_restore")
 
 
 @dataclass(frozen=True)
@@ -34,3 +37,15 @@ class Actuator(Protocol):
 
 def verb_of(key: str) -> Verb:
     return ActionKey.parse(key).verb
+
+
+def label_value(classes: list[str] | tuple[str, ...]) -> str:
+    """The value of a label_degraded key as the planner spells it, from the classes a node carries.
+
+    The admissible columns in their fixed order, or "none" when no job class is among them
+    (checkpoint_restore alone is not a job class: such a node takes no new work).
+    """
+    have = set(classes)
+    if not have & JOB_CLASS_COLUMNS:
+        return "none"
+    return ",".join(c for c in ADMISSIBILITY_COLUMNS if c in have)

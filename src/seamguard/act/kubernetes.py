@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from seamguard.act.base import ActionResult, verb_of
+from seamguard.act.base import ActionResult, label_value, verb_of
 from seamguard.decide.actions import Action, ActionKey, Verb, action_key
 
 log = logging.getLogger("seamguard.act.kubernetes")
@@ -107,7 +107,7 @@ class KubernetesActuator:
                     if self._ours(t, "NoSchedule"):
                         tainted.append(name)
                     elif self._ours(t, "PreferNoSchedule"):
-                        held.add(action_key(Verb.LABEL_DEGRADED, name, value=str(classes) or "none"))
+                        held.add(action_key(Verb.LABEL_DEGRADED, name, value=label_value(str(classes).split(","))))
             except (AttributeError, TypeError, ValueError):
                 skipped += 1
         if skipped:

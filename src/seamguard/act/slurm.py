@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from seamguard.act.base import ActionResult, verb_of
+from seamguard.act.base import ActionResult, label_value, verb_of
 from seamguard.act.slurm_jobs import SlurmJobs
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.decide.actions import Action, ActionKey, Verb, action_key
@@ -237,7 +237,7 @@ class SlurmActuator:
             if n.draining and self._owned(n.reason):
                 held.add(action_key(Verb.DRAIN, n.name))
             if self.cfg.feature_prefix + "degraded" in n.available:
-                value = ",".join(self._classes_from(n.available)) or "none"  # the planner's spelling
+                value = label_value(self._classes_from(n.available))  # the planner's spelling
                 if value != "none" or not self.cfg.reserve_no_new_work or n.name in reserved:
                     held.add(action_key(Verb.LABEL_DEGRADED, n.name, value=value))
         if self.cfg.move_jobs:
@@ -249,7 +249,7 @@ class SlurmActuator:
             return self._drain(action)
         if action.verb == Verb.LABEL_DEGRADED:
             classes = [c for c in action.param("classes").split(",") if c]
-            return self._label(action.target, classes)
+            return self._label(action.target, classes, ActionKey.parse(action.key).value == "none")
         if action.verb == Verb.MOVE_JOB and self.cfg.move_jobs:
             return self._guard(lambda: self.jobs.move(action))
         return ActionResult(False, f"slurm actuator does not handle {action.verb.value}")
@@ -260,7 +260,7 @@ class SlurmActuator:
         if verb == Verb.DRAIN:
             return self._resume(target)
         if verb == Verb.LABEL_DEGRADED:
-            return self._label(target, None)
+            return self._label(target, None, False)
         if verb == Verb.MOVE_JOB and self.cfg.move_jobs:
             return self._guard(lambda: self.jobs.unmove(key))
         return ActionResult(False, f"slurm actuator does not handle {verb.value}")
@@ -275,13 +275,12 @@ class SlurmActuator:
         except RuntimeError as e:
             return ActionResult(False, str(e))
 
-    def _label(self, node: str, classes: list[str] | None) -> ActionResult:
+    def _label(self, node: str, classes: list[str] | None, no_new_work: bool) -> ActionResult:
         """Features, and for a node that may take no job class at all, the no-new-work reservation."""
         res = self._set_features(node, classes)
         if not res.ok or not self.cfg.reserve_no_new_work:
             return res
-        want = classes is not None and not classes
-        more = self._guard(lambda: ActionResult(True, self.jobs.reserve(node, want)))
+        more = self._guard(lambda: ActionResult(True, self.jobs.reserve(node, no_new_work)))
         return ActionResult(more.ok, f"{res.detail}; {more.detail}", more.retryable)
 
     # ---- verbs ----------------------------------------------------------------------------------
