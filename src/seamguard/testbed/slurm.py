@@ -22,8 +22,9 @@ whatever ProctrackType/TaskPlugin say and exits with "No filesystem mounted on
 /sys/fs/cgroup / Unable to initialize cgroup plugin / slurmd initialization failed".
 `nsenter --net=/run/netns/<ns>` enters only the network namespace, so slurmd sees the
 host's cgroup mounts and starts. No cgroup plugin is used for jobs: proctrack/linuxproc,
-task/none, jobacct_gather/none. Slurm was not built with --enable-multiple-slurmd, so
-one slurmd per namespace is the only way to run several nodes on one machine.
+task/none, jobacct_gather/none. (Debian's Slurm is built with --enable-multiple-slurmd,
+so several slurmd on loopback would also run; a namespace per node gives each node its own
+address, and the test bed's link faults apply per node.)
 """
 
 from __future__ import annotations
