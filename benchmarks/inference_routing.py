@@ -5,9 +5,14 @@ testbed (seamguard.testbed.inference_bed): every prefill->decode path has its ow
 same seeded request mix (interactive chat 70 %, batch 30 %, log-normal prompt and output
 lengths, a burst every 15 s) is replayed for each router, repetitions interleaved; part-way
 through, the path p0->d1 is shaped with tc tbf (low rate, small burst) and later restored —
-real KV bytes crawl through it. The routers are driven by seamguard.testbed.inference_load,
-which performs the gateway's disaggregated flow (prefill, KV pull by the decode instance,
-SSE stream) and calls route / first_token / finished as the gateway does.
+real KV bytes crawl through it. Every host has an address on every rail, so the seamguard
+router may keep the pair p0->d1 and move its KV to another rail. By default every request goes
+through `seamguard gateway` (one per router run); --direct drives the routers from
+seamguard.testbed.inference_load's own loop, which performs the gateway's disaggregated flow
+(prefill, KV pull by the decode instance, SSE stream) and calls the same router hooks.
+Operating point: 6 req/s of 342-token mean prompts on two prefill instances at 10k tokens/s
+(--prefill-tokens-per-s) is about 14 % prefill utilization on average, sized so that the
+bursts (12 requests within 1 s) still meet the 1 s TTFT target on a healthy pool.
 
 Per router and window (nothing degraded = arrivals before the degradation; degraded =
 arrivals while it lasts): SLO attainment (share of requests meeting their class's TTFT and
@@ -84,7 +89,9 @@ def run(router: str, bed: PoolBed, load: LoadSpec, deg: tuple[float, float], rat
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one repetition of 36 s per router (about 2 min)")
-    ap.add_argument("--reps", type=int, default=None, help="repetitions per router (default 1 quick, 2 full)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="repetitions per router (default 1 quick, 3 full: the median of 3 survives one repetition "
+                         "disturbed by the shared machine)")
     ap.add_argument("--rate-mbit", type=float, default=20.0, help="the degraded path's tbf rate")
     ap.add_argument("--rps", type=float, default=6.0, help="mean arrival rate besides bursts")
     ap.add_argument("--direct", action="store_true",
@@ -96,7 +103,7 @@ def main() -> None:
     ap.add_argument("--prefill-tokens-per-s", type=float, default=10000.0,
                     help="emulated prefill speed of each prefill instance (sets its utilization under the mix)")
     a = ap.parse_args()
-    reps = a.reps or (1 if a.quick else 2)
+    reps = a.reps or (1 if a.quick else 3)
     duration, deg = (36.0, (12.0, 32.0)) if a.quick else (90.0, (30.0, 80.0))
     load = LoadSpec(rate_rps=a.rps, duration_s=duration)
     slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in load.classes}
@@ -155,6 +162,8 @@ def main() -> None:
                       "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit, "rps": a.rps,
                       "kv_blocking": a.kv_blocking, "via": "direct" if a.direct else "gateway",
                       "loadavg_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)], "cpus": os.cpu_count(),
+                      "per_rep": {r: [{w: {k: x[w].get(k) for k in ("slo_attainment", "goodput_rps", "errors")}
+                                       for w in ("healthy", "degraded")} for x in per[r]] for r in routers},
                       "decisions": {r: [x["decisions"] for x in per[r]] for r in routers}}))
 
 
