@@ -85,7 +85,7 @@ def test_move_checkpoints_then_requeues_the_job_off_the_domain(clean, tmp_path) 
     jid = sc.sbatch(training_script(tmp_path), "--job-name=pretrain", "-o", "/dev/null", "--requeue",
                     "--nodelist=n1")
     assert wait(lambda: running_on(sc, jid), 20, "job did not start") == "n1"
-    act = actuator(sc, checkpoint_grace_s=2.0)
+    act = actuator(sc, checkpoint_grace_s=2.0, checkpoint_signal="USR1")
     key = action_key(Verb.MOVE_JOB, "pretrain", "cdu-a")
 
     first = act.apply(move("pretrain", "cdu-a", ["n1", "n2"]))

@@ -72,9 +72,10 @@ class SlurmConfig(BaseModel):
                                   description="a call printing more than this is killed and counted as failed")
     move_jobs: bool = Field(True, description="act on move_job (moves and sheds): checkpoint, then requeue the "
                                               "job with the domain's nodes excluded; false: not handled here")
-    checkpoint_signal: str = Field("USR1", pattern=r"^([A-Z0-9]+)?$",
+    checkpoint_signal: str = Field("", pattern=r"^([A-Z0-9]+)?$",
                                    description="signal asking a job to checkpoint before it is requeued "
-                                               "(scancel --signal --full); empty: none")
+                                               "(scancel --signal --full), e.g. USR1; empty (default): none, "
+                                               "since a job that does not handle it dies of it")
     checkpoint_grace_s: float = Field(60.0, ge=0, description="time between the checkpoint signal and the requeue")
     reserve_no_new_work: bool = Field(True, description="a node labelled for no job class also gets a "
                                                         "Flags=MAINT reservation, so no new job starts there")

@@ -8,10 +8,12 @@ docs/policy.md): the Slurm jobs named ``<job>`` leave the domain's nodes and do 
 back while the key is held. A running job on the domain goes through two phases, one per
 controller tick, so nothing blocks a tick:
 
-1. *asked*: seamguard's token is written into the job's AdminComment and the job is sent
-   ``checkpoint_signal`` (`scancel --signal=USR1 --full`: batch shell and steps; a job run
-   by `seamguard launch` gets the runtime's checkpoint_now hint, which the reconciler
-   applies before moves). The token records when.
+1. *asked*: seamguard's token is written into the job's AdminComment and, if one is
+   configured, the job is sent ``checkpoint_signal`` (`scancel --signal=USR1 --full`:
+   batch shell and steps; off by default, since a process that does not handle the signal
+   dies of it). A job run by `seamguard launch` gets the runtime's checkpoint_now hint,
+   which the reconciler applies before moves. The token records when. Whatever the
+   signal, the requeue itself sends SIGTERM and waits KillWait before SIGKILL.
 2. *moved*: once ``checkpoint_grace_s`` has passed, `scontrol requeuehold` (the job is
    killed after KillWait and held), `scontrol update ExcNodeList=<existing + domain>`
    (Slurm refuses ExcNodeList on a running job, hence the hold), the domain's nodes
