@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seamguard.act.slurm import SlurmConfig
+from seamguard.app.slurm_placement import SlurmPlacementConfig
 from seamguard.config import MAX_CONFIG_BYTES, format_validation_error, parse_yaml
 from seamguard.decide.policy import Policy, PolicyError, default_policy, parse_policy
 from seamguard.fleet.model import Fleet
@@ -72,6 +73,8 @@ class RunConfig(_Strict):
     max_ticks: int | None = Field(None, ge=1, description="stop after this many ticks (tests)")
     prometheus: PromConfig
     actuators: list[ActuatorConfig] = Field(default_factory=list)
+    slurm_placement: SlurmPlacementConfig | None = Field(
+        None, description="read where the topology's jobs run, and their criticality, from squeue")
 
 
 def read_yaml(path: str | Path, what: str, error: type[Exception] = ValueError) -> Any:

@@ -16,6 +16,7 @@ import numpy as np
 
 from seamguard.act.base import Actuator
 from seamguard.app.config import RunConfig, build_actuators, load_topology
+from seamguard.app.slurm_placement import SlurmPlacement
 from seamguard.fleet.model import Fleet
 from seamguard.observe.frame import Frame
 
@@ -110,6 +111,7 @@ class PrometheusLiveSource:
         self._source = PrometheusSource(self.fleet, cfg.prometheus)
         self._actuators = build_actuators(cfg)
         self._wall0: float | None = None
+        self._placement = SlurmPlacement(cfg.slurm_placement) if cfg.slurm_placement is not None else None
 
     def next_frame(self, wall_s: float) -> Frame:
         if self._wall0 is None:
@@ -117,7 +119,7 @@ class PrometheusLiveSource:
         return self._source.frame_at(wall_s, self._wall0 + (wall_s - self._wall0) * self.cfg.time_scale)
 
     def placement(self) -> Fleet:
-        return self.fleet
+        return self._placement.fleet(self.fleet) if self._placement is not None else self.fleet
 
     def actuators(self) -> list[Actuator]:
         return self._actuators
