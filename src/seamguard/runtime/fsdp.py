@@ -98,6 +98,7 @@ class ResilientGroup(dist.ProcessGroup):
         super().__init__(rank, world_size)
         self._rt = runtime
         self._name = ""
+        self._plain: list[dist.ProcessGroup] = []
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -109,6 +110,22 @@ class ResilientGroup(dist.ProcessGroup):
 
     def _set_group_name(self, name: str) -> None:
         self._name = name
+
+    def rebind(self, gloo: dist.ProcessGroupGloo) -> None:
+        """After the runtime formed a new gloo group: point c10d's registry entry of this
+        group's name at a plain ProcessGroup over it. Functional collectives (DTensor's
+        ``full_tensor()``, ``redistribute``, ``clip_grad_norm_`` over DTensors) look the
+        group up by name in C++ and need a real backend there; they therefore run on the
+        current gloo group directly and, unlike FSDP2's own collectives, raise on a
+        failure (see docs/runtime.md, FSDP2, limits)."""
+        plain = dist.ProcessGroup(self.rank(), self.size())
+        backend = dist.ProcessGroup.BackendType.GLOO
+        plain._register_backend(torch.device("cpu"), backend, gloo)
+        plain._set_default_backend(backend)
+        c10d = dist.distributed_c10d
+        c10d._unregister_process_group(self._name)
+        c10d._register_process_group(self._name, plain)
+        self._plain.append(plain)   # the registry holds it weakly; abandoned ones stay alive
 
     def _forward(self, name: str, args: tuple) -> dist.Work:
         rt = self._rt
@@ -146,7 +163,8 @@ def _create(store, rank: int, world_size: int, timeout) -> ResilientGroup:
 
 
 def install_default_group(runtime, rank: int, world_size: int, store: dist.Store) -> ResilientGroup:
-    """Make a `ResilientGroup` the default process group of this process."""
+    """Make a `ResilientGroup` the default process group of this process (call
+    `ResilientGroup.rebind` with each gloo group the runtime forms)."""
     if dist.is_initialized():
         raise RuntimeError("seamguard: the default process group is already initialised; "
                            "call rt.device_mesh() instead of dist.init_process_group()")

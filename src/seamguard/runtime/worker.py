@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -125,6 +126,7 @@ class Runtime:
         self._rails: RailSync | None = None  # the gradient all-reduce over rails (--rails)
         self._mesh = None         # FSDP2: the DeviceMesh over a fsdp.ResilientGroup
         self._mesh_rank = -1      # FSDP2: the rank this process's shards were laid out for
+        self._dcp_step = -1       # FSDP2: newest step this rank wrote (or skips) as a DCP checkpoint
         self._graveyard: list = []  # abandoned groups: destroying one can block on a dead peer
         self.step = 0
         self.state: TrainingState | None = None
@@ -264,8 +266,8 @@ class Runtime:
             os._exit(0)
         self.settings = dataclasses.replace(self.settings, dedup_replicas=False, step_guard=False)
         self.server.dedup = False
-        fsdp.install_default_group(self, rank, world_size,
-                                   dist.PrefixStore("sg/pg/default/", self.store))
+        self._resilient = fsdp.install_default_group(
+            self, rank, world_size, dist.PrefixStore("sg/pg/default/", self.store))
         self._mesh_rank = rank
         self._mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
         return self._mesh
@@ -311,6 +313,7 @@ class Runtime:
             self._send_meta()
             stall_before_s = self.stats["snapshot_stall_s"]
             self._maybe_snapshot()
+            self._maybe_save_dcp()
             self.injector.maybe_fire("step", self.rank, self.step, forget_memory=self.slots.close)
             self._phase, self._t_compute = "compute", time.perf_counter()
             self._at_step_start = False
@@ -655,6 +658,54 @@ class Runtime:
             slot.readers += 1
         self._pipeline.put((slot, cap.step, self.gen, persist))
 
+    def _maybe_save_dcp(self) -> None:
+        """Sharded state: a DCP checkpoint at the persist cadence, at a `checkpoint_now`
+        hint's step and at the end; decided from the step and the store alone, so every rank
+        decides alike (a DCP save is a collective), whatever snapshots it already holds."""
+        s = self.settings
+        if not self.sharded or s.checkpoint_dir is None or self.step <= self._dcp_step:
+            return
+        hinted = (self.store.check([keys.HINT_PERSIST_AT])
+                  and int(self.store.get(keys.HINT_PERSIST_AT)) == self.step)
+        raw = self.store.get(keys.PERSIST_CADENCE) if self.store.check([keys.PERSIST_CADENCE]) else b""
+        if self._force_persist or hinted or cadence.persist_due(
+                self.step, s.persist_every_steps, cadence.parse(raw.decode()), s.snapshot_every_steps):
+            self._dcp_step = self.step
+            self._save_dcp(self.step)
+
+    def _save_dcp(self, step: int) -> None:
+        """Sharded state: also write the step as a `torch.distributed.checkpoint` (DCP)
+        checkpoint, ``<checkpoint_dir>/step_XXXXXXXX/dcp``, which users load with the tools
+        they already have, at any world size (DCP reshards on load). Every rank persists the
+        same steps, so every rank is here at the same step; the state is the step's start
+        (no forward has run). Keys: ``model`` and ``optim``, as
+        `torch.distributed.checkpoint.state_dict.get_state_dict` names them. A failure
+        (a peer lost mid-save) is noted and cancels the step like a failed collective."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from seamguard.runtime.manifest import step_dir
+
+        if not self._collective_allowed():
+            return
+        t0 = time.perf_counter()
+        phase, self._phase = self._phase, "persist"
+        try:
+            model_sd, optim_sd = get_state_dict(self.state.model, self.state.optimizer)
+            # overwrite: a recovery writes the resumed step again (a loss may have cut it short)
+            writer = dcp.FileSystemWriter(step_dir(self.settings.checkpoint_dir, step) / "dcp",
+                                          overwrite=True)
+            with warnings.catch_warnings():   # "overwriting since self.overwrite=True"
+                warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+                dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+        except Exception as exc:  # noqa: BLE001 - garbage from a failed collective, I/O errors
+            self._note("dcp_save_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:300])
+            self._failed = True
+        finally:
+            self._phase = phase
+            self.stats["dcp_save_s"] = self.stats.get("dcp_save_s", 0.0) + time.perf_counter() - t0
+            self.stats["snapshot_stall_s"] += time.perf_counter() - t0
+
     def _persist_due(self, step: int) -> bool:
         s = self.settings
         if s.checkpoint_dir is None:
@@ -760,6 +811,7 @@ class Runtime:
             return
         self._force_persist = True
         self._maybe_snapshot()
+        self._maybe_save_dcp()
         self._force_persist = False
         deadline = time.monotonic() + self.settings.recovery_timeout_s
         while time.monotonic() < deadline and (self._pipeline.unfinished_tasks or any(
@@ -919,6 +971,8 @@ class Runtime:
         self.group = dist.ProcessGroupGloo(
             dist.PrefixStore(keys.group_prefix(gen), self.store), rank, plan.world_size,
             datetime.timedelta(seconds=self.settings.collective_timeout_s))
+        if self.sharded:
+            self._resilient.rebind(self.group)
         lap("form_group")
         if self.settings.rails:
             self._close_rails()
@@ -932,6 +986,7 @@ class Runtime:
             self._verify_checksums(checksum)
         lap("verify_checksums")
         self.step = step
+        self._dcp_step = step - 1   # every member writes the resumed step again if it is due
         self._failed = False
         # every member starts the guard's history afresh, so their verdicts stay equal
         self._norm_history, self._rejected, self._redo = [], None, False
