@@ -8,6 +8,7 @@ wrappers, as a user configures it with their own scontrol/squeue/scancel.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from seamguard.act.reconcile import reconcile
 from seamguard.act.slurm import SlurmActuator, SlurmConfig
 from seamguard.decide.actions import Action, Decisions, Verb, action_key
 from seamguard.ledger.sqlite import Ledger
+from seamguard.testbed.net import Testbed, TestbedSpec, list_namespaces
 from seamguard.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
@@ -207,3 +209,19 @@ def test_reservation_missing_means_not_in_effect(clean) -> None:
     assert clean.scontrol("delete", "ReservationName=sg_nonew_n2").returncode == 0
     assert key not in act.observe()
     assert "reservation sg_nonew_n2 created" in act.apply(label).detail and key in act.observe()
+
+
+def test_a_lent_multi_rail_test_bed_hosts_the_cluster_and_jobs_run_in_the_nodes_namespaces(tmp_path) -> None:
+    """A caller's test bed (two rails) carries the cluster; it stays up, only Slurm's processes go."""
+    with Testbed(TestbedSpec(hosts=3, rails=2)) as tb:
+        with SlurmCluster(tmp_path / "slurm", ["a1", "a2"], slurmd=True, testbed=tb, controller_host=2,
+                          node_hosts=[0, 1]) as sc:
+            script = tmp_path / "addr.sh"
+            script.write_text(f"#!/bin/sh\nip -o -4 addr show > {tmp_path}/addr.$SLURMD_NODENAME\nsleep 60\n")
+            jid = sc.sbatch(script, "-o", "/dev/null", "--nodelist=a2")
+            wait(lambda: (tmp_path / "addr.a2").exists() and running_on(sc, jid), 20, "job did not run")
+            addrs = (tmp_path / "addr.a2").read_text()
+            assert tb.addr(1, None) in addrs and tb.addr(1, 1) in addrs  # host 1's mgmt and rail-1 addresses
+        assert set(tb.namespaces()) <= set(list_namespaces())
+        r = subprocess.run(["ip", "netns", "pids", tb.host_ns(1)], capture_output=True, text=True, check=False)
+        assert r.stdout.split() == []  # slurmstepd and the job are gone with the cluster

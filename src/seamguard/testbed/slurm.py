@@ -48,7 +48,11 @@ class SlurmCluster:
     """``with SlurmCluster(workdir, ["gpu000", ...]) as sc: sc.env`` (SLURM_CONF set)."""
 
     def __init__(self, workdir: Path, nodes: list[str], start_timeout_s: float = 60.0, slurmd: bool = False,
-                 kill_wait_s: int = 2, cred_expire_s: int = 5) -> None:
+                 kill_wait_s: int = 2, cred_expire_s: int = 5, testbed: Testbed | None = None,
+                 controller_host: int = 0, node_hosts: list[int] | None = None) -> None:
+        """With ``slurmd``: ``testbed`` (already up, left up) hosts the cluster, slurmctld in
+        ``controller_host``'s namespace and ``nodes[i]`` in ``node_hosts[i]``'s; without one, a
+        one-rail test bed of len(nodes) + 1 hosts is made (and deleted) here."""
         self.workdir = Path(workdir)
         self.nodes = nodes
         self.start_timeout_s = start_timeout_s
@@ -58,7 +62,13 @@ class SlurmCluster:
         self.munged: subprocess.Popen | None = None
         self.ctld: subprocess.Popen | None = None
         self.slurmds: dict[str, subprocess.Popen] = {}
-        self.testbed: Testbed | None = None
+        self.testbed: Testbed | None = testbed
+        self._own_testbed = testbed is None
+        self.controller_host = controller_host
+        self.node_hosts = node_hosts if node_hosts is not None else list(range(1, len(nodes) + 1))
+        if slurmd and (len(self.node_hosts) != len(nodes) or controller_host in self.node_hosts):
+            raise ValueError(f"node_hosts {self.node_hosts}: expected one host per node ({len(nodes)}), "
+                             f"none of them the controller's ({controller_host})")
         self.conf = self.workdir / "slurm.conf"
         self.socket = self.workdir / "munge" / "munge.socket"
 
@@ -83,14 +93,15 @@ class SlurmCluster:
         try:
             self._start_munge(munged)
             if self.with_slurmd:
-                self.testbed = Testbed(TestbedSpec(hosts=len(self.nodes) + 1, rails=1)).up()
+                if self.testbed is None:
+                    self.testbed = Testbed(TestbedSpec(hosts=len(self.nodes) + 1, rails=1)).up()
                 self._write_wrappers()
             self._write_conf()
-            prefix = self._netns(0) if self.with_slurmd else []
+            prefix = self._netns(self.controller_host) if self.with_slurmd else []
             self.ctld = self._daemon([*prefix, slurmctld, "-D", "-c", "-f", str(self.conf)], "slurmctld.out")
-            for i, name in enumerate(self.nodes if self.with_slurmd else []):
+            for name, host in zip(self.nodes if self.with_slurmd else [], self.node_hosts, strict=False):
                 (self.workdir / "spool" / name).mkdir(parents=True, exist_ok=True)
-                self.slurmds[name] = self._daemon([*self._netns(i + 1), slurmd, "-D", "-N", name, "-f", str(self.conf)],
+                self.slurmds[name] = self._daemon([*self._netns(host), slurmd, "-D", "-N", name, "-f", str(self.conf)],
                                                   f"slurmd.{name}.out")
             self._wait_ready()
         except BaseException:
@@ -123,7 +134,7 @@ class SlurmCluster:
     def _write_wrappers(self) -> None:
         d = self.workdir / "bin"
         d.mkdir(exist_ok=True)
-        prefix = " ".join(self._netns(0))
+        prefix = " ".join(self._netns(self.controller_host))
         for c in CLIENTS:
             p = d / c
             p.write_text(f'#!/bin/sh\nSLURM_CONF={self.conf} exec {prefix} {need(c, "slurm-client")} "$@"\n')
@@ -133,8 +144,8 @@ class SlurmCluster:
         if not self.with_slurmd:
             return [f"NodeName={','.join(self.nodes)} NodeHostname=localhost CPUs=1 RealMemory=1000 State=UNKNOWN"]
         assert self.testbed is not None
-        return [f"NodeName={n} NodeAddr={self.testbed.addr(i + 1, None)} NodeHostname={n} CPUs=1 RealMemory=100 "
-                "State=UNKNOWN" for i, n in enumerate(self.nodes)]
+        return [f"NodeName={n} NodeAddr={self.testbed.addr(h, None)} NodeHostname={n} CPUs=1 RealMemory=100 "
+                "State=UNKNOWN" for n, h in zip(self.nodes, self.node_hosts, strict=True)]
 
     def _write_conf(self) -> None:
         state = self.workdir / "state"
@@ -143,7 +154,7 @@ class SlurmCluster:
         if self.with_slurmd:
             assert self.testbed is not None
             # slurmctld checks that it runs on SlurmctldHost by hostname; the namespaces share the UTS one
-            ctl = f"SlurmctldHost={socket.gethostname().split('.')[0]}({self.testbed.addr(0, None)})"
+            ctl = f"SlurmctldHost={socket.gethostname().split('.')[0]}({self.testbed.addr(self.controller_host, None)})"
             ports = ["SlurmctldPort=6817", "SlurmdPort=6818"]  # each daemon has its own network namespace
         else:
             ctl, ports = "SlurmctldHost=localhost", [f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}"]
@@ -242,22 +253,59 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=5)
-        if self.testbed is not None:
+        if self.testbed is not None and self.slurmds:
             self._kill_namespace_processes()
+        if self.testbed is not None and self._own_testbed:
             self.testbed.down()
-        self.ctld = self.munged = self.testbed = None
+            self.testbed = None
+        self.ctld = self.munged = None
         self.slurmds = {}
 
     def _kill_namespace_processes(self) -> None:
-        """slurmstepd and job processes outlive slurmd: kill what still runs in our namespaces, by pid."""
+        """slurmstepd and job processes outlive slurmd: kill them by pid.
+
+        In a test bed made here, everything still running in its namespaces; in one the
+        caller lent, only slurmstepd processes and their descendants (the caller's own
+        processes in those hosts are left alone)."""
         assert self.testbed is not None
-        for ns in self.testbed.namespaces():
+        pids: set[int] = set()
+        for ns in [self.testbed.host_ns(h) for h in [self.controller_host, *self.node_hosts]]:
             r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10, check=False)
-            for pid in (int(p) for p in r.stdout.split() if p.isdigit()):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            pids |= {int(p) for p in r.stdout.split() if p.isdigit()}
+        if not self._own_testbed:
+            pids = _with_descendants({p for p in pids if _comm(p) == "slurmstepd"})
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _with_descendants(roots: set[int]) -> set[int]:
+    """``roots`` and every process below them (parent links read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = set(), list(roots)
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.add(p)
+            todo.extend(children.get(p, []))
+    return out
