@@ -305,6 +305,45 @@ def replay(
     emit({"out": str(out), "ticks": ticks, "tick_errors": errors}, wants_json(output, json_flag))
 
 
+@app.command(short_help="What the controller expected against what happened afterwards.")
+def review(
+    ledger: Path = typer.Option(..., "--ledger", help="A controller's SQLite ledger (seamguard run/serve/demo)."),
+    horizon_h: float = typer.Option(6.0, "--horizon-h", min=0.001, help="Hours after a decision to judge its cause."),
+    policy: Path | None = typer.Option(None, "--policy", help="Policy YAML whose hazard model to check (default: the default)."),
+    output: Output = OUTPUT_OPTION,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """For each verb: decisions whose cause failed, recovered or stayed unhealthy within the horizon;
+    and the hazard model's predicted failure probability against the observed share."""
+    import sqlite3
+
+    from seamguard.app import review as rv
+    from seamguard.app.config import load_policy
+    from seamguard.assess.states import State
+    from seamguard.fleet.model import Kind
+    from seamguard.ledger.sqlite import LedgerError, LedgerReader
+
+    if not ledger.is_file():
+        fail(f"--ledger: {ledger}: no such file")
+    pol = _or_fail(lambda: load_policy(policy))
+    hg = pol.assess.hysteresis_for(Kind.GPU)
+    floors = {s.label: (hg.quarantine_enter if s >= State.CHECKPOINT_UNSAFE else hg.degrade_enter)
+              for s in State if State.HEALTHY < s < State.FAILED}
+    reader = LedgerReader(ledger)
+    try:
+        decisions, transitions = rv.read_all(reader.decisions), rv.read_all(reader.transitions)
+    except (LedgerError, OSError, sqlite3.Error) as e:
+        fail(f"--ledger: {ledger}: cannot read it as a seamguard ledger: {e}")
+    finally:
+        reader.close()
+    end_s = max([float(r["t_s"]) for r in decisions + transitions], default=0.0)
+    horizon_s = horizon_h * 3600.0
+    verbs = rv.by_verb(rv.decision_outcomes(decisions, transitions, end_s, horizon_s))
+    calib = rv.calibration(transitions, end_s, horizon_s, pol.assess.propagation.hazard_per_h_at_gfs1, floors)
+    emit({"horizon_h": horizon_h, "by_verb": verbs, "calibration": calib}, wants_json(output, json_flag),
+         lambda d: typer.echo(rv.render(d["by_verb"], d["calibration"], horizon_s)))
+
+
 # ---- evaluation (issue 15): score a timeline against labels; scenario histories ---------------
 app.command("eval", short_help="Score a replay timeline against labelled incidents.")(eval_cli.eval_command)
 app.add_typer(eval_cli.scenarios_app, name="scenarios", short_help="Fleet histories with labelled faults.")
