@@ -51,6 +51,15 @@ POLICY = default_policy(mode="enforce", breaker={
     "max_domain_fraction": 1.0})
 
 
+def wait_for(cond, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def test_flow_loss_moves_sheds_and_keeps_new_work_off_through_the_controller(tmp_path) -> None:
     with SlurmCluster(tmp_path / "slurm", FLEET.node_names, slurmd=True) as sc:
         script = tmp_path / "job.sh"
@@ -100,6 +109,7 @@ def test_flow_loss_moves_sheds_and_keeps_new_work_off_through_the_controller(tmp
             assert time.monotonic() < deadline, f"jobs did not restart: {sc.job(ids['pretrain'])}"
             time.sleep(0.5)
         assert {where("pretrain"), where("sweep")} == {"n3", "n4"}  # off cdu-a, really running again
-        assert (tmp_path / "starts.pretrain").read_text().split() == ["n1", where("pretrain")]
+        starts = wait_for(lambda: len((tmp_path / "starts.pretrain").read_text().split()) == 2, 10)
+        assert starts and (tmp_path / "starts.pretrain").read_text().split() == ["n1", where("pretrain")]
         out = sc.scontrol("show", "reservation", "-o").stdout
         assert "ReservationName=sg_nonew_n1" in out and "ReservationName=sg_nonew_n2" in out

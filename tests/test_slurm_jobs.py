@@ -103,8 +103,9 @@ def test_move_checkpoints_then_requeues_the_job_off_the_domain(clean, tmp_path) 
     assert key in act.observe()
     # Really restarted, outside the domain (n3 is the only node left), as its second start.
     assert wait(lambda: running_on(sc, jid), 40, "requeued job did not restart") == "n3"
-    starts = (tmp_path / f"starts.{jid}").read_text().split("\n")
-    assert starts[:2] == ["n1 0", "n3 1"]
+    starts = tmp_path / f"starts.{jid}"
+    wait(lambda: len(starts.read_text().split()) >= 4, 10, "the restarted job wrote nothing")
+    assert starts.read_text().split("\n")[:2] == ["n1 0", "n3 1"]
     assert (tmp_path / f"checkpoint.{jid}").read_text().split() == ["n1"]  # one checkpoint, before the move
 
     # A restarted controller recognises its own work from Slurm; applying again changes nothing.

@@ -186,9 +186,11 @@ class SlurmJobs:
         now = self.clock()
         on_domain = j.running and bool(set(j.nodes) & set(domain))
         if not on_domain:
+            added = tok.excluded if tok else ()  # a running job's exclusions cannot change: nothing added now
             if j.state == "PENDING" and not set(domain) <= set(j.excluded):
+                added = self._added(j, tok, domain)
                 self._exclude(j, domain)
-            self._mark(j, Token(key, "moved", now, self._added(j, tok, domain)))
+            self._mark(j, Token(key, "moved", now, added))
             return f"off the domain ({j.state.lower()}{' on ' + ','.join(j.nodes) if j.nodes else ''})"
         if tok is None or tok.phase != "asked":
             self._mark(j, Token(key, "asked", now, ()))
