@@ -24,6 +24,7 @@ import base64
 import datetime
 import http.client
 import json
+import socket
 import threading
 import time
 
@@ -311,9 +312,15 @@ class PrefixMirror:
             return {k: v for k, v in self._values.items() if k.startswith(prefix)}
 
     def close(self) -> None:
+        """Stop following: shut the stream's socket down, which ends the reader's readline
+        (closing the connection from here would wait for the reader's lock)."""
         self._closed.set()
-        if self._conn is not None:
-            self._conn.close()
+        sock = self._conn.sock if self._conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _follow(self) -> None:
         at = 0
