@@ -97,3 +97,27 @@ def test_drain_evacuates_the_ranks_the_placement_puts_on_the_node(tmp_path):
     assert act.revert(drain.key).ok and act.observe() == set()
     idle = Action(key=action_key(Verb.DRAIN, "n9"), verb=Verb.DRAIN, target="n9", target_kind="node")
     assert act.apply(idle).ok and drain.key not in act.observe() and idle.key not in act.observe()
+
+
+def _avoid(storage: str) -> Action:
+    return Action(key=action_key(Verb.AVOID_STORAGE, storage), verb=Verb.AVOID_STORAGE, target=storage,
+                  target_kind="storage", reason="seamguard: degraded")
+
+
+def test_avoid_storage_moves_a_jobs_checkpoints_to_its_next_path_and_back(tmp_path):
+    hints = tmp_path / "hints"
+    dirs = {"train": {"s-a": tmp_path / "a", "s-b": tmp_path / "b", "s-c": tmp_path / "c"}}
+    act = RuntimeHintActuator({"train": hints, "other": tmp_path / "h2"}, dirs)
+    target = hints / "checkpoint_dir"
+    unrelated = act.apply(_avoid("s-c"))  # a path the job does not write to: nothing to move, held
+    assert unrelated.ok and not target.exists() and act.observe() == {_avoid("s-c").key}
+    assert act.apply(_avoid("s-a")).ok and target.read_text() == f"{tmp_path / 'b'}\n"
+    assert act.apply(_avoid("s-b")).ok  # b too: every candidate but its own avoided... c is avoided too
+    assert target.read_text() == f"{tmp_path / 'b'}\n"  # none left: stays where it is
+    assert act.observe() == {_avoid(s).key for s in ("s-a", "s-b", "s-c")}
+    assert act.revert(_avoid("s-c").key).ok and target.read_text() == f"{tmp_path / 'c'}\n"
+    assert act.revert(_avoid("s-a").key).ok and target.read_text() == "default\n"  # its own path is fine again
+    assert act.revert(_avoid("s-b").key).ok and target.read_text() == "default\n"
+    assert RuntimeHintActuator({"train": hints}, dirs).observe() == set()
+    # without checkpoint directories the verb is not this actuator's (the log actuator records it)
+    assert Verb.AVOID_STORAGE not in RuntimeHintActuator({"train": hints}).verbs

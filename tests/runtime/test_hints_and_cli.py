@@ -61,7 +61,7 @@ def test_evacuate_and_checkpoint_hints(tmp_path, clean_checksums):
     assert target in committed_steps(ckpt)
     assert latest_verified(ckpt) is not None
     assert (out / "final_checksum.txt").read_text() == clean_checksums(30)
-    assert not list(hints.iterdir())
+    assert not [p for p in hints.iterdir() if not p.name.startswith(".")]  # consumed (dotfiles: placement, records)
 
 
 def _launch_bg(hints, ckpt, out, steps, extra=()):
@@ -135,7 +135,7 @@ def test_rollback_without_a_persisted_step_is_refused_and_training_goes_on(tmp_p
     assert "step 5 is not a complete persisted checkpoint" in rejected[1]["reason"]
     assert not any(e["event"] == "rollback_requested" for e in events)
     assert (out / "final_checksum.txt").read_text() == clean_checksums(24)
-    assert not list(hints.iterdir())
+    assert not [p for p in hints.iterdir() if not p.name.startswith(".")]  # consumed (dotfiles: placement, records)
 
 
 @pytest.mark.timeout(240)
@@ -175,7 +175,7 @@ def test_checkpoint_interval_hint_sets_the_persist_cadence_and_default_restores_
     assert committed - {70} == expected, (committed, asked, back)
     assert all(latest_verified(ckpt, at_most=s) is not None for s in committed)
     assert (out / "final_checksum.txt").read_text() == clean_checksums(70)
-    assert [p.name for p in hints.iterdir()] == [".seamguard-hints.jsonl"]  # consumed; the actuator's record stays
+    assert not [p for p in hints.iterdir() if not p.name.startswith(".")]  # consumed (dotfiles: placement, records)
 
 
 @pytest.mark.timeout(240)
@@ -210,3 +210,36 @@ def test_draining_a_node_evacuates_its_ranks_to_hot_spares(tmp_path, clean_check
     assert (out / "final_checksum.txt").read_text() == clean_checksums(40)
     assert act.observe() == {drain.key}
     assert act.revert(drain.key).ok and act.observe() == set()
+
+
+@pytest.mark.timeout(240)
+def test_avoid_storage_moves_checkpoints_to_another_path_and_restores_read_there(tmp_path, clean_checksums):
+    # The controller sees the job's checkpoint storage path slow (avoid_storage): the runtime
+    # actuator points the job at its next checkpoint directory; every rank persists there
+    # from a step all agree on; when the path is healthy again the job's own comes back. A
+    # rollback to a step that lives only on the other path reads it from there.
+    hints, own, other, out = tmp_path / "hints", tmp_path / "ckpt-a", tmp_path / "ckpt-b", tmp_path / "run"
+    hints.mkdir()
+    proc = _launch_bg(hints, own, out, steps=70, extra=("--keep-checkpoints", "100"))
+    act = RuntimeHintActuator({"train": hints}, {"train": {"storage-a": own, "storage-b": other}})
+    slow = Action(key=action_key(Verb.AVOID_STORAGE, "storage-a"), verb=Verb.AVOID_STORAGE, target="storage-a",
+                  target_kind="storage", reason="seamguard: degraded storage-a")
+    try:
+        _wait_for_step(out, 12)
+        assert act.apply(slow).ok
+        _wait_for_step(out, 40)
+        assert act.revert(slow.key).ok
+        _wait_for_step(out, 55)
+        (hints / "rollback_to_step_30").touch()
+        assert proc.wait(timeout=150) == 0
+    finally:
+        proc.kill()
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    moved, back = [e for e in events if e["event"] == "checkpoint_dir"]
+    assert moved["dir"] == str(other) and back["dir"] == "default" and moved["from_step"] <= 30 < back["from_step"]
+    on_other = set(committed_steps(other))
+    assert on_other == {s for s in range(10, 71, 10) if moved["from_step"] <= s < back["from_step"]}
+    assert not on_other & set(committed_steps(own)) and 70 in committed_steps(own)
+    chosen = [e for e in events if e["event"] == "resume_chosen" and e["gen"] > 0]
+    assert [(c["source"], c["step"], c.get("dir")) for c in chosen] == [("disk", 30, str(other))]
+    assert (out / "final_checksum.txt").read_text() == clean_checksums(70)

@@ -9,6 +9,11 @@ launcher polls. This actuator turns two decisions into hint files:
   seconds; reverting it writes ``default`` (the job's own ``--persist-every`` again), and
   only when the reverted key is the one the job runs with — a newer interval applied in the
   same tick is not undone;
+- ``avoid_storage`` of the storage path a job checkpoints to: a file ``checkpoint_dir``
+  naming the job's next candidate directory on a storage path not avoided
+  (``checkpoint_dirs``: job -> {storage path: directory}, its own first); reverting it
+  writes ``default`` (the job's own directory again) once no avoided path is left behind
+  it, else the next candidate;
 - ``drain`` of a node that runs ranks of the job (the launcher's ``.placement.json`` in the
   hint directory names each rank's node): a file ``evacuate_rank_<r>`` per rank there, so
   hot spares on other nodes take them before the node fails (the runtime prefers spares
@@ -29,7 +34,8 @@ from seamguard.act.base import ActionResult, verb_of
 from seamguard.decide.actions import Action, ActionKey, Verb
 
 APPLIED_LOG = ".seamguard-hints.jsonl"
-_FILE = {Verb.CHECKPOINT_NOW: "checkpoint_now", Verb.CHECKPOINT_INTERVAL: "checkpoint_interval_s"}
+_FILE = {Verb.CHECKPOINT_NOW: "checkpoint_now", Verb.CHECKPOINT_INTERVAL: "checkpoint_interval_s",
+         Verb.AVOID_STORAGE: "checkpoint_dir"}
 PLACEMENT_FILE = ".placement.json"  # written by `seamguard launch` (runtime/launcher.py)
 
 
@@ -62,9 +68,15 @@ class RuntimeHintActuator:
     name = "runtime"
     verbs = frozenset(_FILE) | {Verb.DRAIN}
 
-    def __init__(self, hint_dirs: dict[str, Path]) -> None:
-        """``hint_dirs``: job name -> the directory its `seamguard launch --hint-dir` polls."""
+    def __init__(self, hint_dirs: dict[str, Path],
+                 checkpoint_dirs: dict[str, dict[str, Path]] | None = None) -> None:
+        """``hint_dirs``: job name -> the directory its `seamguard launch --hint-dir` polls;
+        ``checkpoint_dirs``: job name -> {storage path name: a checkpoint directory on it},
+        the job's own ``--checkpoint-dir`` first."""
         self.hint_dirs = {job: Path(d) for job, d in hint_dirs.items()}
+        self.checkpoint_dirs = {job: {s: Path(d) for s, d in m.items()} for job, m in (checkpoint_dirs or {}).items()}
+        if not self.checkpoint_dirs:  # nothing to move: avoid_storage is not this actuator's
+            self.verbs = self.verbs - {Verb.AVOID_STORAGE}
 
     def _records(self, d: Path) -> list[dict]:
         log = d / APPLIED_LOG
@@ -101,6 +113,8 @@ class RuntimeHintActuator:
     def apply(self, action: Action) -> ActionResult:
         if action.verb == Verb.DRAIN:
             return self._evacuate(action)
+        if action.verb == Verb.AVOID_STORAGE:
+            return self._retarget(action.key, avoided=self._avoided() | {action.target})
         d = self.hint_dirs.get(action.target)
         if d is None:
             return ActionResult(True, f"job {action.target!r} is not run by the seamguard runtime here: "
@@ -134,8 +148,44 @@ class RuntimeHintActuator:
             return ActionResult(True, f"no seamguard-runtime rank runs on {action.target}: nothing to evacuate")
         return ActionResult(True, f"evacuating {'; '.join(moved)} off {action.target} to hot spares")
 
+    def _avoided(self) -> set[str]:
+        return {ActionKey.parse(k).entity for k in self.observe() if verb_of(k) == Verb.AVOID_STORAGE}
+
+    def _retarget(self, key: str, avoided: set[str], revert: bool = False) -> ActionResult:
+        """Point each job at its first candidate directory on a storage path not avoided
+        ("default": its own), writing the hint only where that changes; record the key."""
+        notes = []
+        for job, candidates in self.checkpoint_dirs.items():
+            d = self.hint_dirs.get(job)
+            if d is None or not candidates:
+                continue
+            ok = [name for name in candidates if name not in avoided]
+            want = None if not ok else "default" if ok[0] == next(iter(candidates)) else str(candidates[ok[0]])
+            rec = {"key": key, **({"op": "revert"} if revert else {})}
+            if want is None:
+                notes.append(f"{job}: every checkpoint path is avoided; its checkpoints stay where they are")
+            elif want != self._target_of(d):
+                res = self._deliver(d, _FILE[Verb.AVOID_STORAGE], want + "\n", None)
+                if not res.ok:
+                    return res
+                rec["target"] = want
+                notes.append(f"{job} checkpoints to {want}")
+            res = self._deliver_record(d, rec)
+            if not res.ok:
+                return res
+        return ActionResult(True, "; ".join(notes) or "no job's checkpoint target changes")
+
+    def _target_of(self, d: Path) -> str:
+        """The checkpoint target last written for the job (``default`` if none)."""
+        target = "default"
+        for rec in self._records(d):
+            target = rec.get("target", target)
+        return target
+
     def revert(self, key: str) -> ActionResult:
         ak = ActionKey.parse(key)
+        if ak.verb == Verb.AVOID_STORAGE:
+            return self._retarget(key, avoided=self._avoided() - {ak.entity}, revert=True)
         if ak.verb == Verb.DRAIN:
             for d in self.hint_dirs.values():
                 if any(r["key"] == key for r in self._records(d)):
@@ -169,6 +219,7 @@ class RuntimeHintActuator:
     @staticmethod
     def _deliver_record(d: Path, record: dict) -> ActionResult:
         try:
+            d.mkdir(parents=True, exist_ok=True)
             _append(d / APPLIED_LOG, record)
         except OSError as e:
             return ActionResult(False, f"{d}: cannot record the hint: {e.strerror}", retryable=True)

@@ -54,6 +54,9 @@ class KubernetesActuatorConfig(_Strict):
 class RuntimeActuatorConfig(_Strict):
     type: Literal["runtime"]
     hint_dirs: dict[str, Path] = Field(description="job name -> the --hint-dir its `seamguard launch` polls")
+    checkpoint_dirs: dict[str, dict[str, Path]] = Field(
+        default_factory=dict, description="job name -> {storage path name: checkpoint directory on it}, the job's "
+                                          "own --checkpoint-dir first: avoid_storage moves its checkpoints along")
 
 
 ActuatorConfig = Annotated[LogActuatorConfig | SlurmActuatorConfig | KubernetesActuatorConfig | RuntimeActuatorConfig,
@@ -143,7 +146,7 @@ def build_actuators(cfg: RunConfig) -> list:
         elif isinstance(a, RuntimeActuatorConfig):
             from seamguard.act.runtime import RuntimeHintActuator
 
-            out.append(RuntimeHintActuator(a.hint_dirs))
+            out.append(RuntimeHintActuator(a.hint_dirs, a.checkpoint_dirs))
         else:
             from seamguard.act.kubernetes import KubernetesActuator, KubernetesConfig
 

@@ -1,4 +1,5 @@
-"""Which steps a job persists: its own interval, or the one the control plane asked for.
+"""Which steps a job persists, and where: its own interval and directory, or the ones the
+control plane asked for.
 
 The controller asks for a checkpoint interval in seconds (the checkpoint planner's Young
 interval at the job's hazard while its nodes are at risk); the coordinator turns it into
@@ -7,12 +8,17 @@ enough ahead that every rank has read it before (the same rule as ``checkpoint_n
 Every rank then decides from the same entries, so they persist the same steps and each
 checkpoint is complete. Entries only grow (the newest few are kept): a rank that read a
 newer entry early still agrees with one that did not for every step before its start.
-Pure; the store keys and the hint file are in keys.py and launcher.py.
+The same holds for the checkpoint target: a ``checkpoint_dir`` hint (the controller
+moving a job's checkpoints off a slow storage path) becomes an entry ``[start, root]``
+from which every rank writes there; restores look in every directory the job used.
+Pure; the store keys and the hint files are in keys.py and launcher.py.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 KEEP_ENTRIES = 4
 
@@ -64,3 +70,42 @@ def persist_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ..
         return False
     point = start + (step - start) // every * every
     return point > 0 and point > step - max(window_steps, 1)
+
+
+# ---- where: the checkpoint target, moved off a slow storage path ---------------------------
+@dataclass(frozen=True)
+class TargetEntry:
+    start_step: int
+    root: str  # "" : back to the job's own --checkpoint-dir
+
+
+def parse_targets(raw: str) -> tuple[TargetEntry, ...]:
+    """JSON ``[[start, root], ...]`` (starts increasing) -> entries."""
+    if not raw:
+        return ()
+    try:
+        return tuple(TargetEntry(int(s), str(r)) for s, r in json.loads(raw))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"checkpoint targets {raw[:80]!r}: expected [[start, root], ...]") from exc
+
+
+def format_targets(entries: tuple[TargetEntry, ...]) -> str:
+    return json.dumps([[e.start_step, e.root] for e in entries[-KEEP_ENTRIES:]])
+
+
+def target_for(step: int, own: Path, entries: tuple[TargetEntry, ...]) -> Path:
+    """The directory the snapshot of ``step`` is persisted to: the newest entry that has started, else the job's own."""
+    root = ""
+    for e in entries:
+        if e.start_step <= step:
+            root = e.root
+    return Path(root) if root else own
+
+
+def targets_used(own: Path, entries: tuple[TargetEntry, ...]) -> list[Path]:
+    """Every directory a checkpoint of this job may be in, its own first."""
+    out = [own]
+    for e in entries:
+        if e.root and Path(e.root) not in out:
+            out.append(Path(e.root))
+    return out

@@ -47,6 +47,7 @@ class Coordinator:
     _hint_checkpoint: int = 0
     _hint_rollback: int = 0
     _hint_interval: int = 0
+    _hint_target: int = 0
     _suspect_hosts: set[str] = field(default_factory=set)  # nodes ranks were evacuated from
     joined: list[int] = field(default_factory=list)  # replacement spares, ready or not
     _joined_seen: int = 0
@@ -96,6 +97,7 @@ class Coordinator:
                       | self._read_evacuations())
         self._read_checkpoint_hint()
         self._read_interval_hint()
+        self._read_target_hint()
         if self._job_complete():
             self.phase = "done"
             self.store.set(keys.JOB_DONE, "ok")
@@ -277,6 +279,26 @@ class Coordinator:
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self.log({"event": "checkpoint_hint", "persist_at": target})
 
+    def _checkpoint_roots(self) -> list[Path]:
+        """Every directory the job's checkpoints may be in: its own, then those it was moved to."""
+        if self.checkpoint_dir is None:
+            return []
+        return cadence.targets_used(self.checkpoint_dir,
+                                    cadence.parse_targets((self._get(keys.PERSIST_TARGETS) or b"").decode()))
+
+    def _read_target_hint(self) -> None:
+        """A checkpoint directory (off a slow storage path) -> every rank persists there from a step all agree on."""
+        raw = self._get(keys.HINT_TARGET_N)
+        if raw is None or int(raw) <= self._hint_target or self.checkpoint_dir is None:
+            return
+        self._hint_target = int(raw)
+        want = (self._get(keys.HINT_TARGET) or b"default").decode()
+        entries = cadence.parse_targets((self._get(keys.PERSIST_TARGETS) or b"").decode())
+        start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
+        entries += (cadence.TargetEntry(start, "" if want == "default" else want),)
+        self.store.set(keys.PERSIST_TARGETS, cadence.format_targets(entries))
+        self.log({"event": "checkpoint_dir", "dir": want, "from_step": start})
+
     def _read_interval_hint(self) -> None:
         """A checkpoint interval in seconds -> steps at the job's pace, from a step every rank agrees on."""
         raw = self._get(keys.HINT_INTERVAL_N)
@@ -304,7 +326,7 @@ class Coordinator:
             return False
         self._hint_rollback = int(raw)
         asked = int(self._get(keys.HINT_ROLLBACK_TO) or b"-1")
-        complete = complete_steps(self.checkpoint_dir) if self.checkpoint_dir else []
+        complete = sorted({st for d in self._checkpoint_roots() for st in complete_steps(d)}, reverse=True)
         target = (complete[0] if complete else None) if asked < 0 else asked
         if target is None or target not in complete:
             # only a step every rank persisted is sure to exist somewhere (the copies in
@@ -411,19 +433,19 @@ class Coordinator:
     def _choose_resume(self, holdings: dict[int, dict]) -> dict:
         """The newest state every rank can restore: memory, else (or if newer) storage."""
         step = resume_step(self.plan, holdings) if self.plan.gen > 0 else None
-        found = None
-        if self.checkpoint_dir:
+        found, root = None, None
+        for d in self._checkpoint_roots():   # newest verified over every directory the job used
             why: list[str] = []
-            found = latest_verified(self.checkpoint_dir, why,
-                                    newer_than=-1 if step is None else step,
-                                    at_most=self.plan.max_step)
+            got = latest_verified(d, why, newer_than=-1 if step is None else step, at_most=self.plan.max_step)
             for line in why:
                 self.log({"event": "checkpoint_rejected", "detail": line})
+            if got is not None and (found is None or got[0] > found[0]):
+                found, root = got, d
         if step is not None and found is None:
             choice = {"source": "memory", "step": step}
         else:
             if found is not None:
-                choice = {"source": "disk", "step": found[0], "world_size": found[1]}
+                choice = {"source": "disk", "step": found[0], "world_size": found[1], "dir": str(root)}
             elif self.plan.gen == 0:
                 choice = {"source": "fresh", "step": 0}
             else:

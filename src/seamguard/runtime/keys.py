@@ -101,6 +101,11 @@ HINT_PERSIST_AT = f"{ROOT}/hint/persist_at"
 HINT_INTERVAL_N = f"{ROOT}/hint/interval_n"
 HINT_INTERVAL_S = f"{ROOT}/hint/interval_s"
 PERSIST_CADENCE = f"{ROOT}/hint/persist_cadence"
+# checkpoint target requests: a counter and the directory ("default": the job's own); the
+# coordinator answers with the target entries every rank reads (runtime/cadence.py)
+HINT_TARGET_N = f"{ROOT}/hint/target_n"
+HINT_TARGET = f"{ROOT}/hint/target"
+PERSIST_TARGETS = f"{ROOT}/hint/persist_targets"
 # rollback requests: a counter, and the step to go back to (-1: the newest persisted)
 HINT_ROLLBACK_N = f"{ROOT}/hint/rollback_n"
 HINT_ROLLBACK_TO = f"{ROOT}/hint/rollback_to"

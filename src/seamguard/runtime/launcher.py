@@ -95,6 +95,7 @@ def _positive_number(text: str) -> bool:
 def _hint_files(store, hint_dir: Path | None) -> None:
     """checkpoint_now -> bump the checkpoint hint; evacuate_rank_<r> -> evacuate hint;
     checkpoint_interval_s (seconds, or "default") -> persist at that interval;
+    checkpoint_dir (a directory, or "default") -> persist there;
     rollback -> back to the newest persisted step; rollback_to_step_<s> -> back to s."""
     if hint_dir is None or not hint_dir.is_dir():
         return
@@ -115,6 +116,17 @@ def _hint_files(store, hint_dir: Path | None) -> None:
             else:
                 store.set(keys.HINT_INTERVAL_S, want)
                 store.add(keys.HINT_INTERVAL_N, 1)
+        elif p.name == "checkpoint_dir":
+            try:
+                want = p.read_text(encoding="utf-8").strip()
+            except OSError:
+                continue  # being replaced: read it next poll
+            if want != "default" and not Path(want).is_absolute():
+                print(f"seamguard launcher: ignoring hint file {p}: expected an absolute directory or "
+                      f"'default', got {want[:80]!r}", file=sys.stderr)
+            else:
+                store.set(keys.HINT_TARGET, want)
+                store.add(keys.HINT_TARGET_N, 1)
         elif p.name == "rollback" or p.name.startswith("rollback_to_step_"):
             to = p.name.rsplit("_", 1)[1] if p.name != "rollback" else "-1"
             if not to.lstrip("-").isdigit():
@@ -317,8 +329,9 @@ class _NodeBeat:
     launcher hosts; every ``node_beat_s`` the launcher writes their latest beats to the
     job-wide store as one record (keys.node_beats), mirrors the generation back for the
     workers' heartbeat threads, and reads its children's kill requests and the job's end.
-    Four requests per node beat (five off node 0: node 0's record is read to notice the
-    coordinator's loss), whatever the node's rank count."""
+    On etcd the node beat is one request (a transaction: the record's put and the reads
+    of the generation, the node's kill keys, the job's end and node 0's record, which
+    tells the other nodes the coordinator is alive), whatever the node's rank count."""
 
     def __init__(self, job, s: LaunchSettings) -> None:
         import torch.distributed as dist
@@ -342,21 +355,28 @@ class _NodeBeat:
         self.counter += 1
         live = [c for c in children if not c.reported]
         beats = keys.read_family(self.local, f"{keys.ROOT}/hb/", [str(c.wid) for c in live])
-        self.job.set(keys.node_beats(self.node), json.dumps(
-            {"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}}))
-        gen = keys.peek(self.job, keys.GENERATION)
+        record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
+        singles = [keys.GENERATION, keys.JOB_DONE, keys.node_beats(0)]
+        if hasattr(self.job, "put_and_read"):  # etcd: the whole node beat is one transaction
+            got, families = self.job.put_and_read(keys.node_beats(self.node), record, singles, [keys.KILL_PREFIX])
+            kills = {k[len(keys.KILL_PREFIX):] for k in families[keys.KILL_PREFIX]}
+        else:
+            self.job.set(keys.node_beats(self.node), record)
+            got = {k: keys.peek(self.job, k) for k in singles}
+            kills = set(keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]))
+        gen = got[keys.GENERATION]
         if gen is not None and gen != self._gen:
             self.local.set(keys.GENERATION, gen)
             self._gen = gen
-        for w in keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]):
-            next(c for c in live if str(c.wid) == w).proc.send_signal(signal.SIGKILL)
-        done = keys.peek(self.job, keys.JOB_DONE)
-        return done if done is not None or self.node == 0 else self._coordinator_silent(now)
+        for c in live:
+            if str(c.wid) in kills:
+                c.proc.send_signal(signal.SIGKILL)
+        done = got[keys.JOB_DONE]
+        return done if done is not None or self.node == 0 else self._coordinator_silent(got[keys.node_beats(0)], now)
 
-    def _coordinator_silent(self, now: float) -> bytes | None:
+    def _coordinator_silent(self, raw: bytes | None, now: float) -> bytes | None:
         """COORDINATOR_LOST once node 0's record (its launcher runs the coordinator) has
         stood still for coordinator_timeout_s: no one would plan a generation again."""
-        raw = keys.peek(self.job, keys.node_beats(0))
         counter = json.loads(raw)["n"] if raw else None
         if counter != self._coordinator[0]:
             self._coordinator = (counter, now)

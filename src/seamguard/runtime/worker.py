@@ -39,8 +39,10 @@ from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, replica_holder
 from seamguard.runtime.rail_sync import RailSync
 from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url
-from seamguard.runtime.snapshot import (SlotStore, TrainingState, find_orphans, read_orphan,
-                                        state_checksum, tensors_of)
+from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_orphans,
+                                        read_orphan, state_checksum, tensors_of)
+
+_QUEUED = "queued"   # a snapshot in flight that is already in the pipeline's queue
 
 EXIT_SUSPECT = 75
 """Exit status of a rank that left because its gradient stayed anomalous on recompute."""
@@ -635,7 +637,14 @@ class Runtime:
         if cap is None:
             self._note("snapshot_skipped", step=self.step, reason="no free slot in time")
             return
-        self._inflight = (cap, self._persist_due(self.step))
+        self._inflight = (cap, self._persist_root(self.step) if self._persist_due(self.step) else None)
+        if self.sharded and overlap:
+            # hash and push as soon as the copy is done, while forward and backward run:
+            # the step's commit waits for the replica (_await_replica)
+            with self.slots.cond:
+                cap.slot.readers += 1
+            self._pipeline.put((cap, cap.step, self.gen, self._inflight[1]))
+            self._inflight = (cap, _QUEUED)
         if not overlap:
             self._finish_snapshot()
 
@@ -654,6 +663,8 @@ class Runtime:
             self.stats["snapshot_stall_s"] += time.perf_counter() - t0
         self.stats["snapshots"] += 1
         self._snap_step = max(self._snap_step, cap.step)
+        if persist is _QUEUED:   # handed to the pipeline when it began
+            return
         with self.slots.cond:
             slot.readers += 1
         self._pipeline.put((slot, cap.step, self.gen, persist))
@@ -693,8 +704,7 @@ class Runtime:
         try:
             model_sd, optim_sd = get_state_dict(self.state.model, self.state.optimizer)
             # overwrite: a recovery writes the resumed step again (a loss may have cut it short)
-            writer = dcp.FileSystemWriter(step_dir(self.settings.checkpoint_dir, step) / "dcp",
-                                          overwrite=True)
+            writer = dcp.FileSystemWriter(step_dir(self._persist_root(step), step) / "dcp", overwrite=True)
             with warnings.catch_warnings():   # "overwriting since self.overwrite=True"
                 warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
                 dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
@@ -705,6 +715,12 @@ class Runtime:
             self._phase = phase
             self.stats["dcp_save_s"] = self.stats.get("dcp_save_s", 0.0) + time.perf_counter() - t0
             self.stats["snapshot_stall_s"] += time.perf_counter() - t0
+
+    def _persist_root(self, step: int) -> Path:
+        """Where the snapshot of ``step`` is persisted: the job's own directory, or the one the
+        control plane moved it to (read on the training thread, from a step every rank agrees on)."""
+        raw = self.store.get(keys.PERSIST_TARGETS) if self.store.check([keys.PERSIST_TARGETS]) else b""
+        return cadence.target_for(step, self.settings.checkpoint_dir, cadence.parse_targets(raw.decode()))
 
     def _persist_due(self, step: int) -> bool:
         s = self.settings
@@ -727,15 +743,20 @@ class Runtime:
             if item is None:
                 return
             slot, step, gen, persist = item
+            cap = None
+            if isinstance(slot, Capture):   # handed over while still copying
+                cap, slot = slot, slot.slot
             try:
+                if cap is not None:
+                    cap.wait()
                 if slot.step != step:
                     continue
                 manifest = self.slots.build_manifest(slot, self.rank, self.world_size)
                 self.slots.publish_manifest(slot, manifest, self.role)
                 self._replicate(slot, manifest, gen)
-                if persist and slot.step == step:
-                    self._persist(slot, manifest)
-            except (OSError, replica.ReplicaError, ValueError) as exc:
+                if persist is not None and slot.step == step:
+                    self._persist(slot, manifest, persist)
+            except (OSError, replica.ReplicaError, ValueError, RuntimeError) as exc:
                 self._note("replication_failed", step=step, error=str(exc)[:200])
             finally:
                 with self.slots.cond:
@@ -774,13 +795,13 @@ class Runtime:
                              daemon=True).start()
         return self._persister
 
-    def _persist(self, slot, manifest) -> None:
+    def _persist(self, slot, manifest, root: Path) -> None:
         proc = self._ensure_persister()
         with self.slots.cond:
             slot.pinned = True
             self._persist_pending[slot.index] = manifest.step
         req = {"slot": slot.index, "slot_path": str(slot.path), "manifest": manifest.to_json(),
-               "dir": str(self.settings.checkpoint_dir), "keep": self.settings.keep_checkpoints}
+               "dir": str(root), "keep": self.settings.keep_checkpoints}
         try:
             proc.stdin.write(json.dumps(req) + "\n")
             proc.stdin.flush()
@@ -966,7 +987,8 @@ class Runtime:
         if source == "memory":
             self._restore_memory(plan, role, step)
         elif source == "disk":
-            self._restore_disk(step, int(resume["world_size"]), rank)
+            self._restore_disk(step, int(resume["world_size"]), rank,
+                               Path(resume["dir"]) if resume.get("dir") else None)
         lap("restore_state")
         self.group = dist.ProcessGroupGloo(
             dist.PrefixStore(keys.group_prefix(gen), self.store), rank, plan.world_size,
@@ -1048,8 +1070,8 @@ class Runtime:
         restored = self.state.restore(tensors, meta)
         self.sampler.check_state(restored["data"])
 
-    def _restore_disk(self, step: int, ckpt_world: int, rank: int) -> None:
-        root = self.settings.checkpoint_dir
+    def _restore_disk(self, step: int, ckpt_world: int, rank: int, root: Path | None) -> None:
+        root = root or self.settings.checkpoint_dir
         if root is None:
             raise RecoveryError("resume from disk requested but no checkpoint_dir is set")
         # data-parallel state is replicated: a rank beyond the saved world reads rank 0
