@@ -180,3 +180,13 @@ def test_prefix_mirror_follows_writes_in_order(etcd):
         assert m.get_prefix("sg/") == {"sg/done/3": b"20", "sg/exit/3": b"0"}
     finally:
         m.close()
+
+
+def test_put_and_read_is_one_transaction_of_a_node_beat(etcd):
+    s = _store(etcd, "/beat/")
+    s.set(keys.GENERATION, "3")
+    s.set(keys.kill_request(7), "1")
+    got, fam = s.put_and_read(keys.node_beats(1), '{"n": 5}', [keys.GENERATION, keys.JOB_DONE], [keys.KILL_PREFIX])
+    assert got == {keys.GENERATION: b"3", keys.JOB_DONE: None}
+    assert fam == {keys.KILL_PREFIX: {keys.kill_request(7): b"1"}}
+    assert s.get(keys.node_beats(1)) == b'{"n": 5}'

@@ -198,6 +198,27 @@ class EtcdStore(dist.Store):
         found = self._get_or_revision(key)
         return found if isinstance(found, bytes) else None
 
+    def put_and_read(self, key: str, value: str | bytes, singles: list[str],
+                     prefixes: list[str]) -> tuple[dict[str, bytes | None], dict[str, dict[str, bytes]]]:
+        """Write one key and read others in one request (one etcd transaction): a node
+        beat's record, and the generation, kill requests and job end it must notice.
+        Returns ({key: value or None}, {prefix: {key: value}})."""
+        ops = [{"request_put": {"key": _b64(self.prefix + _bytes(key)), "value": _b64(_bytes(value))}}]
+        ops += [{"request_range": {"key": _b64(self.prefix + _bytes(k))}} for k in singles]
+        for p in prefixes:
+            start = self.prefix + _bytes(p)
+            ops.append({"request_range": {"key": _b64(start), "range_end": _b64(_prefix_end(start))}})
+        replies = self._gw.call("/v3/kv/txn", {"success": ops})["responses"][1:]
+        cut = len(self.prefix)
+
+        def kvs(reply: dict) -> dict[str, bytes]:
+            return {base64.b64decode(kv["key"])[cut:].decode(): base64.b64decode(kv.get("value", ""))
+                    for kv in reply["response_range"].get("kvs", [])}
+
+        one = {k: kvs(r).get(k) for k, r in zip(singles, replies)}
+        many = {p: kvs(r) for p, r in zip(prefixes, replies[len(singles):])}
+        return one, many
+
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         """Every key under ``prefix`` (relative names) and its value, in one request."""
         return self._range_prefix(prefix)[0]

@@ -1,0 +1,454 @@
+"""Membership load: the flat TCPStore design vs per-node aggregation on etcd, 1k-10k ranks.
+
+    PYTHONPATH=src python benchmarks/membership_load.py --quick   # 2 reps, 4 s windows
+    PYTHONPATH=src python benchmarks/membership_load.py           # 3 reps, 10 s windows
+
+What is simulated, and how (the honest part). A job of N ranks, 8 ranks and 1 idle
+spare per node (N/8 nodes), talks to its job-wide store exactly as the runtime's code
+does, with the runtime's own key layout (runtime/keys.py), store clients and detectors
+(runtime/detect.py); only the training is missing. A few generator processes each play
+a slice of the nodes on one store connection each, on a schedule (phases spread evenly):
+
+- flat (before this change; what a one-node job still does): every rank writes its
+  heartbeat key every 50 ms; every idle spare checks and reads the generation key every
+  2 ms; one coordinator reads, every pass, every worker's exit key, every rank's
+  heartbeat (check + get) and every rank's done key, all on one TCPStore server.
+- aggregated (``--store etcd://``): a node's ranks beat into their node's launcher
+  (in memory here: that hop is a localhost store whose load does not grow with the job),
+  and each node's launcher sends one transaction every 100 ms: the record with its
+  ranks' latest beats, and the reads of the generation, the kill keys, the job's end and
+  node 0's record; every idle spare holds one etcd watch (an open HTTP stream: no requests
+  while it waits); the coordinator follows the job's keys with one watch (PrefixMirror)
+  and judges nodes (NodeTracker) and ranks from that local copy every pass.
+
+Both coordinators sleep 5 ms between passes, as the launcher's loop does. etcd keeps its
+data on tmpfs (/dev/shm): it fsyncs every write, and this machine's shared disk would
+measure the disk, not etcd.
+
+A generator that falls behind its schedule runs as fast as the store answers, so the
+achieved ops/s below the demanded ones is the saturation point of this machine (server,
+generators and coordinator share its cores: the load average is printed). Figures per
+design and scale, median [min-max] over interleaved repetitions (the design order flips
+every repetition): store requests/s (demanded by the protocol, and achieved), the store
+server's CPU % of one core, heartbeat staleness p50/p99 (a rank's beat to the coordinator
+seeing it), the detection time of a dead node (one node's beats stop at 40 % of the
+window; hang timeout 1 s), and false verdicts (live ranks or nodes judged dead because
+the coordinator's pass was slower than the hang timeout). Last line: one JSON object,
+also written to benchmarks/results/membership_load[_quick].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RANKS_PER_NODE = 8
+HEARTBEAT_S = 0.05  # RuntimeSettings.heartbeat_interval_s
+SPARE_POLL_S = 0.002  # the old spare loop's sleep
+NODE_BEAT_S = 0.1  # LaunchSettings.node_beat_s
+HANG_TIMEOUT_S = 1.0
+COORDINATOR_POLL_S = 0.005  # the launcher's loop sleep between coordinator ticks
+WARMUP_S = 1.0
+KILL_AT = 0.4  # of the window
+RESULTS = Path(__file__).parent / "results"
+
+
+def _beat(n: int, step: int, t: float) -> dict:
+    """A rank's heartbeat with the worker's fields (runtime/worker.py) and its send time."""
+    return {"n": n, "step": step, "phase": "compute", "compute_s": 0.0123, "comm_s": 0.0041,
+            "stall_s": 0.0, "snap_step": step - 1, "persisted_step": step - step % 50, "gen": 0,
+            "host": "node0000", "local": 0, "t": t}
+
+
+def demanded_ops_s(design: str, ranks: int) -> float:
+    """Store requests per second the protocol asks for, not counting the coordinator."""
+    nodes = ranks // RANKS_PER_NODE
+    if design == "flat":
+        return ranks / HEARTBEAT_S + nodes * 2 / SPARE_POLL_S
+    return nodes / NODE_BEAT_S
+
+
+# ------------------------------------------------------------------------ servers
+def _tcp_server(port_file: str) -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    Path(port_file).write_text(str(store.port))
+    while True:
+        time.sleep(3600)
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------ clients
+def _connect(design: str, address: str):
+    import datetime
+
+    host, port = address.rsplit(":", 1)
+    if design == "flat":
+        import torch.distributed as dist
+
+        return dist.TCPStore(host, int(port), None, False, timeout=datetime.timedelta(seconds=60))
+    from seamguard.runtime.store import EtcdStore
+
+    return EtcdStore(((host, int(port)),), "/bench/", datetime.timedelta(seconds=60))
+
+
+def _hold_watches(address: str, count: int, key_b64: str) -> list[socket.socket]:
+    """``count`` idle spares waiting on the next generation's wake key: etcd watch streams."""
+    host, port = address.rsplit(":", 1)
+    body = json.dumps({"create_request": {"key": key_b64}}).encode()
+    req = (f"POST /v3/watch HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    socks = []
+    for _ in range(count):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.sendall(req)
+        socks.append(s)
+    for s in socks:
+        s.recv(4096)  # the "created" message: the watch is registered
+    return socks
+
+
+def generator(design: str, address: str, nodes: list[int], window_s: float, threads: int,
+              go, t0_box, out) -> None:
+    """Plays ``nodes`` (their ranks, spares and launcher): ``threads`` threads, each on its
+    own store connection (the store clients release the GIL while they wait)."""
+    import base64
+    import threading
+
+    from seamguard.runtime import keys
+
+    stores = [_connect(design, address) for _ in range(threads)]
+    watches = []
+    if design == "aggregated":
+        wake = base64.b64encode(b"/bench/" + keys.wake(1).encode()).decode()
+        watches = _hold_watches(address, len(nodes), wake)
+    out.put(("ready", os.getpid()))
+    go.wait()
+    results: list[tuple[int, int]] = []
+    workers = [threading.Thread(target=lambda i=i: results.append(
+        _play(design, stores[i], nodes[i::threads], t0_box.value, window_s))) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for s in watches:
+        s.close()
+    out.put(("gen", {"ops": sum(r[0] for r in results), "late": sum(r[1] for r in results)}))
+
+
+def _play(design: str, store, nodes: list[int], t0: float, window_s: float) -> tuple[int, int]:
+    """One connection's share of the nodes, on schedule; returns (requests, late actions)."""
+    from seamguard.runtime import keys
+
+    start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
+    kill_s = start + KILL_AT * window_s
+    heap: list[tuple[float, int, int]] = []  # (due, kind, id): kind 0 rank beat, 1 spare poll, 2 node beat
+    if design == "flat":
+        for n in nodes:
+            for i in range(RANKS_PER_NODE):
+                wid = n * RANKS_PER_NODE + i
+                heap.append((t0 + HEARTBEAT_S * (wid % 97) / 97, 0, wid))
+            heap.append((t0 + SPARE_POLL_S * (n % 13) / 13, 1, n))
+    else:
+        for n in nodes:
+            heap.append((t0 + NODE_BEAT_S * (n % 89) / 89, 2, n))
+    heapq.heapify(heap)
+    ops = late = 0
+    counters: dict[int, int] = {}
+    while heap:
+        due, kind, ident = heap[0]
+        now = time.monotonic()
+        if now >= end:
+            break
+        if due > now:
+            time.sleep(min(due - now, 0.002))
+            continue
+        heapq.heappop(heap)
+        if now - due > HEARTBEAT_S:
+            late += 1
+        node = ident // RANKS_PER_NODE if kind == 0 else ident
+        dead = node == 0 and now >= kill_s
+        n = counters[ident] = counters.get(ident, 0) + 1
+        if kind == 0:
+            if not dead:
+                store.set(keys.heartbeat(ident), json.dumps(_beat(n, n, now)))
+                ops += 1
+            heapq.heappush(heap, (due + HEARTBEAT_S, 0, ident))
+        elif kind == 1:
+            if store.check([keys.GENERATION]):
+                store.get(keys.GENERATION)
+                ops += 1
+            ops += 1
+            heapq.heappush(heap, (due + SPARE_POLL_S, 1, ident))
+        else:
+            if not dead:
+                beats = {}
+                for i in range(RANKS_PER_NODE):  # each rank's latest beat on its own 50 ms schedule
+                    wid = ident * RANKS_PER_NODE + i
+                    phase = HEARTBEAT_S * (wid % 97) / 97
+                    k = int((now - t0 - phase) // HEARTBEAT_S)
+                    beats[wid] = _beat(k, k, t0 + phase + k * HEARTBEAT_S)
+                # as launcher._NodeBeat.maybe_beat on etcd: one transaction
+                store.put_and_read(keys.node_beats(ident), json.dumps({"n": n, "beats": beats}),
+                                   [keys.GENERATION, keys.JOB_DONE, keys.node_beats(0)], [keys.KILL_PREFIX])
+                ops += 1
+            heapq.heappush(heap, (due + NODE_BEAT_S, 2, ident))
+        if now < start:
+            ops = late = 0
+    return ops, late
+
+
+def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_box, out) -> None:
+    """The coordinator's read side, as runtime/coordinator.py does it per tick."""
+    from seamguard.runtime import keys
+    from seamguard.runtime.detect import Beat, HeartbeatTracker, NodeTracker
+
+    store = _connect(design, address)
+    store.set(keys.GENERATION, "0")
+    view = store.mirror(keys.ROOT + "/") if design == "aggregated" else store  # as Coordinator._family
+    nodes = ranks // RANKS_PER_NODE
+    wids = [str(w) for w in range(ranks)]
+    workers = wids + [str(ranks + n) for n in range(nodes)]  # ranks and spares
+    tracker = HeartbeatTracker(HANG_TIMEOUT_S, 10.0, 1.5, 8)
+    node_tracker = NodeTracker(HANG_TIMEOUT_S)
+    out.put(("ready", os.getpid()))
+    go.wait()
+    t0 = t0_box.value
+    start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
+    kill_s = start + KILL_AT * window_s
+    seen: dict[int, int] = {}
+    stale: list[float] = []
+    ops = passes = 0
+    detected: set[int] = set()
+    detect_s = None
+    false = 0
+    pass_s: list[float] = []
+    while time.monotonic() < end:
+        t_pass = time.monotonic()
+        beats: dict[int, dict] = {}
+        keys.read_family(view, keys.EXIT_PREFIX, workers)
+        if design == "flat":
+            ops += len(workers)
+            for w in range(ranks):
+                raw = store.get(keys.heartbeat(w)) if store.check([keys.heartbeat(w)]) else None
+                ops += 2 if raw is not None else 1
+                if raw is not None:
+                    beats[w] = json.loads(raw)
+            keys.read_family(store, keys.DONE_PREFIX, wids)
+            ops += len(wids)
+        else:
+            records = keys.read_family(view, keys.NODE_PREFIX, [str(n) for n in range(nodes)])
+            keys.read_family(view, keys.DONE_PREFIX, wids)  # local copies: no store requests
+            now = time.monotonic()
+            for n, raw in records.items():
+                rec = json.loads(raw)
+                node_tracker.observe(int(n), rec["n"], {int(w) for w in rec["beats"]}, now)
+                beats.update({int(w): b for w, b in rec["beats"].items()})
+        now = time.monotonic()
+        for w, b in beats.items():
+            if seen.get(w) != b["n"]:
+                if seen.get(w) is not None and now >= start:
+                    stale.append(now - b["t"])
+                seen[w] = b["n"]
+                tracker.observe(w, Beat(b["n"], b["step"], b["phase"], b["compute_s"]), now)
+        if design == "flat":
+            verdicts = {v.wid for v in tracker.verdicts(list(range(ranks)), now) if v.kind == "unresponsive"}
+            for w in verdicts - detected:
+                tracker.forget(w)
+                if w // RANKS_PER_NODE != 0 or now < kill_s:
+                    false += 1
+            detected |= verdicts
+            if detect_s is None and all(w in detected for w in range(RANKS_PER_NODE)):
+                detect_s = now - kill_s
+        else:
+            for node, _, _ in node_tracker.verdicts(now):
+                if node != 0 or now < kill_s:
+                    false += 1
+                elif detect_s is None:
+                    detect_s = now - kill_s
+        if t_pass >= start:
+            passes += 1
+            pass_s.append(time.monotonic() - t_pass)
+        else:
+            ops = 0
+        time.sleep(COORDINATOR_POLL_S)
+    if view is not store:
+        view.close()
+    out.put(("coord", {"ops": ops, "passes": passes, "stale": stale, "detect_s": detect_s,
+                       "false": false, "pass_s_p50": statistics.median(pass_s) if pass_s else None}))
+
+
+# ------------------------------------------------------------------------ one trial
+def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, workdir: Path) -> dict:
+    ctx = mp.get_context("spawn")
+    server, etcd = None, None
+    if design == "flat":
+        port_file = workdir / "port"
+        port_file.unlink(missing_ok=True)
+        server = ctx.Process(target=_tcp_server, args=(str(port_file),), daemon=True)
+        server.start()
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text():
+            if time.monotonic() > deadline:
+                raise RuntimeError("TCPStore server did not start")
+            time.sleep(0.05)
+        address, server_pid = f"127.0.0.1:{port_file.read_text()}", server.pid
+    else:
+        from seamguard.testbed.multinode import EtcdServer
+
+        # data on tmpfs: etcd fsyncs every write, and this machine's shared disk would measure the
+        # disk; production etcd wants a dedicated SSD (https://etcd.io/docs/v3.4/op-guide/hardware/)
+        etcd = EtcdServer.loopback(Path(tempfile.mkdtemp(prefix="sg-etcd-", dir="/dev/shm"))).start()
+        address, server_pid = etcd.address, etcd.pid
+    go = ctx.Event()
+    box = ctx.Value("d", 0.0)
+    out = ctx.Queue()
+    nodes = list(range(ranks // RANKS_PER_NODE))
+    children = [ctx.Process(target=coordinator, args=(design, address, ranks, window_s, go, box, out))]
+    children += [ctx.Process(target=generator, args=(design, address, nodes[i::procs], window_s, threads,
+                                                     go, box, out)) for i in range(procs)]
+    try:
+        for c in children:
+            c.start()
+        for _ in children:
+            out.get(timeout=180)  # ready
+        box.value = time.monotonic() + 0.2
+        go.set()
+        time.sleep(max(0.0, box.value + WARMUP_S - time.monotonic()))
+        cpu0, w0 = _cpu_s(server_pid), time.monotonic()
+        time.sleep(window_s)
+        cpu1, w1 = _cpu_s(server_pid), time.monotonic()
+        results = [out.get(timeout=120) for _ in children]
+        for c in children:
+            c.join(30)
+    finally:
+        for c in children:
+            if c.is_alive():
+                c.kill()
+        if server is not None:
+            server.kill()
+            server.join(10)
+        if etcd is not None:
+            etcd.stop()
+            shutil.rmtree(etcd.workdir, ignore_errors=True)
+    coord = next(r for k, r in results if k == "coord")
+    gens = [r for k, r in results if k == "gen"]
+    stale = sorted(coord["stale"])
+    pct = (lambda q: stale[min(len(stale) - 1, int(q * len(stale)))] if stale else None)
+    return {
+        "design": design, "ranks": ranks,
+        "demanded_ops_s": round(demanded_ops_s(design, ranks)),
+        "ops_s": round((sum(g["ops"] for g in gens) + coord["ops"]) / window_s),
+        "coordinator_ops_s": round(coord["ops"] / window_s),
+        "server_cpu_pct": round(100 * (cpu1 - cpu0) / (w1 - w0), 1),
+        "staleness_p50_s": pct(0.5), "staleness_p99_s": pct(0.99),
+        "detect_s": coord["detect_s"], "false_verdicts": coord["false"],
+        "coordinator_pass_s": coord["pass_s_p50"], "late_actions": sum(g["late"] for g in gens),
+    }
+
+
+def _spread(values: list[float | None]) -> dict:
+    got = [v for v in values if v is not None]
+    if not got:
+        return {"median": None, "min": None, "max": None, "missing": len(values)}
+    return {"median": round(statistics.median(got), 4), "min": round(min(got), 4), "max": round(max(got), 4),
+            "missing": len(values) - len(got)}
+
+
+FIGURES = ("ops_s", "coordinator_ops_s", "server_cpu_pct", "staleness_p50_s", "staleness_p99_s",
+           "detect_s", "false_verdicts", "coordinator_pass_s")
+
+
+def summarize(trials: list[dict]) -> dict:
+    out: dict = {}
+    for design in ("flat", "aggregated"):
+        for ranks in sorted({t["ranks"] for t in trials}):
+            mine = [t for t in trials if t["design"] == design and t["ranks"] == ranks]
+            if mine:
+                out.setdefault(design, {})[str(ranks)] = {
+                    "demanded_ops_s": mine[0]["demanded_ops_s"],
+                    **{f: _spread([t[f] for t in mine]) for f in FIGURES}}
+    ratios = {}
+    for ranks, agg in out.get("aggregated", {}).items():
+        flat = out.get("flat", {}).get(ranks)
+        if flat and agg["server_cpu_pct"]["median"] and flat["server_cpu_pct"]["median"]:
+            ratios[ranks] = {
+                "demanded_ops_ratio": round(flat["demanded_ops_s"] / agg["demanded_ops_s"], 1),
+                "server_cpu_ratio": round(flat["server_cpu_pct"]["median"] / agg["server_cpu_pct"]["median"], 2)}
+    out["flat_over_aggregated"] = ratios
+    return out
+
+
+def _fmt(s: dict, unit: str = "") -> str:
+    if s["median"] is None:
+        return "-"
+    return f"{s['median']:g}{unit} [{s['min']:g}-{s['max']:g}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 reps of 4 s windows (about 2 minutes)")
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--window-s", type=float)
+    ap.add_argument("--scales", default="1000,3000,10000", help="comma-separated rank counts")
+    ap.add_argument("--procs", type=int, default=3, help="generator processes per trial")
+    ap.add_argument("--threads", type=int, default=8, help="store connections (threads) per generator")
+    args = ap.parse_args()
+    reps = args.reps or (2 if args.quick else 3)
+    window_s = args.window_s or (4.0 if args.quick else 10.0)
+    scales = [int(x) for x in args.scales.split(",")]
+    for s in scales:
+        if s < 2 * RANKS_PER_NODE or s % RANKS_PER_NODE:
+            ap.error(f"--scales: {s} is not a multiple of {RANKS_PER_NODE} ranks per node (>= 16)")
+    trials = []
+    t_start = time.monotonic()
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="sg-membership-") as tmp:
+        for rep in range(reps):
+            order = ("flat", "aggregated") if rep % 2 == 0 else ("aggregated", "flat")
+            for ranks in scales:
+                for design in order:
+                    t = trial(design, ranks, window_s, args.procs, args.threads, Path(tmp))
+                    t["rep"] = rep
+                    trials.append(t)
+                    print(f"rep {rep} {design:10s} {ranks:6d} ranks: {t['ops_s']:8d} ops/s of "
+                          f"{t['demanded_ops_s']:8d} demanded, server {t['server_cpu_pct']:5.1f} % CPU, "
+                          f"staleness p50 {t['staleness_p50_s']} p99 {t['staleness_p99_s']} s, "
+                          f"node loss detected in {t['detect_s']} s, {t['false_verdicts']} false verdicts, "
+                          f"coordinator pass {t['coordinator_pass_s']} s", flush=True)
+    summary = summarize(trials)
+    for design in ("flat", "aggregated"):
+        for ranks, f in summary.get(design, {}).items():
+            print(f"{design:10s} {ranks:>6s}: ops/s {_fmt(f['ops_s'])} (demanded {f['demanded_ops_s']}), "
+                  f"server CPU {_fmt(f['server_cpu_pct'], '%')}, staleness p50 {_fmt(f['staleness_p50_s'], 's')} "
+                  f"p99 {_fmt(f['staleness_p99_s'], 's')}, detection {_fmt(f['detect_s'], 's')}, "
+                  f"false verdicts {_fmt(f['false_verdicts'])}")
+    result = {"benchmark": "membership_load", "quick": args.quick, "reps": reps, "window_s": window_s,
+              "ranks_per_node": RANKS_PER_NODE, "heartbeat_s": HEARTBEAT_S, "spare_poll_s": SPARE_POLL_S,
+              "node_beat_s": NODE_BEAT_S, "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs,
+              "threads_per_generator": args.threads,
+              "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in load0],
+              "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+              "wall_s": round(time.monotonic() - t_start, 1), "summary": summary, "trials": trials}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"membership_load{'_quick' if args.quick else ''}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
