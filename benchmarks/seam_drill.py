@@ -13,7 +13,7 @@ running examples/train_ddp.py with --hint-dir, --checkpoint-dir on the slow-able
 Then, one after another with calm time between:
 
 1. gray_link     tc tbf on h0's rail 0 (the rail the job's gradients use)
-2. slow_storage  writers flood the checkpoint path's loop device (fsync waits behind them)
+2. slow_storage  the checkpoint path's file system is frozen but for a few ms every 500 ms (fsfreeze)
 3. cooling       the twin's loop cdu-a (h0's) loses half its flow
 4. node_failure  an XID 79 line in h1's kernel log, then h1's rank processes are killed
 
@@ -46,17 +46,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from seamguard.decide.actions import ActionKey  # noqa: E402
-from seamguard.testbed.drill import (  # noqa: E402
-    AGENT_PORT, JOB_METRICS_PORT, PROM_PORT, TWIN_PORT, Layout, NsProcs, SlowDisk, agent_yaml, fsync_ms,
-    kill_namespace, kill_workers, prom_query, prometheus_yaml, run_yaml, topology_yaml, wait_http,
+from seamguard.testbed.drill import (
+    AGENT_PORT,
+    FAULTS,
+    JOB_METRICS_PORT,
+    PROM_PORT,
+    TWIN_PORT,
+    Layout,
+    NsProcs,
+    SlowDisk,
+    agent_yaml,
+    covered,
+    fault_figures,
+    fsync_ms,
+    gray_link,
+    healthy_actions,
+    kill_namespace,
+    kill_workers,
+    ns_get,
+    policy_yaml,
+    private_mounts,
+    prom_query,
+    prometheus_yaml,
+    run_yaml,
+    topology_yaml,
+    wait_http,
 )
-from seamguard.testbed.multinode import EtcdServer  # noqa: E402
-from seamguard.testbed.net import Testbed, TestbedSpec  # noqa: E402
-from seamguard.testbed.prom import need  # noqa: E402
+from seamguard.testbed.multinode import EtcdServer
+from seamguard.testbed.net import Testbed, TestbedSpec
+from seamguard.testbed.prom import need
 
-FAULTS = ("gray_link", "slow_storage", "cooling", "node_failure")
 MODES = ("enforce", "dry_run")
+GRAY_MBIT = 20.0  # h0's rail 0: a gradient of ~1 MB takes ~0.4 s instead of a few ms
+TRACE = ("seamguard_fabric_link_latency_us", "seamguard_storage_write_latency_ms", "seamguard_coolant_flow_lpm",
+         "DCGM_FI_DEV_XID_ERRORS", "seamguard_job_step", "seamguard_job_step_seconds",
+         "seamguard_job_uncommitted_seconds")
 
 
 def log(msg: str) -> None:
@@ -86,17 +110,6 @@ class Timing:
         return t0 + self.calm_s + len(FAULTS) * (self.fault_s + self.gap_s)
 
 
-def covered(lay: Layout) -> dict[str, set[str]]:
-    """The entities each fault puts at risk: an action on one of them covers the fault."""
-    job, h0, h1 = lay.job, lay.node(0), lay.node(1)
-    return {
-        "gray_link": {lay.link(0, 0), lay.nic(0, 0), lay.leaf(0), f"{lay.leaf(0)}~spine-0", h0, lay.gpu(0), job},
-        "slow_storage": {lay.storage, job},
-        "cooling": {lay.loop_of_host[0], lay.rack_of_host[0], h0, lay.gpu(0), job},
-        "node_failure": {h1, lay.gpu(1), lay.nic(1, 0), lay.nic(1, 1), job},
-    }
-
-
 def read_jsonl(path: Path) -> list[dict]:
     out = []
     try:
@@ -111,59 +124,6 @@ def read_jsonl(path: Path) -> list[dict]:
         if isinstance(r, dict):
             out.append(r)
     return out
-
-
-# ---- figures (pure) ------------------------------------------------------------------------------------
-def decisions(events: list[dict]) -> list[dict]:
-    """The controller's `apply` decisions, in time order (both modes record them)."""
-    out = [e for e in events if isinstance(e.get("action"), dict) and e["action"].get("op") == "apply"]
-    return sorted(out, key=lambda e: e["t"])
-
-
-def key_of(e: dict) -> str:
-    return str(e["action"].get("key"))
-
-
-def entity_of(e: dict) -> str:
-    try:
-        return ActionKey.parse(key_of(e)).entity
-    except ValueError:
-        return str(e.get("entity"))
-
-
-def fault_figures(starts: dict[str, float], ends: dict[str, float], cover: dict[str, set[str]], events: list[dict],
-                  job_events: list[dict], delivered: list[dict]) -> dict[str, dict]:
-    dec = decisions(events)
-    out = {}
-    order = sorted(starts, key=starts.get)
-    for i, f in enumerate(order):
-        t0 = starts[f]
-        window_end = starts[order[i + 1]] if i + 1 < len(order) else ends[f]
-        mine = [e for e in dec if e["t"] >= t0 and entity_of(e) in cover[f]]
-        first = next((e for e in mine if e["t"] < window_end), None)
-        lost = sum(int(e.get("steps_redone") or 0) for e in job_events
-                   if e.get("event") == "resumed" and t0 <= e.get("t", 0) < window_end)
-        keys = sorted({key_of(e) for e in mine if e["t"] < window_end})
-        out[f] = {
-            "time_to_action_s": round(first["t"] - t0, 2) if first else None,
-            "action": key_of(first) if first else None,
-            "actions": keys,
-            "delivered": sorted({r["key"] for r in delivered if r.get("key") in keys}),
-            "job_steps_lost": lost,
-            "recoveries": sum(1 for e in job_events if e.get("event") == "resumed" and e.get("gen")
-                              and t0 <= e.get("t", 0) < window_end),
-        }
-    return out
-
-
-def healthy_actions(starts: dict[str, float], cover: dict[str, set[str]], events: list[dict]) -> list[str]:
-    """Decisions on entities that no fault started before them covers."""
-    bad = []
-    for e in decisions(events):
-        at_risk = set().union(*(cover[f] for f, t0 in starts.items() if t0 <= e["t"]))
-        if entity_of(e) not in at_risk:
-            bad.append(key_of(e))
-    return bad
 
 
 # ---- one repetition ---------------------------------------------------------------------------------------
@@ -194,8 +154,9 @@ class Rep:
         (w / "prometheus.yml").write_text(prometheus_yaml(
             agents, f"{tb.addr(lay.job_hosts[0], None)}:{JOB_METRICS_PORT}", f"127.0.0.1:{TWIN_PORT}",
             self.timing.tick_s))
+        (w / "policy.yaml").write_text(policy_yaml())
         (w / "run.yaml").write_text(run_yaml(lay, w / "fleet.yaml", self.prom, self.mode, w / "ctl", w / "hints",
-                                             self.timing.tick_s))
+                                             self.timing.tick_s, w / "policy.yaml"))
         (w / "ctl").mkdir(exist_ok=True)
 
     def start_job(self) -> None:
@@ -206,8 +167,8 @@ class Rep:
             argv = [sys.executable, "-m", "seamguard", "launch", "--nproc", "1", "--spares", "1",
                     "--nnodes", str(len(lay.job_hosts)), "--node-rank", str(i), "--master-addr", master,
                     "--store", self.etcd.url, "--run-id", lay.job, "--events-file", str(w / "job" / "events.jsonl"),
-                    "--checkpoint-dir", str(self.ckpt), "--persist-every", "20", "--hint-dir", str(w / "hints"),
-                    "--metrics-port", str(JOB_METRICS_PORT), "--collective-timeout-s", "10",
+                    "--checkpoint-dir", str(self.ckpt), "--persist-every", "200", "--hint-dir", str(w / "hints"),
+                    "--metrics-port", str(JOB_METRICS_PORT), "--collective-timeout-s", "10", "--hang-timeout-s", "5",
                     "--", str(ROOT / "examples" / "train_ddp.py"), "--out", str(w / "job"), "--steps", "1000000",
                     "--hidden", "256", "--layers", "3", "--dataset", "8192",
                     "--step-sleep-s", str(self.step_sleep_s)]
@@ -260,10 +221,10 @@ class Rep:
     def inject(self, fault: str, on: bool) -> None:
         lay, tb = self.lay, self.tb
         if fault == "gray_link":
-            tb.set_gray(lay.job_hosts[0], 0, 5.0 if on else None)
+            gray_link(tb, lay.job_hosts[0], 0, GRAY_MBIT if on else None)
         elif fault == "slow_storage":
             if on:
-                self.disk.flood()
+                self.disk.slow()
             else:
                 self.disk.calm()
         elif fault == "cooling":
@@ -294,7 +255,7 @@ class Rep:
             self.inject(f, True)
             if f == "node_failure":
                 _sleep_until(starts[f] + t.kill_after_s)
-                killed = kill_workers(self.tb, self.lay.job_hosts[1])
+                killed = kill_workers(self.tb, self.lay.job_hosts[1], self.work / "killed.txt")
                 log(f"{self.mode}: killed {len(killed)} worker process(es) on h{self.lay.job_hosts[1]}")
             if f == "slow_storage":
                 time.sleep(2)
@@ -306,6 +267,7 @@ class Rep:
         t_end = t.end(t0)
         _sleep_until(t_end + 2)
         step1 = self.job_step(t_end)
+        self.save_trace(t0 - 5, t_end)
         events = read_jsonl(self.work / "ctl" / "events.jsonl")
         job_events = read_jsonl(self.work / "job" / "events.jsonl")
         delivered = read_jsonl(self.work / "hints" / ".seamguard-hints.jsonl")
@@ -319,13 +281,25 @@ class Rep:
             "steps": [step0, step1], "drill_s": round(t_end - t0, 1),
             "storage_probe_ms": {"before": round(probe_before, 1),
                                  "during": round(probe_during, 1) if probe_during else None},
+            "freezes": self.disk.freezes, "freeze_errors": self.disk.errors[:3],
             "controller_errors": sum(1 for e in events if e.get("kind") == "controller"),
             "controller_alive": self.procs.alive("controller"),
         }
 
+    def save_trace(self, t_from: float, t_to: float) -> None:
+        """The drill's main series as Prometheus stored them (trace.json, kept with --keep)."""
+        from urllib.parse import urlencode
+
+        out = {}
+        for name in TRACE:
+            q = urlencode({"query": name, "start": f"{t_from:.0f}", "end": f"{t_to:.0f}", "step": "1"})
+            text = ns_get(self.tb, self.ctl, f"{self.prom}/api/v1/query_range?{q}")
+            out[name] = json.loads(text)["data"]["result"] if text else None
+        (self.work / "trace.json").write_text(json.dumps(out))
+
     def stop(self) -> None:
         self.disk.calm()
-        self.tb.set_gray(self.lay.job_hosts[0], 0, None)
+        gray_link(self.tb, self.lay.job_hosts[0], 0, None)
         self.procs.stop_all(grace_s=10)
         if self.etcd is not None:
             self.etcd.stop()
@@ -374,6 +348,7 @@ def main() -> None:
     reps = 1 if a.quick else a.reps
     timing = Timing(calm_s=15, fault_s=15, gap_s=10, kill_after_s=5) if a.quick else \
         Timing(calm_s=30, fault_s=30, gap_s=20, kill_after_s=8)
+    private_mounts()
     load0 = os.getloadavg()
     t_start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="seam_drill."))
@@ -388,7 +363,7 @@ def main() -> None:
         for k in range(reps):
             order = MODES if k % 2 == 0 else MODES[::-1]
             for mode in order:
-                rep = Rep(tb, lay, disk, work / f"rep{k}-{mode}", mode, timing, steps_s=0.02)
+                rep = Rep(tb, lay, disk, work / f"rep{k}-{mode}", mode, timing, steps_s=0.05)
                 rep.work.mkdir(parents=True)
                 try:
                     log(f"rep {k} {mode}: starting")
@@ -418,7 +393,7 @@ def print_table(out: dict) -> None:
         for m, x in by.items():
             tta = x["time_to_action_s"]
             print(f"{f:<14} {m:<8} {str(tta['median']) + ' [' + str(tta['min']) + '-' + str(tta['max']) + ']':<28} "
-                  f"{str(x['job_steps_lost']['median']):<12} {x['action']} delivered={x['delivered']}")
+                  f"{x['job_steps_lost']['median']!s:<12} {x['action']} delivered={x['delivered']}")
     w, wo = out["useful_throughput_with_control"], out["useful_throughput_without_control"]
     print(f"useful steps/s with control {w['median']} [{w['min']}-{w['max']}], without {wo['median']} "
           f"[{wo['min']}-{wo['max']}], ratio {out['throughput_ratio']}; healthy_actions {out['healthy_actions']}")

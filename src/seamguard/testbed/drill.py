@@ -17,13 +17,14 @@ Hosts (`seamguard.testbed.net.Testbed`, 3 hosts, 2 rails):
              a spare node in the topology (it holds no job)
 
 Every host checkpoints to one path, ``ckpt``: an ext4 image on a loop device mounted in
-the work directory (`SlowDisk`), so a writer that floods that device makes every fsync on
-the path really slow without touching the machine's other file systems.
+the work directory (`SlowDisk`), which the drill makes really slow by keeping it frozen
+but for a few milliseconds every 500 ms, without touching the machine's other file systems.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seamguard.decide.actions import ActionKey
 from seamguard.testbed.net import SRC, Testbed
 
 AGENT_PORT = 9475
@@ -42,6 +44,7 @@ JOB_METRICS_PORT = 9477
 TWIN_PORT = 9400
 PROM_PORT = 9090
 ETCD_PORT = 2379
+CLONE_NEWNS = 0x00020000  # <sched.h>
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,10 @@ class Layout:
     @staticmethod
     def gpu(host: int) -> str:
         return f"h{host}/gpu0"
+
+
+TWIN_SERIES = ("seamguard_coolant_.*|seamguard_rack_inlet_temp_c|DCGM_FI_DEV_(GPU_TEMP|SM_CLOCK|POWER_USAGE|"
+               "GPU_UTIL|ECC_SBE_VOL_TOTAL|CORRECTABLE_REMAPPED_ROWS|THERMAL_VIOLATION)")
 
 
 # ---- files (pure) ------------------------------------------------------------------------------------
@@ -127,43 +134,141 @@ def agent_yaml(tb: Testbed, lay: Layout, host: int, kmsg: Path, ckpt: Path, quic
 
 
 def prometheus_yaml(agents: list[str], job_metrics: str, twin: str, scrape_s: float) -> str:
-    """Agents and the job as they are; from the twin only the facilities series (the agents
-    are the GPU, NIC, link and storage exporters here)."""
+    """Agents and the job as they are; from the twin the facilities series (there is no real
+    CDU) and the GPU series only NVML/dcgm-exporter would give (there are no GPUs here; the
+    controller's failsafe counts a node without GPU temperatures as dark). The GPUs' XID
+    gauge, NICs, links and storage come from the agents only."""
     doc = {
-        "global": {"scrape_interval": f"{scrape_s}s", "scrape_timeout": f"{scrape_s}s"},
+        "global": {"scrape_interval": f"{round(scrape_s * 1000)}ms", "scrape_timeout": f"{round(scrape_s * 1000)}ms"},
         "scrape_configs": [
             {"job_name": "seamguard-agent", "static_configs": [{"targets": agents}]},
             {"job_name": "seamguard-job", "static_configs": [{"targets": [job_metrics]}]},
             {"job_name": "seamguard-twin", "honor_labels": True, "static_configs": [{"targets": [twin]}],
              "metric_relabel_configs": [{"source_labels": ["__name__"], "action": "keep",
-                                         "regex": "seamguard_coolant_.*|seamguard_rack_inlet_temp_c"}]},
+                                         "regex": TWIN_SERIES}]},
         ],
     }
     return json.dumps(doc, indent=1) + "\n"
 
 
+def link_latency_query(lay: Layout) -> str:
+    """A NIC-to-leaf link's latency as the fastest path through its NIC: each probed pair's
+    mean RTT over the last 4 s, and per NIC the minimum over every pair it is the source or
+    the destination of. A gray link slows every path through it; a slow peer or a busy
+    host slows only some. (The agent's own `seamguard_fabric_link_latency_us` is the median
+    over one round of the source's peers; with two peers per rail a single gray peer moves
+    every source's median, so on this three-host bed it blames the wrong NICs.)"""
+    pair = ("(sum by (src_nic, dst_nic) (rate(seamguard_fabric_probe_rtt_seconds_sum[4s]))"
+            " / sum by (src_nic, dst_nic) (rate(seamguard_fabric_probe_rtt_seconds_count[4s])))")
+    by_nic = (f'label_replace({pair}, "nic", "$1", "src_nic", "(.*)")'
+              f' or label_replace({pair}, "nic", "$1", "dst_nic", "(.*)")')
+    leaf = lay.leaf(0)[:-1]  # leaves are named <prefix><rail>
+    return (f'1e6 * min by (link) (label_replace({by_nic}, "link", "$1~{leaf}$2", "nic", "(.*_([0-9]+))"))')
+
+
+def policy_yaml() -> str:
+    """The shipped policy with two changes for this bed. The breaker's bounds are opened for a
+    three-node fleet: one node is a third of it, and the default bounds (20 % of the fleet,
+    30 % of a loop in effect) would trip on the first drain and hold every later action.
+    Links and storage must stay slow a few seconds before they change state: the drill ticks
+    every second, not every 15 s, and the shipped counts (2 ticks for a link, 4 for a path)
+    would then react to 2-4 s of a loaded 2-core machine's scheduling noise."""
+    return json.dumps({"assess": {"hysteresis": {
+                           "link": {"enter_ticks": 4, "quarantine_ticks": 5},
+                           "storage": {"severe_state": "checkpoint_unsafe", "enter_ticks": 6}}},
+                       "breaker": {"max_fleet_fraction": 0.7, "max_loop_fraction": 1.0,
+                                   "max_in_effect_fleet_fraction": 0.7, "max_in_effect_loop_fraction": 1.0,
+                                   "max_in_effect_rack_fraction": 1.0, "max_in_effect_leaf_fraction": 1.0,
+                                   "max_domain_fraction": 1.0, "max_link_fraction": 1.0,
+                                   "max_storage_fraction": 1.0}}, indent=1) + "\n"
+
+
 def run_yaml(lay: Layout, topology: Path, prom_url: str, mode: str, work: Path, hint_dir: Path,
-             tick_s: float) -> str:
-    """`seamguard run`: enforce or dry_run, the log actuator and the runtime actuator. GPU
-    series that only NVML or dcgm-exporter give are switched off (no driver here): the
-    controller reads the agents' XID gauge and the runtime's compute seconds for GPUs."""
-    off = {"enabled": False}
+             tick_s: float, policy: Path) -> str:
+    """`seamguard run`: enforce or dry_run, the log actuator and the runtime actuator. Probe
+    gauges are read over the last 4 s (8 probe rounds): one round's RTT or fsync on a loaded
+    2-core machine is scheduling noise; a gray link or a slow path holds. The storage latency
+    is the slowest host's median; a link's latency comes from `link_latency_query`."""
     doc = {
-        "version": 1, "topology": str(topology), "mode": mode, "tick_s": tick_s,
+        "version": 1, "topology": str(topology), "policy": str(policy), "mode": mode, "tick_s": tick_s,
         "ledger": str(work / "seamguard.db"), "events_out": str(work / "events.jsonl"),
         "prometheus": {"url": prom_url, "timeout_s": 2, "deadline_s": max(0.5, tick_s * 0.8),
                        "mapping": {"signals": {
                            "seamguard_storage_write_latency_ms":
-                               {"query": "max by (storage) (seamguard_storage_write_latency_ms)"},
-                           **{s: off for s in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK",
-                                               "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL",
-                                               "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-                                               "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-                                               "DCGM_FI_DEV_THERMAL_VIOLATION")}}}},
+                               {"query": "max by (storage) (quantile_over_time(0.5, "
+                                         "seamguard_storage_write_latency_ms[4s]))"},
+                           "seamguard_fabric_link_latency_us": {"query": link_latency_query(lay)}}}},
         "actuators": [{"type": "log", "path": str(work / "actions.jsonl")},
                       {"type": "runtime", "hint_dirs": {lay.job: str(hint_dir)}}],
     }
     return json.dumps(doc, indent=1) + "\n"
+
+
+# ---- figures (pure) ------------------------------------------------------------------------------------
+FAULTS = ("gray_link", "slow_storage", "cooling", "node_failure")
+
+
+def covered(lay: Layout) -> dict[str, set[str]]:
+    """The entities each fault puts at risk: an action on one of them covers the fault."""
+    job, h0, h1 = lay.job, lay.node(0), lay.node(1)
+    return {
+        "gray_link": {lay.link(0, 0), lay.nic(0, 0), lay.leaf(0), f"{lay.leaf(0)}~spine-0", h0, lay.gpu(0), job},
+        "slow_storage": {lay.storage, job},
+        "cooling": {lay.loop_of_host[0], lay.rack_of_host[0], h0, lay.gpu(0), job},
+        "node_failure": {h1, lay.gpu(1), lay.nic(1, 0), lay.nic(1, 1), job},
+    }
+
+
+def decisions(events: list[dict]) -> list[dict]:
+    """The controller's `apply` decisions, in time order (both modes record them)."""
+    out = [e for e in events if isinstance(e.get("action"), dict) and e["action"].get("op") == "apply"]
+    return sorted(out, key=lambda e: e["t"])
+
+
+def key_of(e: dict) -> str:
+    return str(e["action"].get("key"))
+
+
+def entity_of(e: dict) -> str:
+    try:
+        return ActionKey.parse(key_of(e)).entity
+    except ValueError:
+        return str(e.get("entity"))
+
+
+def fault_figures(starts: dict[str, float], ends: dict[str, float], cover: dict[str, set[str]], events: list[dict],
+                  job_events: list[dict], delivered: list[dict]) -> dict[str, dict]:
+    dec = decisions(events)
+    out = {}
+    order = sorted(starts, key=starts.get)
+    for i, f in enumerate(order):
+        t0 = starts[f]
+        window_end = starts[order[i + 1]] if i + 1 < len(order) else ends[f]
+        mine = [e for e in dec if e["t"] >= t0 and entity_of(e) in cover[f]]
+        first = next((e for e in mine if e["t"] < window_end), None)
+        lost = sum(int(e.get("steps_redone") or 0) for e in job_events
+                   if e.get("event") == "resumed" and t0 <= e.get("t", 0) < window_end)
+        keys = sorted({key_of(e) for e in mine if e["t"] < window_end})
+        out[f] = {
+            "time_to_action_s": round(first["t"] - t0, 2) if first else None,
+            "action": key_of(first) if first else None,
+            "actions": keys,
+            "delivered": sorted({r["key"] for r in delivered if r.get("key") in keys}),
+            "job_steps_lost": lost,
+            "recoveries": sum(1 for e in job_events if e.get("event") == "resumed" and e.get("gen")
+                              and t0 <= e.get("t", 0) < window_end),
+        }
+    return out
+
+
+def healthy_actions(starts: dict[str, float], cover: dict[str, set[str]], events: list[dict]) -> list[str]:
+    """Decisions on entities that no fault started before them covers."""
+    bad = []
+    for e in decisions(events):
+        at_risk = set().union(*(cover[f] for f, t0 in starts.items() if t0 <= e["t"]))
+        if entity_of(e) not in at_risk:
+            bad.append(key_of(e))
+    return bad
 
 
 # ---- processes inside a host ---------------------------------------------------------------------------
@@ -210,27 +315,47 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+def gray_link(tb: Testbed, host: int, rail: int, rate_mbit: float | None) -> None:
+    """A gray (slow, not dead) link: tbf on both ends of (host, rail) with a bucket of 64 kB,
+    larger than the test bed's 9000-byte frames, so every packet still passes at ``rate_mbit``
+    (`Testbed.set_gray`'s 4 kB bucket starves jumbo frames: a dead link, not a gray one).
+    None restores the link."""
+    from seamguard.testbed.net import _tc
+
+    for ns, dev in ((tb.host_ns(host), tb.rail_if(rail)), (tb.fabric_ns, tb.port(host, rail))):
+        _tc(ns, "qdisc", "del", "dev", dev, "root", check=False)
+        if rate_mbit is not None:
+            _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "64kb",
+                "latency", "400ms")
+
+
 def ns_pids(tb: Testbed, host: int) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", tb.host_ns(host)], capture_output=True, text=True,
                          check=False).stdout
     return [int(p) for p in out.split()]
 
 
-def kill_workers(tb: Testbed, host: int) -> list[int]:
-    """What a GPU falling off the bus does to the job: the rank processes on that host die
-    (SIGKILL to every `seamguard: worker` process there; the launcher and fork server live)."""
-    killed = []
+def kill_workers(tb: Testbed, host: int, record: Path | None = None) -> list[int]:
+    """What a GPU falling off the bus does to the job: the processes on that host that hold
+    the GPU die (SIGKILL to every `seamguard: worker` and `seamguard: spare` there; the
+    launcher, the fork server and the checkpoint writers live).
+    ``record`` gets every process of the host and whether it was killed."""
+    killed, seen = [], []
     for pid in ns_pids(tb, host):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if cmd.startswith("seamguard: worker"):
+        seen.append(f"{pid} {cmd[:120]}")
+        if cmd.startswith(("seamguard: worker", "seamguard: spare")):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             except ProcessLookupError:
                 pass
+    if record is not None:
+        record.write_text("\n".join(f"{line} {'KILLED' if int(line.split()[0]) in killed else ''}"
+                                     for line in seen) + "\n")
     return killed
 
 
@@ -280,55 +405,63 @@ def prom_query(tb: Testbed, host: int, prom: str, expr: str, at: float | None = 
 # ---- the slow checkpoint device ---------------------------------------------------------------------------
 @dataclass
 class SlowDisk:
-    """An ext4 image on a loop device, mounted at ``mount``; `flood()` starts writers that
-    keep the loop device's queue full of synchronous writes, so every fsync on the mount
-    waits behind them — real slowness on this path only (no device-mapper delay target or
-    io cgroup controller exists on this machine; see docs/seam-drill.md)."""
+    """An ext4 image on a loop device, mounted at ``mount``. `slow()` makes the path slow the
+    way a stalling storage server is: the file system is frozen (`fsfreeze`, the FIFREEZE
+    ioctl) for ``frozen_ms``, thawed for ``thawed_ms`` plus the few ms the next `fsfreeze`
+    takes to start, so every write and fsync on it — the agents' probes and the job's
+    checkpoints alike — waits in the kernel for the next thaw, and a file created in one thaw
+    is written in a later one (the agent's probe times the write and fsync, not the create). Only this path is affected (no device-mapper delay target, no io cgroup
+    controller and no libfuse on this machine; see docs/seam-drill.md)."""
 
     image: Path
     mount: Path
     size_mb: int = 256
-    writers: int = 2
-    chunk_mb: int = 8
+    frozen_ms: float = 500.0
+    thawed_ms: float = 0.0  # thawed only while the next fsfreeze starts (a few ms)
+    freezes: int = 0
+    errors: list[str] = field(default_factory=list)
     _dev: str = ""
     _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    _thread: threading.Thread | None = None
 
     def up(self) -> SlowDisk:
         self.mount.mkdir(parents=True, exist_ok=True)
         with open(self.image, "wb") as fh:
             fh.truncate(self.size_mb << 20)
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-J", "size=4", str(self.image)], check=True, capture_output=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(self.image)], check=True, capture_output=True)
         self._dev = subprocess.run(["losetup", "-f", "--show", str(self.image)], check=True, capture_output=True,
                                    text=True).stdout.strip()
-        subprocess.run(["mount", "-o", "data=journal", self._dev, str(self.mount)], check=True, capture_output=True)
+        subprocess.run(["mount", self._dev, str(self.mount)], check=True, capture_output=True)
         return self
 
-    def flood(self) -> None:
+    def slow(self) -> None:
+        if self._thread is not None:
+            return
         self._stop.clear()
-        for i in range(self.writers):
-            t = threading.Thread(target=self._write_loop, args=(self.mount / f".flood{i}",), daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._thread = threading.Thread(target=self._cycle, name="fsfreeze", daemon=True)
+        self._thread.start()
 
-    def _write_loop(self, path: Path) -> None:
-        block = os.urandom(1 << 20)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            while not self._stop.is_set():
-                os.lseek(fd, 0, os.SEEK_SET)
-                for _ in range(self.chunk_mb):
-                    os.write(fd, block)
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-            path.unlink(missing_ok=True)
+    def _cycle(self) -> None:
+        while not self._stop.is_set():
+            p = subprocess.run(["fsfreeze", "-f", str(self.mount)], check=False, capture_output=True, text=True,
+                               timeout=10)
+            self.freezes += 1
+            if p.returncode != 0:
+                self.errors.append(p.stderr.strip())
+            self._stop.wait(self.frozen_ms / 1000.0)
+            self._thaw()
+            self._stop.wait(self.thawed_ms / 1000.0)
+
+    def _thaw(self) -> None:
+        subprocess.run(["fsfreeze", "-u", str(self.mount)], check=False, capture_output=True, timeout=10)
 
     def calm(self) -> None:
         self._stop.set()
-        for t in self._threads:
-            t.join(60)
-        self._threads.clear()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        if self._dev:
+            self._thaw()  # whatever the cycle was doing when told to stop
 
     def down(self) -> None:
         self.calm()
@@ -338,6 +471,18 @@ class SlowDisk:
             subprocess.run(["losetup", "-d", self._dev], check=False, capture_output=True)
             self._dev = ""
         self.image.unlink(missing_ok=True)
+
+
+def private_mounts() -> None:
+    """Give this process (and what it starts) a mount namespace of its own, private from `/`
+    down, before mounting anything: `ip netns exec` copies the caller's mounts into every
+    process it starts, so a mount made in the machine's namespace would stay pinned (and its
+    loop device attached) by any namespaced process anyone starts meanwhile. Here the mount,
+    the loop device and the testbed's netns files go away with this process."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed (root is needed)")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True, capture_output=True)
 
 
 def fsync_ms(path: Path, size_bytes: int = 4096) -> float:

@@ -1,0 +1,86 @@
+"""The seam drill's files and figures (seamguard.testbed.drill): every file it writes is one the
+product accepts as is, and the per-fault figures are read off the controller's events the way
+benchmarks/seam_drill.py reports them. The drill itself (namespaces, Prometheus, a training
+job) runs in the benchmark, minutes long; this checks the parts it is built from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from seamguard.agent.config import parse_agent_config
+from seamguard.app.config import load_policy, load_run_config, load_topology
+from seamguard.fleet.model import Kind
+from seamguard.testbed.drill import (
+    Layout,
+    agent_yaml,
+    covered,
+    fault_figures,
+    healthy_actions,
+    link_latency_query,
+    policy_yaml,
+    prometheus_yaml,
+    run_yaml,
+    topology_yaml,
+)
+from seamguard.testbed.net import Testbed, TestbedSpec
+
+LAY = Layout()
+
+
+def test_the_drill_files_are_valid_product_inputs(tmp_path: Path):
+    (tmp_path / "fleet.yaml").write_text(topology_yaml(LAY))
+    fleet = load_topology(tmp_path / "fleet.yaml")
+    assert fleet.node_names == ["h0", "h1", "h2"]
+    assert LAY.link(0, 0) in fleet.link_names and fleet.index_of(Kind.NIC, LAY.nic(1, 1)) >= 0
+    assert fleet.loop_names == ["cdu-a", "cdu-b"]
+    (tmp_path / "policy.yaml").write_text(policy_yaml())
+    policy = load_policy(tmp_path / "policy.yaml")
+    assert policy.breaker.max_in_effect_fleet_fraction > 1 / 3  # one drained node of three is allowed
+    (tmp_path / "run.yaml").write_text(run_yaml(LAY, tmp_path / "fleet.yaml", "http://127.0.0.1:9090", "enforce",
+                                                tmp_path, tmp_path / "hints", 1.0, tmp_path / "policy.yaml"))
+    cfg = load_run_config(tmp_path / "run.yaml")
+    assert cfg.mode == "enforce" and {a.type for a in cfg.actuators} == {"log", "runtime"}
+    tb = Testbed(TestbedSpec(hosts=LAY.hosts, rails=LAY.rails), prefix="sgdrilltest")  # never brought up
+    agent = parse_agent_config(agent_yaml(tb, LAY, 1, tmp_path / "kmsg", tmp_path), "agent-h1.yaml")
+    assert agent.node == "h1"
+    assert {p.nic for p in agent.fabric.peers} == {LAY.nic(h, r) for h in (0, 2) for r in range(LAY.rails)}
+    assert [r.link for r in agent.fabric.rails] == [LAY.link(1, r) for r in range(LAY.rails)]
+    prom = prometheus_yaml(["10.213.200.1:9475"], "10.213.200.1:9477", "127.0.0.1:9400", 1.0)
+    assert '"1000ms"' in prom and "GPU_TEMP" in prom and "seamguard_coolant_" in prom and "XID" not in prom
+
+
+def test_link_latency_query_names_links_as_the_topology_does():
+    q = link_latency_query(LAY)
+    assert '"$1~leaf-r$2"' in q and "min by (link)" in q
+    assert q.count("seamguard_fabric_probe_rtt_seconds_sum") == 2  # as source and as destination
+
+
+def _apply(t: float, key: str) -> dict:
+    return {"t": t, "action": {"op": "apply", "key": key}}
+
+
+def test_figures_per_fault_and_healthy_actions():
+    cover = covered(LAY)
+    starts = {"gray_link": 100.0, "slow_storage": 125.0, "cooling": 150.0, "node_failure": 175.0}
+    ends = {f: t + 25.0 for f, t in starts.items()}
+    events = [
+        _apply(90.0, "label_degraded:h2=async_batch_inference"),  # before any fault, on a healthy node
+        _apply(104.5, f"drain:{LAY.node(0)}"),
+        _apply(104.5, "checkpoint_interval:drill=450"),
+        {"t": 130.0, "action": {"op": "revert", "key": f"drain:{LAY.node(0)}"}},  # not a decision
+        _apply(151.0, "move_job:drill@cdu-a"),
+        _apply(176.0, f"drain:{LAY.node(1)}"),
+        _apply(177.0, "avoid_link:leaf-r1~spine-0"),  # the node failure does not cover rail 1's uplink
+    ]
+    job_events = [{"event": "resumed", "gen": 2, "t": 178.0, "steps_redone": 3},
+                  {"event": "resumed", "gen": 0, "t": 10.0, "steps_redone": None}]
+    delivered = [{"key": f"drain:{LAY.node(1)}"}]
+    fig = fault_figures(starts, ends, cover, events, job_events, delivered)
+    assert fig["gray_link"]["time_to_action_s"] == 4.5
+    assert fig["gray_link"]["actions"] == ["checkpoint_interval:drill=450", "drain:h0"]
+    assert fig["slow_storage"]["action"] is None and fig["slow_storage"]["time_to_action_s"] is None
+    assert fig["cooling"]["action"] == "move_job:drill@cdu-a" and fig["cooling"]["delivered"] == []
+    assert fig["node_failure"] == {"time_to_action_s": 1.0, "action": "drain:h1", "actions": ["drain:h1"],
+                                   "delivered": ["drain:h1"], "job_steps_lost": 3, "recoveries": 1}
+    assert healthy_actions(starts, cover, events) == ["label_degraded:h2=async_batch_inference",
+                                                      "avoid_link:leaf-r1~spine-0"]
