@@ -31,7 +31,8 @@ generators and coordinator share its cores: the load average is printed). Figure
 design and scale, median [min-max] over interleaved repetitions (the design order flips
 every repetition): store requests/s (demanded by the protocol, and achieved), the store
 server's CPU % of one core, heartbeat staleness p50/p99 (a rank's beat to the coordinator
-seeing it), the detection time of a dead node (one node's beats stop at 40 % of the
+seeing it), the server's CPU time per request and, from it, the CPU % the demanded rate
+would take (a projection, labelled so), the detection time of a dead node (one node's beats stop at 40 % of the
 window; hang timeout 1 s), and false verdicts (live ranks or nodes judged dead because
 the coordinator's pass was slower than the hang timeout). Last line: one JSON object,
 also written to benchmarks/results/membership_load[_quick].json.
@@ -205,7 +206,8 @@ def _play(design: str, store, nodes: list[int], t0: float, window_s: float) -> t
                     beats[wid] = _beat(k, k, t0 + phase + k * HEARTBEAT_S)
                 # as launcher._NodeBeat.maybe_beat on etcd: one transaction
                 store.put_and_read(keys.node_beats(ident), json.dumps({"n": n, "beats": beats}),
-                                   [keys.GENERATION, keys.JOB_DONE, keys.node_beats(0)], [keys.KILL_PREFIX])
+                                   [keys.GENERATION, keys.JOB_DONE], [keys.KILL_PREFIX],
+                                   versions=(keys.node_beats(0),))
                 ops += 1
             heapq.heappush(heap, (due + NODE_BEAT_S, 2, ident))
         if now < start:
@@ -348,14 +350,18 @@ def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, wo
             shutil.rmtree(etcd.workdir, ignore_errors=True)
     coord = next(r for k, r in results if k == "coord")
     gens = [r for k, r in results if k == "gen"]
+    ops = sum(g["ops"] for g in gens) + coord["ops"]  # requests in the window
+    ops_coord_s = coord["ops"] / window_s
     stale = sorted(coord["stale"])
     pct = (lambda q: stale[min(len(stale) - 1, int(q * len(stale)))] if stale else None)
     return {
         "design": design, "ranks": ranks,
         "demanded_ops_s": round(demanded_ops_s(design, ranks)),
-        "ops_s": round((sum(g["ops"] for g in gens) + coord["ops"]) / window_s),
+        "ops_s": round(ops / window_s),
         "coordinator_ops_s": round(coord["ops"] / window_s),
         "server_cpu_pct": round(100 * (cpu1 - cpu0) / (w1 - w0), 1),
+        "server_cpu_us_per_op": round(1e6 * (cpu1 - cpu0) / max(1, ops), 1),
+        "projected_server_cpu_pct": round(100 * (cpu1 - cpu0) / max(1, ops) * (demanded_ops_s(design, ranks) + ops_coord_s), 1),
         "staleness_p50_s": pct(0.5), "staleness_p99_s": pct(0.99),
         "detect_s": coord["detect_s"], "false_verdicts": coord["false"],
         "coordinator_pass_s": coord["pass_s_p50"], "late_actions": sum(g["late"] for g in gens),
@@ -370,7 +376,8 @@ def _spread(values: list[float | None]) -> dict:
             "missing": len(values) - len(got)}
 
 
-FIGURES = ("ops_s", "coordinator_ops_s", "server_cpu_pct", "staleness_p50_s", "staleness_p99_s",
+FIGURES = ("ops_s", "coordinator_ops_s", "server_cpu_pct", "server_cpu_us_per_op", "projected_server_cpu_pct",
+           "staleness_p50_s", "staleness_p99_s",
            "detect_s", "false_verdicts", "coordinator_pass_s")
 
 
@@ -389,7 +396,9 @@ def summarize(trials: list[dict]) -> dict:
         if flat and agg["server_cpu_pct"]["median"] and flat["server_cpu_pct"]["median"]:
             ratios[ranks] = {
                 "demanded_ops_ratio": round(flat["demanded_ops_s"] / agg["demanded_ops_s"], 1),
-                "server_cpu_ratio": round(flat["server_cpu_pct"]["median"] / agg["server_cpu_pct"]["median"], 2)}
+                "server_cpu_ratio": round(flat["server_cpu_pct"]["median"] / agg["server_cpu_pct"]["median"], 2),
+                "projected_server_cpu_ratio": round(flat["projected_server_cpu_pct"]["median"]
+                                                    / agg["projected_server_cpu_pct"]["median"], 2)}
     out["flat_over_aggregated"] = ratios
     return out
 
@@ -427,7 +436,8 @@ def main() -> None:
                     t["rep"] = rep
                     trials.append(t)
                     print(f"rep {rep} {design:10s} {ranks:6d} ranks: {t['ops_s']:8d} ops/s of "
-                          f"{t['demanded_ops_s']:8d} demanded, server {t['server_cpu_pct']:5.1f} % CPU, "
+                          f"{t['demanded_ops_s']:8d} demanded, server {t['server_cpu_pct']:5.1f} % CPU "
+                          f"({t['server_cpu_us_per_op']} us/op), "
                           f"staleness p50 {t['staleness_p50_s']} p99 {t['staleness_p99_s']} s, "
                           f"node loss detected in {t['detect_s']} s, {t['false_verdicts']} false verdicts, "
                           f"coordinator pass {t['coordinator_pass_s']} s", flush=True)
@@ -435,7 +445,8 @@ def main() -> None:
     for design in ("flat", "aggregated"):
         for ranks, f in summary.get(design, {}).items():
             print(f"{design:10s} {ranks:>6s}: ops/s {_fmt(f['ops_s'])} (demanded {f['demanded_ops_s']}), "
-                  f"server CPU {_fmt(f['server_cpu_pct'], '%')}, staleness p50 {_fmt(f['staleness_p50_s'], 's')} "
+                  f"server CPU {_fmt(f['server_cpu_pct'], '%')} ({_fmt(f['server_cpu_us_per_op'], ' us/op')}; "
+                  f"at the demanded rate {_fmt(f['projected_server_cpu_pct'], '%')}), staleness p50 {_fmt(f['staleness_p50_s'], 's')} "
                   f"p99 {_fmt(f['staleness_p99_s'], 's')}, detection {_fmt(f['detect_s'], 's')}, "
                   f"false verdicts {_fmt(f['false_verdicts'])}")
     result = {"benchmark": "membership_load", "quick": args.quick, "reps": reps, "window_s": window_s,

@@ -190,3 +190,9 @@ def test_put_and_read_is_one_transaction_of_a_node_beat(etcd):
     assert got == {keys.GENERATION: b"3", keys.JOB_DONE: None}
     assert fam == {keys.KILL_PREFIX: {keys.kill_request(7): b"1"}}
     assert s.get(keys.node_beats(1)) == b'{"n": 5}'
+    got, _ = s.put_and_read(keys.node_beats(2), "x", [], [], versions=(keys.node_beats(1), "absent"))
+    rev = int(got[keys.node_beats(1)])
+    assert got["absent"] is None
+    s.set(keys.node_beats(1), '{"n": 6}')
+    got, _ = s.put_and_read(keys.node_beats(2), "x", [], [], versions=(keys.node_beats(1),))
+    assert int(got[keys.node_beats(1)]) > rev  # a rewrite shows as a newer revision

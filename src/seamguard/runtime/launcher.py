@@ -356,13 +356,14 @@ class _NodeBeat:
         live = [c for c in children if not c.reported]
         beats = keys.read_family(self.local, f"{keys.ROOT}/hb/", [str(c.wid) for c in live])
         record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
-        singles = [keys.GENERATION, keys.JOB_DONE, keys.node_beats(0)]
+        singles = [keys.GENERATION, keys.JOB_DONE]
         if hasattr(self.job, "put_and_read"):  # etcd: the whole node beat is one transaction
-            got, families = self.job.put_and_read(keys.node_beats(self.node), record, singles, [keys.KILL_PREFIX])
+            got, families = self.job.put_and_read(keys.node_beats(self.node), record, singles, [keys.KILL_PREFIX],
+                                                  versions=(keys.node_beats(0),))
             kills = {k[len(keys.KILL_PREFIX):] for k in families[keys.KILL_PREFIX]}
         else:
             self.job.set(keys.node_beats(self.node), record)
-            got = {k: keys.peek(self.job, k) for k in singles}
+            got = {k: keys.peek(self.job, k) for k in [*singles, keys.node_beats(0)]}
             kills = set(keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]))
         gen = got[keys.GENERATION]
         if gen is not None and gen != self._gen:
@@ -377,7 +378,7 @@ class _NodeBeat:
     def _coordinator_silent(self, raw: bytes | None, now: float) -> bytes | None:
         """COORDINATOR_LOST once node 0's record (its launcher runs the coordinator) has
         stood still for coordinator_timeout_s: no one would plan a generation again."""
-        counter = json.loads(raw)["n"] if raw else None
+        counter = raw  # node 0's record (TCPStore) or its revision (etcd): any change is life
         if counter != self._coordinator[0]:
             self._coordinator = (counter, now)
         elif now - self._coordinator[1] > (self._coordinator_timeout_s if counter is not None

@@ -198,13 +198,16 @@ class EtcdStore(dist.Store):
         found = self._get_or_revision(key)
         return found if isinstance(found, bytes) else None
 
-    def put_and_read(self, key: str, value: str | bytes, singles: list[str],
-                     prefixes: list[str]) -> tuple[dict[str, bytes | None], dict[str, dict[str, bytes]]]:
+    def put_and_read(self, key: str, value: str | bytes, singles: list[str], prefixes: list[str],
+                     versions: tuple[str, ...] = ()) -> tuple[dict[str, bytes | None], dict[str, dict[str, bytes]]]:
         """Write one key and read others in one request (one etcd transaction): a node
         beat's record, and the generation, kill requests and job end it must notice.
-        Returns ({key: value or None}, {prefix: {key: value}})."""
+        Returns ({key: value or None}, {prefix: {key: value}}); a key of ``versions`` is
+        read without its value and answered with its revision (b"<mod_revision>"): enough
+        to see it change, without shipping node 0's record to every node every beat."""
         ops = [{"request_put": {"key": _b64(self.prefix + _bytes(key)), "value": _b64(_bytes(value))}}]
         ops += [{"request_range": {"key": _b64(self.prefix + _bytes(k))}} for k in singles]
+        ops += [{"request_range": {"key": _b64(self.prefix + _bytes(k)), "keys_only": True}} for k in versions]
         for p in prefixes:
             start = self.prefix + _bytes(p)
             ops.append({"request_range": {"key": _b64(start), "range_end": _b64(_prefix_end(start))}})
@@ -216,7 +219,10 @@ class EtcdStore(dist.Store):
                     for kv in reply["response_range"].get("kvs", [])}
 
         one = {k: kvs(r).get(k) for k, r in zip(singles, replies)}
-        many = {p: kvs(r) for p, r in zip(prefixes, replies[len(singles):])}
+        for k, r in zip(versions, replies[len(singles):]):
+            found = r["response_range"].get("kvs", [])
+            one[k] = str(found[0]["mod_revision"]).encode() if found else None
+        many = {p: kvs(r) for p, r in zip(prefixes, replies[len(singles) + len(versions):])}
         return one, many
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
