@@ -273,3 +273,31 @@ def test_sglang_and_tgi_metrics_feed_the_router(text, expected):
     from seamguard.gateway.routing import parse_vllm_metrics
 
     assert parse_vllm_metrics(text) == expected
+
+
+def test_with_prefilled_reported_a_stall_is_timed_from_the_transfer_not_from_prefill_queueing():
+    """A burst or a busy machine slows prefill for every path; only a transfer that has started
+    and not produced its first token is evidence against its path."""
+    plain_p = [Instance(i.name, i.url, i.role, i.nic) for i in P]
+    plain_d = [Instance(i.name, i.url, i.role, i.nic) for i in D]
+    r, c = sg(plain_p + plain_d)
+    for x in hold(r, c, 16):  # history: 50 ms from prefilled to first token on every path
+        r.prefilled(x)
+        c.t += 0.05
+        r.first_token(x, 0.05)
+        r.finished(x, Outcome(True, ttft_s=0.1, tpot_s=0.02, decode_first_token_s=0.05, output_tokens=10))
+    queued = hold(r, c, 4)  # one per path, all stuck in prefill for 3 s (a burst, a busy host)
+    c.t += 3.0
+    assert all(p["admissible"]["interactive"] for p in r.snapshot()["paths"])
+    on_p0d1 = next(x for x in queued if (x.prefill.name, x.decode.name) == ("p0", "d1"))
+    for x in queued:
+        r.prefilled(x)
+    c.t += 0.2  # the others' transfers are as fast as ever; p0->d1's has not produced a token
+    for x in queued:
+        if x is not on_p0d1:
+            r.first_token(x, 0.05)
+    c.t += 0.3
+    snap = {(p["prefill"], p["decode"]): p for p in r.snapshot()["paths"]}
+    assert snap[("p0", "d1")]["admissible"]["interactive"] is False
+    assert snap[("p0", "d1")]["why"]["interactive"].startswith("transfer pending 0.500s vs peers' 0.050s")
+    assert all(p["admissible"]["interactive"] for k, p in snap.items() if k != ("p0", "d1"))

@@ -281,6 +281,7 @@ class _Path:
     good_probes: int = 0  # consecutive probes that came back in line with the peers
     lat: float = math.nan  # cached: the window's quantile (the path's latency)
     tft_med: float = math.nan  # cached: median route -> first token
+    dft_med: float = math.nan  # cached: median decode request sent -> first token
     pending: dict = field(default_factory=dict)  # id(route) -> _Pending, routed and not finished
 
 
@@ -304,6 +305,7 @@ class _Pending:
     first_token_t: float | None = None
     probe: bool = False
     prefilled: bool = False  # the prefill instance answered: its GPU is done with this request
+    prefilled_t: float | None = None  # ... when (router clock): the KV transfer starts then
 
 
 @dataclass
@@ -357,6 +359,7 @@ class SeamguardRouter:
         self._tpot_t: dict[str, float] = {}  # ... and when the last one came
         self._caps: dict[str, _Cap] = {}  # decode instance -> its shrunk batch
         self._in_prefill: dict[str, int] = {}  # prefill instance -> requests routed and not yet prefilled
+        self._sees_prefill = False  # the caller reports prefilled(): stalls are timed from the transfer's start
         self._turn = 0
         self.decisions: dict[str, int] = {}  # reason kind -> count (for /metrics)
         self.recent: deque = deque(maxlen=50)  # the latest departures from the default, newest last
@@ -502,8 +505,9 @@ class SeamguardRouter:
         request never reported here counts on its prefill instance until it finishes."""
         pend = self._inflight.note(route)
         if isinstance(pend, _Pending) and not pend.prefilled:
-            pend.prefilled = True
+            pend.prefilled, pend.prefilled_t = True, self._clock()
             self._in_prefill[pend.path[0]] -= 1
+            self._sees_prefill = True
 
     def first_token(self, route: Route, decode_first_token_s: float) -> None:
         pend = self._inflight.note(route)
@@ -616,6 +620,7 @@ class SeamguardRouter:
     def _refresh(self, p: _Path) -> None:
         p.lat = _quantile(list(p.dft), self.options.quantile) if p.dft else math.nan
         p.tft_med = _median(list(p.tft)) if p.tft else math.nan
+        p.dft_med = _median(list(p.dft)) if p.dft else math.nan
         self._version += 1
 
     def _sorted(self) -> dict:
@@ -627,6 +632,7 @@ class SeamguardRouter:
             have = [p for p in self._paths.values() if p.dft]
             self._cache = (self._version, {"lat": sorted(p.lat for p in have),
                                            "tft_med": sorted(p.tft_med for p in have),
+                                           "dft_med": sorted(p.dft_med for p in have),
                                            "tpot": tpot, "tpot_sorted": sorted(tpot.values())})
         return self._cache[1]
 
@@ -648,7 +654,7 @@ class SeamguardRouter:
         return d.lat if d else math.nan
 
     def _peers(self, key: PathKey, attr: str) -> float:
-        """Median over the other paths of their `attr` ("lat" or "tft_med"); nan without data."""
+        """Median over the other paths of their `attr` ("lat", "tft_med" or "dft_med"); nan without data."""
         p = self._paths.get(key)
         return _median_without(self._sorted()[attr], getattr(p, attr) if p and p.dft else None)
 
@@ -690,8 +696,7 @@ class SeamguardRouter:
                 and lat - peer > opts.budget_share * budget:
             return f"transfer p{round(100 * opts.quantile)} {lat:.3f}s vs peers {peer:.3f}s", ev
         # a transfer still waiting for its first token: censored evidence, before it ends
-        typical = self._peers(key, "tft_med")
-        ages = [now - n.t0 for n in p.pending.values() if n.first_token_t is None] if p else []
+        typical, ages = self._pending_ages(key, p, now)
         if ages and not math.isnan(typical):
             oldest = max(ages)
             ev.update(oldest_pending_s=oldest, peers_first_token_s=typical)
@@ -699,11 +704,22 @@ class SeamguardRouter:
                 return f"transfer pending {oldest:.3f}s vs peers' {typical:.3f}s to first token", ev
         if not math.isnan(lat) and not math.isnan(peer) and lat > opts.peer_ratio * peer:
             # slow, yet within this class's budget (batch): admissible while its queue fits the budget
-            queued = len(ages) + 1
+            queued = (sum(1 for n in p.pending.values() if n.first_token_t is None) if p else 0) + 1
             ev["queued"] = float(queued)
             if lat * queued > budget:
                 return f"slow path ({lat:.3f}s) x {queued} queued transfers exceeds the {budget:.1f}s budget", ev
         return "", ev
+
+    def _pending_ages(self, key: PathKey, p: _Path | None, now: float) -> tuple[float, list[float]]:
+        """The path's transfers still waiting for their first token, and the peers' typical time
+        for that wait. When the caller reports prefilled(), from the transfer's start against the
+        peers' decode_first_token_s (prefill queueing, which a burst or a busy host puts on every
+        path, is left out); otherwise from routing against the peers' route->first-token time."""
+        waiting = [n for n in p.pending.values() if n.first_token_t is None] if p else []
+        if self._sees_prefill:
+            return (self._peers(key, "dft_med"),
+                    [now - n.prefilled_t for n in waiting if n.prefilled_t is not None])
+        return self._peers(key, "tft_med"), [now - n.t0 for n in waiting]
 
     def _slow_decode(self, name: str, request_class: str, now: float, ev: dict[str, float],
                      sample: float | None = None) -> str:
