@@ -68,6 +68,7 @@ def test_figures_per_fault_and_healthy_actions():
         _apply(104.5, f"drain:{LAY.node(0)}"),
         _apply(104.5, "checkpoint_interval:drill=450"),
         {"t": 130.0, "action": {"op": "revert", "key": f"drain:{LAY.node(0)}"}},  # not a decision
+        _apply(131.0, "checkpoint_now:drill@t131"),  # no remedy for a stalled path; the job is at risk
         _apply(151.0, "move_job:drill@cdu-a"),
         _apply(176.0, f"drain:{LAY.node(1)}"),
         _apply(177.0, "avoid_link:leaf-r1~spine-0"),  # the node failure does not cover rail 1's uplink

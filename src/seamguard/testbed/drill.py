@@ -172,8 +172,12 @@ def policy_yaml() -> str:
     30 % of a loop in effect) would trip on the first drain and hold every later action.
     Links and storage must stay slow a few seconds before they change state: the drill ticks
     every second, not every 15 s, and the shipped counts (2 ticks for a link, 4 for a path)
-    would then react to 2-4 s of a loaded 2-core machine's scheduling noise."""
-    return json.dumps({"assess": {"hysteresis": {
+    would then react to 2-4 s of a loaded 2-core machine's scheduling noise. And the
+    checkpoint path's own-floor ratio starts at 10x (shipped: 2x, saturating at 4x): the
+    loop device's floor is ~2 ms, and 4x that (8 ms) is what a job's recovery or a
+    neighbour's I/O costs it for seconds at a time; the stalled path is ~250x."""
+    return json.dumps({"assess": {"evidence": {"storage_latency_ratio": [10.0, 40.0]},
+                                  "hysteresis": {
                            "link": {"enter_ticks": 4, "quarantine_ticks": 5},
                            "storage": {"severe_state": "checkpoint_unsafe", "enter_ticks": 6}}},
                        "breaker": {"max_fleet_fraction": 0.7, "max_loop_fraction": 1.0,
@@ -209,11 +213,13 @@ FAULTS = ("gray_link", "slow_storage", "cooling", "node_failure")
 
 
 def covered(lay: Layout) -> dict[str, set[str]]:
-    """The entities each fault puts at risk: an action on one of them covers the fault."""
+    """The entities each fault puts at risk: an action on one of them covers the fault. A
+    slow checkpoint path is covered only by an action on the path: asking the job for a
+    checkpoint (or a shorter interval) while its path stalls is no remedy."""
     job, h0, h1 = lay.job, lay.node(0), lay.node(1)
     return {
         "gray_link": {lay.link(0, 0), lay.nic(0, 0), lay.leaf(0), f"{lay.leaf(0)}~spine-0", h0, lay.gpu(0), job},
-        "slow_storage": {lay.storage, job},
+        "slow_storage": {lay.storage},
         "cooling": {lay.loop_of_host[0], lay.rack_of_host[0], h0, lay.gpu(0), job},
         "node_failure": {h1, lay.gpu(1), lay.nic(1, 0), lay.nic(1, 1), job},
     }
