@@ -64,6 +64,7 @@ from seamguard.testbed.drill import (
     kill_namespace,
     kill_workers,
     ns_get,
+    phase_rates,
     policy_yaml,
     private_mounts,
     prom_query,
@@ -267,7 +268,9 @@ class Rep:
         t_end = t.end(t0)
         _sleep_until(t_end + 2)
         step1 = self.job_step(t_end)
-        self.save_trace(t0 - 5, t_end)
+        trace = self.save_trace(t0 - 5, t_end)
+        series = (trace.get("seamguard_job_step") or [{}])[0].get("values", [])
+        rates = phase_rates([(float(ts), float(v)) for ts, v in series], t0, starts, t.fault_s, t_end)
         events = read_jsonl(self.work / "ctl" / "events.jsonl")
         job_events = read_jsonl(self.work / "job" / "events.jsonl")
         delivered = read_jsonl(self.work / "hints" / ".seamguard-hints.jsonl")
@@ -278,6 +281,7 @@ class Rep:
             "faults": fault_figures(starts, ends, cover, events, job_events, delivered),
             "healthy_actions": healthy_actions(starts, cover, events),
             "useful_steps_per_s": round(throughput, 4) if throughput is not None else None,
+            "steps_per_s_by_phase": rates,
             "steps": [step0, step1], "drill_s": round(t_end - t0, 1),
             "storage_probe_ms": {"before": round(probe_before, 1),
                                  "during": round(probe_during, 1) if probe_during else None},
@@ -286,7 +290,7 @@ class Rep:
             "controller_alive": self.procs.alive("controller"),
         }
 
-    def save_trace(self, t_from: float, t_to: float) -> None:
+    def save_trace(self, t_from: float, t_to: float) -> dict:
         """The drill's main series as Prometheus stored them (trace.json, kept with --keep)."""
         from urllib.parse import urlencode
 
@@ -296,6 +300,7 @@ class Rep:
             text = ns_get(self.tb, self.ctl, f"{self.prom}/api/v1/query_range?{q}")
             out[name] = json.loads(text)["data"]["result"] if text else None
         (self.work / "trace.json").write_text(json.dumps(out))
+        return out
 
     def stop(self) -> None:
         self.disk.calm()
@@ -327,12 +332,15 @@ def summarize(reps: list[dict]) -> dict:
                 "delivered": sorted({k for x in rs for k in x["delivered"]}),
                 "job_steps_lost": stats([x["job_steps_lost"] for x in rs]),
             }
+    phases = {m: {p: stats([r["steps_per_s_by_phase"].get(p) for r in by[m]])["median"]
+                  for p in (by[m][0]["steps_per_s_by_phase"] if by[m] else {})} for m in MODES}
     w, wo = tput["enforce"]["median"], tput["dry_run"]["median"]
     return {
         "per_fault": per_fault,
         "useful_throughput_with_control": tput["enforce"],
         "useful_throughput_without_control": tput["dry_run"],
         "throughput_ratio": round(w / wo, 3) if w and wo else None,
+        "steps_per_s_by_phase": phases,
         "healthy_actions": sum(len(r["healthy_actions"]) for r in reps),
     }
 
@@ -397,6 +405,8 @@ def print_table(out: dict) -> None:
     w, wo = out["useful_throughput_with_control"], out["useful_throughput_without_control"]
     print(f"useful steps/s with control {w['median']} [{w['min']}-{w['max']}], without {wo['median']} "
           f"[{wo['min']}-{wo['max']}], ratio {out['throughput_ratio']}; healthy_actions {out['healthy_actions']}")
+    for m, ph in out["steps_per_s_by_phase"].items():
+        print(f"steps/s by phase ({m}): " + " ".join(f"{p} {v}" for p, v in ph.items()))
 
 
 if __name__ == "__main__":

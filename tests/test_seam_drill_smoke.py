@@ -17,6 +17,7 @@ from seamguard.testbed.drill import (
     fault_figures,
     healthy_actions,
     link_latency_query,
+    phase_rates,
     policy_yaml,
     prometheus_yaml,
     run_yaml,
@@ -85,3 +86,11 @@ def test_figures_per_fault_and_healthy_actions():
                                    "delivered": ["drain:h1"], "job_steps_lost": 3, "recoveries": 1}
     assert healthy_actions(starts, cover, events) == ["label_degraded:h2=async_batch_inference",
                                                       "avoid_link:leaf-r1~spine-0"]
+
+
+def test_phase_rates_are_steps_per_second_in_each_window():
+    starts = {"gray_link": 10.0, "slow_storage": 30.0, "cooling": 50.0, "node_failure": 70.0}
+    steps = [(float(t), float(t * 2 if t < 10 or t > 20 else 20 + (t - 10) * 0.5)) for t in range(91)]
+    r = phase_rates(steps, 0.0, starts, 10.0, 90.0)
+    assert r["calm"] == 2.0 and r["gray_link"] == 0.5
+    assert r["node_failure_after"] == 2.0 and list(r)[:3] == ["calm", "gray_link", "gray_link_after"]

@@ -267,6 +267,22 @@ def fault_figures(starts: dict[str, float], ends: dict[str, float], cover: dict[
     return out
 
 
+def phase_rates(steps: list[tuple[float, float]], t0: float, starts: dict[str, float], fault_s: float,
+                end: float) -> dict[str, float | None]:
+    """Training steps per second in each phase of the drill, from (time, step) samples: the calm
+    start, each fault while it is on, and each fault's calm after it (`<fault>_after`)."""
+    order = sorted(starts, key=starts.get)
+    spans = [("calm", t0, starts[order[0]])]
+    for i, f in enumerate(order):
+        nxt = starts[order[i + 1]] if i + 1 < len(order) else end
+        spans += [(f, starts[f], starts[f] + fault_s), (f"{f}_after", starts[f] + fault_s, nxt)]
+    out: dict[str, float | None] = {}
+    for name, a, b in spans:
+        inside = [v for t, v in steps if a <= t <= b]
+        out[name] = round((inside[-1] - inside[0]) / (b - a), 2) if len(inside) > 1 and b > a else None
+    return out
+
+
 def healthy_actions(starts: dict[str, float], cover: dict[str, set[str]], events: list[dict]) -> list[str]:
     """Decisions on entities that no fault started before them covers."""
     bad = []
