@@ -67,9 +67,9 @@ def clean_checksum(tmp_path_factory):
     return (out / "final_checksum.txt").read_text()
 
 
-def _job(cluster, name: str, launch_args=()) -> MultiNodeJob:
+def _job(cluster, name: str, launch_args=(), store: str = "etcd") -> MultiNodeJob:
     tb, etcd, jobs, tmp = cluster
-    job = MultiNodeJob(tb, [0, 1], etcd.url, tmp / name, run_id=f"{name}-{os.getpid()}",
+    job = MultiNodeJob(tb, [0, 1], etcd.url if store == "etcd" else "tcp", tmp / name, run_id=f"{name}-{os.getpid()}",
                        launch_args=tuple(launch_args), script_args=SCRIPT)
     jobs.append(job)
     return job.start()
@@ -79,8 +79,12 @@ def _kinds(job: MultiNodeJob, name: str) -> list[dict]:
     return [e for e in job.events() if e["event"] == name]
 
 
-def test_rank_killed_is_recovered_bit_identically(cluster, clean_checksum):
-    job = _job(cluster, "rank", ("--chaos", "kill:rank=1,step=8"))
+@pytest.mark.parametrize("store", ["etcd", "tcp"])
+def test_rank_killed_is_recovered_bit_identically(cluster, clean_checksum, store):
+    """Also with node 0's TCPStore as the job-wide store (per-node aggregation is on for
+    any multi-node launch)."""
+    port = ("--master-port", "29555") if store == "tcp" else ()
+    job = _job(cluster, f"rank-{store}", ("--chaos", "kill:rank=1,step=8", *port), store)
     codes = job.wait(180)
     assert codes == {0: 0, 1: 0}, job.log(0)[-3000:] + job.log(1)[-3000:]
     assert (job.out / "final_checksum.txt").read_text() == clean_checksum
