@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/failover_training.py --quick   # 3 reps of 1 kill, small model
     PYTHONPATH=src python benchmarks/failover_training.py           # 3 reps, 14.7M-param model
+    PYTHONPATH=src python benchmarks/failover_training.py --fsdp --quick   # sharded: FSDP2
 
 4 ranks (+1 hot spare for seamguard) train the same MLP on CPU/gloo. A repetition runs
 every system once failure-free and once with SIGKILLs of a non-zero rank at steps drawn
@@ -175,7 +176,7 @@ def run_torchrun(cfg: Config, work: Path, faults: bool, name: str) -> dict:
             "failures": per_failure(read_logs(out), read_kills(chaos_dir), False)}
 
 
-def probe_checkpointing(cfg: Config, work: Path) -> dict:
+def probe_checkpointing(cfg: Config, work: Path, runner=None) -> dict:
     """A failure-free torchrun run saving every 4th step: step time, save stall, write time.
 
     The stall is what saving costs the training loop per checkpoint: every step's excess
@@ -184,7 +185,7 @@ def probe_checkpointing(cfg: Config, work: Path) -> dict:
     least the median time blocked in async_save itself.
     """
     every = 4
-    run_torchrun(replace(cfg, ckpt_every=every, kills=()), work, False, "probe")
+    (runner or run_torchrun)(replace(cfg, ckpt_every=every, kills=()), work, False, "probe")
     times = sorted(t for s, t, _ in read_logs(work / "probe") if True)
     rank0 = [float(x.split()[1]) for x in (work / "probe" / "worker_0.log").read_text().splitlines()]
     dts = [b - a for a, b in itertools.pairwise(rank0[1:])]   # the first step warms up
@@ -372,6 +373,161 @@ RUNNERS = {"plain": run_plain, "seamguard": run_seamguard, "torchrun": run_torch
 BASELINES = ("torchrun", "torchft")
 
 
+# ---------------------------------------------------------------- --fsdp: sharded state
+def run_plain_fsdp(cfg: Config, work: Path, faults: bool, name: str) -> dict:
+    """The sharded reference: torchrun + FSDP2, no checkpoints, no failures."""
+    assert not faults, "plain FSDP2 has no way to survive a kill"
+    out = work / name
+    wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(WORLD_SIZE), str(REPO / "benchmarks" / "torchrun_fsdp_train.py"),
+                "--steps", str(cfg.steps), "--ckpt-every", "0", "--out", str(out),
+                *cfg.model_args()], work / f"{name}.log", ENV, 900)
+    return {"wall_s": wall, "window_s": window_s(out), "failures": []}
+
+
+def run_torchrun_fsdp(cfg: Config, work: Path, faults: bool, name: str) -> dict:
+    out, chaos_dir = work / name, work / f"{name}_chaos"
+    env = {**ENV, "SEAMGUARD_CHAOS_DIR": str(chaos_dir)}
+    if faults:
+        env["SEAMGUARD_CHAOS"] = cfg.chaos()
+    wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", str(len(cfg.kills) + 1),
+                "--monitor-interval", "0.1", str(REPO / "benchmarks" / "torchrun_fsdp_train.py"),
+                "--steps", str(cfg.steps), "--ckpt-every", str(cfg.ckpt_every), "--out",
+                str(out), *cfg.model_args()], work / f"{name}.log", env, 900)
+    return {"wall_s": wall, "window_s": window_s(out),
+            "failures": per_failure(read_logs(out), read_kills(chaos_dir), False)}
+
+
+def run_seamguard_fsdp(cfg: Config, work: Path, faults: bool, name: str,
+                       chaos: str | None = None) -> dict:
+    """examples/train_fsdp.py under seamguard launch, a snapshot every step (a sharded
+    step commits once its snapshot reached the holder: at most one step redone)."""
+    out, chaos_dir = work / name, work / f"{name}_chaos"
+    cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", str(WORLD_SIZE), "--spares", "1",
+           "--snapshot-every", "1", "--events-file", str(out / "events.jsonl"),
+           "--chaos-dir", str(chaos_dir)]
+    if faults:
+        cmd += ["--chaos", chaos or cfg.chaos()]
+    cmd += ["--", str(REPO / "examples" / "train_fsdp.py"), "--steps", str(cfg.steps),
+            "--dropout", "0", "--out", str(out), *cfg.model_args()]
+    wall = run(cmd, work / f"{name}.log", ENV, 900)
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    shards = sorted(f.name + ":" + f.read_text() for f in out.glob("final_shard_*.txt"))
+    return {"wall_s": wall, "window_s": window_s(out), "shards": shards,
+            "failures": per_failure(read_logs(out), read_kills(chaos_dir), False),
+            "recovery_s": [round(e["recovery_s"], 3) for e in events
+                           if e["event"] == "resumed" and e["gen"] > 0],
+            "phases_s": [e["phases_s"] for e in events if e.get("kind") == "recovered"]}
+
+
+def main_fsdp(args) -> None:
+    """`--fsdp`: the same comparison with sharded state (FSDP2 on 4 ranks + 1 spare):
+    plain FSDP2, seamguard (examples/train_fsdp.py), torchrun + FSDP2 + DCP async_save at
+    the Young/Daly interval; then a node loss (the victim's host memory gone with it: the
+    spare takes its shard from the holder's replica). Bit-identity: every seamguard run's
+    final shards must equal its failure-free run's."""
+    t_start = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="sg-failover-fsdp-"))
+    kills_per_run = args.kills if args.kills is not None else 1
+    try:
+        small = {"hidden": 1024, "layers": 3} if args.quick else {}
+        base = Config(steps=16 if args.quick else 24, kills=(), ckpt_every=0, **small)
+        probe = probe_checkpointing(base, work, run_torchrun_fsdp)
+        step_s = probe["step_s"]
+        segment = 12 if args.quick else max(10, round(args.segment_s / step_s))
+        mttf_s = segment * step_s
+        interval_s = max(daly_interval_s(probe["save_stall_s"], mttf_s), probe["write_s"])
+        every = max(1, round(interval_s / step_s))
+        steps = (kills_per_run + 1) * segment
+        cfg = replace(base, steps=steps, ckpt_every=every)
+        print(f"fsdp probe: step {step_s:.3f}s; DCP async_save stall {probe['save_stall_s']:.3f}s, "
+              f"write {probe['write_s']:.3f}s; failure every {segment} steps -> checkpoint every "
+              f"{every} steps", flush=True)
+        systems = ["plain", "seamguard", "torchrun"]
+        runners = {"plain": run_plain_fsdp, "seamguard": run_seamguard_fsdp,
+                   "torchrun": run_torchrun_fsdp}
+        rng = random.Random(args.seed)
+        reps: list[dict] = []
+        identical: list[bool] = []
+        for rep in range(args.reps):
+            kills = draw_kills(rng, segment, kills_per_run)
+            rcfg = replace(cfg, kills=kills)
+            order = rotated(systems, rep)
+            print(f"rep {rep + 1}/{args.reps}: {steps} steps, kills (step, rank) {list(kills)}, "
+                  f"order {' '.join(order)}", flush=True)
+            runs: dict[str, dict] = {}
+            for system in order:
+                modes = [False] if system == "plain" else [False, True]
+                if rep % 2:
+                    modes.reverse()
+                runs[system] = {}
+                for faults in modes:
+                    name = f"r{rep}_{system}_{'faults' if faults else 'clean'}"
+                    r = runners[system](rcfg, work, faults, name)
+                    runs[system]["faults" if faults else "clean"] = r
+                    shutil.rmtree(work / name / "ckpt", ignore_errors=True)
+                    fails = ", ".join(f"kill@{f['step']}: next step {f['resume_s']}s, lost "
+                                      f"{f['steps_lost']}" for f in r["failures"])
+                    print(f"  {system:9s} {'faults' if faults else 'clean ':6s} training "
+                          f"{r['window_s']:6.1f}s (process {r['wall_s']:5.1f}s) {fails}", flush=True)
+            sg = runs["seamguard"]
+            identical.append(bool(sg["clean"]["shards"]) and sg["clean"]["shards"] == sg["faults"]["shards"])
+            reps.append({"kills": [list(k) for k in kills], "order": order, "runs": runs})
+        summary: dict = {s: summarize(s, reps) for s in systems if s != "plain"}
+        plain_windows = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
+        # a whole node's memory lost with the rank (chaos `nodeloss`: its snapshots deleted,
+        # then killed): the spare must take the shard from the replica on the holder
+        s0, victim = reps[0]["kills"][0]
+        nl = run_seamguard_fsdp(cfg, work, True, "seamguard_nodeloss",
+                                f"nodeloss:rank={victim},step={s0},phase=step")
+        nl_clean = reps[0]["runs"]["seamguard"]["clean"]["shards"]
+        summary["seamguard_nodeloss"] = {**single(nl, statistics.median(plain_windows)),
+                                         "bit_identical": nl["shards"] == nl_clean,
+                                         "recovery_s": nl["recovery_s"]}
+        print(f"\nmedian [min-max] over {args.reps} interleaved reps, {kills_per_run} kill(s) each; "
+              f"plain FSDP2 failure-free training {fmt(spread(plain_windows, 1), 's')}")
+        print(f"{'system':10s} {'failure cost/kill':>22s} {'kill->next step':>22s} "
+              f"{'steps lost':>14s} {'wall vs plain':>22s} {'failure-free vs plain':>22s}")
+        for s in ("seamguard", "torchrun"):
+            sp = summary[s]["spread"]
+            print(f"{s:10s} {fmt(sp['failure_cost_per_failure_s'], 's'):>22s} "
+                  f"{fmt(sp['resume_s'], 's'):>22s} {fmt(sp['steps_lost']):>14s} "
+                  f"{fmt(sp['wall_ratio'], 'x'):>22s} {fmt(sp['failure_free_wall_ratio'], 'x'):>22s}")
+        print(f"seamguard node loss at step {s0}: " + ", ".join(
+            f"next step {f['resume_s']}s, lost {f['steps_lost']}" for f in nl["failures"])
+            + f"; bit-identical {summary['seamguard_nodeloss']['bit_identical']}", flush=True)
+        summary.update({
+            "mode": "fsdp-quick" if args.quick else "fsdp",
+            "seamguard_bit_identical": identical,
+            "config": {"world_size": WORLD_SIZE, "spares": 1, "snapshot_every": 1,
+                       "steps": cfg.steps, "reps": args.reps, "kills_per_run": kills_per_run,
+                       "segment_steps": segment, "seed": args.seed, "step_s": round(step_s, 3),
+                       "torchrun_ckpt_every": cfg.ckpt_every, "hidden": cfg.hidden,
+                       "layers": cfg.layers, "dim": cfg.dim},
+            "torchrun_checkpoint": {"save_stall_s": round(probe["save_stall_s"], 4),
+                                    "write_s": round(probe["write_s"], 4),
+                                    "interval_s": round(interval_s, 3), "every_steps": every},
+            "plain_window_s": spread(plain_windows, 2),
+            "seamguard_recovery_s": [x for r in reps
+                                     for x in r["runs"]["seamguard"]["faults"]["recovery_s"]],
+            "reps": [{"kills": r["kills"], "order": r["order"],
+                      "failures": {s: ms["faults"]["failures"] for s, ms in r["runs"].items()
+                                   if "faults" in ms},
+                      "window_s": {f"{s}_{m}": round(v["window_s"], 2)
+                                   for s, ms in r["runs"].items() for m, v in ms.items()}}
+                     for r in reps],
+            "benchmark_wall_s": round(time.perf_counter() - t_start, 1),
+        })
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps(summary))
+    except BaseException:
+        print(f"run logs kept in {work}", file=sys.stderr)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def spread(values: list[float], digits: int = 3) -> dict | None:
     """Median and range over repetitions (three runs make an IQR meaningless)."""
     v = [x for x in values if x is not None]
@@ -477,8 +633,18 @@ def main() -> None:  # noqa: C901
                          "replica is missing)")
     ap.add_argument("--out", type=Path, default=None,
                     help="results file (default benchmarks/results/failover_training.json, "
-                         "failover_training_quick.json with --quick)")
+                         "failover_training_quick.json with --quick; with --fsdp "
+                         "failover_training_fsdp[_quick].json)")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="sharded state: FSDP2 on 4 ranks (seamguard, torchrun + DCP async "
+                         "checkpoints, plain FSDP2), then a node loss")
     args = ap.parse_args()
+    if args.fsdp:
+        if args.out is None:
+            args.out = REPO / "benchmarks" / "results" / (
+                "failover_training_fsdp_quick.json" if args.quick else "failover_training_fsdp.json")
+        main_fsdp(args)
+        return
     if args.out is None:
         args.out = REPO / "benchmarks" / "results" / (
             "failover_training_quick.json" if args.quick else "failover_training.json")

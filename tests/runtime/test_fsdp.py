@@ -53,10 +53,12 @@ def test_a_killed_fsdp_rank_is_replaced_from_host_memory(tmp_path, clean_shards,
     assert len(set(clean_shards(2, 20))) == 2
     chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
     assert chosen[-1]["source"] == "memory"
-    # the victim's start of step 7 had reached its holder before it committed step 7
-    assert chosen[-1]["step"] == 7 and _redone(r) == [1], (chosen, _redone(r))
+    # the victim's start of step 7 reached its holder before it committed step 7; its
+    # start of step 8 (pushed while step 8 computes) may have too
+    resumed = chosen[-1]["step"]
+    assert resumed in (7, 8) and _redone(r) == [8 - resumed], (chosen, _redone(r))
     received = [(n["role"], n["step"], n["holder"]) for n in r.notes("state_received")]
-    assert received == ([(1, 7, 0)] if action == "nodeloss" else []), received
+    assert received == ([(1, resumed, 0)] if action == "nodeloss" else []), received
     # the survivor kept its process: no second "started" note for worker 0
     assert [n["wid"] for n in r.notes("started")].count(0) == 1
     assert any(n["wid"] == 0 and n["gen"] == 1 for n in r.notes("recovered"))
