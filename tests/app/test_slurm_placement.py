@@ -96,8 +96,8 @@ def test_jobs_placed_by_a_real_slurm_cluster(tmp_path):
         script = tmp_path / "job.sh"
         script.write_text("#!/bin/sh\nwhile true; do sleep 0.2; done\n")
         script.chmod(0o755)
-        sc.sbatch(script, f"--job-name={J0}", "--nodes=2", "--comment=criticality=2.5")
-        sc.sbatch(script, "--job-name=someone-else", "--nodes=1")
+        sc.sbatch(script, f"--job-name={J0}", "--nodes=2", "--comment=criticality=2.5", "--output=/dev/null")
+        sc.sbatch(script, "--job-name=someone-else", "--nodes=1", "--output=/dev/null")
         sp = SlurmPlacement(SlurmPlacementConfig(squeue=sc.bin("squeue"), scontrol=sc.bin("scontrol"),
                                                  refresh_s=0.1))
         deadline = time.monotonic() + 60
