@@ -233,8 +233,12 @@ class SlurmActuator:
     # ---- Actuator protocol -----------------------------------------------------------------
     def observe(self) -> set[str]:
         held: set[str] = set()
-        reserved = set(self.jobs.reservations().values()) if self.cfg.reserve_no_new_work else set()
-        for n in self.nodes().values():
+        nodes = self.nodes()  # sinfo first: an unusable sinfo is the error to report
+        try:
+            reserved = set(self.jobs.reservations().values()) if self.cfg.reserve_no_new_work else set()
+        except RuntimeError as e:
+            raise SlurmError(f"cannot read reservations: {e}", True) from None
+        for n in nodes.values():
             if n.draining and self._owned(n.reason):
                 held.add(action_key(Verb.DRAIN, n.name))
             if self.cfg.feature_prefix + "degraded" in n.available:
