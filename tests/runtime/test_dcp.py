@@ -47,7 +47,10 @@ steps = {float(s["step"]) for s in opt.state_dict()["state"].values()}
 exp_avg = {k: v.full_tensor() for k, v in opt.state_dict()["state"][0].items() if k == "exp_avg"}
 if dist.get_rank() == 0:
     torch.save({"model": full, "steps": steps, "exp_avg": exp_avg}, out)
+dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)   # skip interpreter teardown: gloo's threads can abort it ("terminate called ...")
 '''
 
 
