@@ -1025,7 +1025,7 @@ class Runtime:
         if slot is not None and slot.manifest is not None:
             with self.slots.cond:
                 slot.readers += 1
-            self._pipeline.put((slot, step, gen, False))
+            self._pipeline.put((slot, step, gen, None))  # replicate, do not persist
         self.store.set(keys.recovered(gen, self.wid),
                        json.dumps({"ok": True, "checksum": checksum, "step": step}))
 
