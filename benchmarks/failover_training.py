@@ -162,14 +162,14 @@ def run_seamguard(cfg: Config, work: Path, faults: bool, name: str, chaos: str |
                            if e["event"] == "resumed" and e["gen"] > 0]}
 
 
-def run_torchrun(cfg: Config, work: Path, faults: bool, name: str) -> dict:
+def run_torchrun(cfg: Config, work: Path, faults: bool, name: str, script: str = "torchrun_train.py") -> dict:
     out, chaos_dir = work / name, work / f"{name}_chaos"
     env = {**ENV, "SEAMGUARD_CHAOS_DIR": str(chaos_dir)}
     if faults:
         env["SEAMGUARD_CHAOS"] = cfg.chaos()
     wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", str(len(cfg.kills) + 1),
-                "--monitor-interval", "0.1", str(REPO / "benchmarks" / "torchrun_train.py"),
+                "--monitor-interval", "0.1", str(REPO / "benchmarks" / script),
                 "--steps", str(cfg.steps), "--ckpt-every", str(cfg.ckpt_every), "--out",
                 str(out), *cfg.model_args()], work / f"{name}.log", env, 900)
     return {"wall_s": wall, "window_s": window_s(out),
@@ -386,17 +386,7 @@ def run_plain_fsdp(cfg: Config, work: Path, faults: bool, name: str) -> dict:
 
 
 def run_torchrun_fsdp(cfg: Config, work: Path, faults: bool, name: str) -> dict:
-    out, chaos_dir = work / name, work / f"{name}_chaos"
-    env = {**ENV, "SEAMGUARD_CHAOS_DIR": str(chaos_dir)}
-    if faults:
-        env["SEAMGUARD_CHAOS"] = cfg.chaos()
-    wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", str(len(cfg.kills) + 1),
-                "--monitor-interval", "0.1", str(REPO / "benchmarks" / "torchrun_fsdp_train.py"),
-                "--steps", str(cfg.steps), "--ckpt-every", str(cfg.ckpt_every), "--out",
-                str(out), *cfg.model_args()], work / f"{name}.log", env, 900)
-    return {"wall_s": wall, "window_s": window_s(out),
-            "failures": per_failure(read_logs(out), read_kills(chaos_dir), False)}
+    return run_torchrun(cfg, work, faults, name, script="torchrun_fsdp_train.py")
 
 
 def run_seamguard_fsdp(cfg: Config, work: Path, faults: bool, name: str,
