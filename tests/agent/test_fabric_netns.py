@@ -107,5 +107,5 @@ def test_fabric_probe_sees_tbf_delay_and_loss(netns_pair, tmp_path):
     assert slow_rtt - base_rtt > 0.07, (base_rtt, slow_rtt)
     assert slow_loss == 0.0
     assert n2 >= 2 and lossy_loss >= 0.3, (lossy_loss, n2, err_a, err_b)
-    # the link gauge (what the controller maps) is the last round's median RTT in µs
+    # the link gauge (what the controller maps) is the last round's fastest RTT over the rail's peers in µs (one peer here)
     assert link is not None and link > 0.5 * slow_rtt * 1e6

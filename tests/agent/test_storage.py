@@ -17,6 +17,21 @@ def test_probe_path_times_write_and_read_and_cleans_up(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the temp file is removed
 
 
+def test_probe_path_times_the_file_create(tmp_path, monkeypatch):
+    # a slow metadata server: the create (open O_CREAT) takes 3 s of the probe's clock
+    now = [100.0]
+    real_mkstemp = storage.tempfile.mkstemp
+
+    def slow_create(*a, **kw):
+        now[0] += 3.0
+        return real_mkstemp(*a, **kw)
+
+    monkeypatch.setattr(storage.tempfile, "mkstemp", slow_create)
+    w, r = probe_path(tmp_path, 4096, clock=lambda: now[0])
+    assert w == 3.0 and r == 0.0
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_probe_path_on_a_missing_directory_raises(tmp_path):
     with pytest.raises(OSError):
         probe_path(tmp_path / "absent", 64)

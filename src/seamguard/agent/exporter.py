@@ -273,8 +273,8 @@ class ProbeCollector:
             yield up
             yield p99
         if self.fabric is not None:
-            g = GaugeMetricFamily("seamguard_fabric_link_latency_us", "median probe RTT over the peers of the "
-                                  "link's rail in the last round", labels=["node", "link"])
+            g = GaugeMetricFamily("seamguard_fabric_link_latency_us", "fastest probe RTT over the peers of the "
+                                  "link's rail in the last round (a gray link slows every pair through it)", labels=["node", "link"])
             for link, us in sorted(self.fabric.snapshot().items()):
                 g.add_metric([self.node, link], us)
             yield g

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import statistics
 import struct
 import threading
 import time
@@ -164,14 +163,21 @@ class FabricProber:
 
 
 def link_latency_us(round_rtts: dict[Pair, float | None]) -> dict[str, float]:
-    """Per configured source link: the median RTT (µs) over its peers in one round.
+    """Per configured source link: the fastest answered RTT (µs) over its peers in one round.
 
-    The median over every peer of the rail is what the NIC's own link adds for all of
-    them; one slow peer does not move it, a slow local link moves all of them. A link whose
-    probes were all lost has no value this round (loss is in the counters).
+    A gray NIC or NIC-to-leaf link slows every path through it, so even its fastest pair is
+    slow; a gray peer (or a peer's busy host) slows only the pairs to that peer, and the
+    fastest pair stays fast. The minimum therefore blames only the NIC whose own link is
+    slow. A median does not: with two peers on a rail it is the mean of one slow and one
+    fast pair, so a single gray peer raises every source's gauge (seen on the three-host
+    seam drill, where h1's and h2's links read as gray when only h0's was). Queueing and
+    scheduling noise only add time, so the minimum is also the least noisy estimate of the
+    link's own contribution. With one peer on a rail the gauge cannot tell the two ends
+    apart; the per-pair series can, across agents. A link whose probes were all lost has
+    no value this round (loss is in the counters).
     """
-    by_link: dict[str, list[float]] = {}
+    by_link: dict[str, float] = {}
     for pair, rtt in round_rtts.items():
         if pair.link is not None and rtt is not None:
-            by_link.setdefault(pair.link, []).append(rtt)
-    return {link: statistics.median(v) * 1e6 for link, v in by_link.items()}
+            by_link[pair.link] = min(rtt, by_link.get(pair.link, rtt))
+    return {link: rtt * 1e6 for link, rtt in by_link.items()}

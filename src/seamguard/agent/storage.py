@@ -1,7 +1,10 @@
-"""Storage probe: a timed small write + fsync, then a read, on each checkpoint path.
+"""Storage probe: a timed file create + small write + fsync, then a read, on each checkpoint path.
 
 What a checkpoint writer feels, sampled: each path gets its own thread, so a hung file
-system (an NFS server gone, a Lustre OST stuck) stalls only its own probe. At most one
+system (an NFS server gone, a Lustre OST stuck) stalls only its own probe. The write clock
+starts before the file is created (open with O_CREAT): a checkpoint writer creates its
+files, and a slow metadata server (Lustre MDS, an NFS server's directory operations) shows
+up in the create, not in the data path. At most one
 probe per path is in flight; one running past ``timeout_s`` is reported as failed at once
 (the scrape never waits for it) and the next probe starts only after it returns.
 """
@@ -25,14 +28,14 @@ log = logging.getLogger("seamguard.agent.storage")
 
 
 def probe_path(path: Path, size: int, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
-    """(write+fsync seconds, read seconds) of a ``size``-byte temp file under ``path``, removed after.
+    """(create+write+fsync seconds, read seconds) of a ``size``-byte temp file under ``path``, removed after.
 
-    Raises OSError when the path cannot be written or read.
+    Raises OSError when the path cannot be created, written or read.
     """
     payload = os.urandom(size)
-    fd, name = tempfile.mkstemp(prefix=".seamguard-probe-", dir=path)
+    t0 = clock()
+    fd, name = tempfile.mkstemp(prefix=".seamguard-probe-", dir=path)  # open(O_CREAT | O_EXCL)
     try:
-        t0 = clock()
         view = memoryview(payload)
         while view:
             view = view[os.write(fd, view):]
@@ -64,7 +67,7 @@ class PathState:
     name: str
     path: Path
     up: float = float("nan")  # 1 last probe ok, 0 failed or stuck, NaN before the first
-    writes: deque = field(default_factory=deque)  # recent write+fsync seconds
+    writes: deque = field(default_factory=deque)  # recent create+write+fsync seconds
     in_flight_since: float | None = None
     stuck_reported: bool = False
     last_error: str = ""
