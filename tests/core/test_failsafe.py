@@ -29,6 +29,18 @@ def _outage_frame(fleet, t_s):
     return make_frame(fleet, t_s, {}, flags)
 
 
+def _go_dark(fleet, frame, nodes):
+    """Every per-GPU, per-NIC and per-link series of ``nodes`` missing in ``frame``."""
+    edge = fleet.link_nic >= 0
+    link_node = np.full(fleet.link_nic.shape[0], -1)
+    link_node[edge] = fleet.nic_node[fleet.link_nic[edge]]
+    owner = {Kind.GPU: fleet.gpu_node, Kind.NIC: fleet.nic_node, Kind.LINK: link_node}
+    for name, arr in frame.values.items():
+        sig = REGISTRY.get(name)
+        if sig is not None and sig.kind in owner:
+            arr[np.isin(owner[sig.kind], nodes)] = np.nan
+
+
 def test_telemetry_outage_takes_no_new_action_and_records_the_freeze(tmp_path):
     twin = Twin(FLEET, [], TwinConfig(tick_s=5.0), seed=4)
     world = World()
@@ -123,16 +135,45 @@ def test_a_freeze_is_scoped_to_the_loop_that_went_dark():
     world = World()
     ctl = Controller(BIG, default_policy(mode="enforce"), [world], None, tick_s=5.0)
     dark_nodes = np.flatnonzero(BIG.node_loop == 3)
-    g = np.isin(BIG.gpu_node, dark_nodes)
-    nic = np.isin(BIG.nic_node, dark_nodes)
     for i in range(12):
         f = twin.step()
-        if i >= 3:
-            for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_POWER_USAGE"):
-                f.values[name][g] = np.nan
-            f.values["node_infiniband_state_id"][nic] = np.nan
+        if i >= 3:  # every series of those nodes (GPUs, NICs, their links) and the loop's flow
+            _go_dark(BIG, f, dark_nodes)
             f.values["seamguard_coolant_flow_lpm"][3] = np.nan
         rep = ctl.tick(f)
     scopes = {s.scope for s in rep.decisions.frozen}
     assert f"cooling_loop:{BIG.loop_names[3]}" in scopes and "fleet" not in scopes
     assert not world.held, world.held
+
+
+def test_a_node_is_dark_only_when_every_series_expected_of_it_is_missing():
+    from seamguard.assess.quality import PRESENCE_SIGNALS, dark_nodes
+
+    f = Twin(FLEET, [], TwinConfig(tick_s=5.0), seed=4).step()
+    expected = set(f.values) | set(PRESENCE_SIGNALS)
+    assert not dark_nodes(FLEET, f, expected).any()
+    # no GPU telemetry anywhere (no NVML, no dcgm-exporter): the agents' NIC and link series still report
+    for name in list(f.values):
+        if REGISTRY[name].kind == Kind.GPU:
+            f.values[name][:] = np.nan
+    assert not dark_nodes(FLEET, f, expected).any()
+    # node 5's NICs and links go quiet too: now every series of node 5 is missing, and only node 5 is dark
+    _go_dark(FLEET, f, [5])
+    assert list(np.flatnonzero(dark_nodes(FLEET, f, expected))) == [5]
+    # a node whose GPUs stopped reporting while its NICs report has failed GPUs, not failed telemetry
+    g = Twin(FLEET, [], TwinConfig(tick_s=5.0), seed=4).step()
+    for name in g.values:
+        if REGISTRY[name].kind == Kind.GPU:
+            g.values[name][FLEET.gpu_node == 9] = np.nan
+    assert not dark_nodes(FLEET, g, expected).any()
+
+
+def test_a_loop_with_no_gpu_telemetry_is_not_frozen_while_its_agents_report():
+    from seamguard.assess.quality import FailsafeConfig, bad_scopes
+
+    f = Twin(FLEET, [], TwinConfig(tick_s=5.0), seed=4).step()
+    for name in list(f.values):
+        if REGISTRY[name].kind == Kind.GPU:
+            del f.values[name]  # never scraped: no GPU exporter on this cluster
+    bad, _ = bad_scopes(FLEET, f, FailsafeConfig(), ())
+    assert not [s for s in bad if s == "fleet" or s.startswith(("cooling_loop:", "rack:"))], bad

@@ -94,6 +94,39 @@ def _flagged(flags: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+NODE_KINDS = (Kind.GPU, Kind.NIC, Kind.LINK)  # the kinds whose series a node's own exporters produce
+
+
+def dark_nodes(fleet: Fleet, frame: Frame, expected: set[str] | tuple[str, ...]) -> np.ndarray:
+    """Nodes none of whose expected series reports this tick (bool per node). Pure.
+
+    ``expected`` names the signals judged this tick (seen so far, presence signals, flagged
+    ones); those of a per-GPU, per-NIC or per-NIC-link kind are a node's. A node is dark when
+    it has at least one such entity and every value of every such signal on it is missing:
+    a node without GPU telemetry (no NVML, no dcgm-exporter) whose agent still reports its
+    NICs, its fabric links or its GPUs' kernel-log XIDs is not dark, and a node whose GPUs
+    stopped reporting while its NICs still do has failed GPUs, not failed telemetry.
+    """
+    n = fleet.count(Kind.NODE)
+    edge = fleet.link_nic >= 0
+    link_node = np.full(fleet.link_nic.shape[0], -1, dtype=np.int64)
+    link_node[edge] = fleet.nic_node[fleet.link_nic[edge]]
+    owner = {Kind.GPU: fleet.gpu_node, Kind.NIC: fleet.nic_node, Kind.LINK: link_node}
+    have = np.zeros(n)
+    reporting = np.zeros(n)
+    for name in sorted(expected):
+        sig = REGISTRY.get(name)
+        if sig is None or sig.kind not in owner:
+            continue
+        arr, own = frame.get(name), owner[sig.kind]
+        if arr.size != own.size:
+            continue
+        mine = own >= 0
+        have += np.bincount(own[mine], minlength=n)
+        reporting += np.bincount(own[mine], weights=~np.isnan(arr[mine]), minlength=n)
+    return (have > 0) & (reporting == 0)
+
+
 def bad_scopes(fleet: Fleet, frame: Frame, cfg: FailsafeConfig, seen: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
     """(scope -> reason for every scope whose input failed this tick, signals seen so far). Pure."""
     bad: dict[str, str] = {}
@@ -114,16 +147,10 @@ def bad_scopes(fleet: Fleet, frame: Frame, cfg: FailsafeConfig, seen: tuple[str,
             bad[f"signal:{name}"] = flagged[name]
         elif share > cfg.max_signal_missing_fraction:
             bad[f"signal:{name}"] = f"{name} missing for {share:.0%} of {arr.size} {sig.kind.label}s"
-    # Dark nodes: every GPU without a temperature, or every NIC without a port state.
+    # Dark nodes: none of the series expected of a node reports for it (see dark_nodes).
     n_nodes = fleet.count(Kind.NODE)
     if n_nodes:
-        temp = np.isnan(frame.get("DCGM_FI_DEV_GPU_TEMP"))
-        state = np.isnan(frame.get("node_infiniband_state_id"))
-        g_tot = np.bincount(fleet.gpu_node, minlength=n_nodes)
-        g_nan = np.bincount(fleet.gpu_node, weights=temp, minlength=n_nodes) if temp.size else np.zeros(n_nodes)
-        n_tot = np.bincount(fleet.nic_node, minlength=n_nodes)
-        n_nan = np.bincount(fleet.nic_node, weights=state, minlength=n_nodes) if state.size else np.zeros(n_nodes)
-        dark = ((g_tot > 0) & (g_nan >= g_tot)) | ((n_tot > 0) & (n_nan >= n_tot))
+        dark = dark_nodes(fleet, frame, judged)
         share = float(dark.mean())
         # Fleet-wide only when the darkness is spread: nodes that die together in one or two
         # cooling loops (a loop that lost its flow) freeze those loops, not the whole fleet.
