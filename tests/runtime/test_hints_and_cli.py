@@ -152,7 +152,8 @@ def test_checkpoint_interval_hint_sets_the_persist_cadence_and_default_restores_
         (hints / "checkpoint_interval_s").write_text("nonsense")
         _wait_for_step(out, 10)
         # delivered by the controller's runtime actuator, as `seamguard run` would
-        hint = RuntimeHintActuator({"train": hints})
+        # the cadence alone: degraded mode (also held with an interval) is tested in test_rail_hints_in_runtime.py
+        hint = RuntimeHintActuator({"train": hints}, degraded=False)
         shorter = Action(key=action_key(Verb.CHECKPOINT_INTERVAL, "train", value="0.8"),
                          verb=Verb.CHECKPOINT_INTERVAL, target="train", target_kind="job",
                          params=(("interval_s", "0.8"),), reason="test")

@@ -17,7 +17,23 @@ launcher polls. This actuator turns two decisions into hint files:
 - ``drain`` of a node that runs ranks of the job (the launcher's ``.placement.json`` in the
   hint directory names each rank's node): a file ``evacuate_rank_<r>`` per rank there, so
   hot spares on other nodes take them before the node fails (the runtime prefers spares
-  off an evacuated node). Reverting the drain has nothing to undo in the job.
+  off an evacuated node). Reverting the drain has nothing to undo in the job;
+- ``avoid_link`` of a NIC's own link (``<node>/<nic>~<switch>``, or the NIC ``<node>/<nic>``)
+  on a node that runs ranks of the job: a held file ``avoid_rails`` listing every rail the
+  job's held avoid_link keys name, one ``<rail> <severity>`` a line (``rail_names`` maps a
+  NIC to the interface name the job's ``--rails`` uses; default: the NIC's own name); the
+  job's all-reduce leaves them from a step every rank agrees on (never its last rail).
+  Reverting a key rewrites the file without that rail (``default``: none), and only for a
+  key this actuator recorded. Switch-to-switch links are routing, not a job's: no hint;
+- ``degraded`` (held) rides ``checkpoint_interval``: the planner holds an interval for a
+  job exactly while its nodes are at risk (decide/intervals.py), so delivering one also
+  writes ``degraded`` = ``on`` (every step snapshotted, snapshot push and persist
+  synchronous, persists twice as often: runtime/stepmodes.py), and reverting the interval
+  the job runs with writes ``off``.
+
+Operators switch the last two off per actuator (``avoid_rails: false``, ``degraded: false``
+in the runtime actuator's config): the actuator then neither takes avoid_link nor writes
+``degraded``.
 
 Files are written atomically (temp file, fsync, rename). The actuator keeps its own record
 of what it delivered, in the same directory, so a restarted controller knows which hints
@@ -31,12 +47,30 @@ import os
 from pathlib import Path
 
 from seamguard.act.base import ActionResult, verb_of
+from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.decide.actions import Action, ActionKey, Verb
 
 APPLIED_LOG = ".seamguard-hints.jsonl"
 _FILE = {Verb.CHECKPOINT_NOW: "checkpoint_now", Verb.CHECKPOINT_INTERVAL: "checkpoint_interval_s",
          Verb.AVOID_STORAGE: "checkpoint_dir"}
 PLACEMENT_FILE = ".placement.json"  # written by `seamguard launch` (runtime/launcher.py)
+AVOID_RAILS_FILE, DEGRADED_FILE = "avoid_rails", "degraded"
+SEVERITY_UNKNOWN = 99  # an avoid_link whose reason names no state: the worst (runtime/stepmodes.py)
+
+
+def nic_of_link(entity: str) -> str | None:
+    """The NIC an avoid_link names: ``<node>/<nic>~<switch>`` (a NIC's own link, as the fleet
+    names it) or ``<node>/<nic>``; None for a switch-to-switch link."""
+    nic = entity.partition("~")[0]
+    node, _, own = nic.rpartition("/")
+    return nic if node and own else None
+
+
+def severity_of(reason: str) -> int:
+    """The state an avoid_link's reason names (``seamguard: <state> ...``), as a number."""
+    words = reason.split()
+    state = STATE_BY_LABEL.get(words[1]) if len(words) > 1 and words[0] == "seamguard:" else None
+    return int(state) if state is not None else SEVERITY_UNKNOWN
 
 
 def ranks_on(d: Path, node: str) -> list[int]:
@@ -69,14 +103,21 @@ class RuntimeHintActuator:
     verbs = frozenset(_FILE) | {Verb.DRAIN}
 
     def __init__(self, hint_dirs: dict[str, Path],
-                 checkpoint_dirs: dict[str, dict[str, Path]] | None = None) -> None:
+                 checkpoint_dirs: dict[str, dict[str, Path]] | None = None,
+                 rail_names: dict[str, str] | None = None, avoid_rails: bool = True, degraded: bool = True) -> None:
         """``hint_dirs``: job name -> the directory its `seamguard launch --hint-dir` polls;
         ``checkpoint_dirs``: job name -> {storage path name: a checkpoint directory on it},
-        the job's own ``--checkpoint-dir`` first."""
+        the job's own ``--checkpoint-dir`` first; ``rail_names``: NIC name -> the rail
+        interface its jobs' ``--rails`` name it by; ``avoid_rails``/``degraded``: False
+        turns that hint off."""
         self.hint_dirs = {job: Path(d) for job, d in hint_dirs.items()}
         self.checkpoint_dirs = {job: {s: Path(d) for s, d in m.items()} for job, m in (checkpoint_dirs or {}).items()}
+        self.rail_names = dict(rail_names or {})
+        self.degraded = degraded
         if not self.checkpoint_dirs:  # nothing to move: avoid_storage is not this actuator's
             self.verbs = self.verbs - {Verb.AVOID_STORAGE}
+        if avoid_rails:
+            self.verbs = self.verbs | {Verb.AVOID_LINK}
 
     def _records(self, d: Path) -> list[dict]:
         log = d / APPLIED_LOG
@@ -113,6 +154,8 @@ class RuntimeHintActuator:
     def apply(self, action: Action) -> ActionResult:
         if action.verb == Verb.DRAIN:
             return self._evacuate(action)
+        if action.verb == Verb.AVOID_LINK:
+            return self._avoid_rail(action)
         if action.verb == Verb.AVOID_STORAGE:
             return self._retarget(action.key, avoided=self._avoided() | {action.target})
         d = self.hint_dirs.get(action.target)
@@ -128,7 +171,53 @@ class RuntimeHintActuator:
                 return ActionResult(False, f"{action.key}: interval {text!r} is not a positive number of seconds")
         else:
             text = action.reason
-        return self._deliver(d, _FILE[action.verb], text + "\n", {"key": action.key, "reason": action.reason})
+        res = self._deliver(d, _FILE[action.verb], text + "\n", {"key": action.key, "reason": action.reason})
+        if res.ok and action.verb == Verb.CHECKPOINT_INTERVAL and self.degraded:
+            return self._deliver(d, DEGRADED_FILE, "on\n", None)
+        return res
+
+    def _avoid_rail(self, action: Action) -> ActionResult:
+        """avoid_link of a NIC's link -> each job with ranks on its node stays off that rail."""
+        nic = nic_of_link(action.target)
+        if nic is None:
+            return ActionResult(True, f"{action.target} is not a NIC's own link: no job's rail to avoid")
+        node = nic.rpartition("/")[0]
+        rail = self.rail_names.get(nic, nic.rpartition("/")[2])
+        moved = []
+        for job, d in self.hint_dirs.items():
+            if not ranks_on(d, node):
+                continue
+            rec = {"key": action.key, "job": job, "rail": rail, "severity": severity_of(action.reason),
+                   "reason": action.reason}
+            res = self._write_avoid_file(d, {**self._avoided_rails(d), rail: rec["severity"]})
+            if res.ok:
+                res = self._deliver_record(d, rec)
+            if not res.ok:
+                return res
+            moved.append(job)
+        if not moved:
+            return ActionResult(True, f"no seamguard-runtime rank runs on {node}: no rail to avoid")
+        return ActionResult(True, f"{', '.join(moved)} stay off rail {rail} ({nic})")
+
+    def _avoided_rails(self, d: Path, without: str | None = None) -> dict[str, int]:
+        """Rail -> worst severity over the avoid_link keys held in ``d`` (``without`` one key)."""
+        held: dict[str, dict] = {}
+        for rec in self._records(d):
+            if verb_of(rec["key"]) != Verb.AVOID_LINK:
+                continue
+            if rec.get("op") == "revert":
+                held.pop(rec["key"], None)
+            elif "rail" in rec:
+                held[rec["key"]] = rec
+        out: dict[str, int] = {}
+        for key, rec in held.items():
+            if key != without:
+                out[rec["rail"]] = max(out.get(rec["rail"], 0), int(rec.get("severity", SEVERITY_UNKNOWN)))
+        return out
+
+    def _write_avoid_file(self, d: Path, rails: dict[str, int]) -> ActionResult:
+        text = "".join(f"{r} {s}\n" for r, s in sorted(rails.items())) or "default\n"
+        return self._deliver(d, AVOID_RAILS_FILE, text, None)
 
     def _evacuate(self, action: Action) -> ActionResult:
         moved = []
@@ -186,6 +275,8 @@ class RuntimeHintActuator:
         ak = ActionKey.parse(key)
         if ak.verb == Verb.AVOID_STORAGE:
             return self._retarget(key, avoided=self._avoided() - {ak.entity}, revert=True)
+        if ak.verb == Verb.AVOID_LINK:
+            return self._unavoid_rail(key)
         if ak.verb == Verb.DRAIN:
             for d in self.hint_dirs.values():
                 if any(r["key"] == key for r in self._records(d)):
@@ -202,7 +293,32 @@ class RuntimeHintActuator:
             # a newer interval replaced it (or it was never delivered): the job keeps that one
             res = self._deliver_record(d, {"key": key, "op": "revert"})
             return ActionResult(True, "a newer interval is in effect: the job keeps it") if res.ok else res
-        return self._deliver(d, _FILE[Verb.CHECKPOINT_INTERVAL], "default\n", {"key": key, "op": "revert"})
+        res = self._deliver(d, _FILE[Verb.CHECKPOINT_INTERVAL], "default\n", {"key": key, "op": "revert"})
+        if res.ok and self.degraded:
+            return self._deliver(d, DEGRADED_FILE, "off\n", None)
+        return res
+
+    def _unavoid_rail(self, key: str) -> ActionResult:
+        """Each job that stays off a rail for ``key`` goes back to it, unless another held key avoids it too."""
+        back = []
+        for job, d in self.hint_dirs.items():
+            if key not in self._avoided_keys(d):
+                continue  # not ours here: never undo what this actuator did not do
+            res = self._write_avoid_file(d, self._avoided_rails(d, without=key))
+            if res.ok:
+                res = self._deliver_record(d, {"key": key, "op": "revert"})
+            if not res.ok:
+                return res
+            back.append(job)
+        return ActionResult(True, f"{', '.join(back)} may use the rail again" if back else
+                            "no job stays off a rail for this key: nothing to revert")
+
+    def _avoided_keys(self, d: Path) -> set[str]:
+        held: set[str] = set()
+        for rec in self._records(d):
+            if verb_of(rec["key"]) == Verb.AVOID_LINK:
+                (held.discard if rec.get("op") == "revert" else held.add)(rec["key"])
+        return held
 
     @staticmethod
     def _deliver(d: Path, name: str, text: str, record: dict | None) -> ActionResult:

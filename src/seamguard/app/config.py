@@ -57,6 +57,11 @@ class RuntimeActuatorConfig(_Strict):
     checkpoint_dirs: dict[str, dict[str, Path]] = Field(
         default_factory=dict, description="job name -> {storage path name: checkpoint directory on it}, the job's "
                                           "own --checkpoint-dir first: avoid_storage moves its checkpoints along")
+    rail_names: dict[str, str] = Field(
+        default_factory=dict, description="NIC name (<node>/<nic>) -> the rail interface a job's --rails names it "
+                                          "by; default: the NIC's own name")
+    avoid_rails: bool = Field(True, description="avoid_link of a NIC's link -> its jobs stay off that rail")
+    degraded: bool = Field(True, description="a job held at a shorter checkpoint interval also runs degraded")
 
 
 ActuatorConfig = Annotated[LogActuatorConfig | SlurmActuatorConfig | KubernetesActuatorConfig | RuntimeActuatorConfig,
@@ -146,7 +151,7 @@ def build_actuators(cfg: RunConfig) -> list:
         elif isinstance(a, RuntimeActuatorConfig):
             from seamguard.act.runtime import RuntimeHintActuator
 
-            out.append(RuntimeHintActuator(a.hint_dirs, a.checkpoint_dirs))
+            out.append(RuntimeHintActuator(a.hint_dirs, a.checkpoint_dirs, a.rail_names, a.avoid_rails, a.degraded))
         else:
             from seamguard.act.kubernetes import KubernetesActuator, KubernetesConfig
 

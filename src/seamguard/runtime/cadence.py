@@ -57,15 +57,19 @@ def every_steps_for(interval_s: float | None, step_s: float | None) -> int:
     return max(1, round(interval_s / step_s))
 
 
-def persist_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ...], window_steps: int = 1) -> bool:
+def persist_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ...], window_steps: int = 1,
+                divisor: int = 1) -> bool:
     """Whether the snapshot of ``step`` is persisted: a persist point of the rule in force
     (the newest entry that has started, else the job's own every-k) lies in the last
     ``window_steps`` steps (the snapshot interval: points between snapshots are taken at
-    the next one, as every rank snapshots the same steps)."""
+    the next one, as every rank snapshots the same steps). ``divisor``: persist points come
+    that many times as often (degraded mode, runtime/stepmodes.py)."""
     every, start = own_every_steps, 0
     for e in entries:
         if e.start_step <= step:
             every, start = (e.every_steps, e.start_step) if e.every_steps else (own_every_steps, 0)
+    if every > 0 and divisor > 1:
+        every = max(1, every // divisor)
     if every <= 0 or step < start:
         return False
     point = start + (step - start) // every * every

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from seamguard.runtime import cadence, keys
+from seamguard.runtime import cadence, keys, stepmodes
 from seamguard.runtime.detect import Beat, HeartbeatTracker, NodeTracker
 from seamguard.runtime.manifest import complete_steps, latest_verified
 from seamguard.runtime.membership import Plan, initial_plan, next_plan, resume_step
@@ -48,6 +48,8 @@ class Coordinator:
     _hint_rollback: int = 0
     _hint_interval: int = 0
     _hint_target: int = 0
+    _hint_avoid: int = 0
+    _hint_degraded: int = 0
     _suspect_hosts: set[str] = field(default_factory=set)  # nodes ranks were evacuated from
     joined: list[int] = field(default_factory=list)  # replacement spares, ready or not
     _joined_seen: int = 0
@@ -98,6 +100,7 @@ class Coordinator:
         self._read_checkpoint_hint()
         self._read_interval_hint()
         self._read_target_hint()
+        self._read_step_mode_hints()
         if self._job_complete():
             self.phase = "done"
             self.store.set(keys.JOB_DONE, "ok")
@@ -315,6 +318,36 @@ class Coordinator:
         entries += (cadence.CadenceEntry(start, every),)
         self.store.set(keys.PERSIST_CADENCE, cadence.format_entries(entries))
         self.log({"event": "checkpoint_interval", "interval": want, "every_steps": every, "from_step": start})
+
+    def _job_rails(self) -> tuple[str, ...]:
+        return tuple(json.loads(self.settings.env.get("SEAMGUARD_SETTINGS", "{}")).get("rails", ()))
+
+    def _read_step_mode_hints(self) -> None:
+        """Rails to stay off and degraded mode -> a step mode from a step every rank agrees on."""
+        n_avoid, n_degraded = self._get(keys.HINT_AVOID_RAILS_N), self._get(keys.HINT_DEGRADED_N)
+        new_avoid = n_avoid is not None and int(n_avoid) > self._hint_avoid
+        new_degraded = n_degraded is not None and int(n_degraded) > self._hint_degraded
+        if not (new_avoid or new_degraded):
+            return
+        entries = stepmodes.parse((self._get(keys.STEP_MODES) or b"").decode())
+        now = entries[-1] if entries else stepmodes.NORMAL
+        avoid, degraded, note = now.avoid, now.degraded, ""
+        if new_avoid:
+            self._hint_avoid = int(n_avoid)
+            asked = stepmodes.parse_avoid_file((self._get(keys.HINT_AVOID_RAILS) or b"").decode())
+            avoid, note = stepmodes.rails_to_avoid(self._job_rails(), asked)
+        if new_degraded:
+            self._hint_degraded = int(n_degraded)
+            degraded = (self._get(keys.HINT_DEGRADED) or b"off").decode() == "on"
+        if (avoid, degraded) == (now.avoid, now.degraded):
+            if note:
+                self.log({"event": "step_mode_unchanged", "avoid_rails": list(avoid), "note": note})
+            return
+        start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
+        entries += (stepmodes.StepMode(start, avoid, degraded),)
+        self.store.set(keys.STEP_MODES, stepmodes.format_modes(entries))
+        self.log({"event": "step_mode", "avoid_rails": list(avoid), "degraded": degraded, "from_step": start,
+                  **({"note": note} if note else {})})
 
     def _read_rollback_hint(self, now: float) -> bool:
         """A rollback request (e.g. corruption found after it was persisted): every rank

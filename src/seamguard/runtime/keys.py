@@ -109,6 +109,13 @@ PERSIST_TARGETS = f"{ROOT}/hint/persist_targets"
 # rollback requests: a counter, and the step to go back to (-1: the newest persisted)
 HINT_ROLLBACK_N = f"{ROOT}/hint/rollback_n"
 HINT_ROLLBACK_TO = f"{ROOT}/hint/rollback_to"
+# rails to stay off and degraded mode: a counter and the request each ("default": none, off);
+# the coordinator answers with the step modes every rank reads (runtime/stepmodes.py)
+HINT_AVOID_RAILS_N = f"{ROOT}/hint/avoid_rails_n"
+HINT_AVOID_RAILS = f"{ROOT}/hint/avoid_rails"
+HINT_DEGRADED_N = f"{ROOT}/hint/degraded_n"
+HINT_DEGRADED = f"{ROOT}/hint/degraded"
+STEP_MODES = f"{ROOT}/hint/step_modes"
 """Set by the coordinator from a checkpoint hint: every rank persists this step."""
 
 NEXT_WID = f"{ROOT}/wid/next"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seamguard.ports import free_port
-from seamguard.runtime import keys
+from seamguard.runtime import keys, stepmodes
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.eventlog import (
@@ -96,6 +96,8 @@ def _hint_files(store, hint_dir: Path | None) -> None:
     """checkpoint_now -> bump the checkpoint hint; evacuate_rank_<r> -> evacuate hint;
     checkpoint_interval_s (seconds, or "default") -> persist at that interval;
     checkpoint_dir (a directory, or "default") -> persist there;
+    avoid_rails (rails to stay off, one "<rail> [severity]" a line, or "default") and
+    degraded ("on" or "off") -> step modes (runtime/stepmodes.py);
     rollback -> back to the newest persisted step; rollback_to_step_<s> -> back to s."""
     if hint_dir is None or not hint_dir.is_dir():
         return
@@ -127,6 +129,28 @@ def _hint_files(store, hint_dir: Path | None) -> None:
             else:
                 store.set(keys.HINT_TARGET, want)
                 store.add(keys.HINT_TARGET_N, 1)
+        elif p.name == "avoid_rails":
+            try:
+                text = p.read_text(encoding="utf-8")
+                stepmodes.parse_avoid_file(text)
+            except OSError:
+                continue  # being replaced: read it next poll
+            except ValueError as exc:
+                print(f"seamguard launcher: ignoring hint file {p}: {exc}", file=sys.stderr)
+            else:
+                store.set(keys.HINT_AVOID_RAILS, text)
+                store.add(keys.HINT_AVOID_RAILS_N, 1)
+        elif p.name == "degraded":
+            try:
+                want = p.read_text(encoding="utf-8").strip()
+            except OSError:
+                continue  # being replaced: read it next poll
+            if want not in ("on", "off"):
+                print(f"seamguard launcher: ignoring hint file {p}: expected 'on' or 'off', got {want[:40]!r}",
+                      file=sys.stderr)
+            else:
+                store.set(keys.HINT_DEGRADED, want)
+                store.add(keys.HINT_DEGRADED_N, 1)
         elif p.name == "rollback" or p.name.startswith("rollback_to_step_"):
             to = p.name.rsplit("_", 1)[1] if p.name != "rollback" else "-1"
             if not to.lstrip("-").isdigit():

@@ -11,6 +11,11 @@ runtime's recovery, and the next generation builds its own RailGroup.
 The collective runs on a private copy of the buffer in a helper thread, so the training
 thread can give up on it when a new generation appears (a peer died) without anything
 writing into the buffer later; the abandoned RailGroup is closed and kept until exit.
+
+The control plane can ask the job to stay off rails (an ``avoid_rails`` hint, fixed from a
+step every rank agrees on: runtime/stepmodes.py); each collective is passed the rails
+avoided at its step, so the change happens between collectives, never inside one. Every
+change is logged with the rails the first collective under it actually used.
 """
 
 from __future__ import annotations
@@ -37,22 +42,27 @@ class RailSync:
                  start_timeout_s: float) -> None:
         settings = RailSettings(interfaces=interfaces, start_timeout_s=start_timeout_s)
         self.group = RailGroup(store, rank, world, settings, prefix=rail_prefix(gen))
+        self.interfaces = interfaces
         self.last: CollectiveReport | None = None
         self.broken = False
         self._seen = 0
+        self._avoided: tuple[str, ...] = ()  # what the last successful collective stayed off
+        self._own_events: list[dict] = []
 
     def allreduce(self, flat: torch.Tensor, step: int, cancelled: Callable[[], bool],
-                  timeout_s: float) -> str:
-        """Sum ``flat`` over the ranks in place. Returns "" on success, else why it failed
-        ("cancelled", "timeout" or the RailsError); after a failure this group is done."""
+                  timeout_s: float, avoid: tuple[str, ...] = ()) -> str:
+        """Sum ``flat`` over the ranks in place, off the rails named in ``avoid`` while another
+        is usable. Returns "" on success, else why it failed ("cancelled", "timeout" or the
+        RailsError); after a failure this group is done."""
         if self.broken:
             return "rail group abandoned"
         buf = flat.clone()
         out: dict[str, object] = {}
+        avoid_ids = frozenset(i for i, name in enumerate(self.interfaces) if name in avoid)
 
         def run() -> None:
             try:
-                out["report"] = self.group.allreduce_(buf, step)
+                out["report"] = self.group.allreduce_(buf, step, avoid_ids)
             except (RailsError, RuntimeError) as exc:
                 out["error"] = str(exc)
 
@@ -71,13 +81,25 @@ class RailSync:
             return str(out["error"])
         flat.copy_(buf)
         self.last = out["report"]  # type: ignore[assignment]
+        self._note_avoidance(tuple(n for n in self.interfaces if n in avoid), step)
         return ""
 
+    def _note_avoidance(self, avoided: tuple[str, ...], step: int) -> None:
+        """An event per rail whose avoidance changed at this step, with the rails it used."""
+        used = list(self.last.rails_used) if self.last is not None else []
+        for name in self.interfaces:
+            if (name in avoided) != (name in self._avoided):
+                self._own_events.append({"event": "avoided" if name in avoided else "restored", "step": step,
+                                         "rail": self.interfaces.index(name), "rails_used": used,
+                                         "reason": "control-plane hint (avoid_rails)"})
+        self._avoided = avoided
+
     def new_events(self) -> list[dict]:
-        """Rail transitions (out, probe, in) since the last call, for the job's log."""
-        events = self.group.events[self._seen:]
-        self._seen += len(events)
-        return events
+        """Rail transitions (out, probe, in; avoided, restored) since the last call, for the job's log."""
+        group = self.group.events[self._seen:]
+        self._seen += len(group)
+        own, self._own_events = self._own_events, []
+        return group + own
 
     def close(self) -> None:
         self.group.close()

@@ -444,9 +444,10 @@ class RailGroup:
                         pass
 
     # ---- collectives -----------------------------------------------------------------------
-    def allreduce_(self, flat: torch.Tensor, step: int) -> CollectiveReport:
-        """Sum `flat` over all ranks in place; returns once every rank committed the result."""
-        return self._collective("allreduce", flat, step, 0)
+    def allreduce_(self, flat: torch.Tensor, step: int, avoid: frozenset[int] = frozenset()) -> CollectiveReport:
+        """Sum `flat` over all ranks in place; returns once every rank committed the result.
+        ``avoid``: rails to leave out while another is usable (every rank passes the same)."""
+        return self._collective("allreduce", flat, step, 0, avoid)
 
     def broadcast_(self, flat: torch.Tensor, step: int, src: int = 0) -> CollectiveReport:
         return self._collective("broadcast", flat, step, src)
@@ -458,7 +459,8 @@ class RailGroup:
         opts.rootRank, opts.rootTensor = src, 0
         return pg.broadcast([buf], opts)
 
-    def _collective(self, kind: str, flat: torch.Tensor, step: int, src: int) -> CollectiveReport:
+    def _collective(self, kind: str, flat: torch.Tensor, step: int, src: int,
+                    avoid: frozenset[int] = frozenset()) -> CollectiveReport:
         t_start = time.monotonic()
         chunks = list(torch.tensor_split(flat.view(-1), self.s.n_chunks))
         done = [False] * len(chunks)
@@ -468,7 +470,7 @@ class RailGroup:
         report = CollectiveReport(step, 0, [], [], 0.0, bytes_per_rail)
         attempt = 0
         while not all(done):
-            usable = self.agreed.usable()
+            usable = [r for r in self.agreed.usable() if r not in avoid] or self.agreed.usable()
             if not usable:
                 if time.monotonic() - t_start > self.s.max_wait_no_rail_s:
                     raise RailsError(f"step {step}: no usable rail for {self.s.max_wait_no_rail_s}s: "

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seamguard.runtime import cadence, chaos, fsdp, keys, replica
+from seamguard.runtime import cadence, chaos, fsdp, keys, replica, stepmodes
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.eventlog import EventLog, set_title
@@ -126,6 +126,7 @@ class Runtime:
         self._orphans: dict[int, tuple] = {}  # step -> (manifest, path) a dead worker left
         self.group: dist.ProcessGroupGloo | None = None
         self._rails: RailSync | None = None  # the gradient all-reduce over rails (--rails)
+        self._mode = stepmodes.NORMAL  # rails avoided, degraded: the control plane's, at this step
         self._mesh = None         # FSDP2: the DeviceMesh over a fsdp.ResilientGroup
         self._mesh_rank = -1      # FSDP2: the rank this process's shards were laid out for
         self._dcp_step = -1       # FSDP2: newest step this rank wrote (or skips) as a DCP checkpoint
@@ -312,6 +313,7 @@ class Runtime:
             if self._private[0] != self.step and (self.settings.step_guard or self._live_recovery()
                                                   or self.settings.crash_capture):
                 self._private = (self.step, self.state.step_private(self.step))
+            self._read_step_mode()
             self._send_meta()
             stall_before_s = self.stats["snapshot_stall_s"]
             self._maybe_snapshot()
@@ -353,6 +355,8 @@ class Runtime:
             return False
         if self.sharded:   # FSDP2 reduce-scattered the gradients in backward, on our group
             return self._await_replica()
+        if self._mode.degraded and not self._settle_degraded():
+            return False
         n_grad = self._n_grad
         lanes = self.plan.world_size if self.settings.step_guard else 0
         if self._flat is None or self._flat.numel() != n_grad + lanes:
@@ -480,11 +484,12 @@ class Runtime:
         self._phase = "collective"
         try:
             why = self._rails.allreduce(self._flat, self.step, lambda: self._gen_seen > self.gen,
-                                        self.settings.collective_timeout_s)
+                                        self.settings.collective_timeout_s, self._mode.avoid)
         finally:
             self._phase = "idle"
         for e in self._rails.new_events():
-            self._note(f"rail_{e['event']}", step=e["step"], rail=e["rail"], reason=e.get("reason", ""))
+            self._note(f"rail_{e['event']}", step=e["step"], rail=e["rail"], reason=e.get("reason", ""),
+                       **({"rails_used": e["rails_used"]} if "rails_used" in e else {}))
         if why:
             self._note("collective_error", error=f"rails: {why}"[:200])
         return not why
@@ -611,7 +616,7 @@ class Runtime:
 
     def _maybe_snapshot(self) -> None:
         self._finish_snapshot()
-        k = self.settings.snapshot_every_steps
+        k = 1 if self._mode.degraded else self.settings.snapshot_every_steps
         latest = self.slots.find(self.step)
         # The optimizer creates its state at its first step; the slots are then laid out
         # anew and older snapshots are gone, so take one at once rather than k steps later
@@ -622,7 +627,7 @@ class Runtime:
             return
         self._snap_opt_entries = len(self.state.optimizer.state)
         self._phase = "snapshot"
-        overlap = self.settings.overlap_snapshots and not self._force_persist
+        overlap = self.settings.overlap_snapshots and not self._force_persist and not self._mode.degraded
         t0 = time.perf_counter()
         try:
             cap = self.slots.begin(
@@ -734,7 +739,39 @@ class Runtime:
             self._hint_persisted = self._persist_at
             return True
         raw = self.store.get(keys.PERSIST_CADENCE) if self.store.check([keys.PERSIST_CADENCE]) else b""
+        if self._mode.degraded:   # every step is snapshotted: a persist point is this step or none
+            return cadence.persist_due(step, s.persist_every_steps, cadence.parse(raw.decode()), 1,
+                                       stepmodes.DEGRADED_PERSIST_DIVISOR)
         return cadence.persist_due(step, s.persist_every_steps, cadence.parse(raw.decode()), s.snapshot_every_steps)
+
+    def _read_step_mode(self) -> None:
+        """The rails to stay off and degraded mode in force at this step (the coordinator
+        fixes each change from a step every rank reads first: runtime/stepmodes.py)."""
+        raw = self.store.get(keys.STEP_MODES) if self.store.check([keys.STEP_MODES]) else b""
+        mode = stepmodes.mode_at(self.step, stepmodes.parse(raw.decode()))
+        if (mode.avoid, mode.degraded) != (self._mode.avoid, self._mode.degraded):
+            self._note("step_mode", step=self.step, avoid=list(mode.avoid), degraded=mode.degraded)
+        self._mode = mode
+
+    def _settle_degraded(self) -> bool:
+        """Degraded mode: the step commits only once its start-of-step snapshot is hashed,
+        pushed to the replica holder and (if due) persisted, so no overlap is in flight when
+        a node at risk fails. False if a new generation overtakes the wait."""
+        self._finish_snapshot()
+        t0 = time.perf_counter()
+        nap_s = 0.0002
+        try:
+            while self._pipeline.unfinished_tasks or self._persist_pending:
+                if self._failed or self._gen_seen > self.gen:
+                    self._failed = True
+                    return False
+                if self._persister is not None and self._persister.poll() is not None:
+                    break  # the persister died: its failure is noted, training goes on
+                time.sleep(nap_s)
+                nap_s = min(0.005, nap_s * 1.5)
+        finally:
+            self.stats["snapshot_stall_s"] += time.perf_counter() - t0
+        return True
 
     def _pipeline_loop(self) -> None:
         """Off the training thread: hash, replicate to the holder, hand to the persister."""
