@@ -5,10 +5,14 @@ starts: a `seamguard agent` per host (kernel log from a file the drill appends X
 a storage probe on the checkpoint path, a fabric probe to the other hosts over each rail),
 the twin exporter for the facilities series (there is no real CDU; the flow loss is in the
 twin's fault schedule), one real Prometheus scraping agents, twin and the job's
-`--metrics-port`, a `seamguard launch` job over two hosts (one rank and one hot spare each,
-etcd as the job-wide store; launched directly, not through Slurm — see docs/seam-drill.md)
-running examples/train_ddp.py with --hint-dir, --checkpoint-dir on the slow-able path,
---metrics-port and --events-file, and `seamguard run` with the log and runtime actuators.
+`--metrics-port`, a Slurm cluster of the three hosts (slurmctld on h2, a slurmd in each
+host's namespace: seamguard.testbed.slurm) and the training job submitted to it with
+`sbatch` (two nodes; `srun` starts one `seamguard launch` per node, one rank and one hot
+spare each, node rank 0's TCPStore as the job-wide store) running examples/train_ddp.py with
+--hint-dir, --checkpoint-dir on the slow-able path, --metrics-port and --events-file, and
+`seamguard run` with the log, runtime and Slurm actuators and the job's placement and
+criticality read from squeue. `--launch direct` starts the two launchers without Slurm
+(etcd as the store), as the drill did before; the default needs Slurm installed.
 
 Then, one after another with calm time between:
 
@@ -27,6 +31,7 @@ healthy_actions (decisions on entities no fault started so far covers; must be 0
 
     python benchmarks/seam_drill.py --quick     # 1 repetition per mode, shorter faults
     python benchmarks/seam_drill.py --reps 3    # full run
+    python benchmarks/seam_drill.py --quick --launch direct   # without Slurm
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -55,12 +61,14 @@ from seamguard.testbed.drill import (
     Layout,
     NsProcs,
     SlowDisk,
+    SlurmBins,
     agent_yaml,
     covered,
     fault_figures,
     fsync_ms,
     gray_link,
     healthy_actions,
+    job_scripts,
     kill_namespace,
     kill_workers,
     ns_get,
@@ -76,12 +84,15 @@ from seamguard.testbed.drill import (
 from seamguard.testbed.multinode import EtcdServer
 from seamguard.testbed.net import Testbed, TestbedSpec
 from seamguard.testbed.prom import need
+from seamguard.testbed.slurm import SlurmCluster
+
+SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
 
 MODES = ("enforce", "dry_run")
 GRAY_MBIT = 20.0  # h0's rail 0: a gradient of ~1 MB takes ~0.4 s instead of a few ms
 TRACE = ("seamguard_fabric_link_latency_us", "seamguard_storage_write_latency_ms", "seamguard_coolant_flow_lpm",
          "DCGM_FI_DEV_XID_ERRORS", "seamguard_job_step", "seamguard_job_step_seconds",
-         "seamguard_job_uncommitted_seconds")
+         "seamguard_job_uncommitted_seconds", "max(seamguard_job_step)")
 
 
 def log(msg: str) -> None:
@@ -132,8 +143,11 @@ class Rep:
     """Everything one repetition starts, stopped in reverse order whatever happens."""
 
     def __init__(self, tb: Testbed, lay: Layout, disk: SlowDisk, work: Path, mode: str, timing: Timing,
-                 steps_s: float) -> None:
+                 steps_s: float, launch: str = "slurm") -> None:
         self.tb, self.lay, self.disk, self.work, self.mode, self.timing = tb, lay, disk, work, mode, timing
+        self.launch = launch
+        self.slurm: SlurmCluster | None = None
+        self.slurm_job: int | None = None
         self.procs = NsProcs(tb)
         self.etcd: EtcdServer | None = None
         self.ctl = lay.control_host
@@ -152,27 +166,68 @@ class Rep:
             (w / f"kmsg-h{h}").write_text("")
             (w / f"agent-h{h}.yaml").write_text(agent_yaml(tb, lay, h, w / f"kmsg-h{h}", self.disk.mount))
         agents = [f"{tb.addr(h, None)}:{AGENT_PORT}" for h in range(lay.hosts)]
+        job_hosts = range(lay.hosts) if self.launch == "slurm" else lay.job_hosts[:1]
         (w / "prometheus.yml").write_text(prometheus_yaml(
-            agents, f"{tb.addr(lay.job_hosts[0], None)}:{JOB_METRICS_PORT}", f"127.0.0.1:{TWIN_PORT}",
+            agents, [f"{tb.addr(h, None)}:{JOB_METRICS_PORT}" for h in job_hosts], f"127.0.0.1:{TWIN_PORT}",
             self.timing.tick_s))
         (w / "policy.yaml").write_text(policy_yaml())
+        bins = None
+        if self.launch == "slurm":
+            self.slurm = SlurmCluster(w / "slurm", [lay.node(h) for h in range(lay.hosts)], slurmd=True, testbed=tb,
+                                      controller_host=self.ctl, node_hosts=list(range(lay.hosts)),
+                                      controller_is_node=True, cred_expire_s=5, kill_wait_s=2)
+            bins = SlurmBins(*(self.slurm.bin(c) for c in ("scontrol", "sinfo", "squeue", "scancel")))
         (w / "run.yaml").write_text(run_yaml(lay, w / "fleet.yaml", self.prom, self.mode, w / "ctl", w / "hints",
-                                             self.timing.tick_s, w / "policy.yaml"))
+                                             self.timing.tick_s, w / "policy.yaml", bins))
         (w / "ctl").mkdir(exist_ok=True)
 
+    def launch_args(self) -> list[str]:
+        """`seamguard launch` options every node of the job gets, then the training script's argv."""
+        w = self.work
+        return ["--nproc", "1", "--spares", "1", "--run-id", self.lay.job, "--events-file",
+                str(w / "job" / "events.jsonl"), "--checkpoint-dir", str(self.ckpt), "--persist-every", "200",
+                "--hint-dir", str(w / "hints"), "--metrics-port", str(JOB_METRICS_PORT),
+                "--collective-timeout-s", "10", "--hang-timeout-s", "5"]
+
+    def train_argv(self) -> list[str]:
+        w = self.work
+        return [str(ROOT / "examples" / "train_ddp.py"), "--out", str(w / "job"), "--steps", "1000000",
+                "--hidden", "256", "--layers", "3", "--dataset", "8192", "--step-sleep-s", str(self.step_sleep_s)]
+
     def start_job(self) -> None:
+        if self.launch == "slurm":
+            self.start_slurm_job()
+        else:
+            self.start_direct_job()
+
+    def start_slurm_job(self) -> None:
+        """sbatch the job onto h0 and h1 (``--nodelist``: where the drill's faults are aimed);
+        its criticality is in its comment, which the controller's Slurm placement reads."""
+        lay, w = self.lay, self.work
+        assert self.slurm is not None
+        self.slurm.__enter__()
+        batch, node = job_scripts(self.tb, lay, sys.executable, self.launch_args(), self.train_argv(),
+                                  str(ROOT / "src"), w / "node.sh")
+        for name, text in (("job.sbatch", batch), ("node.sh", node)):
+            (w / name).write_text(text)
+            (w / name).chmod(0o755)
+        nodes = ",".join(lay.node(h) for h in lay.job_hosts)
+        self.slurm_job = self.slurm.sbatch(w / "job.sbatch", f"--job-name={lay.job}", f"--nodes={len(lay.job_hosts)}",
+                                           f"--nodelist={nodes}", f"--comment=criticality={lay.criticality:g}",
+                                           "--requeue", f"--output={w / 'slurm-job.out'}", "--open-mode=append")
+        log(f"{self.mode}: sbatch job {self.slurm_job} on {nodes}")
+
+    def slurm_job_state(self) -> dict[str, str]:
+        return self.slurm.job(self.slurm_job) if self.slurm is not None and self.slurm_job is not None else {}
+
+    def start_direct_job(self) -> None:
         lay, tb, w = self.lay, self.tb, self.work
         self.etcd = EtcdServer.in_host(tb, self.ctl, w / "etcd").start()
         master = tb.addr(lay.job_hosts[0], 0)
         for i, h in enumerate(lay.job_hosts):
-            argv = [sys.executable, "-m", "seamguard", "launch", "--nproc", "1", "--spares", "1",
-                    "--nnodes", str(len(lay.job_hosts)), "--node-rank", str(i), "--master-addr", master,
-                    "--store", self.etcd.url, "--run-id", lay.job, "--events-file", str(w / "job" / "events.jsonl"),
-                    "--checkpoint-dir", str(self.ckpt), "--persist-every", "200", "--hint-dir", str(w / "hints"),
-                    "--metrics-port", str(JOB_METRICS_PORT), "--collective-timeout-s", "10", "--hang-timeout-s", "5",
-                    "--", str(ROOT / "examples" / "train_ddp.py"), "--out", str(w / "job"), "--steps", "1000000",
-                    "--hidden", "256", "--layers", "3", "--dataset", "8192",
-                    "--step-sleep-s", str(self.step_sleep_s)]
+            argv = [sys.executable, "-m", "seamguard", "launch", "--nnodes", str(len(lay.job_hosts)), "--node-rank",
+                    str(i), "--master-addr", master, "--store", self.etcd.url, *self.launch_args(), "--",
+                    *self.train_argv()]
             env = {"SEAMGUARD_ADVERTISE_HOST": tb.addr(h, 0), "GLOO_SOCKET_IFNAME": tb.rail_if(0),
                    "SEAMGUARD_NODE_NAME": lay.node(h), "OMP_NUM_THREADS": "1"}
             self.procs.start(f"launch{h}", h, argv, w / f"launcher-h{h}.log", env)
@@ -211,6 +266,9 @@ class Rep:
             for name in ("launch0", "launch1"):
                 if name in self.procs.procs and not self.procs.alive(name):
                     raise RuntimeError(f"{name} exited early; see {self.work}/launcher-*.log")
+            state = self.slurm_job_state().get("JobState", "")
+            if self.launch == "slurm" and state not in ("PENDING", "CONFIGURING", "RUNNING"):
+                raise RuntimeError(f"slurm job {self.slurm_job} is {state or 'gone'}; see {self.work}/slurm-job.out")
             ev = read_jsonl(self.work / "job" / "events.jsonl")
             steps = [e.get("step", -1) for e in ev if e.get("event") == "worker"]
             if any(e.get("event") == "resumed" for e in ev) and (not steps or max(steps) >= 0):
@@ -269,8 +327,10 @@ class Rep:
         _sleep_until(t_end + 2)
         step1 = self.job_step(t_end)
         trace = self.save_trace(t0 - 5, t_end)
-        series = (trace.get("seamguard_job_step") or [{}])[0].get("values", [])
-        rates = phase_rates([(float(ts), float(v)) for ts, v in series], t0, starts, t.fault_s, t_end)
+        series = (trace.get("max(seamguard_job_step)") or [{}])[0].get("values", [])  # whichever host serves it
+        steps = [(float(ts), float(v)) for ts, v in series]
+        rates = phase_rates(steps, t0, starts, t.fault_s, t_end)
+        slurm = self.slurm_summary()
         events = read_jsonl(self.work / "ctl" / "events.jsonl")
         job_events = read_jsonl(self.work / "job" / "events.jsonl")
         delivered = read_jsonl(self.work / "hints" / ".seamguard-hints.jsonl")
@@ -278,7 +338,7 @@ class Rep:
         throughput = (step1 - step0) / (t_end - t0) if step0 is not None and step1 is not None else None
         return {
             "mode": self.mode,
-            "faults": fault_figures(starts, ends, cover, events, job_events, delivered),
+            "faults": fault_figures(starts, ends, cover, events, job_events, delivered, steps),
             "healthy_actions": healthy_actions(starts, cover, events),
             "useful_steps_per_s": round(throughput, 4) if throughput is not None else None,
             "steps_per_s_by_phase": rates,
@@ -288,7 +348,22 @@ class Rep:
             "freezes": self.disk.freezes, "freeze_errors": self.disk.errors[:3],
             "controller_errors": sum(1 for e in events if e.get("kind") == "controller"),
             "controller_alive": self.procs.alive("controller"),
+            "launch": self.launch,
+            **({"slurm": slurm} if slurm else {}),
         }
+
+    def slurm_summary(self) -> dict:
+        """The job as Slurm saw it at the end: state, nodes, restarts (requeues), and what the
+        Slurm actuator did (its results in the controller's action log)."""
+        if self.slurm is None or self.slurm_job is None:
+            return {}
+        j = self.slurm_job_state()
+        starts = [line for line in (self.work / "slurm-job.out").read_text(errors="replace").splitlines()
+                  if line.startswith("drill job ")] if (self.work / "slurm-job.out").exists() else []
+        nodes = self.slurm.run("sinfo", "-N", "-h", "-o", "%N %T")
+        return {"job_id": self.slurm_job, "state": j.get("JobState"), "nodes": j.get("NodeList"),
+                "restarts": int(j.get("Restarts", "0") or 0), "excluded": j.get("ExcNodeList"),
+                "starts": starts, "node_states": nodes.stdout.split("\n")[:-1] if nodes.returncode == 0 else []}
 
     def save_trace(self, t_from: float, t_to: float) -> dict:
         """The drill's main series as Prometheus stored them (trace.json, kept with --keep)."""
@@ -305,6 +380,9 @@ class Rep:
     def stop(self) -> None:
         self.disk.calm()
         gray_link(self.tb, self.lay.job_hosts[0], 0, None)
+        self.procs.stop("controller", grace_s=10)  # first: it must not act on the job's end
+        if self.slurm is not None:
+            self.slurm.stop()
         self.procs.stop_all(grace_s=10)
         if self.etcd is not None:
             self.etcd.stop()
@@ -350,9 +428,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 repetition per mode, 15 s faults")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per mode (full run)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--launch", choices=("slurm", "direct"), default="slurm",
+                    help="slurm: sbatch the job on the test bed's Slurm cluster (default); direct: start "
+                         "`seamguard launch` on each node without Slurm")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("error: seam_drill needs root (ip netns, tc, mount, losetup)")
+    missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
+    if a.launch == "slurm" and missing:
+        sys.exit(f"error: --launch slurm needs Slurm installed ({', '.join(missing)} not on PATH; apt packages "
+                 "slurmctld slurmd slurm-client munge); --launch direct runs the drill without it")
     reps = 1 if a.quick else a.reps
     timing = Timing(calm_s=15, fault_s=15, gap_s=10, kill_after_s=5) if a.quick else \
         Timing(calm_s=30, fault_s=30, gap_s=20, kill_after_s=8)
@@ -371,7 +456,7 @@ def main() -> None:
         for k in range(reps):
             order = MODES if k % 2 == 0 else MODES[::-1]
             for mode in order:
-                rep = Rep(tb, lay, disk, work / f"rep{k}-{mode}", mode, timing, steps_s=0.05)
+                rep = Rep(tb, lay, disk, work / f"rep{k}-{mode}", mode, timing, steps_s=0.05, launch=a.launch)
                 rep.work.mkdir(parents=True)
                 try:
                     log(f"rep {k} {mode}: starting")
@@ -386,7 +471,9 @@ def main() -> None:
             subprocess.run(["rm", "-rf", str(work)], check=False)
     out = {
         "benchmark": "seam_drill", "quick": a.quick, "reps_per_mode": reps,
-        "launch": "seamguard launch across 2 testbed hosts (etcd store), not through Slurm",
+        "launch": ("sbatch on the test bed's Slurm cluster (slurmctld + a slurmd per host namespace); srun starts "
+                   "seamguard launch on 2 nodes (TCPStore)" if a.launch == "slurm" else
+                   "seamguard launch across 2 testbed hosts (etcd store), not through Slurm"),
         **summarize(results), "reps": results,
         "wall_s": round(time.monotonic() - t_start, 1),
         "loadavg_start": [round(x, 2) for x in load0], "loadavg_end": [round(x, 2) for x in os.getloadavg()],

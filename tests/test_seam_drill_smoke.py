@@ -5,22 +5,27 @@ job) runs in the benchmark, minutes long; this checks the parts it is built from
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from seamguard.agent.config import parse_agent_config
 from seamguard.app.config import load_policy, load_run_config, load_topology
 from seamguard.fleet.model import Kind
 from seamguard.testbed.drill import (
+    JOB_MASTER_PORT,
     Layout,
+    SlurmBins,
     agent_yaml,
     covered,
     fault_figures,
     healthy_actions,
+    job_scripts,
     link_latency_query,
     phase_rates,
     policy_yaml,
     prometheus_yaml,
     run_yaml,
+    steps_rolled_back,
     topology_yaml,
 )
 from seamguard.testbed.net import Testbed, TestbedSpec
@@ -94,3 +99,52 @@ def test_phase_rates_are_steps_per_second_in_each_window():
     r = phase_rates(steps, 0.0, starts, 10.0, 90.0)
     assert r["calm"] == 2.0 and r["gray_link"] == 0.5
     assert r["node_failure_after"] == 2.0 and list(r)[:3] == ["calm", "gray_link", "gray_link_after"]
+
+
+def test_the_slurm_run_config_and_the_job_scripts(tmp_path: Path):
+    (tmp_path / "fleet.yaml").write_text(topology_yaml(LAY))
+    (tmp_path / "policy.yaml").write_text(policy_yaml())
+    bins = SlurmBins(*(str(tmp_path / "bin" / c) for c in ("scontrol", "sinfo", "squeue", "scancel")))
+    (tmp_path / "run.yaml").write_text(run_yaml(LAY, tmp_path / "fleet.yaml", "http://127.0.0.1:9090", "enforce",
+                                                tmp_path, tmp_path / "hints", 1.0, tmp_path / "policy.yaml", bins))
+    cfg = load_run_config(tmp_path / "run.yaml")
+    assert [a.type for a in cfg.actuators] == ["runtime", "slurm"]  # no log actuator masking a job move's phases
+    slurm = cfg.actuators[1]
+    assert slurm.move_jobs and slurm.squeue == bins.squeue and slurm.checkpoint_grace_s > 0
+    assert cfg.slurm_placement is not None and cfg.slurm_placement.squeue == bins.squeue
+    tb = Testbed(TestbedSpec(hosts=LAY.hosts, rails=LAY.rails), prefix="sgdrilltest")  # never brought up
+    batch, node = job_scripts(tb, LAY, "/usr/bin/python3", ["--nproc", "1", "--spares", "1"],
+                              ["train.py", "--steps", "9"], "/src", tmp_path / "node.sh")
+    for name, text in (("job.sbatch", batch), ("node.sh", node)):
+        (tmp_path / name).write_text(text)
+        assert subprocess.run(["sh", "-n", str(tmp_path / name)], check=False).returncode == 0, name
+    assert f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {tmp_path / 'node.sh'}" in batch
+    for h in range(LAY.hosts):  # every Slurm node knows its rail-0 address
+        assert f"{LAY.node(h)}) echo {tb.addr(h, 0)} ;;" in node
+    assert f"--master-port {JOB_MASTER_PORT} --store tcp --nproc 1 --spares 1 -- train.py --steps 9" in node
+    # the per-node script resolves node rank 0's address from the allocation, as srun runs it
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\necho h1; echo h2\n")
+    (fake / "scontrol").chmod(0o755)
+    probe = node.replace("exec /usr/bin/python3 -m seamguard launch", "echo")
+    (tmp_path / "probe.sh").write_text(probe)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "h[1-2]", "SLURMD_NODENAME": "h2",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}
+    out = subprocess.run(["sh", str(tmp_path / "probe.sh")], env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert f"--nnodes 2 --node-rank 1 --master-addr {tb.addr(1, 0)} --master-port" in out.stdout
+    bad = subprocess.run(["sh", str(tmp_path / "probe.sh")], env={**env, "SLURMD_NODENAME": "h9"},
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "no rail-0 address for node h9" in bad.stderr
+
+
+def test_steps_rolled_back_counts_drops_of_the_step_counter():
+    # a requeue: 40 steps, the job down, then back from its checkpoint at step 30
+    steps = [(0.0, 10.0), (1.0, 20.0), (2.0, 40.0), (9.0, 30.0), (10.0, 35.0), (11.0, 25.0)]
+    assert steps_rolled_back(steps, 0.0, 10.5) == 10
+    assert steps_rolled_back(steps, 0.0, 12.0) == 20
+    assert steps_rolled_back(steps, 9.0, 10.5) == 10 and steps_rolled_back(steps, 9.5, 10.5) == 0
+    starts = {"gray_link": 0.0, "slow_storage": 5.0, "cooling": 8.5, "node_failure": 10.5}
+    fig = fault_figures(starts, {f: t + 2 for f, t in starts.items()}, covered(LAY), [], [], [], steps)
+    assert fig["cooling"]["job_steps_lost"] == 10 and fig["gray_link"]["job_steps_lost"] == 0

@@ -4,17 +4,20 @@ Why this exists: issue 16's acceptance drill (benchmarks/seam_drill.py) runs the
 loop on real components — one `seamguard agent` per host, a real Prometheus scraping the
 agents, the twin exporter (the facilities series: there is no real CDU here) and the
 training job's `--metrics-port`, `seamguard run` acting through the log and runtime
-actuators, and a `seamguard launch` job across two hosts with a spare on each. This module
-holds the pieces: the files (topology, agent configs, Prometheus and run configs, all pure
-text from a `Layout`), processes started inside a host's namespace, the slow checkpoint
-device, and the twin driver (`python -m seamguard.testbed.drill twin ...`).
+actuators (and, with the job under Slurm, the Slurm actuator and the Slurm placement), and
+a `seamguard launch` job across two hosts with a spare on each, submitted with `sbatch` to
+a Slurm cluster of the three hosts (`seamguard.testbed.slurm`). This module holds the
+pieces: the files (topology, agent configs, Prometheus and run configs, the job's batch
+script, all pure text from a `Layout`), processes started inside a host's namespace, the
+slow checkpoint device, and the twin driver (`python -m seamguard.testbed.drill twin ...`).
 
-Hosts (`seamguard.testbed.net.Testbed`, 3 hosts, 2 rails):
+Hosts (`seamguard.testbed.net.Testbed`, 3 hosts, 2 rails), each a Slurm node:
 
     h0, h1   job nodes: one rank and one hot spare each; h0 in rack r0 on loop cdu-a,
              h1 in rack r1 on loop cdu-b
-    h2       control node (rack r1): Prometheus, etcd, the twin exporter, `seamguard run`;
-             a spare node in the topology (it holds no job)
+    h2       control node (rack r1): slurmctld, Prometheus, etcd, the twin exporter,
+             `seamguard run`; a spare node in the topology, where Slurm restarts the job
+             when it is moved off cdu-a
 
 Every host checkpoints to one path, ``ckpt``: an ext4 image on a loop device mounted in
 the work directory (`SlowDisk`), which the drill makes really slow by keeping it frozen
@@ -33,6 +36,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from seamguard.decide.actions import ActionKey
@@ -44,6 +48,7 @@ JOB_METRICS_PORT = 9477
 TWIN_PORT = 9400
 PROM_PORT = 9090
 ETCD_PORT = 2379
+JOB_MASTER_PORT = 29511  # node rank 0's TCPStore when the job runs under Slurm
 CLONE_NEWNS = 0x00020000  # <sched.h>
 
 
@@ -133,8 +138,9 @@ def agent_yaml(tb: Testbed, lay: Layout, host: int, kmsg: Path, ckpt: Path, quic
     return json.dumps(doc, indent=1) + "\n"  # JSON is YAML
 
 
-def prometheus_yaml(agents: list[str], job_metrics: str, twin: str, scrape_s: float) -> str:
-    """Agents and the job as they are; from the twin the facilities series (there is no real
+def prometheus_yaml(agents: list[str], job_metrics: str | list[str], twin: str, scrape_s: float) -> str:
+    """Agents and the job as they are (the job's node rank 0 serves its metrics: under Slurm
+    every host is a target, since the job may restart anywhere); from the twin the facilities series (there is no real
     CDU) and the GPU series only NVML/dcgm-exporter would give (there are no GPUs here; the
     controller's failsafe counts a node without GPU temperatures as dark). The GPUs' XID
     gauge, NICs, links and storage come from the agents only."""
@@ -142,7 +148,8 @@ def prometheus_yaml(agents: list[str], job_metrics: str, twin: str, scrape_s: fl
         "global": {"scrape_interval": f"{round(scrape_s * 1000)}ms", "scrape_timeout": f"{round(scrape_s * 1000)}ms"},
         "scrape_configs": [
             {"job_name": "seamguard-agent", "static_configs": [{"targets": agents}]},
-            {"job_name": "seamguard-job", "static_configs": [{"targets": [job_metrics]}]},
+            {"job_name": "seamguard-job", "static_configs": [{"targets": [job_metrics] if isinstance(
+                job_metrics, str) else list(job_metrics)}]},
             {"job_name": "seamguard-twin", "honor_labels": True, "static_configs": [{"targets": [twin]}],
              "metric_relabel_configs": [{"source_labels": ["__name__"], "action": "keep",
                                          "regex": TWIN_SERIES}]},
@@ -155,9 +162,9 @@ def link_latency_query(lay: Layout) -> str:
     """A NIC-to-leaf link's latency as the fastest path through its NIC: each probed pair's
     mean RTT over the last 4 s, and per NIC the minimum over every pair it is the source or
     the destination of. A gray link slows every path through it; a slow peer or a busy
-    host slows only some. (The agent's own `seamguard_fabric_link_latency_us` is the median
-    over one round of the source's peers; with two peers per rail a single gray peer moves
-    every source's median, so on this three-host bed it blames the wrong NICs.)"""
+    host slows only some. (The agent's own `seamguard_fabric_link_latency_us` is the fastest
+    pair over one round of the source's peers: the same idea from one end only, over one
+    round; this query also reads each pair from its destination's side, over 4 s.)"""
     pair = ("(sum by (src_nic, dst_nic) (rate(seamguard_fabric_probe_rtt_seconds_sum[4s]))"
             " / sum by (src_nic, dst_nic) (rate(seamguard_fabric_probe_rtt_seconds_count[4s])))")
     by_nic = (f'label_replace({pair}, "nic", "$1", "src_nic", "(.*)")'
@@ -187,9 +194,22 @@ def policy_yaml() -> str:
                                    "max_storage_fraction": 1.0}}, indent=1) + "\n"
 
 
+@dataclass(frozen=True)
+class SlurmBins:
+    """The Slurm client commands the controller calls (the test bed's wrappers)."""
+
+    scontrol: str
+    sinfo: str
+    squeue: str
+    scancel: str
+
+
 def run_yaml(lay: Layout, topology: Path, prom_url: str, mode: str, work: Path, hint_dir: Path,
-             tick_s: float, policy: Path) -> str:
-    """`seamguard run`: enforce or dry_run, the log actuator and the runtime actuator. Probe
+             tick_s: float, policy: Path, slurm: SlurmBins | None = None) -> str:
+    """`seamguard run`: enforce or dry_run, the log actuator and the runtime actuator; with
+    ``slurm``, the runtime actuator and the Slurm actuator (drain, features, no-new-work reservations, job moves:
+    `checkpoint_grace_s` 3 s after the runtime's checkpoint_now, then requeue with the domain
+    excluded) and the job's placement and criticality read from squeue every second. Probe
     gauges are read over the last 4 s (8 probe rounds): one round's RTT or fsync on a loaded
     2-core machine is scheduling noise; a gray link or a slow path holds. The storage latency
     is the slowest host's median; a link's latency comes from `link_latency_query`."""
@@ -205,7 +225,58 @@ def run_yaml(lay: Layout, topology: Path, prom_url: str, mode: str, work: Path, 
         "actuators": [{"type": "log", "path": str(work / "actions.jsonl")},
                       {"type": "runtime", "hint_dirs": {lay.job: str(hint_dir)}}],
     }
+    if slurm is not None:
+        # No log actuator beside Slurm's: the reconciler takes a key any actuator holds as in
+        # effect, and the log actuator holds every key it wrote, so a job move (two phases, one
+        # per tick: checkpoint asked, then requeued) would never get its second tick.
+        doc["actuators"] = [a for a in doc["actuators"] if a["type"] != "log"]
+        doc["actuators"].append({"type": "slurm", "scontrol": slurm.scontrol, "sinfo": slurm.sinfo,
+                                 "squeue": slurm.squeue, "scancel": slurm.scancel, "timeout_s": 10,
+                                 "checkpoint_grace_s": 3.0})
+        doc["slurm_placement"] = {"squeue": slurm.squeue, "scontrol": slurm.scontrol, "refresh_s": 1.0,
+                                  "timeout_s": 5}
     return json.dumps(doc, indent=1) + "\n"
+
+
+def job_scripts(tb: Testbed, lay: Layout, python: str, launch_args: list[str], script: list[str],
+                pythonpath: str, node_script: Path) -> tuple[str, str]:
+    """(batch script, per-node script) for running the drill's job under Slurm: ``sbatch`` runs
+    the batch script on the first node, which starts one `seamguard launch` per node with
+    ``srun --ntasks-per-node=1``. Each node finds its own rail-0 address and node rank 0's
+    (the first node of the allocation, `scontrol show hostnames`) from the node name; the
+    job-wide store is node rank 0's TCPStore, fresh for every start of the job, so a job
+    Slurm requeues starts a new run (from its last persisted checkpoint) under the same
+    name. ``launch_args``: the `seamguard launch` options besides the node's own;
+    ``node_script``: where the per-node script is written (Slurm runs a copy of the batch
+    script from its spool directory, so the batch script names it by its full path)."""
+    cases = "\n".join(f"    {lay.node(h)}) echo {tb.addr(h, 0)} ;;" for h in range(lay.hosts))
+    node = "\n".join([
+        "#!/bin/sh",
+        "# one `seamguard launch` per Slurm node of the drill's job (started by srun)",
+        "addr() {",
+        '  case "$1" in',
+        cases,
+        '    *) echo "drill job: no rail-0 address for node $1" >&2; return 2 ;;',
+        "  esac",
+        "}",
+        'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'master=$(addr "$first") || exit 2',
+        'me=$(addr "$SLURMD_NODENAME") || exit 2',
+        ('export SEAMGUARD_ADVERTISE_HOST="$me" SEAMGUARD_NODE_NAME="$SLURMD_NODENAME" '
+         f'GLOO_SOCKET_IFNAME={tb.rail_if(0)} OMP_NUM_THREADS=1 PYTHONPATH={pythonpath}'),
+        (f'exec {python} -m seamguard launch --nnodes "$SLURM_JOB_NUM_NODES" --node-rank "$SLURM_NODEID" '
+         f'--master-addr "$master" --master-port {JOB_MASTER_PORT} --store tcp {" ".join(launch_args)} '
+         f'-- {" ".join(script)}'),
+        "",
+    ])
+    batch = "\n".join([
+        "#!/bin/sh",
+        "# the drill's job: one task per node, each a `seamguard launch` with its spare",
+        'echo "drill job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"',
+        f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {node_script}",
+        "",
+    ])
+    return batch, node
 
 
 # ---- figures (pure) ------------------------------------------------------------------------------------
@@ -243,7 +314,12 @@ def entity_of(e: dict) -> str:
 
 
 def fault_figures(starts: dict[str, float], ends: dict[str, float], cover: dict[str, set[str]], events: list[dict],
-                  job_events: list[dict], delivered: list[dict]) -> dict[str, dict]:
+                  job_events: list[dict], delivered: list[dict],
+                  steps: list[tuple[float, float]] | None = None) -> dict[str, dict]:
+    """Per fault: the first decision covering it and when, every decision and delivery in its
+    window, and the steps the job lost there: the larger of the runtime's own `steps_redone`
+    and the drops of its step counter (``steps``: (time, step) samples), since a restart from
+    storage is not a `resumed` event with steps redone."""
     dec = decisions(events)
     out = {}
     order = sorted(starts, key=starts.get)
@@ -254,6 +330,7 @@ def fault_figures(starts: dict[str, float], ends: dict[str, float], cover: dict[
         first = next((e for e in mine if e["t"] < window_end), None)
         lost = sum(int(e.get("steps_redone") or 0) for e in job_events
                    if e.get("event") == "resumed" and t0 <= e.get("t", 0) < window_end)
+        lost = max(lost, steps_rolled_back(steps or [], t0, window_end))
         keys = sorted({key_of(e) for e in mine if e["t"] < window_end})
         out[f] = {
             "time_to_action_s": round(first["t"] - t0, 2) if first else None,
@@ -281,6 +358,13 @@ def phase_rates(steps: list[tuple[float, float]], t0: float, starts: dict[str, f
         inside = [v for t, v in steps if a <= t <= b]
         out[name] = round((inside[-1] - inside[0]) / (b - a), 2) if len(inside) > 1 and b > a else None
     return out
+
+
+def steps_rolled_back(steps: list[tuple[float, float]], a: float, b: float) -> int:
+    """Steps the job went back in [a, b): the sum of every drop of its step counter from one
+    sample to the next, counted where the lower sample falls (a job Slurm requeued restarts from its last persisted checkpoint,
+    which the runtime's own `steps_redone` does not count: the new run starts afresh)."""
+    return int(sum(max(0.0, p - q) for (_, p), (t, q) in pairwise(sorted(steps)) if a <= t < b))
 
 
 def healthy_actions(starts: dict[str, float], cover: dict[str, set[str]], events: list[dict]) -> list[str]:

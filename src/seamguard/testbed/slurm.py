@@ -49,10 +49,14 @@ class SlurmCluster:
 
     def __init__(self, workdir: Path, nodes: list[str], start_timeout_s: float = 60.0, slurmd: bool = False,
                  kill_wait_s: int = 2, cred_expire_s: int = 5, testbed: Testbed | None = None,
-                 controller_host: int = 0, node_hosts: list[int] | None = None) -> None:
+                 controller_host: int = 0, node_hosts: list[int] | None = None,
+                 controller_is_node: bool = False) -> None:
         """With ``slurmd``: ``testbed`` (already up, left up) hosts the cluster, slurmctld in
         ``controller_host``'s namespace and ``nodes[i]`` in ``node_hosts[i]``'s; without one, a
-        one-rail test bed of len(nodes) + 1 hosts is made (and deleted) here."""
+        one-rail test bed of len(nodes) + 1 hosts is made (and deleted) here. With
+        ``controller_is_node`` the controller's host may also run a slurmd (slurmctld and
+        slurmd listen on different ports), for a small test bed whose control host is also
+        where a moved job can go."""
         self.workdir = Path(workdir)
         self.nodes = nodes
         self.start_timeout_s = start_timeout_s
@@ -66,7 +70,8 @@ class SlurmCluster:
         self._own_testbed = testbed is None
         self.controller_host = controller_host
         self.node_hosts = node_hosts if node_hosts is not None else list(range(1, len(nodes) + 1))
-        if slurmd and (len(self.node_hosts) != len(nodes) or controller_host in self.node_hosts):
+        if slurmd and (len(self.node_hosts) != len(nodes) or
+                       (controller_host in self.node_hosts and not controller_is_node)):
             raise ValueError(f"node_hosts {self.node_hosts}: expected one host per node ({len(nodes)}), "
                              f"none of them the controller's ({controller_host})")
         self.conf = self.workdir / "slurm.conf"
