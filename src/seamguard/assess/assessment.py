@@ -119,6 +119,8 @@ class Assessment:
     frozen: tuple = ()  # quality.FrozenScope: scopes whose input failed; their states were held
     baselines: Baselines | None = None  # the per-entity baselines after this tick (the controller keeps them)
     job_uncommitted_s: np.ndarray | None = None  # per job, the runtime's rollback exposure (NaN: not reported)
+    job_step_s: np.ndarray | None = None  # per job, the runtime's measured step time (NaN: not reported)
+    job_steps_done: np.ndarray | None = None  # per job, the runtime's furthest step (NaN: not reported)
 
     def state(self, kind: Kind) -> np.ndarray:
         return self.node_state if kind == Kind.NODE else self.kinds[kind].states.state
@@ -228,6 +230,7 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         admissible=node_admissibility(domain, cfg.admissibility),
         transitions=transitions, frozen=tuple(frozen), baselines=new_base,
         job_uncommitted_s=frame.get("seamguard_job_uncommitted_seconds"),
+        job_step_s=frame.get("seamguard_job_step_seconds"), job_steps_done=frame.get("seamguard_job_step"),
     )
 
 

@@ -145,6 +145,10 @@ class DegradedNodeContext:
     """How long the quarantined node stays out of service (investigation, repair)."""
     removed_capacity_value: float = 1.0
     """Value of one removed GPU-hour relative to a plain one (0 if idle spares abound)."""
+    slip_saved_gpu_h: float = 0.0
+    """Schedule-slip term (decide/slip.py): expected seconds past the job's deadline the action
+    saves x the job's GPUs x the policy's ``slip_weight`` / 3600, in GPU-hours; criticality-weighted
+    with the rest of the benefit. 0 for a job without a deadline."""
 
 
 @dataclass(frozen=True)
@@ -186,12 +190,13 @@ def quarantine_decision(ctx: DegradedNodeContext,
         stall_gpus = ctx.node_gpus
     slow_gpu_h = ctx.job_gpus * impact * ctx.horizon_h
     failure_gpu_h = (extra_hazard_per_h * ctx.horizon_h) * ctx.loss_per_failure_h * failure_gpus
-    benefit = w * (slow_gpu_h + failure_gpu_h)
+    benefit = w * (slow_gpu_h + failure_gpu_h + ctx.slip_saved_gpu_h)
     swap_gpu_h = stall_gpus * ctx.swap_cost_s / 3600.0
     capacity_gpu_h = ctx.node_gpus * ctx.hold_h * ctx.removed_capacity_value
     cost = w * swap_gpu_h + capacity_gpu_h
     reasons = [f"benefit {benefit:.2f} GPU-h = weight {w:g} x (slowdown {slow_gpu_h:.2f} "
-               f"+ extra failures {failure_gpu_h:.2f})",
+               f"+ extra failures {failure_gpu_h:.2f}"
+               + (f" + deadline slip saved {ctx.slip_saved_gpu_h:.2f}" if ctx.slip_saved_gpu_h else "") + ")",
                f"cost {cost:.2f} GPU-h = weighted swap stall {w * swap_gpu_h:.2f} "
                f"+ removed capacity {capacity_gpu_h:.2f}"]
     if not ctx.spare_available:

@@ -25,10 +25,11 @@ from seamguard.assess.quality import FreezeView
 from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, ActionKey, Decisions, Verb, action_key
 from seamguard.decide.breaker import BreakerState, InEffect, Request, admit
-from seamguard.decide.checkpoints import Episode, exposure, plan_checkpoints, undo_unasked
+from seamguard.decide.checkpoints import Episode, Exposure, exposure, plan_checkpoints, undo_unasked
 from seamguard.decide.economics import (
     DegradedNodeContext,
     EconomicDecision,
+    impact_fraction,
     quarantine_decision,
 )
 from seamguard.decide.explain import evidence as _evidence
@@ -43,6 +44,7 @@ from seamguard.decide.restrictions import (
     release_dwell,
 )
 from seamguard.decide.shed import loop_nodes, plan_sheds
+from seamguard.decide.slip import SlipForecast, slip_forecast, slip_saved_s, work_left_s
 from seamguard.fleet.model import (
     JOB_CLASS_BY_LABEL,
     JOB_CLASS_SYNCHRONY,
@@ -128,11 +130,84 @@ def spare_nodes(fleet: Fleet, a: Assessment, in_effect: set[str]) -> tuple[np.nd
     return free, drained_now
 
 
-def quarantine_pays(fleet: Fleet, a: Assessment, policy: Policy, i: int, weight: float, slowdown: float,
-                    spares_left: int, drained: bool) -> EconomicDecision:
-    """The economics of draining node ``i`` (decide/economics.py): the job's loss and hazard vs swap and capacity."""
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """Each job's schedule-slip forecast this tick and what it was computed from (decide/slip.py)."""
+
+    forecast: SlipForecast
+    deadline_s: np.ndarray  # Unix s, NaN: none
+    hazard_per_h: np.ndarray  # the job's hard-failure hazard (checkpoints.exposure)
+    loss_per_failure_s: np.ndarray  # rollback (measured, else half an interval) + restart
+    slip_weight: float
+
+    def saved(self, j: int, now_s: float, *, speedup: float = 1.0, hazard_removed_per_h: float = 0.0,
+              stall_s: float = 0.0) -> tuple[float, float, float]:
+        """(slip saved, without, with) in seconds by an action on job ``j`` (zeros: no deadline or weight 0)."""
+        if self.slip_weight <= 0 or j < 0 or not np.isfinite(self.forecast.expected_slip_s[j]):
+            return 0.0, 0.0, 0.0
+        return slip_saved_s(now_s, float(self.deadline_s[j]), float(self.forecast.work_left_s[j]),
+                            float(self.hazard_per_h[j]), float(self.loss_per_failure_s[j]), speedup=speedup,
+                            hazard_removed_per_h=hazard_removed_per_h, stall_s=stall_s)
+
+
+def schedule(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure) -> Schedule:
+    """Each job's slip forecast: work left from the runtime's step and step time (else the config's),
+    failure hazard from its exposure, loss per failure from its measured rollback exposure."""
+    prop, n = policy.assess.propagation, len(fleet.job_names)
+    deadline, total, step_cfg = fleet.job_schedule()
+    nan = np.full(n, np.nan)
+    work, _ = work_left_s(total, a.job_steps_done if a.job_steps_done is not None else nan,
+                          a.job_step_s if a.job_step_s is not None else nan, step_cfg)
+    unc = a.job_uncommitted_s if a.job_uncommitted_s is not None else nan
+    rollback = np.where(np.isfinite(unc), np.maximum(unc, 0.0), prop.checkpoint_interval_h * 3600.0 / 2.0)
+    loss = rollback + prop.restart_h * 3600.0
+    hazard = np.asarray(ex.job_hazard_per_h, dtype=float)
+    return Schedule(slip_forecast(a.t_s, deadline, work, hazard, loss), deadline, hazard, loss,
+                    policy.objective.slip_weight)
+
+
+def slip_gpu_h(fleet: Fleet, sched: Schedule, j: int, saved_s: float) -> float:
+    """Slip seconds saved as GPU-hours of the objective: x the job's GPUs x slip_weight / 3600."""
+    return sched.slip_weight * max(saved_s, 0.0) * float(fleet.job_gpu_count[j]) / 3600.0
+
+
+def slip_evidence(sched: Schedule, j: int, saved: tuple[float, float, float] | None = None
+                  ) -> tuple[tuple[str, float, float, str], ...]:
+    """What an action records about its job's schedule (explanations are data; `seamguard review` reads them):
+    ``deadline_slip`` (expected slip s, the deadline Unix s), ``deadline_miss`` (P(miss), expected
+    finish Unix s) and, where priced, ``slip_saved`` (s saved, expected slip without the action)."""
+    f = sched.forecast
+    if j < 0 or not np.isfinite(f.expected_slip_s[j]):
+        return ()
+    out = (("deadline_slip", round(float(f.expected_slip_s[j]), 1), float(sched.deadline_s[j]), "s"),
+           ("deadline_miss", round(float(f.p_miss[j]), 4), round(float(f.expected_finish_s[j]), 1), "probability"))
+    if saved is not None:
+        out += (("slip_saved", round(saved[0], 1), round(saved[1], 1), "s"),)
+    return out
+
+
+def drain_slip_s(fleet: Fleet, a: Assessment, policy: Policy, i: int, slowdown: float,
+                 sched: Schedule | None) -> tuple[float, float, float]:
+    """(slip saved, without, with) in seconds by swapping node ``i`` out from under its job: the step no
+    longer slowed by it, its hazard gone, one swap stall paid."""
+    if sched is None:
+        return 0.0, 0.0, 0.0
     obj, prop = policy.objective, policy.assess.propagation
     j = int(fleet.node_job[i])
+    impact = impact_fraction(JobClass(int(fleet.job_class[j])), int(float(fleet.job_gpu_count[j])),
+                             int(fleet.node_gpu_count[i]), slowdown)
+    return sched.saved(j, a.t_s, speedup=1.0 / max(1.0 - impact, 1e-3),
+                       hazard_removed_per_h=prop.hazard_per_h_at_gfs1 * float(a.node_gfs[i]) ** 2,
+                       stall_s=obj.migrate_h * 3600.0)
+
+
+def quarantine_pays(fleet: Fleet, a: Assessment, policy: Policy, i: int, weight: float, slowdown: float,
+                    spares_left: int, drained: bool, sched: Schedule | None = None) -> EconomicDecision:
+    """The economics of draining node ``i`` (decide/economics.py): the job's loss and hazard vs swap and capacity,
+    plus the deadline slip the swap saves (:func:`drain_slip_s`, 0 without a deadline)."""
+    obj, prop = policy.objective, policy.assess.propagation
+    j = int(fleet.node_job[i])
+    saved = drain_slip_s(fleet, a, policy, i, slowdown, sched)
     return quarantine_decision(DegradedNodeContext(
         job_class=JobClass(int(fleet.job_class[j])), criticality=weight,
         job_gpus=int(float(fleet.job_gpu_count[j])), node_gpus=int(fleet.node_gpu_count[i]),
@@ -141,11 +216,12 @@ def quarantine_pays(fleet: Fleet, a: Assessment, policy: Policy, i: int, weight:
         loss_per_failure_h=prop.checkpoint_interval_h / 2.0 + prop.restart_h,
         horizon_h=obj.horizon_h, swap_cost_s=obj.migrate_h * 3600.0,
         spare_available=spares_left > 0 or drained, hold_h=obj.hold_h,
-        removed_capacity_value=0.0 if spares_left > 0 else 1.0))
+        removed_capacity_value=0.0 if spares_left > 0 else 1.0,
+        slip_saved_gpu_h=slip_gpu_h(fleet, sched, j, saved[0]) if sched is not None else 0.0))
 
 
 def plan_drains(fleet: Fleet, a: Assessment, policy: Policy, node_w: np.ndarray, drain_mask: np.ndarray,
-                free: np.ndarray, drained_now: set[str]) -> Planned:
+                free: np.ndarray, drained_now: set[str], sched: Schedule | None = None) -> Planned:
     """Drain (quarantine) nodes in a drain state where it pays; failed nodes first, then the most harmful.
 
     Whether a quarantine pays is the economic model's call: the job's throughput the node
@@ -163,9 +239,12 @@ def plan_drains(fleet: Fleet, a: Assessment, policy: Policy, node_w: np.ndarray,
         name, st = fleet.node_names[i], State(int(a.node_state[i]))
         _, _, reasons = node_cause(fleet, a.kinds, i)
         benefit = cost = 0.0
+        slip: tuple[tuple[str, float, float, str], ...] = ()
         if fleet.node_job[i] >= 0 and st != State.FAILED:
             dec = quarantine_pays(fleet, a, policy, i, float(node_w[i]), float(node_slow[i]), spares_left,
-                                  name in drained_now)
+                                  name in drained_now, sched)
+            saved = drain_slip_s(fleet, a, policy, i, float(node_slow[i]), sched)
+            slip = slip_evidence(sched, int(fleet.node_job[i]), saved) if sched is not None else ()
             benefit, cost = dec.benefit_gpu_h / horizon_h, dec.cost_gpu_h / horizon_h
             if dec.action != "quarantine" and name not in drained_now:
                 continue
@@ -173,8 +252,10 @@ def plan_drains(fleet: Fleet, a: Assessment, policy: Policy, node_w: np.ndarray,
                 spares_left -= 1
         drains.append(Action(
             key=action_key(Verb.DRAIN, name), verb=Verb.DRAIN, target=name, target_kind="node",
-            reason=f"seamguard: {st.label} {_summary(reasons)}", cause=name,
-            evidence=_evidence(reasons), benefit_gpu_h_per_h=round(benefit, 3), cost_gpu_h_per_h=round(cost, 3),
+            reason=f"seamguard: {st.label} {_summary(reasons)}"
+                   + (f"; deadline slip saved {slip[2][1]:.0f} s" if len(slip) > 2 and slip[2][1] else ""),
+            cause=name, evidence=_evidence(reasons) + slip,
+            benefit_gpu_h_per_h=round(benefit, 3), cost_gpu_h_per_h=round(cost, 3),
             criticality=float(node_w[i])))
     failed = a.node_state == State.FAILED
     node_index = {n: i for i, n in enumerate(fleet.node_names)}
@@ -254,24 +335,39 @@ def move_room(fleet: Fleet, a: Assessment, j: int, off_bad: np.ndarray, landing_
     return landing_free + int(tolerant.sum())
 
 
-def move_pays(fleet: Fleet, policy: Policy, j: int, need: int, loop_gfs: float, weight: float) -> EconomicDecision:
+def move_slip_s(policy: Policy, j: int, loop_gfs: float, sched: Schedule | None,
+                now_s: float) -> tuple[float, float, float]:
+    """(slip saved, without, with) in seconds by moving job ``j`` off a loop of GFS ``loop_gfs``."""
+    if sched is None:
+        return 0.0, 0.0, 0.0
+    obj, prop, g = policy.objective, policy.assess.propagation, loop_gfs
+    return sched.saved(j, now_s, speedup=1.0 / max(1.0 - 0.3 * g, 1e-3),
+                       hazard_removed_per_h=prop.hazard_per_h_at_gfs1 * g * g, stall_s=obj.migrate_h * 3600.0)
+
+
+def move_pays(fleet: Fleet, policy: Policy, j: int, need: int, loop_gfs: float, weight: float,
+              sched: Schedule | None = None, now_s: float = 0.0) -> EconomicDecision:
     """The economics of moving job ``j``'s ``need`` nodes off a loop of GFS ``loop_gfs``.
 
     The loop's GFS predicts throttling (up to a 30 % slower step for the whole job) and
-    thermal trips; a move costs one swap stall and removes no capacity.
+    thermal trips; a move costs one swap stall and removes no capacity. With a deadline
+    the move is also worth the slip it saves (the throttling and the loop's hazard left
+    behind, one swap stall paid).
     """
     obj, prop, g = policy.objective, policy.assess.propagation, loop_gfs
+    saved = move_slip_s(policy, j, g, sched, now_s)
     return quarantine_decision(DegradedNodeContext(
         job_class=JobClass(int(fleet.job_class[j])), criticality=weight,
         job_gpus=int(float(fleet.job_gpu_count[j])), node_gpus=need * int(fleet.node_gpu_count.max()),
         slowdown=0.3 * g, hazard_multiplier=1.0 + g * g, node_hazard_per_h=prop.hazard_per_h_at_gfs1,
         loss_per_failure_h=prop.checkpoint_interval_h / 2.0 + prop.restart_h,
         horizon_h=obj.horizon_h, swap_cost_s=obj.migrate_h * 3600.0, spare_available=True,
-        hold_h=obj.hold_h, removed_capacity_value=0.0))
+        hold_h=obj.hold_h, removed_capacity_value=0.0,
+        slip_saved_gpu_h=slip_gpu_h(fleet, sched, j, saved[0]) if sched is not None else 0.0))
 
 
 def plan_moves(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, free: np.ndarray,
-               in_effect: set[str], frozen: FreezeView | None) -> Planned:
+               in_effect: set[str], frozen: FreezeView | None, sched: Schedule | None = None) -> Planned:
     """move_job: critical synchronous jobs off a degraded cooling loop, where they fit whole and it pays.
 
     Most critical first; a job half-moved still runs at its slowest rank, so a new move
@@ -298,17 +394,40 @@ def plan_moves(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, fr
             if key not in in_effect and need > move_room(fleet, a, j, off_bad, landing_free):
                 continue  # a synchronous job half-moved still runs at its slowest rank
             landing_free = max(0, landing_free - need)
-            dec = move_pays(fleet, policy, j, need, float(loops.gfs[lp]), float(crit[j]))
+            dec = move_pays(fleet, policy, j, need, float(loops.gfs[lp]), float(crit[j]), sched, a.t_s)
+            saved = move_slip_s(policy, j, float(loops.gfs[lp]), sched, a.t_s)
+            slip = slip_evidence(sched, j, saved) if sched is not None else ()
             if dec.action != "quarantine" and key not in in_effect:
                 continue
             act = Action(key=key, verb=Verb.MOVE_JOB, target=jn, target_kind="job",
                          params=(("domain", ln), ("domain_kind", "cooling_loop"), ("nodes", loop_nodes(fleet, lp))),
-                         reason=f"seamguard: {ln} {State(int(loops.states.state[lp])).label} ({_summary(reasons)})",
-                         cause=ln, evidence=_evidence(reasons),
+                         reason=f"seamguard: {ln} {State(int(loops.states.state[lp])).label} ({_summary(reasons)})"
+                                + (f"; deadline slip saved {saved[0]:.0f} s" if slip and saved[0] else ""),
+                         cause=ln, evidence=_evidence(reasons) + slip,
                          benefit_gpu_h_per_h=round(dec.benefit_gpu_h / horizon_h, 3),
                          cost_gpu_h_per_h=round(dec.cost_gpu_h / horizon_h, 3), criticality=float(crit[j]))
             out.append((act, Request(key, domain=f"{Kind.COOLING_LOOP.label}:{ln}")))
     return out
+
+
+def shed_priority(fleet: Fleet, sched: Schedule) -> tuple[np.ndarray, np.ndarray]:
+    """(what a job is worth keeping on its loop, its slack s) for shedding: criticality x (1 + slip_weight x
+    P(miss)), then the most slack first (a job without a deadline has all the slack there is)."""
+    p = np.nan_to_num(sched.forecast.p_miss, nan=0.0)
+    slack = np.where(np.isfinite(sched.forecast.slack_s), sched.forecast.slack_s, np.inf)
+    return fleet.job_criticality * (1.0 + sched.slip_weight * p), slack
+
+
+def with_slip(act: Action, fleet: Fleet, sched: Schedule) -> Action:
+    """A job's action with its schedule forecast in its evidence (once; a priced one carries it already)."""
+    if act.target_kind != "job" or any(e[0] == "deadline_slip" for e in act.evidence):
+        return act
+    try:
+        j = fleet.index_of(Kind.JOB, act.target)
+    except KeyError:
+        return act
+    extra = slip_evidence(sched, j)
+    return replace(act, evidence=act.evidence + extra) if extra else act
 
 
 def breaker_in_effect(fleet: Fleet, a: Assessment, in_effect: set[str], domains: tuple[str, ...],
@@ -355,18 +474,22 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     free, drained_now = spare_nodes(fleet, a, in_effect)
     kind_ht, node_ht = healthy_ticks(fleet, a, policy)
     drain_mask = np.isin(a.node_state, _codes(rules.drain_states))
+    ex = exposure(fleet, a, policy)
+    sched = schedule(fleet, a, policy, ex)
     # what takes capacity away, in the breaker's order; checkpoints take none
-    restricts = plan_drains(fleet, a, policy, node_w, drain_mask, free, drained_now)
+    restricts = plan_drains(fleet, a, policy, node_w, drain_mask, free, drained_now, sched)
     if rules.label_degraded:
         restricts += plan_labels(fleet, a, node_w, drain_mask)
-    ex = exposure(fleet, a, policy)
     ckpt = plan_checkpoints(fleet, a, policy, state.episodes, state.checkpoints, node_ht, crit, ex)
     intervals = plan_checkpoint_intervals(fleet, policy, ex, crit, in_effect,
                                           {e.job for e in ckpt.episodes})
-    moves = plan_moves(fleet, a, policy, crit, free, in_effect, frozen)
-    sheds = plan_sheds(fleet, a, policy, crit, in_effect, frozen, {act.key for act, _ in moves})
+    moves = plan_moves(fleet, a, policy, crit, free, in_effect, frozen, sched)
+    sheds = plan_sheds(fleet, a, policy, crit, in_effect, frozen, {act.key for act, _ in moves},
+                       *shed_priority(fleet, sched))
+    sheds = [(with_slip(act, fleet, sched), r) for act, r in sheds]
     avoids = plan_path_avoidance(fleet, a, rules) + moves + sheds
-    desired = ({act.key: act for act, _ in restricts} | ckpt.actions | intervals
+    desired = ({act.key: act for act, _ in restricts}
+               | {k: with_slip(act, fleet, sched) for k, act in (ckpt.actions | intervals).items()}
                | {act.key: act for act, _ in avoids})
     requests = {r.key: r for _, r in restricts + avoids}
 

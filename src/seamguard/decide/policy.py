@@ -62,6 +62,11 @@ class Objective(_Strict):
     horizon_h: float = Field(4.0, gt=0)
     migrate_h: float = Field(0.0125, ge=0)
     idle_criticality: float = Field(0.5, ge=0)
+    slip_weight: float = Field(
+        1.0, ge=0, allow_inf_nan=False,
+        description="weight of a job's schedule slip (decide/slip.py): a drain or move is also worth the expected "
+                    "seconds past its deadline it saves x its GPUs x this / 3600 GPU-hours, and shedding takes jobs "
+                    "with slack first; 0 turns the deadline term off")
 
 
 class ActionRules(_Strict):

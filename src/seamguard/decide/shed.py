@@ -36,18 +36,25 @@ def loop_nodes(fleet: Fleet, lp: int) -> str:
     return ",".join(fleet.node_names[i] for i in np.flatnonzero(fleet.node_loop == lp).tolist())
 
 
-def shed_order(fleet: Fleet, on_loop: np.ndarray, max_criticality: float) -> list[int]:
-    """Jobs on the loop at or below ``max_criticality``: lowest criticality first, then by name."""
+def shed_order(fleet: Fleet, on_loop: np.ndarray, max_criticality: float, keep_value: np.ndarray | None = None,
+               slack_s: np.ndarray | None = None) -> list[int]:
+    """Jobs on the loop at or below ``max_criticality``: least worth keeping first (``keep_value``, default
+    the criticality; the planner raises it for a job at risk of missing its deadline), then the most
+    slack to its deadline (``slack_s``, inf without one), then by name."""
+    value = fleet.job_criticality if keep_value is None else keep_value
+    slack = np.full(len(fleet.job_names), np.inf) if slack_s is None else slack_s
     jobs = [int(j) for j in np.unique(fleet.node_job[on_loop]) if fleet.job_criticality[j] <= max_criticality]
-    return sorted(jobs, key=lambda j: (float(fleet.job_criticality[j]), fleet.job_names[j]))
+    return sorted(jobs, key=lambda j: (float(value[j]), -float(slack[j]), fleet.job_names[j]))
 
 
 def plan_sheds(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, in_effect: set[str],
-               frozen: FreezeView | None, moving: set[str]) -> list[tuple[Action, Request]]:
+               frozen: FreezeView | None, moving: set[str], keep_value: np.ndarray | None = None,
+               slack_s: np.ndarray | None = None) -> list[tuple[Action, Request]]:
     """move_job (mode=shed) for the lowest-criticality jobs on loops in ``shed_job_domain_states``.
 
     ``moving``: keys plan_moves already asks (a job moved is not also shed). A shed in effect
     stays asked (and counts against the loop's share); none new off a frozen loop.
+    ``keep_value`` / ``slack_s``: the order among them (:func:`shed_order`).
     """
     rules = policy.actions
     states = np.array([STATE_BY_LABEL[s] for s in rules.shed_job_domain_states], dtype=np.int8)
@@ -58,7 +65,7 @@ def plan_sheds(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, in
         on_loop = (node_job >= 0) & (fleet.node_loop == lp)
         budget = int(np.floor(rules.shed_job_max_loop_fraction * int((fleet.node_loop == lp).sum())))
         busy = max(int(on_loop.sum()), 1)
-        order = [j for j in shed_order(fleet, on_loop, rules.shed_job_max_criticality)
+        order = [j for j in shed_order(fleet, on_loop, rules.shed_job_max_criticality, keep_value, slack_s)
                  if action_key(Verb.MOVE_JOB, fleet.job_names[j], ln) not in moving]
         need = {j: int((on_loop & (node_job == j)).sum()) for j in order}
         held = {j for j in order if action_key(Verb.MOVE_JOB, fleet.job_names[j], ln) in in_effect}

@@ -100,6 +100,10 @@ class Fleet:
     job_criticality: np.ndarray  # weight >= 0; 1 = ordinary, higher = release-critical
     gpu_job: np.ndarray  # job index per GPU, -1 = idle
     name: str = "fleet"
+    # Per job, what its schedule is (decide/slip.py); None or NaN = not known for that job.
+    job_deadline_s: np.ndarray | None = None  # Unix seconds by which the job should finish
+    job_total_steps: np.ndarray | None = None  # steps the job runs in all (its progress is the runtime's step)
+    job_step_s: np.ndarray | None = None  # configured wall time of one step, s (the runtime's measured one wins)
     _index: dict = field(default_factory=dict, repr=False)
 
     # ---- sizes -------------------------------------------------------------
@@ -168,6 +172,14 @@ class Fleet:
         placed = self.gpu_job >= 0
         out[self.gpu_node[placed]] = self.gpu_job[placed]
         return out
+
+    def job_schedule(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(deadline Unix s, total steps, configured step s) per job; NaN where the job has none."""
+        n = len(self.job_names)
+
+        def filled(a: np.ndarray | None) -> np.ndarray:
+            return np.full(n, np.nan) if a is None else np.asarray(a, dtype=float)
+        return filled(self.job_deadline_s), filled(self.job_total_steps), filled(self.job_step_s)
 
     @cached_property
     def node_gpu_count(self) -> np.ndarray:

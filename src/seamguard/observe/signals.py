@@ -116,6 +116,8 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("seamguard_job_step_seconds", _J, "seconds", RT, +1, help="wall time of the job's last step"),
     Signal("seamguard_job_uncommitted_seconds", _J, "seconds", RT, +1,
            help="training a restart from storage would redo (the runtime's rollback exposure)"),
+    Signal("seamguard_job_step", _J, "steps", RT, 0,
+           help="the furthest step any rank has reached (progress, for schedule-slip risk)"),
 )
 
 REGISTRY: dict[str, Signal] = {s.name: s for s in SIGNALS}
