@@ -8,6 +8,7 @@ criticality in the comment, land on the nodes Slurm gave them.
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ from seamguard.app.slurm_placement import (
     SlurmPlacementConfig,
     SqueueJob,
     criticality_of,
+    deadline_of,
     parse_squeue,
+    parse_times,
     place,
 )
 from seamguard.fleet import FleetShape, generate_fleet
@@ -138,3 +141,82 @@ def test_the_live_source_takes_its_placement_from_slurm(tmp_path):
         src.close()
     assert list(np.flatnonzero(fleet.node_job == 1)) == [14] and fleet.job_criticality[1] == 0.5
     assert not (fleet.node_job == 0).any()  # not in squeue: not running
+
+
+# ---- deadlines (decide/slip.py's input) ----------------------------------------------------------
+
+def test_parse_times_reads_deadline_and_end_time_as_local_time():
+    text = ("  101   2026-12-01T18:00:00    2026-12-01T12:30:00  \n"
+            "102 N/A Unknown\n"
+            "garbage\n"
+            "103|x|RUNNING|normal|1||gpu001\n")  # a row of the other format: skipped
+    times = parse_times(text)
+    assert sorted(times) == ["101", "102"]
+    assert times["101"][0] == datetime(2026, 12, 1, 18, 0).timestamp()  # naive: local, as squeue printed it
+    assert times["101"][1] == datetime(2026, 12, 1, 12, 30).timestamp()
+    assert all(np.isnan(v) for v in times["102"])
+
+
+JAN15_8Z = datetime(2027, 1, 15, 8, tzinfo=timezone.utc).timestamp()
+D0 = 1_800_000_000.0  # Slurm's Deadline of the job
+END = 1_700_000_000.0  # its EndTime
+
+
+@pytest.mark.parametrize("comment, times, time_limit, want, problem", [
+    ("deadline=2027-01-15T08:00:00Z", (D0, END), False, JAN15_8Z, ""),             # the comment wins
+    ("owner=a; deadline=2027-01-15T10:00:00+02:00", None, False, JAN15_8Z, ""),
+    ("", (D0, END), False, D0, ""),                     # sbatch --deadline
+    ("", (float("nan"), END), False, 5.0, ""),          # no deadline: the run config's (5.0 here)
+    ("", (float("nan"), END), True, END, ""),           # time_limit_as_deadline: the end of the time limit
+    ("deadline=tomorrow", (D0, END), False, D0, "is not an ISO 8601 time"),   # bad token: reported, Slurm's used
+    ("deadline=2027-01-15T08:00:00", None, False, 5.0, "has no timezone"),
+])
+def test_deadline_from_comment_then_slurm_then_time_limit_then_config(comment, times, time_limit, want, problem):
+    cfg = SlurmPlacementConfig(time_limit_as_deadline=time_limit)
+    got, why = deadline_of(SqueueJob("42", J0, "RUNNING", "normal", 0.0, comment, ""), times, cfg, 5.0)
+    assert got == want
+    assert (problem in why) and (bool(why) == bool(problem))
+    if problem:
+        assert why.startswith(f"job {J0} (42): comment deadline: ")
+
+
+def test_place_sets_deadlines_and_reports_a_bad_one():
+    jobs = [SqueueJob("7", J0, "RUNNING", "high", 1.0, "deadline=2027-01-15T08:00:00Z", "A"),
+            SqueueJob("8", J1, "RUNNING", "normal", 1.0, "deadline=soon", "B")]
+    fleet, problems = place(TOPO, jobs, {"A": ["gpu010"], "B": ["gpu012"]}, CFG, {"8": (D0, END)})
+    dl, _, _ = fleet.job_schedule()
+    assert dl[0] == JAN15_8Z
+    assert dl[1] == D0 and np.isnan(dl[2:]).all()
+    assert problems == [f"job {J1} (8): comment deadline: 'soon' is not an ISO 8601 time "
+                        "(e.g. 2026-12-01T18:00:00+00:00); its deadline ignored"]
+
+
+@pytest.mark.slow
+def test_a_deadline_from_a_real_slurm_job(tmp_path):
+    """sbatch --deadline on a real slurmctld: squeue --Format=Deadline is read into the job's deadline."""
+    from datetime import timedelta
+
+    from seamguard.testbed.slurm import SlurmCluster
+
+    with SlurmCluster(tmp_path / "slurm", ["gpu001", "gpu002"], slurmd=True) as sc:
+        script = tmp_path / "job.sh"
+        script.write_text("#!/bin/sh\nwhile true; do sleep 0.2; done\n")
+        script.chmod(0o755)
+        when = (datetime.now() + timedelta(hours=3)).replace(microsecond=0)  # sbatch reads local time
+        sc.sbatch(script, f"--job-name={J0}", "--nodes=1", f"--deadline={when.isoformat()}", "--time=60",
+                  "--output=/dev/null")
+        sc.sbatch(script, f"--job-name={J1}", "--nodes=1", "--time=30", "--output=/dev/null")
+        sp = SlurmPlacement(SlurmPlacementConfig(squeue=sc.bin("squeue"), scontrol=sc.bin("scontrol"),
+                                                 refresh_s=0.1, time_limit_as_deadline=True))
+        limit = time.monotonic() + 60
+        fleet = TOPO
+        while time.monotonic() < limit:
+            fleet = sp.fleet(TOPO)
+            if (fleet.node_job == 0).sum() == 1 and (fleet.node_job == 1).sum() == 1:
+                break
+            time.sleep(0.3)
+        dl, _, _ = fleet.job_schedule()
+        assert dl[0] == when.timestamp()  # --deadline, to the second
+        # J1 has no --deadline: the end of its 30-minute time limit
+        assert abs(dl[1] - (time.time() + 30 * 60)) < 120, dl[1] - time.time()
+        sc.run("scancel", "--user=root")

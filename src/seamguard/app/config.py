@@ -9,13 +9,17 @@ before anything is built from it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seamguard.act.slurm import SlurmConfig
-from seamguard.app.slurm_placement import SlurmPlacementConfig
+from seamguard.app.slurm_placement import SlurmPlacementConfig, parse_deadline
 from seamguard.config import MAX_CONFIG_BYTES, format_validation_error, parse_yaml
 from seamguard.decide.policy import Policy, PolicyError, default_policy, parse_policy
 from seamguard.fleet.model import Fleet
@@ -68,6 +72,17 @@ ActuatorConfig = Annotated[LogActuatorConfig | SlurmActuatorConfig | KubernetesA
                            Field(discriminator="type")]
 
 
+class JobConfig(_Strict):
+    """A topology job's schedule (decide/slip.py): when it must finish and how much work it has."""
+
+    deadline: float | None = Field(None, description="ISO 8601 time with a timezone by which the job should "
+                                                     "finish (read as Unix seconds)")
+    total_steps: int | None = Field(None, gt=0, description="steps the job runs in all (the runtime's "
+                                                            "seamguard_job_step says how many are done)")
+    step_s: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                 description="wall time of one step, s, until the runtime reports its own")
+
+
 class RunConfig(_Strict):
     version: Literal[1]
     topology: Path = Field(description="fleet topology YAML (docs/topology.md)")
@@ -83,6 +98,8 @@ class RunConfig(_Strict):
     actuators: list[ActuatorConfig] = Field(default_factory=list)
     slurm_placement: SlurmPlacementConfig | None = Field(
         None, description="read where the topology's jobs run, and their criticality, from squeue")
+    jobs: dict[str, JobConfig] = Field(
+        default_factory=dict, description="topology job name -> its deadline and work (schedule-slip risk)")
 
 
 def read_yaml(path: str | Path, what: str, error: type[Exception] = ValueError) -> Any:
@@ -117,6 +134,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     data = read_yaml(p, "config", ConfigError)
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level")
+    data = _deadlines_as_unix_s(data, p)
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as err:
@@ -135,6 +153,49 @@ def load_run_config(path: str | Path) -> RunConfig:
         acts.append(a)
     upd["actuators"] = acts
     return cfg.model_copy(update=upd)
+
+
+def _deadlines_as_unix_s(data: dict, p: Path) -> dict:
+    """``jobs.<name>.deadline`` (an ISO 8601 string, or the datetime YAML made of one) as Unix seconds;
+    a value without a timezone or not a time is a one-line ConfigError naming the job and field."""
+    jobs = data.get("jobs")
+    if not isinstance(jobs, dict):
+        return data
+    out = {}
+    for name, job in jobs.items():
+        if isinstance(job, dict) and job.get("deadline") is not None:
+            where, v = f"{p}: jobs.{name}.deadline", job["deadline"]
+            if isinstance(v, datetime):
+                if v.tzinfo is None:
+                    raise ConfigError(f"{where}: {v.isoformat()!r} has no timezone (add Z or +hh:mm)")
+                job = {**job, "deadline": v.timestamp()}
+            elif isinstance(v, str):
+                try:
+                    job = {**job, "deadline": parse_deadline(v, where)}
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
+            else:
+                raise ConfigError(f"{where}: {v!r} is not an ISO 8601 time with a timezone")
+        out[name] = job
+    return {**data, "jobs": out}
+
+
+def with_job_schedule(fleet: Fleet, jobs: dict[str, JobConfig], where: str = "run config") -> Fleet:
+    """The topology with the run config's per-job deadline, total steps and step time (NaN where not given);
+    a job the topology does not have is a ConfigError naming it."""
+    if not jobs:
+        return fleet
+    index = {n: j for j, n in enumerate(fleet.job_names)}
+    n = len(fleet.job_names)
+    arrays = {k: np.full(n, np.nan) for k in ("deadline", "total_steps", "step_s")}
+    for name, job in jobs.items():
+        if name not in index:
+            raise ConfigError(f"{where}: jobs.{name}: no job of that name in the topology")
+        for k, arr in arrays.items():
+            v = getattr(job, k)
+            arr[index[name]] = np.nan if v is None else float(v)
+    return replace(fleet, job_deadline_s=arrays["deadline"], job_total_steps=arrays["total_steps"],
+                   job_step_s=arrays["step_s"], _index={})
 
 
 def build_actuators(cfg: RunConfig) -> list:

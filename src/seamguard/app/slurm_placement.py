@@ -7,10 +7,15 @@ them holds (matched by the Slurm job name) and, where the job says so, how criti
 a ``criticality=<x>`` token in its comment (``sbatch --comment``), else its QOS through
 ``qos_criticality``, else the topology's value. A topology job that is not running holds
 no node. A job's nodes come from ``scontrol show hostnames`` (Slurm's own hostlist
-expansion). If squeue cannot be read the last placement stays (one warning per outage):
+expansion). Its deadline (decide/slip.py): a ``deadline=<ISO 8601 with timezone>`` token in
+its comment, else Slurm's own ``Deadline`` (``sbatch --deadline``; squeue prints it only
+through ``--Format=Deadline``, so it is a second squeue call), else, with
+``time_limit_as_deadline``, the end of its time limit (``EndTime``: when Slurm kills it),
+else the run config's. If squeue cannot be read the last placement stays (one warning per outage):
 seamguard then acts on what it knew, and never on a guess.
 
-Pure: :func:`parse_squeue`, :func:`criticality_of`, :func:`place`; side effects only in
+Pure: :func:`parse_squeue`, :func:`parse_times`, :func:`criticality_of`, :func:`deadline_of`,
+:func:`place`; side effects only in
 :class:`SlurmPlacement`.
 """
 
@@ -22,6 +27,7 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +38,9 @@ from seamguard.fleet.model import Fleet
 log = logging.getLogger("seamguard.app.slurm_placement")
 
 SQUEUE_FORMAT = "%i|%j|%T|%q|%Q|%k|%N"  # id, name, state, QOS, priority, comment, nodes
+# id, sbatch --deadline, end of the time limit: fixed-width columns (no letter of -o prints a deadline)
+SQUEUE_TIMES = "JobID:40,Deadline:40,EndTime:40"
+_UNSET_TIMES = {"N/A", "NONE", "UNKNOWN", "(NULL)", "0"}
 _RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED"}
 
 
@@ -48,6 +57,11 @@ class SlurmPlacementConfig(BaseModel):
                              description="a '<key>=<number>' token in the job's comment sets its criticality")
     qos_criticality: dict[str, float] = Field(
         default_factory=dict, description="QOS name -> criticality, for jobs whose comment does not set one")
+    deadline_key: str = Field("deadline", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                              description="a '<key>=<ISO 8601 time with timezone>' token in the job's comment "
+                                          "sets its deadline (over sbatch --deadline)")
+    time_limit_as_deadline: bool = Field(
+        False, description="a job with no other deadline must finish by the end of its time limit (EndTime)")
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,60 @@ def parse_squeue(text: str) -> tuple[list[SqueueJob], list[str]]:
     return jobs, problems
 
 
+def parse_times(text: str) -> dict[str, tuple[float, float]]:
+    """``squeue -h -O SQUEUE_TIMES`` rows -> job id -> (Deadline, EndTime) as Unix seconds (NaN: unset).
+
+    Slurm prints these times without a zone, in the local time of the squeue process (the
+    same TZ as this one: the calls share its environment). Rows that do not parse are skipped."""
+    out: dict[str, tuple[float, float]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or not parts[0].replace("_", "").isdigit():
+            continue
+        out[parts[0]] = (_slurm_time(parts[1]), _slurm_time(parts[2]))
+    return out
+
+
+def _slurm_time(s: str) -> float:
+    if s.upper() in _UNSET_TIMES:
+        return float("nan")
+    try:
+        return datetime.fromisoformat(s).timestamp()  # naive: local time, as Slurm printed it
+    except ValueError:
+        return float("nan")
+
+
+def parse_deadline(text: str, where: str) -> float:
+    """An ISO 8601 time with a timezone as Unix seconds; ValueError naming ``where`` otherwise."""
+    try:
+        t = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{where}: {text!r} is not an ISO 8601 time (e.g. 2026-12-01T18:00:00+00:00)") from None
+    if t.tzinfo is None:
+        raise ValueError(f"{where}: {text!r} has no timezone (add Z or +hh:mm)")
+    return t.timestamp()
+
+
+def deadline_of(job: SqueueJob, times: tuple[float, float] | None, cfg: SlurmPlacementConfig,
+                default: float) -> tuple[float, str]:
+    """(deadline Unix s, a problem or ""): the comment's ``<deadline_key>=<ISO time>``, else Slurm's
+    ``Deadline``, else with ``time_limit_as_deadline`` its ``EndTime``, else ``default``."""
+    m = re.search(rf"(?:^|[\s,;]){re.escape(cfg.deadline_key)}=([^\s,;]+)", job.comment)
+    if m:
+        try:
+            return parse_deadline(m.group(1), f"job {job.name} ({job.job_id}): comment {cfg.deadline_key}"), ""
+        except ValueError as e:
+            problem = str(e)
+    else:
+        problem = ""
+    deadline, end = times if times is not None else (float("nan"), float("nan"))
+    if np.isfinite(deadline):
+        return deadline, problem
+    if cfg.time_limit_as_deadline and np.isfinite(end):
+        return end, problem
+    return default, problem
+
+
 def criticality_of(job: SqueueJob, cfg: SlurmPlacementConfig, default: float) -> float:
     """The comment's ``<key>=<x>``, else the QOS's, else ``default``."""
     m = re.search(rf"(?:^|[\s,;]){re.escape(cfg.comment_key)}=([0-9]*\.?[0-9]+)(?:$|[\s,;])", job.comment)
@@ -92,15 +160,18 @@ def criticality_of(job: SqueueJob, cfg: SlurmPlacementConfig, default: float) ->
 
 
 def place(topology: Fleet, jobs: list[SqueueJob], nodes_of: dict[str, list[str]],
-          cfg: SlurmPlacementConfig) -> tuple[Fleet, list[str]]:
-    """The fleet with each topology job on the nodes Slurm gives it (all their GPUs) and its
-    criticality; ``nodes_of`` maps a hostlist expression to node names. Returns what was
-    ignored and why (a node the topology does not know, a name used by two running jobs)."""
+          cfg: SlurmPlacementConfig, times: dict[str, tuple[float, float]] | None = None) -> tuple[Fleet, list[str]]:
+    """The fleet with each topology job on the nodes Slurm gives it (all their GPUs), its
+    criticality and its deadline (``times``: job id -> (Deadline, EndTime), :func:`parse_times`);
+    ``nodes_of`` maps a hostlist expression to node names. Returns what was ignored and why (a
+    node the topology does not know, a name used by two running jobs, a deadline that does not parse)."""
     problems: list[str] = []
     job_index = {n: j for j, n in enumerate(topology.job_names)}
     node_index = {n: i for i, n in enumerate(topology.node_names)}
     gpu_job = np.full(topology.gpu_job.shape[0], -1, dtype=np.int64)
     crit = topology.job_criticality.astype(float).copy()
+    deadline0, _, _ = topology.job_schedule()
+    deadline = deadline0.copy()
     seen: dict[str, str] = {}
     for job in jobs:
         j = job_index.get(job.name)
@@ -112,13 +183,16 @@ def place(topology: Fleet, jobs: list[SqueueJob], nodes_of: dict[str, list[str]]
             continue
         seen[job.name] = job.job_id
         crit[j] = criticality_of(job, cfg, float(topology.job_criticality[j]))
+        deadline[j], bad = deadline_of(job, (times or {}).get(job.job_id), cfg, float(deadline0[j]))
+        if bad:
+            problems.append(f"{bad}; its deadline ignored")
         for node in nodes_of.get(job.nodes, []):
             i = node_index.get(node)
             if i is None:
                 problems.append(f"job {job.name} ({job.job_id}): node {node!r} is not in the topology")
                 continue
             gpu_job[topology.gpu_node == i] = j
-    return replace(topology, gpu_job=gpu_job, job_criticality=crit, _index={}), problems
+    return replace(topology, gpu_job=gpu_job, job_criticality=crit, job_deadline_s=deadline, _index={}), problems
 
 
 class SlurmPlacement:
@@ -157,7 +231,9 @@ class SlurmPlacement:
                               "-o", SQUEUE_FORMAT])
             jobs, problems = parse_squeue(text)
             wanted = {j.nodes for j in jobs if j.name in set(topology.job_names)}
-            placed, more = place(topology, jobs, {h: self._expand(h) for h in wanted}, self.cfg)
+            times = parse_times(self._run([self.cfg.squeue, "-h", "-a", "-t", "RUNNING,COMPLETING,SUSPENDED",
+                                           "-O", SQUEUE_TIMES])) if wanted else {}
+            placed, more = place(topology, jobs, {h: self._expand(h) for h in wanted}, self.cfg, times)
         except (OSError, subprocess.SubprocessError) as exc:
             if not self._failing:
                 log.warning("slurm placement: %s; keeping the last placement until squeue answers", exc)

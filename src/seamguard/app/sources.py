@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from seamguard.act.base import Actuator
-from seamguard.app.config import RunConfig, build_actuators, load_topology
+from seamguard.app.config import RunConfig, build_actuators, load_topology, with_job_schedule
 from seamguard.app.slurm_placement import SlurmPlacement
 from seamguard.fleet.model import Fleet
 from seamguard.observe.frame import Frame
@@ -106,7 +106,7 @@ class PrometheusLiveSource:
         from seamguard.observe.prometheus import PrometheusSource
 
         self.cfg = cfg
-        self.fleet = load_topology(cfg.topology)
+        self.fleet = with_job_schedule(load_topology(cfg.topology), cfg.jobs)
         self.tick_s = cfg.tick_s
         self._source = PrometheusSource(self.fleet, cfg.prometheus)
         self._actuators = build_actuators(cfg)
