@@ -95,3 +95,21 @@ def test_coordinator_fixes_each_change_ahead_of_every_rank():
     store.add(keys.HINT_DEGRADED_N, 1)
     c.tick()
     assert stepmodes.parse(store.get(keys.STEP_MODES).decode()) == entries
+
+
+def test_launcher_turns_the_hint_files_into_store_keys_and_refuses_bad_ones(tmp_path, capsys):
+    from seamguard.runtime.launcher import _hint_files
+
+    store = DictStore()
+    (tmp_path / "avoid_rails").write_text("rail0 3\nrail1 very-bad\n")
+    (tmp_path / "degraded").write_text("maybe\n")
+    _hint_files(store, tmp_path)
+    err = capsys.readouterr().err
+    assert "avoid_rails: line 2" in err and "expected 'on' or 'off', got 'maybe'" in err
+    assert not store.check([keys.HINT_AVOID_RAILS_N]) and not store.check([keys.HINT_DEGRADED_N])
+    assert list(tmp_path.iterdir()) == []  # consumed either way: a bad request is not retried
+    (tmp_path / "avoid_rails").write_text("rail1 3\n")
+    (tmp_path / "degraded").write_text("on\n")
+    _hint_files(store, tmp_path)
+    assert store.get(keys.HINT_AVOID_RAILS) == b"rail1 3\n" and store.get(keys.HINT_AVOID_RAILS_N) == b"1"
+    assert store.get(keys.HINT_DEGRADED) == b"on" and store.get(keys.HINT_DEGRADED_N) == b"1"
