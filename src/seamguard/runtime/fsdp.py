@@ -132,7 +132,8 @@ class ResilientGroup(dist.ProcessGroup):
         if not rt._collective_allowed():
             return _Done()
         try:
-            work = getattr(rt.group, _FORWARDS[name])(*args)
+            with rt.clock.phase("collective_issue"):
+                work = getattr(rt.group, _FORWARDS[name])(*args)
         except RuntimeError as exc:
             rt._collective_failed(f"{name}: {exc}")
             return _Done()

@@ -18,6 +18,7 @@ import json
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -178,6 +179,7 @@ class ReplicaServer:
         self.store = store
         self.timeout_s = timeout_s
         self.dedup = dedup
+        self.clock = None   # a profile.PhaseClock the worker hands over (times receiving pushes)
         self.sock = socket.create_server((host, 0))
         self.sock.settimeout(0.5)
         self.address = f"{host}:{self.sock.getsockname()[1]}"
@@ -203,7 +205,11 @@ class ReplicaServer:
             try:
                 req = _recv_json(conn)
                 if req["op"] == "push":
+                    w0, c0 = time.perf_counter(), time.thread_time()
                     self._on_push(conn, req)
+                    if self.clock is not None:
+                        self.clock.add("bg_replica_receive", time.perf_counter() - w0,
+                                       time.thread_time() - c0)
                 elif req["op"] == "meta":
                     self._on_meta(conn, req)
                 elif req["op"] == "fetch":
@@ -235,7 +241,11 @@ class ReplicaServer:
             buf = self.store._buffer(role, name, e.nbytes, busy)
             busy.add(id(buf))
             _recv_exact(conn, e.nbytes, into=buf)
-            if hash_bytes(buf[:e.nbytes]) != e.xxh3:
+            w0, c0 = time.perf_counter(), time.thread_time()
+            digest = hash_bytes(buf[:e.nbytes])
+            if self.clock is not None:
+                self.clock.add("bg_replica_verify", time.perf_counter() - w0, time.thread_time() - c0)
+            if digest != e.xxh3:
                 raise ReplicaError(f"replica of role {role} step {manifest.step}: tensor "
                                    f"{name!r} arrived corrupted")
             data[name] = buf

@@ -21,6 +21,7 @@ import os
 import pickle
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,7 @@ class SlotStore:
     latest: int = -1
     retained: int = -1   # slot of the newest persisted step, kept for rollbacks
     cond: threading.Condition = field(default_factory=threading.Condition)
+    clock: Any = None   # a profile.PhaseClock the worker hands over (times the background copy)
     _stream: Any = None
 
     def _allocate(self, layout: Layout) -> None:
@@ -379,10 +381,13 @@ class SlotStore:
             cap.event.record(self._stream)
         else:
             def run() -> None:
+                w0, c0 = time.perf_counter(), time.thread_time()
                 try:
                     copy(rest, len(first))
                 except BaseException as exc:  # noqa: BLE001 - handed to wait()
                     cap.error = exc
+                if self.clock is not None:
+                    self.clock.add("bg_copy", time.perf_counter() - w0, time.thread_time() - c0)
             cap.copier = threading.Thread(target=run, name=f"snapshot-{step}", daemon=True)
             cap.copier.start()
         return cap

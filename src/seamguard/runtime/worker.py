@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import queue
+import resource
 import socket
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from seamguard.runtime.eventlog import EventLog, set_title
 from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, replica_holder
+from seamguard.runtime.profile import PhaseClock
 from seamguard.runtime.rail_sync import RailSync
 from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url
 from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_orphans,
@@ -80,8 +82,9 @@ class _WaitingWork:
     """A collective whose ``wait()`` does the work, run on a thread so it can be polled;
     ``wait()`` re-raises its error."""
 
-    def __init__(self, work) -> None:
+    def __init__(self, work, done_at: list[float]) -> None:
         self._error: BaseException | None = None
+        self._done_at = done_at   # perf_counter() when the collective finished
         self._thread = threading.Thread(target=self._run, args=(work,), daemon=True,
                                         name="sg-collective-wait")
         self._thread.start()
@@ -91,6 +94,7 @@ class _WaitingWork:
             work.wait()
         except BaseException as exc:  # noqa: BLE001 - handed to wait()
             self._error = exc
+        self._done_at.append(time.perf_counter())
 
     def is_completed(self) -> bool:
         return not self._thread.is_alive()
@@ -119,6 +123,8 @@ class Runtime:
         self.server = replica.ReplicaServer(self.replicas, advertise_host,
                                             settings.replica_timeout_s, settings.dedup_replicas)
         self.injector = chaos.from_env_without_store()
+        self.clock = PhaseClock(False)   # where the time goes (SEAMGUARD_PROFILE=1; runtime/profile.py)
+        self.slots.clock = self.server.clock = self.clock
         self.plan: Plan | None = None
         self.gen = -1
         self.rank = -1
@@ -192,12 +198,14 @@ class Runtime:
             if raw.get("checkpoint_dir"):
                 raw["checkpoint_dir"] = Path(raw["checkpoint_dir"])
             settings = RuntimeSettings(**raw)
-        return cls(int(env["SEAMGUARD_WORKER_ID"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]),
+        rt = cls(int(env["SEAMGUARD_WORKER_ID"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]),
                    int(env.get("SEAMGUARD_RANKS_PER_NODE", env.get("LOCAL_WORLD_SIZE", "1"))),
                    settings, env.get("SEAMGUARD_RUN_ID", "seamguard"),
                    env.get("SEAMGUARD_ADVERTISE_HOST", "127.0.0.1"),
                    parse_store_url(env.get("SEAMGUARD_STORE", ""), env.get("SEAMGUARD_RUN_ID", "seamguard")),
                    _host_port(env.get("SEAMGUARD_NODE_STORE", "")))
+        rt.clock.enabled = env.get("SEAMGUARD_PROFILE") == "1"
+        return rt
 
     def register(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  sampler: GlobalBatchSampler) -> None:
@@ -310,20 +318,25 @@ class Runtime:
                 if self._final_barrier():
                     break
                 continue
+            t_boundary = time.perf_counter()
             if self._private[0] != self.step and (self.settings.step_guard or self._live_recovery()
                                                   or self.settings.crash_capture):
                 self._private = (self.step, self.state.step_private(self.step))
             self._read_step_mode()
             self._send_meta()
             stall_before_s = self.stats["snapshot_stall_s"]
-            self._maybe_snapshot()
+            with self.clock.phase("snapshot_begin"):
+                self._maybe_snapshot()
             self._maybe_save_dcp()
             self.injector.maybe_fire("step", self.rank, self.step, forget_memory=self.slots.close)
+            self.clock.add("step_boundary", time.perf_counter() - t_boundary)
             self._phase, self._t_compute = "compute", time.perf_counter()
             self._at_step_start = False
             idx = self.sampler.indices(self.step, self.rank, self.world_size)
             self._local_n = len(idx)
+            t_yield = time.perf_counter()
             yield self.step, idx
+            self.clock.add("step_body", time.perf_counter() - t_yield)
             self._stall_s = self.stats["snapshot_stall_s"] - stall_before_s
             if self._redo:   # rejected by the step guard: the same step again, from its start
                 self._redo = False
@@ -413,6 +426,7 @@ class Runtime:
                 nap_s = min(0.005, nap_s * 1.5)
         finally:
             self.stats["snapshot_stall_s"] += time.perf_counter() - t0
+            self.clock.add("commit_wait", time.perf_counter() - t0)
         return True
 
     def _guard_accepts(self, norms: np.ndarray) -> bool:
@@ -458,6 +472,10 @@ class Runtime:
         """Stop background threads, the persister, and free the shared-memory slots."""
         self._stop.set()
         self._finish_snapshot()
+        if self.clock.enabled:
+            use = resource.getrusage(resource.RUSAGE_SELF)
+            self._note("profile", steps=self.step, process_cpu_s=round(use.ru_utime + use.ru_stime, 3),
+                       phases=self.clock.report(self.step))
         self._pipeline.put(None)
         if self._persister is not None and self._persister.poll() is None:
             self._persister.stdin.close()
@@ -500,8 +518,11 @@ class Runtime:
         progresses inside ``wait()`` (``runs_in_wait``) is waited for on a helper thread."""
         phase, self._phase = self._phase, "collective"
         deadline = time.monotonic() + self.settings.collective_timeout_s
+        t0, done_at = time.perf_counter(), []
         if runs_in_wait:
-            work = _WaitingWork(work)
+            work = _WaitingWork(work, done_at)
+        elif self.clock.enabled:   # when did it really complete: the poll's lag behind it
+            work.get_future().then(lambda _: done_at.append(time.perf_counter()))
         try:
             nap_s = 0.0002
             while not work.is_completed():
@@ -515,6 +536,10 @@ class Runtime:
                 # cores the gloo threads need; 5 ms is nothing next to detection times
                 nap_s = min(0.005, nap_s * 1.5)
             work.wait()
+            t1 = time.perf_counter()
+            self.clock.add("collective_wait", t1 - t0)
+            if done_at:
+                self.clock.add("collective_wait_lag", t1 - done_at[0])
             return True
         except RuntimeError as exc:
             self._note("collective_error", error=str(exc)[:200])
@@ -666,6 +691,7 @@ class Runtime:
             return
         finally:
             self.stats["snapshot_stall_s"] += time.perf_counter() - t0
+            self.clock.add("snapshot_copy_wait", time.perf_counter() - t0)
         self.stats["snapshots"] += 1
         self._snap_step = max(self._snap_step, cap.step)
         if persist is _QUEUED:   # handed to the pipeline when it began
@@ -788,9 +814,11 @@ class Runtime:
                     cap.wait()
                 if slot.step != step:
                     continue
-                manifest = self.slots.build_manifest(slot, self.rank, self.world_size)
+                with self.clock.phase("bg_hash"):
+                    manifest = self.slots.build_manifest(slot, self.rank, self.world_size)
                 self.slots.publish_manifest(slot, manifest, self.role)
-                self._replicate(slot, manifest, gen)
+                with self.clock.phase("bg_push"):
+                    self._replicate(slot, manifest, gen)
                 if persist is not None and slot.step == step:
                     self._persist(slot, manifest, persist)
             except (OSError, replica.ReplicaError, ValueError, RuntimeError) as exc:
@@ -883,6 +911,7 @@ class Runtime:
         counter = 0
         while not self._stop.is_set():
             counter += 1
+            w0, c0 = time.perf_counter(), time.thread_time()
             try:
                 store.set(keys.heartbeat(self.wid), json.dumps(
                     {"n": counter, "step": self.step, "phase": self._phase,
@@ -893,6 +922,7 @@ class Runtime:
                     self._gen_seen = int(store.get(keys.GENERATION))
             except (RuntimeError, ValueError, OSError):
                 pass  # store unreachable: the launcher is gone or restarting; keep beating
+            self.clock.add("bg_heartbeat", time.perf_counter() - w0, time.thread_time() - c0)
             self._stop.wait(self.settings.heartbeat_interval_s)
 
     def _note(self, kind: str, **fields) -> None:
