@@ -118,7 +118,7 @@ def _degraded(gfs=0.1, steps_done=0.0, measured_step_s=NAN):
 
 
 def _drain(fleet, a, policy=POL):
-    crit, node_w = pl.criticality_weights(fleet, policy)
+    _, node_w = pl.criticality_weights(fleet, policy)
     free, drained_now = pl.spare_nodes(fleet, a, set())
     sched = pl.schedule(fleet, a, policy, exposure(fleet, a, policy))
     mask = np.isin(a.node_state, [State.QUARANTINE])
@@ -137,7 +137,7 @@ def test_a_tight_deadline_drains_a_node_that_slack_keeps(slack_s, policy, draine
     assert [x.key for x, _ in out] == (["drain:gpu003"] if drained else [])
     if drained:
         act = out[0][0]
-        ev = {e[0]: e for e in act.evidence}
+        ev = {e[0].removesuffix(f":{F.job_names[J0]}"): e for e in act.evidence}
         saved = pl.drain_slip_s(_fleet(slack_s), a, policy, 3, 0.0, sched)
         assert ev["slip_saved"][1] == round(saved[0], 1) > 0 and ev["slip_saved"][2] == round(saved[1], 1)
         assert ev["deadline_slip"][1] == round(float(sched.forecast.expected_slip_s[J0]), 1)
@@ -192,4 +192,4 @@ def test_decide_records_the_forecast_on_job_actions_and_nothing_without_deadline
     jobs = [act for act in dl.desired.values() if act.target_kind == "job" and act.target == F.job_names[J0]]
     assert jobs, "an exposed job gets a checkpoint action"
     for act in jobs:
-        assert {"deadline_slip", "deadline_miss"} <= {e[0] for e in act.evidence}
+        assert {f"deadline_slip:{act.target}", f"deadline_miss:{act.target}"} <= {e[0] for e in act.evidence}

@@ -310,11 +310,14 @@ def review(
     ledger: Path = typer.Option(..., "--ledger", help="A controller's SQLite ledger (seamguard run/serve/demo)."),
     horizon_h: float = typer.Option(6.0, "--horizon-h", min=0.001, help="Hours after a decision to judge its cause."),
     policy: Path | None = typer.Option(None, "--policy", help="Policy YAML whose hazard model to check (default: the default)."),
+    job_end: list[str] = typer.Option([], "--job-end", help="JOB=TIME (ISO 8601 with timezone): when a job ended, "
+                                                            "or its last step; repeatable. Checks its deadline forecasts."),
     output: Output = OUTPUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """For each verb: decisions whose cause failed, recovered or stayed unhealthy within the horizon;
-    and the hazard model's predicted failure probability against the observed share."""
+    the hazard model's predicted failure probability against the observed share; and each job's
+    deadline forecasts against when it ended."""
     import sqlite3
 
     from seamguard.app import review as rv
@@ -326,6 +329,7 @@ def review(
     if not ledger.is_file():
         fail(f"--ledger: {ledger}: no such file")
     pol = _or_fail(lambda: load_policy(policy))
+    ended = _or_fail(lambda: rv.parse_job_ends(job_end))
     hg = pol.assess.hysteresis_for(Kind.GPU)
     floors = {s.label: (hg.quarantine_enter if s >= State.CHECKPOINT_UNSAFE else hg.degrade_enter)
               for s in State if State.HEALTHY < s < State.FAILED}
@@ -340,8 +344,11 @@ def review(
     horizon_s = horizon_h * 3600.0
     verbs = rv.by_verb(rv.decision_outcomes(decisions, transitions, end_s, horizon_s))
     calib = rv.calibration(transitions, end_s, horizon_s, pol.assess.propagation.hazard_per_h_at_gfs1, floors)
-    emit({"horizon_h": horizon_h, "by_verb": verbs, "calibration": calib}, wants_json(output, json_flag),
-         lambda d: typer.echo(rv.render(d["by_verb"], d["calibration"], horizon_s)))
+    slip = rv.slip_review(decisions, ended)
+    emit({"horizon_h": horizon_h, "by_verb": verbs, "calibration": calib, "deadlines": slip},
+         wants_json(output, json_flag),
+         lambda d: typer.echo("\n".join([rv.render(d["by_verb"], d["calibration"], horizon_s),
+                                         *rv.render_slip(d["deadlines"])])))
 
 
 # ---- evaluation (issue 15): score a timeline against labels; scenario histories ---------------

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seamguard.act.slurm import SlurmConfig

@@ -7,6 +7,11 @@ action was priced against), recovered, or stayed unhealthy — and whether the h
 the economics use is calibrated on this fleet: for each entity that left healthy, the
 model's probability of a hard failure within the horizon (``1 - exp(-h1 x GFS^2 x H)``,
 GFS at least its state's entry threshold, docs/policy.md) against the share that did fail.
+And for jobs with a deadline (decide/slip.py): each decision about such a job records the
+job's forecast (``deadline_slip:<job>``, ``deadline_miss:<job>`` in its evidence); given when
+each job actually ended (or its last step, ``--job-end``), :func:`slip_review` sets the
+forecasts against the slip that happened: predicted vs observed finish and slip, and the
+Brier score of P(miss).
 
 Pure functions over the ledger's rows (dicts, as ``Ledger.decisions`` / ``transitions``
 return them); the CLI command reads the ledger and prints.
@@ -121,6 +126,93 @@ def calibration(transitions: list[dict], end_s: float, horizon_s: float, h1: flo
                          "predicted_mean": round(float(p[m].mean()), 4), "observed_share": round(float(o[m].mean()), 4),
                          "brier": round(float(((p[m] - o[m]) ** 2).mean()), 4)})
     return rows
+
+
+def _forecasts(decisions: list[dict]) -> dict[str, list[dict]]:
+    """Per job, in time order: every decided action's forecast of it (from its evidence)."""
+    out: dict[str, dict[float, dict]] = defaultdict(dict)
+    for d in decisions:
+        if d["event"] != "decided":
+            continue
+        for e in d.get("evidence") or []:
+            head, _, job = str(e["channel"]).partition(":")
+            if not job or head not in ("deadline_slip", "deadline_miss"):
+                continue
+            row = out[job].setdefault(float(d["t_s"]), {"t_s": float(d["t_s"])})
+            if head == "deadline_slip":
+                row["expected_slip_s"], row["deadline_s"] = float(e["score"]), float(e["value"])
+            else:
+                row["p_miss"], row["expected_finish_s"] = float(e["score"]), float(e["value"])
+    return {j: [r for _, r in sorted(rows.items()) if len(r) == 5] for j, rows in out.items()}
+
+
+def slip_review(decisions: list[dict], ended_s: dict[str, float]) -> dict:
+    """Per job with a recorded forecast: the first and last forecast before it ended against what happened.
+
+    ``ended_s``: job -> Unix seconds it ended (or of its last step). A job not in it is ``open``
+    (nothing to compare yet). Observed slip is ``max(0, end - deadline)``; the summary gives the
+    mean absolute error of the last forecast's finish and slip, and the Brier score of its P(miss)."""
+    jobs: list[dict] = []
+    for job, rows in sorted(_forecasts(decisions).items()):
+        end = ended_s.get(job)
+        rows = [r for r in rows if end is None or r["t_s"] <= end]
+        if not rows:
+            continue
+        first, last = rows[0], rows[-1]
+        row = {"job": job, "deadline_s": last["deadline_s"], "forecasts": len(rows),
+               "first": {k: first[k] for k in ("t_s", "expected_finish_s", "expected_slip_s", "p_miss")},
+               "last": {k: last[k] for k in ("t_s", "expected_finish_s", "expected_slip_s", "p_miss")},
+               "ended_s": end}
+        if end is not None:
+            slip = max(end - last["deadline_s"], 0.0)
+            row.update(observed_slip_s=round(slip, 1), missed=slip > 0,
+                       finish_error_s=round(last["expected_finish_s"] - end, 1),
+                       slip_error_s=round(last["expected_slip_s"] - slip, 1))
+        jobs.append(row)
+    done = [r for r in jobs if r["ended_s"] is not None]
+    summary = {"jobs": len(jobs), "ended": len(done)}
+    if done:
+        summary.update(
+            finish_mae_s=round(float(np.mean([abs(r["finish_error_s"]) for r in done])), 1),
+            slip_mae_s=round(float(np.mean([abs(r["slip_error_s"]) for r in done])), 1),
+            p_miss_brier=round(float(np.mean([(r["last"]["p_miss"] - float(r["missed"])) ** 2 for r in done])), 4))
+    return {"jobs": jobs, "summary": summary}
+
+
+def parse_job_ends(items: list[str]) -> dict[str, float]:
+    """``--job-end JOB=TIME`` values -> job -> Unix seconds; a ConfigError naming the one that is wrong."""
+    from seamguard.app.config import ConfigError
+    from seamguard.app.slurm_placement import parse_deadline
+
+    out: dict[str, float] = {}
+    for item in items:
+        job, sep, when = item.partition("=")
+        if not sep or not job:
+            raise ConfigError(f"--job-end {item!r}: expected JOB=TIME (ISO 8601 with timezone)")
+        try:
+            out[job] = parse_deadline(when, f"--job-end {job}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return out
+
+
+def render_slip(review: dict) -> list[str]:
+    lines = ["deadlines: the last forecast before each job ended against what happened:"]
+    if not review["jobs"]:
+        return lines + ["  no decision recorded a job with a deadline"]
+    for r in review["jobs"]:
+        last = r["last"]
+        head = (f"  {r['job']:<28} predicted slip {last['expected_slip_s']:>8.0f} s, P(miss) {last['p_miss']:.2f}")
+        if r["ended_s"] is None:
+            lines.append(head + ", not ended (give --job-end)")
+        else:
+            lines.append(head + f"; observed slip {r['observed_slip_s']:>8.0f} s "
+                                f"({'missed' if r['missed'] else 'on time'}), finish off by {r['finish_error_s']:+.0f} s")
+    s = review["summary"]
+    if s.get("ended"):
+        lines.append(f"  {s['ended']} ended: finish MAE {s['finish_mae_s']:.0f} s, slip MAE {s['slip_mae_s']:.0f} s, "
+                     f"P(miss) Brier {s['p_miss_brier']:.3f}")
+    return lines
 
 
 def render(verbs: dict[str, dict], calib: list[dict], horizon_s: float) -> str:

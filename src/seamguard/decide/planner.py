@@ -25,7 +25,13 @@ from seamguard.assess.quality import FreezeView
 from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, ActionKey, Decisions, Verb, action_key
 from seamguard.decide.breaker import BreakerState, InEffect, Request, admit
-from seamguard.decide.checkpoints import Episode, Exposure, exposure, plan_checkpoints, undo_unasked
+from seamguard.decide.checkpoints import (
+    Episode,
+    Exposure,
+    exposure,
+    plan_checkpoints,
+    undo_unasked,
+)
 from seamguard.decide.economics import (
     DegradedNodeContext,
     EconomicDecision,
@@ -139,6 +145,7 @@ class Schedule:
     hazard_per_h: np.ndarray  # the job's hard-failure hazard (checkpoints.exposure)
     loss_per_failure_s: np.ndarray  # rollback (measured, else half an interval) + restart
     slip_weight: float
+    job_names: list[str]
 
     def saved(self, j: int, now_s: float, *, speedup: float = 1.0, hazard_removed_per_h: float = 0.0,
               stall_s: float = 0.0) -> tuple[float, float, float]:
@@ -163,7 +170,7 @@ def schedule(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure) -> Sched
     loss = rollback + prop.restart_h * 3600.0
     hazard = np.asarray(ex.job_hazard_per_h, dtype=float)
     return Schedule(slip_forecast(a.t_s, deadline, work, hazard, loss), deadline, hazard, loss,
-                    policy.objective.slip_weight)
+                    policy.objective.slip_weight, fleet.job_names)
 
 
 def slip_gpu_h(fleet: Fleet, sched: Schedule, j: int, saved_s: float) -> float:
@@ -173,16 +180,19 @@ def slip_gpu_h(fleet: Fleet, sched: Schedule, j: int, saved_s: float) -> float:
 
 def slip_evidence(sched: Schedule, j: int, saved: tuple[float, float, float] | None = None
                   ) -> tuple[tuple[str, float, float, str], ...]:
-    """What an action records about its job's schedule (explanations are data; `seamguard review` reads them):
-    ``deadline_slip`` (expected slip s, the deadline Unix s), ``deadline_miss`` (P(miss), expected
-    finish Unix s) and, where priced, ``slip_saved`` (s saved, expected slip without the action)."""
+    """What an action records about its job's schedule (explanations are data; `seamguard review` reads them),
+    each channel suffixed ``:<job>`` (a drain's target is a node): ``deadline_slip`` (expected slip s, the
+    deadline Unix s), ``deadline_miss`` (P(miss), expected finish Unix s) and, where priced,
+    ``slip_saved`` (s saved, expected slip without the action)."""
     f = sched.forecast
     if j < 0 or not np.isfinite(f.expected_slip_s[j]):
         return ()
-    out = (("deadline_slip", round(float(f.expected_slip_s[j]), 1), float(sched.deadline_s[j]), "s"),
-           ("deadline_miss", round(float(f.p_miss[j]), 4), round(float(f.expected_finish_s[j]), 1), "probability"))
+    job = sched.job_names[j]
+    out = ((f"deadline_slip:{job}", round(float(f.expected_slip_s[j]), 1), float(sched.deadline_s[j]), "s"),
+           (f"deadline_miss:{job}", round(float(f.p_miss[j]), 4), round(float(f.expected_finish_s[j]), 1),
+            "probability"))
     if saved is not None:
-        out += (("slip_saved", round(saved[0], 1), round(saved[1], 1), "s"),)
+        out += ((f"slip_saved:{job}", round(saved[0], 1), round(saved[1], 1), "s"),)
     return out
 
 
@@ -253,7 +263,8 @@ def plan_drains(fleet: Fleet, a: Assessment, policy: Policy, node_w: np.ndarray,
         drains.append(Action(
             key=action_key(Verb.DRAIN, name), verb=Verb.DRAIN, target=name, target_kind="node",
             reason=f"seamguard: {st.label} {_summary(reasons)}"
-                   + (f"; deadline slip saved {slip[2][1]:.0f} s" if len(slip) > 2 and slip[2][1] else ""),
+                   + (f"; deadline slip saved {slip[2][1]:.0f} s of {fleet.job_names[fleet.node_job[i]]}"
+                      if len(slip) > 2 and slip[2][1] else ""),
             cause=name, evidence=_evidence(reasons) + slip,
             benefit_gpu_h_per_h=round(benefit, 3), cost_gpu_h_per_h=round(cost, 3),
             criticality=float(node_w[i])))
@@ -420,7 +431,7 @@ def shed_priority(fleet: Fleet, sched: Schedule) -> tuple[np.ndarray, np.ndarray
 
 def with_slip(act: Action, fleet: Fleet, sched: Schedule) -> Action:
     """A job's action with its schedule forecast in its evidence (once; a priced one carries it already)."""
-    if act.target_kind != "job" or any(e[0] == "deadline_slip" for e in act.evidence):
+    if act.target_kind != "job" or any(e[0].startswith("deadline_slip:") for e in act.evidence):
         return act
     try:
         j = fleet.index_of(Kind.JOB, act.target)
