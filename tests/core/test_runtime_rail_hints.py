@@ -74,6 +74,10 @@ def test_two_rails_avoided_then_one_handed_back(tmp_path):
     assert (a / "avoid_rails").read_text() == "rail0 5\nrail1 3\n"  # both, with how bad each is
     assert act.revert(r0.key).ok
     assert (a / "avoid_rails").read_text() == "rail1 3\n" and act.observe() == {r1.key}
+    # the same rail's other link, less bad: the worst state still counts; its revert keeps the rail off
+    r1b = _avoid_link("n2/rail1", "degraded")
+    assert act.apply(r1b).ok and (a / "avoid_rails").read_text() == "rail1 3\n"
+    assert act.revert(r1.key).ok and (a / "avoid_rails").read_text() == "rail1 1\n"
 
 
 def test_revert_of_a_key_this_actuator_never_took_changes_nothing(tmp_path):

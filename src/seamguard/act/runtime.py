@@ -189,7 +189,9 @@ class RuntimeHintActuator:
                 continue
             rec = {"key": action.key, "job": job, "rail": rail, "severity": severity_of(action.reason),
                    "reason": action.reason}
-            res = self._write_avoid_file(d, {**self._avoided_rails(d), rail: rec["severity"]})
+            rails = self._avoided_rails(d)
+            rails[rail] = max(rails.get(rail, 0), rec["severity"])
+            res = self._write_avoid_file(d, rails)
             if res.ok:
                 res = self._deliver_record(d, rec)
             if not res.ok:
