@@ -81,11 +81,11 @@ def test_no_deadline_or_no_progress_is_no_forecast():
     assert np.isnan(f.p_miss).all() and np.isnan(f.expected_slip_s).all()
 
 
-def test_work_left_uses_the_measured_step_time_where_the_runtime_reports_one():
+def test_work_left_uses_the_measured_step_time_and_needs_the_runtimes_progress():
     work, step = work_left_s(np.array([1000.0, 1000.0, NAN, 1000.0]), np.array([400.0, NAN, 10.0, 1200.0]),
                              np.array([2.0, NAN, 1.0, NAN]), np.array([1.0, 1.5, 1.0, 1.0]))
     assert list(step) == [2.0, 1.5, 1.0, 1.0]
-    assert work[0] == 600 * 2.0 and work[1] == 1000 * 1.5 and np.isnan(work[2]) and work[3] == 0.0
+    assert work[0] == 600 * 2.0 and np.isnan(work[1]) and np.isnan(work[2]) and work[3] == 0.0
 
 
 @pytest.mark.parametrize("slack_s, saves", [(300.0, True), (30 * 86400.0, False)])
@@ -175,7 +175,7 @@ def test_shedding_prefers_jobs_with_slack(deadline_job, slack_s, shed):
         deadline[deadline_job] = a.t_s + 3600.0 + slack_s
     fleet = replace(F, job_deadline_s=deadline, job_total_steps=np.full(n, 360.0), job_step_s=np.full(n, 10.0),
                     _index={})
-    a = replace(a, job_uncommitted_s=np.full(n, 600.0))
+    a = replace(a, job_uncommitted_s=np.full(n, 600.0), job_steps_done=np.zeros(n))
     pol = _pol("actions", shed_job_max_criticality=1.0, shed_job_max_loop_fraction=0.5)
     sched = pl.schedule(fleet, a, pol, exposure(fleet, a, pol))
     crit, _ = pl.criticality_weights(fleet, pol)

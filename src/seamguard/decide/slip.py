@@ -51,11 +51,11 @@ def work_left_s(total_steps: np.ndarray, steps_done: np.ndarray, measured_step_s
                 configured_step_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(work left in wall seconds, the step time used) per job: steps left x step time.
 
-    The runtime's measured step time wins over the configured one; NaN where steps left
-    or any step time is unknown. Steps done are 0 when the runtime does not report them
-    yet but the job has a total (a job not started has all its work left)."""
+    The runtime's measured step time wins over the configured one; NaN where the total,
+    the steps done (the runtime's progress: a job that does not report it has no forecast,
+    rather than one that assumes it has not started) or any step time is unknown."""
     total = np.asarray(total_steps, dtype=float)
-    done = np.nan_to_num(np.asarray(steps_done, dtype=float), nan=0.0)
+    done = np.asarray(steps_done, dtype=float)
     measured = np.asarray(measured_step_s, dtype=float)
     step = np.where(np.isfinite(measured) & (measured > 0), measured, np.asarray(configured_step_s, dtype=float))
     left = np.maximum(total - done, 0.0)
