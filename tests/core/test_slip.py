@@ -193,3 +193,28 @@ def test_decide_records_the_forecast_on_job_actions_and_nothing_without_deadline
     assert jobs, "an exposed job gets a checkpoint action"
     for act in jobs:
         assert {f"deadline_slip:{act.target}", f"deadline_miss:{act.target}"} <= {e[0] for e in act.evidence}
+
+
+@pytest.mark.parametrize("slack_s, policy, moved", [
+    (600.0, POL, True),                                   # tight: the loop's throttling would make it late
+    (30 * 86400.0, POL, False),                           # slack: a barely-throttling loop is not worth a move
+    (600.0, _pol("objective", slip_weight=0.0), False),   # the deadline term switched off
+])
+def test_a_tight_deadline_moves_a_job_off_a_loop_that_slack_leaves(slack_s, policy, moved):
+    g = 0.01  # the loop's GFS: a 0.3 % slower step, below what a move costs the job without a deadline
+    a = _a(kinds={Kind.COOLING_LOOP: {"state": {0: State.DEGRADED}, "gfs": {0: g}, "score": {0: g}}})
+    n = len(F.job_names)
+    a = replace(a, job_steps_done=np.zeros(n), job_step_s=np.full(n, NAN))
+    fleet = _fleet(slack_s)
+    crit, _ = pl.criticality_weights(fleet, policy)
+    free, _ = pl.spare_nodes(fleet, a, set())
+    sched = pl.schedule(fleet, a, policy, exposure(fleet, a, policy))
+    assert pl.move_pays(F, policy, J0, 6, g, 3.0).action == "keep"  # the premise: no deadline, no move
+    out = [act for act, _ in pl.plan_moves(fleet, a, policy, crit, free, set(), None, sched)
+           if act.target == F.job_names[J0]]
+    assert bool(out) == moved
+    if moved:
+        saved = pl.move_slip_s(policy, J0, g, sched, a.t_s)
+        ev = {e[0]: e for e in out[0].evidence}
+        assert ev[f"slip_saved:{F.job_names[J0]}"][1] == round(saved[0], 1) > 0
+        assert f"deadline slip saved {saved[0]:.0f} s" in out[0].reason
