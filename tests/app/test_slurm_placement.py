@@ -191,6 +191,24 @@ def test_place_sets_deadlines_and_reports_a_bad_one():
                         "(e.g. 2026-12-01T18:00:00+00:00); its deadline ignored"]
 
 
+def test_a_squeue_that_cannot_print_deadlines_costs_the_deadlines_not_the_placement(tmp_path, caplog):
+    squeue = tmp_path / "squeue"
+    # this squeue knows -o but refuses -O (an older or trimmed Slurm)
+    squeue.write_text("#!/bin/sh\ncase \"$*\" in *-O*) echo 'invalid field Deadline' >&2; exit 1;; esac\n"
+                      f"echo '5|{J0}|RUNNING|high|1|criticality=4|gpu002'\n")
+    squeue.chmod(0o755)
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho $3\n")
+    scontrol.chmod(0o755)
+    sp = SlurmPlacement(SlurmPlacementConfig(squeue=str(squeue), scontrol=str(scontrol)))
+    with caplog.at_level("WARNING", logger="seamguard.app.slurm_placement"):
+        fleet = sp.fleet(TOPO)
+    assert list(np.flatnonzero(fleet.node_job == 0)) == [2] and fleet.job_criticality[0] == 4.0
+    assert np.isnan(fleet.job_schedule()[0]).all()
+    assert any("deadlines not read from Slurm" in r.getMessage() and "invalid field Deadline" in r.getMessage()
+               for r in caplog.records)
+
+
 @pytest.mark.slow
 def test_a_deadline_from_a_real_slurm_job(tmp_path):
     """sbatch --deadline on a real slurmctld: squeue --Format=Deadline is read into the job's deadline."""

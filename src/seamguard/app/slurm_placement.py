@@ -221,6 +221,15 @@ class SlurmPlacement:
                 if hostlist and hostlist != "(null)" else []
         return self._hostlists[hostlist]
 
+    def _times(self) -> tuple[dict[str, tuple[float, float]], str]:
+        """(job id -> (Deadline, EndTime), a problem or ""): a squeue that cannot print them costs the
+        deadlines from Slurm (logged), never the placement."""
+        try:
+            return parse_times(self._run([self.cfg.squeue, "-h", "-a", "-t", "RUNNING,COMPLETING,SUSPENDED",
+                                          "-O", SQUEUE_TIMES])), ""
+        except (OSError, subprocess.SubprocessError) as exc:
+            return {}, f"deadlines not read from Slurm ({exc}); the run config's stand"
+
     def fleet(self, topology: Fleet) -> Fleet:
         now = self.clock()
         if self._last is not None and now < self._next_s:
@@ -231,9 +240,9 @@ class SlurmPlacement:
                               "-o", SQUEUE_FORMAT])
             jobs, problems = parse_squeue(text)
             wanted = {j.nodes for j in jobs if j.name in set(topology.job_names)}
-            times = parse_times(self._run([self.cfg.squeue, "-h", "-a", "-t", "RUNNING,COMPLETING,SUSPENDED",
-                                           "-O", SQUEUE_TIMES])) if wanted else {}
+            times, why = self._times() if wanted else ({}, "")
             placed, more = place(topology, jobs, {h: self._expand(h) for h in wanted}, self.cfg, times)
+            more += [why] if why else []
         except (OSError, subprocess.SubprocessError) as exc:
             if not self._failing:
                 log.warning("slurm placement: %s; keeping the last placement until squeue answers", exc)
