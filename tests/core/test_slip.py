@@ -16,7 +16,7 @@ from seamguard.assess.states import State
 from seamguard.decide import planner as pl
 from seamguard.decide import shed as sh
 from seamguard.decide.checkpoints import exposure
-from seamguard.decide.slip import slip_forecast, slip_saved_s, work_left_s
+from seamguard.decide.slip import checkpoint_slip_saved_s, slip_forecast, slip_saved_s, work_left_s
 from seamguard.fleet import Kind
 
 from .test_planner_stages import POL, F, _a, _drains, _pol
@@ -218,3 +218,27 @@ def test_a_tight_deadline_moves_a_job_off_a_loop_that_slack_leaves(slack_s, poli
         ev = {e[0]: e for e in out[0].evidence}
         assert ev[f"slip_saved:{F.job_names[J0]}"][1] == round(saved[0], 1) > 0
         assert f"deadline slip saved {saved[0]:.0f} s" in out[0].reason
+
+
+@pytest.mark.parametrize("slack_s, p_fail", [(-5000.0, 0.3), (-5000.0, 0.9), (30 * 86400.0, 0.5)])
+def test_a_checkpoints_slip_saved_is_the_rollback_it_keeps_against_the_write(slack_s, p_fail):
+    unc, write, work = 1200.0, 20.0, 7200.0
+    saved, before, after = checkpoint_slip_saved_s(0.0, work + slack_s, work, 0.0, 900.0, p_fail, unc, write)
+    if slack_s < 0:  # surely late: every second of delay is a second of slip
+        assert before == pytest.approx(-slack_s + p_fail * unc) and after == pytest.approx(-slack_s + write)
+        assert saved == pytest.approx(p_fail * unc - write)
+    else:
+        assert (saved, before, after) == (0.0, 0.0, 0.0)
+
+
+def test_decide_records_the_slip_a_checkpoint_now_saves():
+    a = replace(_degraded(gfs=0.1), node_state=np.where(np.arange(16) == 3, State.CHECKPOINT_UNSAFE, State.HEALTHY)
+                .astype(np.int8))
+    fleet = _fleet(600.0)
+    out, _ = pl.decide(fleet, a, POL, pl.DecideState(), set())
+    ck = next(act for k, act in out.desired.items() if k.startswith("checkpoint_now:"))
+    sched = pl.schedule(fleet, a, POL, exposure(fleet, a, POL))
+    saved = pl.checkpoint_slip_s(fleet, a, POL, sched, J0, None)
+    ev = {e[0]: e for e in ck.evidence}
+    assert ev[f"slip_saved:{F.job_names[J0]}"][1:3] == (round(saved[0], 1), round(saved[1], 1))
+    assert saved[0] != 0.0

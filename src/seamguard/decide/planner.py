@@ -30,6 +30,7 @@ from seamguard.decide.checkpoints import (
     Exposure,
     exposure,
     plan_checkpoints,
+    uncommitted_and_horizon_s,
     undo_unasked,
 )
 from seamguard.decide.economics import (
@@ -50,7 +51,13 @@ from seamguard.decide.restrictions import (
     release_dwell,
 )
 from seamguard.decide.shed import loop_nodes, plan_sheds
-from seamguard.decide.slip import SlipForecast, slip_forecast, slip_saved_s, work_left_s
+from seamguard.decide.slip import (
+    SlipForecast,
+    checkpoint_slip_saved_s,
+    slip_forecast,
+    slip_saved_s,
+    work_left_s,
+)
 from seamguard.fleet.model import (
     JOB_CLASS_BY_LABEL,
     JOB_CLASS_SYNCHRONY,
@@ -429,6 +436,37 @@ def shed_priority(fleet: Fleet, sched: Schedule) -> tuple[np.ndarray, np.ndarray
     return fleet.job_criticality * (1.0 + sched.slip_weight * p), slack
 
 
+def checkpoint_slip_s(fleet: Fleet, a: Assessment, policy: Policy, sched: Schedule, j: int,
+                      last_s: float | None) -> tuple[float, float, float]:
+    """(slip saved, without, with) in seconds by job ``j``'s checkpoint_now: the rollback a failure before its
+    next scheduled checkpoint would cost (as the checkpoint was priced) against the write, both as slip."""
+    if not np.isfinite(sched.forecast.expected_slip_s[j]):
+        return 0.0, 0.0, 0.0
+    interval_s = policy.assess.propagation.checkpoint_interval_h * 3600.0
+    uncommitted, horizon = uncommitted_and_horizon_s(a, j, last_s, interval_s)
+    p_fail = -float(np.expm1(-float(sched.hazard_per_h[j]) * horizon / 3600.0))
+    return checkpoint_slip_saved_s(a.t_s, float(sched.deadline_s[j]), float(sched.forecast.work_left_s[j]),
+                                   float(sched.hazard_per_h[j]), float(sched.loss_per_failure_s[j]), p_fail,
+                                   uncommitted, policy.actions.checkpoint_write_s)
+
+
+def checkpoints_with_slip(actions: dict[str, Action], issued: set[str], fleet: Fleet, a: Assessment,
+                          policy: Policy, sched: Schedule, last: dict[str, float]) -> dict[str, Action]:
+    """checkpoint_now asked this tick (``issued``) with the slip it saves recorded (it is priced by the
+    rollback against the write: a deadline weighs both sides, so it is recorded, not a term)."""
+    out = dict(actions)
+    for k in issued & set(actions):
+        act = actions[k]
+        try:
+            j = fleet.index_of(Kind.JOB, act.target)
+        except KeyError:
+            continue
+        extra = slip_evidence(sched, j, checkpoint_slip_s(fleet, a, policy, sched, j, last.get(act.target)))
+        if extra:
+            out[k] = replace(act, evidence=act.evidence + extra)
+    return out
+
+
 def with_slip(act: Action, fleet: Fleet, sched: Schedule) -> Action:
     """A job's action with its schedule forecast in its evidence (once; a priced one carries it already)."""
     if act.target_kind != "job" or any(e[0].startswith("deadline_slip:") for e in act.evidence):
@@ -500,7 +538,9 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     sheds = [(with_slip(act, fleet, sched), r) for act, r in sheds]
     avoids = plan_path_avoidance(fleet, a, rules) + moves + sheds
     desired = ({act.key: act for act, _ in restricts}
-               | {k: with_slip(act, fleet, sched) for k, act in (ckpt.actions | intervals).items()}
+               | {k: with_slip(act, fleet, sched) for k, act in
+                  (checkpoints_with_slip(ckpt.actions, set(ckpt.issued), fleet, a, policy, sched,
+                                         dict(state.checkpoints)) | intervals).items()}
                | {act.key: act for act, _ in avoids})
     requests = {r.key: r for _, r in restricts + avoids}
 

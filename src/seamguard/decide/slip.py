@@ -108,3 +108,22 @@ def slip_saved_s(now_s: float, deadline_s: float, work_left: float, hazard_per_h
     if not (np.isfinite(before) and np.isfinite(after)):
         return 0.0, 0.0, 0.0
     return before - after, before, after
+
+
+def checkpoint_slip_saved_s(now_s: float, deadline_s: float, work_left: float, hazard_per_h: float, loss_s: float,
+                            p_fail: float, uncommitted_s: float, write_s: float) -> tuple[float, float, float]:
+    """(slip saved, without, with) by a checkpoint written now, seconds; 0s where the job has no forecast.
+
+    Without it, a failure before the next scheduled checkpoint (probability ``p_fail``) also
+    throws away the ``uncommitted_s`` a checkpoint now would keep: the finish moves by that
+    much with that probability. With it, the job pays the ``write_s`` stall for sure. Later
+    failures cost the same either way (the forecast's ``loss_s``)."""
+    def slip(extra_s: float) -> float:
+        return float(slip_forecast(now_s, np.array([deadline_s]), np.array([work_left + extra_s]),
+                                   np.array([hazard_per_h]), np.array([loss_s])).expected_slip_s[0])
+    p = min(max(p_fail, 0.0), 1.0)
+    before = p * slip(max(uncommitted_s, 0.0)) + (1.0 - p) * slip(0.0)
+    after = slip(max(write_s, 0.0))
+    if not (np.isfinite(before) and np.isfinite(after)):
+        return 0.0, 0.0, 0.0
+    return before - after, before, after
