@@ -628,7 +628,17 @@ def main() -> None:  # noqa: C901
     ap.add_argument("--fsdp", action="store_true",
                     help="sharded state: FSDP2 on 4 ranks (seamguard, torchrun + DCP async "
                          "checkpoints, plain FSDP2), then a node loss")
+    ap.add_argument("--hosts", type=int, choices=(1, 2), default=1,
+                    help="with --fsdp: 2 runs it over 2 namespaced hosts with a rank and a whole "
+                         "host killed, torchft HSDP included (benchmarks/_fsdp_hosts.py; needs root)")
     args = ap.parse_args()
+    if args.fsdp and args.hosts == 2:
+        from _fsdp_hosts import main_hosts
+
+        args.out = args.out or REPO / "benchmarks" / "results" / (
+            "failover_training_fsdp_hosts_quick.json" if args.quick else "failover_training_fsdp_hosts.json")
+        main_hosts(args)
+        return
     if args.fsdp:
         if args.out is None:
             args.out = REPO / "benchmarks" / "results" / (

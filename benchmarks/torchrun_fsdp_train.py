@@ -47,10 +47,16 @@ def main() -> None:
     torch.set_num_threads(1)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    # each restart round gets its own store prefix (see torchrun_train.py)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"round{restart}/", store),
-                            rank=rank, world_size=world)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+        # several hosts (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): every rendezvous round has
+        # a fresh MASTER_PORT that rank 0 serves; restart counts differ between agents
+        # (a membership restart does not count), so they cannot name the round
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0)
+    else:
+        # each restart round gets its own store prefix (see torchrun_train.py)
+        store = dist.PrefixStore(f"round{restart}/", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     x, y = make_data(args.dataset, args.dim, 10, args.seed)
     model = make_model(args.dim, args.hidden, args.layers, 0.0, args.seed)

@@ -1,0 +1,416 @@
+"""`failover_training.py --fsdp --hosts 2`: sharded failover across 2 namespaced hosts.
+
+FSDP2 on 4 ranks, 2 per host, hosts being network namespaces of a
+`seamguard.testbed.net.Testbed` with real TCP between them (a third namespace runs etcd
+and torchft's Lighthouse). A faulty run of every system suffers two failures: one rank
+SIGKILLed (rank 1, on host 0, by the chaos injector at a drawn step), then host 1 killed
+whole (SIGKILL to every process in its namespace: launcher/agent, workers, spares, and
+the host memory they held) once the job reached a later drawn step. Systems:
+
+- plain: torchrun + FSDP2 over both hosts, no checkpoints, no failures (the reference).
+- seamguard: `seamguard launch` per host over etcd, examples/train_fsdp.py, a snapshot
+  every step replicated to the same slot on the other host, 2 spares per host (so a
+  whole host's 2 ranks can be replaced without shrinking).
+- torchrun: one torchrun agent per host, c10d rendezvous hosted by host 0's agent,
+  `--nnodes 1:2` (elastic: it continues on one host when the other is gone, as a user
+  without a replacement node runs it), FSDP2 + DCP async_save on storage both hosts
+  share, at the same Young/Daly interval as the single-host mode; after either failure
+  every surviving worker restarts and loads the newest complete checkpoint (host loss:
+  on 2 ranks, DCP resharding 4 -> 2).
+- torchft (0.2.0, when installed): HSDP, one replica group per host (FSDP2 inside the
+  host, torchft's fault-tolerant all-reduce across hosts), each group under its own
+  torchrun that restarts the group when one of its ranks dies; the Lighthouse in the
+  third namespace. On host loss the surviving group carries on alone (nothing replaces
+  the host), dropping the lost group's share of each global batch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from seamguard.ports import free_port
+from seamguard.testbed.multinode import EtcdServer, MultiNodeJob, kill_host
+from seamguard.testbed.net import SRC, Testbed, TestbedSpec
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTS = (0, 1)            # job hosts; host 2 runs etcd and the Lighthouse
+SERVICE_HOST = 2
+PER_HOST = 2
+VICTIM_RANK = 1           # the rank kill: rank 1 (host 0), not the coordinator's rank 0
+LOST_HOST = 1             # the host kill: the non-coordinator host
+LIGHTHOUSE_PORT = 29510
+# torch 2.13's shared rendezvous TCPStore keeps round 0's MASTER_ADDR/PORT: a node that
+# joins in a later round waits forever for the round's MASTER_ADDR key (seen here);
+# unshared, rank 0 of every round serves a fresh store
+NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+@dataclass
+class Cluster:
+    tb: Testbed
+    etcd: EtcdServer
+    lighthouse: subprocess.Popen | None = None
+
+    @property
+    def lighthouse_url(self) -> str:
+        return f"http://{self.tb.addr(SERVICE_HOST, None)}:{LIGHTHOUSE_PORT}"
+
+
+@contextmanager
+def cluster(work: Path, torchft: bool):
+    """Three namespaced hosts, etcd (and torchft's Lighthouse) on the third; always torn down."""
+    tb = Testbed(TestbedSpec(hosts=3, rails=1))
+    etcd = EtcdServer.in_host(tb, SERVICE_HOST, work / "etcd")
+    c = Cluster(tb, etcd)
+    try:
+        tb.up()
+        etcd.start()
+        if torchft:
+            # torchft 0.2.0's binary; join timeout as in the single-host DDP mode, heartbeat default
+            exe = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
+            c.lighthouse = subprocess.Popen(
+                [*tb.exec_prefix(SERVICE_HOST), "env", "RUST_LOG=error", exe, "--bind",
+                 f"0.0.0.0:{LIGHTHOUSE_PORT}", "--min_replicas", "1", "--join_timeout_ms", "100"],
+                stdout=open(work / "lighthouse.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        yield c
+    finally:
+        if c.lighthouse is not None:
+            c.lighthouse.kill()
+            c.lighthouse.wait(10)
+        etcd.stop()
+        for h in (*HOSTS, SERVICE_HOST):
+            kill_host(tb, h)
+        tb.down()
+
+
+# ---------------------------------------------------------------- driving one run
+def furthest_step(out: Path) -> int:
+    """The furthest committed step in any worker log (the hosts share this filesystem)."""
+    best = -1
+    for f in out.glob("worker_*.log"):
+        lines = f.read_text().splitlines()
+        if lines and lines[-1].strip():
+            best = max(best, int(lines[-1].split()[0]))
+    return best
+
+
+def kill_host_at(c: Cluster, out: Path, step: int, procs: list[subprocess.Popen], timeout_s: float) -> dict | None:
+    """Kill LOST_HOST whole once some rank committed ``step``; the kill record per_failure reads."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and furthest_step(out) < step:
+        if all(p.poll() is not None for p in procs):
+            return None
+        time.sleep(0.05)
+    reached = furthest_step(out)
+    t = time.time()
+    kill_host(c.tb, LOST_HOST)
+    return {"time_s": t, "step": reached + 1, "action": "host", "host": LOST_HOST}
+
+
+def wait_all(procs: dict[str, subprocess.Popen], timeout_s: float, grace_s: float = 20.0) -> dict[str, int | None]:
+    """Wait for every process; once one finished cleanly the rest get ``grace_s`` (a
+    restarted torchft group whose peers are done has nobody left to heal from)."""
+    deadline = time.monotonic() + timeout_s
+    done_at = None
+    while time.monotonic() < deadline:
+        codes = {k: p.poll() for k, p in procs.items()}
+        if all(v is not None for v in codes.values()):
+            break
+        if done_at is None and 0 in codes.values():
+            done_at = time.monotonic()
+        if done_at is not None and time.monotonic() - done_at > grace_s:
+            break
+        time.sleep(0.1)
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    return {k: p.poll() for k, p in procs.items()}
+
+
+def _env(c: Cluster, host: int, extra: dict[str, str], own_hostname: bool = False) -> list[str]:
+    """The prefix that runs a command on testbed host ``host``. ``own_hostname``: in a UTS
+    namespace whose hostname is the host's address (namespaced hosts otherwise share this
+    machine's hostname, and torchft's HTTP checkpoint transport advertises
+    socket.gethostname(), so a healing group would fetch from itself)."""
+    addr = c.tb.addr(host, None)
+    pairs = {"PYTHONPATH": SRC, "GLOO_SOCKET_IFNAME": "mgmt", "RUST_LOG": "error",
+             "SEAMGUARD_ADVERTISE_HOST": addr, **extra}
+    uts = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', addr] if own_hostname else []
+    return [*c.tb.exec_prefix(host), *uts, "env", *(f"{k}={v}" for k, v in pairs.items())]
+
+
+def _chaos_env(chaos_dir: Path, chaos: str | None) -> dict[str, str]:
+    return {"SEAMGUARD_CHAOS_DIR": str(chaos_dir), **({"SEAMGUARD_CHAOS": chaos} if chaos else {})}
+
+
+# ---------------------------------------------------------------- systems
+def torchrun_agents(c: Cluster, script: str, name: str, out: Path, args: list[str],
+                    env: dict[str, str], restarts: int) -> dict[str, subprocess.Popen]:
+    """One torchrun agent per host, c10d rendezvous on host 0's agent, elastic 1..2 nodes."""
+    port = free_port()
+    master = c.tb.addr(HOSTS[0], None)
+    procs = {}
+    for node, host in enumerate(HOSTS):
+        conf = "join_timeout=60,last_call_timeout=3,close_timeout=5" + (",is_host=true" if node == 0 else ",is_host=false")
+        cmd = [*_env(c, host, env), sys.executable, "-m", "torch.distributed.run",
+               "--nnodes", f"1:{len(HOSTS)}", "--nproc-per-node", str(PER_HOST),
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{port}", "--rdzv-id", name,
+               "--rdzv-conf", conf, "--local-addr", c.tb.addr(host, None),
+               "--max-restarts", str(restarts), "--monitor-interval", "0.1",
+               str(REPO / "benchmarks" / script), *args, "--out", str(out)]
+        procs[f"node{node}"] = subprocess.Popen(cmd, stdout=open(out.parent / f"{name}_node{node}.log", "wb"),  # noqa: SIM115
+                                                stderr=subprocess.STDOUT)
+        if node == 0:
+            time.sleep(0.3)   # the rendezvous host's store first
+    return procs
+
+
+def run_torchrun_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: int | None,
+                       ckpt_every: int) -> dict:
+    out, chaos_dir = work / name, work / f"{name}_chaos"
+    out.mkdir(parents=True, exist_ok=True)
+    chaos = f"kill:rank={VICTIM_RANK},step={cfg.kills[0][0]},phase=step" if faults else None
+    args = ["--steps", str(cfg.steps), "--ckpt-every", str(ckpt_every), *cfg.model_args()]
+    t0 = time.perf_counter()
+    procs = torchrun_agents(c, "torchrun_fsdp_train.py", name, out, args,
+                            {**_chaos_env(chaos_dir, chaos), **NO_SHARED_STORE}, 3)
+    host_kill = kill_host_at(c, out, host_step, list(procs.values()), 300) if faults and host_step else None
+    codes = wait_all(procs, 400)
+    return _result(out, chaos_dir, host_kill, codes, time.perf_counter() - t0, same_generation_ok=False)
+
+
+def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: int | None) -> dict:
+    out = work / name
+    chaos = ("--chaos", f"kill:rank={VICTIM_RANK},step={cfg.kills[0][0]},phase=step") if faults else ()
+    job = MultiNodeJob(c.tb, list(HOSTS), c.etcd.url, out, run_id=f"{name}-{os.getpid()}",
+                       nproc=PER_HOST, spares=2, launch_args=("--snapshot-every", "1", *chaos),
+                       script=REPO / "examples" / "train_fsdp.py",
+                       script_args=("--steps", str(cfg.steps), "--dropout", "0", *cfg.model_args()))
+    t0 = time.perf_counter()
+    try:
+        job.start()
+        procs = list(job.procs.values())
+        host_kill = kill_host_at(c, out, host_step, procs, 300) if faults and host_step else None
+        codes = job.wait(400)
+    finally:
+        job.stop()
+    r = _result(out, out / "chaos", host_kill, {f"node{n}": v for n, v in codes.items()},
+                time.perf_counter() - t0, same_generation_ok=False)
+    events = job.events()
+    r["recovery_s"] = [round(e["recovery_s"], 3) for e in events if e["event"] == "resumed" and e["gen"] > 0]
+    r["resume_sources"] = [e.get("source") for e in events if e["event"] == "resume_chosen" and e["gen"] > 0]
+    r["node_lost"] = [e.get("node") for e in events if e["event"] == "node_lost"]
+    return r
+
+
+def run_torchft_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: int | None) -> dict:
+    """One replica group per host, each under a one-node torchrun that restarts it."""
+    out, chaos_dir = work / name, work / f"{name}_chaos"
+    out.mkdir(parents=True, exist_ok=True)
+    chaos = f"kill:rank={VICTIM_RANK},step={cfg.kills[0][0]},phase=step" if faults else None
+    t0 = time.perf_counter()
+    procs = {}
+    for g, host in enumerate(HOSTS):
+        addr = c.tb.addr(host, None)
+        cmd = [*_env(c, host, {**_chaos_env(chaos_dir, chaos), **NO_SHARED_STORE}, own_hostname=True),
+               sys.executable, "-m",
+               "torch.distributed.run",
+               "--nnodes", "1", "--nproc-per-node", str(PER_HOST), "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"{addr}:{free_port()}", "--rdzv-conf", "is_host=true",
+               "--local-addr", addr, "--max-restarts", "3", "--monitor-interval", "0.1",
+               str(REPO / "benchmarks" / "torchft_fsdp_train.py"), "--group", str(g),
+               "--groups", str(len(HOSTS)), "--lighthouse", c.lighthouse_url,
+               "--steps", str(cfg.steps), "--out", str(out), *cfg.model_args()]
+        procs[f"group{g}"] = subprocess.Popen(cmd, stdout=open(work / f"{name}_group{g}.log", "wb"),  # noqa: SIM115
+                                              stderr=subprocess.STDOUT)
+    host_kill = kill_host_at(c, out, host_step, list(procs.values()), 300) if faults and host_step else None
+    codes = wait_all(procs, 400)
+    r = _result(out, chaos_dir, host_kill, codes, time.perf_counter() - t0, same_generation_ok=True)
+    per_step: dict[int, int] = {}
+    for s, _, _ in _rows(out):
+        per_step[s] = per_step.get(s, 0) + 1
+    world = PER_HOST * len(HOSTS)
+    r["samples_dropped"] = sum(world - min(world, per_step.get(s, 0)) for s in range(cfg.steps)) \
+        * cfg.global_batch // world
+    return r
+
+
+def _rows(out: Path):
+    from failover_training import read_logs
+
+    return read_logs(out)
+
+
+def _result(out: Path, chaos_dir: Path, host_kill: dict | None, codes: dict, wall_s: float,
+            same_generation_ok: bool) -> dict:
+    from failover_training import per_failure, read_kills
+
+    rows = _rows(out)
+    kills = read_kills(chaos_dir)
+    if host_kill is not None:
+        kills.append(host_kill)
+    kinds = ["rank"] * (len(kills) - (host_kill is not None)) + (["host"] if host_kill else [])
+    failures = [{**f, "kind": k} for f, k in zip(per_failure(rows, kills, same_generation_ok), kinds)]
+    finished = max((r[0] for r in rows), default=-1)
+    return {"wall_s": wall_s, "window_s": rows[-1][1] - rows[0][1] if rows else 0.0,
+            "failures": failures, "exit_codes": codes, "last_step": finished,
+            "shards": sorted(f.name + ":" + f.read_text() for f in out.glob("final_shard_*.txt"))}
+
+
+def run_plain_hosts(c: Cluster, cfg, work: Path, name: str) -> dict:
+    out = work / name
+    out.mkdir(parents=True, exist_ok=True)
+    args = ["--steps", str(cfg.steps), "--ckpt-every", "0", *cfg.model_args()]
+    t0 = time.perf_counter()
+    codes = wait_all(torchrun_agents(c, "torchrun_fsdp_train.py", name, out, args, NO_SHARED_STORE, 0), 400)
+    return _result(out, work / f"{name}_chaos", None, codes, time.perf_counter() - t0, False)
+
+
+# ---------------------------------------------------------------- the mode
+def kill_steps(rng, steps: int) -> tuple[int, int]:
+    """The rank kill in the second sixth..third of the run, the host kill in the second
+    half's first third: far enough apart that the first recovery is over."""
+    return rng.randrange(steps // 6, steps // 3 + 1), rng.randrange(steps // 2, 2 * steps // 3 + 1)
+
+
+def torchft_available() -> str | None:
+    """None when torchft imports, else the one-line reason it is left out."""
+    try:
+        import torchft  # noqa: F401
+    except ImportError as e:
+        return f"torchft not installed ({e}); pip install torchft==0.2.0 to include it"
+    return None
+
+
+def main_hosts(args) -> None:
+    import json
+    import random
+    import tempfile
+    from dataclasses import replace
+
+    from failover_training import (
+        Config,
+        daly_interval_s,
+        fmt,
+        probe_checkpointing,
+        rotated,
+        run_torchrun_fsdp,
+        spread,
+        summarize,
+    )
+
+    t_start = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="sg-failover-hosts-"))
+    ft_note = None if args.skip_torchft else torchft_available()
+    systems = ["plain", "seamguard", "torchrun"] + ([] if args.skip_torchft or ft_note else ["torchft"])
+    try:
+        small = {"hidden": 1024, "layers": 3} if args.quick else {}
+        steps = 36 if args.quick else 60
+        base = Config(steps=16, kills=(), ckpt_every=0, **small)
+        probe = probe_checkpointing(base, work, run_torchrun_fsdp)
+        step_s = probe["step_s"]
+        mttf_s = steps * step_s / 2   # two failures per faulty run
+        interval_s = max(daly_interval_s(probe["save_stall_s"], mttf_s), probe["write_s"])
+        every = max(1, round(interval_s / step_s))
+        print(f"hosts probe (one host): step {step_s:.3f}s; DCP async_save stall "
+              f"{probe['save_stall_s']:.3f}s, write {probe['write_s']:.3f}s -> checkpoint every {every} steps",
+              flush=True)
+        if ft_note:
+            print(f"torchft: {ft_note}", flush=True)
+        rng = random.Random(args.seed)
+        reps = []
+        with cluster(work, "torchft" in systems) as c:
+            for rep in range(args.reps):
+                rank_step, host_step = kill_steps(rng, steps)
+                cfg = replace(base, steps=steps, kills=((rank_step, VICTIM_RANK),), ckpt_every=every)
+                order = rotated(systems, rep)
+                print(f"rep {rep + 1}/{args.reps}: {steps} steps on 2 hosts x {PER_HOST}; rank {VICTIM_RANK} "
+                      f"killed at step {rank_step}, host {LOST_HOST} killed at step {host_step}; "
+                      f"order {' '.join(order)}", flush=True)
+                runs: dict[str, dict] = {}
+                for system in order:
+                    runs[system] = {}
+                    modes = [False] if system == "plain" else ([False, True] if rep % 2 == 0 else [True, False])
+                    for faults in modes:
+                        name = f"r{rep}_{system}_{'faults' if faults else 'clean'}"
+                        hs = host_step if faults else None
+                        if system == "plain":
+                            r = run_plain_hosts(c, cfg, work, name)
+                        elif system == "seamguard":
+                            r = run_seamguard_hosts(c, cfg, work, name, faults, hs)
+                        elif system == "torchrun":
+                            r = run_torchrun_hosts(c, cfg, work, name, faults, hs, every)
+                        else:
+                            r = run_torchft_hosts(c, cfg, work, name, faults, hs)
+                        shutil.rmtree(work / name / "ckpt", ignore_errors=True)
+                        runs[system]["faults" if faults else "clean"] = r
+                        fails = ", ".join(f"{f['kind']} kill@{f['step']}: next step {f['resume_s']}s, lost "
+                                          f"{f['steps_lost']}" for f in r["failures"])
+                        print(f"  {system:9s} {'faults' if faults else 'clean ':6s} training {r['window_s']:6.1f}s "
+                              f"(process {r['wall_s']:5.1f}s, last step {r['last_step']}) {fails}", flush=True)
+                reps.append({"kills": [[rank_step, VICTIM_RANK], [host_step, f"host{LOST_HOST}"]],
+                             "order": order, "runs": runs})
+        summary: dict = {}
+        for s in systems[1:]:
+            summary[s] = summarize(s, reps)
+            for kind in ("rank", "host"):
+                fs = [f for r in reps for f in r["runs"][s]["faults"]["failures"] if f["kind"] == kind]
+                ok = [f for f in fs if f["resume_s"] is not None]
+                summary[s][f"{kind}_kill"] = {
+                    "resume_s_max": max((f["resume_s"] for f in ok), default=None),
+                    "steps_lost_max": max((f["steps_lost"] for f in ok), default=None),
+                    "unrecovered": len(fs) - len(ok)}
+            summary[s]["finished_all_steps"] = [r["runs"][s]["faults"]["last_step"] == steps - 1 for r in reps]
+        sg = [r["runs"]["seamguard"] for r in reps]
+        summary["seamguard"]["bit_identical"] = [bool(x["clean"]["shards"]) and x["clean"]["shards"] == x["faults"]["shards"]
+                                                 for x in sg]
+        summary["seamguard"]["resume_sources"] = [x["faults"].get("resume_sources") for x in sg]
+        summary["seamguard"]["recovery_s"] = [x["faults"].get("recovery_s") for x in sg]
+        if "torchft" in summary:
+            summary["torchft"]["samples_dropped"] = [r["runs"]["torchft"]["faults"]["samples_dropped"] for r in reps]
+        plain = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
+        print(f"\nmedian [min-max] over {args.reps} rep(s); plain FSDP2 on 2 hosts failure-free training "
+              f"{fmt(spread(plain, 1), 's')}")
+        print(f"{'system':10s} {'rank kill: next step':>21s} {'lost':>5s} {'host kill: next step':>21s} {'lost':>5s} "
+              f"{'wall vs plain':>14s} {'failure-free vs plain':>22s}")
+        for s in systems[1:]:
+            x = summary[s]
+            print(f"{s:10s} {x['rank_kill']['resume_s_max']!s:>21s} {x['rank_kill']['steps_lost_max']!s:>5s} "
+                  f"{x['host_kill']['resume_s_max']!s:>21s} {x['host_kill']['steps_lost_max']!s:>5s} "
+                  f"{x['wall_ratio']:>13g}x {x['failure_free_wall_ratio']:>21g}x")
+        print(f"seamguard bit-identical: {summary['seamguard']['bit_identical']}", flush=True)
+        summary.update({
+            "mode": "fsdp-hosts-quick" if args.quick else "fsdp-hosts",
+            "torchft_note": ft_note or ("HSDP: FSDP2 inside each host's replica group, torchft Manager "
+                                        "all-reduce across groups via FSDPModule.set_all_reduce_hook"
+                                        if "torchft" in systems else "skipped (--skip-torchft)"),
+            "config": {"hosts": len(HOSTS), "ranks_per_host": PER_HOST, "seamguard_spares_per_host": 2,
+                       "snapshot_every": 1, "steps": steps, "reps": args.reps, "seed": args.seed,
+                       "step_s": round(step_s, 3), "torchrun_ckpt_every": every, "hidden": base.hidden,
+                       "layers": base.layers, "dim": base.dim, "victim_rank": VICTIM_RANK, "lost_host": LOST_HOST},
+            "torchrun_checkpoint": {"save_stall_s": round(probe["save_stall_s"], 4),
+                                    "write_s": round(probe["write_s"], 4), "interval_s": round(interval_s, 3),
+                                    "every_steps": every},
+            "plain_window_s": spread(plain, 2),
+            "reps": [{"kills": r["kills"], "order": r["order"],
+                      "failures": {s: ms["faults"]["failures"] for s, ms in r["runs"].items() if "faults" in ms},
+                      "exit_codes": {f"{s}_{m}": v["exit_codes"] for s, ms in r["runs"].items() for m, v in ms.items()},
+                      "window_s": {f"{s}_{m}": round(v["window_s"], 2) for s, ms in r["runs"].items()
+                                   for m, v in ms.items()}} for r in reps],
+            "benchmark_wall_s": round(time.perf_counter() - t_start, 1),
+        })
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps(summary))
+    except BaseException:
+        print(f"run logs kept in {work}", file=sys.stderr)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
