@@ -225,22 +225,38 @@ def test_no_labels_where_everything_is_admissible():
 
 # ---- planner: fabric and storage paths ------------------------------------------------------
 
-@pytest.mark.parametrize("link_state, storage_state, expected", [
-    ({SPINE_LINK: Q}, H, [("avoid_link:leaf-u000-r0~spine-00", "link", "link:leaf-u000-r0~spine-00")]),
-    ({SPINE_LINK: D}, H, []),  # degraded is not an avoid state for links
-    ({NIC_LINK: FAIL}, H, []),  # a NIC's own link is handled by its node
-    ({}, CU, [("avoid_storage:storage-000", "storage", "storage:storage-000")]),
-    ({}, D, []),
-    ({SPINE_LINK: HARM}, FAIL, [("avoid_link:leaf-u000-r0~spine-00", "link", "link:leaf-u000-r0~spine-00"),
-                                ("avoid_storage:storage-000", "storage", "storage:storage-000")]),
+NIC_RAIL = ("avoid_link:gpu000/mlx5_0~leaf-u000-r0", "link", "link:gpu000/mlx5_0~leaf-u000-r0")
+
+
+@pytest.mark.parametrize("link_state, storage_state, drained, expected", [
+    ({SPINE_LINK: Q}, H, set(), [("avoid_link:leaf-u000-r0~spine-00", "link", "link:leaf-u000-r0~spine-00")]),
+    ({SPINE_LINK: D}, H, set(), []),  # degraded is not an avoid state for links
+    ({NIC_LINK: FAIL}, H, {"gpu000"}, []),  # a NIC's own link on a node being drained: the drain covers it
+    ({NIC_LINK: Q}, H, {"gpu001"}, [NIC_RAIL]),  # its node kept (drain did not pay): a rail to stay off
+    ({}, CU, set(), [("avoid_storage:storage-000", "storage", "storage:storage-000")]),
+    ({}, D, set(), []),
+    ({SPINE_LINK: HARM}, FAIL, set(), [("avoid_link:leaf-u000-r0~spine-00", "link", "link:leaf-u000-r0~spine-00"),
+                                       ("avoid_storage:storage-000", "storage", "storage:storage-000")]),
 ])
-def test_path_avoidance(link_state, storage_state, expected):
+def test_path_avoidance(link_state, storage_state, drained, expected):
     a = _a(kinds={Kind.LINK: {"state": link_state, "fae": {SPINE_LINK: 1.23456}},
                   Kind.STORAGE: {"state": {0: storage_state}}})
-    out = pl.plan_path_avoidance(F, a, POL.actions)
+    out = pl.plan_path_avoidance(F, a, POL.actions, drained)
     assert [(x.key, x.target_kind, r.path) for x, r in out] == expected
-    if expected and expected[0][1] == "link":
+    if expected and expected[0][0].startswith("avoid_link:leaf"):
         assert out[0][0].benefit_gpu_h_per_h == 1.235
+
+
+@pytest.mark.parametrize("gfs, expect_drain", [(0.0, False), (0.99, True)])
+def test_a_gray_rail_of_a_node_kept_is_avoided_a_drained_nodes_is_not(gfs, expect_drain):
+    """gpu003 (job-00) quarantined by one NIC's link: a drain that does not pay leaves the
+    node running and its jobs off that rail; a drain that pays covers the link."""
+    link = F.names(Kind.LINK).index("gpu003/mlx5_0~leaf-u000-r0")
+    a = _a(node={3: Q}, node_gfs={3: gfs}, kinds={Kind.LINK: {"state": {link: Q}}, Kind.GPU: {"gfs": {24: gfs}}})
+    dec, _ = pl.decide(F, a, POL, pl.DecideState(), set())
+    keys = set(dec.desired) | {x.key for x in dec.held}
+    assert ("drain:gpu003" in keys) == expect_drain
+    assert ("avoid_link:gpu003/mlx5_0~leaf-u000-r0" in keys) == (not expect_drain)
 
 
 # ---- planner: move_job -----------------------------------------------------------------------

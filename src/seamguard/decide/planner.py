@@ -325,15 +325,32 @@ def plan_labels(fleet: Fleet, a: Assessment, node_w: np.ndarray, drain_mask: np.
     return out
 
 
-def plan_path_avoidance(fleet: Fleet, a: Assessment, rules: ActionRules) -> Planned:
-    """avoid_link / avoid_storage for fabric links and storage paths in an avoid state (a NIC's own link is its node's)."""
+def rail_only_links(fleet: Fleet, drained: set[str]) -> np.ndarray:
+    """Per link: a NIC's own link whose node keeps running (no drain now or planned) and has
+    another NIC — a rail its jobs can stay off (act/runtime.py ``avoid_rails``) while the node
+    itself is kept. Every other NIC link is its node's: the drain covers it."""
+    edge = fleet.link_nic >= 0
+    node = np.full(fleet.link_nic.shape[0], -1)
+    node[edge] = fleet.nic_node[fleet.link_nic[edge]]
+    nics = np.bincount(fleet.nic_node, minlength=fleet.count(Kind.NODE))
+    kept = ~np.isin(np.array(fleet.node_names), sorted(drained)) & (nics >= 2)
+    return edge & kept[np.maximum(node, 0)]
+
+
+def plan_path_avoidance(fleet: Fleet, a: Assessment, rules: ActionRules, drained: set[str] = frozenset()) -> Planned:
+    """avoid_link / avoid_storage for fabric links and storage paths in an avoid state.
+
+    A NIC's own link is its node's (the drain takes it) unless ``drained`` — nodes drained now
+    or by this tick's plan — leaves the node running with another NIC: then the link is
+    avoided as a rail (:func:`rail_only_links`)."""
     out: Planned = []
+    rail_only = rail_only_links(fleet, drained)
     for kind, verb, states in ((Kind.LINK, Verb.AVOID_LINK, rules.avoid_link_states),
                                (Kind.STORAGE, Verb.AVOID_STORAGE, rules.avoid_storage_states)):
         ka = a.kinds[kind]
         for i in np.flatnonzero(np.isin(ka.states.state, _codes(states))).tolist():
-            if kind == Kind.LINK and fleet.link_nic[i] >= 0:
-                continue  # a NIC's own link is handled by its node
+            if kind == Kind.LINK and fleet.link_nic[i] >= 0 and not rail_only[i]:
+                continue  # a NIC's own link on a node being drained, or its only NIC
             name = fleet.names(kind)[i]
             reasons = ka.reasons(i)
             act = Action(key=action_key(verb, name), verb=verb, target=name, target_kind=kind.label,
@@ -536,7 +553,8 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     sheds = plan_sheds(fleet, a, policy, crit, in_effect, frozen, {act.key for act, _ in moves},
                        *shed_priority(fleet, sched))
     sheds = [(with_slip(act, fleet, sched), r) for act, r in sheds]
-    avoids = plan_path_avoidance(fleet, a, rules) + moves + sheds
+    drained = drained_now | {act.target for act, _ in restricts if act.verb == Verb.DRAIN}
+    avoids = plan_path_avoidance(fleet, a, rules, drained) + moves + sheds
     desired = ({act.key: act for act, _ in restricts}
                | {k: with_slip(act, fleet, sched) for k, act in
                   (checkpoints_with_slip(ckpt.actions, set(ckpt.issued), fleet, a, policy, sched,
