@@ -308,6 +308,8 @@ def main_hosts(args) -> None:
     )
 
     t_start = time.perf_counter()
+    if args.quick:
+        args.reps = 1   # quick keeps every system and both faults, drops repetitions
     work = Path(tempfile.mkdtemp(prefix="sg-failover-hosts-"))
     ft_note = None if args.skip_torchft else torchft_available()
     systems = ["plain", "seamguard", "torchrun"] + ([] if args.skip_torchft or ft_note else ["torchft"])

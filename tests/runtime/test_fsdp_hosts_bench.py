@@ -1,0 +1,61 @@
+"""The parts of `failover_training.py --fsdp --hosts 2` (benchmarks/_fsdp_hosts.py) that
+decide its figures: where the kills land, when a host is killed, and which failure a
+resume time belongs to. The runs themselves (namespaces, etcd, three systems) take
+minutes and live in the benchmark."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+from .conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import _fsdp_hosts as hosts  # noqa: E402
+
+
+def _log(out, wid: int, rows: list[tuple[int, float, int]]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"worker_{wid}.log", "a") as f:
+        for step, t, gen in rows:
+            f.write(f"{step} {t:.6f} {wid} 4 {gen}\n")
+
+
+def test_kill_steps_leave_the_first_recovery_room():
+    rng = random.Random(0)
+    for _ in range(200):
+        rank_step, host_step = hosts.kill_steps(rng, 36)
+        assert 6 <= rank_step <= 12 and 18 <= host_step <= 24
+        assert host_step - rank_step >= 6
+
+
+def test_furthest_step_reads_the_last_line_of_every_worker(tmp_path):
+    assert hosts.furthest_step(tmp_path) == -1
+    _log(tmp_path, 0, [(0, 1.0, 0), (1, 2.0, 0), (2, 3.0, 0)])
+    _log(tmp_path, 3, [(0, 1.0, 0), (1, 2.0, 0)])
+    assert hosts.furthest_step(tmp_path) == 2
+
+
+def test_result_tags_the_rank_kill_and_the_host_kill(tmp_path):
+    out, chaos = tmp_path / "run", tmp_path / "chaos"
+    # steps 0-4 in gen 0; rank kill at t=4.5 (step 5); gen 1 redoes step 4 at t=6;
+    # host kill at t=8.5 after step 7; gen 2 resumes at step 8 at t=10
+    rows = [(s, float(s), 0) for s in range(5)] + [(4, 6.0, 1), (5, 6.5, 1), (6, 7.0, 1), (7, 8.0, 1)] \
+        + [(8, 10.0, 2), (9, 10.5, 2)]
+    for wid in (0, 1):
+        _log(out, wid, rows)
+    chaos.mkdir()
+    (chaos / "kills.jsonl").write_text(json.dumps({"time_s": 4.5, "step": 5, "rank": 1}) + "\n")
+    host_kill = {"time_s": 8.5, "step": 8, "action": "host", "host": 1}
+    r = hosts._result(out, chaos, host_kill, {"node0": 0, "node1": None}, 12.0, same_generation_ok=False)
+    assert [(f["kind"], f["resume_s"], f["steps_lost"]) for f in r["failures"]] == [
+        ("rank", 1.5, 1), ("host", 1.5, 0)]
+    assert r["last_step"] == 9 and r["window_s"] == 10.5
+
+
+def test_result_without_a_host_kill_has_only_rank_failures(tmp_path):
+    out = tmp_path / "run"
+    _log(out, 0, [(0, 1.0, 0), (1, 2.0, 0)])
+    r = hosts._result(out, tmp_path / "nochaos", None, {}, 3.0, same_generation_ok=False)
+    assert r["failures"] == [] and r["last_step"] == 1 and r["shards"] == []
