@@ -6,6 +6,7 @@ job) runs in the benchmark, minutes long; this checks the parts it is built from
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 from seamguard.agent.config import parse_agent_config
@@ -127,7 +128,7 @@ def test_the_slurm_run_config_and_the_job_scripts(tmp_path: Path):
     fake.mkdir()
     (fake / "scontrol").write_text("#!/bin/sh\necho h1; echo h2\n")
     (fake / "scontrol").chmod(0o755)
-    probe = node.replace("exec /usr/bin/python3 -m seamguard launch", "echo")
+    probe = node.replace("/usr/bin/python3 -m seamguard launch", "echo")
     (tmp_path / "probe.sh").write_text(probe)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "h[1-2]", "SLURMD_NODENAME": "h2",
            "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}
@@ -137,6 +138,17 @@ def test_the_slurm_run_config_and_the_job_scripts(tmp_path: Path):
     bad = subprocess.run(["sh", str(tmp_path / "probe.sh")], env={**env, "SLURMD_NODENAME": "h9"},
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "no rail-0 address for node h9" in bad.stderr
+    # a SIGTERM to the node's shell (Slurm's requeue) reaches the launcher, and its exit status is the shell's
+    ready = tmp_path / "ready"
+    sleeper = node.replace("/usr/bin/python3 -m seamguard launch",
+                           f"sh -c 'trap \"exit 7\" TERM; touch {ready}; sleep 5 & wait' --")
+    (tmp_path / "sleeper.sh").write_text(sleeper)
+    proc = subprocess.Popen(["sh", str(tmp_path / "sleeper.sh")], env=env)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:  # both traps set
+        time.sleep(0.05)
+    proc.terminate()
+    assert proc.wait(timeout=10) == 7
 
 
 def test_steps_rolled_back_counts_drops_of_the_step_counter():
@@ -148,3 +160,16 @@ def test_steps_rolled_back_counts_drops_of_the_step_counter():
     starts = {"gray_link": 0.0, "slow_storage": 5.0, "cooling": 8.5, "node_failure": 10.5}
     fig = fault_figures(starts, {f: t + 2 for f, t in starts.items()}, covered(LAY), [], [], [], steps)
     assert fig["cooling"]["job_steps_lost"] == 10 and fig["gray_link"]["job_steps_lost"] == 0
+
+
+def test_the_slurm_controller_host_may_also_be_a_node_only_when_asked(tmp_path: Path):
+    import pytest
+
+    from seamguard.testbed.slurm import SlurmCluster
+
+    tb = Testbed(TestbedSpec(hosts=3, rails=1), prefix="sgdrilltest")  # never brought up
+    with pytest.raises(ValueError, match="none of them the controller's"):
+        SlurmCluster(tmp_path, ["h0", "h1", "h2"], slurmd=True, testbed=tb, controller_host=2, node_hosts=[0, 1, 2])
+    sc = SlurmCluster(tmp_path, ["h0", "h1", "h2"], slurmd=True, testbed=tb, controller_host=2, node_hosts=[0, 1, 2],
+                      controller_is_node=True)
+    assert sc.bin("squeue") == str(tmp_path / "bin" / "squeue")

@@ -248,7 +248,14 @@ def job_scripts(tb: Testbed, lay: Layout, python: str, launch_args: list[str], s
     Slurm requeues starts a new run (from its last persisted checkpoint) under the same
     name. ``launch_args``: the `seamguard launch` options besides the node's own;
     ``node_script``: where the per-node script is written (Slurm runs a copy of the batch
-    script from its spool directory, so the batch script names it by its full path)."""
+    script from its spool directory, so the batch script names it by its full path).
+
+    The launcher runs as the per-node shell's child, not in its place: with `exec`, a
+    requeue left the job COMPLETING for minutes (Slurm 22.05, proctrack/linuxproc, the test
+    bed's setting): slurmstepd logged the step cancelled, but the launcher — whose process
+    name seamguard sets — never got the SIGTERM (nothing pending, still in its main loop)
+    nor a SIGKILL after KillWait. The shell gets the signal and passes SIGTERM on, and the
+    launcher stops its workers and exits."""
     cases = "\n".join(f"    {lay.node(h)}) echo {tb.addr(h, 0)} ;;" for h in range(lay.hosts))
     node = "\n".join([
         "#!/bin/sh",
@@ -264,9 +271,18 @@ def job_scripts(tb: Testbed, lay: Layout, python: str, launch_args: list[str], s
         'me=$(addr "$SLURMD_NODENAME") || exit 2',
         ('export SEAMGUARD_ADVERTISE_HOST="$me" SEAMGUARD_NODE_NAME="$SLURMD_NODENAME" '
          f'GLOO_SOCKET_IFNAME={tb.rail_if(0)} OMP_NUM_THREADS=1 PYTHONPATH={pythonpath}'),
-        (f'exec {python} -m seamguard launch --nnodes "$SLURM_JOB_NUM_NODES" --node-rank "$SLURM_NODEID" '
+        # not exec: Slurm's signals (SIGTERM on requeue or cancel) reach this shell, which passes
+        # them on; sent straight to the launcher they were lost (see job_scripts' docstring)
+        "signalled=0",
+        "trap 'signalled=1; kill -TERM \"$launcher\" 2>/dev/null' TERM INT",
+        (f'{python} -m seamguard launch --nnodes "$SLURM_JOB_NUM_NODES" --node-rank "$SLURM_NODEID" '
          f'--master-addr "$master" --master-port {JOB_MASTER_PORT} --store tcp {" ".join(launch_args)} '
-         f'-- {" ".join(script)}'),
+         f'-- {" ".join(script)} &'),
+        "launcher=$!",
+        # a trapped signal ends `wait` early (128 + signal); the next `wait` gives the launcher's own status
+        'wait "$launcher"; rc=$?',
+        '[ "$signalled" = 1 ] && { wait "$launcher"; rc=$?; }',
+        'exit "$rc"',
         "",
     ])
     batch = "\n".join([
