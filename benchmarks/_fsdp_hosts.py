@@ -290,21 +290,100 @@ def torchft_available() -> str | None:
     return None
 
 
-def main_hosts(args) -> None:
-    import json
+def run_one(c: Cluster, system: str, cfg, work: Path, name: str, faults: bool, host_step: int) -> dict:
+    hs = host_step if faults else None
+    if system == "plain":
+        return run_plain_hosts(c, cfg, work, name)
+    if system == "seamguard":
+        return run_seamguard_hosts(c, cfg, work, name, faults, hs)
+    if system == "torchrun":
+        return run_torchrun_hosts(c, cfg, work, name, faults, hs, cfg.ckpt_every)
+    return run_torchft_hosts(c, cfg, work, name, faults, hs)
+
+
+def run_reps(c: Cluster, systems: list[str], base, work: Path, reps: int, seed: int) -> list[dict]:
+    """Every system failure-free and faulted per repetition, order rotated, interleaved."""
     import random
-    import tempfile
     from dataclasses import replace
+
+    from failover_training import rotated
+
+    rng = random.Random(seed)
+    out = []
+    for rep in range(reps):
+        rank_step, host_step = kill_steps(rng, base.steps)
+        cfg = replace(base, kills=((rank_step, VICTIM_RANK),))
+        order = rotated(systems, rep)
+        print(f"rep {rep + 1}/{reps}: {cfg.steps} steps on 2 hosts x {PER_HOST}; rank {VICTIM_RANK} "
+              f"killed at step {rank_step}, host {LOST_HOST} killed at step {host_step}; "
+              f"order {' '.join(order)}", flush=True)
+        runs: dict[str, dict] = {}
+        for system in order:
+            runs[system] = {}
+            modes = [False] if system == "plain" else ([False, True] if rep % 2 == 0 else [True, False])
+            for faults in modes:
+                name = f"r{rep}_{system}_{'faults' if faults else 'clean'}"
+                r = run_one(c, system, cfg, work, name, faults, host_step)
+                shutil.rmtree(work / name / "ckpt", ignore_errors=True)
+                runs[system]["faults" if faults else "clean"] = r
+                fails = ", ".join(f"{f['kind']} kill@{f['step']}: next step {f['resume_s']}s, lost "
+                                  f"{f['steps_lost']}" for f in r["failures"])
+                print(f"  {system:9s} {'faults' if faults else 'clean ':6s} training {r['window_s']:6.1f}s "
+                      f"(process {r['wall_s']:5.1f}s, last step {r['last_step']}) {fails}", flush=True)
+        out.append({"kills": [[rank_step, VICTIM_RANK], [host_step, f"host{LOST_HOST}"]],
+                    "order": order, "runs": runs})
+    return out
+
+
+def summarize_hosts(reps: list[dict], systems: list[str], steps: int) -> dict:
+    """Per system: the twin's keys over all failures (failover_training.summarize), the
+    worst resume and loss per kind of failure, and whether every faulted run finished."""
+    from failover_training import summarize
+
+    summary: dict = {}
+    for s in systems:
+        summary[s] = summarize(s, reps)
+        for kind in ("rank", "host"):
+            fs = [f for r in reps for f in r["runs"][s]["faults"]["failures"] if f["kind"] == kind]
+            ok = [f for f in fs if f["resume_s"] is not None]
+            summary[s][f"{kind}_kill"] = {"resume_s_max": max((f["resume_s"] for f in ok), default=None),
+                                          "steps_lost_max": max((f["steps_lost"] for f in ok), default=None),
+                                          "unrecovered": len(fs) - len(ok)}
+        summary[s]["finished_all_steps"] = [r["runs"][s]["faults"]["last_step"] == steps - 1 for r in reps]
+    sg = [r["runs"]["seamguard"] for r in reps]
+    summary["seamguard"]["bit_identical"] = [bool(x["clean"]["shards"]) and x["clean"]["shards"] == x["faults"]["shards"]
+                                             for x in sg]
+    summary["seamguard"]["resume_sources"] = [x["faults"].get("resume_sources") for x in sg]
+    summary["seamguard"]["recovery_s"] = [x["faults"].get("recovery_s") for x in sg]
+    if "torchft" in summary:
+        summary["torchft"]["samples_dropped"] = [r["runs"]["torchft"]["faults"]["samples_dropped"] for r in reps]
+    return summary
+
+
+def print_table(summary: dict, systems: list[str], plain_window: str, reps: int) -> None:
+    print(f"\nmedian [min-max] over {reps} rep(s); plain FSDP2 on 2 hosts failure-free training {plain_window}")
+    print(f"{'system':10s} {'rank kill: next step':>21s} {'lost':>5s} {'host kill: next step':>21s} {'lost':>5s} "
+          f"{'wall vs plain':>14s} {'failure-free vs plain':>22s}")
+    for s in systems:
+        x = summary[s]
+        print(f"{s:10s} {x['rank_kill']['resume_s_max']!s:>21s} {x['rank_kill']['steps_lost_max']!s:>5s} "
+              f"{x['host_kill']['resume_s_max']!s:>21s} {x['host_kill']['steps_lost_max']!s:>5s} "
+              f"{x['wall_ratio']:>13g}x {x['failure_free_wall_ratio']:>21g}x")
+    print(f"seamguard bit-identical: {summary['seamguard']['bit_identical']}", flush=True)
+
+
+def main_hosts(args) -> None:
+    """The mode's entry (failover_training.main): probe, cluster, runs, summary, JSON."""
+    import json
+    import tempfile
 
     from failover_training import (
         Config,
         daly_interval_s,
         fmt,
         probe_checkpointing,
-        rotated,
         run_torchrun_fsdp,
         spread,
-        summarize,
     )
 
     t_start = time.perf_counter()
@@ -327,68 +406,12 @@ def main_hosts(args) -> None:
               flush=True)
         if ft_note:
             print(f"torchft: {ft_note}", flush=True)
-        rng = random.Random(args.seed)
-        reps = []
+        cfg = Config(steps=steps, kills=(), ckpt_every=every, **small)
         with cluster(work, "torchft" in systems) as c:
-            for rep in range(args.reps):
-                rank_step, host_step = kill_steps(rng, steps)
-                cfg = replace(base, steps=steps, kills=((rank_step, VICTIM_RANK),), ckpt_every=every)
-                order = rotated(systems, rep)
-                print(f"rep {rep + 1}/{args.reps}: {steps} steps on 2 hosts x {PER_HOST}; rank {VICTIM_RANK} "
-                      f"killed at step {rank_step}, host {LOST_HOST} killed at step {host_step}; "
-                      f"order {' '.join(order)}", flush=True)
-                runs: dict[str, dict] = {}
-                for system in order:
-                    runs[system] = {}
-                    modes = [False] if system == "plain" else ([False, True] if rep % 2 == 0 else [True, False])
-                    for faults in modes:
-                        name = f"r{rep}_{system}_{'faults' if faults else 'clean'}"
-                        hs = host_step if faults else None
-                        if system == "plain":
-                            r = run_plain_hosts(c, cfg, work, name)
-                        elif system == "seamguard":
-                            r = run_seamguard_hosts(c, cfg, work, name, faults, hs)
-                        elif system == "torchrun":
-                            r = run_torchrun_hosts(c, cfg, work, name, faults, hs, every)
-                        else:
-                            r = run_torchft_hosts(c, cfg, work, name, faults, hs)
-                        shutil.rmtree(work / name / "ckpt", ignore_errors=True)
-                        runs[system]["faults" if faults else "clean"] = r
-                        fails = ", ".join(f"{f['kind']} kill@{f['step']}: next step {f['resume_s']}s, lost "
-                                          f"{f['steps_lost']}" for f in r["failures"])
-                        print(f"  {system:9s} {'faults' if faults else 'clean ':6s} training {r['window_s']:6.1f}s "
-                              f"(process {r['wall_s']:5.1f}s, last step {r['last_step']}) {fails}", flush=True)
-                reps.append({"kills": [[rank_step, VICTIM_RANK], [host_step, f"host{LOST_HOST}"]],
-                             "order": order, "runs": runs})
-        summary: dict = {}
-        for s in systems[1:]:
-            summary[s] = summarize(s, reps)
-            for kind in ("rank", "host"):
-                fs = [f for r in reps for f in r["runs"][s]["faults"]["failures"] if f["kind"] == kind]
-                ok = [f for f in fs if f["resume_s"] is not None]
-                summary[s][f"{kind}_kill"] = {
-                    "resume_s_max": max((f["resume_s"] for f in ok), default=None),
-                    "steps_lost_max": max((f["steps_lost"] for f in ok), default=None),
-                    "unrecovered": len(fs) - len(ok)}
-            summary[s]["finished_all_steps"] = [r["runs"][s]["faults"]["last_step"] == steps - 1 for r in reps]
-        sg = [r["runs"]["seamguard"] for r in reps]
-        summary["seamguard"]["bit_identical"] = [bool(x["clean"]["shards"]) and x["clean"]["shards"] == x["faults"]["shards"]
-                                                 for x in sg]
-        summary["seamguard"]["resume_sources"] = [x["faults"].get("resume_sources") for x in sg]
-        summary["seamguard"]["recovery_s"] = [x["faults"].get("recovery_s") for x in sg]
-        if "torchft" in summary:
-            summary["torchft"]["samples_dropped"] = [r["runs"]["torchft"]["faults"]["samples_dropped"] for r in reps]
+            reps = run_reps(c, systems, cfg, work, args.reps, args.seed)
+        summary = summarize_hosts(reps, systems[1:], steps)
         plain = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
-        print(f"\nmedian [min-max] over {args.reps} rep(s); plain FSDP2 on 2 hosts failure-free training "
-              f"{fmt(spread(plain, 1), 's')}")
-        print(f"{'system':10s} {'rank kill: next step':>21s} {'lost':>5s} {'host kill: next step':>21s} {'lost':>5s} "
-              f"{'wall vs plain':>14s} {'failure-free vs plain':>22s}")
-        for s in systems[1:]:
-            x = summary[s]
-            print(f"{s:10s} {x['rank_kill']['resume_s_max']!s:>21s} {x['rank_kill']['steps_lost_max']!s:>5s} "
-                  f"{x['host_kill']['resume_s_max']!s:>21s} {x['host_kill']['steps_lost_max']!s:>5s} "
-                  f"{x['wall_ratio']:>13g}x {x['failure_free_wall_ratio']:>21g}x")
-        print(f"seamguard bit-identical: {summary['seamguard']['bit_identical']}", flush=True)
+        print_table(summary, systems[1:], fmt(spread(plain, 1), "s"), args.reps)
         summary.update({
             "mode": "fsdp-hosts-quick" if args.quick else "fsdp-hosts",
             "torchft_note": ft_note or ("HSDP: FSDP2 inside each host's replica group, torchft Manager "

@@ -12,14 +12,13 @@ import sys
 from .conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import _fsdp_hosts as hosts  # noqa: E402
+import _fsdp_hosts as hosts
 
 
 def _log(out, wid: int, rows: list[tuple[int, float, int]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"worker_{wid}.log", "a") as f:
-        for step, t, gen in rows:
-            f.write(f"{step} {t:.6f} {wid} 4 {gen}\n")
+        f.writelines(f"{step} {t:.6f} {wid} 4 {gen}\n" for step, t, gen in rows)
 
 
 def test_kill_steps_leave_the_first_recovery_room():
@@ -59,3 +58,25 @@ def test_result_without_a_host_kill_has_only_rank_failures(tmp_path):
     _log(out, 0, [(0, 1.0, 0), (1, 2.0, 0)])
     r = hosts._result(out, tmp_path / "nochaos", None, {}, 3.0, same_generation_ok=False)
     assert r["failures"] == [] and r["last_step"] == 1 and r["shards"] == []
+
+
+def _run(window_s: float, failures=(), shards=("final_shard_0.txt:a",), last_step=35) -> dict:
+    return {"window_s": window_s, "failures": list(failures), "shards": list(shards), "last_step": last_step}
+
+
+def test_summary_splits_the_worst_failure_by_kind_and_checks_the_shards():
+    sg_fail = [{"kind": "rank", "resume_s": 0.9, "steps_lost": 0}, {"kind": "host", "resume_s": 1.7, "steps_lost": 1}]
+    tr_fail = [{"kind": "rank", "resume_s": 15.0, "steps_lost": 4}, {"kind": "host", "resume_s": None, "steps_lost": None}]
+    rep = {"kills": [[12, 1], [21, "host1"]], "runs": {
+        "plain": {"clean": _run(10.0)},
+        "seamguard": {"clean": _run(11.0), "faults": _run(14.0, sg_fail)},
+        "torchrun": {"clean": _run(10.0), "faults": _run(50.0, tr_fail, last_step=30)}}}
+    s = hosts.summarize_hosts([rep], ["seamguard", "torchrun"], 36)
+    assert s["seamguard"]["rank_kill"] == {"resume_s_max": 0.9, "steps_lost_max": 0, "unrecovered": 0}
+    assert s["seamguard"]["host_kill"] == {"resume_s_max": 1.7, "steps_lost_max": 1, "unrecovered": 0}
+    assert s["seamguard"]["bit_identical"] == [True] and s["seamguard"]["finished_all_steps"] == [True]
+    assert s["seamguard"]["wall_ratio"] == 1.4 and s["seamguard"]["failure_free_wall_ratio"] == 1.1
+    assert s["torchrun"]["host_kill"] == {"resume_s_max": None, "steps_lost_max": None, "unrecovered": 1}
+    assert s["torchrun"]["finished_all_steps"] == [False]
+    rep["runs"]["seamguard"]["faults"]["shards"] = ["final_shard_0.txt:b"]
+    assert hosts.summarize_hosts([rep], ["seamguard"], 36)["seamguard"]["bit_identical"] == [False]
