@@ -39,6 +39,11 @@ from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
 
 POLL_S = 0.005
+# While the job runs and no worker of this node exited, the coordinator's pass (~25 store
+# round trips) and the kill-request checks run every STEADY_PASS_S, not every POLL_S: at
+# 200 passes a second the launcher used as much CPU as a training rank (FSDP2 --quick
+# job, docs/benchmarks.md). An exit still triggers a pass at once; hang detection is 1 s.
+STEADY_PASS_S = 0.05
 COORDINATOR_LOST = b"coordinator lost"
 
 
@@ -226,11 +231,16 @@ def launch(s: LaunchSettings) -> int:
     respawned = 0
     placement, placement_t = "", 0.0
     ended_s: float | None = None  # when this (non-coordinator) node's last worker ended
+    pass_s = 0.0   # when the coordinator's pass and kill checks last ran
     exporter = MetricsServer(s.metrics_port) if master and s.metrics_port is not None else None
     try:
         while True:
             if exporter is not None:
                 exporter.publish(lambda: render(coord.view(s.run_id)))
+            now_s = time.monotonic()
+            exited = any(not c.reported and c.proc.poll() is not None for c in children)
+            due = exited or coord is None or coord.phase != "running" or now_s - pass_s >= STEADY_PASS_S
+            pass_s = now_s if due else pass_s
             for c in list(children):
                 if not c.reported and c.proc.poll() is not None:
                     c.reported = True
@@ -240,7 +250,7 @@ def launch(s: LaunchSettings) -> int:
                         respawned += 1
                         children.append(_spawn_spare(s, server, store, port, per_node,
                                                      node.address if node else ""))
-                if node is None and not c.reported and store.check([keys.kill_request(c.wid)]):
+                if due and node is None and not c.reported and store.check([keys.kill_request(c.wid)]):
                     c.proc.send_signal(signal.SIGKILL)
             job_done = None
             if node is not None:  # kill requests and the job's end come with the node beat
@@ -252,7 +262,7 @@ def launch(s: LaunchSettings) -> int:
                 if s.hint_dir is not None and time.monotonic() - placement_t > 0.5:
                     placement, placement_t = _publish_placement(s.hint_dir, coord.view(s.run_id), placement), \
                         time.monotonic()
-                phase = coord.tick()
+                phase = coord.tick() if due else coord.phase
                 if phase in ("done", "failed"):
                     code = 0 if phase == "done" else 1
                     break
