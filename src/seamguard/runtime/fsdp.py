@@ -6,8 +6,8 @@ model's forward and backward, where the runtime cannot cancel them and an error 
 raise into model code. `ResilientGroup` is the group the mesh holds. It is a
 `torch.distributed.ProcessGroup` with a fixed rank and size that owns no connections: each
 collective is forwarded to the runtime's current gloo group (`Runtime.group`, re-formed
-under a new store prefix at every recovery), and its completion is polled like the
-runtime's own collectives. A collective that fails, times out or is overtaken by a new
+under a new store prefix at every recovery), and it is waited for like the runtime's own
+collectives (woken by its completion; a new generation or the timeout cancels it). A collective that fails, times out or is overtaken by a new
 generation marks the step failed and reports itself complete with its output left as it
 was: the forward and backward run on to their end with garbage, `rt.sync_gradients()`
 returns False, the optimizer step is skipped, and the next `rt.steps()` iteration
@@ -79,8 +79,8 @@ class _Done(dist.Work):
 
 
 class _Polled(_Done):
-    """A collective in flight on the runtime's gloo group; `wait` polls it so a new
-    generation or the collective timeout cancels it, and never raises."""
+    """A collective in flight on the runtime's gloo group; `wait` returns when it completes
+    or a new generation or the collective timeout cancels it, and never raises."""
 
     def __init__(self, runtime, work: dist.Work, runs_in_wait: bool) -> None:
         super().__init__()

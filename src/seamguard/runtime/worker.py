@@ -173,6 +173,7 @@ class Runtime:
         self._redo = False
         self._pipeline: queue.Queue = queue.Queue()
         self._side_store: dist.TCPStore | None = None
+        self._push_target: tuple[int, int, str] = (-1, -1, "")  # (gen, holder, its address)
         self._persist_lock = threading.Lock()
         self._persister: subprocess.Popen | None = None
         self._persist_pending: dict[int, int] = {}  # slot index -> step
@@ -846,9 +847,11 @@ class Runtime:
         if plan is None or gen != self.gen or plan.world_size < 2:
             return
         holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node)]
-        if self._side_store is None:  # the pipeline thread's own store connection
-            self._side_store = _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url)
-        addr = self._side_store.get(keys.worker_addr(holder)).decode()
+        if self._push_target[:2] != (gen, holder):   # looked up once per generation, not per push
+            if self._side_store is None:  # the pipeline thread's own store connection
+                self._side_store = _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url)
+            self._push_target = (gen, holder, self._side_store.get(keys.worker_addr(holder)).decode())
+        addr = self._push_target[2]
         role = plan.roles[self.rank]
         sent = replica.push(addr, role, manifest, slot.array, self.settings.replica_timeout_s,
                             midway=lambda: self.injector.maybe_fire("replicate", self.rank,
