@@ -1,0 +1,104 @@
+"""Where seamguard's failure-free overhead over plain FSDP2 goes, phase by phase.
+
+    PYTHONPATH=src python benchmarks/fsdp_overhead.py --quick   # 3 reps, the --fsdp --quick job
+
+The job of `failover_training.py --fsdp --quick` (FSDP2 on 4 ranks, 3.2M-parameter MLP,
+24 steps), failure-free only: plain FSDP2 under torchrun and seamguard (1 hot spare, a
+snapshot every step) alternated, repeated. seamguard's workers run with
+``SEAMGUARD_PROFILE=1`` (runtime/profile.py) and report, per phase, wall and thread-CPU
+milliseconds per step, which this script averages over the ranks and takes the median of
+over the reps. Training-thread phases add to the step's wall time; background-thread
+phases (``bg_*``) cost only CPU the 2 shared cores would otherwise give to the ranks.
+Last line of stdout: one JSON object (also written to
+benchmarks/results/fsdp_overhead[_quick].json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import failover_training as ft  # noqa: E402
+
+
+def rank_phases(events_file: Path) -> list[dict]:
+    """The `profile` event of every training rank of one run."""
+    events = [json.loads(x) for x in events_file.read_text().splitlines()]
+    return [e for e in events if e.get("kind") == "profile" and e.get("rank", -1) >= 0]
+
+
+def mean_over_ranks(profiles: list[dict]) -> dict[str, dict[str, float]]:
+    names = sorted({k for p in profiles for k in p["phases"]})
+    out = {}
+    for k in names:
+        rows = [p["phases"].get(k, {}) for p in profiles]
+        out[k] = {m: statistics.fmean(r.get(m, 0.0) for r in rows)
+                  for m in ("wall_ms_per_step", "cpu_ms_per_step", "count")}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=None, help="default 3 (--quick) or 5")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    reps = args.reps or (3 if args.quick else 5)
+    small = {"hidden": 1024, "layers": 3} if args.quick else {}
+    cfg = ft.Config(steps=24 if args.quick else 48, kills=(), ckpt_every=0, **small)
+    out = args.out or ft.REPO / "benchmarks" / "results" / (
+        "fsdp_overhead_quick.json" if args.quick else "fsdp_overhead.json")
+    ft.ENV["SEAMGUARD_PROFILE"] = "1"
+    work = Path(tempfile.mkdtemp(prefix="sg-fsdp-overhead-"))
+    windows: dict[str, list[float]] = {"plain": [], "seamguard": []}
+    phases: list[dict] = []
+    loads = [round(os.getloadavg()[0], 2)]
+    try:
+        for rep in range(reps):
+            for system in ft.rotated(["plain", "seamguard"], rep):
+                name = f"r{rep}_{system}"
+                if system == "plain":
+                    r = ft.run_plain_fsdp(cfg, work, False, name)
+                else:
+                    r = ft.run_seamguard_fsdp(replace(cfg), work, False, name)
+                    phases.append(mean_over_ranks(rank_phases(work / name / "events.jsonl")))
+                windows[system].append(r["window_s"])
+                loads.append(round(os.getloadavg()[0], 2))
+                print(f"rep {rep + 1}/{reps} {system:9s} training {r['window_s']:.2f}s "
+                      f"(load {loads[-1]})", flush=True)
+    except BaseException:
+        print(f"run logs kept in {work}", file=sys.stderr)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    ratios = [s / p for s, p in zip(windows["seamguard"], windows["plain"])]
+    step_ms = {s: 1e3 * statistics.median(v) / (cfg.steps - 1) for s, v in windows.items()}
+    table = {k: {m: round(statistics.median(ph[k][m] for ph in phases if k in ph), 3)
+                 for m in ("wall_ms_per_step", "cpu_ms_per_step", "count")}
+             for k in sorted({k for ph in phases for k in ph})}
+    print(f"\nmedian over {reps} interleaved reps; plain FSDP2 step {step_ms['plain']:.1f} ms, "
+          f"seamguard {step_ms['seamguard']:.1f} ms; failure-free ratio "
+          f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]; "
+          f"load {min(loads)}-{max(loads)}")
+    print(f"{'phase':24s} {'wall ms/step':>13s} {'cpu ms/step':>12s} {'count/run':>10s}")
+    for k, v in table.items():
+        print(f"{k:24s} {v['wall_ms_per_step']:13.2f} {v['cpu_ms_per_step']:12.2f} {v['count']:10.0f}")
+    summary = {"mode": "quick" if args.quick else "full", "reps": reps, "steps": cfg.steps,
+               "window_s": {s: [round(x, 3) for x in v] for s, v in windows.items()},
+               "step_ms": {s: round(v, 1) for s, v in step_ms.items()},
+               "failure_free_ratio": ft.spread(ratios), "load": [min(loads), max(loads)],
+               "phases_per_step": table}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
