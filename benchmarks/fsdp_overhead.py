@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import failover_training as ft  # noqa: E402
+import failover_training as ft
 
 
 def rank_phases(events_file: Path) -> list[dict]:
