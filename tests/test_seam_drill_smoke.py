@@ -100,6 +100,9 @@ def test_phase_rates_are_steps_per_second_in_each_window():
     r = phase_rates(steps, 0.0, starts, 10.0, 90.0)
     assert r["calm"] == 2.0 and r["gray_link"] == 0.5
     assert r["node_failure_after"] == 2.0 and list(r)[:3] == ["calm", "gray_link", "gray_link_after"]
+    # a requeued run's counter reads 0 before it resumes: not a phase's progress
+    restarted = [(t, v) for t, v in steps if t != 80] + [(80.0, 0.0)]
+    assert phase_rates(restarted, 0.0, starts, 10.0, 90.0)["node_failure_after"] == 2.0
 
 
 def test_the_slurm_run_config_and_the_job_scripts(tmp_path: Path):
@@ -157,6 +160,8 @@ def test_steps_rolled_back_counts_drops_of_the_step_counter():
     assert steps_rolled_back(steps, 0.0, 10.5) == 10
     assert steps_rolled_back(steps, 0.0, 12.0) == 20
     assert steps_rolled_back(steps, 9.0, 10.5) == 10 and steps_rolled_back(steps, 9.5, 10.5) == 0
+    # the new run reports 0 until it has resumed (seen in a drill: 2295 -> 0 -> 2275 is 20 steps lost)
+    assert steps_rolled_back([(0.0, 0.0), (1.0, 2295.0), (2.0, 0.0), (3.0, 2275.0), (4.0, 2290.0)], 0.0, 5.0) == 20
     starts = {"gray_link": 0.0, "slow_storage": 5.0, "cooling": 8.5, "node_failure": 10.5}
     fig = fault_figures(starts, {f: t + 2 for f, t in starts.items()}, covered(LAY), [], [], [], steps)
     assert fig["cooling"]["job_steps_lost"] == 10 and fig["gray_link"]["job_steps_lost"] == 0

@@ -370,8 +370,9 @@ def phase_rates(steps: list[tuple[float, float]], t0: float, starts: dict[str, f
         nxt = starts[order[i + 1]] if i + 1 < len(order) else end
         spans += [(f, starts[f], starts[f] + fault_s), (f"{f}_after", starts[f] + fault_s, nxt)]
     out: dict[str, float | None] = {}
+    live = resumed_steps(steps)
     for name, a, b in spans:
-        inside = [v for t, v in steps if a <= t <= b]
+        inside = [v for t, v in live if a <= t <= b]
         out[name] = round((inside[-1] - inside[0]) / (b - a), 2) if len(inside) > 1 and b > a else None
     return out
 
@@ -380,7 +381,19 @@ def steps_rolled_back(steps: list[tuple[float, float]], a: float, b: float) -> i
     """Steps the job went back in [a, b): the sum of every drop of its step counter from one
     sample to the next, counted where the lower sample falls (a job Slurm requeued restarts from its last persisted checkpoint,
     which the runtime's own `steps_redone` does not count: the new run starts afresh)."""
-    return int(sum(max(0.0, p - q) for (_, p), (t, q) in pairwise(sorted(steps)) if a <= t < b))
+    return int(sum(max(0.0, p - q) for (_, p), (t, q) in pairwise(resumed_steps(steps)) if a <= t < b))
+
+
+def resumed_steps(steps: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(time, step) samples in time order without the zeros a restarted job reports before it
+    has resumed from storage (a requeued run's counter reads 0 for a few seconds, then its
+    checkpoint's step): they are neither steps lost nor steps made."""
+    out, seen = [], False
+    for t, v in sorted(steps):
+        if v > 0 or not seen:
+            out.append((t, v))
+        seen = seen or v > 0
+    return out
 
 
 def healthy_actions(starts: dict[str, float], cover: dict[str, set[str]], events: list[dict]) -> list[str]:
