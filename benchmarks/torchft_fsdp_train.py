@@ -103,9 +103,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = open(args.out / f"worker_{gid}.log", "a")  # noqa: SIM115 - open for the whole run
     pieces = args.groups * size
+    seen = -1
     while manager.current_step() < args.steps:
         step = manager.current_step()
-        injector.maybe_fire("step", gid, step)
+        # a group that heals jumps to the live group's step: fire the kills of the steps
+        # it skipped, so a kill drawn at step s lands on the first step >= s it runs
+        for s in range(seen + 1, step + 1):
+            injector.maybe_fire("step", gid, s)
+        seen = step
         idx = torch.as_tensor(sampler.indices(step, gid, pieces))
         opt.zero_grad()
         F.cross_entropy(model(x[idx]), y[idx]).backward()
