@@ -3,6 +3,7 @@
     PYTHONPATH=src python benchmarks/failover_training.py --quick   # 3 reps of 1 kill, small model
     PYTHONPATH=src python benchmarks/failover_training.py           # 3 reps, 14.7M-param model
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --quick   # sharded: FSDP2
+    PYTHONPATH=src python benchmarks/failover_training.py --fsdp --hosts 2 --quick   # 2 hosts, host killed
 
 4 ranks (+1 hot spare for seamguard) train the same MLP on CPU/gloo. A repetition runs
 every system once failure-free and once with SIGKILLs of a non-zero rank at steps drawn
