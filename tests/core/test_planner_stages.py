@@ -700,6 +700,18 @@ def test_release_dwell(ht, desired, kept):
             f"seamguard: kept: gpu003 healthy for {ht} of 40 ticks; lifted after sustained recovery"
 
 
+@pytest.mark.parametrize("ht, kept", [(0, True), (5, True), (40, False)])
+def test_release_dwell_keeps_a_move_while_its_loop_is_in_trouble(ht, kept):
+    """The job left loop-001 (so no move is asked for now): its exclusion stays while the loop
+    is unhealthy and until it has been healthy long enough."""
+    key = f"move_job:{J0}@loop-001"
+    kind_ht, node_ht = _ht(loop={1: ht})
+    out = rs.release_dwell({}, {key}, F, NODE_INDEX, kind_ht, node_ht, 40)
+    assert (key in out) is kept
+    if ht == 0:
+        assert out[key].reason == "seamguard: kept: loop-001 still in trouble; the job stays off it until healthy for 40 ticks"
+
+
 # ---- breaker bounds -------------------------------------------------------------------------------
 
 CFG = POL.breaker

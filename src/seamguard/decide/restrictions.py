@@ -90,7 +90,8 @@ def healthy_for(ak: ActionKey, fleet: Fleet, node_index: dict[str, int], kind_ht
 
 def release_dwell(desired: dict[str, Action], in_effect: set[str], fleet: Fleet, node_index: dict[str, int],
                   kind_ht: dict[Kind, np.ndarray], node_ht: np.ndarray, release_ticks: int) -> dict[str, Action]:
-    """Keep what is in effect until its entity has been healthy ``release_ticks`` (not replaced by a new restriction)."""
+    """Keep what is in effect until its entity has been healthy ``release_ticks`` (not replaced by a new restriction);
+    a job move is kept while its domain is still in trouble too."""
     desired = dict(desired)
     restricted_nodes = {ActionKey.parse(k).entity for k in desired
                         if ActionKey.parse(k).verb in RESTRICTS_NODE}
@@ -104,4 +105,9 @@ def release_dwell(desired: dict[str, Action], in_effect: set[str], fleet: Fleet,
         ht, what = dwell
         if 0 < ht < release_ticks:
             desired[k] = kept(k, f"{what} healthy for {ht} of {release_ticks} ticks; lifted after sustained recovery")
+        elif ht == 0 and ak.verb == Verb.MOVE_JOB:
+            # a moved job no longer on the domain (pending, or landed elsewhere) is not asked to
+            # move again, but lifting its exclusion would let the scheduler put it back there
+            desired[k] = kept(k, f"{what} still in trouble; the job stays off it until healthy for "
+                                 f"{release_ticks} ticks")
     return desired
