@@ -23,6 +23,7 @@ from seamguard.decide.actions import Action, Verb
 class LogActuator:
     name = "log"
     verbs = frozenset(Verb)
+    records_only = True  # what it holds is a record, not an effect (act/reconcile.observe_all)
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -39,9 +39,16 @@ class Change:
 
 
 def observe_all(actuators: list[Actuator]) -> set[str]:
+    """What is in effect: every actuator's held keys, except that a record-only actuator (the
+    log) holds a key only for verbs no other configured actuator performs — its record of an
+    apply must not hide another actuator's unfinished action (a Slurm move's later phases)."""
     held: set[str] = set()
     for act in actuators:
-        held |= act.observe()
+        keys = act.observe()
+        if getattr(act, "records_only", False):
+            done_elsewhere = set().union(*(o.verbs for o in actuators if o is not act))
+            keys = {k for k in keys if verb_of(k) not in done_elsewhere}
+        held |= keys
     return held
 
 
