@@ -97,6 +97,40 @@ def _positive_number(text: str) -> bool:
         return False
 
 
+def _interval_error(text: str) -> str | None:
+    want = text.strip()
+    return None if want == "default" or _positive_number(want) else \
+        f"expected seconds > 0 or 'default', got {want[:40]!r}"
+
+
+def _target_error(text: str) -> str | None:
+    want = text.strip()
+    return None if want == "default" or Path(want).is_absolute() else \
+        f"expected an absolute directory or 'default', got {want[:80]!r}"
+
+
+def _avoid_error(text: str) -> str | None:
+    try:
+        stepmodes.parse_avoid_file(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _degraded_error(text: str) -> str | None:
+    return None if text.strip() in ("on", "off") else f"expected 'on' or 'off', got {text.strip()[:40]!r}"
+
+
+# hint files with a value: file name -> (what is wrong with its text or None, value key, counter key);
+# the value is published as written (stripped unless it is a multi-line avoid_rails list)
+_VALUED_HINTS = {
+    "checkpoint_interval_s": (_interval_error, keys.HINT_INTERVAL_S, keys.HINT_INTERVAL_N),
+    "checkpoint_dir": (_target_error, keys.HINT_TARGET, keys.HINT_TARGET_N),
+    "avoid_rails": (_avoid_error, keys.HINT_AVOID_RAILS, keys.HINT_AVOID_RAILS_N),
+    "degraded": (_degraded_error, keys.HINT_DEGRADED, keys.HINT_DEGRADED_N),
+}
+
+
 def _hint_files(store, hint_dir: Path | None) -> None:
     """checkpoint_now -> bump the checkpoint hint; evacuate_rank_<r> -> evacuate hint;
     checkpoint_interval_s (seconds, or "default") -> persist at that interval;
@@ -112,50 +146,18 @@ def _hint_files(store, hint_dir: Path | None) -> None:
         elif p.name.startswith("evacuate_rank_"):
             cur = store.get(keys.HINT_EVACUATE).decode() if store.check([keys.HINT_EVACUATE]) else ""
             store.set(keys.HINT_EVACUATE, ",".join(filter(None, [cur, p.name.rsplit("_", 1)[1]])))
-        elif p.name == "checkpoint_interval_s":
-            try:
-                want = p.read_text(encoding="utf-8").strip()
-            except OSError:
-                continue  # being replaced: read it next poll
-            if want != "default" and not _positive_number(want):
-                print(f"seamguard launcher: ignoring hint file {p}: expected seconds > 0 or 'default', "
-                      f"got {want[:40]!r}", file=sys.stderr)
-            else:
-                store.set(keys.HINT_INTERVAL_S, want)
-                store.add(keys.HINT_INTERVAL_N, 1)
-        elif p.name == "checkpoint_dir":
-            try:
-                want = p.read_text(encoding="utf-8").strip()
-            except OSError:
-                continue  # being replaced: read it next poll
-            if want != "default" and not Path(want).is_absolute():
-                print(f"seamguard launcher: ignoring hint file {p}: expected an absolute directory or "
-                      f"'default', got {want[:80]!r}", file=sys.stderr)
-            else:
-                store.set(keys.HINT_TARGET, want)
-                store.add(keys.HINT_TARGET_N, 1)
-        elif p.name == "avoid_rails":
+        elif p.name in _VALUED_HINTS:
+            error, value_key, counter_key = _VALUED_HINTS[p.name]
             try:
                 text = p.read_text(encoding="utf-8")
-                stepmodes.parse_avoid_file(text)
             except OSError:
                 continue  # being replaced: read it next poll
-            except ValueError as exc:
-                print(f"seamguard launcher: ignoring hint file {p}: {exc}", file=sys.stderr)
+            why = error(text)
+            if why is not None:
+                print(f"seamguard launcher: ignoring hint file {p}: {why}", file=sys.stderr)
             else:
-                store.set(keys.HINT_AVOID_RAILS, text)
-                store.add(keys.HINT_AVOID_RAILS_N, 1)
-        elif p.name == "degraded":
-            try:
-                want = p.read_text(encoding="utf-8").strip()
-            except OSError:
-                continue  # being replaced: read it next poll
-            if want not in ("on", "off"):
-                print(f"seamguard launcher: ignoring hint file {p}: expected 'on' or 'off', got {want[:40]!r}",
-                      file=sys.stderr)
-            else:
-                store.set(keys.HINT_DEGRADED, want)
-                store.add(keys.HINT_DEGRADED_N, 1)
+                store.set(value_key, text if p.name == "avoid_rails" else text.strip())
+                store.add(counter_key, 1)
         elif p.name == "rollback" or p.name.startswith("rollback_to_step_"):
             to = p.name.rsplit("_", 1)[1] if p.name != "rollback" else "-1"
             if not to.lstrip("-").isdigit():
