@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--dataset", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--replicate", type=int, default=1,
+                    help="HSDP: replica groups (mesh (R, world/R)); 1 = plain FSDP2")
     ap.add_argument("--step-sleep-s", type=float, default=0.0)
     ap.add_argument("--full-out", action="store_true", help="rank 0 saves the full final weights")
     ap.add_argument("--out", type=Path, default=Path("runs/train_fsdp"))
@@ -60,7 +62,8 @@ def main() -> None:
 
     x, y = make_data(args.dataset, args.dim, 10, args.seed)
     rt = sgr.init()  # sg
-    mesh = rt.device_mesh()  # sg (was: init_device_mesh("cpu", (world_size,)))
+    mesh = rt.device_mesh(replicate=args.replicate)  # sg (was: init_device_mesh("cpu", shape):
+    # shape (world_size,), or HSDP's (R, world_size // R) with mesh_dim_names ("replicate", "shard"))
     model = build_model(args.dim, args.hidden, args.layers, args.dropout, args.seed)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):

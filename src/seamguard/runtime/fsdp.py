@@ -94,9 +94,12 @@ class _Polled(_Done):
 class ResilientGroup(dist.ProcessGroup):
     """The process group FSDP2's mesh holds; forwards to `runtime.group` (module docstring)."""
 
-    def __init__(self, runtime, rank: int, world_size: int) -> None:
+    def __init__(self, runtime, rank: int, world_size: int, inner=None) -> None:
         super().__init__(rank, world_size)
         self._rt = runtime
+        # the gloo group collectives go to: the runtime's world group, or (HSDP) one of
+        # its mesh-dimension subgroups of the current generation
+        self._inner = inner or (lambda: runtime.group)
         self._name = ""
         self._plain: list[dist.ProcessGroup] = []
 
@@ -131,9 +134,13 @@ class ResilientGroup(dist.ProcessGroup):
         rt = self._rt
         if not rt._collective_allowed():
             return _Done()
+        inner = self._inner()
+        if inner is None:
+            rt._collective_failed(f"{name}: group {self._name} is not formed in this generation")
+            return _Done()
         try:
             with rt.clock.phase("collective_issue"):
-                work = getattr(rt.group, _FORWARDS[name])(*args)
+                work = getattr(inner, _FORWARDS[name])(*args)
         except RuntimeError as exc:
             rt._collective_failed(f"{name}: {exc}")
             return _Done()
@@ -175,6 +182,31 @@ def install_default_group(runtime, rank: int, world_size: int, store: dist.Store
     _current.append(group)
     dist.init_process_group(BACKEND, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=runtime.settings.collective_timeout_s))
+    return group
+
+
+def hsdp_subgroups(layout: torch.Tensor, rank: int) -> list[tuple[str, list[int]]]:
+    """HSDP: the (name, global ranks) of the two mesh-dimension subgroups ``rank`` belongs
+    to in the 2-D ``layout`` (replicas x shards): its column (the ranks holding the same
+    shard, "replicate") and its row (one whole copy of the model, "shard")."""
+    row, col = [int(i) for i in (layout == rank).nonzero()[0]]
+    return [(f"seamguard/replicate/{col}", layout[:, col].tolist()),
+            (f"seamguard/shard/{row}", layout[row, :].tolist())]
+
+
+def install_subgroup(runtime, name: str, ranks: list[int], rank: int, inner) -> ResilientGroup:
+    """HSDP: a `ResilientGroup` over ``ranks`` (global ranks of one mesh-dimension
+    subgroup that holds ``rank``), registered with c10d under ``name`` so that
+    `DeviceMesh.from_group` and FSDP2 find it; ``inner()`` gives the gloo subgroup of the
+    current generation (call `rebind` with each new one)."""
+    if rank not in ranks:
+        raise ValueError(f"seamguard subgroup {name}: rank {rank} is not one of its ranks {ranks}")
+    group = ResilientGroup(runtime, ranks.index(rank), len(ranks), inner)
+    group._set_group_name(name)
+    c10d = dist.distributed_c10d
+    c10d._register_process_group(name, group)
+    c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
+    c10d._world.pg_names[group] = name
     return group
 
 

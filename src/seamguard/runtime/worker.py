@@ -140,6 +140,10 @@ class Runtime:
         self._mode = stepmodes.NORMAL  # rails avoided, degraded: the control plane's, at this step
         self._mesh = None         # FSDP2: the DeviceMesh over a fsdp.ResilientGroup
         self._mesh_rank = -1      # FSDP2: the rank this process's shards were laid out for
+        self._replicas = 1        # HSDP: replica groups of the mesh (1: plain FSDP2)
+        self._mesh_dims: list[tuple[str, list[int]]] = []  # HSDP: (name, global ranks) per mesh dim
+        self._subgroups: dict[str, dist.ProcessGroupGloo] = {}  # HSDP: this generation's, by name
+        self._mesh_groups: dict = {}  # HSDP: the mesh's fsdp.ResilientGroup per dimension, by name
         self._dcp_step = -1       # FSDP2: newest step this rank wrote (or skips) as a DCP checkpoint
         self._graveyard: list = []  # abandoned groups: destroying one can block on a dead peer
         self.step = 0
@@ -262,31 +266,55 @@ class Runtime:
         """True once `device_mesh()` was called: the state is FSDP2-sharded."""
         return self._mesh is not None
 
-    def device_mesh(self):
+    def device_mesh(self, replicate: int = 1):
         """FSDP2: the one-dimensional `DeviceMesh` over the job's ranks to pass to
         `fully_shard(..., mesh=rt.device_mesh())`, whose process group the runtime re-forms
         after a loss (`seamguard.runtime.fsdp`). Call it before building the model: a spare
         blocks here until it is given a rank, since FSDP2 lays the shards out by rank.
+
+        HSDP: ``replicate=R`` (> 1) gives a 2-D mesh ("replicate", "shard") of shape
+        (R, world/R): each row shards the model, the R rows replicate it (FSDP2
+        reduce-scatters in the shard dimension and all-reduces across replicas). Each
+        dimension's process group forwards to a gloo subgroup that the runtime re-forms,
+        with the world group, at every recovery.
 
         Sharded state is not replicated between ranks, so from here on replicas carry every
         byte of a rank's snapshot (no deduplication) and a loss resumes at the newest step
         whose snapshot every rank and every lost rank's replica holder have; the step guard
         (which compares ranks' gradients of the same parameters) is off."""
         if self._mesh is not None:
+            if replicate != self._replicas:
+                raise ValueError(f"device_mesh(replicate={replicate}): the mesh was already "
+                                 f"built with replicate={self._replicas}")
             return self._mesh
         from torch.distributed.device_mesh import DeviceMesh
 
+        if not isinstance(replicate, int) or replicate < 1:
+            raise ValueError(f"device_mesh(replicate={replicate!r}): replicate must be an int >= 1")
         try:
             rank, world_size = self._await_rank()
         except JobFinished:   # a spare the job never needed: nothing to build or train
             self.finish()
             os._exit(0)
+        if world_size % replicate:
+            raise ValueError(f"device_mesh(replicate={replicate}): the world size {world_size} "
+                             f"is not a multiple of it")
         self.settings = dataclasses.replace(self.settings, dedup_replicas=False, step_guard=False)
         self.server.dedup = False
         self._resilient = fsdp.install_default_group(
             self, rank, world_size, dist.PrefixStore("sg/pg/default/", self.store))
         self._mesh_rank = rank
-        self._mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+        self._replicas = replicate
+        if replicate == 1:
+            self._mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+            return self._mesh
+        layout = torch.arange(world_size, dtype=torch.int).view(replicate, world_size // replicate)
+        self._mesh_dims = fsdp.hsdp_subgroups(layout, rank)
+        self._mesh_groups = {name: fsdp.install_subgroup(self, name, ranks, rank,
+                                                         lambda name=name: self._subgroups.get(name))
+                             for name, ranks in self._mesh_dims}
+        self._mesh = DeviceMesh.from_group(list(self._mesh_groups.values()), "cpu", mesh=layout,
+                                           mesh_dim_names=("replicate", "shard"))
         return self._mesh
 
     def _await_rank(self) -> tuple[int, int]:
@@ -1077,6 +1105,7 @@ class Runtime:
             datetime.timedelta(seconds=self.settings.collective_timeout_s))
         if self.sharded:
             self._resilient.rebind(self.group)
+            self._form_subgroups(gen, rank)
         lap("form_group")
         if self.settings.rails:
             self._close_rails()
@@ -1184,8 +1213,26 @@ class Runtime:
             self._graveyard.append(self._rails)  # its gloo groups may still wait on a dead peer
             self._rails = None
 
+    def _form_subgroups(self, gen: int, rank: int) -> None:
+        """HSDP: this generation's gloo subgroup for each mesh dimension (under its store
+        prefix), and the mesh's process groups pointed at them."""
+        timeout = datetime.timedelta(seconds=self.settings.collective_timeout_s)
+        for name, ranks in self._mesh_dims:
+            sub = dist.ProcessGroupGloo(
+                dist.PrefixStore(f"{keys.group_prefix(gen)}sub/{name}/", self.store),
+                ranks.index(rank), len(ranks), timeout)
+            self._subgroups[name] = sub
+            self._mesh_groups[name].rebind(sub)
+
     def _abandon_group(self) -> None:
         self._close_rails()
+        for sub in self._subgroups.values():
+            try:
+                sub.abort()
+            except RuntimeError:
+                pass
+            self._graveyard.append(sub)
+        self._subgroups = {}
         if self.group is not None:
             try:
                 self.group.abort()
