@@ -14,6 +14,7 @@ import pytest
 
 from seamguard.assess.states import State
 from seamguard.decide import planner as pl
+from seamguard.decide import schedule as sc
 from seamguard.decide import shed as sh
 from seamguard.decide.checkpoints import exposure
 from seamguard.decide.slip import checkpoint_slip_saved_s, slip_forecast, slip_saved_s, work_left_s
@@ -120,7 +121,7 @@ def _degraded(gfs=0.1, steps_done=0.0, measured_step_s=NAN):
 def _drain(fleet, a, policy=POL):
     _, node_w = pl.criticality_weights(fleet, policy)
     free, drained_now = pl.spare_nodes(fleet, a, set())
-    sched = pl.schedule(fleet, a, policy, exposure(fleet, a, policy))
+    sched = sc.schedule(fleet, a, policy, exposure(fleet, a, policy))
     mask = np.isin(a.node_state, [State.QUARANTINE])
     return pl.plan_drains(fleet, a, policy, node_w, mask, free, drained_now, sched), sched
 
@@ -138,7 +139,7 @@ def test_a_tight_deadline_drains_a_node_that_slack_keeps(slack_s, policy, draine
     if drained:
         act = out[0][0]
         ev = {e[0].removesuffix(f":{F.job_names[J0]}"): e for e in act.evidence}
-        saved = pl.drain_slip_s(_fleet(slack_s), a, policy, 3, 0.0, sched)
+        saved = sc.drain_slip_s(_fleet(slack_s), a, policy, 3, 0.0, sched)
         assert ev["slip_saved"][1] == round(saved[0], 1) > 0 and ev["slip_saved"][2] == round(saved[1], 1)
         assert ev["deadline_slip"][1] == round(float(sched.forecast.expected_slip_s[J0]), 1)
         assert ev["deadline_miss"][1] == round(float(sched.forecast.p_miss[J0]), 4) > 0
@@ -149,9 +150,9 @@ def test_a_tight_deadline_drains_a_node_that_slack_keeps(slack_s, policy, draine
 
 def test_a_slow_measured_step_puts_a_job_configured_on_time_at_risk():
     fleet = _fleet(3600.0)  # an hour of slack at the configured 10 s step
-    on_time = pl.schedule(fleet, _degraded(gfs=0.0), POL, exposure(fleet, _degraded(gfs=0.0), POL))
+    on_time = sc.schedule(fleet, _degraded(gfs=0.0), POL, exposure(fleet, _degraded(gfs=0.0), POL))
     slow = _degraded(gfs=0.0, measured_step_s=STEP_S * 1.1)  # 2 h more work than the slack
-    late = pl.schedule(fleet, slow, POL, exposure(fleet, slow, POL))
+    late = sc.schedule(fleet, slow, POL, exposure(fleet, slow, POL))
     assert late.forecast.p_miss[J0] == 1.0 and late.forecast.p_miss[J0] > on_time.forecast.p_miss[J0]
     assert late.forecast.expected_slip_s[J0] >= STEPS * STEP_S * 0.1 - 3600.0
 
@@ -177,9 +178,9 @@ def test_shedding_prefers_jobs_with_slack(deadline_job, slack_s, shed):
                     _index={})
     a = replace(a, job_uncommitted_s=np.full(n, 600.0), job_steps_done=np.zeros(n))
     pol = _pol("actions", shed_job_max_criticality=1.0, shed_job_max_loop_fraction=0.5)
-    sched = pl.schedule(fleet, a, pol, exposure(fleet, a, pol))
+    sched = sc.schedule(fleet, a, pol, exposure(fleet, a, pol))
     crit, _ = pl.criticality_weights(fleet, pol)
-    out = sh.plan_sheds(fleet, a, pol, crit, set(), None, set(), *pl.shed_priority(fleet, sched))
+    out = sh.plan_sheds(fleet, a, pol, crit, set(), None, set(), *sc.shed_priority(fleet, sched))
     assert [x.target for x, _ in out] == [F.job_names[int(j[-1])] for j in shed]
 
 
@@ -208,13 +209,13 @@ def test_a_tight_deadline_moves_a_job_off_a_loop_that_slack_leaves(slack_s, poli
     fleet = _fleet(slack_s)
     crit, _ = pl.criticality_weights(fleet, policy)
     free, _ = pl.spare_nodes(fleet, a, set())
-    sched = pl.schedule(fleet, a, policy, exposure(fleet, a, policy))
+    sched = sc.schedule(fleet, a, policy, exposure(fleet, a, policy))
     assert pl.move_pays(F, policy, J0, 6, g, 3.0).action == "keep"  # the premise: no deadline, no move
     out = [act for act, _ in pl.plan_moves(fleet, a, policy, crit, free, set(), None, sched)
            if act.target == F.job_names[J0]]
     assert bool(out) == moved
     if moved:
-        saved = pl.move_slip_s(policy, J0, g, sched, a.t_s)
+        saved = sc.move_slip_s(policy, J0, g, sched, a.t_s)
         ev = {e[0]: e for e in out[0].evidence}
         assert ev[f"slip_saved:{F.job_names[J0]}"][1] == round(saved[0], 1) > 0
         assert f"deadline slip saved {saved[0]:.0f} s" in out[0].reason
@@ -237,8 +238,8 @@ def test_decide_records_the_slip_a_checkpoint_now_saves():
     fleet = _fleet(600.0)
     out, _ = pl.decide(fleet, a, POL, pl.DecideState(), set())
     ck = next(act for k, act in out.desired.items() if k.startswith("checkpoint_now:"))
-    sched = pl.schedule(fleet, a, POL, exposure(fleet, a, POL))
-    saved = pl.checkpoint_slip_s(fleet, a, POL, sched, J0, None)
+    sched = sc.schedule(fleet, a, POL, exposure(fleet, a, POL))
+    saved = sc.checkpoint_slip_s(fleet, a, POL, sched, J0, None)
     ev = {e[0]: e for e in ck.evidence}
     assert ev[f"slip_saved:{F.job_names[J0]}"][1:3] == (round(saved[0], 1), round(saved[1], 1))
     assert saved[0] != 0.0
