@@ -106,6 +106,15 @@ class Sim:
         """The GPU falls off the bus after ``delay_scrapes`` more scrapes (the XID is seen first)."""
         self._off_pending.setdefault(g, delay_scrapes)
 
+    def advance_off_bus(self) -> None:
+        """A pending GPU's XID shows for its remaining scrapes, then the GPU is gone."""
+        for g in list(self._off_pending):
+            if self._off_pending[g] <= 0:
+                self.off_bus[g] = True
+                del self._off_pending[g]
+            else:
+                self._off_pending[g] -= 1
+
     def reset_node(self, node: int) -> None:
         """A reboot or driver reload: counters and sticky gauges start again from zero."""
         gs = np.flatnonzero(self.fleet.gpu_node == node)
@@ -117,6 +126,41 @@ class Sim:
         ns = np.flatnonzero(self.fleet.nic_node == node)
         for arr in self.cnt.n.values():
             arr[ns] = 0.0
+
+
+@dataclass
+class _JobState:
+    """What each job does this scrape."""
+
+    ckpt: np.ndarray  # checkpointing: its GPUs paused
+    down: np.ndarray  # restarting
+    ckpt_done_s: np.ndarray  # the length of a checkpoint that ended this scrape (added to the step shown)
+    intensity: np.ndarray  # after load changes
+
+
+@dataclass
+class _NodeState:
+    """Per node: out of service, and which exporters missed this scrape."""
+
+    idle: np.ndarray
+    gap: np.ndarray
+    dcgm_gap: np.ndarray
+    nodeexp_gap: np.ndarray
+
+
+@dataclass
+class _GpuRun:
+    """Per GPU this scrape (``step_s`` per job, ``nic_load`` per NIC)."""
+
+    active: np.ndarray  # computing
+    paused: np.ndarray  # its job checkpoints
+    busy: np.ndarray  # placed on a job that is up, node in service, on the bus
+    clk_mhz: np.ndarray
+    capped: np.ndarray
+    compute_s: np.ndarray
+    step_s: np.ndarray
+    power_w: np.ndarray
+    nic_load: np.ndarray
 
 
 class Scenario:
@@ -290,196 +334,237 @@ class Scenario:
         return [e for e in self.events if e.what == what and e.t_s <= t < (e.end_s if e.end_s is not None else math.inf)]
 
     def _step(self, t: float, warmup: bool = False) -> dict[str, np.ndarray]:
-        f, hw, sim, rng, dt = self.fleet, self.hw, self.sim, self.rng, self.spec.scrape_s
-        G, NN = len(f.gpu_names), len(f.node_names)
-        sim.mods = ph.Mods.fresh(f)
-        mods = sim.mods
+        """One scrape: faults and events change the state, the physics runs, the exporters show it."""
+        sim = self.sim
+        sim.mods = ph.Mods.fresh(self.fleet)
         if not warmup:
             for fault in self.faults:
                 if t >= fault.start_s:
-                    CLASSES[fault.cls].apply(sim, fault, t - fault.start_s, dt)
+                    CLASSES[fault.cls].apply(sim, fault, t - fault.start_s, self.spec.scrape_s)
+        jobs = self._job_state(t, warmup)
+        nodes = self._node_state(t, warmup)
+        sim.advance_off_bus()
+        supply_c, flow_lpm = self._facility(t)
+        run = self._run_gpus(jobs, nodes)
+        rise_c = self._heat(t, run, supply_c, flow_lpm, warmup)
+        self._count(run)
+        if warmup:
+            return {}
+        out = self._gpu_series(run, jobs, nodes)
+        out.update(self._fabric_series(run))
+        out.update(self._facility_series(supply_c, flow_lpm, rise_c))
+        out.update(self._storage_series(jobs))
+        self._blank_gaps(out, t, nodes)
+        return out
 
-        # Jobs: running, checkpointing or down; intensity after load changes.
-        nj = len(f.job_names)
-        ckpt = np.zeros(nj, dtype=bool)
-        down = np.zeros(nj, dtype=bool)
-        ckpt_done = np.zeros(nj)
-        intensity = hw.job_intensity.copy()
-        if not warmup:
-            for e in self.events:
-                if e.what == "checkpoint":
-                    if e.t_s <= t < e.end_s:
-                        ckpt[e.index] = True
-                    elif e.end_s <= t < e.end_s + dt:
-                        ckpt_done[e.index] = e.end_s - e.t_s
-                elif e.what == "job_restart" and e.t_s <= t < e.end_s:
-                    down[e.index] = True
-                    if e.detail["xid_gpu"] >= 0 and t < e.t_s + dt:
-                        sim.set_xid(e.detail["xid_gpu"], e.detail["xid"])
-                elif e.what == "load_change" and t >= e.t_s:
-                    intensity[e.index] = min(1.0, intensity[e.index] * e.detail["factor"])
-                elif e.what == "app_xid" and e.t_s <= t < e.t_s + dt:
-                    sim.set_xid(e.index, e.detail["xid"])
-                elif e.what == "port_counter_clear" and e.t_s <= t < e.t_s + dt:
-                    sim.clear_ports(e.index)
-        # Nodes out of service: maintenance (idle, then a reboot), driver updates (a reboot).
-        node_idle = np.zeros(NN, dtype=bool)
-        node_gap = np.zeros(NN, dtype=bool)
-        dcgm_gap = np.zeros(NN, dtype=bool)
-        nodeexp_gap = np.zeros(NN, dtype=bool)
-        if not warmup:
-            for e in self.events:
-                if e.what == "maintenance_drain" and t >= e.t_s:
-                    node_idle[e.index] = True
-                    rb, rb_end = e.detail["reboot_s"], e.detail["reboot_end_s"]
-                    if rb <= t < rb_end:
-                        node_gap[e.index] = True
-                    elif rb_end <= t < rb_end + dt:
-                        sim.reset_node(e.index)
-                elif e.what == "driver_update":
-                    if e.t_s <= t < e.end_s:
-                        node_gap[e.index] = node_idle[e.index] = True
-                    elif e.end_s <= t < e.end_s + dt:
-                        sim.reset_node(e.index)
-                        sim.driver[e.index] = DRIVER_NEW
-                        sim.power_offset[e.index] = float(rng.uniform(4, 10))
-                        sim.clock_offset[e.index] = -float(rng.choice([15.0, 30.0, 45.0]))
-                elif e.what == "exporter_restart" and e.t_s <= t < e.end_s:
-                    (dcgm_gap if e.detail["exporter"] == "dcgm" else nodeexp_gap)[e.index] = True
-            node_gap |= rng.random(NN) < self.spec.gap_rate
+    def _job_state(self, t: float, warmup: bool) -> _JobState:
+        """Jobs running, checkpointing or down this scrape; their intensity after load changes."""
+        nj, dt, sim = len(self.fleet.job_names), self.spec.scrape_s, self.sim
+        jobs = _JobState(ckpt=np.zeros(nj, dtype=bool), down=np.zeros(nj, dtype=bool),
+                         ckpt_done_s=np.zeros(nj), intensity=self.hw.job_intensity.copy())
+        if warmup:
+            return jobs
+        for e in self.events:
+            if e.what == "checkpoint":
+                if e.t_s <= t < e.end_s:
+                    jobs.ckpt[e.index] = True
+                elif e.end_s <= t < e.end_s + dt:
+                    jobs.ckpt_done_s[e.index] = e.end_s - e.t_s
+            elif e.what == "job_restart" and e.t_s <= t < e.end_s:
+                jobs.down[e.index] = True
+                if e.detail["xid_gpu"] >= 0 and t < e.t_s + dt:
+                    sim.set_xid(e.detail["xid_gpu"], e.detail["xid"])
+            elif e.what == "load_change" and t >= e.t_s:
+                jobs.intensity[e.index] = min(1.0, jobs.intensity[e.index] * e.detail["factor"])
+            elif e.what == "app_xid" and e.t_s <= t < e.t_s + dt:
+                sim.set_xid(e.index, e.detail["xid"])
+            elif e.what == "port_counter_clear" and e.t_s <= t < e.t_s + dt:
+                sim.clear_ports(e.index)
+        return jobs
 
-        # Off the bus: the XID shows for the pending scrapes, then the GPU is gone.
-        for g in list(sim._off_pending):
-            if sim._off_pending[g] <= 0:
-                sim.off_bus[g] = True
-                del sim._off_pending[g]
-            else:
-                sim._off_pending[g] -= 1
+    def _node_state(self, t: float, warmup: bool) -> _NodeState:
+        """Nodes out of service (maintenance: idle, then a reboot; driver updates: a reboot) and scrape gaps."""
+        nn, dt, sim, rng = len(self.fleet.node_names), self.spec.scrape_s, self.sim, self.rng
+        nodes = _NodeState(*(np.zeros(nn, dtype=bool) for _ in range(4)))
+        if warmup:
+            return nodes
+        for e in self.events:
+            if e.what == "maintenance_drain" and t >= e.t_s:
+                nodes.idle[e.index] = True
+                rb, rb_end = e.detail["reboot_s"], e.detail["reboot_end_s"]
+                if rb <= t < rb_end:
+                    nodes.gap[e.index] = True
+                elif rb_end <= t < rb_end + dt:
+                    sim.reset_node(e.index)
+            elif e.what == "driver_update":
+                if e.t_s <= t < e.end_s:
+                    nodes.gap[e.index] = nodes.idle[e.index] = True
+                elif e.end_s <= t < e.end_s + dt:
+                    sim.reset_node(e.index)
+                    sim.driver[e.index] = DRIVER_NEW
+                    sim.power_offset[e.index] = float(rng.uniform(4, 10))
+                    sim.clock_offset[e.index] = -float(rng.choice([15.0, 30.0, 45.0]))
+            elif e.what == "exporter_restart" and e.t_s <= t < e.end_s:
+                (nodes.dcgm_gap if e.detail["exporter"] == "dcgm" else nodes.nodeexp_gap)[e.index] = True
+        nodes.gap |= rng.random(nn) < self.spec.gap_rate
+        return nodes
 
-        job = f.gpu_job
-        has_job = job >= 0
+    def _facility(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """Coolant supply temperature (diurnal swing) and flow per loop."""
+        hw, rng, loops = self.hw, self.rng, len(self.fleet.loop_names)
+        supply_c = (hw.supply_base + hw.diurnal_amp * np.sin(2 * np.pi * t / 86400.0 + hw.diurnal_phase)
+                    + 0.08 * rng.standard_normal(loops))
+        flow_lpm = hw.flow_rated * self.sim.mods.flow_factor * (1 + 0.004 * rng.standard_normal(loops))
+        return supply_c, flow_lpm
+
+    def _run_gpus(self, jobs: _JobState, nodes: _NodeState) -> _GpuRun:
+        """Clocks and power (thermal slowdown from the last temperature, power caps), rank compute, job steps."""
+        f, hw, sim, rng, mods = self.fleet, self.hw, self.sim, self.rng, self.sim.mods
+        job, gnode = f.gpu_job, f.gpu_node
         jj = np.maximum(job, 0)
-        gnode = f.gpu_node
-        active = has_job & ~down[jj] & ~ckpt[jj] & ~node_idle[gnode] & ~sim.off_bus
-        paused = has_job & ckpt[jj] & ~node_idle[gnode] & ~sim.off_bus
-
-        # Facility.
-        supply = (hw.supply_base + hw.diurnal_amp * np.sin(2 * np.pi * t / 86400.0 + hw.diurnal_phase)
-                  + 0.08 * rng.standard_normal(len(f.loop_names)))
-        flow = hw.flow_rated * mods.flow_factor * (1 + 0.004 * rng.standard_normal(len(f.loop_names)))
-
-        # Clocks and power: thermal slowdown from the last temperature, power caps, waiting ranks.
-        prev_t = np.where(np.isnan(sim.temp), 40.0, sim.temp)
-        over = prev_t - hw.slowdown_c
-        thr = np.where(over >= 0, np.clip(1 - 0.07 * (over + 1), 0.45, 1.0), 1.0)
+        has_job = job >= 0
+        in_service = ~nodes.idle[gnode] & ~sim.off_bus
+        active = has_job & ~jobs.down[jj] & ~jobs.ckpt[jj] & in_service
+        paused = has_job & jobs.ckpt[jj] & in_service
+        prev_c = np.where(np.isnan(sim.temp), 40.0, sim.temp)
+        over_c = prev_c - hw.slowdown_c
+        throttle = np.where(over_c >= 0, np.clip(1 - 0.07 * (over_c + 1), 0.45, 1.0), 1.0)
         clk_nom = hw.clk_load + sim.clock_offset[gnode]
-        clk = clk_nom * mods.clock_factor * thr
-        p_span = hw.p_full * intensity[jj] - hw.p_idle
+        clk = clk_nom * mods.clock_factor * throttle
+        p_span = hw.p_full * jobs.intensity[jj] - hw.p_idle
         p_busy = hw.p_idle + p_span * (clk / clk_nom) ** 1.6
-        cap = mods.power_cap_w
-        capped = active & (p_busy > cap)
-        scale = np.where(capped, np.clip((cap - hw.p_idle) / np.maximum(p_busy - hw.p_idle, 1e-6), 0.05, 1), 1.0)
+        capped = active & (p_busy > mods.power_cap_w)
+        scale = np.where(capped, np.clip((mods.power_cap_w - hw.p_idle) / np.maximum(p_busy - hw.p_idle, 1e-6),
+                                         0.05, 1), 1.0)
         clk = clk * scale ** (1 / 1.6)
-        p_busy = np.where(capped, cap, p_busy)
-        compute = (hw.job_base_s[jj] * (clk_nom / clk) * mods.compute_factor
-                   * (1 + 0.01 * rng.standard_normal(G)))
-        # Job step: slowest rank (synchronous) or a quantile (loosely coupled), plus communication.
-        step = np.full(nj, np.nan)
-        node_comm = mods.comm_factor
-        for j in range(nj):
-            ranks = np.flatnonzero((job == j) & active)
+        p_busy = np.where(capped, mods.power_cap_w, p_busy)
+        compute_s = (hw.job_base_s[jj] * (clk_nom / clk) * mods.compute_factor
+                     * (1 + 0.01 * rng.standard_normal(len(job))))
+        step_s = self._job_steps(compute_s, active, jobs.down)
+        frac = np.where(active, np.clip(compute_s / np.where(np.isnan(step_s[jj]), compute_s, step_s[jj]), 0, 1), 0.0)
+        power_w = np.where(active, hw.p_idle + (p_busy - hw.p_idle) * (ph.WAIT_POWER_SHARE
+                                                                        + (1 - ph.WAIT_POWER_SHARE) * frac),
+                           hw.p_idle + np.where(paused, 25.0, 0.0))
+        power_w = power_w * (1 + 0.012 * rng.standard_normal(len(job)))
+        nic_load = np.bincount(gnode, weights=active.astype(float), minlength=len(f.node_names))[f.nic_node] / 8.0
+        return _GpuRun(active=active, paused=paused, busy=has_job & ~jobs.down[jj] & in_service, clk_mhz=clk,
+                       capped=capped, compute_s=compute_s, step_s=step_s, power_w=power_w, nic_load=nic_load)
+
+    def _job_steps(self, compute_s: np.ndarray, active: np.ndarray, down: np.ndarray) -> np.ndarray:
+        """Each job's step: its slowest rank (synchronous) or a quantile (loosely coupled), plus communication."""
+        f, hw, rng = self.fleet, self.hw, self.rng
+        step_s = np.full(len(f.job_names), np.nan)
+        for j in range(len(f.job_names)):
+            ranks = np.flatnonzero((f.gpu_job == j) & active)
             if down[j] or not len(ranks):
                 continue
             q = ph.SYNC_QUANTILE[JobClass(int(f.job_class[j]))]
-            comm = 0.2 * hw.job_base_s[j] * float(node_comm[np.unique(gnode[ranks])].max())
-            step[j] = float(np.quantile(compute[ranks], q)) + comm * (1 + 0.02 * rng.standard_normal())
-        frac = np.where(active, np.clip(compute / np.where(np.isnan(step[jj]), compute, step[jj]), 0, 1), 0.0)
-        power = np.where(active, hw.p_idle + (p_busy - hw.p_idle) * (ph.WAIT_POWER_SHARE
-                                                                      + (1 - ph.WAIT_POWER_SHARE) * frac),
-                         hw.p_idle + np.where(paused, 25.0, 0.0))
-        power = power * (1 + 0.012 * rng.standard_normal(G))
+            comm_s = 0.2 * hw.job_base_s[j] * float(self.sim.mods.comm_factor[np.unique(f.gpu_node[ranks])].max())
+            step_s[j] = float(np.quantile(compute_s[ranks], q)) + comm_s * (1 + 0.02 * rng.standard_normal())
+        return step_s
 
-        # Thermal.
-        heat = np.bincount(f.gpu_loop, weights=np.where(sim.off_bus, 0, power), minlength=len(f.loop_names))
-        rise = ph.loop_rise_c(heat * ph.HEAT_PER_GPU_WATT, flow)
-        plate = supply[f.gpu_loop] + hw.rack_offset[f.gpu_rack] + 0.5 * rise[f.gpu_loop]
-        r_th = hw.r_cond * mods.tim_factor + hw.r_conv * (hw.flow_rated[f.gpu_loop] / flow[f.gpu_loop]) ** ph.FLOW_EXPONENT
-        t_ss = plate + r_th * power
-        sim.plate, sim.power = plate, power
-        alpha = 1 - math.exp(-dt / ph.DIE_TAU_S)
+    def _heat(self, t: float, run: _GpuRun, supply_c: np.ndarray, flow_lpm: np.ndarray, warmup: bool) -> np.ndarray:
+        """Loop heat and coolant rise, cold plates, die temperatures; returns each loop's rise (°C)."""
+        f, hw, sim = self.fleet, self.hw, self.sim
+        heat_w = np.bincount(f.gpu_loop, weights=np.where(sim.off_bus, 0, run.power_w), minlength=len(f.loop_names))
+        rise_c = ph.loop_rise_c(heat_w * ph.HEAT_PER_GPU_WATT, flow_lpm)
+        plate_c = supply_c[f.gpu_loop] + hw.rack_offset[f.gpu_rack] + 0.5 * rise_c[f.gpu_loop]
+        r_th = (hw.r_cond * sim.mods.tim_factor
+                + hw.r_conv * (hw.flow_rated[f.gpu_loop] / flow_lpm[f.gpu_loop]) ** ph.FLOW_EXPONENT)
+        t_ss = plate_c + r_th * run.power_w
+        sim.plate, sim.power = plate_c, run.power_w
+        alpha = 1 - math.exp(-self.spec.scrape_s / ph.DIE_TAU_S)
         sim.temp = np.where(np.isnan(sim.temp), t_ss, sim.temp + (t_ss - sim.temp) * alpha)
-        hot = sim.temp >= hw.slowdown_c
         if not warmup:
+            hot = sim.temp >= hw.slowdown_c
             sim.first_throttle = np.where(hot & np.isnan(sim.first_throttle), t, sim.first_throttle)
+        return rise_c
 
-        # Counters.
+    def _count(self, run: _GpuRun) -> None:
+        """Advance the counters: violations, ECC and PCIe noise, InfiniBand transmit waits and symbol errors."""
+        hw, sim, rng, dt = self.hw, self.sim, self.rng, self.spec.scrape_s
+        g, nics = len(run.active), len(self.fleet.nic_names)
         c = sim.cnt.g
-        c["DCGM_FI_DEV_THERMAL_VIOLATION"] += np.where(hot, dt * 1e6 * np.clip(sim.temp - hw.slowdown_c + 0.5, 0, 1), 0).round()
-        brush = np.where(active, hw.power_brush, 0.0)
-        c["DCGM_FI_DEV_POWER_VIOLATION"] += (np.where(capped, dt, dt * brush) * 1e6).round()
-        c["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] += rng.poisson(np.where(rng.random(G) < 0.002, 1.0, 0.0))
-        c["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] += rng.poisson(np.where(rng.random(G) < 0.001, 1.5, 0.0))
-        nic_load = np.bincount(gnode, weights=active.astype(float), minlength=NN)[f.nic_node] / 8.0
+        hot = sim.temp >= hw.slowdown_c
+        c["DCGM_FI_DEV_THERMAL_VIOLATION"] += np.where(hot, dt * 1e6 * np.clip(sim.temp - hw.slowdown_c + 0.5, 0, 1),
+                                                       0).round()
+        brush = np.where(run.active, hw.power_brush, 0.0)
+        c["DCGM_FI_DEV_POWER_VIOLATION"] += (np.where(run.capped, dt, dt * brush) * 1e6).round()
+        c["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] += rng.poisson(np.where(rng.random(g) < 0.002, 1.0, 0.0))
+        c["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] += rng.poisson(np.where(rng.random(g) < 0.001, 1.5, 0.0))
         n = sim.cnt.n
-        n["node_infiniband_port_transmit_wait_total"] += (hw.xmit_rate * nic_load * mods.xmit_wait_factor * dt
-                                                          * np.exp(0.2 * rng.standard_normal(len(f.nic_names)))).round()
-        n["node_infiniband_symbol_error_total"] += rng.poisson(np.where(rng.random(len(f.nic_names)) < 0.003, 1.0, 0.0))
+        n["node_infiniband_port_transmit_wait_total"] += (hw.xmit_rate * run.nic_load * sim.mods.xmit_wait_factor * dt
+                                                          * np.exp(0.2 * rng.standard_normal(nics))).round()
+        n["node_infiniband_symbol_error_total"] += rng.poisson(np.where(rng.random(nics) < 0.003, 1.0, 0.0))
 
-        if warmup:
-            return {}
-        # ---- what the exporters show ----------------------------------------------------------------------
+    # ---- what the exporters show ----------------------------------------------------------------------
+    def _gpu_series(self, run: _GpuRun, jobs: _JobState, nodes: _NodeState) -> dict[str, np.ndarray]:
+        hw, sim, rng = self.hw, self.sim, self.rng
+        g = len(run.active)
         out: dict[str, np.ndarray] = {}
-        util = np.where(active, np.minimum(100, 97 + 2.5 * rng.standard_normal(G)).round(),
-                        np.where(paused, rng.integers(0, 7, G), 0)).astype(float)
-        clock_shown = np.where(active, clk, np.where(paused, ph.MAX_CLOCK_MHZ, ph.IDLE_CLOCK_MHZ))
-        clock_shown = np.round(clock_shown / ph.CLOCK_STEP_MHZ) * ph.CLOCK_STEP_MHZ
-        out["DCGM_FI_DEV_GPU_TEMP"] = np.round(sim.temp + 0.35 * rng.standard_normal(G))
-        out["DCGM_FI_DEV_MEMORY_TEMP"] = np.round(sim.temp + hw.mem_offset + 0.35 * rng.standard_normal(G))
-        out["DCGM_FI_DEV_SM_CLOCK"] = clock_shown
-        out["DCGM_FI_DEV_POWER_USAGE"] = np.round(power + sim.power_offset[gnode], 3)
+        util = np.where(run.active, np.minimum(100, 97 + 2.5 * rng.standard_normal(g)).round(),
+                        np.where(run.paused, rng.integers(0, 7, g), 0)).astype(float)
+        clock_shown = np.where(run.active, run.clk_mhz, np.where(run.paused, ph.MAX_CLOCK_MHZ, ph.IDLE_CLOCK_MHZ))
+        out["DCGM_FI_DEV_GPU_TEMP"] = np.round(sim.temp + 0.35 * rng.standard_normal(g))
+        out["DCGM_FI_DEV_MEMORY_TEMP"] = np.round(sim.temp + hw.mem_offset + 0.35 * rng.standard_normal(g))
+        out["DCGM_FI_DEV_SM_CLOCK"] = np.round(clock_shown / ph.CLOCK_STEP_MHZ) * ph.CLOCK_STEP_MHZ
+        out["DCGM_FI_DEV_POWER_USAGE"] = np.round(run.power_w + sim.power_offset[self.fleet.gpu_node], 3)
         out["DCGM_FI_DEV_GPU_UTIL"] = util
-        for name, arr in c.items():
+        for name, arr in sim.cnt.g.items():
             out[name] = arr.copy()
-        sim.last_compute = np.where(active, compute, sim.last_compute)
-        out["seamguard_rank_compute_seconds"] = np.where(has_job & ~down[jj] & ~node_idle[gnode] & ~sim.off_bus,
-                                                         np.round(sim.last_compute, 4), np.nan)
-        step_shown = np.where(np.isnan(step), sim.last_step, step + ckpt_done)
-        sim.last_step = np.where(np.isnan(step), sim.last_step, step)
-        out["seamguard_job_step_seconds"] = np.where(down, np.nan, np.round(step_shown, 4))
-        nic_down = mods.nic_down
-        out["node_infiniband_state_id"] = np.where(nic_down, 1.0, 4.0)
-        out["node_infiniband_physical_state_id"] = np.where(nic_down, 3.0, 5.0)
-        for name, arr in n.items():
-            out[name] = arr.copy()
-        link_load = np.where(f.link_nic >= 0, nic_load[np.maximum(f.link_nic, 0)], float(nic_load.mean()))
-        out["seamguard_fabric_link_latency_us"] = np.round(
-            hw.link_base_us * mods.latency_factor * (1 + 0.15 * link_load)
-            * np.exp(0.05 * rng.standard_normal(len(f.link_names))), 3)
-        out["seamguard_coolant_flow_lpm"] = np.round(flow, 2)
-        out["seamguard_coolant_supply_temp_c"] = np.round(supply, 2)
-        out["seamguard_coolant_return_temp_c"] = np.round(supply + rise + 0.05 * rng.standard_normal(len(supply)), 2)
-        out["seamguard_rack_inlet_temp_c"] = np.round(supply[f.rack_loop] + hw.rack_offset
-                                                      + 0.05 * rng.standard_normal(len(f.rack_names)), 2)
-        storage_ckpt = np.zeros(len(f.storage_names))
-        for j in np.flatnonzero(ckpt):
-            storage_ckpt[np.unique(f.node_storage[f.node_job == j])] = 1.0
-        out["seamguard_storage_write_latency_ms"] = np.round(
-            hw.storage_base_ms * mods.storage_factor * (1 + storage_ckpt * rng.uniform(1.5, 3.0, len(storage_ckpt)))
-            * np.exp(0.08 * rng.standard_normal(len(storage_ckpt))), 2)
+        sim.last_compute = np.where(run.active, run.compute_s, sim.last_compute)
+        out["seamguard_rank_compute_seconds"] = np.where(run.busy, np.round(sim.last_compute, 4), np.nan)
+        step_shown = np.where(np.isnan(run.step_s), sim.last_step, run.step_s + jobs.ckpt_done_s)
+        sim.last_step = np.where(np.isnan(run.step_s), sim.last_step, run.step_s)
+        out["seamguard_job_step_seconds"] = np.where(jobs.down, np.nan, np.round(step_shown, 4))
+        return out
 
-        # Missing: gaps per node and exporter, GPUs off the bus, a fleet-wide missed scrape.
-        g_gap = node_gap[gnode] | dcgm_gap[gnode] | sim.off_bus
-        nic_gap = node_gap[f.nic_node] | nodeexp_gap[f.nic_node]
+    def _fabric_series(self, run: _GpuRun) -> dict[str, np.ndarray]:
+        f, hw, sim = self.fleet, self.hw, self.sim
+        nic_down = sim.mods.nic_down
+        out = {"node_infiniband_state_id": np.where(nic_down, 1.0, 4.0),
+               "node_infiniband_physical_state_id": np.where(nic_down, 3.0, 5.0)}
+        for name, arr in sim.cnt.n.items():
+            out[name] = arr.copy()
+        link_load = np.where(f.link_nic >= 0, run.nic_load[np.maximum(f.link_nic, 0)], float(run.nic_load.mean()))
+        out["seamguard_fabric_link_latency_us"] = np.round(
+            hw.link_base_us * sim.mods.latency_factor * (1 + 0.15 * link_load)
+            * np.exp(0.05 * self.rng.standard_normal(len(f.link_names))), 3)
+        return out
+
+    def _facility_series(self, supply_c: np.ndarray, flow_lpm: np.ndarray, rise_c: np.ndarray) -> dict[str, np.ndarray]:
+        f, rng = self.fleet, self.rng
+        return {
+            "seamguard_coolant_flow_lpm": np.round(flow_lpm, 2),
+            "seamguard_coolant_supply_temp_c": np.round(supply_c, 2),
+            "seamguard_coolant_return_temp_c": np.round(supply_c + rise_c + 0.05 * rng.standard_normal(len(supply_c)), 2),
+            "seamguard_rack_inlet_temp_c": np.round(supply_c[f.rack_loop] + self.hw.rack_offset
+                                                    + 0.05 * rng.standard_normal(len(f.rack_names)), 2),
+        }
+
+    def _storage_series(self, jobs: _JobState) -> dict[str, np.ndarray]:
+        """Write latency per storage target, slower while a job on it checkpoints."""
+        f, rng = self.fleet, self.rng
+        in_ckpt = np.zeros(len(f.storage_names))
+        for j in np.flatnonzero(jobs.ckpt):
+            in_ckpt[np.unique(f.node_storage[f.node_job == j])] = 1.0
+        return {"seamguard_storage_write_latency_ms": np.round(
+            self.hw.storage_base_ms * self.sim.mods.storage_factor
+            * (1 + in_ckpt * rng.uniform(1.5, 3.0, len(in_ckpt))) * np.exp(0.08 * rng.standard_normal(len(in_ckpt))), 2)}
+
+    def _blank_gaps(self, out: dict[str, np.ndarray], t: float, nodes: _NodeState) -> None:
+        """NaN where nothing was scraped: gaps per node and exporter, GPUs off the bus, a fleet-wide missed scrape."""
+        f = self.fleet
+        g_gap = nodes.gap[f.gpu_node] | nodes.dcgm_gap[f.gpu_node] | self.sim.off_bus
+        nic_gap = nodes.gap[f.nic_node] | nodes.nodeexp_gap[f.nic_node]
         for s in SERIES:
-            arr = out[s.name]
             if s.kind == Kind.GPU:
-                arr[g_gap] = np.nan
+                out[s.name][g_gap] = np.nan
             elif s.kind == Kind.NIC:
-                arr[nic_gap] = np.nan
-        if any(e.what == "prometheus_missed_scrape" and e.t_s <= t < e.t_s + dt for e in self.events):
+                out[s.name][nic_gap] = np.nan
+        if any(e.what == "prometheus_missed_scrape" and e.t_s <= t < e.t_s + self.spec.scrape_s for e in self.events):
             for arr in out.values():
                 arr[:] = np.nan
-        return out
 
     # ---- results -----------------------------------------------------------------------------------
     def _name(self, kind: Kind, i: int) -> str:
