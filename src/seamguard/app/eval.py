@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -288,145 +288,174 @@ def _episodes(events: Iterable[dict]) -> list[dict]:
     return out
 
 
+@dataclass(frozen=True)
+class _Cover:
+    """Which labelled incidents and maintenance windows cover an entity at a time."""
+
+    rel: Relations
+    incidents: list[Incident]
+    windows: list[Incident]
+    tolerance_s: float
+    grace_s: float
+    fams: list[set[tuple[str, str]]] = field(init=False)
+    wfams: list[set[tuple[str, str]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fams", [self.rel.family((i.kind, i.entity)) for i in self.incidents])
+        object.__setattr__(self, "wfams", [self.rel.family((w.kind, w.entity)) for w in self.windows])
+
+    def covering(self, key: tuple[str, str], t: float) -> list[int]:
+        """The incidents whose window (tolerance before, grace after) and family hold ``key`` at ``t``."""
+        return [i for i, inc in enumerate(self.incidents)
+                if inc.start - self.tolerance_s <= t <= (inc.end + self.grace_s if inc.end is not None else math.inf)
+                and self.rel.covers(self.fams[i], (inc.kind, inc.entity), key)]
+
+    def planned(self, key: tuple[str, str], t: float) -> bool:
+        """Inside a labelled maintenance window (planned work: neither an incident nor a false flag)."""
+        return any(w.start - self.tolerance_s <= t <= (w.end if w.end is not None else math.inf) + self.grace_s
+                   and self.rel.covers(self.wfams[i], (w.kind, w.entity), key) for i, w in enumerate(self.windows))
+
+
+def _first_detections(cover: _Cover, events: list[dict]) -> dict[int, float]:
+    """Per incident, the first transition to a non-healthy state (an escalation counts) of a family
+    member inside ``[start - tolerance, end]``. A flag raised before the window and still standing
+    is not a detection."""
+    fam_index: dict[tuple[str, str], list[int]] = {}
+    for i, fam in enumerate(cover.fams):
+        for k in fam:
+            fam_index.setdefault(k, []).append(i)
+    first: dict[int, float] = {}
+    for ev in events:
+        if ev.get("entity") is None or ev.get("to") in (None, HEALTHY) or ev.get("action"):
+            continue
+        key, t = (str(ev["kind"]), str(ev["entity"])), float(ev["t"])
+        cands = fam_index.get(key, ()) if cover.rel.fleet is not None else [
+            i for i, inc in enumerate(cover.incidents) if cover.rel.covers(cover.fams[i], (inc.kind, inc.entity), key)]
+        for i in cands:
+            inc = cover.incidents[i]
+            if i not in first and inc.start - cover.tolerance_s <= t <= (inc.end if inc.end is not None else math.inf):
+                first[i] = t
+    return first
+
+
+def _false_flag_episodes(cover: _Cover, episodes: list[dict]) -> tuple[dict, dict]:
+    """Episodes per flagged entity, and per entity the episodes no incident or maintenance covers."""
+    flagged: dict[tuple[str, str], int] = {}
+    false_eps: dict[tuple[str, str], int] = {}
+    for ep in episodes:
+        flagged[ep["key"]] = flagged.get(ep["key"], 0) + 1
+        if not cover.covering(ep["key"], ep["t"]) and not cover.planned(ep["key"], ep["t"]):
+            false_eps[ep["key"]] = false_eps.get(ep["key"], 0) + 1
+    return flagged, false_eps
+
+
+@dataclass
+class _ActionTally:
+    """Applied actions, credited to the incident that covers them or counted as false."""
+
+    per_incident: list[int]
+    checkpoints_per_incident: list[int]
+    checkpoints_per_incident_job: dict[tuple[int, str], int] = field(default_factory=dict)
+    false_actions: dict[str, int] = field(default_factory=dict)
+    healthy_drains: int = 0
+    checkpoints: int = 0
+
+
+def _tally_actions(cover: _Cover, actions: list[dict]) -> _ActionTally:
+    """An action belongs to the incident that covers its cause (a job asked to checkpoint for one of
+    its nodes belongs to that node's incident, not to any incident on the job); a cause no incident
+    covers makes it a false action. Without a known cause, it belongs to an incident covering its
+    target; the most recently started covering incident takes the credit (or the blame)."""
+    n = len(cover.incidents)
+    tally = _ActionTally(per_incident=[0] * n, checkpoints_per_incident=[0] * n)
+    for ev in actions:
+        a, t = ev["action"], float(ev["t"])
+        key = (str(ev.get("kind")), str(ev.get("entity")))
+        cause = a.get("cause")
+        cause_kind = cover.rel.kind_of(str(cause)) if cause else None
+        cov = cover.covering((cause_kind, str(cause)), t) if cause_kind is not None else cover.covering(key, t)
+        verb = a.get("verb")
+        is_ckpt = verb == "checkpoint_now"
+        tally.checkpoints += is_ckpt
+        if not cov and cover.planned(key, t):
+            continue  # planned work: not an action on a fault, not a false one
+        if cov:
+            i = max(cov, key=lambda k: cover.incidents[k].start)
+            tally.per_incident[i] += 1
+            tally.checkpoints_per_incident[i] += is_ckpt
+            if is_ckpt:
+                tally.checkpoints_per_incident_job[i, key[1]] = tally.checkpoints_per_incident_job.get((i, key[1]), 0) + 1
+        else:
+            label = f"{verb} {key[0]}:{key[1]}"
+            tally.false_actions[label] = tally.false_actions.get(label, 0) + 1
+            tally.healthy_drains += verb == "drain" and key[0] == "node"
+    return tally
+
+
+def _incident_row(i: int, inc: Incident, detected_at: float | None, tally: _ActionTally) -> dict[str, Any]:
+    d = detected_at
+    return {
+        "id": inc.id, "fault": inc.fault, "kind": inc.kind, "entity": inc.entity, "start": inc.start,
+        "detected": d is not None, "detected_at": d,
+        "delay_s": _round(d - inc.start) if d is not None else None,
+        "lead_s": _round(inc.hard_failure - d) if d is not None and inc.hard_failure is not None else None,
+        "hard_failure": inc.hard_failure,
+        "missed_hard_failure": inc.hard_failure is not None and (d is None or d >= inc.hard_failure),
+        "actions": tally.per_incident[i], "checkpoint_requests": tally.checkpoints_per_incident[i],
+        "max_checkpoint_requests_per_job": max((c for (k, _), c in tally.checkpoints_per_incident_job.items()
+                                                if k == i), default=0)}
+
+
+def _figures(rows: list[dict]) -> dict[str, Any]:
+    """Recall, delay, lead and actions over a set of incident rows."""
+    det = [r for r in rows if r["detected"]]
+    delays = [r["delay_s"] for r in det]
+    leads = [r["lead_s"] for r in det if r["lead_s"] is not None]
+    n = len(rows)
+    return {"incidents": n, "detected": len(det), "recall": _round(len(det) / n) if n else None,
+            "median_delay_s": _round(_pct(delays, 50), 1), "p90_delay_s": _round(_pct(delays, 90), 1),
+            "median_lead_s": _round(_pct(leads, 50), 1), "min_lead_s": _round(min(leads), 1) if leads else None,
+            "with_hard_failure": sum(r["hard_failure"] is not None for r in rows),
+            "hard_failures_unwarned": sum(r["missed_hard_failure"] for r in rows),
+            "actions_per_fault": _round(sum(r["actions"] for r in rows) / n) if n else None,
+            "checkpoint_requests_per_fault": _round(sum(r["checkpoint_requests"] for r in rows) / n) if n else None,
+            "max_checkpoint_requests_per_fault": max((r["checkpoint_requests"] for r in rows), default=0),
+            "max_checkpoint_requests_per_fault_and_job": max((r["max_checkpoint_requests_per_job"] for r in rows),
+                                                             default=0)}
+
+
 def score(incidents: list[Incident], events: list[dict], relations: Relations | None = None,
           tolerance_s: float = DEFAULT_TOLERANCE_S, grace_s: float = DEFAULT_GRACE_S) -> dict[str, Any]:
     """The scorecard: overall figures, per fault class, per incident, false flags and actions."""
     rel = relations or Relations()
-    windows = [inc for inc in incidents if inc.fault == MAINTENANCE]
-    incidents = [inc for inc in incidents if inc.fault != MAINTENANCE]
+    cover = _Cover(rel, [inc for inc in incidents if inc.fault != MAINTENANCE],
+                   [inc for inc in incidents if inc.fault == MAINTENANCE], tolerance_s, grace_s)
     events = sorted(events, key=lambda e: float(e["t"]))
-    fams = [rel.family((inc.kind, inc.entity)) for inc in incidents]
-
-    wfams = [rel.family((w.kind, w.entity)) for w in windows]
-
-    def planned(key: tuple[str, str], t: float) -> bool:
-        """Inside a labelled maintenance window (planned work: neither an incident nor a false flag)."""
-        return any(w.start - tolerance_s <= t <= (w.end if w.end is not None else math.inf) + grace_s
-                   and rel.covers(wfams[i], (w.kind, w.entity), key) for i, w in enumerate(windows))
-
-    def covering(key: tuple[str, str], t: float) -> list[int]:
-        out = []
-        for i, inc in enumerate(incidents):
-            hi = inc.end + grace_s if inc.end is not None else math.inf
-            if inc.start - tolerance_s <= t <= hi and rel.covers(fams[i], (inc.kind, inc.entity), key):
-                out.append(i)
-        return out
-
-    # Detection: the first transition to a non-healthy state (an escalation counts) of a family member
-    # inside the window. A flag raised before the window and still standing is not a detection.
-    transitions = [e for e in events if e.get("entity") is not None and e.get("to") not in (None, HEALTHY)
-                   and not e.get("action")]
-    per_inc: list[dict[str, Any]] = []
-    first: dict[int, float] = {}
-    fam_index: dict[tuple[str, str], list[int]] = {}
-    for i, fam in enumerate(fams):
-        for k in fam:
-            fam_index.setdefault(k, []).append(i)
-    for ev in transitions:
-        key = (str(ev["kind"]), str(ev["entity"]))
-        t = float(ev["t"])
-        cands = fam_index.get(key, ()) if rel.fleet is not None else [
-            i for i, inc in enumerate(incidents) if rel.covers(fams[i], (inc.kind, inc.entity), key)]
-        for i in cands:
-            inc = incidents[i]
-            if i in first:
-                continue
-            hi = inc.end if inc.end is not None else math.inf
-            if inc.start - tolerance_s <= t <= hi:
-                first[i] = t
-
-    # Flags: episodes; an entity is a false flag if any of its episodes is covered by no incident.
+    first = _first_detections(cover, events)
     eps = _episodes(events)
-    flagged: dict[tuple[str, str], int] = {}
-    false_eps: dict[tuple[str, str], int] = {}
-    for ep in eps:
-        flagged[ep["key"]] = flagged.get(ep["key"], 0) + 1
-        if not covering(ep["key"], ep["t"]) and not planned(ep["key"], ep["t"]):
-            false_eps[ep["key"]] = false_eps.get(ep["key"], 0) + 1
-
+    flagged, false_eps = _false_flag_episodes(cover, eps)
     # Actions: applied decisions (held by the breaker or withdrawn ones are not actions).
     actions = [e for e in events if isinstance(e.get("action"), dict) and e["action"].get("op") == "apply"]
-    false_actions: dict[str, int] = {}
-    healthy_drains = 0
-    act_by_inc = [0] * len(incidents)
-    ckpt_by_inc = [0] * len(incidents)
-    ckpt_by_inc_job: dict[tuple[int, str], int] = {}
-    n_ckpt = 0
-    for ev in actions:
-        a = ev["action"]
-        t = float(ev["t"])
-        key = (str(ev.get("kind")), str(ev.get("entity")))
-        # An action belongs to the incident that covers its cause (a job asked to checkpoint for
-        # one of its nodes belongs to that node's incident, not to any incident on the job); a
-        # cause no incident covers makes it a false action. Without a known cause, it belongs to
-        # an incident covering its target.
-        cause = a.get("cause")
-        cause_kind = rel.kind_of(str(cause)) if cause else None
-        cov = covering((cause_kind, str(cause)), t) if cause_kind is not None else covering(key, t)
-        verb = a.get("verb")
-        n_ckpt += verb == "checkpoint_now"
-        if not cov and planned(key, t):
-            continue  # planned work: not an action on a fault, not a false one
-        if cov:
-            # The most recently started covering incident takes the credit (or the blame).
-            i = max(cov, key=lambda k: incidents[k].start)
-            act_by_inc[i] += 1
-            ckpt_by_inc[i] += verb == "checkpoint_now"
-            if verb == "checkpoint_now":
-                ckpt_by_inc_job[i, key[1]] = ckpt_by_inc_job.get((i, key[1]), 0) + 1
-        else:
-            label = f"{verb} {key[0]}:{key[1]}"
-            false_actions[label] = false_actions.get(label, 0) + 1
-            healthy_drains += verb == "drain" and key[0] == "node"
-
-    for i, inc in enumerate(incidents):
-        d = first.get(i)
-        per_inc.append({
-            "id": inc.id, "fault": inc.fault, "kind": inc.kind, "entity": inc.entity, "start": inc.start,
-            "detected": d is not None, "detected_at": d,
-            "delay_s": _round(d - inc.start) if d is not None else None,
-            "lead_s": _round(inc.hard_failure - d) if d is not None and inc.hard_failure is not None else None,
-            "hard_failure": inc.hard_failure,
-            "missed_hard_failure": inc.hard_failure is not None and (d is None or d >= inc.hard_failure),
-            "actions": act_by_inc[i], "checkpoint_requests": ckpt_by_inc[i],
-            "max_checkpoint_requests_per_job": max((c for (k, _), c in ckpt_by_inc_job.items() if k == i),
-                                                   default=0)})
-
-    def figures(rows: list[dict]) -> dict[str, Any]:
-        det = [r for r in rows if r["detected"]]
-        delays = [r["delay_s"] for r in det]
-        leads = [r["lead_s"] for r in det if r["lead_s"] is not None]
-        n = len(rows)
-        return {"incidents": n, "detected": len(det), "recall": _round(len(det) / n) if n else None,
-                "median_delay_s": _round(_pct(delays, 50), 1), "p90_delay_s": _round(_pct(delays, 90), 1),
-                "median_lead_s": _round(_pct(leads, 50), 1), "min_lead_s": _round(min(leads), 1) if leads else None,
-                "with_hard_failure": sum(r["hard_failure"] is not None for r in rows),
-                "hard_failures_unwarned": sum(r["missed_hard_failure"] for r in rows),
-                "actions_per_fault": _round(sum(r["actions"] for r in rows) / n) if n else None,
-                "checkpoint_requests_per_fault": _round(sum(r["checkpoint_requests"] for r in rows) / n) if n else None,
-                "max_checkpoint_requests_per_fault": max((r["checkpoint_requests"] for r in rows), default=0),
-                "max_checkpoint_requests_per_fault_and_job": max((r["max_checkpoint_requests_per_job"] for r in rows),
-                                                                 default=0)}
-
-    overall = figures(per_inc)
-    n_flag = len(flagged)
+    tally = _tally_actions(cover, actions)
+    per_inc = [_incident_row(i, inc, first.get(i), tally) for i, inc in enumerate(cover.incidents)]
+    n_inc = len(cover.incidents)
+    overall = _figures(per_inc)
     overall.update({
-        "precision": _round((n_flag - len(false_eps)) / n_flag) if n_flag else None,
-        "flagged_entities": n_flag, "false_flags": len(false_eps),
+        "precision": _round((len(flagged) - len(false_eps)) / len(flagged)) if flagged else None,
+        "flagged_entities": len(flagged), "false_flags": len(false_eps),
         "false_flag_episodes": sum(false_eps.values()), "flag_episodes": len(eps),
-        "actions": len(actions), "false_actions": sum(false_actions.values()), "healthy_drains": healthy_drains,
-        "checkpoint_requests": n_ckpt,
-        "actions_per_fault": _round(len(actions) / len(incidents)) if incidents else None,
-        "checkpoint_requests_per_fault": _round(n_ckpt / len(incidents)) if incidents else None,
+        "actions": len(actions), "false_actions": sum(tally.false_actions.values()),
+        "healthy_drains": tally.healthy_drains, "checkpoint_requests": tally.checkpoints,
+        "actions_per_fault": _round(len(actions) / n_inc) if n_inc else None,
+        "checkpoint_requests_per_fault": _round(tally.checkpoints / n_inc) if n_inc else None,
         "controller_errors": sum(1 for e in events if e.get("kind") == "controller"),
     })
-    classes: dict[str, dict] = {}
-    for fault in sorted({r["fault"] for r in per_inc}):
-        classes[fault] = figures([r for r in per_inc if r["fault"] == fault])
+    classes = {fault: _figures([r for r in per_inc if r["fault"] == fault])
+               for fault in sorted({r["fault"] for r in per_inc})}
     return {"overall": overall, "per_class": classes, "incidents": per_inc,
             "false_flags": {f"{k}:{n}": c for (k, n), c in sorted(false_eps.items())},
-            "false_actions": dict(sorted(false_actions.items())),
-            "maintenance_windows": len(windows),
+            "false_actions": dict(sorted(tally.false_actions.items())),
+            "maintenance_windows": len(cover.windows),
             "rules": {"tolerance_s": tolerance_s, "grace_s": grace_s, "topology": rel.fleet is not None}}
 
 
