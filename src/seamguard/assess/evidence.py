@@ -296,9 +296,16 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     # not each GPU's; the loop's share stands for them.
     explained = loop_share >= 0.3
 
-    # Peers: GPUs of the same job (idle GPUs form group 0).
+    # Peers: GPUs of the same job (idle GPUs form group 0). A clock is judged only at load,
+    # against the clocks of its job's GPUs at load: an idle GPU parks its clock by design, and
+    # a GPU the job has left (a requeue, a move, a drain) or not reached yet is idle whatever
+    # its neighbours run at. Out of a job, or under busy utilisation where that is reported:
+    # no clock verdict, and no one's peer.
     job_group = fleet.gpu_job + 1
     n_jobs = len(fleet.job_names) + 1
+    util = frame.get("DCGM_FI_DEV_GPU_UTIL")
+    at_load = (fleet.gpu_job >= 0) & np.where(np.isfinite(util), util >= bcfg.busy_util_pct, True)
+    clock = np.where(at_load, clock, np.nan)
     _, clock_med = robust_z(clock, job_group, n_jobs, floor=5.0)
     rel = clock / clock_med
     raw_deficit = 1.0 - rel
