@@ -64,6 +64,36 @@ class ServiceUnavailable(RuntimeError):
     """The controller thread is not running or did not answer within the bound."""
 
 
+class _TickTally:
+    """Counts since start for `/metrics`: ticks, failed ticks, tick time, changes, transitions."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.errors = 0
+        self.seconds_sum = 0.0
+        self.buckets = [0] * len(TICK_BUCKETS)
+        self.changes: Counter[tuple[str, str, str]] = Counter()
+        self.transitions: Counter[tuple[str, str]] = Counter()
+
+    def add(self, rep: TickReport) -> None:
+        self.ticks += 1
+        self.seconds_sum += rep.tick_s
+        for i, b in enumerate(TICK_BUCKETS):
+            self.buckets[i] += rep.tick_s <= b
+        self.errors += bool(rep.error)
+        for ch in rep.changes:
+            self.changes[(ch.verb, ch.op, ch.status)] += 1
+        if rep.assessment is not None:
+            for tr in rep.assessment.transitions:
+                self.transitions[(tr.kind.label, tr.to_state.label)] += 1
+
+    def counters(self) -> Counters:
+        return Counters(ticks=self.ticks, tick_errors=self.errors, tick_seconds_sum=self.seconds_sum,
+                        tick_buckets=tuple(self.buckets),
+                        actions=tuple((v, o, s, n) for (v, o, s), n in sorted(self.changes.items())),
+                        transitions=tuple((k, s, n) for (k, s), n in sorted(self.transitions.items())))
+
+
 class Runner:
     def __init__(self, source: Source, *, policy: Policy | None = None, mode: str = "enforce",
                  speed: float = 10.0, ledger_path: str | Path | None = None, events_out: Path | None = None,
@@ -88,12 +118,7 @@ class Runner:
         self._events_fh: IO[str] | None = open(events_out, "a", encoding="utf-8") if events_out else None
         self._throughput: deque[ThroughputPoint] = deque(maxlen=throughput_points)
         self._fleet_history: deque[FleetPoint] = deque(maxlen=throughput_points)  # dashboard's fleet panels
-        self._actions: Counter[tuple[str, str, str]] = Counter()
-        self._transitions: Counter[tuple[str, str]] = Counter()
-        self._tick_buckets = [0] * len(TICK_BUCKETS)
-        self._ticks = 0
-        self._tick_errors = 0
-        self._tick_sum = 0.0
+        self._tally = _TickTally()
         self._schedule: Schedule | None = None
         self._last_t_s: float | None = None
         self._in_effect: dict[str, set[str]] = {}
@@ -131,7 +156,7 @@ class Runner:
 
     @property
     def ticks(self) -> int:
-        return self._ticks
+        return self._tally.ticks
 
     @property
     def running(self) -> bool:
@@ -159,7 +184,7 @@ class Runner:
             self.close()
         if self.fatal:
             raise RuntimeError(self.fatal)
-        return self._ticks
+        return self._tally.ticks
 
     def request_stop(self) -> None:
         """Finish the tick in progress, then leave the loop (safe from a signal handler)."""
@@ -184,7 +209,7 @@ class Runner:
         self.ledger.close()
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
-        log.info("runner stopped after %d ticks; ledger closed", self._ticks)
+        log.info("runner stopped after %d ticks; ledger closed", self._tally.ticks)
 
     def _loop(self) -> None:
         self._schedule = Schedule(self.tick_interval_s) if self.speed > 0 else None
@@ -195,7 +220,7 @@ class Runner:
                     t_wall = self._schedule.due()
                     if t_wall is not None:
                         self.tick_once(t_wall)
-                        if self.max_ticks is not None and self._ticks >= self.max_ticks:
+                        if self.max_ticks is not None and self._tally.ticks >= self.max_ticks:
                             break
                     wait = min(wait, self._schedule.wait_s())
                 try:
@@ -262,19 +287,9 @@ class Runner:
         self.ring.push(frame)
         self.controller.set_fleet(self.source.placement())
         rep = self.controller.tick(frame)
-        self._ticks += 1
-        self._tick_sum += rep.tick_s
-        for i, b in enumerate(TICK_BUCKETS):
-            if rep.tick_s <= b:
-                self._tick_buckets[i] += 1
+        self._tally.add(rep)
         if rep.error:
-            self._tick_errors += 1
             log.error("tick %d failed: %s", rep.tick, rep.error)
-        for ch in rep.changes:
-            self._actions[(ch.verb, ch.op, ch.status)] += 1
-        if rep.assessment is not None:
-            for tr in rep.assessment.transitions:
-                self._transitions[(tr.kind.label, tr.to_state.label)] += 1
         prog = self.source.progress()
         if prog is not None:
             self._throughput.append(ThroughputPoint(frame.t_s, round(prog.useful_with, 5),
@@ -309,11 +324,7 @@ class Runner:
         n_loops, n_racks = fleet.count(Kind.COOLING_LOOP), fleet.count(Kind.RACK)
         loop_counts = {k: state_counts_by(views[k].loop, views[k].state, n_loops) for k in (Kind.GPU, Kind.NODE, Kind.NIC)}
         rack_counts = state_counts_by(views[Kind.GPU].rack, views[Kind.GPU].state, n_racks)
-        counters = Counters(
-            ticks=self._ticks, tick_errors=self._tick_errors, tick_seconds_sum=self._tick_sum,
-            tick_buckets=tuple(self._tick_buckets),
-            actions=tuple((v, o, s, n) for (v, o, s), n in sorted(self._actions.items())),
-            transitions=tuple((k, s, n) for (k, s), n in sorted(self._transitions.items())))
+        counters = self._tally.counters()
         in_effect = self._observe()
         return Snapshot(
             tick=(rep.tick if rep is not None else -1), t_s=(rep.t_s if rep is not None else 0.0),
