@@ -1,23 +1,37 @@
-"""Inference routing under a degrading KV path: round_robin vs least_outstanding vs seamguard.
+"""Inference routing under a degrading KV path, across offered load: round_robin vs
+least_outstanding vs seamguard at stated fractions of the pool's capacity.
 
 2 prefill and 3 decode emulated instances (seamguard.testbed.inference_pool) on the namespaced
 testbed (seamguard.testbed.inference_bed): every prefill->decode path has its own link. The
 same seeded request mix (interactive chat 70 %, batch 30 %, log-normal prompt and output
-lengths, a burst every 15 s) is replayed for each router, repetitions interleaved; part-way
+lengths, a burst of 12 every 15 s) is replayed for each router, repetitions interleaved; part-way
 through, the path p0->d1 is shaped with tc tbf (low rate, small burst) and later restored —
 real KV bytes crawl through it. Every host has an address on every rail, so the seamguard
 router may keep the pair p0->d1 and move its KV to another rail. By default every request goes
 through `seamguard gateway` (one per router run); --direct drives the routers from
 seamguard.testbed.inference_load's own loop, which performs the gateway's disaggregated flow
 (prefill, KV pull by the decode instance, SSE stream) and calls the same router hooks.
-Operating point: 6 req/s of 342-token mean prompts on two prefill instances at 10k tokens/s
-(--prefill-tokens-per-s) is about 14 % prefill utilization on average, sized so that the
-bursts (12 requests within 1 s) still meet the 1 s TTFT target on a healthy pool.
 
-Per router and window (nothing degraded = arrivals before the degradation; degraded =
+Offered load. The pool's nominal capacity — requests/s it sustains within the mix's SLO with
+nothing degraded — comes from the emulator's model (seamguard.testbed.inference_capacity):
+prefill instances at --prefill-tokens-per-s (10k), decode instances stepping in
+--decode-base-s + --decode-per-seq-s x (batch - 1) (50 ms + 3 ms), the largest batch whose step
+stays within the 0.1 s interactive TPOT target (17 sequences, 98 ms), the mix's mean prompt and
+output tokens (334, 69): decode-bound at 7.54 req/s. The decode speed is slower than the
+emulator's default (15 ms + 0.4 ms, 64 slots: 46 req/s, prefill-bound) so that the pool, not
+the shared 2-core machine driving every token through Python, is what saturates. The levels
+0.5, 0.7 and 0.85 of that capacity (mean offered rate, bursts included) were fixed before any
+run and are all reported; --rps X runs one level at Poisson rate X instead.
+
+Per level, router and window (nothing degraded = arrivals before the degradation; degraded =
 arrivals while it lasts): SLO attainment (share of requests meeting their class's TTFT and
-TPOT targets; errors and shed requests miss), p50/p99 TTFT and TPOT, goodput (requests within
-SLO per second) and errors. Last line: one JSON object.
+TPOT targets; errors and shed requests miss), per class, p50/p99 TTFT and TPOT, goodput
+(requests within SLO per second), errors, shed and deferred requests; medians over repetitions
+with [min-max]; seamguard's goodput over the best baseline's (ratio of medians, and per
+repetition against the best baseline of that repetition). What the routers did in the degraded
+window (from the gateway's /metrics at the window's ends): routes per decode instance, routes
+over the slowed link, and seamguard's decisions (KV moved to another rail, batch caps,
+deferred batch work). Last line: one JSON object.
 
     PYTHONPATH=src python benchmarks/inference_routing.py --quick
 """
@@ -27,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -35,9 +50,15 @@ from pathlib import Path
 import numpy as np
 
 from seamguard.testbed.inference_bed import BENCH_KEYS, GATEWAY_PORT, PoolBed
+from seamguard.testbed.inference_capacity import pool_capacity, poisson_rate_for
 from seamguard.testbed.inference_load import LoadSpec, spec_dict
+from seamguard.testbed.inference_pool import PoolTiming
 
 ROUTERS = ("round_robin", "least_outstanding", "seamguard")
+UTILIZATIONS = (0.5, 0.7, 0.85)  # fixed before the first run; every one is reported
+SLOW_AT = (0, 1)  # the degraded path: prefill 0 -> decode 1 (PoolBed indices), over rail 1 (d1's home rail)
+SLOW = ("p0", "d1", 1)  # ... as the router names it: prefill, decode, rail
+PREFILL, DECODE = 2, 3
 
 
 def window_figures(records: list[dict], t0: float, t1: float, slo: dict[str, tuple[float, float]]) -> dict:
@@ -61,14 +82,41 @@ def window_figures(records: list[dict], t0: float, t1: float, slo: dict[str, tup
     for cls in sorted({r["cls"] for r in rs}):
         c = [r for r in rs if r["cls"] == cls]
         out[f"{cls}_attainment"] = round(sum(1 for r in c if meets(r)) / len(c), 4)
+        out[f"{cls}_tpot_p99_s"] = q([r["tpot_s"] for r in c if r["tpot_s"] is not None], 99)
     return out
+
+
+_ROUTE = re.compile(r"^routes (\w+)->(\w+)(?:/r(\d+))?$")
+
+
+def window_actions(res: dict, deg: tuple[float, float]) -> dict:
+    """What the router did between the degradation's start and its end: the gateway's decision
+    and route counters just after the two events, differenced (direct runs: from the records)."""
+    at = {}
+    for e in res["events"]:
+        at[e.get("planned_s")] = e.get("decisions") or {}  # the last command of each event time wins
+    if deg[0] in at and deg[1] in at and any(k.startswith("routes ") for k in at[deg[1]]):
+        d = {k: v - at[deg[0]].get(k, 0) for k, v in at[deg[1]].items()}
+        routes = [(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, n)
+                  for k, n in d.items() if (m := _ROUTE.match(k))]
+        kinds = {k: n for k, n in d.items() if not k.startswith("routes ") and n}
+    else:
+        rs = [r for r in res["records"] if deg[0] <= r["t_s"] < deg[1] and r["decode"]]
+        routes = [(r["prefill"], r["decode"], r["rail"], 1) for r in rs]
+        kinds = {}
+    total = sum(n for *_, n in routes) or 1
+    per_decode = {f"d{j}": sum(n for _, d, _, n in routes if d == f"d{j}") / total for j in range(DECODE)}
+    slow = sum(n for p, d, r, n in routes if (p, d) == SLOW[:2] and r in (None, SLOW[2]))
+    pair_elsewhere = sum(n for p, d, r, n in routes if (p, d) == SLOW[:2] and r not in (None, SLOW[2]))
+    return {"decode_share": {k: round(v, 3) for k, v in per_decode.items()}, "routes_on_slow_link": slow,
+            "slow_pair_on_other_rails": pair_elsewhere, "decisions": kinds}
 
 
 def run(router: str, bed: PoolBed, load: LoadSpec, deg: tuple[float, float], rate_mbit: float, seed: int,
         direct: bool) -> dict:
     load = LoadSpec(**{**load.__dict__, "seed": seed})
-    events = [{"at_s": deg[0], "argv": a} for a in bed.shape_argv(0, 1, rate_mbit)]
-    events += [{"at_s": deg[1], "argv": a} for a in bed.shape_argv(0, 1, None)]
+    events = [{"at_s": deg[0], "argv": a} for a in bed.shape_argv(*SLOW_AT, rate_mbit)]
+    events += [{"at_s": deg[1], "argv": a} for a in bed.shape_argv(*SLOW_AT, None)]
     budgets = {"ttft_budget_s": {c.name: c.ttft_slo_s for c in load.classes},
                "tpot_budget_s": {c.name: c.tpot_slo_s for c in load.classes}}
     if direct:
@@ -86,85 +134,168 @@ def run(router: str, bed: PoolBed, load: LoadSpec, deg: tuple[float, float], rat
             bed.stop_gateway(gw)
 
 
+def _stat(xs: list[float]) -> dict:
+    return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
+
+
+def summarize_level(rows: dict[str, list[dict]], routers: list[str]) -> dict:
+    """Medians (and spread of attainment and goodput) per router and window; goodput ratios and
+    the issue's goals for one level."""
+    out: dict = {"routers": {}}
+    for r in routers:
+        out["routers"][r] = {}
+        for w in ("healthy", "degraded"):
+            got = [x[w] for x in rows[r] if x[w].get("requests")]
+            keys = [k for k in got[0] if isinstance(got[0][k], (int, float))] if got else []
+            med = {k: round(statistics.median(v), 4) for k in keys
+                   if (v := [g[k] for g in got if g.get(k) is not None])}
+            for k in ("slo_attainment", "goodput_rps"):
+                if got:
+                    med[k + "_range"] = [_stat([g[k] for g in got])["min"], _stat([g[k] for g in got])["max"]]
+            out["routers"][r][w] = med
+    base = [r for r in routers if r != "seamguard"]
+    if "seamguard" not in routers or not base:
+        return out
+    sg = out["routers"]["seamguard"]
+    best = max(out["routers"][r]["degraded"]["goodput_rps"] for r in base)
+    per_rep = [rows["seamguard"][i]["degraded"]["goodput_rps"]
+               / max(1e-9, max(rows[r][i]["degraded"]["goodput_rps"] for r in base))
+               for i in range(len(rows["seamguard"]))]
+    out["goodput_ratio"] = {"of_medians": round(sg["degraded"]["goodput_rps"] / max(best, 1e-9), 3),
+                            "per_rep": _stat(per_rep)}
+    best_ok = max(out["routers"][r]["healthy"]["slo_attainment"] for r in base)
+    goals = {"degraded_attainment": sg["degraded"]["slo_attainment"],
+             "degraded_goodput_vs_best_baseline": out["goodput_ratio"]["of_medians"],
+             "healthy_attainment_minus_best_baseline": round(sg["healthy"]["slo_attainment"] - best_ok, 4)}
+    goals["attainment_met"] = goals["degraded_attainment"] >= 0.99
+    goals["goodput_met"] = goals["degraded_goodput_vs_best_baseline"] >= 1.3
+    goals["healthy_met"] = goals["healthy_attainment_minus_best_baseline"] >= -0.01
+    goals["met"] = goals["attainment_met"] and goals["goodput_met"] and goals["healthy_met"]
+    out["goals"] = goals
+    return out
+
+
+COLS = ("slo_attainment", "goodput_rps", "interactive_attainment", "batch_attainment", "ttft_p50_s", "ttft_p99_s",
+        "tpot_p50_s", "tpot_p99_s", "errors", "shed", "deferred")
+
+
+def print_level(name: str, summary: dict, actions: dict[str, list[dict]], routers: list[str]) -> None:
+    print(f"\n{name}")
+    print(f"{'router':18s} {'window':9s} " + " ".join(f"{c[:14]:>14s}" for c in COLS))
+    for r in routers:
+        for w in ("healthy", "degraded"):
+            row = summary["routers"][r][w]
+            print(f"{r:18s} {w:9s} " + " ".join(f"{row.get(c, float('nan')):>14}" for c in COLS))
+    for r in routers:
+        for i, a in enumerate(actions[r]):
+            print(f"  {r} rep {i} degraded window: decode share {a['decode_share']}, on slow link "
+                  f"{a['routes_on_slow_link']}, p0->d1 on other rails {a['slow_pair_on_other_rails']}, "
+                  f"decisions {a['decisions']}")
+    if "goals" in summary:
+        print(f"  goodput ratio {summary['goodput_ratio']}; goals {summary['goals']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one repetition of 36 s per router (about 2 min)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the 0.85 level only, one repetition of 36 s per router (about 2 min)")
     ap.add_argument("--reps", type=int, default=None,
-                    help="repetitions per router (default 1 quick, 3 full: the median of 3 survives one repetition "
-                         "disturbed by the shared machine)")
+                    help="repetitions per level and router (default 1 quick, 3 full: the median of 3 survives one "
+                         "repetition disturbed by the shared machine)")
+    ap.add_argument("--utilization", default=None,
+                    help="comma list of offered load as fractions of the pool's capacity (default 0.5,0.7,0.85; "
+                         "quick 0.85)")
+    ap.add_argument("--rps", type=float, default=None,
+                    help="override: one level at this Poisson rate (bursts on top) instead of --utilization")
     ap.add_argument("--rate-mbit", type=float, default=20.0, help="the degraded path's tbf rate")
-    ap.add_argument("--rps", type=float, default=6.0, help="mean arrival rate besides bursts")
     ap.add_argument("--direct", action="store_true",
                     help="drive the routers from the load generator's own loop instead of `seamguard gateway`")
     ap.add_argument("--routers", default=",".join(ROUTERS), help="comma list (default: all three)")
     ap.add_argument("--records", default=None, help="directory to write every run's per-request records to")
     ap.add_argument("--kv-blocking", action="store_true",
                     help="decode steps wait while a KV pull is in flight (see inference_pool)")
-    ap.add_argument("--prefill-tokens-per-s", type=float, default=10000.0,
-                    help="emulated prefill speed of each prefill instance (sets its utilization under the mix)")
+    ap.add_argument("--prefill-tokens-per-s", type=float, default=10000.0, help="each prefill instance's speed")
+    ap.add_argument("--decode-base-s", type=float, default=0.05, help="a decode step with one sequence")
+    ap.add_argument("--decode-per-seq-s", type=float, default=0.003, help="each more sequence in a step adds this")
     a = ap.parse_args()
     reps = a.reps or (1 if a.quick else 3)
-    duration, deg = (36.0, (12.0, 32.0)) if a.quick else (90.0, (30.0, 80.0))
-    load = LoadSpec(rate_rps=a.rps, duration_s=duration)
-    slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in load.classes}
+    duration, deg = (36.0, (12.0, 32.0)) if a.quick else (60.0, (20.0, 55.0))
+    timing = PoolTiming(prefill_per_token_s=1.0 / a.prefill_tokens_per_s, decode_base_s=a.decode_base_s,
+                        decode_per_seq_s=a.decode_per_seq_s, kv_blocking=a.kv_blocking)
+    shape = LoadSpec(duration_s=duration)
+    cap = pool_capacity(timing, PREFILL, DECODE, shape.classes)
+    bursts_rps = shape.burst_size / shape.burst_every_s
+    if a.rps is not None:
+        levels = {f"rps={a.rps:g}": a.rps}
+    else:
+        utils = [float(u) for u in (a.utilization or ("0.85" if a.quick else ",".join(map(str, UTILIZATIONS))))
+                 .split(",") if u]
+        levels = {f"{u:g}": poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s) for u in utils}
+    slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in shape.classes}
     t_start = time.monotonic()
     load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     routers = [r for r in a.routers.split(",") if r]
-    per: dict[str, list[dict]] = {r: [] for r in routers}
-    inst_args = ["--prefill-per-token-s", f"{1.0 / a.prefill_tokens_per_s:.9f}"]
-    with PoolBed(prefill=2, decode=3, instance_args=inst_args + (["--kv-blocking"] if a.kv_blocking else [])) as bed:
+    per = {lv: {r: [] for r in routers} for lv in levels}
+    acts = {lv: {r: [] for r in routers} for lv in levels}
+    print(f"pool capacity {cap.pool_rps:.2f} req/s ({cap.bottleneck}-bound: prefill {cap.prefill_rps:.1f}, decode "
+          f"{cap.decode_rps:.2f}; batch {cap.decode_batch} by {cap.decode_batch_limit}, step {cap.decode_step_s:.3f} s;"
+          f" mean prompt {cap.mean_prompt_tokens:.0f}, output {cap.mean_output_tokens:.0f} tokens)", flush=True)
+    inst_args = ["--prefill-per-token-s", f"{timing.prefill_per_token_s:.9f}", "--decode-base-s",
+                 str(timing.decode_base_s), "--decode-per-seq-s", str(timing.decode_per_seq_s)]
+    with PoolBed(prefill=PREFILL, decode=DECODE,
+                 instance_args=inst_args + (["--kv-blocking"] if a.kv_blocking else [])) as bed:
         for rep in range(reps):
-            for router in routers:  # interleaved: every router sees every repetition's seed and machine state
-                res = run(router, bed, load, deg, a.rate_mbit, seed=rep, direct=a.direct)
-                if a.records:
-                    Path(a.records).mkdir(parents=True, exist_ok=True)
-                    (Path(a.records) / f"{router}.{rep}.json").write_text(json.dumps(res))
-                healthy = window_figures(res["records"], 0.0, deg[0], slo)
-                degraded = window_figures(res["records"], deg[0], deg[1], slo)
-                per[router].append({"healthy": healthy, "degraded": degraded, "decisions": res["decisions"],
-                                    "events_rc": [e["rc"] for e in res["events"]]})
-                print(f"rep {rep} {router:18s} healthy {healthy.get('slo_attainment')} "
-                      f"degraded {degraded.get('slo_attainment')} goodput {degraded.get('goodput_rps')} "
-                      f"errors {degraded.get('errors')} decisions {res['decisions']}", flush=True)
+            for lv, rps in levels.items():
+                load = LoadSpec(rate_rps=rps, duration_s=duration)
+                for router in routers:  # interleaved: every router sees every repetition's seed and machine state
+                    res = run(router, bed, load, deg, a.rate_mbit, seed=rep, direct=a.direct)
+                    if a.records:
+                        Path(a.records).mkdir(parents=True, exist_ok=True)
+                        (Path(a.records) / f"{router}.{lv}.{rep}.json").write_text(json.dumps(res))
+                    failed = [e for e in res["events"] if e["rc"] != 0]
+                    if failed:  # a degradation that did not happen makes every figure of the run meaningless
+                        raise SystemExit(f"inference_routing: {router}: event {failed[0]['argv']} failed "
+                                         f"({failed[0]['rc']}): {failed[0]['stderr'].strip()}")
+                    healthy = window_figures(res["records"], 0.0, deg[0], slo)
+                    degraded = window_figures(res["records"], deg[0], deg[1], slo)
+                    per[lv][router].append({"healthy": healthy, "degraded": degraded,
+                                            "events_rc": [e["rc"] for e in res["events"]]})
+                    acts[lv][router].append(window_actions(res, deg))
+                    print(f"rep {rep} level {lv} {router:18s} healthy {healthy.get('slo_attainment')} "
+                          f"degraded {degraded.get('slo_attainment')} goodput {degraded.get('goodput_rps')} "
+                          f"errors {degraded.get('errors')} actions {acts[lv][router][-1]} "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
 
-    def agg(router: str, window: str) -> dict:
-        rows = [r[window] for r in per[router] if r[window].get("requests")]
-        keys = [k for k in rows[0] if isinstance(rows[0][k], (int, float))]
-        return {k: round(statistics.median(r[k] for r in rows if r.get(k) is not None), 4) for k in keys}
-
-    summary = {r: {"healthy": agg(r, "healthy"), "degraded": agg(r, "degraded")} for r in routers}
-    cols = ("slo_attainment", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "errors",
-            "shed")
     print(f"\nwindows: nothing degraded 0-{deg[0]:.0f} s, p0->d1 at {a.rate_mbit} mbit {deg[0]:.0f}-{deg[1]:.0f} s "
-          f"(of {duration:.0f} s); {a.rps} req/s + bursts; {reps} repetition(s), medians"
+          f"(of {duration:.0f} s); {reps} repetition(s), medians"
           + ("; decode steps wait for KV pulls" if a.kv_blocking else "")
           + ("; routers driven directly" if a.direct else "; through `seamguard gateway`"))
-    print(f"{'router':18s} {'window':9s} " + " ".join(f"{c:>14s}" for c in cols))
-    for r in routers:
-        for w in ("healthy", "degraded"):
-            print(f"{r:18s} {w:9s} " + " ".join(f"{summary[r][w].get(c, float('nan')):>14}" for c in cols))
-    base = [r for r in routers if r != "seamguard"]
-    if "seamguard" not in summary or not base:
-        print(json.dumps({"routers": summary}))
-        return
-    best_deg = max(summary[r]["degraded"]["goodput_rps"] for r in base)
-    best_ok = max(summary[r]["healthy"]["slo_attainment"] for r in base)
-    goals = {"degraded_attainment": summary["seamguard"]["degraded"]["slo_attainment"],
-             "degraded_goodput_vs_best_baseline": round(summary["seamguard"]["degraded"]["goodput_rps"]
-                                                        / max(best_deg, 1e-9), 3),
-             "healthy_attainment_minus_best_baseline": round(summary["seamguard"]["healthy"]["slo_attainment"]
-                                                             - best_ok, 4)}
-    goals["met"] = (goals["degraded_attainment"] >= 0.99 and goals["degraded_goodput_vs_best_baseline"] >= 1.3
-                    and goals["healthy_attainment_minus_best_baseline"] >= -0.01)
-    print(f"goals: {goals}; wall {time.monotonic() - t_start:.0f} s; load average (1 min) "
-          f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end on {os.cpu_count()} CPUs")
-    print(json.dumps({"routers": summary, "goals": goals, "reps": reps, "duration_s": duration,
-                      "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit, "rps": a.rps,
+    out_levels = {}
+    for lv, rps in levels.items():
+        s = summarize_level(per[lv], routers)
+        offered = rps + bursts_rps
+        name = (f"level {lv}: {offered:.2f} req/s offered ({rps:.2f} Poisson + {bursts_rps:.2f} bursts) = "
+                f"{offered / cap.pool_rps:.2f} of capacity")
+        print_level(name, s, acts[lv], routers)
+        out_levels[lv] = {"utilization": round(offered / cap.pool_rps, 3), "offered_rps": round(offered, 3),
+                          "poisson_rps": round(rps, 3), **s, "actions": acts[lv],
+                          "per_rep": {r: [{w: {k: x[w].get(k) for k in ("slo_attainment", "goodput_rps", "errors",
+                                                                          "interactive_attainment", "batch_attainment")}
+                                           for w in ("healthy", "degraded")} for x in per[lv][r]] for r in routers}}
+    wall = time.monotonic() - t_start
+    load_end = os.getloadavg()[0]
+    print(f"\nwall {wall:.0f} s; load average (1 min) {load_start:.1f} at start, {load_end:.1f} at end on "
+          f"{os.cpu_count()} CPUs")
+    print(json.dumps({"capacity": {k: round(v, 4) if isinstance(v, float) else v for k, v in cap.__dict__.items()},
+                      "levels": out_levels,
+                      "goals": {lv: v.get("goals") for lv, v in out_levels.items()},
+                      "reps": reps, "duration_s": duration, "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit,
+                      "timing": {"prefill_per_token_s": timing.prefill_per_token_s,
+                                 "decode_base_s": timing.decode_base_s, "decode_per_seq_s": timing.decode_per_seq_s,
+                                 "max_batch": timing.max_batch},
                       "kv_blocking": a.kv_blocking, "via": "direct" if a.direct else "gateway",
-                      "loadavg_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)], "cpus": os.cpu_count(),
-                      "per_rep": {r: [{w: {k: x[w].get(k) for k in ("slo_attainment", "goodput_rps", "errors")}
-                                       for w in ("healthy", "degraded")} for x in per[r]] for r in routers},
-                      "decisions": {r: [x["decisions"] for x in per[r]] for r in routers}}))
+                      "wall_s": round(wall), "loadavg_1m": [round(load_start, 1), round(load_end, 1)],
+                      "cpus": os.cpu_count()}))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ Batch requests the router sheds (`Shed`) are retried after Retry-After until the
 is spent (deferred), then counted as shed. Instance ``/metrics`` are polled into
 ``update_load`` (seamguard.gateway.routing_feeds), and timed shell commands (``events``, e.g.
 a ``tc`` that degrades a link) run at their offsets, so a degradation lands at the same point
-of the same arrival sequence for every router.
+of the same arrival sequence for every router; each event's record carries the router's decision
+counts just after it ran (the difference of two is what the router did in between).
 
 The arrival sequence is a pure function of the spec and seed (`arrivals`): Poisson arrivals
 plus periodic bursts; per class a share, log-normal prompt and output lengths (median and
@@ -271,13 +272,16 @@ async def _one(client, router, a: Arrival, t_start: float, budget_s: float, time
     return rec
 
 
-async def _event(at_s: float, argv: list[str], t_start: float, applied: list) -> None:
+async def _event(at_s: float, argv: list[str], t_start: float, applied: list, decisions) -> None:
+    """Run one timed command; its record carries the router's decision counts (the gateway's,
+    or the local router's) just after it ran, so a caller can count decisions between events."""
     await asyncio.sleep(max(0.0, t_start + at_s - time.monotonic()))
     p = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
                                              stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(p.communicate(), 10.0)
-    applied.append({"at_s": round(time.monotonic() - t_start, 3), "argv": argv, "rc": p.returncode,
-                    "stderr": err.decode(errors="replace")[-300:]})
+    applied.append({"at_s": round(time.monotonic() - t_start, 3), "planned_s": at_s, "argv": argv,
+                    "rc": p.returncode, "stderr": err.decode(errors="replace")[-300:],
+                    "decisions": await decisions()})
 
 
 async def run_load(instances: list[Instance], router_name: str, router_options: dict, load: LoadSpec,
@@ -301,7 +305,14 @@ async def run_load(instances: list[Instance], router_name: str, router_options: 
         stop = asyncio.Event()
         poller = asyncio.ensure_future(feed_router(router, client, [] if gateway else instances, None,
                                                    metrics_poll_s, stop))
-        evs = [asyncio.ensure_future(_event(e["at_s"], e["argv"], t_start, applied)) for e in events]
+
+        async def decisions_now() -> dict:
+            if gateway:
+                return await _gateway_decisions(client, gateway["url"])
+            return dict(getattr(router, "decisions", {}))
+
+        evs = [asyncio.ensure_future(_event(e["at_s"], e["argv"], t_start, applied, decisions_now))
+               for e in events]
 
         async def at(a: Arrival) -> Record:
             await asyncio.sleep(max(0.0, t_start + a.t_s - time.monotonic()))
