@@ -81,6 +81,7 @@ from seamguard.testbed.drill import (
     topology_yaml,
     wait_http,
 )
+from seamguard.testbed.hw_slowdown import PLAN_FILE
 from seamguard.testbed.multinode import EtcdServer
 from seamguard.testbed.net import Testbed, TestbedSpec
 from seamguard.testbed.prom import need
@@ -192,7 +193,8 @@ class Rep:
     def train_argv(self) -> list[str]:
         w = self.work
         return [str(ROOT / "examples" / "train_ddp.py"), "--out", str(w / "job"), "--steps", "1000000",
-                "--hidden", "256", "--layers", "3", "--dataset", "8192", "--step-sleep-s", str(self.step_sleep_s)]
+                "--hidden", "256", "--layers", "3", "--dataset", "8192", "--step-sleep-s", str(self.step_sleep_s),
+                "--gpu-clock-file", str(w / "gpu-clock" / "{node}")]
 
     def start_job(self) -> None:
         if self.launch == "slurm":
@@ -241,7 +243,8 @@ class Rep:
                                             str(w / "fleet.yaml"), "--port", str(TWIN_PORT), "--loop",
                                             lay.loop_of_host[0], "--start-epoch", f"{cooling_at:.3f}",
                                             "--duration-s", str(self.timing.fault_s), "--tick-s",
-                                            str(self.timing.tick_s)], w / "twin.log")
+                                            str(self.timing.tick_s), "--slowdown-clock-dir",
+                                            str(w / "gpu-clock")], w / "twin.log")
         self.procs.start("prometheus", self.ctl, [need("prometheus", "prometheus"),
                                                   f"--config.file={w / 'prometheus.yml'}",
                                                   f"--storage.tsdb.path={w / 'tsdb'}",
@@ -348,9 +351,18 @@ class Rep:
             "freezes": self.disk.freezes, "freeze_errors": self.disk.errors[:3],
             "controller_errors": sum(1 for e in events if e.get("kind") == "controller"),
             "controller_alive": self.procs.alive("controller"),
+            "cooling_slowdown": self.slowdown_plan(),
             "launch": self.launch,
             **({"slurm": slurm} if slurm else {}),
         }
+
+    def slowdown_plan(self) -> dict | None:
+        """The HW slowdown the twin planned for the cooling fault (testbed/hw_slowdown.py): per node
+        the delay after the flow loss began, the clock fraction, until when; None if it made none."""
+        try:
+            return json.loads((self.work / "gpu-clock" / PLAN_FILE).read_text())
+        except (OSError, ValueError):
+            return None
 
     def slurm_summary(self) -> dict:
         """The job as Slurm saw it at the end: state, nodes, restarts (requeues), and what the

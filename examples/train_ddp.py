@@ -28,6 +28,17 @@ def make_data(n: int, dim: int, classes: int, seed: int) -> tuple[torch.Tensor, 
     return x, (x @ w).argmax(dim=1)
 
 
+def gpu_clock_fraction(path: Path | None) -> float:
+    """The emulated GPU's clock fraction: 1.0 without a file or with one that does not read as (0, 1]."""
+    if path is None:
+        return 1.0
+    try:
+        frac = float(path.read_text())
+    except (OSError, ValueError):
+        return 1.0
+    return frac if 0.0 < frac <= 1.0 else 1.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
@@ -38,11 +49,18 @@ def main() -> None:
     ap.add_argument("--dataset", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dropout", type=float, default=0.1)
-    ap.add_argument("--step-sleep-s", type=float, default=0.0)
+    ap.add_argument("--step-sleep-s", type=float, default=0.0,
+                    help="emulated GPU time per step (a sleep), at full clock")
+    ap.add_argument("--gpu-clock-file", default=None,
+                    help="a file holding the emulated GPU's clock fraction (0-1], read every step; "
+                         "{node} is replaced by $SEAMGUARD_NODE_NAME. The step's emulated GPU time is "
+                         "--step-sleep-s / fraction (the seam drill's thermal slowdown)")
     ap.add_argument("--batchnorm", action="store_true",
                     help="add a BatchNorm layer (rank-private running statistics)")
     ap.add_argument("--out", type=Path, default=Path("runs/train_ddp"))
     args = ap.parse_args()
+    clock_file = Path(args.gpu_clock_file.replace("{node}", os.environ.get("SEAMGUARD_NODE_NAME", ""))) \
+        if args.gpu_clock_file else None
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 
@@ -66,7 +84,7 @@ def main() -> None:
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         if args.step_sleep_s:
-            time.sleep(args.step_sleep_s)
+            time.sleep(args.step_sleep_s / gpu_clock_fraction(clock_file))
         if rt.sync_gradients():  # sg (was: DDP's implicit all-reduce)
             opt.step()
             log.write(f"{step} {time.time():.6f} {rt.rank} {rt.world_size} {rt.gen}\n")

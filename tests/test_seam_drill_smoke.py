@@ -155,16 +155,21 @@ def test_the_slurm_run_config_and_the_job_scripts(tmp_path: Path):
 
 
 def test_steps_rolled_back_counts_drops_of_the_step_counter():
-    # a requeue: 40 steps, the job down, then back from its checkpoint at step 30
+    # a requeue: 40 steps at t=2, the job down, then back from its checkpoint at step 30 at t=9;
+    # the loss counts where the killed run was last seen (t=2), not where its successor resumed
     steps = [(0.0, 10.0), (1.0, 20.0), (2.0, 40.0), (9.0, 30.0), (10.0, 35.0), (11.0, 25.0)]
-    assert steps_rolled_back(steps, 0.0, 10.5) == 10
+    assert steps_rolled_back(steps, 0.0, 9.5) == 10
     assert steps_rolled_back(steps, 0.0, 12.0) == 20
-    assert steps_rolled_back(steps, 9.0, 10.5) == 10 and steps_rolled_back(steps, 9.5, 10.5) == 0
+    assert steps_rolled_back(steps, 2.0, 2.5) == 10 and steps_rolled_back(steps, 2.5, 9.5) == 0
+    assert steps_rolled_back(steps, 10.0, 10.5) == 10
     # the new run reports 0 until it has resumed (seen in a drill: 2295 -> 0 -> 2275 is 20 steps lost)
     assert steps_rolled_back([(0.0, 0.0), (1.0, 2295.0), (2.0, 0.0), (3.0, 2275.0), (4.0, 2290.0)], 0.0, 5.0) == 20
-    starts = {"gray_link": 0.0, "slow_storage": 5.0, "cooling": 8.5, "node_failure": 10.5}
+    assert steps_rolled_back([(0.0, 0.0), (1.0, 2295.0), (2.0, 0.0), (3.0, 2275.0), (4.0, 2290.0)], 1.5, 5.0) == 0
+    # the drill's case: a move in the cooling window, the job back only in the node failure's
+    starts = {"gray_link": -5.0, "slow_storage": 0.0, "cooling": 1.5, "node_failure": 8.5}
     fig = fault_figures(starts, {f: t + 2 for f, t in starts.items()}, covered(LAY), [], [], [], steps)
-    assert fig["cooling"]["job_steps_lost"] == 10 and fig["gray_link"]["job_steps_lost"] == 0
+    assert fig["cooling"]["job_steps_lost"] == 10 and fig["node_failure"]["job_steps_lost"] == 10
+    assert fig["slow_storage"]["job_steps_lost"] == 0
 
 
 def test_the_slurm_controller_host_may_also_be_a_node_only_when_asked(tmp_path: Path):

@@ -281,3 +281,38 @@ def undo_unasked(plan: CheckpointPlan, desired: dict[str, Action]
             if any(e.level > 0 for e in eps_before):
                 desired[carried_checkpoint(jn, before).key] = carried_checkpoint(jn, before)
     return desired, episodes, ckpts
+
+
+def plan_move_checkpoints(fleet: Fleet, policy: Policy, desired: dict[str, Action], in_effect: set[str],
+                          asked: dict[str, float], t_s: float) -> tuple[dict[str, Action], dict[str, float]]:
+    """checkpoint_now for a checkpointable job a move is about to requeue, asked once per move.
+
+    A move kills the job and restarts it from its last persisted checkpoint: everything since is
+    lost for certain, so the checkpoint is not priced against a hazard as an episode's is. It is
+    asked on the move's first tick (the reconciler applies checkpoints before moves, and the Slurm
+    actuator waits ``checkpoint_grace_s`` before the requeue) and carried under the same key while
+    the move is on its way, so it is never asked twice; once the move is in effect (requeued) or
+    no longer desired, nothing is carried. ``asked``: move key -> t_s its checkpoint was asked."""
+    ckpt_cls = {JOB_CLASS_BY_LABEL[c] for c in policy.actions.checkpoint_classes}
+    job_index = {n: j for j, n in enumerate(fleet.job_names)}
+    out, now_asked = dict(desired), {}
+    for k, act in desired.items():
+        if act.verb != Verb.MOVE_JOB or k in in_effect:
+            continue
+        j = job_index.get(act.target)
+        if j is None or int(fleet.job_class[j]) not in ckpt_cls:
+            continue
+        t = asked.get(k)
+        if t is None:
+            same_tick = [a for a in desired.values() if a.verb == Verb.CHECKPOINT_NOW and a.target == act.target
+                         and a.key == action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t_s)}")]
+            t = t_s
+            if not same_tick:
+                out[action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}")] = Action(
+                    key=action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}"), verb=Verb.CHECKPOINT_NOW,
+                    target=act.target, target_kind="job", cause=act.cause, criticality=act.criticality,
+                    reason=f"seamguard: before {k} (a requeue loses everything since the last persisted checkpoint)")
+        elif action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}") not in out:
+            out[carried_checkpoint(act.target, t).key] = carried_checkpoint(act.target, t)
+        now_asked[k] = t
+    return out, now_asked

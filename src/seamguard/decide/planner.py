@@ -29,6 +29,7 @@ from seamguard.decide.checkpoints import (
     Episode,
     exposure,
     plan_checkpoints,
+    plan_move_checkpoints,
     undo_unasked,
 )
 from seamguard.decide.economics import (
@@ -82,11 +83,14 @@ class DecideState:
     # (job, t_s of its last checkpoint_now): bounds the work since its last checkpoint, and
     # names the request an open episode carries (its key ends in @t<int(t_s)>)
     checkpoints: tuple[tuple[str, float], ...] = ()
+    # (move key, t_s of the checkpoint_now asked before it): carried until the move is in effect
+    move_checkpoints: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict:
         return {"breaker": self.breaker.to_json(),
                 "episodes": [[e.job, e.node, e.level, e.hazard_per_h] for e in self.episodes],
-                "checkpoints": [list(x) for x in self.checkpoints]}
+                "checkpoints": [list(x) for x in self.checkpoints],
+                "move_checkpoints": [list(x) for x in self.move_checkpoints]}
 
     @classmethod
     def from_json(cls, d: dict) -> DecideState:
@@ -94,7 +98,8 @@ class DecideState:
                     for e in d.get("episodes", []))
         ck = [(str(j), float(t)) for j, t in d.get("checkpoints", [])]
         ck += [(str(j), float(t)) for j, _, t in d.get("exposure", [])]  # before episodes: (job, level, t_s)
-        return cls(BreakerState.from_json(d["breaker"]), eps, tuple(ck))
+        mv = tuple((str(k), float(t)) for k, t in d.get("move_checkpoints", []))
+        return cls(BreakerState.from_json(d["breaker"]), eps, tuple(ck), mv)
 
 
 def _codes(labels: list[str]) -> np.ndarray:
@@ -437,9 +442,14 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
 
     desired = only_tighten(desired, in_effect, at_risk(a), node_index)
     desired = release_dwell(desired, in_effect, fleet, node_index, kind_ht, node_ht, rules.release_after_healthy_ticks)
+    desired, move_ckpts = plan_move_checkpoints(fleet, policy, desired, in_effect, dict(state.move_checkpoints), a.t_s)
+    for k, t in move_ckpts.items():  # the work since the last checkpoint is bounded by the move's
+        job = ActionKey.parse(k).entity
+        checkpoints[job] = max(t, checkpoints.get(job, t))
 
     decisions = Decisions(t_s=a.t_s, desired=desired, held=held, breaker_tripped=breaker.tripped,
                           breaker_reason=breaker.reason, frozen=frozen.scopes if frozen is not None else (),
                           held_by_freeze=n_frozen)
     return decisions, replace(state, breaker=breaker, episodes=tuple(episodes),
-                              checkpoints=tuple(sorted(checkpoints.items())))
+                              checkpoints=tuple(sorted(checkpoints.items())),
+                              move_checkpoints=tuple(sorted(move_ckpts.items())))

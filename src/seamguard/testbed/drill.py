@@ -379,9 +379,11 @@ def phase_rates(steps: list[tuple[float, float]], t0: float, starts: dict[str, f
 
 def steps_rolled_back(steps: list[tuple[float, float]], a: float, b: float) -> int:
     """Steps the job went back in [a, b): the sum of every drop of its step counter from one
-    sample to the next, counted where the lower sample falls (a job Slurm requeued restarts from its last persisted checkpoint,
-    which the runtime's own `steps_redone` does not count: the new run starts afresh)."""
-    return int(sum(max(0.0, p - q) for (_, p), (t, q) in pairwise(resumed_steps(steps)) if a <= t < b))
+    sample to the next (a job Slurm requeued restarts from its last persisted checkpoint,
+    which the runtime's own `steps_redone` does not count: the new run starts afresh),
+    counted where the higher sample falls: the steps are lost when the run is killed, not when
+    its successor resumes, which after a requeue can be tens of seconds, and a fault, later."""
+    return int(sum(max(0.0, p - q) for (t, p), (_, q) in pairwise(resumed_steps(steps)) if a <= t < b))
 
 
 def resumed_steps(steps: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -647,6 +649,9 @@ def twin_main(argv: list[str]) -> None:
     ap.add_argument("--flow-fraction", type=float, default=0.5)
     ap.add_argument("--ramp-s", type=float, default=4.0)
     ap.add_argument("--tick-s", type=float, default=1.0)
+    ap.add_argument("--slowdown-clock-dir", type=Path, default=None,
+                    help="put the loop's GPUs into HW slowdown once they overheat (testbed/hw_slowdown.py) and "
+                         "write each node's GPU clock fraction here (the job's emulated GPU reads it)")
     a = ap.parse_args(argv)
 
     from seamguard.app.config import load_topology
@@ -662,6 +667,11 @@ def twin_main(argv: list[str]) -> None:
     start_s = max(0.0, a.start_epoch - time.time())  # simulated t=0 is now (speed 1)
     fault = FaultSpec(FaultKind.COOLING_FLOW_LOSS, loop, start_s, a.duration_s, a.flow_fraction, a.ramp_s)
     exp = TwinExporter(fleet, [fault], TwinConfig(tick_s=a.tick_s), 0, ServeOptions(host=a.host, port=a.port))
+    if a.slowdown_clock_dir is not None:
+        from seamguard.testbed.hw_slowdown import SlowdownTwin
+
+        exp.twin = SlowdownTwin(exp.twin, loop, start_s, a.duration_s, a.flow_fraction, a.ramp_s,
+                                a.slowdown_clock_dir)
     signal.signal(signal.SIGTERM, lambda *_: exp.stop())
     exp.run()
 
