@@ -90,6 +90,12 @@ from seamguard.testbed.slurm import SlurmCluster
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
 
 MODES = ("enforce", "dry_run")
+# The controller starts once the agents have probed for this long, as in a fleet, where agents
+# run long before a controller starts: a freshly started agent on the host that is also starting
+# Prometheus and the twin answered its first probes 4-7x slower for several seconds, which a 1 s
+# tick with a 4-tick link hysteresis (15 s and 2 ticks shipped) takes for a gray link
+# (docs/seam-drill.md).
+AGENT_WARMUP_S = 15.0
 GRAY_MBIT = 20.0  # h0's rail 0: a gradient of ~1 MB takes ~0.4 s instead of a few ms
 TRACE = ("seamguard_fabric_link_latency_us", "seamguard_storage_write_latency_ms", "seamguard_coolant_flow_lpm",
          "DCGM_FI_DEV_XID_ERRORS", "seamguard_job_step", "seamguard_job_step_seconds",
@@ -301,9 +307,10 @@ class Rep:
         self.write_files()
         self.start_job()
         self.wait_job_training(240)
-        t0 = time.time() + 25  # observers and controller start, then the calm period
+        t0 = time.time() + 25 + AGENT_WARMUP_S  # observers, their warm-up, the controller, then the calm period
         starts = t.starts(t0)
         self.start_observers(starts["cooling"])
+        _sleep_until(time.time() + AGENT_WARMUP_S)
         self.start_controller()
         log(f"{self.mode}: observers and controller up; drill starts in {t0 - time.time():.0f} s")
         while time.time() < t0:
