@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import tempfile
 import time
@@ -86,30 +85,25 @@ def window_figures(records: list[dict], t0: float, t1: float, slo: dict[str, tup
     return out
 
 
-_ROUTE = re.compile(r"^routes (\w+)->(\w+)(?:/r(\d+))?$")
-
-
 def window_actions(res: dict, deg: tuple[float, float]) -> dict:
-    """What the router did between the degradation's start and its end: the gateway's decision
-    and route counters just after the two events, differenced (direct runs: from the records)."""
-    at = {}
-    for e in res["events"]:
-        at[e.get("planned_s")] = e.get("decisions") or {}  # the last command of each event time wins
-    if deg[0] in at and deg[1] in at and any(k.startswith("routes ") for k in at[deg[1]]):
-        d = {k: v - at[deg[0]].get(k, 0) for k, v in at[deg[1]].items()}
-        routes = [(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, n)
-                  for k, n in d.items() if (m := _ROUTE.match(k))]
-        kinds = {k: n for k, n in d.items() if not k.startswith("routes ") and n}
-    else:
-        rs = [r for r in res["records"] if deg[0] <= r["t_s"] < deg[1] and r["decode"]]
-        routes = [(r["prefill"], r["decode"], r["rail"], 1) for r in rs]
-        kinds = {}
-    total = sum(n for *_, n in routes) or 1
-    per_decode = {f"d{j}": sum(n for _, d, _, n in routes if d == f"d{j}") / total for j in range(DECODE)}
-    slow = sum(n for p, d, r, n in routes if (p, d) == SLOW[:2] and r in (None, SLOW[2]))
-    pair_elsewhere = sum(n for p, d, r, n in routes if (p, d) == SLOW[:2] and r not in (None, SLOW[2]))
-    return {"decode_share": {k: round(v, 3) for k, v in per_decode.items()}, "routes_on_slow_link": slow,
-            "slow_pair_on_other_rails": pair_elsewhere, "decisions": kinds}
+    """What the router did with the arrivals of the degraded window: the share of each decode
+    instance, requests over the slowed link (the slow pair on its home rail, or on the
+    connector's choice), the slow pair's requests placed on another rail — from each request's
+    route (the gateway's x-seamguard-route header) — and the router's decisions between the
+    degradation's start and its end (its counters just after the two events, differenced)."""
+    rs = [r for r in res["records"] if deg[0] <= r["t_s"] < deg[1] and r["decode"]]
+    n = len(rs) or 1
+    on_slow = [r for r in rs if (r["prefill"], r["decode"]) == SLOW[:2] and r["rail"] in (None, SLOW[2])]
+    at = {e.get("planned_s"): e.get("decisions") or {} for e in res["events"]}  # the last command of a time wins
+    kinds = {k: v - at[deg[0]].get(k, 0) for k, v in at.get(deg[1], {}).items()
+             if not k.startswith("routes ") and deg[0] in at and v - at[deg[0]].get(k, 0)}
+    return {"decode_share": {f"d{j}": round(sum(1 for r in rs if r["decode"] == f"d{j}") / n, 3)
+                             for j in range(DECODE)},
+            "routes_on_slow_link": len(on_slow),
+            "interactive_on_slow_link": sum(1 for r in on_slow if r["cls"] == "interactive"),
+            "slow_pair_on_other_rails": sum(1 for r in rs if (r["prefill"], r["decode"]) == SLOW[:2]
+                                            and r["rail"] not in (None, SLOW[2])),
+            "decisions": kinds}
 
 
 def run(router: str, bed: PoolBed, load: LoadSpec, deg: tuple[float, float], rate_mbit: float, seed: int,
@@ -189,8 +183,8 @@ def print_level(name: str, summary: dict, actions: dict[str, list[dict]], router
     for r in routers:
         for i, a in enumerate(actions[r]):
             print(f"  {r} rep {i} degraded window: decode share {a['decode_share']}, on slow link "
-                  f"{a['routes_on_slow_link']}, p0->d1 on other rails {a['slow_pair_on_other_rails']}, "
-                  f"decisions {a['decisions']}")
+                  f"{a['routes_on_slow_link']} ({a['interactive_on_slow_link']} interactive), p0->d1 on other rails "
+                  f"{a['slow_pair_on_other_rails']}, decisions {a['decisions']}")
     if "goals" in summary:
         print(f"  goodput ratio {summary['goodput_ratio']}; goals {summary['goals']}")
 

@@ -228,10 +228,16 @@ def test_gateway_places_kv_on_the_router_rail_and_serves_routing_json_and_dashbo
                                           "home_rail": 1}])
             url, _ = gateway_factory(cfg)
             client = openai.OpenAI(base_url=url + "/v1", api_key=KEY_A, max_retries=0)
-            list(client.chat.completions.create(model="fake-model", max_tokens=3, stream=True,
-                                                messages=[{"role": "user", "content": "hi"}]))
+            raw = client.chat.completions.with_raw_response.create(model="fake-model", max_tokens=3, stream=True,
+                                                                   messages=[{"role": "user", "content": "hi"}])
+            assert raw.headers["x-seamguard-route"] == "p0->d0/r0"  # the rail the KV took, not d0's home rail
+            list(raw.parse())
             kv = db.seen[-1]["kv_transfer_params"]
             assert kv["remote_hosts"] == ["10.7.0.1"] and kv["remote_host"] == "10.7.0.1"
+            whole = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY_A}"},
+                               json={"model": "fake-model", "max_tokens": 2,
+                                     "messages": [{"role": "user", "content": "hi"}]})
+            assert whole.status_code == 200 and whole.headers["x-seamguard-route"] == "p0->d0/r0"
             routing = httpx.get(url + "/admin/routing").json()
             assert routing["router"] == "rail-test"
             last = routing["snapshot"]["recent"][-1]
@@ -240,7 +246,7 @@ def test_gateway_places_kv_on_the_router_rail_and_serves_routing_json_and_dashbo
             page = httpx.get(url + "/dashboard")
             assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
             assert "KV moved from rail 1 to rail 0" in page.text and "h0/rail1" in page.text
-            assert 'seamguard_gateway_route_decisions_total{kind="kv_rail"} 1.0' in httpx.get(url + "/metrics").text
+            assert 'seamguard_gateway_route_decisions_total{kind="kv_rail"} 2.0' in httpx.get(url + "/metrics").text
     finally:
         ROUTERS.pop("rail-test")
 

@@ -33,11 +33,12 @@ from seamguard.gateway.gatekeeper import Gatekeeper, KeyInfo, Refusal, Ticket
 from seamguard.gateway.ledger import GatewayLedger
 from seamguard.gateway.metrics import GatewayMetrics
 from seamguard.gateway.proxy import Backends, UpstreamError
-from seamguard.gateway.routing import Outcome, Route, Router, Shed, place_kv
+from seamguard.gateway.routing import Outcome, Route, Router, Shed, place_kv, route_label
 from seamguard.gateway.routing_feeds import feed_router
 from seamguard.gateway.store import RedisStore, SqliteStore, Store, StoreError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+ROUTE_HEADER = "x-seamguard-route"  # the path that served a request (routing.route_label)
 
 
 @dataclass
@@ -248,7 +249,8 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
         return await _whole(flight, out, endpoint)
     want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     return StreamingResponse(_relay(flight, resp, want_usage, endpoint), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      ROUTE_HEADER: route_label(route)})
 
 
 async def _whole(flight: _Flight, out: dict, endpoint: str) -> JSONResponse:
@@ -260,7 +262,7 @@ async def _whole(flight: _Flight, out: dict, endpoint: str) -> JSONResponse:
         flight.chunks = max(1, round(len(text) / gw.cfg.admission.chars_per_token)) if text else 0
     await flight.end(True)
     gw.metrics.requests.labels(endpoint, "200").inc()
-    return JSONResponse(out)
+    return JSONResponse(out, headers={ROUTE_HEADER: route_label(flight.route)})
 
 
 async def _relay(flight: _Flight, resp: httpx.Response, want_usage: bool, endpoint: str) -> AsyncIterator[bytes]:

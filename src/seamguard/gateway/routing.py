@@ -70,6 +70,13 @@ class Route:
     kv_rail: int | None = None  # the rail the decode instance pulls the KV over (None: its connector's choice)
 
 
+def route_label(route: Route) -> str:
+    """``p0->d1``, ``p0->d1/r0`` with the KV placed on rail 0, or ``d1`` for unified serving: what
+    the gateway sends back in ``x-seamguard-route`` so a caller can tell which path served it."""
+    head = f"{route.prefill.name}->{route.decode.name}" if route.prefill else route.decode.name
+    return head + ("" if route.kv_rail is None else f"/r{route.kv_rail}")
+
+
 def place_kv(kv_transfer_params: dict, rail: int | None) -> dict:
     """The prefill's ``kv_transfer_params`` narrowed to one rail: ``remote_hosts`` (one address per
     rail) becomes that rail's address alone, also as ``remote_host``, so the decode instance pulls

@@ -31,6 +31,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import time
 from dataclasses import asdict, dataclass
 
@@ -154,6 +155,7 @@ async def _via_gateway(client, gw: dict, a: Arrival, budget_s: float, timeout_s:
                     await asyncio.sleep(wait)
                     continue
                 resp.raise_for_status()
+                _route_from_header(rec, resp.headers.get("x-seamguard-route", ""))
                 async for now in _content_times(resp):
                     first = first or now
                     last, n = now, n + 1
@@ -164,6 +166,14 @@ async def _via_gateway(client, gw: dict, a: Arrival, budget_s: float, timeout_s:
         rec.error = f"{type(e).__name__}: {e}"[:200]
     _token_timing(rec, t_arr, first, last, n)
     return rec
+
+
+def _route_from_header(rec: Record, label: str) -> None:
+    """prefill, decode and rail from the gateway's ``x-seamguard-route`` (``p0->d1/r0``, ``p0->d1``, ``d1``)."""
+    m = re.fullmatch(r"(?:([^>]+)->)?([^/]+)(?:/r(\d+))?", label)
+    if m:
+        rec.prefill, rec.decode = m.group(1) or "", m.group(2)
+        rec.rail = int(m.group(3)) if m.group(3) else None
 
 
 async def _content_times(resp):
@@ -202,8 +212,6 @@ async def _wait_up(client, url: str, timeout_s: float) -> None:
 
 async def _gateway_decisions(client, url: str) -> dict:
     """The gateway router's decision counts by kind, and routes per path, from its /metrics."""
-    import re
-
     out: dict = {}
     try:
         text = (await client.get(url + "/metrics", timeout=5.0)).text
