@@ -65,3 +65,17 @@ def test_the_move_checkpoints_survive_a_controller_restart():
     back = pl.DecideState.from_json(st.to_json())
     assert back.move_checkpoints == st.move_checkpoints
     assert pl.DecideState.from_json({"breaker": st.breaker.to_json()}).move_checkpoints == ()
+
+
+def test_a_recent_request_serves_the_move_and_an_old_one_does_not():
+    """Young's spacing, as for episodes: a job asked 30 s ago is not asked again for its move (the
+    detection benchmark's loop faults asked twice per job before); one asked a day ago is."""
+    pol, a = _policy(), _a(kinds=LOOP0_BAD)
+    recent = a.t_s - 30.0
+    dec, st = pl.decide(F, a, pol, pl.DecideState(checkpoints=((J0, recent),)), set())
+    assert J0 in _moves(dec.desired)
+    assert _ckpts(dec.desired)[J0] == f"checkpoint_now:{J0}@t{int(recent)}", sorted(dec.desired)
+    assert dict(st.move_checkpoints)[_moves(dec.desired)[J0]] == recent
+
+    dec2, _ = pl.decide(F, a, pol, pl.DecideState(checkpoints=((J0, a.t_s - 86400.0),)), set())
+    assert _ckpts(dec2.desired)[J0] == f"checkpoint_now:{J0}@t{int(a.t_s)}"

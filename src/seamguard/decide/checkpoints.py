@@ -284,7 +284,8 @@ def undo_unasked(plan: CheckpointPlan, desired: dict[str, Action]
 
 
 def plan_move_checkpoints(fleet: Fleet, policy: Policy, desired: dict[str, Action], in_effect: set[str],
-                          asked: dict[str, float], t_s: float) -> tuple[dict[str, Action], dict[str, float]]:
+                          asked: dict[str, float], last_ckpt: dict[str, float], hazard_per_h: np.ndarray,
+                          t_s: float) -> tuple[dict[str, Action], dict[str, float]]:
     """checkpoint_now for a checkpointable job a move is about to requeue, asked once per move.
 
     A move kills the job and restarts it from its last persisted checkpoint: everything since is
@@ -292,9 +293,13 @@ def plan_move_checkpoints(fleet: Fleet, policy: Policy, desired: dict[str, Actio
     asked on the move's first tick (the reconciler applies checkpoints before moves, and the Slurm
     actuator waits ``checkpoint_grace_s`` before the requeue) and carried under the same key while
     the move is on its way, so it is never asked twice; once the move is in effect (requeued) or
-    no longer desired, nothing is carried. ``asked``: move key -> t_s its checkpoint was asked."""
+    no longer desired, nothing is carried. A job asked for a checkpoint less than Young's interval
+    at its hazard ago (this tick's episode request included; at most the policy's checkpoint
+    interval) is not asked again: that request is the move's. ``asked``: move key -> t_s of the
+    checkpoint request the move carries; ``last_ckpt``: job -> t_s of its last request."""
     ckpt_cls = {JOB_CLASS_BY_LABEL[c] for c in policy.actions.checkpoint_classes}
     job_index = {n: j for j, n in enumerate(fleet.job_names)}
+    interval_s = policy.assess.propagation.checkpoint_interval_h * 3600.0
     out, now_asked = dict(desired), {}
     for k, act in desired.items():
         if act.verb != Verb.MOVE_JOB or k in in_effect:
@@ -304,15 +309,18 @@ def plan_move_checkpoints(fleet: Fleet, policy: Policy, desired: dict[str, Actio
             continue
         t = asked.get(k)
         if t is None:
-            same_tick = [a for a in desired.values() if a.verb == Verb.CHECKPOINT_NOW and a.target == act.target
-                         and a.key == action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t_s)}")]
-            t = t_s
-            if not same_tick:
-                out[action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}")] = Action(
-                    key=action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}"), verb=Verb.CHECKPOINT_NOW,
-                    target=act.target, target_kind="job", cause=act.cause, criticality=act.criticality,
+            last = last_ckpt.get(act.target)
+            spacing_s = min(reask_spacing_s(policy.actions.checkpoint_write_s, float(hazard_per_h[j])), interval_s)
+            if last is not None and t_s - last < spacing_s:
+                t = last  # the job's recent request serves the move
+            else:
+                t = t_s
+                key = action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}")
+                out[key] = Action(
+                    key=key, verb=Verb.CHECKPOINT_NOW, target=act.target, target_kind="job", cause=act.cause,
+                    criticality=act.criticality,
                     reason=f"seamguard: before {k} (a requeue loses everything since the last persisted checkpoint)")
-        elif action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}") not in out:
+        if action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}") not in out:
             out[carried_checkpoint(act.target, t).key] = carried_checkpoint(act.target, t)
         now_asked[k] = t
     return out, now_asked

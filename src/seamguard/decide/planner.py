@@ -442,7 +442,8 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
 
     desired = only_tighten(desired, in_effect, at_risk(a), node_index)
     desired = release_dwell(desired, in_effect, fleet, node_index, kind_ht, node_ht, rules.release_after_healthy_ticks)
-    desired, move_ckpts = plan_move_checkpoints(fleet, policy, desired, in_effect, dict(state.move_checkpoints), a.t_s)
+    desired, move_ckpts = plan_move_checkpoints(fleet, policy, desired, in_effect, dict(state.move_checkpoints),
+                                                checkpoints, ex.job_hazard_per_h, a.t_s)
     for k, t in move_ckpts.items():  # the work since the last checkpoint is bounded by the move's
         job = ActionKey.parse(k).entity
         checkpoints[job] = max(t, checkpoints.get(job, t))
