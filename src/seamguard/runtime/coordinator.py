@@ -26,6 +26,17 @@ from seamguard.runtime.metrics import JobView, RankView, StepClock
 from seamguard.runtime.settings import LaunchSettings
 
 
+# Each pass reads what may have changed, cheaply: the hint keys in one request (HINT_KEYS,
+# all created at start), the heartbeats in one, and the families of keys that only ever
+# appear (exits, done marks, joined spares) only when the store's key count moved, or at
+# least every FULL_READ_S. Before, a pass was ~30 store round trips, 20 passes a second:
+# most of the launcher's CPU in the FSDP2 --quick job (docs/benchmarks.md).
+FULL_READ_S = 0.5
+HINT_COUNTERS = (keys.HINT_CHECKPOINT, keys.HINT_INTERVAL_N, keys.HINT_TARGET_N,
+                 keys.HINT_AVOID_RAILS_N, keys.HINT_DEGRADED_N, keys.HINT_ROLLBACK_N)
+HINT_KEYS = (*HINT_COUNTERS, keys.HINT_EVACUATE)
+
+
 @dataclass
 class Coordinator:
     store: Any
@@ -60,6 +71,9 @@ class Coordinator:
     _records: dict = field(default_factory=dict)  # node -> its aggregated record, this tick
     _mirrors: dict = field(default_factory=dict)  # a watched local copy of the job's keys (etcd)
     _steps: StepClock = field(default_factory=StepClock)
+    _hints: dict = field(default_factory=dict)  # this tick's hint keys (HINT_KEYS), read at once
+    _beating: set = field(default_factory=set)  # workers whose heartbeat key exists (read in one request)
+    _new_keys: keys.NewKeys = field(default_factory=lambda: keys.NewKeys(FULL_READ_S))
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
 
@@ -69,6 +83,12 @@ class Coordinator:
                                         s.straggler_window)
         self.nodes = NodeTracker(s.hang_timeout_s)
         self._phase_since_s = self.clock()
+        # every hint key exists from the start, so each pass reads them all in one request
+        for k in HINT_COUNTERS:
+            self.store.add(k, 0)
+        if not self.store.check([keys.HINT_EVACUATE]):
+            self.store.set(keys.HINT_EVACUATE, "")
+        self.store.add(keys.CONTROL_N, 0)   # before any generation: ranks read both at once
 
     @property
     def all_workers(self) -> list[int]:
@@ -77,8 +97,10 @@ class Coordinator:
     def _get(self, key: str) -> bytes | None:
         return self.store.get(key) if self.store.check([key]) else None
 
-    def tick(self) -> str:
-        """One pass of observe → judge → act; returns the phase."""
+    def tick(self, exited: bool = False) -> str:
+        """One pass of observe → judge → act; returns the phase. ``exited``: the caller
+        saw a worker exit (its code is in the store), so exits are read whatever the key
+        count says."""
         if self.phase in ("done", "failed"):
             return self.phase
         now = self.clock()
@@ -94,14 +116,17 @@ class Coordinator:
                 return self._fail("not every worker registered within "
                                   f"{self.settings.startup_timeout_s}s")
             return self.phase
-        self._read_joined()
-        newly_lost = (self._read_exits() | self._judge_nodes(now) | self._judge_heartbeats(now)
-                      | self._read_evacuations())
+        appeared = self._new_keys.appeared(self.store, now) or exited or hasattr(self.store, "mirror")
+        self._hints = dict(zip(HINT_KEYS, keys.read_existing(self.store, list(HINT_KEYS))))
+        if appeared or self._deferred:
+            self._read_joined()
+        newly_lost = ((self._read_exits() if appeared else set()) | self._judge_nodes(now)
+                      | self._judge_heartbeats(now) | self._read_evacuations())
         self._read_checkpoint_hint()
         self._read_interval_hint()
         self._read_target_hint()
         self._read_step_mode_hints()
-        if self._job_complete():
+        if appeared and self._job_complete():
             self.phase = "done"
             self.store.set(keys.JOB_DONE, "ok")
             self.store.set(keys.wake(self.plan.gen + 1), "done")
@@ -203,8 +228,13 @@ class Coordinator:
             for rec in self._records.values():
                 merged.update({int(w): hb for w, hb in rec["beats"].items()})
             return {w: merged[w] for w in wids if w in merged}
-        raws = {w: self._get(keys.heartbeat(w)) for w in wids}
-        return {w: json.loads(r) for w, r in raws.items() if r is not None}
+        known = [w for w in wids if w in self._beating]
+        raws = dict(zip(known, keys.read_existing(self.store, [keys.heartbeat(w) for w in known])))
+        for w in wids:
+            if w not in self._beating and (raw := self._get(keys.heartbeat(w))) is not None:
+                raws[w] = raw
+                self._beating.add(w)   # heartbeat keys are never deleted
+        return {w: json.loads(r) for w, r in raws.items()}
 
     def _read_exits(self) -> set[int]:
         out = set()
@@ -241,7 +271,7 @@ class Coordinator:
         return out
 
     def _read_evacuations(self) -> set[int]:
-        raw = self._get(keys.HINT_EVACUATE)
+        raw = self._hints.get(keys.HINT_EVACUATE)
         if not raw:
             return set()
         self.store.set(keys.HINT_EVACUATE, "")
@@ -267,19 +297,22 @@ class Coordinator:
         return frozenset(w for w in self.plan.spares if self._host_of(w) in self._suspect_hosts)
 
     def _ahead_step(self) -> int:
-        """A step far enough ahead that every rank reads a key set now before reaching it."""
+        """A step far enough ahead that every rank reads a key set now before reaching it
+        (3 steps and 0.5 s: a rank may rely on a reading of keys.CONTROL_N up to one step
+        old, Runtime._controls)."""
         beats = list(self._read_beats(self.plan.ranks).values())
         step_s = max((b["compute_s"] for b in beats), default=0.0)
-        margin = 2 + min(50, int(0.5 / step_s) if step_s > 0 else 50)
+        margin = 3 + min(50, int(0.5 / step_s) if step_s > 0 else 50)
         return max((b["step"] for b in beats), default=0) + margin
 
     def _read_checkpoint_hint(self) -> None:
-        raw = self._get(keys.HINT_CHECKPOINT)
+        raw = self._hints.get(keys.HINT_CHECKPOINT)
         if raw is None or int(raw) <= self._hint_checkpoint:
             return
         self._hint_checkpoint = int(raw)
         target = self._ahead_step()
         self.store.set(keys.HINT_PERSIST_AT, str(target))
+        self._controls_changed()
         self.log({"event": "checkpoint_hint", "persist_at": target})
 
     def _checkpoint_roots(self) -> list[Path]:
@@ -291,7 +324,7 @@ class Coordinator:
 
     def _read_target_hint(self) -> None:
         """A checkpoint directory (off a slow storage path) -> every rank persists there from a step all agree on."""
-        raw = self._get(keys.HINT_TARGET_N)
+        raw = self._hints.get(keys.HINT_TARGET_N)
         if raw is None or int(raw) <= self._hint_target or self.checkpoint_dir is None:
             return
         self._hint_target = int(raw)
@@ -300,11 +333,12 @@ class Coordinator:
         start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
         entries += (cadence.TargetEntry(start, "" if want == "default" else want),)
         self.store.set(keys.PERSIST_TARGETS, cadence.format_targets(entries))
+        self._controls_changed()
         self.log({"event": "checkpoint_dir", "dir": want, "from_step": start})
 
     def _read_interval_hint(self) -> None:
         """A checkpoint interval in seconds -> steps at the job's pace, from a step every rank agrees on."""
-        raw = self._get(keys.HINT_INTERVAL_N)
+        raw = self._hints.get(keys.HINT_INTERVAL_N)
         if raw is None or int(raw) <= self._hint_interval:
             return
         want = (self._get(keys.HINT_INTERVAL_S) or b"default").decode()
@@ -317,14 +351,20 @@ class Coordinator:
         start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
         entries += (cadence.CadenceEntry(start, every),)
         self.store.set(keys.PERSIST_CADENCE, cadence.format_entries(entries))
+        self._controls_changed()
         self.log({"event": "checkpoint_interval", "interval": want, "every_steps": every, "from_step": start})
+
+    def _controls_changed(self) -> None:
+        """After writing a key ranks obey from a step (keys.CONTROL_KEYS): tell them to read
+        those keys again (they look at the counter with the generation, every heartbeat)."""
+        self.store.add(keys.CONTROL_N, 1)
 
     def _job_rails(self) -> tuple[str, ...]:
         return tuple(json.loads(self.settings.env.get("SEAMGUARD_SETTINGS", "{}")).get("rails", ()))
 
     def _read_step_mode_hints(self) -> None:
         """Rails to stay off and degraded mode -> a step mode from a step every rank agrees on."""
-        n_avoid, n_degraded = self._get(keys.HINT_AVOID_RAILS_N), self._get(keys.HINT_DEGRADED_N)
+        n_avoid, n_degraded = self._hints.get(keys.HINT_AVOID_RAILS_N), self._hints.get(keys.HINT_DEGRADED_N)
         new_avoid = n_avoid is not None and int(n_avoid) > self._hint_avoid
         new_degraded = n_degraded is not None and int(n_degraded) > self._hint_degraded
         if not (new_avoid or new_degraded):
@@ -346,6 +386,7 @@ class Coordinator:
         start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
         entries += (stepmodes.StepMode(start, avoid, degraded),)
         self.store.set(keys.STEP_MODES, stepmodes.format_modes(entries))
+        self._controls_changed()
         self.log({"event": "step_mode", "avoid_rails": list(avoid), "degraded": degraded, "from_step": start,
                   **({"note": note} if note else {})})
 
@@ -354,7 +395,7 @@ class Coordinator:
         goes back, in place, to the requested step or the newest persisted one, from its
         own host-memory copy where it still has one (the runtime keeps the newest
         persisted snapshot), else from storage. True if a rollback generation started."""
-        raw = self._get(keys.HINT_ROLLBACK_N)
+        raw = self._hints.get(keys.HINT_ROLLBACK_N)
         if raw is None or int(raw) <= self._hint_rollback:
             return False
         self._hint_rollback = int(raw)

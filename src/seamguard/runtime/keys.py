@@ -116,6 +116,13 @@ HINT_AVOID_RAILS = f"{ROOT}/hint/avoid_rails"
 HINT_DEGRADED_N = f"{ROOT}/hint/degraded_n"
 HINT_DEGRADED = f"{ROOT}/hint/degraded"
 STEP_MODES = f"{ROOT}/hint/step_modes"
+
+CONTROL_N = f"{ROOT}/control/n"
+"""Bumped by the coordinator after each change to a key of CONTROL_KEYS, which ranks obey
+from a step (created before the first generation). A rank's heartbeat reads it with the
+generation, and the rank reads CONTROL_KEYS again only when it moved: no store round trip
+per step (runtime/worker.py, ``Runtime._controls``)."""
+CONTROL_KEYS = (STEP_MODES, HINT_PERSIST_AT, PERSIST_CADENCE, PERSIST_TARGETS)
 """Set by the coordinator from a checkpoint hint: every rank persists this step."""
 
 NEXT_WID = f"{ROOT}/wid/next"
@@ -180,3 +187,35 @@ def peek(store, key: str) -> bytes | None:
     if hasattr(store, "peek"):
         return store.peek(key)
     return store.get(key) if store.check([key]) else None
+
+
+def read_existing(store, names: list[str]) -> list[bytes]:
+    """The values of keys that are known to exist, in one request where the store can
+    (TCPStore.multi_get; it would wait for a missing key), else one get each."""
+    if hasattr(store, "multi_get") and not hasattr(store, "peek"):   # EtcdStore: peek/get
+        return list(store.multi_get(names))
+    return [store.get(k) for k in names]
+
+
+class NewKeys:
+    """Whether a store may hold keys it did not hold at the last look, so that families of
+    keys that only ever appear (exit codes, done marks, kill requests, joined spares) are
+    read when one appeared rather than key by key every pass: the store's key count moved
+    (one request: TCPStore.num_keys), or ``full_every_s`` passed since the last full read
+    (a key deleted and another created in between leave the count as it was). A store
+    that cannot count its keys always may."""
+
+    def __init__(self, full_every_s: float) -> None:
+        self.full_every_s = full_every_s
+        self._count = -1
+        self._full_s = float("-inf")
+
+    def appeared(self, store, now_s: float) -> bool:
+        count = getattr(store, "num_keys", None)
+        if count is None:
+            return True
+        n = count()
+        if n != self._count or now_s - self._full_s >= self.full_every_s:
+            self._count, self._full_s = n, now_s
+            return True
+        return False

@@ -39,10 +39,11 @@ from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
 
 POLL_S = 0.005
-# While the job runs and no worker of this node exited, the coordinator's pass (~25 store
-# round trips) and the kill-request checks run every STEADY_PASS_S, not every POLL_S: at
-# 200 passes a second the launcher used as much CPU as a training rank (FSDP2 --quick
-# job, docs/benchmarks.md). An exit still triggers a pass at once; hang detection is 1 s.
+# While the job runs and no worker of this node exited, the coordinator's pass and the
+# kill-request checks run every STEADY_PASS_S, not every POLL_S: at 200 passes a second
+# the launcher used as much CPU as a training rank (FSDP2 --quick job, docs/benchmarks.md).
+# In between the launcher sleeps on the zygote's socket, so an exit still triggers a pass
+# at once; hang detection is 1 s.
 STEADY_PASS_S = 0.05
 COORDINATOR_LOST = b"coordinator lost"
 
@@ -85,6 +86,7 @@ def _worker_env(s: LaunchSettings, port: int, wid: int, local: int,
     })
     if node_store:
         env["SEAMGUARD_NODE_STORE"] = node_store
+        env["SEAMGUARD_NODE_BEAT_S"] = str(s.node_beat_s)   # how stale its mirrored keys may be
     if s.events_file is not None:
         env[EVENTS_FILE_ENV] = str(s.events_file)
     return env
@@ -234,6 +236,7 @@ def launch(s: LaunchSettings) -> int:
     placement, placement_t = "", 0.0
     ended_s: float | None = None  # when this (non-coordinator) node's last worker ended
     pass_s = 0.0   # when the coordinator's pass and kill checks last ran
+    new_keys = keys.NewKeys(full_every_s=0.5)
     exporter = MetricsServer(s.metrics_port) if master and s.metrics_port is not None else None
     try:
         while True:
@@ -243,6 +246,8 @@ def launch(s: LaunchSettings) -> int:
             exited = any(not c.reported and c.proc.poll() is not None for c in children)
             due = exited or coord is None or coord.phase != "running" or now_s - pass_s >= STEADY_PASS_S
             pass_s = now_s if due else pass_s
+            # kill requests are keys that appear: looked for only when the key count moved
+            kills_due = due and node is None and new_keys.appeared(store, now_s)
             for c in list(children):
                 if not c.reported and c.proc.poll() is not None:
                     c.reported = True
@@ -252,7 +257,7 @@ def launch(s: LaunchSettings) -> int:
                         respawned += 1
                         children.append(_spawn_spare(s, server, store, port, per_node,
                                                      node.address if node else ""))
-                if due and node is None and not c.reported and store.check([keys.kill_request(c.wid)]):
+                if kills_due and not c.reported and store.check([keys.kill_request(c.wid)]):
                     c.proc.send_signal(signal.SIGKILL)
             job_done = None
             if node is not None:  # kill requests and the job's end come with the node beat
@@ -264,7 +269,7 @@ def launch(s: LaunchSettings) -> int:
                 if s.hint_dir is not None and time.monotonic() - placement_t > 0.5:
                     placement, placement_t = _publish_placement(s.hint_dir, coord.view(s.run_id), placement), \
                         time.monotonic()
-                phase = coord.tick() if due else coord.phase
+                phase = coord.tick(exited) if due else coord.phase
                 if phase in ("done", "failed"):
                     code = 0 if phase == "done" else 1
                     break
@@ -283,7 +288,7 @@ def launch(s: LaunchSettings) -> int:
                 ended_s = ended_s if ended_s is not None else time.monotonic()
                 if time.monotonic() - ended_s > s.coordinator_timeout_s:
                     break
-            time.sleep(POLL_S)
+            _idle(server, children, _wait_s(coord, node, pass_s, time.monotonic()))
         _drain(children, timeout_s=30.0, log=log)
         if coord is not None:
             log({"event": "summary", "outcome": "job done" if code == 0 else "JOB FAILED",
@@ -300,6 +305,27 @@ def launch(s: LaunchSettings) -> int:
             server.close()
         events.close()
     return code
+
+
+def _wait_s(coord: Coordinator | None, node: _NodeBeat | None, pass_s: float, now_s: float) -> float:
+    """How long the launcher may sleep before its next pass: until the coordinator's next
+    steady pass while the job runs (node 0), or the next node beat (the other nodes);
+    POLL_S during start-up and recoveries. A child's exit wakes it earlier (`_idle`)."""
+    if coord is not None:
+        steady = coord.phase == "running"
+        return max(POLL_S, STEADY_PASS_S - (now_s - pass_s)) if steady else POLL_S
+    if node is not None:
+        return min(STEADY_PASS_S, max(POLL_S, node.next_s - now_s))
+    return POLL_S
+
+
+def _idle(server: ForkServer | None, children: list[Child], wait_s: float) -> None:
+    """Wait ``wait_s`` between passes, waking at once when a child forked by the zygote
+    exits (the zygote reports it on its socket); a child started otherwise is polled."""
+    if server is not None and all(isinstance(c.proc, ForkedProcess) for c in children):
+        server.idle(wait_s)
+    else:
+        time.sleep(POLL_S)
 
 
 class MetricsServer:
@@ -363,8 +389,9 @@ def _spawn_spare(s: LaunchSettings, server: ForkServer | None, store, port: int,
 class _NodeBeat:
     """Per-node aggregation: this node's workers beat into a TCPStore on 127.0.0.1 that the
     launcher hosts; every ``node_beat_s`` the launcher writes their latest beats to the
-    job-wide store as one record (keys.node_beats), mirrors the generation back for the
-    workers' heartbeat threads, and reads its children's kill requests and the job's end.
+    job-wide store as one record (keys.node_beats), mirrors the generation and the control
+    counter (keys.CONTROL_N) back for the workers' heartbeat threads, and reads its
+    children's kill requests and the job's end.
     On etcd the node beat is one request (a transaction: the record's put and the reads
     of the generation, the node's kill keys, the job's end and node 0's record, which
     tells the other nodes the coordinator is alive), whatever the node's rank count."""
@@ -377,22 +404,23 @@ class _NodeBeat:
                                    timeout=datetime.timedelta(seconds=s.startup_timeout_s))
         self.address = f"127.0.0.1:{self.local.port}"
         self.counter = 0
-        self._next_s = 0.0
+        self.next_s = 0.0   # when the next node beat is due (monotonic)
         self._gen: bytes | None = None
+        self._control: bytes | None = None
         self._coordinator_timeout_s, self._startup_timeout_s = s.coordinator_timeout_s, s.startup_timeout_s
         self._coordinator: tuple[int | None, float] = (None, time.monotonic())
 
     def maybe_beat(self, children: list[Child]) -> bytes | None:
         """One node beat when due; returns the job's end (JOB_DONE's value) once set."""
         now = time.monotonic()
-        if now < self._next_s:
+        if now < self.next_s:
             return None
-        self._next_s = now + self.every_s
+        self.next_s = now + self.every_s
         self.counter += 1
         live = [c for c in children if not c.reported]
         beats = keys.read_family(self.local, f"{keys.ROOT}/hb/", [str(c.wid) for c in live])
         record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
-        singles = [keys.GENERATION, keys.JOB_DONE]
+        singles = [keys.GENERATION, keys.CONTROL_N, keys.JOB_DONE]
         if hasattr(self.job, "put_and_read"):  # etcd: the whole node beat is one transaction
             got, families = self.job.put_and_read(keys.node_beats(self.node), record, singles, [keys.KILL_PREFIX],
                                                   versions=(keys.node_beats(0),))
@@ -401,6 +429,10 @@ class _NodeBeat:
             self.job.set(keys.node_beats(self.node), record)
             got = {k: keys.peek(self.job, k) for k in [*singles, keys.node_beats(0)]}
             kills = set(keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]))
+        control = got[keys.CONTROL_N]
+        if control is not None and control != self._control:   # mirrored first: a worker
+            self.local.set(keys.CONTROL_N, control)              # that sees the generation
+            self._control = control                              # sees the counter too
         gen = got[keys.GENERATION]
         if gen is not None and gen != self._gen:
             self.local.set(keys.GENERATION, gen)

@@ -46,6 +46,9 @@ from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_
 
 _QUEUED = "queued"   # a snapshot in flight that is already in the pipeline's queue
 
+SPARE_BEAT_EVERY = 4
+"""An idle spare's heartbeat period, in heartbeat intervals."""
+
 EXIT_SUSPECT = 75
 """Exit status of a rank that left because its gradient stayed anomalous on recompute."""
 
@@ -81,31 +84,62 @@ def _host_port(text: str) -> tuple[str, int] | None:
 # how often a wait for a collective looks for a new generation or its timeout; completion
 # itself wakes it at once (an event set from gloo's thread), so this only bounds cancelling
 _WAKE_S = 0.01
+_WAKE_TD = datetime.timedelta(seconds=_WAKE_S)
+
+
+class _WaiterPool:
+    """Daemon threads that run collectives' ``wait()``, reused from one collective to the
+    next (FSDP2's reduce-scatters, several a step, each had a new thread). Every job gets
+    a thread at once, an idle one or a new one, so a wait stuck on a peer of an abandoned
+    group holds only its own thread; daemons, so such a wait never holds up the exit."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn, arg) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            self._idle -= 0 if spawn else 1   # an idle thread is spoken for
+        self._jobs.put((fn, arg))
+        if spawn:
+            threading.Thread(target=self._serve, daemon=True, name="sg-collective-wait").start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, arg = self._jobs.get()
+            fn(arg)
+            with self._lock:
+                self._idle += 1
+
+
+_WAITERS = _WaiterPool()
 
 
 class _WaitingWork:
     """A collective whose ``wait()`` does the work (or that offers no future), run on a
-    thread that calls ``finished`` when it is over; ``wait()`` re-raises its error."""
+    waiter thread that calls ``finished`` when it is over; ``wait()`` re-raises its error."""
 
     def __init__(self, work, finished) -> None:
         self._error: BaseException | None = None
         self._finished = finished
-        self._thread = threading.Thread(target=self._run, args=(work,), daemon=True,
-                                        name="sg-collective-wait")
-        self._thread.start()
+        self._over = threading.Event()
+        _WAITERS.submit(self._run, work)
 
     def _run(self, work) -> None:
         try:
             work.wait()
         except BaseException as exc:  # noqa: BLE001 - handed to wait()
             self._error = exc
+        self._over.set()
         self._finished()
 
     def is_completed(self) -> bool:
-        return not self._thread.is_alive()
+        return self._over.is_set()
 
     def wait(self) -> None:
-        self._thread.join()
+        self._over.wait()
         if self._error is not None:
             raise RuntimeError(str(self._error)) from self._error
 
@@ -138,6 +172,10 @@ class Runtime:
         self.group: dist.ProcessGroupGloo | None = None
         self._rails: RailSync | None = None  # the gradient all-reduce over rails (--rails)
         self._mode = stepmodes.NORMAL  # rails avoided, degraded: the control plane's, at this step
+        self._control_beat: tuple[int, float] | None = None  # (keys.CONTROL_N, when) the heartbeat read
+        self._control: tuple[int | None, dict[str, bytes | None]] = (None, {})  # (counter, CONTROL_KEYS)
+        self._last_step_s = 0.0   # wall time between the last two step boundaries
+        self._mirror_lag_s = 0.0  # how much older the node's mirror of the counter may be
         self._mesh = None         # FSDP2: the DeviceMesh over a fsdp.ResilientGroup
         self._mesh_rank = -1      # FSDP2: the rank this process's shards were laid out for
         self._replicas = 1        # HSDP: replica groups of the mesh (1: plain FSDP2)
@@ -215,6 +253,7 @@ class Runtime:
                    parse_store_url(env.get("SEAMGUARD_STORE", ""), env.get("SEAMGUARD_RUN_ID", "seamguard")),
                    _host_port(env.get("SEAMGUARD_NODE_STORE", "")))
         rt.clock.enabled = env.get("SEAMGUARD_PROFILE") == "1"
+        rt._mirror_lag_s = float(env.get("SEAMGUARD_NODE_BEAT_S", "0"))
         return rt
 
     def register(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -342,17 +381,20 @@ class Runtime:
             self._recover()  # generation 0, or a spare waiting for a rank
         except JobFinished:
             return
+        t_last = time.perf_counter()
         while True:
             if self._failed or self._gen_seen > self.gen:
                 try:
                     self._recover()
                 except JobFinished:
                     return  # finished without us (we had already been replaced)
+                t_last = time.perf_counter()   # a recovery is no step: read CONTROL_N afresh
             if self.step >= total_steps:
                 if self._final_barrier():
                     break
                 continue
             t_boundary = time.perf_counter()
+            self._last_step_s, t_last = t_boundary - t_last, t_boundary
             if self._private[0] != self.step and (self.settings.step_guard or self._live_recovery()
                                                   or self.settings.crash_capture):
                 self._private = (self.step, self.state.step_private(self.step))
@@ -551,36 +593,26 @@ class Runtime:
         it errs, times out, or a new generation overtakes it. A collective that only
         progresses inside ``wait()`` (``runs_in_wait``) is waited for on a helper thread.
 
-        Woken by the collective's completion (its future's callback, or the helper thread),
-        not by polling: polling with naps lagged a finished collective by 2.3 ms on average,
-        ~27 ms of a 0.28 s FSDP2 step with its 12 collectives (docs/benchmarks.md)."""
+        Woken by the collective's completion, not by polling: polling with naps lagged a
+        finished collective by 2.3 ms on average, ~27 ms of a 0.28 s FSDP2 step with its
+        12 collectives (docs/benchmarks.md). The training thread waits in gloo's own
+        ``wait(timeout)`` (C++, no GIL held), _WAKE_S at a time so that a new generation
+        can cancel it; a future callback did this before, but it ran Python on gloo's
+        thread, which then waited for the GIL before it went on with the next collective."""
         phase, self._phase = self._phase, "collective"
         deadline = time.monotonic() + self.settings.collective_timeout_s
-        t0, done_at, done = time.perf_counter(), [], threading.Event()
-
-        def finished(_=None) -> None:
-            done_at.append(time.perf_counter())
-            done.set()
-
-        if runs_in_wait:
-            work = _WaitingWork(work, finished)
-        else:
-            try:
-                work.get_future().then(finished)
-            except RuntimeError:   # a work without a future: wait for it on a thread
-                work = _WaitingWork(work, finished)
+        t0 = time.perf_counter()
         try:
-            while not done.wait(_WAKE_S):
-                if self._gen_seen > self.gen or time.monotonic() > deadline:
-                    self._note("collective_cancelled", reason="new generation"
-                               if self._gen_seen > self.gen else "timeout")
-                    self._failed = True
-                    return False
-            work.wait()
+            done_at = self._wait_on_thread(work, deadline) if runs_in_wait else self._wait_in_gloo(work, deadline)
+            if done_at is None:
+                self._note("collective_cancelled", reason="new generation"
+                           if self._gen_seen > self.gen else "timeout")
+                self._failed = True
+                return False
             t1 = time.perf_counter()
             self.clock.add("collective_wait", t1 - t0)
-            if done_at:
-                self.clock.add("collective_wait_lag", t1 - done_at[0])
+            if done_at > 0:
+                self.clock.add("collective_wait_lag", t1 - done_at)
             return True
         except RuntimeError as exc:
             self._note("collective_error", error=str(exc)[:200])
@@ -589,6 +621,39 @@ class Runtime:
         finally:
             # FSDP2's collectives run inside the forward and backward: back to computing
             self._phase = phase if self.sharded and phase != "collective" else "idle"
+
+    def _overtaken(self, deadline: float) -> bool:
+        return self._gen_seen > self.gen or time.monotonic() > deadline
+
+    def _wait_in_gloo(self, work, deadline: float) -> float | None:
+        """Wait for ``work`` in its own ``wait(timeout)``; 0.0 once done (the moment it
+        completed is not seen here), None if overtaken. A failed collective raises."""
+        while True:
+            try:
+                work.wait(_WAKE_TD)
+                return 0.0
+            except RuntimeError:
+                if work.is_completed():   # failed, or completed just after this wait timed out:
+                    work.wait()           # returns, or raises the collective's own error
+                    return 0.0
+            if self._overtaken(deadline):
+                return None
+
+    def _wait_on_thread(self, work, deadline: float) -> float | None:
+        """Wait for ``work`` whose ``wait()`` does the work, run on a helper thread; the
+        moment it completed, or None if overtaken. A failed collective raises."""
+        done_at, done = [], threading.Event()
+
+        def finished() -> None:
+            done_at.append(time.perf_counter())
+            done.set()
+
+        waiting = _WaitingWork(work, finished)
+        while not done.wait(_WAKE_S):
+            if self._overtaken(deadline):
+                return None
+        waiting.wait()
+        return done_at[0]
 
     def _collective_allowed(self) -> bool:
         """May a collective of FSDP2's run now? Not once this step failed or a new
@@ -748,9 +813,10 @@ class Runtime:
         s = self.settings
         if not self.sharded or s.checkpoint_dir is None or self.step <= self._dcp_step:
             return
-        hinted = (self.store.check([keys.HINT_PERSIST_AT])
-                  and int(self.store.get(keys.HINT_PERSIST_AT)) == self.step)
-        raw = self.store.get(keys.PERSIST_CADENCE) if self.store.check([keys.PERSIST_CADENCE]) else b""
+        controls = self._controls()
+        hinted = (controls[keys.HINT_PERSIST_AT] is not None
+                  and int(controls[keys.HINT_PERSIST_AT]) == self.step)
+        raw = controls[keys.PERSIST_CADENCE] or b""
         if self._force_persist or hinted or cadence.persist_due(
                 self.step, s.persist_every_steps, cadence.parse(raw.decode()), s.snapshot_every_steps):
             self._dcp_step = self.step
@@ -791,30 +857,54 @@ class Runtime:
     def _persist_root(self, step: int) -> Path:
         """Where the snapshot of ``step`` is persisted: the job's own directory, or the one the
         control plane moved it to (read on the training thread, from a step every rank agrees on)."""
-        raw = self.store.get(keys.PERSIST_TARGETS) if self.store.check([keys.PERSIST_TARGETS]) else b""
+        raw = self._controls()[keys.PERSIST_TARGETS] or b""
         return cadence.target_for(step, self.settings.checkpoint_dir, cadence.parse_targets(raw.decode()))
 
     def _persist_due(self, step: int) -> bool:
         s = self.settings
         if s.checkpoint_dir is None:
             return False
-        if self.store.check([keys.HINT_PERSIST_AT]):  # read here, not by the heartbeat, so
-            self._persist_at = int(self.store.get(keys.HINT_PERSIST_AT))  # ranks agree
+        controls = self._controls()
+        if controls[keys.HINT_PERSIST_AT] is not None:
+            self._persist_at = int(controls[keys.HINT_PERSIST_AT])
         if self._force_persist:
             return True
         if self._persist_at > self._hint_persisted and step >= self._persist_at:
             self._hint_persisted = self._persist_at
             return True
-        raw = self.store.get(keys.PERSIST_CADENCE) if self.store.check([keys.PERSIST_CADENCE]) else b""
+        raw = controls[keys.PERSIST_CADENCE] or b""
         if self._mode.degraded:   # every step is snapshotted: a persist point is this step or none
             return cadence.persist_due(step, s.persist_every_steps, cadence.parse(raw.decode()), 1,
                                        stepmodes.DEGRADED_PERSIST_DIVISOR)
         return cadence.persist_due(step, s.persist_every_steps, cadence.parse(raw.decode()), s.snapshot_every_steps)
 
+    def _controls(self) -> dict[str, bytes | None]:
+        """The keys ranks obey from a step (keys.CONTROL_KEYS: step modes, persist point,
+        cadence and targets) as they stand at this step boundary, read from the store only
+        when keys.CONTROL_N moved, not every step.
+
+        Every rank must see a change before the step it takes effect at. The coordinator
+        writes a change, then bumps the counter, and fixes its start 3 steps and 0.5 s
+        beyond the furthest step any rank reported (Coordinator._ahead_step). The counter
+        comes from this worker's heartbeat (read with the generation; through the node's
+        mirror, up to a node beat older, when aggregated) when that reading is younger
+        than the last step took, else from the store now. A reading at most one step old
+        costs at most the one step of margin added for it: a rank sees every change as
+        surely as it did reading the keys at every step boundary."""
+        beat = self._control_beat
+        if beat is not None and time.monotonic() - beat[1] + self._mirror_lag_s <= self._last_step_s:
+            counter: int | None = beat[0]
+        else:
+            raw = keys.peek(self.store, keys.CONTROL_N)
+            counter = None if raw is None else int(raw)   # None: no counter, read every time
+        if counter is None or counter != self._control[0]:
+            self._control = (counter, {k: keys.peek(self.store, k) for k in keys.CONTROL_KEYS})
+        return self._control[1]
+
     def _read_step_mode(self) -> None:
         """The rails to stay off and degraded mode in force at this step (the coordinator
         fixes each change from a step every rank reads first: runtime/stepmodes.py)."""
-        raw = self.store.get(keys.STEP_MODES) if self.store.check([keys.STEP_MODES]) else b""
+        raw = self._controls()[keys.STEP_MODES] or b""
         mode = stepmodes.mode_at(self.step, stepmodes.parse(raw.decode()))
         if (mode.avoid, mode.degraded) != (self._mode.avoid, self._mode.degraded):
             self._note("step_mode", step=self.step, avoid=list(mode.avoid), degraded=mode.degraded)
@@ -883,7 +973,8 @@ class Runtime:
         role = plan.roles[self.rank]
         sent = replica.push(addr, role, manifest, slot.array, self.settings.replica_timeout_s,
                             midway=lambda: self.injector.maybe_fire("replicate", self.rank,
-                                                                    manifest.step))
+                                                                    manifest.step),
+                            local=(self.server.host, str(slot.path)))
         self.stats["replica_bytes_sent"] += sent
 
     # ------------------------------------------------------------------ persistence
@@ -951,7 +1042,8 @@ class Runtime:
     def _heartbeat_loop(self) -> None:
         store = (_connect(*self._node_store, self.settings.recovery_timeout_s) if self._node_store
                  else _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url))
-        counter = 0
+        counter, both = 0, False   # both: the generation and the control counter exist
+        watched = [keys.GENERATION, keys.CONTROL_N]
         while not self._stop.is_set():
             counter += 1
             w0, c0 = time.perf_counter(), time.thread_time()
@@ -961,12 +1053,19 @@ class Runtime:
                      "compute_s": self._compute_s, "comm_s": self._comm_s, "stall_s": self._stall_s,
                      "snap_step": self._snap_step, "persisted_step": self._persisted_step,
                      "gen": self.gen, "host": self._host, "local": self._local}))
-                if store.check([keys.GENERATION]):
+                t_read = time.monotonic()
+                both = both or store.check(watched)   # keys are never deleted: checked until seen
+                if both:
+                    gen, control = keys.read_existing(store, watched)
+                    self._gen_seen, self._control_beat = int(gen), (int(control), t_read)
+                elif store.check([keys.GENERATION]):
                     self._gen_seen = int(store.get(keys.GENERATION))
             except (RuntimeError, ValueError, OSError):
                 pass  # store unreachable: the launcher is gone or restarting; keep beating
             self.clock.add("bg_heartbeat", time.perf_counter() - w0, time.thread_time() - c0)
-            self._stop.wait(self.settings.heartbeat_interval_s)
+            # an idle spare is not judged by its heartbeat (only ranks are) and waits for its
+            # rank on a store key, not on the generation seen here: it beats less often
+            self._stop.wait(self.settings.heartbeat_interval_s * (1 if self.rank >= 0 else SPARE_BEAT_EVERY))
 
     def _note(self, kind: str, **fields) -> None:
         """Record a worker-side event: on stderr (the node launcher's log) in the launch's

@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 
 POLL_S = 0.005
+# The zygote sleeps in select() until a request or a child's exit (SIGCHLD, through a
+# wake-up pipe) arrives; this bound is only a safety net. It polled every 5 ms before:
+# 1.8 ms of CPU per training step of the FSDP2 --quick job (docs/benchmarks.md).
+IDLE_S = 1.0
 
 
 # ---------------------------------------------------------------- the zygote process
@@ -42,6 +46,26 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _exit_wakeup() -> int:
+    """A pipe the kernel's SIGCHLD writes a byte to (``signal.set_wakeup_fd``): its read
+    end is readable as soon as a child ends, so the zygote can block in select()."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)   # a Python handler: the fd is written
+    signal.set_wakeup_fd(w)
+    return r
+
+
+def _forget_exit_wakeup(r: int) -> None:
+    """In a forked child: the zygote's SIGCHLD handling is not the script's."""
+    w = signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in (r, w):
+        if fd >= 0:
+            os.close(fd)
 
 
 def _run_child(argv: list[str], env: dict[str, str], cwd: str | None) -> None:
@@ -82,10 +106,18 @@ def serve(fd: int, preload: tuple[str, ...] = ()) -> None:
         importlib.import_module(name)
 
     sock = socket.socket(fileno=fd)
+    wake = _exit_wakeup()
     buf = b""
     while True:
-        ready, _, _ = select.select([sock], [], [], POLL_S)
-        if ready:
+        ready, _, _ = select.select([sock, wake], [], [], IDLE_S)
+        if wake in ready:
+            while True:   # drain: one byte per signal delivered
+                try:
+                    if not os.read(wake, 512):
+                        break
+                except BlockingIOError:
+                    break
+        if sock in ready:
             data = sock.recv(65536)
             if not data:
                 return   # the launcher is gone; the workers die with this process (die_with_parent)
@@ -96,6 +128,7 @@ def serve(fd: int, preload: tuple[str, ...] = ()) -> None:
                 pid = os.fork()
                 if pid == 0:
                     sock.close()
+                    _forget_exit_wakeup(wake)
                     _run_child(req["argv"], req["env"], req.get("cwd"))
                 sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         while True:   # reap every child that has ended
@@ -129,6 +162,8 @@ class ForkServer:
         """Read whatever the zygote has sent (waiting up to ``timeout_s`` for something)."""
         if timeout_s > 0:
             select.select([self.sock], [], [], timeout_s)
+        elif not select.select([self.sock], [], [], 0)[0]:
+            return   # nothing sent: no recv, no BlockingIOError (the launcher asks often)
         while True:
             try:
                 data = self.sock.recv(65536)
@@ -161,6 +196,11 @@ class ForkServer:
                 raise RuntimeError(f"fork server exited (code {self.proc.returncode})")
             self._pump(0.05)
         return ForkedProcess(self, self._pids.pop(0))
+
+    def idle(self, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, waking at once when the zygote reports something
+        (a child's exit): the launcher's wait between passes."""
+        self._pump(timeout_s)
 
     def close(self) -> None:
         self.sock.close()

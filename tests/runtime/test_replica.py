@@ -1,0 +1,81 @@
+"""Replica pushes: a holder on the pusher's host reads the slot file, any other the socket;
+either way every tensor is hash-checked before the replica is kept."""
+
+import numpy as np
+import pytest
+import torch
+
+from seamguard.runtime import replica
+from seamguard.runtime.data import GlobalBatchSampler
+from seamguard.runtime.snapshot import SlotStore, TrainingState
+
+HOST = "127.0.0.1"
+
+
+@pytest.fixture
+def pusher(tmp_path):
+    """A captured, hashed snapshot in a shared-memory slot: (slot, manifest)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    slots = SlotStore(f"sgtest-push-{tmp_path.name}", 3)
+    slot = slots.capture(TrainingState(model, opt, GlobalBatchSampler(64, 8).state_dict), 7, timeout_s=5.0)
+    yield slot, slots.build_manifest(slot, rank=1, world_size=2)
+    slots.close()
+
+
+@pytest.fixture
+def holder(tmp_path):
+    slots = SlotStore(f"sgtest-hold-{tmp_path.name}", 3)
+    server = replica.ReplicaServer(replica.ReplicaStore(slots), HOST, timeout_s=5.0, dedup=False)
+    yield server
+    server.close()
+    slots.close()
+
+
+def _held(server, manifest) -> list[bytes]:
+    """Every tensor's bytes of the replica the holder keeps (fetched, hash-checked)."""
+    got_manifest, payload = replica.fetch(server.address, 1, manifest.step, timeout_s=5.0)
+    assert got_manifest.entries == manifest.entries
+    return _tensors(manifest, payload)
+
+
+def _tensors(manifest, payload: np.ndarray) -> list[bytes]:
+    return [payload[e.offset:e.offset + e.nbytes].tobytes() for e in manifest.entries]
+
+
+def test_a_holder_on_the_same_host_reads_the_slot_file_not_the_socket(pusher, holder):
+    slot, manifest = pusher
+    # what crosses the socket here would fail the hashes: the holder must take the file's bytes
+    garbage = np.zeros_like(slot.array)
+    took = replica.push(holder.address, 1, manifest, garbage, 5.0, local=(HOST, str(slot.path)))
+    assert took == sum(e.nbytes for e in manifest.entries)
+    assert _held(holder, manifest) == _tensors(manifest, slot.array)
+
+
+def test_a_holder_on_another_host_takes_the_bytes_from_the_socket(pusher, holder):
+    slot, manifest = pusher
+    sent = slot.array.copy()
+    slot.array[:] = 0   # the file no longer holds the snapshot: only the socket's bytes are right
+    replica.push(holder.address, 1, manifest, sent, 5.0, local=("10.11.12.13", str(slot.path)))
+    assert _held(holder, manifest) == _tensors(manifest, sent)
+
+
+def test_a_slot_file_that_is_gone_falls_back_to_the_socket(pusher, holder):
+    slot, manifest = pusher
+    sent = slot.array.copy()
+    slot.path.unlink()
+    replica.push(holder.address, 1, manifest, sent, 5.0, local=(HOST, str(slot.path)))
+    assert _held(holder, manifest) == _tensors(manifest, sent)
+
+
+def test_bytes_read_from_the_file_that_fail_their_hash_are_refused(pusher, holder):
+    slot, manifest = pusher
+    e = manifest.entries[0]
+    slot.array[e.offset] ^= 0xFF   # changed after hashing: what a torn slot would look like
+    with pytest.raises((replica.ReplicaError, OSError)):
+        replica.push(holder.address, 1, manifest, slot.array, 5.0, local=(HOST, str(slot.path)))
+    with pytest.raises(replica.ReplicaError, match="no replica"):
+        replica.fetch(holder.address, 1, manifest.step, timeout_s=5.0)
