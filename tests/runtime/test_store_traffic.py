@@ -1,0 +1,174 @@
+"""Store traffic of a running job: what the coordinator's pass and a rank's step boundary
+read, and that reading less misses nothing (an exit, a hint, a control change)."""
+
+import datetime
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from seamguard.runtime import keys
+from seamguard.runtime.coordinator import Coordinator
+from seamguard.runtime.settings import LaunchSettings
+from seamguard.runtime.worker import Runtime
+
+
+class Counted:
+    """A real TCPStore (so multi_get waits on a missing key, as in a job: a short timeout
+    turns that into an error) that counts the requests made through it."""
+
+    def __init__(self) -> None:
+        self.inner = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=2))
+        self.requests = 0
+
+    def __getattr__(self, name):
+        if name not in ("check", "get", "set", "add", "multi_get", "num_keys"):
+            raise AttributeError(name)
+        method = getattr(self.inner, name)
+
+        def counted(*args):
+            self.requests += 1
+            return method(*args)
+        return counted
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def beat(store, wid: int, n: int, step: int) -> None:
+    store.set(keys.heartbeat(wid), json.dumps({"n": n, "step": step, "phase": "compute",
+                                               "compute_s": 0.1, "gen": 0}))
+
+
+@pytest.fixture
+def running():
+    """A coordinator over a real store, its job running at step 40: (coordinator, store, clock)."""
+    store, clock = Counted(), Clock()
+    c = Coordinator(store, LaunchSettings(script=["x.py"], nproc=2), [0, 1], [2], None, 30.0,
+                    lambda _: None, clock=clock)
+    for w in (0, 1, 2):
+        store.set(keys.worker_addr(w), "h:1")
+    c.tick()
+    for w in c.plan.ranks:
+        store.set(keys.have(0, w), json.dumps({"own": [], "replicas": {}}))
+    c.tick()
+    for w in c.plan.ranks:
+        store.set(keys.recovered(0, w), json.dumps({"ok": True, "checksum": "ab", "step": 0}))
+    c.tick()
+    assert c.phase == "running"
+    for w in (0, 1):
+        beat(store, w, 1, 40)
+    clock.t += 0.05
+    c.tick()   # the first reads of the beats and of the key families
+    return c, store, clock
+
+
+def test_a_steady_pass_reads_the_key_count_the_hints_and_the_beats_once_each(running):
+    c, store, clock = running
+    for n in range(2, 6):
+        for w in (0, 1):
+            beat(store, w, n, 40 + n)
+        clock.t += 0.05
+        before = store.requests
+        c.tick()
+        assert store.requests - before == 3   # num_keys, hint keys, heartbeats
+    assert c.phase == "running" and c._furthest_step == 45
+
+
+def test_an_exit_is_seen_at_the_next_pass(running):
+    c, store, clock = running
+    clock.t += 0.05
+    c.tick()
+    store.set(keys.exit_code(1), "-9")
+    clock.t += 0.05
+    c.tick()
+    assert c.plan.gen == 1 and 1 not in c.plan.ranks
+
+
+def test_a_hint_is_seen_at_the_next_pass_and_moves_the_control_counter(running):
+    c, store, clock = running
+    control = int(store.get(keys.CONTROL_N))
+    store.add(keys.HINT_CHECKPOINT, 1)
+    clock.t += 0.05
+    c.tick()
+    assert int(store.get(keys.HINT_PERSIST_AT)) >= 40 + 3
+    assert int(store.get(keys.CONTROL_N)) == control + 1
+
+
+def test_keys_that_appear_while_others_go_are_read_within_the_full_read_interval():
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    store.set("a", "1")
+    seen = keys.NewKeys(full_every_s=0.5)
+    assert seen.appeared(store, 0.0)
+    assert not seen.appeared(store, 0.1)
+    store.delete_key("a")
+    store.set("b", "1")   # the count is as it was
+    assert not seen.appeared(store, 0.2)
+    assert seen.appeared(store, 0.6)
+    store.set("c", "1")
+    assert seen.appeared(store, 0.7)
+
+
+def test_a_store_that_cannot_count_its_keys_is_read_every_time():
+    seen = keys.NewKeys(full_every_s=0.5)
+    assert seen.appeared(object(), 0.0) and seen.appeared(object(), 0.0)
+
+
+class ControlStore:
+    """keys.CONTROL_N and one step mode, counting reads."""
+
+    def __init__(self, counter: int) -> None:
+        self.d = {keys.CONTROL_N: str(counter).encode(), keys.STEP_MODES: b"40 - on"}
+        self.reads = 0
+
+    def check(self, ks):
+        self.reads += 1
+        return all(k in self.d for k in ks)
+
+    def get(self, k):
+        self.reads += 1
+        return self.d[k]
+
+
+def _rank(store, beat, last_step_s, mirror_lag_s=0.0):
+    """The part of a Runtime that `_controls` uses."""
+    return SimpleNamespace(store=store, _control_beat=beat, _control=(None, {}),
+                           _last_step_s=last_step_s, _mirror_lag_s=mirror_lag_s)
+
+
+def test_a_rank_reads_the_control_keys_only_when_the_counter_moves(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("seamguard.runtime.worker.time.monotonic", lambda: now[0])
+    store = ControlStore(3)
+    rank = _rank(store, (3, 99.95), last_step_s=0.2)
+    assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on"
+    first = store.reads
+    assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on"
+    assert store.reads == first   # fresh heartbeat reading, same counter: no request
+    store.d[keys.STEP_MODES] = b"40 - on\n55 - off"
+    store.d[keys.CONTROL_N] = b"4"
+    rank._control_beat = (4, 99.99)
+    assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on\n55 - off"
+
+
+def test_a_heartbeat_reading_older_than_a_step_is_not_relied_on(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("seamguard.runtime.worker.time.monotonic", lambda: now[0])
+    store = ControlStore(3)
+    rank = _rank(store, (3, 99.9), last_step_s=0.2)
+    Runtime._controls(rank)
+    store.d[keys.STEP_MODES] = b"70 - off"
+    store.d[keys.CONTROL_N] = b"4"   # changed after the heartbeat's reading (counter 3) ...
+    rank._last_step_s = 0.05         # ... which is older than the last step took: read now
+    assert Runtime._controls(rank)[keys.STEP_MODES] == b"70 - off"
+    # through the node's mirror the reading may be a node beat older still
+    store.d[keys.STEP_MODES], store.d[keys.CONTROL_N] = b"80 - on", b"5"
+    rank._control_beat, rank._last_step_s, rank._mirror_lag_s = (4, 99.95), 0.2, 0.2
+    assert Runtime._controls(rank)[keys.STEP_MODES] == b"80 - on"
