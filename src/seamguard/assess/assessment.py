@@ -175,7 +175,7 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         return ok & ~h if h is not None else ok
 
     evid: dict[Kind, ev.Evidence] = {}
-    evid[Kind.COOLING_LOOP], loop_b = ev.loop_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.COOLING_LOOP),
+    evid[Kind.COOLING_LOOP], (loop_b, supply_b) = ev.loop_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.COOLING_LOOP),
                                                        dt_s)
     evid[Kind.RACK] = ev.rack_evidence(fleet, frame, e_cfg)
     evid[Kind.GPU], gpu_b, r_th, r_n = ev.gpu_evidence(fleet, frame, hist, e_cfg, evid[Kind.COOLING_LOOP].gfs,
@@ -183,7 +183,7 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     evid[Kind.NIC], nic_b = ev.nic_evidence(fleet, frame, hist, e_cfg, base, b_cfg, learn(Kind.NIC), dt_s)
     evid[Kind.LINK], link_b = ev.link_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.LINK), dt_s)
     evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s)
-    new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, r_th, r_n, frame.t_s)
+    new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, supply_b, r_th, r_n, frame.t_s)
 
     kinds: dict[Kind, KindAssessment] = {}
     transitions: list[Transition] = []

@@ -3,7 +3,7 @@
 Pure data and pure update rules; the controller holds the state between ticks and
 persists it with the ledger snapshot (``to_arrays`` / ``from_arrays``). Every entity
 keeps a fixed number of floats (no lists, no windows), so memory is bounded at any
-fleet size: 64 bytes per GPU, 20 per NIC, 8 per link, storage path and cooling loop.
+fleet size: 64 bytes per GPU, 20 per NIC, 8 per link and storage path, 16 per cooling loop.
 
 Each baseline is an exponentially weighted estimate with a count-based start: the
 first samples are averaged evenly (``alpha = 1 / (n + 1)``), later ones with the
@@ -23,7 +23,8 @@ What is learned (docs/evidence.md):
 - GPU and NIC error counters: each one's floor rate (errors per hour when healthy).
 - NIC congestion: its transmit-wait rate.
 - Links and storage paths: log latency (their latency floor).
-- Cooling loops: log coolant flow (the flow this loop holds when healthy).
+- Cooling loops: log coolant flow (the flow this loop holds when healthy) and the loop's
+  supply temperature over the peer-loop median (CDUs hold different setpoints).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class BaselineConfig(BaseModel):
     counter_floor_margin: float = Field(0.5, ge=0, description="share of a channel's start threshold a floor may rise by per sample")
     latency_clip: float = Field(1.3, gt=1, description="a warm latency sample is clipped to baseline × / ÷ this")
     clock_clip: float = Field(0.03, gt=0, description="a warm clock sample is clipped to baseline ± this fraction")
+    offset_clip_c: float = Field(0.5, gt=0, description="a warm coolant supply offset sample is clipped to "
+                                                        "baseline ± this many °C")
     die_tau_s: float = Field(30.0, gt=0, description="time constant of die temperature after a power change")
     operating_range_w: float = Field(150.0, gt=0, description="power this far (or 3 sigma) from the mean a GPU's fit "
                                                               "was learned at is an extrapolation: no drift verdict")
@@ -128,6 +131,16 @@ class NicBaseline:
 
 
 @dataclass(frozen=True, eq=False)
+class OffsetBaseline:
+    n: np.ndarray  # int32 samples learned
+    mean: np.ndarray  # EW of the offset (°C)
+
+    @classmethod
+    def initial(cls, n: int) -> OffsetBaseline:
+        return cls(np.zeros(n, dtype=np.int32), _nan(n))
+
+
+@dataclass(frozen=True, eq=False)
 class LatencyBaseline:
     n: np.ndarray  # int32 samples learned
     log_lat: np.ndarray  # EW of log latency
@@ -146,6 +159,7 @@ class Baselines:
     link: LatencyBaseline
     storage: LatencyBaseline
     loop: LatencyBaseline  # log coolant flow, same update rule as a latency
+    loop_supply: OffsetBaseline  # °C of supply over the peer-loop median
     r_th: float  # °C/W, the fleet's slope of die rise over power (learned across GPUs)
     r_th_n: int  # ticks it was learned from
     t_s: float  # time of the last update (NaN before the first)
@@ -154,7 +168,8 @@ class Baselines:
     def initial(cls, fleet: Fleet, cfg: BaselineConfig) -> Baselines:
         return cls(GpuBaseline.initial(fleet.count(Kind.GPU)), NicBaseline.initial(fleet.count(Kind.NIC)),
                    LatencyBaseline.initial(fleet.count(Kind.LINK)), LatencyBaseline.initial(fleet.count(Kind.STORAGE)),
-                   LatencyBaseline.initial(fleet.count(Kind.COOLING_LOOP)), float(cfg.r_th_prior_c_per_w), 0,
+                   LatencyBaseline.initial(fleet.count(Kind.COOLING_LOOP)),
+                   OffsetBaseline.initial(fleet.count(Kind.COOLING_LOOP)), float(cfg.r_th_prior_c_per_w), 0,
                    float("nan"))
 
     def dt(self, t_s: float, default_s: float) -> float:
@@ -162,7 +177,7 @@ class Baselines:
         return default_s if not np.isfinite(self.t_s) else max(0.0, t_s - self.t_s)
 
     # ---- persistence through the ledger's snapshot arrays -------------------------------
-    _PARTS = ("gpu", "nic", "link", "storage", "loop")
+    _PARTS = ("gpu", "nic", "link", "storage", "loop", "loop_supply")
 
     def to_arrays(self, prefix: str = "baseline") -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -198,8 +213,8 @@ class Baselines:
         fl = arrays.get(f"{prefix}.fleet")
         if fl is None or fl.shape != (3,):
             return replace(fresh, **parts), stale + (["fleet"] if fl is None else [])
-        return cls(parts["gpu"], parts["nic"], parts["link"], parts["storage"], parts["loop"], float(fl[0]),
-                   int(fl[1]), float(fl[2])), stale
+        return cls(parts["gpu"], parts["nic"], parts["link"], parts["storage"], parts["loop"], parts["loop_supply"],
+                   float(fl[0]), int(fl[1]), float(fl[2])), stale
 
     def warm_counts(self, cfg: BaselineConfig) -> dict[str, int]:
         """How many entities of each kind have a warm baseline (for reports and /metrics)."""
@@ -232,3 +247,15 @@ def latency_step(base: LatencyBaseline, lat: np.ndarray, learn: np.ndarray, dt_s
     ok = learn & np.isfinite(log)
     a = alpha(base.n, dt_s, cfg.half_life_s, cfg.warm_samples)
     return LatencyBaseline(count_up(base.n, ok), ew(base.log_lat, sample, a, ok)), ratio, warm
+
+
+def offset_step(base: OffsetBaseline, x: np.ndarray, learn: np.ndarray, dt_s: float,
+                cfg: BaselineConfig) -> tuple[OffsetBaseline, np.ndarray, np.ndarray]:
+    """Update a learned offset (°C); returns (new baseline, the sample over the old mean, warm mask)."""
+    warm = base.n >= cfg.warm_samples
+    over = x - base.mean
+    clip = cfg.offset_clip_c
+    sample = np.where(warm, np.clip(x, base.mean - clip, base.mean + clip), x)
+    ok = learn & np.isfinite(x)
+    a = alpha(base.n, dt_s, cfg.half_life_s, cfg.warm_samples)
+    return OffsetBaseline(count_up(base.n, ok), ew(base.mean, sample, a, ok)), over, warm

@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.assess.baselines import (Baselines, BaselineConfig, GpuBaseline, NicBaseline, alpha, count_up, ew,
-                                        floor_step, latency_step)
+                                        floor_step, latency_step, offset_step)
 from seamguard.assess.stats import group_median, noisy_or, ramp, robust_z
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
@@ -89,7 +89,8 @@ class EvidenceConfig(BaseModel):
     flow_ratio: tuple[float, float] = Field((0.92, 0.80), description="coolant flow / rated: concern, saturation")
     flow_drop_own: tuple[float, float] = Field((0.03, 0.10), description="coolant flow below what this loop holds "
                                                                          "when healthy (fraction): concern, saturation")
-    supply_excess_c: tuple[float, float] = Field((2.0, 5.0), description="loop supply temp above peer median")
+    supply_excess_c: tuple[float, float] = Field((2.0, 5.0), description="loop supply temp above the peer median, "
+                                                                        "over what the loop holds when healthy")
     storage_latency_ratio: tuple[float, float] = Field((2.0, 4.0), description="write latency over path median and own floor")
     storage_latency_ms: tuple[float, float] = Field((100.0, 400.0), description="absolute p99 write latency")
     facility_weight: float = Field(0.75, ge=0, le=1, description="share of a loop's GFS its GPUs inherit")
@@ -569,6 +570,9 @@ def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
     A CDU's pumps hold its flow steady, so a sustained drop below the loop's own learned
     flow is the earliest sign of a pump, valve or filter going: it is seen at the first
     sample, before the flow falls far enough below the rating to matter on its own.
+    CDUs hold different supply setpoints, so a loop's supply is judged by how far its
+    excess over the peer-loop median has risen above the excess it holds when healthy (no
+    verdict until that is learned). Returns the evidence and the new (flow, supply) baselines.
     """
     bcfg = bcfg or BaselineConfig()
     base = base or Baselines.initial(fleet, bcfg)
@@ -580,7 +584,6 @@ def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
     n = len(flow)
     med = np.nanmedian(supply) if np.isfinite(supply).any() else np.nan
     excess = supply - med
-    s_supply = ramp(excess, *cfg.supply_excess_c) if n >= 3 else np.zeros(n)
     gone = np.isnan(flow)
     s_missing = np.where(gone, cfg.missing_node_score, 0.0)
     learn = np.ones(n, dtype=bool) if learn is None else learn
@@ -591,11 +594,16 @@ def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
     new, own, warm = latency_step(base.loop, flow, learn & held & (s_flow == 0), dt_s, bcfg)
     drop = np.where(warm, 1.0 - own, 0.0)
     s_own = ramp(drop, d_lo, d_hi)
+    # A loop teaches its supply offset only while its supply is not in excess of it.
+    with np.errstate(invalid="ignore"):
+        calm = (base.loop_supply.n < bcfg.warm_samples) | ~(excess - base.loop_supply.mean >= cfg.supply_excess_c[0])
+    new_supply, rise, s_warm = offset_step(base.loop_supply, excess, learn & calm, dt_s, bcfg)
+    s_supply = ramp(np.where(s_warm, rise, 0.0), *cfg.supply_excess_c) if n >= 3 else np.zeros(n)
     none = np.zeros(n, dtype=bool)
     return Evidence(Kind.COOLING_LOOP, ("flow_ratio", "flow_own", "supply_excess", "missing"),
                     ("ratio", "ratio", "celsius", "bool"),
                     _stack([s_flow, s_own, s_supply, s_missing]),
-                    _stack([ratio, own, excess, gone.astype(float)]), none, none), new
+                    _stack([ratio, own, np.where(s_warm, rise, np.nan), gone.astype(float)]), none, none), (new, new_supply)
 
 
 def rack_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
