@@ -79,3 +79,14 @@ def test_bytes_read_from_the_file_that_fail_their_hash_are_refused(pusher, holde
         replica.push(holder.address, 1, manifest, slot.array, 5.0, local=(HOST, str(slot.path)))
     with pytest.raises(replica.ReplicaError, match="no replica"):
         replica.fetch(holder.address, 1, manifest.step, timeout_s=5.0)
+
+
+def test_a_peer_cannot_have_the_holder_read_a_file_that_is_no_slot(pusher, holder, tmp_path):
+    slot, manifest = pusher
+    other = tmp_path / "secret-slot0"
+    other.write_bytes(slot.array.tobytes())   # right bytes, but not a shared-memory slot
+    sent = slot.array.copy()
+    replica.push(holder.address, 1, manifest, sent, 5.0, local=(HOST, str(other)))
+    assert _held(holder, manifest) == _tensors(manifest, sent)   # taken from the socket
+    with pytest.raises(replica.ReplicaError):
+        replica.push(holder.address, 1, manifest, np.zeros_like(sent), 5.0, local=(HOST, str(other)))

@@ -22,16 +22,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from seamguard.runtime.manifest import Manifest, TensorEntry, hash_bytes
 from seamguard.runtime.snapshot import META, SlotStore
+
+
+SHM = Path("/dev/shm")
+_SLOT_NAME = re.compile(r"[A-Za-z0-9_.-]+-slot[0-9]+")   # SlotStore's slot files
 
 
 class ReplicaError(Exception):
@@ -244,13 +250,18 @@ class ReplicaServer:
             return {e.name: e.xxh3 for e in own.manifest.entries} if own and own.manifest else {}
 
     def _open_local(self, local: dict | None) -> int | None:
-        """The pusher's slot file, opened for reading, when the pusher is on this host."""
+        """The pusher's slot file, opened for reading, when the pusher is on this host and
+        names a snapshot slot (a shared-memory file named like SlotStore's): never any
+        other file a peer might name."""
         if not local or local.get("host") != self.host:
             return None
+        path = Path(str(local.get("path", "")))
+        if path.parent != SHM or not _SLOT_NAME.fullmatch(path.name):
+            return None
         try:
-            return os.open(str(local["path"]), os.O_RDONLY)
-        except (OSError, KeyError):
-            return None   # gone (its node's memory lost) or elsewhere: the socket then
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None   # gone (its node's memory lost): the socket then
 
     def _on_push(self, conn: socket.socket, req: dict) -> None:
         src = self._open_local(req.get("local"))
