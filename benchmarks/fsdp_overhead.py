@@ -9,6 +9,11 @@ snapshot every step) alternated, repeated. seamguard's workers run with
 milliseconds per step, which this script averages over the ranks and takes the median of
 over the reps. Training-thread phases add to the step's wall time; background-thread
 phases (``bg_*``) cost only CPU the 2 shared cores would otherwise give to the ranks.
+It also samples /proc (every 50 ms) for the CPU time of every process each run starts,
+and reports per system the job's CPU milliseconds per step over the training window
+(first to last committed step), split by process role: training ranks, and for
+seamguard the launcher (coordinator and the job's TCPStore), the zygote and the idle
+spare (the replica server, copier and heartbeat threads are inside the ranks).
 Last line of stdout: one JSON object (also written to
 benchmarks/results/fsdp_overhead[_quick].json).
 """
@@ -22,11 +27,86 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import failover_training as ft
+
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _cpu_and_role(pid: int) -> tuple[float, str] | None:
+    """(user + system CPU seconds of every thread so far, what the process is)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    role = ("rank" if "seamguard: rank" in cmd or "torchrun_fsdp_train" in cmd else
+            "launcher" if "seamguard launch" in cmd else "zygote" if "fork server" in cmd else
+            "spare" if "spare" in cmd else "torchrun agent" if "torch.distributed.run" in cmd else "other")
+    return (int(fields[11]) + int(fields[12])) * _TICK_S, role
+
+
+class CpuSampler:
+    """Samples the CPU time of every process started under this one, every 50 ms."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, dict[int, tuple[float, str]]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            now = time.time()
+            got = {pid: v for pid in _descendants(me) if (v := _cpu_and_role(pid)) is not None}
+            self.samples.append((now, got))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def per_role_ms(self, t0: float, t1: float, steps: int) -> dict[str, float]:
+        """CPU milliseconds per step between wall times t0 and t1, per process role (a
+        process's CPU at its last sample before t1, less its CPU at t0 or 0 if it started later)."""
+        if not self.samples or steps < 1:
+            return {}
+        start = min(self.samples, key=lambda s: abs(s[0] - t0))[1]
+        end = min(self.samples, key=lambda s: abs(s[0] - t1))[1]
+        out: dict[str, float] = {}
+        for pid, (cpu, role) in end.items():
+            out[role] = out.get(role, 0.0) + cpu - start.get(pid, (0.0, role))[0]
+        out["job"] = sum(out.values())
+        return {k: round(1e3 * v / steps, 1) for k, v in sorted(out.items())}
+
+
+def cpu_per_step(sampler: CpuSampler, out: Path) -> dict[str, float]:
+    rows = ft.read_logs(out)
+    return sampler.per_role_ms(rows[0][1], rows[-1][1], rows[-1][0] - rows[0][0])
 
 
 def rank_phases(events_file: Path) -> list[dict]:
@@ -59,17 +139,23 @@ def main() -> None:
     ft.ENV["SEAMGUARD_PROFILE"] = "1"
     work = Path(tempfile.mkdtemp(prefix="sg-fsdp-overhead-"))
     windows: dict[str, list[float]] = {"plain": [], "seamguard": []}
+    cpu: dict[str, list[dict[str, float]]] = {"plain": [], "seamguard": []}
     phases: list[dict] = []
     loads = [round(os.getloadavg()[0], 2)]
     try:
         for rep in range(reps):
             for system in ft.rotated(["plain", "seamguard"], rep):
                 name = f"r{rep}_{system}"
-                if system == "plain":
-                    r = ft.run_plain_fsdp(cfg, work, False, name)
-                else:
-                    r = ft.run_seamguard_fsdp(replace(cfg), work, False, name)
-                    phases.append(mean_over_ranks(rank_phases(work / name / "events.jsonl")))
+                sampler = CpuSampler()
+                try:
+                    if system == "plain":
+                        r = ft.run_plain_fsdp(cfg, work, False, name)
+                    else:
+                        r = ft.run_seamguard_fsdp(replace(cfg), work, False, name)
+                        phases.append(mean_over_ranks(rank_phases(work / name / "events.jsonl")))
+                finally:
+                    sampler.stop()
+                cpu[system].append(cpu_per_step(sampler, work / name))
                 windows[system].append(r["window_s"])
                 loads.append(round(os.getloadavg()[0], 2))
                 print(f"rep {rep + 1}/{reps} {system:9s} training {r['window_s']:.2f}s "
@@ -90,11 +176,18 @@ def main() -> None:
     print(f"{'phase':24s} {'wall ms/step':>13s} {'cpu ms/step':>12s} {'count/run':>10s}")
     for k, v in table.items():
         print(f"{k:24s} {v['wall_ms_per_step']:13.2f} {v['cpu_ms_per_step']:12.2f} {v['count']:10.0f}")
+    cpu_table = {system: {role: round(statistics.median(r.get(role, 0.0) for r in runs), 1)
+                          for role in sorted({k for r in runs for k in r})}
+                 for system, runs in cpu.items()}
+    print("\nCPU ms per step (all threads, median over reps), by process:")
+    for system, roles in cpu_table.items():
+        print(f"  {system:9s} " + "  ".join(f"{role} {ms}" for role, ms in roles.items()))
     summary = {"mode": "quick" if args.quick else "full", "reps": reps, "steps": cfg.steps,
                "window_s": {s: [round(x, 3) for x in v] for s, v in windows.items()},
                "step_ms": {s: round(v, 1) for s, v in step_ms.items()},
                "failure_free_ratio": ft.spread(ratios), "load": [min(loads), max(loads)],
-               "phases_per_step": table}
+               "phases_per_step": table, "cpu_ms_per_step": cpu_table,
+               "cpu_ms_per_step_runs": cpu}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
