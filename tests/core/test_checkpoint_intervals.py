@@ -75,3 +75,14 @@ def test_one_in_effect_stays_through_the_risk_episode_and_goes_when_it_ends():
     assert "risk episode" in kept[held].reason
     assert _plan(calm, in_effect={held}) == {}  # the episode ended: reverted, the job's own interval
     assert _plan(calm, in_effect={"checkpoint_interval:no-such-job=900"}, in_episode={"no-such-job"}) == {}
+
+
+def test_within_the_risk_the_interval_only_tightens():
+    """A hazard that dips across a rung's boundary for a tick keeps the shorter rung (the detection
+    benchmark's scenario 6 switched a job 450 -> 900 -> 450 -> 900 s on consecutive ticks)."""
+    (tight,) = _plan(_exposed(1.5))
+    (loose,) = _plan(_exposed(0.9))
+    assert float(ActionKey.parse(tight).value) < float(ActionKey.parse(loose).value)
+    dipped = _plan(_exposed(0.9), in_effect={tight})
+    assert list(dipped) == [tight] and "only tightens" in dipped[tight].reason
+    assert list(_plan(_exposed(1.5), in_effect={loose})) == [tight]  # worse: tightens at once

@@ -56,17 +56,25 @@ def plan_checkpoint_intervals(fleet: Fleet, policy: Policy, ex: Exposure, crit: 
     (``in_episode``: the jobs with an open episode, checkpoints.open_episodes), though this
     tick's hazard alone would not ask for it (a dip in the evidence, a restarted
     controller's first ticks): a job's interval changes rung by rung and goes back only
-    when its risk episode ends."""
+    when its risk episode ends. Within the episode the interval only tightens: a hazard that
+    dips for a tick (node evidence wobbling across a rung's boundary) keeps the shorter rung
+    in effect instead of loosening and tightening it again every tick."""
     rules = policy.actions
     if not rules.adapt_checkpoint_interval:
         return {}
     out = _wanted(fleet, policy, ex, crit)
-    asked = {a.target for a in out.values()}
+    asked = {a.target: (k, float(a.param("interval_s"))) for k, a in out.items()}
     job_index = {n: j for j, n in enumerate(fleet.job_names)}
     for k in sorted(in_effect):
         ak = ActionKey.parse(k)
-        if ak.verb == Verb.CHECKPOINT_INTERVAL and ak.entity not in asked and ak.entity in job_index and (
-                ak.entity in in_episode or ex.job_hazard_per_h[job_index[ak.entity]] > 0):
+        if ak.verb != Verb.CHECKPOINT_INTERVAL or ak.entity not in job_index:
+            continue
+        if ak.entity in asked:
+            new_key, new_s = asked[ak.entity]
+            if new_key != k and new_s > float(ak.value):
+                del out[new_key]
+                out[k] = kept(k, f"{ak.entity}'s interval only tightens while it is at risk (wanted {new_s:.0f} s)")
+        elif ak.entity in in_episode or ex.job_hazard_per_h[job_index[ak.entity]] > 0:
             out[k] = kept(k, f"{ak.entity} is in a risk episode; its own interval comes back when the episode ends")
     return out
 
