@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from seamguard.testbed.inference_bed import BENCH_KEYS, GATEWAY_PORT, PoolBed
-from seamguard.testbed.inference_capacity import pool_capacity, poisson_rate_for
+from seamguard.testbed.inference_capacity import poisson_rate_for, pool_capacity
 from seamguard.testbed.inference_load import LoadSpec, spec_dict
 from seamguard.testbed.inference_pool import PoolTiming
 

@@ -7,9 +7,19 @@ import statistics
 
 import pytest
 
-from seamguard.testbed.inference_capacity import (clipped_lognormal_mean, mix_means, pool_capacity,
-                                                  poisson_rate_for)
-from seamguard.testbed.inference_load import BATCH, INTERACTIVE, ClassMix, LoadSpec, arrivals
+from seamguard.testbed.inference_capacity import (
+    clipped_lognormal_mean,
+    mix_means,
+    poisson_rate_for,
+    pool_capacity,
+)
+from seamguard.testbed.inference_load import (
+    BATCH,
+    INTERACTIVE,
+    ClassMix,
+    LoadSpec,
+    arrivals,
+)
 from seamguard.testbed.inference_pool import PoolTiming
 
 FLAT = ClassMix("interactive", 1.0, 100, 0.0, 1000, 50, 0.0, 1000, ttft_slo_s=1.0, tpot_slo_s=0.1)
