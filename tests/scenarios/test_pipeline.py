@@ -5,12 +5,12 @@ Debian `prometheus` package; a missing binary fails loudly)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import subprocess_env
 from seamguard.app.eval import Relations, load_labels, read_timeline, score
 from seamguard.fleet import parse_topology
 from seamguard.scenarios import ScenarioSpec, generate_files
@@ -19,7 +19,9 @@ from seamguard.testbed.prom import PrometheusServer
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seamguard", *args], env=subprocess_env(), capture_output=True,
+    src = str(Path(__file__).resolve().parents[2] / "src")  # this worktree's package first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-m", "seamguard", *args], env=env, capture_output=True,
                           text=True, timeout=300)
 
 
