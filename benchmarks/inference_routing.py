@@ -222,9 +222,13 @@ def main() -> None:
     if a.rps is not None:
         levels = {f"rps={a.rps:g}": a.rps}
     else:
-        utils = [float(u) for u in (a.utilization or ("0.85" if a.quick else ",".join(map(str, UTILIZATIONS))))
-                 .split(",") if u]
-        levels = {f"{u:g}": poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s) for u in utils}
+        try:
+            utils = [float(u) for u in (a.utilization or ("0.85" if a.quick else ",".join(map(str, UTILIZATIONS))))
+                     .split(",") if u]
+            levels = {f"{u:g}": poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s)
+                      for u in utils}
+        except ValueError as e:
+            raise SystemExit(f"inference_routing: --utilization {a.utilization}: {e}") from None
     slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in shape.classes}
     t_start = time.monotonic()
     load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
