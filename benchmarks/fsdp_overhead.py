@@ -97,8 +97,15 @@ class CpuSampler:
             return {}
         start = min(self.samples, key=lambda s: abs(s[0] - t0))[1]
         end = min(self.samples, key=lambda s: abs(s[0] - t1))[1]
+        # a process's role as any sample saw it (an exiting rank's cmdline reads empty)
+        roles: dict[int, str] = {}
+        for _, got in self.samples:
+            for pid, (_, role) in got.items():
+                if roles.get(pid, "other") == "other":
+                    roles[pid] = role
         out: dict[str, float] = {}
-        for pid, (cpu, role) in end.items():
+        for pid, (cpu, _) in end.items():
+            role = roles[pid]
             out[role] = out.get(role, 0.0) + cpu - start.get(pid, (0.0, role))[0]
         out["job"] = sum(out.values())
         return {k: round(1e3 * v / steps, 1) for k, v in sorted(out.items())}
@@ -176,7 +183,7 @@ def main() -> None:
     print(f"{'phase':24s} {'wall ms/step':>13s} {'cpu ms/step':>12s} {'count/run':>10s}")
     for k, v in table.items():
         print(f"{k:24s} {v['wall_ms_per_step']:13.2f} {v['cpu_ms_per_step']:12.2f} {v['count']:10.0f}")
-    cpu_table = {system: {role: round(statistics.median(r.get(role, 0.0) for r in runs), 1)
+    cpu_table = {system: {role: round(statistics.median(r[role] for r in runs if role in r), 1)
                           for role in sorted({k for r in runs for k in r})}
                  for system, runs in cpu.items()}
     print("\nCPU ms per step (all threads, median over reps), by process:")
