@@ -88,5 +88,6 @@ def test_a_peer_cannot_have_the_holder_read_a_file_that_is_no_slot(pusher, holde
     sent = slot.array.copy()
     replica.push(holder.address, 1, manifest, sent, 5.0, local=(HOST, str(other)))
     assert _held(holder, manifest) == _tensors(manifest, sent)   # taken from the socket
-    with pytest.raises(replica.ReplicaError):
+    with pytest.raises((replica.ReplicaError, OSError)):   # refused; the pusher may see a broken pipe
         replica.push(holder.address, 1, manifest, np.zeros_like(sent), 5.0, local=(HOST, str(other)))
+    assert _held(holder, manifest) == _tensors(manifest, sent)   # the good replica is still the one held
