@@ -320,7 +320,7 @@ def plan_move_checkpoints(fleet: Fleet, policy: Policy, desired: dict[str, Actio
                     key=key, verb=Verb.CHECKPOINT_NOW, target=act.target, target_kind="job", cause=act.cause,
                     criticality=act.criticality,
                     reason=f"seamguard: before {k} (a requeue loses everything since the last persisted checkpoint)")
-        if action_key(Verb.CHECKPOINT_NOW, act.target, f"t{int(t)}") not in out:
-            out[carried_checkpoint(act.target, t).key] = carried_checkpoint(act.target, t)
+        carried = carried_checkpoint(act.target, t)
+        out.setdefault(carried.key, carried)
         now_asked[k] = t
     return out, now_asked

@@ -28,27 +28,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-
-class _Mix(Protocol):  # seamguard.testbed.inference_load.ClassMix
-    share: float
-    prompt_median: int
-    prompt_sigma: float
-    prompt_max: int
-    output_median: int
-    output_sigma: float
-    output_max: int
-    tpot_slo_s: float
-
-
-class _Timing(Protocol):  # seamguard.testbed.inference_pool.PoolTiming
-    prefill_base_s: float
-    prefill_per_token_s: float
-    decode_base_s: float
-    decode_per_seq_s: float
-    max_batch: int
-    kv_capacity_tokens: int
+if TYPE_CHECKING:  # types only: the load generator and the emulator import a server stack
+    from seamguard.testbed.inference_load import ClassMix
+    from seamguard.testbed.inference_pool import PoolTiming
 
 
 def _phi(x: float) -> float:
@@ -68,7 +52,7 @@ def clipped_lognormal_mean(median: float, sigma: float, upper: float) -> float:
     return median * math.exp(sigma * sigma / 2) * _phi(z - sigma) + upper * (1.0 - _phi(z))
 
 
-def mix_means(classes: Sequence[_Mix]) -> tuple[float, float]:
+def mix_means(classes: Sequence[ClassMix]) -> tuple[float, float]:
     """(mean prompt tokens, mean output tokens) of one request of the mix, classes weighted by share."""
     total = sum(c.share for c in classes)
     if not classes or total <= 0:
@@ -93,7 +77,7 @@ class PoolCapacity:
     mean_output_tokens: float
 
 
-def pool_capacity(timing: _Timing, prefill: int, decode: int, classes: Sequence[_Mix]) -> PoolCapacity:
+def pool_capacity(timing: PoolTiming, prefill: int, decode: int, classes: Sequence[ClassMix]) -> PoolCapacity:
     """The nominal capacity of `prefill` prefill and `decode` decode instances, each with `timing`,
     under the mix `classes` (module docstring)."""
     if prefill < 1 or decode < 1:
