@@ -150,3 +150,57 @@ def test_replacement_that_never_gets_ready_ends_in_a_shrink():
     clock.t += c.settings.spare_wait_s + 1
     c.tick()
     assert c.plan.gen == 1 and c.plan.ranks == [0]
+
+
+def _two_nodes():
+    """Two nodes, one rank and one spare each (w0 rank, w1 spare; w2 rank, w3 spare)."""
+    store, clock, log = DictStore(), Clock(), []
+    s = LaunchSettings(script=["x.py"], nproc=1, spares=1, nnodes=2, master_port=29500)
+    c = Coordinator(store, s, [0, 2], [1, 3], None, 30.0, log.append, clock=clock)
+    for w in range(4):
+        store.set(keys.worker_addr(w), f"10.0.0.{w // 2}:1")
+    c.tick()
+    for node in (0, 1):
+        store.set(keys.node_beats(node), json.dumps({"n": 1, "beats": {
+            str(w): {"n": 1, "step": 3, "phase": "compute", "compute_s": 0.1} for w in (2 * node, 2 * node + 1)}}))
+    finish_generation(c, store, {})
+    assert c.phase == "running"
+    return c, store, clock, log
+
+
+def test_a_node_whose_link_closed_is_lost_at_once_with_all_its_workers():
+    c, store, clock, log = _two_nodes()
+    c.tick(links_closed=((1, "closed by the node"),))   # no time passed: no record is stale
+    lost = [e for e in log if e["event"] == "node_lost"]
+    assert [(e["node"], e["wids"]) for e in lost] == [(1, [2, 3])]
+    assert "link" in lost[0]["evidence"]
+    assert c.plan.gen == 1 and c.plan.ranks == [0, 1]   # node 0's spare took rank 1
+    assert store.check([keys.kill_request(2), keys.kill_request(3)])
+    clock.t += 5.0   # its record stays silent: the same node is not judged lost again
+    store.set(keys.node_beats(0), json.dumps({"n": 2, "beats": {"0": {"n": 2, "step": 4, "phase": "compute",
+                                                                     "compute_s": 0.1}}}))
+    c.tick()
+    assert [e["node"] for e in log if e["event"] == "node_lost"] == [1]
+
+
+def test_without_a_link_closing_a_node_is_lost_only_when_its_record_stands_still():
+    c, store, clock, log = _two_nodes()
+    clock.t += 0.5
+    store.set(keys.node_beats(0), json.dumps({"n": 2, "beats": {"0": {"n": 2, "step": 4, "phase": "compute",
+                                                                     "compute_s": 0.1}}}))
+    c.tick()
+    assert not [e for e in log if e["event"] == "node_lost"]
+    clock.t += 1.1   # node 1's record: silent > hang_timeout_s (1 s), node 0's too now
+    store.set(keys.node_beats(0), json.dumps({"n": 3, "beats": {"0": {"n": 3, "step": 5, "phase": "compute",
+                                                                     "compute_s": 0.1}}}))
+    c.tick()
+    lost = [e for e in log if e["event"] == "node_lost"]
+    assert [e["node"] for e in lost] == [1] and "silent" in lost[0]["evidence"]
+
+
+def test_a_node_launcher_gone_before_the_start_ends_the_launch():
+    store, clock, log = DictStore(), Clock(), []
+    s = LaunchSettings(script=["x.py"], nproc=1, nnodes=2, master_port=29500)
+    c = Coordinator(store, s, [0, 1], [], None, 30.0, log.append, clock=clock)
+    assert c.tick(links_closed=((1, "ECONNRESET"),)) == "failed"
+    assert "node 1's launcher went away (ECONNRESET)" in log[-1]["reason"]

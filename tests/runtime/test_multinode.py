@@ -4,7 +4,7 @@ real TCP between them, the job-wide store in etcd on a third host.
 2 hosts x 2 ranks + 1 spare each. (a) a rank killed: a spare takes over without
 restarting the survivors and the final weights are bit-identical to a failure-free run;
 (b) a whole host killed (every process in its namespace): the node is judged lost in one
-verdict, the other host's spare takes one rank and the job shrinks by the other, as
+verdict, as soon as its launcher's link to the coordinator closes, the other host's spare takes one rank and the job shrinks by the other, as
 membership.next_plan says; (c) the coordinator's host killed: the other node ends its
 part of the job (bounded) and leaves no process behind. Namespaces are deleted and
 checked gone after every test, also when it failed.
@@ -105,6 +105,8 @@ def test_host_killed_continues_on_the_other_hosts_spare(cluster):
     assert codes[0] == 0, job.log(0)[-3000:]
     lost = _kinds(job, "node_lost")
     assert [(e["node"], e["wids"]) for e in lost] == [(1, [3, 4, 5])]  # ranks and the spare at once
+    # its kernel closed the launcher's link: judged on that, not on the record's timeout
+    assert "link to the coordinator closed" in lost[0]["evidence"]
     plans = _kinds(job, "plan")
     assert plans[-1]["ranks"] == [0, 1, 2]  # w2 (node 0's spare) took one rank; one was dropped
     assert plans[-1]["roles"] == [0, 1, 3]

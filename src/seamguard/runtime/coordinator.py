@@ -74,6 +74,7 @@ class Coordinator:
     _hints: dict = field(default_factory=dict)  # this tick's hint keys (HINT_KEYS), read at once
     _beating: set = field(default_factory=set)  # workers whose heartbeat key exists (read in one request)
     _new_keys: keys.NewKeys = field(default_factory=lambda: keys.NewKeys(FULL_READ_S))
+    _links_closed: dict = field(default_factory=dict)  # node -> why its launcher's link closed, unjudged
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
 
@@ -97,14 +98,19 @@ class Coordinator:
     def _get(self, key: str) -> bytes | None:
         return self.store.get(key) if self.store.check([key]) else None
 
-    def tick(self, exited: bool = False) -> str:
+    def tick(self, exited: bool = False, links_closed: tuple[tuple[int, str], ...] = ()) -> str:
         """One pass of observe → judge → act; returns the phase. ``exited``: the caller
         saw a worker exit (its code is in the store), so exits are read whatever the key
-        count says."""
+        count says. ``links_closed``: (node, why) for each node launcher whose link to
+        this one closed without a goodbye since the last pass (runtime/nodelink.py)."""
         if self.phase in ("done", "failed"):
             return self.phase
         now = self.clock()
+        self._links_closed.update(links_closed)
         if self.phase == "starting":
+            if self._links_closed:
+                node, why = next(iter(self._links_closed.items()))
+                return self._fail(f"node {node}'s launcher went away ({why}) before every worker registered")
             early = self._exited_before_registering()
             if early:
                 w, code = early
@@ -204,21 +210,34 @@ class Coordinator:
         return keys.read_family(self.store, prefix, names)
 
     def _judge_nodes(self, now: float) -> set[int]:
-        """A node whose launcher stopped writing its record is lost with all its workers."""
+        """A node whose launcher closed its link to this one without a goodbye, or stopped
+        writing its record, is lost with all its workers."""
         if not self.settings.aggregate:
             return set()
         self._records = self._node_records()  # this tick's; _read_beats uses them too
         for node, rec in self._records.items():
             self.nodes.observe(node, rec["n"], {int(w) for w in rec["beats"]}, now)
+        verdicts = []
+        for node, why in self._links_closed.items():
+            wids = self.nodes.link_closed(node, self._initial_workers(node))
+            if wids is not None:
+                verdicts.append((node, wids, f"its launcher's link to the coordinator closed ({why})"))
+        self._links_closed = {}
+        verdicts += [(node, wids, f"node record silent {silent:.2f}s > {self.settings.hang_timeout_s}s")
+                     for node, wids, silent in self.nodes.verdicts(now)]
         out = set()
-        for node, wids, silent in self.nodes.verdicts(now):
+        for node, wids, evidence in verdicts:
             gone = {w for w in wids if w not in self.lost and w not in self.finished}
-            self.log({"event": "node_lost", "node": node, "wids": sorted(gone),
-                      "evidence": f"node record silent {silent:.2f}s > {self.settings.hang_timeout_s}s"})
+            self.log({"event": "node_lost", "node": node, "wids": sorted(gone), "evidence": evidence})
             for w in gone:
                 self._evict(w)
             out |= gone
         return out
+
+    def _initial_workers(self, node: int) -> set[int]:
+        """The workers the node's launcher started (its ranks and spares), by the launch layout."""
+        per_node = self.settings.nproc + self.settings.spares
+        return set(range(node * per_node, (node + 1) * per_node))
 
     def _read_beats(self, wids: list[int]) -> dict[int, dict]:
         """The latest heartbeat of each of ``wids`` that has one: from the node records

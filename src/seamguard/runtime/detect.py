@@ -134,6 +134,15 @@ class NodeTracker:
             self.counters[node] = (counter, now_s)
         self.members[node] = set(wids)
 
+    def link_closed(self, node: int, default_members: set[int]) -> set[int] | None:
+        """The node's launcher closed its link to the coordinator without a goodbye
+        (runtime/nodelink.py): lost now, with the workers its last record listed
+        (``default_members`` when no record came yet). None if already judged lost."""
+        if node in self.lost:
+            return None
+        self.lost.add(node)
+        return set(self.members.get(node, default_members))
+
     def verdicts(self, now_s: float) -> list[tuple[int, set[int], float]]:
         """Nodes newly judged lost: (node, its workers, seconds silent); each reported once."""
         out = []

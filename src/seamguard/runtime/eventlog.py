@@ -69,6 +69,9 @@ def describe(e: dict) -> str:
         return f"job done (generation {gen}; {gen} recover{'y' if gen == 1 else 'ies'})"
     if name == "job_failed":
         return f"JOB FAILED: {e['reason']}"
+    if name == "stale_slots_removed":
+        return (f"removed {e['files']} snapshot slot file(s) ({e['mib']} MiB) from /dev/shm "
+                "whose worker and launcher are gone (a launcher killed before it could clean up)")
     if name == "spare_ready":
         return f"spare {_workers(e['wids'])} ready"
     if name == "started":

@@ -155,6 +155,10 @@ def wake(gen: int) -> str:
 
 NODE_PREFIX = f"{ROOT}/node/"
 
+LINK = f"{ROOT}/link"
+"""host:port where node 0's launcher (the coordinator) accepts the other node launchers'
+links (runtime/nodelink.py): a link closing without a goodbye is that node's loss."""
+
 
 def node_beats(node: int) -> str:
     """JSON written by a node's launcher every node beat: its counter and the latest

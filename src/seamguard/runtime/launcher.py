@@ -9,7 +9,11 @@ TCPStore their own launcher hosts on 127.0.0.1, and the launcher writes one reco
 the node to the job-wide store every node beat (docs/runtime.md, "Many nodes"). Every
 node's launcher reports its children's exits to the store the moment
 `waitpid` sees them (this is how a killed rank is detected in milliseconds), carries out
-kill requests for its own children, and turns hint files into store keys.
+kill requests for its own children, and turns hint files into store keys. Every node's
+launcher but node 0's holds a TCP link to node 0's (runtime/nodelink.py): when a node's
+processes die, its kernel closes the link and the coordinator judges the node lost at
+once instead of after its record's timeout. At start a launcher removes the snapshot
+slots that killed launchers left in /dev/shm (runtime/shm.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seamguard.ports import free_port
-from seamguard.runtime import keys, stepmodes
+from seamguard.runtime import keys, shm, stepmodes
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.eventlog import (
@@ -35,6 +40,7 @@ from seamguard.runtime.eventlog import (
     set_title,
 )
 from seamguard.runtime.metrics import render
+from seamguard.runtime.nodelink import LinkClient, LinkServer
 from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
 
@@ -83,6 +89,7 @@ def _worker_env(s: LaunchSettings, port: int, wid: int, local: int,
         "SEAMGUARD_WORKER_ID": str(wid), "SEAMGUARD_RUN_ID": s.run_id,
         "SEAMGUARD_RANKS_PER_NODE": str(s.nproc), "SEAMGUARD_ROLE": "trainer" if trainer else "spare",
         LOG_FORMAT_ENV: s.log_format, "SEAMGUARD_STORE": s.store,
+        shm.LAUNCHER_PID_ENV: str(os.getpid()),
     })
     if node_store:
         env["SEAMGUARD_NODE_STORE"] = node_store
@@ -217,6 +224,9 @@ def launch(s: LaunchSettings) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _terminate)
+    swept, swept_bytes = shm.sweep()   # slots of launchers killed before they could clean up
+    if swept:
+        log({"event": "stale_slots_removed", "files": swept, "mib": round(swept_bytes / 2**20, 1)})
     per_node = s.nproc + s.spares
     settings_env = json.loads(s.env.get("SEAMGUARD_SETTINGS", "{}"))
     server = ForkServer(s.preload) if s.fork_server and s.script[0].endswith(".py") else None
@@ -225,12 +235,16 @@ def launch(s: LaunchSettings) -> int:
         wid = s.node_rank * per_node + local
         children.append(Child(wid, _start(s, server, _worker_env(s, port, wid, local, node.address if node else ""))))
     coord = None
+    links = None   # node 0 of several: the other node launchers' links (runtime/nodelink.py)
     if master:
         trainers = [n * per_node + i for n in range(s.nnodes) for i in range(s.nproc)]
         spares = [n * per_node + s.nproc + i for n in range(s.nnodes) for i in range(s.spares)]
         ckpt = settings_env.get("checkpoint_dir")
         coord = Coordinator(store, s, trainers, spares, Path(ckpt) if ckpt else None,
                             float(settings_env.get("recovery_timeout_s", 60.0)), log)
+        if s.nnodes > 1:
+            links = LinkServer(s.run_id)
+            store.set(keys.LINK, f"{s.master_addr}:{links.port}")
     code = 1
     respawned = 0
     placement, placement_t = "", 0.0
@@ -244,7 +258,9 @@ def launch(s: LaunchSettings) -> int:
                 exporter.publish(lambda: render(coord.view(s.run_id)))
             now_s = time.monotonic()
             exited = any(not c.reported and c.proc.poll() is not None for c in children)
-            due = exited or coord is None or coord.phase != "running" or now_s - pass_s >= STEADY_PASS_S
+            closed = tuple(links.poll()) if links is not None else ()
+            due = exited or bool(closed) or coord is None or coord.phase != "running" \
+                or now_s - pass_s >= STEADY_PASS_S
             pass_s = now_s if due else pass_s
             # kill requests are keys that appear: looked for only when the key count moved
             kills_due = due and node is None and new_keys.appeared(store, now_s)
@@ -269,7 +285,7 @@ def launch(s: LaunchSettings) -> int:
                 if s.hint_dir is not None and time.monotonic() - placement_t > 0.5:
                     placement, placement_t = _publish_placement(s.hint_dir, coord.view(s.run_id), placement), \
                         time.monotonic()
-                phase = coord.tick(exited) if due else coord.phase
+                phase = coord.tick(exited, closed) if due else coord.phase
                 if phase in ("done", "failed"):
                     code = 0 if phase == "done" else 1
                     break
@@ -288,8 +304,11 @@ def launch(s: LaunchSettings) -> int:
                 ended_s = ended_s if ended_s is not None else time.monotonic()
                 if time.monotonic() - ended_s > s.coordinator_timeout_s:
                     break
-            _idle(server, children, _wait_s(coord, node, pass_s, time.monotonic()))
+            _idle(server, children, _wait_s(coord, node, pass_s, time.monotonic()),
+                  links.sockets() if links is not None else ())
         _drain(children, timeout_s=30.0, log=log)
+        if node is not None:
+            node.link.close(orderly=True)   # this node's part ended as planned: no loss
         if coord is not None:
             log({"event": "summary", "outcome": "job done" if code == 0 else "JOB FAILED",
                  "wall_s": round(time.monotonic() - t0, 3), "recoveries": coord.recoveries,
@@ -297,6 +316,10 @@ def launch(s: LaunchSettings) -> int:
     finally:
         if exporter is not None:
             exporter.close()
+        if links is not None:
+            links.close()
+        if node is not None:
+            node.link.close(orderly=False)
         for c in children:
             if c.proc.poll() is None:
                 c.proc.kill()
@@ -319,11 +342,14 @@ def _wait_s(coord: Coordinator | None, node: _NodeBeat | None, pass_s: float, no
     return POLL_S
 
 
-def _idle(server: ForkServer | None, children: list[Child], wait_s: float) -> None:
+def _idle(server: ForkServer | None, children: list[Child], wait_s: float, links=()) -> None:
     """Wait ``wait_s`` between passes, waking at once when a child forked by the zygote
-    exits (the zygote reports it on its socket); a child started otherwise is polled."""
+    exits (the zygote reports it on its socket) or a node launcher's link has something to
+    read (``links``: its sockets); a child started otherwise is polled."""
     if server is not None and all(isinstance(c.proc, ForkedProcess) for c in children):
-        server.idle(wait_s)
+        server.idle(wait_s, links)
+    elif links:
+        select.select(list(links), [], [], POLL_S)
     else:
         time.sleep(POLL_S)
 
@@ -372,7 +398,8 @@ def _remove_shared_memory(run_id: str, children: list[Child]) -> None:
     """Snapshot slots a crashed worker left in /dev/shm and nobody adopted (a clean exit
     removes its own)."""
     for c in children:
-        for f in Path("/dev/shm").glob(f"seamguard-{run_id}-{c.proc.pid}-w{c.wid}-slot*"):
+        prefix = shm.slot_prefix(run_id, c.proc.pid, c.wid, os.getpid())
+        for f in shm.SHM.glob(f"{prefix}-slot*"):
             f.unlink(missing_ok=True)
 
 
@@ -409,6 +436,8 @@ class _NodeBeat:
         self._control: bytes | None = None
         self._coordinator_timeout_s, self._startup_timeout_s = s.coordinator_timeout_s, s.startup_timeout_s
         self._coordinator: tuple[int | None, float] = (None, time.monotonic())
+        self.link = LinkClient(s.run_id, s.node_rank)   # to the coordinator (node 0 has none)
+        self._linking = s.node_rank > 0
 
     def maybe_beat(self, children: list[Child]) -> bytes | None:
         """One node beat when due; returns the job's end (JOB_DONE's value) once set."""
@@ -420,7 +449,8 @@ class _NodeBeat:
         live = [c for c in children if not c.reported]
         beats = keys.read_family(self.local, f"{keys.ROOT}/hb/", [str(c.wid) for c in live])
         record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
-        singles = [keys.GENERATION, keys.CONTROL_N, keys.JOB_DONE]
+        linking = self._linking and not self.link.connected
+        singles = [keys.GENERATION, keys.CONTROL_N, keys.JOB_DONE, *([keys.LINK] if linking else [])]
         if hasattr(self.job, "put_and_read"):  # etcd: the whole node beat is one transaction
             got, families = self.job.put_and_read(keys.node_beats(self.node), record, singles, [keys.KILL_PREFIX],
                                                   versions=(keys.node_beats(0),))
@@ -429,6 +459,8 @@ class _NodeBeat:
             self.job.set(keys.node_beats(self.node), record)
             got = {k: keys.peek(self.job, k) for k in [*singles, keys.node_beats(0)]}
             kills = set(keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]))
+        if linking:
+            self.link.ensure((got[keys.LINK] or b"").decode(), now)
         control = got[keys.CONTROL_N]
         if control is not None and control != self._control:   # mirrored first: a worker
             self.local.set(keys.CONTROL_N, control)              # that sees the generation

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seamguard.runtime import cadence, chaos, fsdp, keys, replica, stepmodes
+from seamguard.runtime import cadence, chaos, fsdp, keys, replica, shm, stepmodes
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.eventlog import EventLog, set_title
@@ -41,6 +41,7 @@ from seamguard.runtime.membership import Plan, replica_holder
 from seamguard.runtime.profile import PhaseClock
 from seamguard.runtime.rail_sync import RailSync
 from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url
+from seamguard.runtime.shm import LAUNCHER_PID_ENV
 from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_orphans,
                                         read_orphan, state_checksum, tensors_of)
 
@@ -149,7 +150,8 @@ class Runtime:
 
     def __init__(self, wid: int, master_addr: str, master_port: int, ranks_per_node: int,
                  settings: RuntimeSettings, run_id: str, advertise_host: str = "127.0.0.1",
-                 store_url: StoreUrl = TCP_STORE, node_store: tuple[str, int] | None = None):
+                 store_url: StoreUrl = TCP_STORE, node_store: tuple[str, int] | None = None,
+                 launcher_pid: int | None = None):
         self.wid = wid
         self._store_url = store_url
         self._node_store = node_store  # heartbeats go to the node's launcher (multi-node/etcd)
@@ -157,7 +159,8 @@ class Runtime:
         self.ranks_per_node = ranks_per_node
         self._addr = (master_addr, master_port)
         self.store = _connect(master_addr, master_port, settings.recovery_timeout_s, store_url)
-        self.slots = SlotStore(f"seamguard-{run_id}-{os.getpid()}-w{wid}", settings.snapshot_slots)
+        # named by this process and its launcher: a later launcher sweeps them once both are gone (runtime/shm.py)
+        self.slots = SlotStore(shm.slot_prefix(run_id, os.getpid(), wid, launcher_pid), settings.snapshot_slots)
         self.replicas = replica.ReplicaStore(self.slots)
         self.server = replica.ReplicaServer(self.replicas, advertise_host,
                                             settings.replica_timeout_s, settings.dedup_replicas)
@@ -251,7 +254,8 @@ class Runtime:
                    settings, env.get("SEAMGUARD_RUN_ID", "seamguard"),
                    env.get("SEAMGUARD_ADVERTISE_HOST", "127.0.0.1"),
                    parse_store_url(env.get("SEAMGUARD_STORE", ""), env.get("SEAMGUARD_RUN_ID", "seamguard")),
-                   _host_port(env.get("SEAMGUARD_NODE_STORE", "")))
+                   _host_port(env.get("SEAMGUARD_NODE_STORE", "")),
+                   int(env.get(LAUNCHER_PID_ENV, "0")) or None)
         rt.clock.enabled = env.get("SEAMGUARD_PROFILE") == "1"
         rt._mirror_lag_s = float(env.get("SEAMGUARD_NODE_BEAT_S", "0"))
         return rt
@@ -1098,14 +1102,15 @@ class Runtime:
     def _recover(self) -> None:
         """Follow the coordinator's generations until one recovers cleanly."""
         self._phase = "recover"
+        t0 = time.monotonic()
         self._finish_snapshot()
         self._abandon_group()
-        t0 = time.monotonic()
+        prepare_s = round(time.monotonic() - t0, 4)   # the snapshot in flight, the old group
         while True:
             t_wait = time.monotonic()
             gen = self._next_generation()
             plan = Plan.from_json(self._wait(keys.plan(gen), gen, self.settings.recovery_timeout_s))
-            phases = {"wait_plan": round(time.monotonic() - t_wait, 4)}  # seconds per phase
+            phases = {"prepare": prepare_s, "wait_plan": round(time.monotonic() - t_wait, 4)}  # seconds per phase
             if self.wid not in plan.ranks:
                 # a spare, or a replacement spare the plan does not list yet: keep waiting
                 if self.wid in plan.spares or self.rank < 0:
@@ -1236,8 +1241,10 @@ class Runtime:
             with self.slots.cond:
                 slot.readers += 1
             self._pipeline.put((slot, step, gen, None))  # replicate, do not persist
+        lap("release_and_rereplicate")
         self.store.set(keys.recovered(gen, self.wid),
                        json.dumps({"ok": True, "checksum": checksum, "step": step}))
+        lap("report_recovered")
 
     def _adopt(self, lost_wid: int, role: int) -> None:
         """List the snapshots the lost worker of ``role`` left in this node's shared

@@ -158,10 +158,11 @@ class ForkServer:
         self._pids: list[int] = []
         self.codes: dict[int, int] = {}
 
-    def _pump(self, timeout_s: float = 0.0) -> None:
-        """Read whatever the zygote has sent (waiting up to ``timeout_s`` for something)."""
+    def _pump(self, timeout_s: float = 0.0, also=()) -> None:
+        """Read whatever the zygote has sent (waiting up to ``timeout_s`` for something
+        from it or for ``also``, other sockets the caller wants to be woken by)."""
         if timeout_s > 0:
-            select.select([self.sock], [], [], timeout_s)
+            select.select([self.sock, *also], [], [], timeout_s)
         elif not select.select([self.sock], [], [], 0)[0]:
             return   # nothing sent: no recv, no BlockingIOError (the launcher asks often)
         while True:
@@ -197,10 +198,10 @@ class ForkServer:
             self._pump(0.05)
         return ForkedProcess(self, self._pids.pop(0))
 
-    def idle(self, timeout_s: float) -> None:
+    def idle(self, timeout_s: float, also=()) -> None:
         """Sleep up to ``timeout_s``, waking at once when the zygote reports something
-        (a child's exit): the launcher's wait between passes."""
-        self._pump(timeout_s)
+        (a child's exit) or one of ``also`` is readable: the launcher's wait between passes."""
+        self._pump(timeout_s, also)
 
     def close(self) -> None:
         self.sock.close()
