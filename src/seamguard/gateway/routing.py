@@ -15,7 +15,9 @@ Three routers, by name in ROUTERS (`make_router` builds one from the gateway con
 - ``seamguard``: chooses the (prefill, decode) pair per request from the measured transfer
   latency and jitter of each path, the control plane's NIC/link states, and each instance's
   queue and KV-cache pressure; a path is admissible or not per request class; batch work is
-  deferred (`Shed`) before interactive work misses its TTFT budget. docs/gateway-routing.md.
+  deferred (`Shed`) before interactive work misses its TTFT budget; work of a looser TPOT budget
+  (batch) is packed onto decode "lanes" that interactive work keeps off, so a lane may run the
+  bigger batches its budget allows. docs/gateway-routing.md.
 
 Hooks the gateway calls on every router: ``route`` before proxying, ``prefilled`` when the
 prefill instance has answered (optional), ``first_token`` when the decode instance's first token
@@ -277,6 +279,13 @@ class SeamguardOptions:
     concurrency do); the cap is lifted once it grows past the in-flight count it started from."""
     batch_cap_min: int = 2
     """The cap never goes below this many requests in flight per decode instance."""
+    class_lanes: bool = True
+    """Decode lanes per TPOT budget. A decode step is shared by every sequence in it, so a batch
+    request next to interactive ones is held to the interactive TPOT. With this on, work of a class
+    whose TPOT budget is looser than the tightest is packed onto the decode instances already
+    holding the most of it (its lanes), work of the tightest class avoids the lanes while another
+    decode instance can take it, and a lane's batch cap aims at the looser budget while it holds
+    no tighter work. Off: every class is placed by load alone."""
 
 
 @dataclass
@@ -366,6 +375,7 @@ class SeamguardRouter:
         self._tpot_t: dict[str, float] = {}  # ... and when the last one came
         self._caps: dict[str, _Cap] = {}  # decode instance -> its shrunk batch
         self._in_prefill: dict[str, int] = {}  # prefill instance -> requests routed and not yet prefilled
+        self._classes: dict[str, dict[str, int]] = {}  # decode instance -> request class -> routed, not finished
         self._sees_prefill = False  # the caller reports prefilled(): stalls are timed from the transfer's start
         self._turn = 0
         self.decisions: dict[str, int] = {}  # reason kind -> count (for /metrics)
@@ -443,7 +453,9 @@ class SeamguardRouter:
         loads = {i.name: {"outstanding": self.outstanding(i.name),
                           "waiting": self._load.get(i.name, _Load()).waiting,
                           "kv_usage": self._load.get(i.name, _Load()).kv_usage,
-                          "batch_cap": self.batch_cap(i.name)}
+                          "batch_cap": self.batch_cap(i.name),
+                          **({"lane": int(self._is_lane(i.name))} if i in self._decode and self._prefill else {}),
+                          **{f"{c}_in_flight": n for c, n in self._classes.get(i.name, {}).items()}}
                  for i in self._prefill + self._decode}
         return {"now": now, "paths": paths, "instances": loads, "fabric": dict(self._fabric),
                 "decisions": dict(self.decisions), "recent": list(self.recent)}
@@ -468,9 +480,10 @@ class SeamguardRouter:
         # path fine for everyone can: its slow transfers hold KV on both ends (and, with some KV
         # connectors, stall the decode batch), so it is the last resort, not a free lane
         ok = [k for k in ok if k in fine] or ok
-        cands = self._placed(ok)
+        placed = self._placed(ok)
+        cands = self._lane_filter(placed, request_class, now) if opts.class_lanes else placed
         cands, capped = self._under_cap(cands, request_class)
-        probe = None
+        probe, lane = None, {}
         if request_class == "batch":
             probe = self._probe_candidate(judged, now)
             if probe is None and cands and out_for_interactive:
@@ -484,8 +497,11 @@ class SeamguardRouter:
         if probe is not None:
             key, kind = probe, "probe"
         elif cands:
-            key = self._least_loaded(cands, now)
+            key = self._least_loaded(cands, now, pack=opts.class_lanes and self._loose(request_class),
+                                     request_class=request_class)
             kind = "kv_rail" if key[2] != self._home(self._inst(key[1]), [key[2]]) else ""
+            lane = self._lane_note(key, placed, request_class, now) if opts.class_lanes else {}
+            kind = kind or ("lane" if lane else "")
         elif request_class == "batch":
             self._shed_batch(judged, capped)
         else:  # interactive with nothing admissible: the least bad path, and say so
@@ -493,11 +509,13 @@ class SeamguardRouter:
                                              self.outstanding(k[1])))
             kind = "least_bad"
         prefill, decode = self._inst(key[0]), self._inst(key[1])
-        reason, evidence = self._explain(kind, key, judged, request_class, capped)
+        reason, evidence = self._explain(kind, key, judged, request_class, capped, lane)
         r = Route(decode=decode, prefill=prefill, reason=reason, evidence=evidence, kv_rail=key[2])
         pend = _Pending(key, request_class, now, probe=kind == "probe")
         self._inflight.add(r, pend)
         self._in_prefill[key[0]] = self._in_prefill.get(key[0], 0) + 1
+        on = self._classes.setdefault(key[1], {})
+        on[request_class] = on.get(request_class, 0) + 1
         path = self._path(key)
         path.last_used_t = now
         path.pending[id(r)] = pend
@@ -530,6 +548,7 @@ class SeamguardRouter:
             return
         if not pend.prefilled:
             self._in_prefill[pend.path[0]] -= 1
+        self._classes[pend.path[1]][pend.request_class] -= 1
         self._path(pend.path).pending.pop(id(route), None)
         now = self._clock()
         if pend.first_token_t is None:
@@ -547,18 +566,19 @@ class SeamguardRouter:
             q.append(outcome.tpot_s)
             self._tpot_t[name] = now
             self._version += 1
-            self._adapt_cap(name, outcome.tpot_s)
+            self._adapt_cap(name, outcome.tpot_s, pend.request_class)
 
     # ---- shrinking a decode instance's batch ------------------------------------------------
-    def _adapt_cap(self, name: str, tpot_s: float) -> None:
+    def _adapt_cap(self, name: str, tpot_s: float, request_class: str) -> None:
         """AIMD on the requests in flight to one decode instance, from its TPOT: while the
         window's upper quantile and the latest sample are over the target, cut the cap (at most
         once per window of samples); each sample under the target raises it by one; past the
-        in-flight count it started from, it is lifted."""
+        in-flight count it started from, it is lifted. The target is batch_tpot_share of the
+        tightest TPOT budget among the classes on the instance (`_tpot_target`)."""
         opts = self.options
         if not opts.tpot_budget_s:
             return
-        target = opts.batch_tpot_share * min(opts.tpot_budget_s.values())
+        target = opts.batch_tpot_share * self._tpot_target(name, request_class)
         q = _quantile(list(self._tpot[name]), opts.quantile)
         cur = self._caps.get(name)
         load = self.outstanding(name) + 1  # the request that just finished was in the batch
@@ -575,6 +595,61 @@ class SeamguardRouter:
             cur.since += 1
             if cur.cap > cur.origin:
                 del self._caps[name]
+
+    # ---- decode lanes per TPOT budget --------------------------------------------------------
+    def _loose(self, request_class: str) -> bool:
+        """The class's TPOT budget is looser than the tightest one (batch next to interactive)."""
+        b = self.options.tpot_budget_s
+        return request_class in b and b[request_class] > min(b.values())
+
+    def _tpot_target(self, name: str, request_class: str) -> float:
+        """The tightest TPOT budget among the classes in flight on decode instance `name` and
+        `request_class` (a lane holding only batch work aims at batch's budget); without
+        class_lanes, the tightest budget of all."""
+        b = self.options.tpot_budget_s
+        if not self.options.class_lanes:
+            return min(b.values())
+        on = {c for c, n in self._classes.get(name, {}).items() if n > 0} | {request_class}
+        return min((b[c] for c in on if c in b), default=min(b.values()))
+
+    def _is_lane(self, name: str) -> bool:
+        """A decode instance whose work in flight is mostly of looser-TPOT classes."""
+        on = self._classes.get(name, {})
+        loose = sum(n for c, n in on.items() if self._loose(c))
+        return loose > 0 and loose >= sum(n for c, n in on.items() if not self._loose(c))
+
+    def _lane_filter(self, cands: list[PathKey], request_class: str, now: float) -> list[PathKey]:
+        """Work of the tightest TPOT class keeps off lanes and off decode instances whose recent
+        TPOT is over its budget, while another candidate is neither and has KV-cache room."""
+        if self._loose(request_class) or request_class not in self.options.tpot_budget_s:
+            return cands
+        budget = self.options.tpot_budget_s[request_class]
+        tpot = self._sorted()["tpot"]
+        roomy = {k for k in cands if not self._kv_full(k[0], now) and not self._kv_full(k[1], now)}
+        fit = [k for k in cands if tpot.get(k[1], 0.0) <= budget and k in roomy] or cands
+        return [k for k in fit if not self._is_lane(k[1]) and k in roomy] or fit
+
+    def _lane_note(self, key: PathKey, placed: list[PathKey], request_class: str, now: float) -> dict:
+        """When the lanes sent the request to another decode instance than load alone would
+        have: {"text": why, evidence...}; {} otherwise."""
+        plain, _ = self._under_cap(placed, request_class)
+        if not plain:
+            return {}
+        default = self._least_loaded(plain, now)[1]
+        if default == key[1]:
+            return {}
+        on = self._classes.get(key[1] if self._loose(request_class) else default, {})
+        mine = on.get(request_class, 0)
+        loose = sum(n for c, n in on.items() if self._loose(c))
+        if self._loose(request_class):
+            return {"text": f"packed onto {key[1]}, the lane holding {mine} {request_class} requests "
+                            f"(least loaded: {default})", f"{key[1]}.{request_class}_in_flight": float(mine)}
+        tp = self._sorted()["tpot"].get(default)
+        if tp is not None and tp > self.options.tpot_budget_s[request_class]:
+            return {"text": f"kept off {default}: its TPOT p{round(100 * self.options.quantile)} {tp:.3f}s is over "
+                            f"the {request_class} budget", f"{default}.decode_tpot_s": tp}
+        return {"text": f"kept off lane {default} ({loose} looser-TPOT requests in flight)",
+                f"{default}.lane_in_flight": float(loose)}
 
     def _under_cap(self, cands: list[PathKey], request_class: str) -> tuple[list[PathKey], dict[str, int]]:
         """Candidates whose decode instance is below its batch cap, and the caps that took some
@@ -731,8 +806,10 @@ class SeamguardRouter:
     def _slow_decode(self, name: str, request_class: str, now: float, ev: dict[str, float],
                      sample: float | None = None) -> str:
         """A decode instance whose tokens come slower than its peers' by a share of the TPOT
-        budget that matters (same ratio and share as for paths): out for this class. With
-        `sample`, judge that one sample instead of the instance's window."""
+        budget that matters (same ratio and share as for paths) and over this class's TPOT
+        budget: out for this class. Within the budget it serves the class's SLO, whatever its
+        peers do (a batch lane runs bigger, slower steps than its interactive peers by design).
+        With `sample`, judge that one sample instead of the instance's window."""
         opts = self.options
         budget = opts.tpot_budget_s.get(request_class)
         cache = self._sorted()
@@ -743,7 +820,7 @@ class SeamguardRouter:
         if math.isnan(peer):
             return ""
         ev.update(decode_tpot_s=q, peers_tpot_s=peer)
-        if q > opts.peer_ratio * peer and q - peer > opts.budget_share * budget:
+        if q > opts.peer_ratio * peer and q - peer > opts.budget_share * budget and q > budget:
             return f"decode {name} TPOT p{round(100 * opts.quantile)} {q:.3f}s vs peers {peer:.3f}s"
         return ""
 
@@ -799,22 +876,27 @@ class SeamguardRouter:
         ld = self._load.get(name)
         return ld is not None and now - ld.t <= self.options.load_stale_s and ld.kv_usage >= self.options.kv_high
 
-    def _least_loaded(self, keys: list[PathKey], now: float) -> PathKey:
+    def _least_loaded(self, keys: list[PathKey], now: float, pack: bool = False,
+                      request_class: str = "") -> PathKey:
+        """The least loaded pair (ties in turn); with `pack`, first the pair whose decode
+        instance holds the most work of `request_class` (a looser-TPOT class fills its lanes)."""
         roomy = [k for k in keys if not self._kv_full(k[0], now) and not self._kv_full(k[1], now)]
         keys = roomy or keys
-        score = {k: self._instance_load(k[0], now) + self._instance_load(k[1], now) for k in keys}
+        score = {k: (-self._classes.get(k[1], {}).get(request_class, 0) if pack else 0,
+                     self._instance_load(k[0], now) + self._instance_load(k[1], now)) for k in keys}
         low = min(score.values())
         tied = [k for k in keys if score[k] == low]
         return tied[self._turn % len(tied)]
 
-    def _explain(self, kind: str, key: PathKey, judged: dict, request_class: str, capped: dict[str, int]
-                 ) -> tuple[str, dict[str, float]]:
+    def _explain(self, kind: str, key: PathKey, judged: dict, request_class: str, capped: dict[str, int],
+                 lane: dict | None = None) -> tuple[str, dict[str, float]]:
         """Reason and evidence when the choice departs from the default (every path admissible
-        on its home rail, no decode instance at its batch cap)."""
+        on its home rail, no decode instance at its batch cap, the least loaded pair)."""
         out = {k: why for k, (why, _) in judged.items() if why}
         if not out and not kind and not capped:
             return "", {}
         ev = {k: v for k, v in judged[key][1].items() if not (isinstance(v, float) and math.isnan(v))}
+        ev.update({k: v for k, v in (lane or {}).items() if k != "text"})
         for k, why in out.items():
             for field_ in ("latency_s", "oldest_pending_s", "severity", "decode_tpot_s"):
                 v = judged[k][1].get(field_)
@@ -834,6 +916,8 @@ class SeamguardRouter:
             home = self._inst(key[1]).home_rail
             head += f", KV moved from rail {home} to rail {key[2]}"
             ev["kv_rail"], ev["home_rail"] = float(key[2]), float(home)  # type: ignore[arg-type]
+        if lane:
+            head += "; " + lane["text"]
         if capped:
             head += "; batch shrunk on " + ", ".join(f"{d} (cap {c})" for d, c in capped.items())
         return f"{head}; avoided {avoided}" if avoided else head, ev
