@@ -124,8 +124,12 @@ class TrainingState:
                 if src is None:
                     raise KeyError(f"snapshot has no tensor 'model/{k}'")
                 v = local(v)
-                v.copy_(src.view(v.shape))
+                v.copy_(src.view(v.shape), non_blocking=True)
         self._restore_optimizer(tensors, meta)
+        if any(local(v).is_cuda for v in msd.values()):
+            # non_blocking copies from page-locked slots run async: done before the
+            # caller may reuse the slot (from pageable memory they were synchronous)
+            torch.cuda.synchronize()
         _restore_rng(meta["rng"])
         return meta
 
@@ -154,6 +158,8 @@ class TrainingState:
         in_place = all(set(k for k, v in self.optimizer.state.get(p, {}).items()
                            if isinstance(v, torch.Tensor)) == set(wanted.get(pid, {}))
                        for pid, p in enumerate(self._params))
+        group_of = {pid: g for pid, g in enumerate(g for g in self.optimizer.param_groups
+                                                   for _ in g["params"])}
         with torch.no_grad():
             for pid, p in enumerate(self._params):
                 if not in_place:
@@ -165,15 +171,22 @@ class TrainingState:
                 for k, arr in saved.items():
                     if in_place:
                         t = local(st[k])
-                        t.copy_(arr.view(t.shape))
+                        t.copy_(arr.view(t.shape), non_blocking=True)
                     else:
-                        # fresh optimizer (a spare): own copies; scalar 'step' stays on CPU;
-                        # state of an FSDP2-sharded parameter is a DTensor like it
-                        dev = local(p).device if arr.dim() > 0 else torch.device("cpu")
-                        st[k] = like(p, arr.clone().to(dev))
+                        # fresh optimizer (a spare): own copies, straight to the parameter's
+                        # device; state of an FSDP2-sharded parameter is a DTensor like it
+                        dev = local(p).device if arr.dim() > 0 or _scalar_on_device(group_of[pid]) \
+                            else torch.device("cpu")
+                        st[k] = like(p, arr.to(dev, copy=True))
                 st.update(meta["opt_scalars"].get(pid, {}))
                 if not in_place:
                     self.optimizer.state[p] = st
+
+
+def _scalar_on_device(group: dict) -> bool:
+    """Whether an optimizer keeps its 0-d state (Adam's ``step``) on the parameter's
+    device: the fused and capturable implementations do, and refuse a CPU one."""
+    return bool(group.get("fused") or group.get("capturable"))
 
 
 def _restore_rng(rng: dict[str, Any]) -> None:
@@ -183,6 +196,50 @@ def _restore_rng(rng: dict[str, Any]) -> None:
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(b), dtype=torch.uint8)
                                       for b in rng["cuda"]])
+
+
+_CUDART: Any = None
+
+
+def _cudart() -> Any:
+    """The CUDA runtime library this process already loaded, through ctypes: a ctypes
+    call releases the GIL, so pinning gigabytes (seconds: every page is faulted in and
+    locked) does not stop the heartbeat thread the way torch's binding would, which holds
+    the GIL (its cudaHostRegister is a plain pybind11 function)."""
+    global _CUDART
+    if _CUDART is None:
+        import ctypes
+
+        torch.cuda.init()
+        with open("/proc/self/maps") as maps:
+            found = sorted({line.split()[-1] for line in maps if "libcudart.so" in line})
+        _CUDART = ctypes.CDLL(found[0]) if found else False
+    return _CUDART
+
+
+def host_register(arr: np.ndarray) -> bool:
+    """Page-lock ``arr`` for the CUDA driver (cudaHostRegister); False if the driver
+    refused (the copies then still run, synchronously, through pageable memory)."""
+    if arr.nbytes == 0:
+        return False
+    lib = _cudart()
+    if lib:
+        import ctypes
+
+        err = lib.cudaHostRegister(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes), 0)
+    else:   # a statically linked runtime: torch's binding (holds the GIL while it pins)
+        err = int(torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0))
+    return int(err) == 0
+
+
+def host_unregister(arr: np.ndarray) -> None:
+    lib = _cudart()
+    if lib:
+        import ctypes
+
+        lib.cudaHostUnregister(ctypes.c_void_p(arr.ctypes.data))
+    else:
+        torch.cuda.cudart().cudaHostUnregister(arr.ctypes.data)
 
 
 @dataclass
@@ -196,6 +253,7 @@ class Slot:
     readers: int = 0  # pipeline / replica server reading it: do not overwrite
     pinned: bool = False  # persister reading it
     filling: bool = False  # a capture is still copying into it
+    registered: bool = False  # page-locked for CUDA copies (cudaHostRegister succeeded)
 
 
 class Capture:
@@ -248,9 +306,8 @@ class SlotStore:
         them (:meth:`_new_slot`), so a fresh process pays for one slot before its first
         snapshot, not for all of them."""
         for s in self.slots:
+            self._free(s)
             del s.array
-            s.path.unlink(missing_ok=True)
-            _sidecar(s.path).unlink(missing_ok=True)
         self.slots = []
         self.layout = layout
         self.latest = self.retained = -1
@@ -275,18 +332,25 @@ class SlotStore:
         finally:
             os.close(fd)
         arr = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
-        if torch.cuda.is_available():
-            # page-locked so device->host copies run asynchronously (not testable on CI)
-            torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0)
-        slot = Slot(len(self.slots), path, arr)
+        # page-locked so device->host copies run asynchronously on the side stream
+        registered = torch.cuda.is_available() and host_register(arr)
+        slot = Slot(len(self.slots), path, arr, registered=registered)
         self.slots.append(slot)
         return slot
+
+    def _free(self, slot: Slot) -> None:
+        """Unpin and unmap a slot (the driver would keep registered pages pinned past the
+        unlink) and delete its file and manifest."""
+        if slot.registered:
+            host_unregister(slot.array)
+            slot.registered = False
+        slot.path.unlink(missing_ok=True)
+        _sidecar(slot.path).unlink(missing_ok=True)
 
     def close(self) -> None:
         with self.cond:
             for s in self.slots:
-                s.path.unlink(missing_ok=True)
-                _sidecar(s.path).unlink(missing_ok=True)
+                self._free(s)
             self.slots = []
             self.latest = self.retained = -1
 

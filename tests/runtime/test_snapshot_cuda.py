@@ -1,0 +1,126 @@
+"""Snapshots of CUDA state: page-locked slots, the side-stream copy overlapping a step,
+restore (in place and into a spare's fresh fused AdamW), the CUDA RNG, orphan adoption.
+
+Needs a GPU; skipped without one (CI has none). Run on the device machine with
+``python3 -m pytest tests/runtime/test_snapshot_cuda.py -q``.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from seamguard.runtime.data import GlobalBatchSampler
+from seamguard.runtime.snapshot import (
+    SlotStore,
+    TrainingState,
+    find_orphans,
+    host_register,
+    host_unregister,
+    read_orphan,
+    state_checksum,
+    tensors_of,
+)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _setup(seed=0, fused=True):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(256, 8)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+    return model, opt, TrainingState(model, opt, GlobalBatchSampler(64, 8).state_dict)
+
+
+def _step(model, opt, before_optimizer=None):
+    opt.zero_grad()
+    # dropout draws from the CUDA RNG: a restored RNG must give the same masks
+    model(torch.randn(16, 64, device="cuda")).pow(2).mean().backward()
+    if before_optimizer is not None:
+        before_optimizer()
+    opt.step()
+
+
+def test_slots_are_page_locked_and_unpinned_on_close(tmp_path):
+    model, opt, state = _setup()
+    slots = SlotStore(f"sgcuda-{tmp_path.name}", 3)
+    try:
+        _step(model, opt)
+        slots.capture(state, 1, timeout_s=10)
+        assert slots.slots and all(s.registered for s in slots.slots)
+        assert torch.from_numpy(slots.slots[0].array).is_pinned()
+    finally:
+        slots.close()
+    assert not any(s.registered for s in slots.slots)
+
+
+def test_host_register_round_trip():
+    arr = np.zeros(1 << 20, dtype=np.uint8)
+    assert host_register(arr)
+    assert torch.from_numpy(arr).is_pinned()
+    host_unregister(arr)
+    assert not torch.from_numpy(arr).is_pinned()
+
+
+def test_overlapped_capture_equals_the_state_at_the_step_start(tmp_path):
+    model, opt, state = _setup()
+    slots = SlotStore(f"sgcuda2-{tmp_path.name}", 3)
+    try:
+        _step(model, opt)
+        torch.cuda.synchronize()
+        at_start = state_checksum(model)
+        cap = slots.begin(state, 1, timeout_s=10, overlap=True)
+        _step(model, opt, before_optimizer=cap.wait)   # the optimizer changes params after the copy
+        assert state_checksum(model) != at_start
+        slot = cap.slot
+        tensors, meta = tensors_of(slots.build_manifest(slot, 0, 1), slot.array)
+        state.restore(tensors, meta)
+        assert state_checksum(model) == at_start
+    finally:
+        slots.close()
+
+
+def test_restore_continues_bit_identically_with_cuda_rng(tmp_path):
+    model, opt, state = _setup()
+    slots = SlotStore(f"sgcuda3-{tmp_path.name}", 3)
+    try:
+        _step(model, opt)
+        slot = slots.capture(state, 1, timeout_s=10)
+        manifest = slots.build_manifest(slot, 0, 1)
+        for _ in range(3):
+            _step(model, opt)
+        expected = state_checksum(model)
+        for _ in range(2):
+            _step(model, opt)   # diverge, then roll back
+        state.restore(*tensors_of(manifest, slot.array))
+        for _ in range(3):
+            _step(model, opt)
+        assert state_checksum(model) == expected
+    finally:
+        slots.close()
+
+
+def test_spare_with_fresh_fused_adamw_adopts_an_orphan(tmp_path):
+    """A spare (fresh model and fused AdamW, no optimizer state) restores the snapshot a
+    dead process left in shared memory and trains on bit-identically; fused AdamW keeps
+    its step counter on the GPU, so a CPU one would make its next step fail."""
+    model, opt, state = _setup()
+    prefix = f"sgcuda4-{tmp_path.name}"
+    slots = SlotStore(prefix, 3)
+    try:
+        _step(model, opt)
+        slot = slots.capture(state, 1, timeout_s=10)
+        slots.publish_manifest(slot, slots.build_manifest(slot, 0, 1), role=0)
+        for _ in range(2):
+            _step(model, opt)
+        expected = state_checksum(model)
+        manifest, path = find_orphans(prefix, 0)[1]
+        spare_model, spare_opt, spare_state = _setup(seed=7)
+        spare_state.restore(*tensors_of(manifest, read_orphan(manifest, path)))
+        steps = [s["step"] for s in spare_opt.state.values()]
+        assert all(t.is_cuda for t in steps)
+        for _ in range(2):
+            _step(spare_model, spare_opt)
+        assert state_checksum(spare_model) == expected
+    finally:
+        slots.close()
