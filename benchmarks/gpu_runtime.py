@@ -43,6 +43,7 @@ gloo group of one). Last stdout line: one JSON object, also written to ``--json`
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -72,7 +73,7 @@ class Config:
     batch: int = 8192          # rows (tokens) per step
     dataset: int = 16384
     reps: int = 5              # micro repetitions (after one warm-up round)
-    steps: int = 120           # per launched run
+    steps: int = 200           # per launched run
     warm_steps: int = 20       # excluded from the failure-free window
     overhead_reps: int = 2
     kill_step: int = 30
@@ -260,15 +261,25 @@ def micro(cfg: Config, work: Path) -> dict:
         "restore_s": {k: spread(v) for k, v in restores.items()},
         "restore_bit_identical": identical,
     }
-    # a kind's stall: the larger of its step's paired slowdown and the time it blocked
-    stall = {k: max(med(stalls[k]), med(blocked[k])) for k in kinds}
-    out["stall_used_s"] = {k: round(v, 4) for k, v in stall.items()}
     out["d2h_gib_per_s"] = round(state_bytes / 2**30 / max(med(blocked["sg_blocking"]), 1e-9), 2)
-    out["stall_ratio_vs_save"] = ratio(stall["sg_overlap"], stall["torch_save"])
-    out["stall_ratio_vs_dcp_async"] = ratio(stall["sg_overlap"], stall["dcp_async"])
-    out["restore_speedup_vs_torch_load"] = ratio(med(restores["torch_load"]), med(restores["sg_restore"]))
-    out["restore_speedup_vs_dcp_load"] = ratio(med(restores["dcp_load"]), med(restores["sg_restore"]))
-    return out
+    return {**out, **micro_ratios(out)}
+
+
+def micro_ratios(m: dict) -> dict:
+    """Stalls and the ratios, from part 1's medians.
+
+    A kind's stall: the larger of its paired slowdown (median) and its step's median
+    over the plain step's. Not the time the training thread blocked: on a GPU that
+    includes waiting for the forward and backward queued ahead of it (reported apart)."""
+    plain = m["step_s"]["plain"]["median"]
+    stall = {k: round(max(v["median"], m["step_s"][k]["median"] - plain), 4)
+             for k, v in m["stall_s"].items()}
+    restore = {k: v["median"] for k, v in m["restore_s"].items()}
+    return {"stall_used_s": stall,
+            "stall_ratio_vs_save": ratio(stall["sg_overlap"], stall["torch_save"]),
+            "stall_ratio_vs_dcp_async": ratio(stall["sg_overlap"], stall["dcp_async"]),
+            "restore_speedup_vs_torch_load": ratio(restore["torch_load"], restore["sg_restore"]),
+            "restore_speedup_vs_dcp_load": ratio(restore["dcp_load"], restore["sg_restore"])}
 
 
 def spread(xs: list[float]) -> dict:
@@ -389,10 +400,12 @@ def overhead(cfg: Config, work: Path, every_plan: int) -> dict:
     for rep in range(cfg.overhead_reps):
         for name in names[rep % 3:] + names[:rep % 3]:
             out = work / f"ff_{name}_{rep}"
+            # a snapshot every step is the slow case: fewer steps measure it as well
+            steps = min(cfg.steps, cfg.warm_steps + 60) if systems[name] == 1 else cfg.steps
             if systems[name] is None:
-                cmd = [sys.executable, *train_args(cfg, cfg.steps, out), "--plain"]
+                cmd = [sys.executable, *train_args(cfg, steps, out), "--plain"]
             else:
-                cmd = launch_cmd(cfg, out, cfg.steps, 1, systems[name])
+                cmd = launch_cmd(cfg, out, steps, 1, systems[name])
             walls[name].append(run(cmd, work / f"ff_{name}_{rep}.log", 600, env))
             per_step[name].append(window(step_rows(out), cfg.warm_steps)["per_step_s"])
             if systems[name] is not None:
@@ -420,14 +433,19 @@ def read_events(out: Path) -> list[dict]:
 # ------------------------------------------------------------------ part 3: recovery
 def recovery(cfg: Config, work: Path) -> dict:
     out_all: dict[str, list[dict]] = {"warm_spare": [], "cold_replacement": []}
-    for rep in range(cfg.recovery_reps):
-        for name, spares in (("warm_spare", 1), ("cold_replacement", 0)):
-            out = work / f"rec_{name}_{rep}"
-            chaos = f"kill:rank=0,step={cfg.kill_step},phase=step"
-            steps = cfg.kill_step + 15
-            run(launch_cmd(cfg, out, steps, spares, 1, chaos), work / f"rec_{name}_{rep}.log", 600)
+    env = {**ENV, "SEAMGUARD_PROFILE": "1"}
+    plan = [("warm_spare", 1)] * (cfg.recovery_reps + 1) + [("cold_replacement", 0)] * cfg.recovery_reps
+    for rep, (name, spares) in enumerate(plan):
+        out = work / f"rec_{name}_{rep}"
+        chaos = f"kill:rank=0,step={cfg.kill_step},phase=step"
+        steps = cfg.kill_step + 15
+        try:
+            run(launch_cmd(cfg, out, steps, spares, 1, chaos), work / f"rec_{name}_{rep}.log", 600, env)
             out_all[name].append(one_recovery(out))
-            shutil.rmtree(out, ignore_errors=True)
+        except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            out_all[name].append({"error": str(exc)[-2000:], "kill_to_step_s": None})
+            log(f"recovery run {name} failed: {str(exc)[-2000:]}")
+        shutil.rmtree(out, ignore_errors=True)
     res = {}
     for name, runs in out_all.items():
         ok = [r for r in runs if r["kill_to_step_s"] is not None]
@@ -456,6 +474,10 @@ def one_recovery(out: Path) -> dict:
         "phases_s": worker.get("phases_s") if worker else None,
         "steps_redone": (last + 1 - after[0][0]) if after else None,
         "step_s": round(step_s, 4) if step_s else None,
+        # wall of the first steps after the resume (a new slot layout is made then)
+        "after_resume_steps_s": [round(b[1] - a[1], 3) for a, b in itertools.pairwise(after[:6])],
+        "snapshots_skipped": sum(1 for e in events if e.get("kind") == "snapshot_skipped"),
+        "profiles": {str(e.get("wid")): e.get("phases") for e in events if e.get("kind") == "profile"},
     }
 
 
@@ -471,6 +493,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=Config.steps)
     ap.add_argument("--mtbf-h", type=float, default=Config.mtbf_h)
     ap.add_argument("--parts", default="micro,overhead,recovery")
+    ap.add_argument("--micro-json", default=None,
+                    help="take part 1 from this earlier result of the same device (with --parts "
+                         "overhead,recovery): its stall and step time set the planned interval")
     ap.add_argument("--work", default=None, help="scratch directory on local disk (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the JSON here")
     ap.add_argument("--train", action="store_true", help=argparse.SUPPRESS)
@@ -495,6 +520,13 @@ def main() -> None:
                     "gpu_figures": dev_name != "cpu", "config": asdict(cfg),
                     "nccl": "not exercised: one GPU, world size 1 (gloo group of one)"}
     t_start = time.perf_counter()
+    if args.micro_json:
+        earlier = json.loads(Path(args.micro_json).read_text())
+        if earlier.get("device") != dev_name:
+            sys.exit(f"error: --micro-json {args.micro_json} was measured on {earlier.get('device')!r}, "
+                     f"this is {dev_name!r}")
+        result["micro"] = {**earlier["micro"], **micro_ratios(earlier["micro"])}
+        result["micro_from"] = {"file": args.micro_json, "note": "part 1 of an earlier run on the same kind of device"}
     try:
         if "micro" in parts:
             result["micro"] = micro(cfg, work)

@@ -5,6 +5,8 @@ Needs a GPU; skipped without one (CI has none). Run on the device machine with
 ``python3 -m pytest tests/runtime/test_snapshot_cuda.py -q``.
 """
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -122,5 +124,23 @@ def test_spare_with_fresh_fused_adamw_adopts_an_orphan(tmp_path):
         for _ in range(2):
             _step(spare_model, spare_opt)
         assert state_checksum(spare_model) == expected
+    finally:
+        slots.close()
+
+
+def test_slots_grown_on_a_thread_are_page_locked(tmp_path):
+    """With CUDA, slots after the first are made off the training thread (grow_ahead):
+    registered there (portable), so the side-stream copies into them run asynchronously."""
+    model, opt, state = _setup()
+    slots = SlotStore(f"sgcuda5-{tmp_path.name}", 3)
+    try:
+        _step(model, opt)
+        slots.begin(state, 1, timeout_s=10).wait()
+        assert slots.begin(state, 2, timeout_s=10) is None   # skipped while slot 2 is made
+        deadline = time.monotonic() + 30
+        while len(slots.slots) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(slots.slots) == 3 and all(s.registered for s in slots.slots)
+        assert all(torch.from_numpy(s.array).is_pinned() for s in slots.slots)
     finally:
         slots.close()

@@ -199,6 +199,7 @@ def _restore_rng(rng: dict[str, Any]) -> None:
 
 
 _CUDART: Any = None
+_PORTABLE = 1   # cudaHostRegisterPortable: pinned for every context (slots may be grown on a thread)
 
 
 def _cudart() -> Any:
@@ -226,9 +227,10 @@ def host_register(arr: np.ndarray) -> bool:
     if lib:
         import ctypes
 
-        err = lib.cudaHostRegister(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes), 0)
+        err = lib.cudaHostRegister(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes),
+                                   _PORTABLE)
     else:   # a statically linked runtime: torch's binding (holds the GIL while it pins)
-        err = int(torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0))
+        err = int(torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, _PORTABLE))
     return int(err) == 0
 
 
@@ -299,7 +301,18 @@ class SlotStore:
     retained: int = -1   # slot of the newest persisted step, kept for rollbacks
     cond: threading.Condition = field(default_factory=threading.Condition)
     clock: Any = None   # a profile.PhaseClock the worker hands over (times the background copy)
+    grow_ahead: bool | None = None
+    """Create slots off the training thread (None: where CUDA is available). Creating a
+    page-locked slot takes seconds for gigabytes (3.5 s for 4.8 GB on an H100 host:
+    reserving the pages, then pinning them); made on demand, each of the first
+    ``n_slots`` snapshots of a layout, and a recovered spare's first one, stalled the
+    step that long. Ahead, the first slot of a layout is still made when it is needed
+    (the snapshot taken when the optimizer creates its state must exist), the next ones
+    on a thread, and a periodic capture that finds none of them ready yet is skipped
+    (the newest earlier snapshot stays the one to recover from) instead of waiting."""
     _stream: Any = None
+    _growing: bool = False
+    _epoch: int = 0   # bumped when the slots are dropped: a slot grown for an older epoch is freed
 
     def _allocate(self, layout: Layout) -> None:
         """Adopt a new layout: the old slots go; new ones are created as captures need
@@ -312,6 +325,7 @@ class SlotStore:
         self.layout = layout
         self.latest = self.retained = -1
         self.allocations += 1
+        self._epoch += 1
 
     def _new_slot(self) -> Slot:
         """One more slot of the current layout. Its host memory is reserved at once
@@ -319,8 +333,13 @@ class SlotStore:
         SIGBUS in the middle of a copy); its pages are mapped by the first copy into it,
         which runs off the training thread when snapshots overlap."""
         assert self.layout is not None
-        nbytes = self.layout.total_bytes
-        path = Path(f"/dev/shm/{self.prefix}-slot{len(self.slots)}")
+        slot = self._make_slot(self.layout.total_bytes, len(self.slots))
+        self.slots.append(slot)
+        return slot
+
+    def _make_slot(self, nbytes: int, index: int) -> Slot:
+        """Reserve, map and page-lock slot ``index``'s file (no lock held: seconds)."""
+        path = Path(f"/dev/shm/{self.prefix}-slot{index}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.posix_fallocate(fd, 0, max(nbytes, 1))
@@ -334,9 +353,34 @@ class SlotStore:
         arr = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
         # page-locked so device->host copies run asynchronously on the side stream
         registered = torch.cuda.is_available() and host_register(arr)
-        slot = Slot(len(self.slots), path, arr, registered=registered)
-        self.slots.append(slot)
-        return slot
+        return Slot(index, path, arr, registered=registered)
+
+    def _ahead(self) -> bool:
+        return torch.cuda.is_available() if self.grow_ahead is None else self.grow_ahead
+
+    def _grow_in_background(self) -> None:
+        """Start creating the next slot on a thread (called with ``cond`` held); when it
+        is in, the one after it, up to ``n_slots``."""
+        if self._growing or self.layout is None or len(self.slots) >= self.n_slots:
+            return
+        self._growing = True
+        epoch, nbytes, index = self._epoch, self.layout.total_bytes, len(self.slots)
+
+        def grow() -> None:
+            slot = None
+            try:
+                slot = self._make_slot(nbytes, index)
+            except OSError:
+                pass   # no host memory for it: the captures go on with the slots there are
+            with self.cond:
+                self._growing = False
+                if slot is not None and epoch == self._epoch and len(self.slots) == index:
+                    self.slots.append(slot)
+                    self._grow_in_background()
+                elif slot is not None:
+                    self._free(slot)
+                self.cond.notify_all()
+        threading.Thread(target=grow, name="sg-slot-grow", daemon=True).start()
 
     def _free(self, slot: Slot) -> None:
         """Unpin and unmap a slot (the driver would keep registered pages pinned past the
@@ -353,6 +397,7 @@ class SlotStore:
                 self._free(s)
             self.slots = []
             self.latest = self.retained = -1
+            self._epoch += 1
 
     def publish_manifest(self, slot: Slot, manifest: Manifest, role: int) -> None:
         """Attach a slot's manifest and write it beside the slot in shared memory (tmp +
@@ -367,29 +412,52 @@ class SlotStore:
             tmp.rename(side)
             self.cond.notify_all()
 
-    def _pick(self, timeout_s: float) -> Slot | None:
+    def _pick(self, timeout_s: float, wait_for_slot: bool = True) -> Slot | None:
         with self.cond:
             def free() -> list[Slot]:
-                return [s for s in self.slots if s.index not in (self.latest, self.retained)
+                keep = (self.latest, self.retained, self._newest_published())
+                return [s for s in self.slots if s.index not in keep
                         and not (s.readers or s.pinned or s.filling)]
-            if not self.cond.wait_for(lambda: free() or len(self.slots) < self.n_slots,
-                                      timeout=timeout_s):
-                return None
-            # grow to n_slots first: as much history as configured, as before
-            slot = (self._new_slot() if len(self.slots) < self.n_slots
-                    else min(free(), key=lambda s: s.step))
+            # the first slot of a layout is made here and waited for: the snapshot taken
+            # when the optimizer creates its state must exist (docs/runtime.md)
+            if self._ahead() and not wait_for_slot and self.slots:
+                if not free() and len(self.slots) < self.n_slots:
+                    self._grow_in_background()   # no waiting for it: this capture is skipped
+                    return None
+                if not self.cond.wait_for(free, timeout=timeout_s):
+                    return None
+                slot = min(free(), key=lambda s: s.step)
+                self._grow_in_background()
+            else:
+                if not self.cond.wait_for(lambda: free() or (len(self.slots) < self.n_slots
+                                                             and not self._growing),
+                                          timeout=timeout_s):
+                    return None
+                # grow to n_slots first: as much history as configured, as before
+                slot = (self._new_slot() if len(self.slots) < self.n_slots
+                        else min(free(), key=lambda s: s.step))
             slot.step, slot.manifest, slot.filling = -1, None, True
             _sidecar(slot.path).unlink(missing_ok=True)   # before its bytes change
             return slot
 
+    def _newest_published(self) -> int:
+        """The slot of the newest snapshot whose manifest is published (-1: none). It is
+        never overwritten before a newer one is published: when hashing lags behind the
+        captures (a GPU copies faster than one thread hashes), the latest slot is still
+        unhashed and the newest hashed one was otherwise the next to be reused, leaving a
+        moment with no adoptable snapshot at all (a rank killed then could not be
+        recovered from memory: seen on an H100 in benchmarks/gpu_runtime.py)."""
+        published = [s for s in self.slots if s.manifest is not None and s.step >= 0]
+        return max(published, key=lambda s: s.step).index if published else -1
+
     def capture(self, state: TrainingState, step: int, timeout_s: float,
                 midway=None) -> Slot | None:
         """Copy the state at `step` into a free slot; None if no slot freed in time."""
-        cap = self.begin(state, step, timeout_s, midway)
+        cap = self.begin(state, step, timeout_s, midway, wait_for_slot=True)
         return None if cap is None else cap.wait()
 
     def begin(self, state: TrainingState, step: int, timeout_s: float, midway=None,
-              overlap: bool = False) -> Capture | None:
+              overlap: bool = False, wait_for_slot: bool = False) -> Capture | None:
         """Start copying the state at `step` into a free slot; None if none freed in time.
 
         Model buffers and the meta blob (what the next forward pass changes) are copied
@@ -405,7 +473,7 @@ class SlotStore:
                 self.cond.wait_for(lambda: not any(s.readers or s.pinned or s.filling
                                                    for s in self.slots), timeout=timeout_s)
                 self._allocate(Layout.build(named, len(meta)))
-        slot = self._pick(timeout_s)
+        slot = self._pick(timeout_s, wait_for_slot)
         if slot is None:
             return None
         cap = Capture(self, slot, step, len(meta))
@@ -459,8 +527,9 @@ class SlotStore:
     def build_manifest(self, slot: Slot, rank: int, world_size: int) -> Manifest:
         """Hash every tensor of a captured slot (called off the training thread)."""
         assert self.layout is not None
-        entries = [TensorEntry(n, d, list(s), off, nb, hash_bytes(slot.array[off:off + nb]))
-                   for n, d, s, off, nb in self.layout.items]
+        digests = hash_spans(slot.array, [(off, nb) for _, _, _, off, nb in self.layout.items])
+        entries = [TensorEntry(n, d, list(s), off, nb, digest)
+                   for (n, d, s, off, nb), digest in zip(self.layout.items, digests)]
         lo = self.layout.meta_offset
         entries.append(TensorEntry(META, "uint8", [slot.meta_len], lo, slot.meta_len,
                                    hash_bytes(slot.array[lo:lo + slot.meta_len])))
@@ -541,10 +610,31 @@ def read_orphan(manifest: Manifest, path: Path) -> np.ndarray:
     data = np.memmap(path, dtype=np.uint8, mode="c")
     if data.size < manifest.total_bytes:
         raise ValueError(f"{path}: {data.size} bytes, manifest needs {manifest.total_bytes}")
-    for e in manifest.entries:
-        if hash_bytes(data[e.offset:e.offset + e.nbytes]) != e.xxh3:
+    digests = hash_spans(data, [(e.offset, e.nbytes) for e in manifest.entries])
+    for e, digest in zip(manifest.entries, digests):
+        if digest != e.xxh3:
             raise ValueError(f"{path}: tensor {e.name!r} of step {manifest.step} fails its hash")
     return data
+
+
+_HASH_POOL: Any = None
+_PARALLEL_HASH_BYTES = 64 << 20
+
+
+def hash_spans(arr: np.ndarray, spans: list[tuple[int, int]]) -> list[str]:
+    """xxh3 of every ``(offset, nbytes)`` span of ``arr``, in order. Large states are
+    hashed on several threads (xxhash releases the GIL): one thread hashes about 10 GB/s,
+    slower than a GPU's device-to-host copy, so with a snapshot every step the pipeline,
+    not the copy, held a 4.8 GB state's training back (benchmarks/gpu_runtime.py)."""
+    global _HASH_POOL
+    if sum(n for _, n in spans) < _PARALLEL_HASH_BYTES or len(spans) < 2:
+        return [hash_bytes(arr[o:o + n]) for o, n in spans]
+    if _HASH_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _HASH_POOL = ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1)),
+                                        thread_name_prefix="sg-hash")
+    return list(_HASH_POOL.map(lambda span: hash_bytes(arr[span[0]:span[0] + span[1]]), spans))
 
 
 def tensors_of(manifest: Manifest, payload: np.ndarray) -> tuple[dict[str, torch.Tensor], bytes]:
