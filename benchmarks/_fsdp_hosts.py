@@ -208,7 +208,35 @@ def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, ho
     r["recovery_s"] = [round(e["recovery_s"], 3) for e in events if e["event"] == "resumed" and e["gen"] > 0]
     r["resume_sources"] = [e.get("source") for e in events if e["event"] == "resume_chosen" and e["gen"] > 0]
     r["node_lost"] = [e.get("node") for e in events if e["event"] == "node_lost"]
+    kills = read_kills(out / "chaos") + ([host_kill] if host_kill else [])
+    r["phases"] = [recovery_phases(events, _rows(out), k["time_s"], gen)
+                   for gen, k in enumerate(sorted(kills, key=lambda k: k["time_s"]), start=1)]
     return r
+
+
+def recovery_phases(events: list[dict], rows, t_kill: float, gen: int) -> dict | None:
+    """Where kill -> next step went for generation ``gen``, in seconds, from the runtime's
+    events: noticing the loss (the coordinator's verdict, with its evidence), the
+    decision (the plan), the members getting there (a spare building its model once it
+    knows its rank; a survivor finishing its cancelled step), the resume choice, the
+    state restored and the group re-formed (the last member's "recovered" note), and the
+    first step committed after it (the step in flight at the kill, redone)."""
+    plan = next((e for e in events if e["event"] == "plan" and e["gen"] == gen), None)
+    chosen = next((e for e in events if e["event"] == "resume_chosen" and e["gen"] == gen), None)
+    notes = [e for e in events if e["event"] == "worker" and e.get("kind") == "recovered" and e.get("gen") == gen]
+    firsts = [t for _, t, g in rows if g == gen]
+    if plan is None or chosen is None or not notes or not firsts:
+        return None
+    verdict = [e for e in events if e["event"] in ("detected", "node_lost") and e["t"] <= plan["t"]][-1]
+    started = max(e["t"] - e["seconds"] for e in notes)
+    recovered = max(e["t"] for e in notes)
+    first = min(firsts)
+    return {"evidence": verdict.get("evidence") or verdict.get("kind"),
+            "detect_s": round(verdict["t"] - t_kill, 3), "plan_s": round(plan["t"] - verdict["t"], 3),
+            "members_ready_s": round(started - plan["t"], 3), "resume_chosen_s": round(chosen["t"] - started, 3),
+            "restored_and_regrouped_s": round(recovered - chosen["t"], 3),
+            "first_step_s": round(first - recovered, 3), "kill_to_next_step_s": round(first - t_kill, 3),
+            "slowest_member_phases_s": max(notes, key=lambda e: e["t"])["phases_s"]}
 
 
 def run_torchft_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: int | None) -> dict:
@@ -249,9 +277,15 @@ def _rows(out: Path):
     return read_logs(out)
 
 
+def read_kills(chaos_dir: Path) -> list[dict]:
+    from failover_training import read_kills as read
+
+    return read(chaos_dir)
+
+
 def _result(out: Path, chaos_dir: Path, host_kill: dict | None, codes: dict, wall_s: float,
             same_generation_ok: bool) -> dict:
-    from failover_training import per_failure, read_kills
+    from failover_training import per_failure
 
     rows = _rows(out)
     kills = read_kills(chaos_dir)
@@ -355,6 +389,7 @@ def summarize_hosts(reps: list[dict], systems: list[str], steps: int) -> dict:
                                              for x in sg]
     summary["seamguard"]["resume_sources"] = [x["faults"].get("resume_sources") for x in sg]
     summary["seamguard"]["recovery_s"] = [x["faults"].get("recovery_s") for x in sg]
+    summary["seamguard"]["recovery_phases"] = [x["faults"].get("phases") for x in sg]
     if "torchft" in summary:
         summary["torchft"]["samples_dropped"] = [r["runs"]["torchft"]["faults"]["samples_dropped"] for r in reps]
     return summary
@@ -370,6 +405,14 @@ def print_table(summary: dict, systems: list[str], plain_window: str, reps: int)
               f"{x['host_kill']['resume_s_max']!s:>21s} {x['host_kill']['steps_lost_max']!s:>5s} "
               f"{x['wall_ratio']:>13g}x {x['failure_free_wall_ratio']:>21g}x")
     print(f"seamguard bit-identical: {summary['seamguard']['bit_identical']}", flush=True)
+    print("seamguard kill -> next step, phase by phase (s): detect | plan | members ready | resume chosen | "
+          "restored + regrouped | first step")
+    for rep, phases in enumerate(summary["seamguard"]["recovery_phases"]):
+        for p in phases or []:
+            if p is not None:
+                print(f"  rep {rep + 1}: {p['detect_s']} | {p['plan_s']} | {p['members_ready_s']} | "
+                      f"{p['resume_chosen_s']} | {p['restored_and_regrouped_s']} | {p['first_step_s']} "
+                      f"= {p['kill_to_next_step_s']} ({p['evidence']})", flush=True)
 
 
 def main_hosts(args) -> None:

@@ -80,3 +80,27 @@ def test_summary_splits_the_worst_failure_by_kind_and_checks_the_shards():
     assert s["torchrun"]["finished_all_steps"] == [False]
     rep["runs"]["seamguard"]["faults"]["shards"] = ["final_shard_0.txt:b"]
     assert hosts.summarize_hosts([rep], ["seamguard"], 36)["seamguard"]["bit_identical"] == [False]
+
+
+def test_recovery_phases_split_kill_to_next_step_by_the_runtimes_events():
+    # host killed at t=10: the link closes (node_lost at 10.1), plan at 10.12; the last
+    # member starts recovering at 10.4 and is recovered at 10.6; the resume is chosen at
+    # 10.45; the redone step commits at 11.3
+    events = [
+        {"t": 5.0, "event": "plan", "gen": 1}, {"t": 5.1, "event": "resume_chosen", "gen": 1},
+        {"t": 10.1, "event": "node_lost", "node": 1, "evidence": "its launcher's link closed"},
+        {"t": 10.12, "event": "plan", "gen": 2},
+        {"t": 10.45, "event": "resume_chosen", "gen": 2},
+        {"t": 10.5, "event": "worker", "kind": "recovered", "gen": 2, "wid": 0, "seconds": 0.3,
+         "phases_s": {"restore_state": 0.01}},
+        {"t": 10.6, "event": "worker", "kind": "recovered", "gen": 2, "wid": 3, "seconds": 0.2,
+         "phases_s": {"restore_state": 0.05}},
+    ]
+    rows = [(8, 9.9, 1), (8, 11.3, 2), (9, 12.0, 2)]
+    p = hosts.recovery_phases(events, rows, 10.0, 2)
+    assert p["evidence"] == "its launcher's link closed"
+    parts = [p[k] for k in ("detect_s", "plan_s", "members_ready_s", "resume_chosen_s",
+                            "restored_and_regrouped_s", "first_step_s")]
+    assert parts == [0.1, 0.02, 0.28, 0.05, 0.15, 0.7]
+    assert p["kill_to_next_step_s"] == 1.3 and p["slowest_member_phases_s"] == {"restore_state": 0.05}
+    assert hosts.recovery_phases(events, rows, 10.0, 3) is None   # no such generation

@@ -126,7 +126,7 @@ class Coordinator:
         self._hints = dict(zip(HINT_KEYS, keys.read_existing(self.store, list(HINT_KEYS))))
         if appeared or self._deferred:
             self._read_joined()
-        newly_lost = ((self._read_exits() if appeared else set()) | self._judge_nodes(now)
+        newly_lost = ((self._read_exits(fresh=exited) if appeared else set()) | self._judge_nodes(now)
                       | self._judge_heartbeats(now) | self._read_evacuations())
         self._read_checkpoint_hint()
         self._read_interval_hint()
@@ -255,11 +255,15 @@ class Coordinator:
                 self._beating.add(w)   # heartbeat keys are never deleted
         return {w: json.loads(r) for w, r in raws.items()}
 
-    def _read_exits(self) -> set[int]:
+    def _read_exits(self, fresh: bool = False) -> set[int]:
+        """Workers that exited: lost, or finished (a done mark beside exit code 0).
+        ``fresh``: read the store itself, not its watched copy, which may not have the
+        exit code this node's launcher has just written yet (one pass, 50 ms, later)."""
         out = set()
         watched = [w for w in self.all_workers if w not in self.lost and w not in self.finished]
-        codes = self._family(keys.EXIT_PREFIX, [str(w) for w in watched])
-        dones = self._family(keys.DONE_PREFIX, list(codes)) if codes else {}
+        family = (lambda prefix, names: keys.read_family(self.store, prefix, names)) if fresh else self._family
+        codes = family(keys.EXIT_PREFIX, [str(w) for w in watched])
+        dones = family(keys.DONE_PREFIX, list(codes)) if codes else {}
         for w in watched:
             code = codes.get(str(w))
             if code is None:

@@ -77,6 +77,11 @@ def _connect(host: str, port: int, timeout_s: float, url: StoreUrl = TCP_STORE) 
     return jobstore.connect(url, host, port, timeout_s)
 
 
+def _unlink_all(paths: list[Path]) -> None:
+    for p in paths:
+        p.unlink(missing_ok=True)
+
+
 def _host_port(text: str) -> tuple[str, int] | None:
     host, _, port = text.rpartition(":")
     return (host, int(port)) if host and port.isdigit() else None
@@ -1255,11 +1260,13 @@ class Runtime:
 
     def _release_orphans(self) -> None:
         """Delete a dead worker's slots once recovered (else they would hold host memory
-        for the rest of the job)."""
-        for _, path in self._orphans.values():
-            path.unlink(missing_ok=True)
-            path.with_name(path.name + ".json").unlink(missing_ok=True)
+        for the rest of the job), on a thread of their own: the kernel frees a slot's pages
+        as it is unlinked, tens of milliseconds for a few slots of a large shard, which the
+        job's first step after the recovery need not wait for."""
+        paths = [p for _, path in self._orphans.values() for p in (path, path.with_name(path.name + ".json"))]
         self._orphans = {}
+        if paths:
+            threading.Thread(target=_unlink_all, args=(paths,), name="sg-release-orphans", daemon=True).start()
 
     def _restore_memory(self, plan: Plan, role: int, step: int) -> None:
         holder = plan.holders.get(role)
