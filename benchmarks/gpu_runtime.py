@@ -73,10 +73,12 @@ class Config:
     batch: int = 8192          # rows (tokens) per step
     dataset: int = 16384
     reps: int = 5              # micro repetitions (after one warm-up round)
-    steps: int = 200           # per launched run
-    warm_steps: int = 20       # excluded from the failure-free window
+    steps: int = 650           # per failure-free run (plain, planned interval)
+    every_step_steps: int = 230  # the run with a snapshot every step (slower steps)
+    warm_s: float = 15.0       # excluded from the failure-free window: start-up, slots made
+    max_every: int = 50        # cap on the planned interval, so the window holds snapshots
     overhead_reps: int = 2
-    kill_step: int = 30
+    kill_step: int = 100       # late enough that every slot exists (they are made on a thread)
     recovery_reps: int = 1
     mtbf_h: float = LLAMA3_JOB_MTBF_H
 
@@ -369,14 +371,18 @@ def launch_cmd(cfg: Config, out: Path, steps: int, spares: int, every: int, chao
 
 
 # ------------------------------------------------------------------ part 2: failure-free
-def window(rows: list[tuple[int, float, int]], warm: int) -> dict:
-    """Per-step wall over the committed steps after ``warm`` (first commit of each step)."""
+def window(rows: list[tuple[int, float, int]], warm_s: float) -> dict:
+    """Per-step wall over the committed steps from ``warm_s`` after the first one (first
+    commit of each step): start-up, CUDA warm-up and slot creation stay out."""
     first: dict[int, float] = {}
     for s, t, _ in rows:
         first.setdefault(s, t)
-    steps = sorted(s for s in first if s >= warm)
+    t0 = min(first.values())
+    steps = sorted(s for s, t in first.items() if t - t0 >= warm_s)
+    if len(steps) < 10:
+        raise RuntimeError(f"only {len(steps)} steps after the {warm_s} s warm-up: run more steps")
     span = first[steps[-1]] - first[steps[0]]
-    return {"per_step_s": span / max(1, len(steps) - 1), "steps": len(steps)}
+    return {"per_step_s": span / (len(steps) - 1), "steps": len(steps), "first_step": steps[0]}
 
 
 def young_every(stall_s: float, step_s: float, mtbf_h: float, cap: int) -> tuple[int, int]:
@@ -396,29 +402,47 @@ def overhead(cfg: Config, work: Path, every_plan: int) -> dict:
     walls: dict[str, list[float]] = {k: [] for k in systems}
     profiles: dict[str, list] = {k: [] for k in systems if k != "plain"}
     names = list(systems)
+    windows: dict[str, list[dict]] = {k: [] for k in systems}
+    errors: list[str] = []
     env = {**ENV, "SEAMGUARD_PROFILE": "1"}
     for rep in range(cfg.overhead_reps):
         for name in names[rep % 3:] + names[:rep % 3]:
             out = work / f"ff_{name}_{rep}"
             # a snapshot every step is the slow case: fewer steps measure it as well
-            steps = min(cfg.steps, cfg.warm_steps + 60) if systems[name] == 1 else cfg.steps
+            steps = cfg.every_step_steps if systems[name] == 1 else cfg.steps
             if systems[name] is None:
                 cmd = [sys.executable, *train_args(cfg, steps, out), "--plain"]
             else:
                 cmd = launch_cmd(cfg, out, steps, 1, systems[name])
-            walls[name].append(run(cmd, work / f"ff_{name}_{rep}.log", 600, env))
-            per_step[name].append(window(step_rows(out), cfg.warm_steps)["per_step_s"])
+            try:
+                wall = run(cmd, work / f"ff_{name}_{rep}.log", 600, env)
+                win = window(step_rows(out), cfg.warm_s)
+            except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+                errors.append(f"{name} rep {rep}: {str(exc)[-1500:]}")
+                log(f"failure-free run {name} failed: {str(exc)[-1500:]}")
+                continue
+            walls[name].append(wall)
+            per_step[name].append(win["per_step_s"])
+            windows[name].append(win)
             if systems[name] is not None:
-                profiles[name] += [e for e in read_events(out) if e.get("kind") == "profile"]
+                events = read_events(out)
+                win["snapshots_skipped"] = sum(1 for e in events if e.get("kind") == "snapshot_skipped"
+                                               and e.get("step", -1) >= win["first_step"])
+                profiles[name] += [e for e in events if e.get("kind") == "profile"]
             shutil.rmtree(out, ignore_errors=True)
-    med = statistics.median
-    plain = med(per_step["plain"])
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs) if xs else float("nan")
+
+    plain = med(per_step["plain"]) if per_step["plain"] else 0.0
+    plain_wall = med(walls["plain"]) if walls["plain"] else 0.0
     return {
-        "per_step_s": {k: spread(v) for k, v in per_step.items()},
-        "process_wall_s": {k: spread(v) for k, v in walls.items()},
-        "window_ratio": {k: ratio(med(v), plain) for k, v in per_step.items() if k != "plain"},
-        "wall_ratio": {k: ratio(med(v), med(walls["plain"])) for k, v in walls.items() if k != "plain"},
+        "errors": errors,
+        "per_step_s": {k: spread(v) for k, v in per_step.items() if v},
+        "process_wall_s": {k: spread(v) for k, v in walls.items() if v},
+        "window_ratio": {k: ratio(med(v), plain) for k, v in per_step.items() if k != "plain" and v},
+        "wall_ratio": {k: ratio(med(v), plain_wall) for k, v in walls.items() if k != "plain" and v},
         "snapshot_every": {k: v for k, v in systems.items() if v is not None},
+        "windows": windows,
         # the training rank's (the spare's own profile has no steps), last repetition
         "profile_phases": {k: max(v, key=lambda e: e.get("steps", 0)).get("phases") if v else None
                            for k, v in profiles.items()},
@@ -492,6 +516,9 @@ def main() -> None:
     ap.add_argument("--dataset", type=int, default=Config.dataset)
     ap.add_argument("--steps", type=int, default=Config.steps)
     ap.add_argument("--mtbf-h", type=float, default=Config.mtbf_h)
+    ap.add_argument("--every-step-steps", type=int, default=Config.every_step_steps)
+    ap.add_argument("--warm-s", type=float, default=Config.warm_s)
+    ap.add_argument("--kill-step", type=int, default=Config.kill_step)
     ap.add_argument("--parts", default="micro,overhead,recovery")
     ap.add_argument("--micro-json", default=None,
                     help="take part 1 from this earlier result of the same device (with --parts "
@@ -508,10 +535,11 @@ def main() -> None:
         sys.exit("error: --device cuda but torch sees no GPU (use --device cpu to check the logic)")
     cfg = Config(device=args.device, hidden=args.hidden, layers=args.layers, batch=args.batch,
                  dataset=args.dataset, steps=args.steps, mtbf_h=args.mtbf_h,
+                 every_step_steps=args.every_step_steps, warm_s=args.warm_s, kill_step=args.kill_step,
                  reps=3 if args.quick else 7, overhead_reps=1 if args.quick else 3,
                  recovery_reps=1 if args.quick else 3)
-    if cfg.dataset < cfg.batch or cfg.steps <= cfg.warm_steps + 10 or cfg.steps <= cfg.kill_step:
-        sys.exit(f"error: need dataset >= batch and steps > {max(cfg.warm_steps + 10, cfg.kill_step)}")
+    if cfg.dataset < cfg.batch or cfg.kill_step < 2:
+        sys.exit(f"error: need --dataset ({cfg.dataset}) >= --batch ({cfg.batch}) and --kill-step >= 2")
     parts = set(args.parts.split(","))
     work = Path(args.work or tempfile.mkdtemp(prefix="sg-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -540,7 +568,7 @@ def main() -> None:
             m = result.get("micro")
             step_s = m["plain_step_s"]["median"] if m else 1.0
             stall = m["stall_used_s"]["sg_overlap"] if m else 0.0
-            planned, used = young_every(stall, step_s, cfg.mtbf_h, (cfg.steps - cfg.warm_steps) // 4)
+            planned, used = young_every(stall, step_s, cfg.mtbf_h, cfg.max_every)
             result["snapshot_every_planned"] = planned
             result["overhead"] = overhead(cfg, work, used)
             log(f"overhead done at {time.perf_counter() - t_start:.0f} s: {json.dumps(result['overhead'])}")
