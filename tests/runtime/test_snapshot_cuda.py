@@ -144,3 +144,25 @@ def test_slots_grown_on_a_thread_are_page_locked(tmp_path):
         assert all(torch.from_numpy(s.array).is_pinned() for s in slots.slots)
     finally:
         slots.close()
+
+
+def test_checksum_of_a_gpu_model_equals_its_cpu_copys():
+    """The recovery checksum streams GPU tensors through a pinned buffer in chunks; the
+    digest must be the one the same bytes give on the CPU (ranks compare digests)."""
+    import copy
+
+    from seamguard.runtime import snapshot
+
+    model, opt, _ = _setup()
+    _step(model, opt)
+    big = torch.nn.Linear(3000, 3000).cuda()   # 36 MB of weights: crosses a chunk with a small one
+    old = snapshot._STAGE_BYTES
+    snapshot._STAGE_BYTES = 1 << 20
+    snapshot._STAGING.clear()
+    try:
+        for m in (model, big):
+            assert state_checksum(m) == state_checksum(copy.deepcopy(m).cpu())
+            assert state_checksum(m, params_only=True) == state_checksum(copy.deepcopy(m).cpu(), params_only=True)
+    finally:
+        snapshot._STAGE_BYTES = old
+        snapshot._STAGING.clear()

@@ -302,7 +302,7 @@ class SlotStore:
     cond: threading.Condition = field(default_factory=threading.Condition)
     clock: Any = None   # a profile.PhaseClock the worker hands over (times the background copy)
     grow_ahead: bool | None = None
-    """Create slots off the training thread (None: where CUDA is available). Creating a
+    """Create slots off the training thread (None: when the state is on a GPU). Creating a
     page-locked slot takes seconds for gigabytes (3.5 s for 4.8 GB on an H100 host:
     reserving the pages, then pinning them); made on demand, each of the first
     ``n_slots`` snapshots of a layout, and a recovered spare's first one, stalled the
@@ -355,8 +355,8 @@ class SlotStore:
         registered = torch.cuda.is_available() and host_register(arr)
         return Slot(index, path, arr, registered=registered)
 
-    def _ahead(self) -> bool:
-        return torch.cuda.is_available() if self.grow_ahead is None else self.grow_ahead
+    def _ahead(self, cuda_state: bool) -> bool:
+        return cuda_state if self.grow_ahead is None else self.grow_ahead
 
     def _grow_in_background(self) -> None:
         """Start creating the next slot on a thread (called with ``cond`` held); when it
@@ -412,7 +412,7 @@ class SlotStore:
             tmp.rename(side)
             self.cond.notify_all()
 
-    def _pick(self, timeout_s: float, wait_for_slot: bool = True) -> Slot | None:
+    def _pick(self, timeout_s: float, wait_for_slot: bool = True, cuda_state: bool = False) -> Slot | None:
         with self.cond:
             def free() -> list[Slot]:
                 keep = (self.latest, self.retained, self._newest_published())
@@ -420,7 +420,7 @@ class SlotStore:
                         and not (s.readers or s.pinned or s.filling)]
             # the first slot of a layout is made here and waited for: the snapshot taken
             # when the optimizer creates its state must exist (docs/runtime.md)
-            if self._ahead() and not wait_for_slot and self.slots:
+            if self._ahead(cuda_state) and not wait_for_slot and self.slots:
                 if not free() and len(self.slots) < self.n_slots:
                     self._grow_in_background()   # no waiting for it: this capture is skipped
                     return None
@@ -473,7 +473,8 @@ class SlotStore:
                 self.cond.wait_for(lambda: not any(s.readers or s.pinned or s.filling
                                                    for s in self.slots), timeout=timeout_s)
                 self._allocate(Layout.build(named, len(meta)))
-        slot = self._pick(timeout_s, wait_for_slot)
+        cuda = any(t.is_cuda for _, t in named)
+        slot = self._pick(timeout_s, wait_for_slot, cuda)
         if slot is None:
             return None
         cap = Capture(self, slot, step, len(meta))
@@ -484,7 +485,6 @@ class SlotStore:
         mutable = set(state.buffer_names())
         first = [j for j in jobs if j[0][0] in mutable]
         rest = [j for j in jobs if j[0][0] not in mutable]
-        cuda = any(t.is_cuda for _, t in named)
         if cuda and self._stream is None:
             self._stream = torch.cuda.Stream()
         half = len(jobs) // 2
@@ -672,8 +672,32 @@ def state_checksum(model: torch.nn.Module, params_only: bool = False) -> str:
     h = xxhash.xxh3_64()
     tensors = (model.named_parameters() if params_only else model.state_dict().items())
     for _, v in tensors:
-        h.update(_raw(v))
+        v = local(v.detach())
+        if v.is_cuda:
+            _update_from_device(h, v)
+        else:
+            h.update(_raw(v))
     return h.hexdigest()
+
+
+_STAGE_BYTES = 64 << 20
+_STAGING: dict[Any, torch.Tensor] = {}
+
+
+def _update_from_device(h: Any, t: torch.Tensor) -> None:
+    """Feed a GPU tensor's bytes to ``h`` through one reused page-locked buffer, in
+    chunks (the same digest as hashing them at once). ``.cpu()`` of every tensor into
+    fresh pageable memory made the recovery checksum of 1.6 GB of parameters take
+    1.35-1.6 s on an H100 host (benchmarks/gpu_runtime.py); a DMA copy into pinned
+    memory runs at about 50 GB/s there, so the hash is what is left."""
+    flat = t.contiguous().reshape(-1).view(torch.uint8)
+    buf = _STAGING.get(t.device)
+    if buf is None:
+        buf = _STAGING[t.device] = torch.empty(_STAGE_BYTES, dtype=torch.uint8, pin_memory=True)
+    for i in range(0, flat.numel(), _STAGE_BYTES):
+        n = min(_STAGE_BYTES, flat.numel() - i)
+        buf[:n].copy_(flat[i:i + n])   # synchronous: the chunk is in host memory after it
+        h.update(buf[:n].numpy())
 
 
 def _raw(t: torch.Tensor) -> np.ndarray:
