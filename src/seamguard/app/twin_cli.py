@@ -23,7 +23,7 @@ from seamguard.app.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail,
 from seamguard.twin.events.calibration import link_profile, llama3_failure_model
 from seamguard.twin.events.config import POLICIES, ClusterConfig, CostModel, PolicyParams
 from seamguard.twin.events.measured import (DEFAULT_FIGURES, RuntimeFigures, describe_defaults,
-                                            load_runtime_figures)
+                                            load_gpu_figures, load_runtime_figures)
 from seamguard.twin.events.montecarlo import run_monte_carlo, summarise
 
 __all__ = ["simulate", "report", "build_settings", "Compare", "Workload", "LinkProfile",
@@ -80,11 +80,13 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
                    sdc_caught_fraction: float = PolicyParams.sdc_caught_at_step_fraction,
                    crash_capture_fraction: float = PolicyParams.crash_capture_fraction,
                    policy_config: Optional[Path] = None,
+                   measured_gpu: Optional[Path] = None,
                    ) -> tuple[ClusterConfig, list[PolicyParams], RuntimeFigures]:
     """Validate flags and build the cluster config, the policies to run and their figures.
 
     ``measured`` is the runtime results file the user named, or ``None`` for the built-in
-    defaults (never a path guessed from the current directory). ``policy_config`` is a
+    defaults (never a path guessed from the current directory); ``measured_gpu`` a
+    benchmarks/gpu_runtime.py result whose GPU figures replace those. ``policy_config`` is a
     JSON file ``{"<policy>": {"<cost>": seconds, ...}}`` replacing named cost components
     (:class:`~seamguard.twin.events.config.CostModel`) of the policies it names.
     """
@@ -105,6 +107,8 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
                          f"got {compare!r}")
     if measured is not None and not Path(measured).is_file():
         raise ValueError(f"--measured: no such file {measured}")
+    if measured_gpu is not None and not Path(measured_gpu).is_file():
+        raise ValueError(f"--measured-gpu: no such file {measured_gpu}")
     fm = llama3_failure_model()
     if node_failure_rate is not None:
         fm = fm.with_rf(node_failure_rate)
@@ -115,6 +119,10 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
         figs = load_runtime_figures(measured)
     except ValueError as exc:
         raise ValueError(f"--measured: {exc}") from exc
+    try:
+        figs = load_gpu_figures(figs, measured_gpu) if measured_gpu is not None else figs
+    except ValueError as exc:
+        raise ValueError(f"--measured-gpu: {exc}") from exc
     overrides = read_policy_config(policy_config)
     names = list(_COMPARE.get(compare, (compare,)))
     pols = [PolicyParams(n, checkpoint_interval_min=checkpoint_interval_min,
@@ -217,6 +225,11 @@ _MEAS = typer.Option(None, "--measured", metavar="FILE",
                           "(e.g. benchmarks/results/failover_training.json). Without it the "
                           "built-in defaults are used (listed in docs/sources.md) and the "
                           "output says so.")
+_MGPU = typer.Option(None, "--measured-gpu", metavar="FILE",
+                     help="GPU results JSON written by benchmarks/gpu_runtime.py (e.g. "
+                          "benchmarks/results/gpu_runtime_h100.json): its snapshot stall, restore "
+                          "and host-memory restart figures replace the --measured file's or the "
+                          "defaults; the output names which figures came from it.")
 _PCFG = typer.Option(None, "--policy-config", metavar="FILE",
                      help="JSON {policy: {cost: seconds}} replacing named cost components "
                           "(interval_s, write_blocking_s, write_async_s, restart_s, requeue_s, "
@@ -244,6 +257,7 @@ def simulate(
     checkpoint_write_min: float = _CW, restart_cost_min: float = _RC,
     detection_delay_s: float = _DD, detection_precision: float = _DP,
     state_gib_per_gpu: float = _SG, measured: Optional[Path] = _MEAS,
+    measured_gpu: Optional[Path] = _MGPU,
     job_wide_crash_fraction: float = _JW, sdc_caught_fraction: float = _SDC,
     crash_capture_fraction: float = _CAP, policy_config: Optional[Path] = _PCFG,
     runs: int = _RUNS, seed: int = _SEED, executor: Executor = _EXEC,
@@ -258,7 +272,7 @@ def simulate(
             checkpoint_interval_min=checkpoint_interval_min,
             checkpoint_write_min=checkpoint_write_min, restart_cost_min=restart_cost_min,
             detection_delay_s=detection_delay_s, detection_precision=detection_precision,
-            state_gib_per_gpu=state_gib_per_gpu, measured=measured,
+            state_gib_per_gpu=state_gib_per_gpu, measured=measured, measured_gpu=measured_gpu,
             job_wide_crash_fraction=job_wide_crash_fraction, sdc_caught_fraction=sdc_caught_fraction,
             crash_capture_fraction=crash_capture_fraction, policy_config=policy_config)
         sums = run_monte_carlo(cfg, pols, runs, seed, _value(executor), workers)
@@ -326,8 +340,8 @@ def report(
     workload: Workload = _WORKLOAD, checkpoint_interval_min: float = _CI,
     checkpoint_write_min: float = _CW, restart_cost_min: float = _RC,
     detection_delay_s: float = _DD, detection_precision: float = _DP,
-    measured: Optional[Path] = _MEAS, executor: Executor = _EXEC,
-    workers: Optional[int] = _WORK,
+    measured: Optional[Path] = _MEAS, measured_gpu: Optional[Path] = _MGPU,
+    executor: Executor = _EXEC, workers: Optional[int] = _WORK,
     output: Output = OUTPUT_OPTION, json_flag: bool = JSON_OPTION,
 ) -> None:
     """Write ETTR-vs-size, lost-by-cause and interval-vs-hazard plots and a summary."""
@@ -350,7 +364,7 @@ def report(
             checkpoint_interval_min=checkpoint_interval_min,
             checkpoint_write_min=checkpoint_write_min, restart_cost_min=restart_cost_min,
             detection_delay_s=detection_delay_s, detection_precision=detection_precision,
-            state_gib_per_gpu=28.0, measured=measured)
+            state_gib_per_gpu=28.0, measured=measured, measured_gpu=measured_gpu)
         for n in size_list:
             replace(cfg, gpus=n)   # validates every size before the sweep starts
         with phase(f"simulating {len(size_list)} sizes x {runs} run{'' if runs == 1 else 's'} x 2 policies"):

@@ -10,17 +10,25 @@ measurements, each listed with its origin in docs/sources.md, "Runtime recovery
 defaults"), and :attr:`RuntimeFigures.source` says which. Nothing here looks at the
 current working directory. Reading the file is the CLI's job
 (:func:`load_runtime_figures`); :func:`parse_runtime_figures` is pure.
+
+GPU figures (``benchmarks/gpu_runtime.py``'s results, e.g.
+``benchmarks/results/gpu_runtime_h100.json``, ``--measured-gpu FILE``) replace what they
+measured on the hardware the product is for: the snapshot stall and restore relative to
+torch.save/torch.load, the per-GiB save and restore rates, the restart from host memory
+after every rank of a job was lost (its recovery of a killed rank by a hot spare, world
+size 1), the blocking stall and, when measured, the failure-free overhead
+(:func:`with_gpu_figures`, pure). The notes and the source say which came from it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["RuntimeFigures", "DEFAULT_FIGURES", "DEFAULTS_LABEL", "parse_runtime_figures",
-           "load_runtime_figures", "describe_defaults"]
+           "with_gpu_figures", "load_runtime_figures", "load_gpu_figures", "describe_defaults"]
 
 #: How outputs name the built-in defaults.
 DEFAULTS_LABEL = "built-in defaults (docs/sources.md)"
@@ -187,15 +195,56 @@ def describe_defaults(figs: RuntimeFigures = DEFAULT_FIGURES) -> str:
             f"{figs.measured_ranks} ranks")
 
 
-def load_runtime_figures(path: Path | str | None = None) -> RuntimeFigures:
-    """Read a runtime results file (edge I/O); without one, the built-in defaults.
+def _gpu_file(data: Mapping[str, Any]) -> bool:
+    return data.get("benchmark") == "gpu_runtime"
 
-    ``path`` is explicit: ``None`` means "no file", never a guess relative to the current
-    working directory. A path that does not exist is an error, not a silent fallback.
-    """
-    if path is None:
-        return DEFAULT_FIGURES
-    p = Path(path)
+
+def with_gpu_figures(base: RuntimeFigures, data: Mapping[str, Any], source: str) -> RuntimeFigures:
+    """``base`` with the figures a GPU results document measured (see the module
+    docstring); a figure it lacks (or measured as null) stays ``base``'s. CPU runs of the
+    GPU benchmark (``gpu_figures`` false) are refused: they are no GPU figures."""
+    if not _gpu_file(data):
+        raise ValueError(f"{source}: not a benchmarks/gpu_runtime.py result (no \"benchmark\": \"gpu_runtime\")")
+    if data.get("gpu_figures") is not True:
+        raise ValueError(f"{source}: measured on {data.get('device', 'an unknown device')!r}, "
+                         "not a GPU (gpu_figures is not true)")
+    micro = data.get("micro") if isinstance(data.get("micro"), Mapping) else {}
+    stalls = micro.get("stall_used_s") if isinstance(micro.get("stall_used_s"), Mapping) else {}
+    restores = micro.get("restore_s") if isinstance(micro.get("restore_s"), Mapping) else {}
+    gib = (_num(micro, "state_bytes") or 0.0) / 2**30
+    rec = data.get("recovery") if isinstance(data.get("recovery"), Mapping) else {}
+    warm = rec.get("warm_spare") if isinstance(rec.get("warm_spare"), Mapping) else {}
+    runs = [r for r in warm.get("runs", []) if isinstance(r, Mapping)]
+    step_s = max((_num(r, "step_s") or 0.0 for r in runs), default=0.0)
+    recovery = _num(data, "recovery_s")
+    save, blocking = _num(stalls, "torch_save"), _num(stalls, "sg_blocking")
+    sg_restore = _num(restores.get("sg_restore", {}), "median")
+    device = data.get("device", "GPU")
+    found = {
+        "snapshot_stall_ratio": _num(data, "snapshot_stall_ratio_vs_save"),
+        "restore_speedup": _num(data, "restore_speedup_vs_torch_load"),
+        "save_s_per_gib": save / gib if save and gib else None,
+        "restore_s_per_gib": sg_restore / gib if sg_restore and gib else None,
+        "blocking_stall_ratio": blocking / save if blocking and save else None,
+        # kill of the only rank to its first step after a hot spare restored its state
+        # from host memory: the job-wide restart, less that step's own compute
+        "relaunch_s": max(recovery - step_s, 0.0) if recovery is not None else None,
+        "wall_ratio": _num(data, "failure_free_wall_ratio"),
+    }
+    fields = {k: v for k, v in found.items() if v is not None}
+    if "restore_speedup" in fields:
+        fields["restore_speedup"] = max(1.0, fields["restore_speedup"])
+    if "wall_ratio" in fields:
+        fields["wall_ratio"] = max(1.0, fields["wall_ratio"])
+    label = f"{source} ({device})"
+    notes = [n for n in base.notes if n.split(":", 1)[0] not in fields]
+    notes += [f"{k}: {label}" for k in fields]
+    used = ", ".join(fields) or "nothing"
+    return replace(base, **fields, notes=tuple(notes),
+                   source=f"{base.source}; GPU figures ({used}) from {label}")
+
+
+def _read_json(p: Path) -> Mapping[str, Any]:
     if not p.is_file():
         raise ValueError(f"runtime results file {p} does not exist")
     try:
@@ -204,4 +253,26 @@ def load_runtime_figures(path: Path | str | None = None) -> RuntimeFigures:
         raise ValueError(f"cannot read runtime results {p}: {exc}") from exc
     if not isinstance(data, Mapping):
         raise ValueError(f"runtime results {p} must hold a JSON object")
-    return parse_runtime_figures(data, str(p))
+    return data
+
+
+def load_runtime_figures(path: Path | str | None = None,
+                         gpu_path: Path | str | None = None) -> RuntimeFigures:
+    """Read a runtime results file (edge I/O); without one, the built-in defaults. With
+    ``gpu_path`` (a benchmarks/gpu_runtime.py result), its GPU figures replace those.
+
+    Paths are explicit: ``None`` means "no file", never a guess relative to the current
+    working directory. A path that does not exist is an error, not a silent fallback. A
+    GPU result given as ``path`` is read as ``gpu_path`` over the defaults.
+    """
+    figs = DEFAULT_FIGURES
+    if path is not None:
+        data = _read_json(Path(path))
+        figs = (with_gpu_figures(DEFAULT_FIGURES, data, str(path)) if _gpu_file(data)
+                else parse_runtime_figures(data, str(path)))
+    return figs if gpu_path is None else load_gpu_figures(figs, gpu_path)
+
+
+def load_gpu_figures(base: RuntimeFigures, gpu_path: Path | str) -> RuntimeFigures:
+    """``base`` with the GPU figures of the benchmarks/gpu_runtime.py result at ``gpu_path``."""
+    return with_gpu_figures(base, _read_json(Path(gpu_path)), str(gpu_path))
