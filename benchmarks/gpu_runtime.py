@@ -11,9 +11,11 @@ of parameters and optimizer state (what a snapshot holds), about 8 GiB of GPU me
 the gradients. Three parts, one model size:
 
 1. In one process (``micro``): training steps alternate plain / with a snapshot kind
-   (P K1 P K2 ... P, the order of the kinds rotating per repetition); a kind's stall is
-   its step's time minus the mean of the plain steps just before and after it (CUDA
-   synchronised at both ends of every step), median [min-max] over repetitions. Kinds:
+   (P K1 P K2 ... P, the order of the kinds rotating per repetition), CUDA synchronised
+   at both ends of every step; a kind's stall is the larger of its paired slowdown (its
+   step minus the mean of the plain steps just before and after it) and its step's
+   median minus the plain step's, medians [min-max] over repetitions (the time the
+   training thread blocked is reported apart: on a GPU it includes the queued compute). Kinds:
    seamguard overlapped (the runtime's default: side-stream copy into the page-locked
    slot during forward and backward, waited for before the optimizer step), seamguard
    blocking, ``torch.save`` + fsync of model and optimizer state dicts to local disk,
@@ -24,8 +26,10 @@ the gradients. Three parts, one model size:
    its best) + ``load_state_dict``, and ``dcp.load`` + ``set_state_dict``; each restore
    is checked bit-identical (parameter checksum) to the state that was saved.
 2. Failure-free (``overhead``): the same loop as a plain script and under ``seamguard
-   launch`` (1 rank + 1 hot spare), alternated, over the steps after ``--warm-steps``
-   (per-step wall from the step log). Snapshot intervals: every step (the runtime's
+   launch`` (1 rank + 1 hot spare), alternated, per-step wall from the step log over the
+   steps from ``--warm-s`` after the first (start-up, CUDA warm-up and the slots made on
+   a thread stay out; snapshots skipped in the window are counted). Snapshot intervals:
+   every step (the runtime's
    default, ``--snapshot-every 1``) and the interval Young's rule gives for the stall
    measured in part 1 and ``--mtbf-h`` (the launcher takes ``--snapshot-every`` from the
    user; seamguard's planner only moves the persist cadence), capped at a quarter of
@@ -35,6 +39,11 @@ the gradients. Three parts, one model size:
    up) adopts the dead rank's shared-memory snapshot; cold: no spare, the launcher's
    replacement process starts after the loss. Kill to the first step committed after
    it, and the phases from the events file.
+
+A part's results are written to ``--json`` as soon as it ends (the failure-free part after
+every run), so a device run cut by its time limit keeps what it measured; part 1 of an
+earlier run on the same device kind can be reused with ``--micro-json``. With the
+defaults on an H100, part 1 takes about 4 minutes, part 3 about 2.5, part 2 about 3.
 
 One GPU: NCCL across ranks is not exercised (world size 1; the gradient collective is a
 gloo group of one). Last stdout line: one JSON object, also written to ``--json``.
@@ -396,14 +405,12 @@ def young_every(stall_s: float, step_s: float, mtbf_h: float, cap: int) -> tuple
     return planned, max(1, min(planned, cap))
 
 
-def overhead(cfg: Config, work: Path, every_plan: int) -> dict:
+def overhead(cfg: Config, work: Path, every_plan: int, progress=None) -> dict:
+    """Plain loop, a snapshot every step and the planned interval, alternated; after
+    every run ``progress`` gets the summary so far (a run cut short keeps it)."""
     systems = {"plain": None, "sg_every_step": 1, "sg_planned": every_plan}
-    per_step: dict[str, list[float]] = {k: [] for k in systems}
-    walls: dict[str, list[float]] = {k: [] for k in systems}
-    profiles: dict[str, list] = {k: [] for k in systems if k != "plain"}
+    acc = _Overhead(systems)
     names = list(systems)
-    windows: dict[str, list[dict]] = {k: [] for k in systems}
-    errors: list[str] = []
     env = {**ENV, "SEAMGUARD_PROFILE": "1"}
     for rep in range(cfg.overhead_reps):
         for name in names[rep % 3:] + names[:rep % 3]:
@@ -416,37 +423,52 @@ def overhead(cfg: Config, work: Path, every_plan: int) -> dict:
                 cmd = launch_cmd(cfg, out, steps, 1, systems[name])
             try:
                 wall = run(cmd, work / f"ff_{name}_{rep}.log", 600, env)
-                win = window(step_rows(out), cfg.warm_s)
+                acc.add(name, wall, window(step_rows(out), cfg.warm_s), read_events(out))
             except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
-                errors.append(f"{name} rep {rep}: {str(exc)[-1500:]}")
+                acc.errors.append(f"{name} rep {rep}: {str(exc)[-1500:]}")
                 log(f"failure-free run {name} failed: {str(exc)[-1500:]}")
-                continue
-            walls[name].append(wall)
-            per_step[name].append(win["per_step_s"])
-            windows[name].append(win)
-            if systems[name] is not None:
-                events = read_events(out)
-                win["snapshots_skipped"] = sum(1 for e in events if e.get("kind") == "snapshot_skipped"
-                                               and e.get("step", -1) >= win["first_step"])
-                profiles[name] += [e for e in events if e.get("kind") == "profile"]
             shutil.rmtree(out, ignore_errors=True)
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs) if xs else float("nan")
+            if progress is not None:
+                progress(acc.summary())
+    return acc.summary()
 
-    plain = med(per_step["plain"]) if per_step["plain"] else 0.0
-    plain_wall = med(walls["plain"]) if walls["plain"] else 0.0
-    return {
-        "errors": errors,
-        "per_step_s": {k: spread(v) for k, v in per_step.items() if v},
-        "process_wall_s": {k: spread(v) for k, v in walls.items() if v},
-        "window_ratio": {k: ratio(med(v), plain) for k, v in per_step.items() if k != "plain" and v},
-        "wall_ratio": {k: ratio(med(v), plain_wall) for k, v in walls.items() if k != "plain" and v},
-        "snapshot_every": {k: v for k, v in systems.items() if v is not None},
-        "windows": windows,
-        # the training rank's (the spare's own profile has no steps), last repetition
-        "profile_phases": {k: max(v, key=lambda e: e.get("steps", 0)).get("phases") if v else None
-                           for k, v in profiles.items()},
-    }
+
+class _Overhead:
+    """The failure-free runs measured so far, and their summary."""
+
+    def __init__(self, systems: dict[str, int | None]) -> None:
+        self.systems = systems
+        self.per_step: dict[str, list[float]] = {k: [] for k in systems}
+        self.walls: dict[str, list[float]] = {k: [] for k in systems}
+        self.windows: dict[str, list[dict]] = {k: [] for k in systems}
+        self.profiles: dict[str, list[dict]] = {k: [] for k in systems if systems[k] is not None}
+        self.errors: list[str] = []
+
+    def add(self, name: str, wall: float, win: dict, events: list[dict]) -> None:
+        if self.systems[name] is not None:
+            win["snapshots_skipped"] = sum(1 for e in events if e.get("kind") == "snapshot_skipped"
+                                           and e.get("step", -1) >= win["first_step"])
+            self.profiles[name] += [e for e in events if e.get("kind") == "profile"]
+        self.walls[name].append(wall)
+        self.per_step[name].append(win["per_step_s"])
+        self.windows[name].append(win)
+
+    def summary(self) -> dict:
+        med = statistics.median
+        plain = med(self.per_step["plain"]) if self.per_step["plain"] else 0.0
+        plain_wall = med(self.walls["plain"]) if self.walls["plain"] else 0.0
+        return {
+            "errors": self.errors,
+            "per_step_s": {k: spread(v) for k, v in self.per_step.items() if v},
+            "process_wall_s": {k: spread(v) for k, v in self.walls.items() if v},
+            "window_ratio": {k: ratio(med(v), plain) for k, v in self.per_step.items() if k != "plain" and v},
+            "wall_ratio": {k: ratio(med(v), plain_wall) for k, v in self.walls.items() if k != "plain" and v},
+            "snapshot_every": {k: v for k, v in self.systems.items() if v is not None},
+            "windows": self.windows,
+            # the training rank's (the spare's own profile has no steps)
+            "profile_phases": {k: max(v, key=lambda e: e.get("steps", 0)).get("phases") if v else None
+                               for k, v in self.profiles.items()},
+        }
 
 
 def read_events(out: Path) -> list[dict]:
@@ -570,7 +592,11 @@ def main() -> None:
             stall = m["stall_used_s"]["sg_overlap"] if m else 0.0
             planned, used = young_every(stall, step_s, cfg.mtbf_h, cfg.max_every)
             result["snapshot_every_planned"] = planned
-            result["overhead"] = overhead(cfg, work, used)
+            def progress(part: dict) -> None:
+                result["overhead"] = part
+                save_json(args.json, result)
+
+            result["overhead"] = overhead(cfg, work, used, progress)
             log(f"overhead done at {time.perf_counter() - t_start:.0f} s: {json.dumps(result['overhead'])}")
             save_json(args.json, result)
     finally:
