@@ -165,3 +165,18 @@ def test_shipped_configs_validate():
         assert parse_agent_config(text, name).version == 1
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     assert ds["spec"]["template"]["spec"]["hostNetwork"] is True
+
+
+def test_cli_check_passes_with_storage_and_fabric_probes_configured(tmp_path):
+    """`--check` validates and stops without starting the probes: stopping them must not fail
+    (it joined never-started threads: the systemd unit's ExecStartPre failed on every node
+    with a storage path or fabric peers)."""
+    cfg = write_config(tmp_path / "a.yaml", {
+        "version": 1, "node": "n", "kernel_log": {"enabled": False},
+        "storage": {"paths": [{"name": "scratch", "path": str(tmp_path)}]},
+        "fabric": {"enabled": True, "port": 0,
+                   "rails": [{"nic": "n/mlx5_0", "address": "127.0.0.1", "rail": 0}],
+                   "peers": [{"nic": "m/mlx5_0", "address": "127.0.0.1", "rail": 0, "port": 9}]}})
+    p = _run(cfg, "--check")
+    assert p.returncode == 0 and p.stdout.strip().endswith(": ok"), p.stderr
+    assert "Traceback" not in p.stderr

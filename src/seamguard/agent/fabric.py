@@ -137,7 +137,8 @@ class FabricProber:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.thread.join(timeout=self.timeout_s + 1.0)
+        if self.thread.is_alive():  # never started (`agent --check`): nothing to wait for
+            self.thread.join(timeout=self.timeout_s + 1.0)
 
     def run_round(self) -> dict[Pair, float | None]:
         out: dict[Pair, float | None] = {}

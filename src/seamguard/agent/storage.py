@@ -95,7 +95,8 @@ class StorageProber:
     def stop(self) -> None:
         self.stop_event.set()
         for t in self.threads:
-            t.join(timeout=0.2)  # a probe stuck in fsync cannot be interrupted; it is a daemon thread
+            if t.is_alive():  # never started (`agent --check`) or already ended: nothing to wait for
+                t.join(timeout=0.2)  # a probe stuck in fsync cannot be interrupted; it is a daemon thread
 
     def _loop(self, name: str) -> None:
         st = self.states[name]
