@@ -257,7 +257,7 @@ class Controller:
             t2 = time.perf_counter()
             events: list[tuple[str, str]] = []
             if dstate.breaker.tripped and not self.dstate.breaker.tripped:
-                log.error("breaker tripped: %s", dstate.breaker.reason)
+                log.warning("breaker tripped: %s", dstate.breaker.reason)
             if self.ledger is not None:
                 self.ledger.record_transitions(tick, a.transitions)
                 # The decisions admitted, the breaker that admitted them and the freeze commit

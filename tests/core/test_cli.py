@@ -179,15 +179,38 @@ def topology(tmp_path) -> Path:
     return topo
 
 
-def test_replay_json(tmp_path, prometheus, topology):
+def test_replay_of_a_window_without_data_says_so(tmp_path, prometheus, topology):
+    """A window where Prometheus holds no sample of any mapped signal is not a clean backtest:
+    the summary is printed, then one error line, exit 1 (it was exit 0 with an empty timeline)."""
     out = tmp_path / "events.jsonl"
     r = _cli("replay", "--prometheus", prometheus, "--topology", str(topology), "--start", "1000",
              "--end", "1090", "--step", "15", "--out", str(out), "-o", "json")
-    assert r.returncode == 0, r.stderr
-    assert _last_json(r.stdout) == {"out": str(out), "ticks": 7, "tick_errors": 0}
+    assert r.returncode == 1, r.stderr
+    assert _last_json(r.stdout) == {"out": str(out), "ticks": 7, "tick_errors": 0,
+                                    "ticks_with_source_problems": 0, "ticks_with_data": 0}
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "no sample of any signal" in errors[0], r.stderr
     table = _cli("replay", "--prometheus", prometheus, "--topology", str(topology), "--start", "1000",
                  "--end", "1090", "--step", "15", "--out", str(out))
-    assert table.returncode == 0 and "ticks" in table.stdout and "{" not in table.stdout
+    assert table.returncode == 1 and "ticks" in table.stdout and "{" not in table.stdout
+
+
+@pytest.mark.parametrize(("url", "needle"), [
+    ("http://127.0.0.1:{closed}", "every query failed, e.g. prometheus:"),
+    ("127.0.0.1:9090", "--prometheus: url must start with http:// or https://"),
+])
+def test_replay_against_a_bad_prometheus_is_one_error_line_before_any_output(tmp_path, topology, url, needle):
+    import socket
+
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    out = tmp_path / "events.jsonl"
+    r = _cli("replay", "--prometheus", url.format(closed=closed), "--topology", str(topology), "--start", "1000",
+             "--end", "1090", "--step", "15", "--out", str(out), timeout=60)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
+    assert not out.exists(), "the output is not created when the source cannot be read at all"
 
 
 def test_run_json(tmp_path, prometheus, topology):

@@ -170,3 +170,24 @@ def test_labels_yaml_json_and_errors(tmp_path):
     t.write_text('{"t": 1, "entity": null}\nnot json\n')
     with pytest.raises(EvalInputError, match=r"t.jsonl:2: not a JSON object"):
         read_timeline(t)
+
+
+def test_check_labels_names_what_would_make_the_score_meaningless(rel):
+    from seamguard.app.eval import check_labels
+
+    good = [inc("a", "gpu", "gpu003/gpu2", "fail_slow_gpu", 100), inc("b", "cooling_loop", "loop-001", "flow", 200)]
+    events = [tr(50, "gpu", "gpu003/gpu2", "degraded"), tr(400, "node", "gpu009", "degraded")]
+    assert check_labels(good, events, rel) == ([], [])
+    # A typo in an entity, or a kind that does not match the topology, is an error, not a silent miss.
+    typo = [*good, inc("c", "gpu", "nosuch/gpu9", "xid", 100), inc("d", "node", "loop-000", "flow", 100)]
+    errors, _ = check_labels(typo, events, rel)
+    assert errors == ["incident c: gpu 'nosuch/gpu9' is not in the topology",
+                      "incident d: 'loop-000' is a cooling_loop in the topology, labelled node"]
+    # Without a topology nothing can be checked against it.
+    assert check_labels(typo, events, Relations()) == ([], [])
+    # Labels of another window: no incident overlaps the events; one overlap is enough.
+    later = [inc("e", "gpu", "gpu003/gpu2", "xid", 10_000), inc("f", "gpu", "gpu003/gpu1", "xid", -5_000, end=-4_000)]
+    errors, warnings = check_labels(later, events, rel)
+    assert errors == [] and len(warnings) == 1 and "none of the 2 incidents overlaps" in warnings[0]
+    assert check_labels([*later, good[0]], events, rel) == ([], [])
+    assert check_labels(good, [], rel)[1] == ["the timeline holds no events: every incident counts as missed"]

@@ -13,7 +13,7 @@ import sys
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version as package_version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -24,6 +24,11 @@ from seamguard.app.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group,
 from seamguard.decide.policy import Mode
 from seamguard.runtime import cli as runtime_cli
 from seamguard.testbed import cli as testbed_cli
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from seamguard.observe.frame import Frame
 
 app = typer.Typer(
     name="seamguard",
@@ -274,14 +279,18 @@ def replay(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Backtest: run the controller (dry run) over history and write what it would have done."""
+    import itertools
     import logging
+
+    from pydantic import ValidationError
 
     from seamguard.app.config import load_policy, load_topology
     from seamguard.app.replay import replay as run_replay
     from seamguard.control import Controller
     from seamguard.observe.prometheus import PromConfig, PrometheusSource
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A backtest's breaker trips and freezes are in its timeline; the log keeps to errors.
+    logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Everything is validated before the output file is opened: a bad argument never truncates it.
     t0, t1 = _parse_time(start, "--start"), _parse_time(end, "--end")
     if t1 <= t0:
@@ -292,17 +301,54 @@ def replay(
     try:
         pcfg = (_run_config(config).prometheus.model_copy(update={"url": prometheus}) if config is not None
                 else PromConfig(url=prometheus, path_prefix=path_prefix, tenant=tenant))
-    except ValueError as e:
-        fail(f"--prometheus: {e}")
+    except ValidationError as e:
+        fail(f"--prometheus: {_first_problem(e)}")
     ctl = Controller(fleet, pol, [], None, tick_s=step, mode="dry_run")
-    ticks = errors = 0
+    tally = {"ticks": 0, "tick_errors": 0, "ticks_with_source_problems": 0, "ticks_with_data": 0}
     total = int((t1 - t0) // step) + 1
-    with PrometheusSource(fleet, pcfg) as src, open(out, "w", encoding="utf-8") as fh, \
-            phase(f"replaying {total} ticks from {prometheus} into {out}"):
-        for rep in run_replay(ctl, src.frames(t0, t1, step), fh):
-            ticks += 1
-            errors += bool(rep.error)
-    emit({"out": str(out), "ticks": ticks, "tick_errors": errors}, wants_json(output, json_flag))
+    with PrometheusSource(fleet, pcfg) as src:
+        frames = src.frames(t0, t1, step)
+        first = _first_frame(frames, prometheus)   # the first block's queries run before --out is opened
+        with open(out, "w", encoding="utf-8") as fh, \
+                phase(f"replaying {total} ticks from {prometheus} into {out}"):
+            for frame, rep in run_replay(ctl, itertools.chain([first], frames), fh):
+                tally["ticks"] += 1
+                tally["tick_errors"] += bool(rep.error)
+                tally["ticks_with_source_problems"] += bool(frame.flags)
+                tally["ticks_with_data"] += _has_data(frame)
+    emit({"out": str(out), **tally}, wants_json(output, json_flag))
+    if tally["ticks_with_data"] == 0:
+        fail(f"--start/--end: {prometheus} has no sample of any signal the topology maps between {start} and "
+             f"{end}: the timeline holds no verdicts (check the window and the exporters' metric names)", code=1)
+
+
+def _first_problem(e: ValidationError) -> str:
+    """A pydantic error as one clause: ``url must start with http:// ...``."""
+    err = e.errors()[0]
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def _first_frame(frames, url: str):
+    """The replay's first frame; every query of it failing (nothing listens, wrong path, auth) is
+    one `error:` line before anything is written."""
+    import logging
+
+    prom_log = logging.getLogger("seamguard.observe.prometheus")
+    level = prom_log.level
+    prom_log.setLevel(logging.CRITICAL)   # the one line below says it; not one line per signal
+    try:
+        first = next(frames)
+    finally:
+        prom_log.setLevel(level)
+    if not first.values and first.flags:
+        fail(f"--prometheus: {url}: every query failed, e.g. {first.flags[0]}")
+    return first
+
+
+def _has_data(frame: Frame) -> bool:
+    import numpy as np
+
+    return any(bool(np.isfinite(v).any()) for v in frame.values.values())
 
 
 @app.command(short_help="What the controller expected against what happened afterwards.")

@@ -424,6 +424,36 @@ def _figures(rows: list[dict]) -> dict[str, Any]:
                                                              default=0)}
 
 
+def check_labels(incidents: list[Incident], events: list[dict], relations: Relations,
+                 tolerance_s: float = DEFAULT_TOLERANCE_S) -> tuple[list[str], list[str]]:
+    """What makes a score meaningless before it is computed: (errors, warnings).
+
+    Errors: an incident on an entity the topology does not have, or has as another kind (a
+    typo would silently count as a miss). Warnings: an empty timeline, or labels of another
+    window (no incident overlaps the span of the timeline's events; a timeline holds changes
+    only, so its last event may come well before its window's end: one overlap is enough)."""
+    errors = []
+    if relations.fleet is not None:
+        for inc in incidents:
+            kind = relations.kind_of(inc.entity)
+            if kind is None:
+                errors.append(f"incident {inc.id}: {inc.kind} {inc.entity!r} is not in the topology")
+            elif kind != inc.kind:
+                errors.append(f"incident {inc.id}: {inc.entity!r} is a {kind} in the topology, labelled {inc.kind}")
+    if not events:
+        return errors, ["the timeline holds no events: every incident counts as missed"]
+    t0, t1 = min(float(e["t"]) for e in events), max(float(e["t"]) for e in events)
+    overlap = [i for i in incidents if i.start - tolerance_s <= t1 and (i.end is None or i.end >= t0)]
+    if incidents and not overlap:
+        return errors, [f"none of the {len(incidents)} incidents overlaps the timeline's events "
+                        f"({_iso(t0)} to {_iso(t1)}): labels of another window?"]
+    return errors, []
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def score(incidents: list[Incident], events: list[dict], relations: Relations | None = None,
           tolerance_s: float = DEFAULT_TOLERANCE_S, grace_s: float = DEFAULT_GRACE_S) -> dict[str, Any]:
     """The scorecard: overall figures, per fault class, per incident, false flags and actions."""
@@ -463,5 +493,6 @@ def as_dict(inc: Incident) -> dict:
     return asdict(inc)
 
 
-__all__ = ["DEFAULT_GRACE_S", "DEFAULT_TOLERANCE_S", "EvalInputError", "Incident", "Relations", "load_labels",
+__all__ = ["DEFAULT_GRACE_S", "DEFAULT_TOLERANCE_S", "EvalInputError", "Incident", "Relations", "check_labels",
+           "load_labels",
            "parse_labels", "parse_time", "read_timeline", "score"]

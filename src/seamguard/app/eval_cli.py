@@ -71,7 +71,7 @@ def eval_command(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Score a replay timeline against labelled incidents: detection, delay, lead, false flags and actions."""
-    from seamguard.app.eval import EvalInputError, Relations, load_labels, read_timeline, score
+    from seamguard.app.eval import EvalInputError, Relations, check_labels, load_labels, read_timeline, score
 
     try:
         incidents = load_labels(labels)
@@ -87,6 +87,12 @@ def eval_command(
             rel = Relations(load_topology(topology))
         except (ConfigError, TopologyError) as e:
             fail(str(e))
+    errors, warnings = check_labels(incidents, events, rel, tolerance_s)
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        fail(f"{labels}: {errors[0]}{more}")
+    for w in warnings:
+        typer.echo(f"warning: {timeline}: {w}", err=True)
     res = score(incidents, events, rel, tolerance_s=tolerance_s, grace_s=grace_s)
     emit(res, wants_json(output, json_flag), _table)
 

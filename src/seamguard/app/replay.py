@@ -17,6 +17,7 @@ from typing import IO
 
 from seamguard.control import Controller, TickReport
 from seamguard.decide.actions import Action
+from seamguard.observe.frame import Frame
 
 
 def _reasons(reasons) -> list[dict]:
@@ -78,8 +79,8 @@ class EventStream:
                 "action": _action(op, a, key), **base}
 
 
-def replay(ctl: Controller, frames: Iterable, out: IO[str]) -> Iterator[TickReport]:
-    """Tick ``ctl`` over ``frames`` in order, writing events to ``out``; yields each report."""
+def replay(ctl: Controller, frames: Iterable[Frame], out: IO[str]) -> Iterator[tuple[Frame, TickReport]]:
+    """Tick ``ctl`` over ``frames`` in order, writing events to ``out``; yields each frame with its report."""
     stream = EventStream()
     last_t = None
     for frame in frames:
@@ -90,7 +91,7 @@ def replay(ctl: Controller, frames: Iterable, out: IO[str]) -> Iterator[TickRepo
         extra = {"flags": list(frame.flags)} if frame.flags else None
         for ev in stream.events(rep, extra):
             out.write(dumps(ev) + "\n")
-        yield rep
+        yield frame, rep
 
 
 def _clean(o: object) -> object:
