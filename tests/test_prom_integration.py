@@ -123,7 +123,8 @@ def test_replay_over_backfilled_history_matches_twin_recall(tmp_path: Path) -> N
             env=subprocess_env(), capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary == {"out": str(out), "ticks": len(frames), "tick_errors": 0}
+    assert summary == {"out": str(out), "ticks": len(frames), "tick_errors": 0,
+                       "ticks_with_source_problems": 0, "ticks_with_data": len(frames)}
     events = [json.loads(x) for x in out.read_text().splitlines()]
     for ev in events:
         assert set(ev) >= {"t", "entity", "kind", "from", "to", "gfs", "prs", "fae", "reasons", "action"}
