@@ -3,7 +3,7 @@
 Systems, all the same model, data and update on the same namespaced testbed (4 hosts x
 2 rails), the flaps on the primary rail (rail0):
 
-* ``seamguard``: `examples/rails_job.py` over `RailGroup` (both rails, agreed failover).
+* ``seamguard``: `seamguard/testbed/rails_job.py` over `RailGroup` (both rails, agreed failover).
 * ``bond_active_backup``: the user's first try, no code change — every host's rails
   bonded in active-backup mode, miimon 100 ms (`TestbedSpec(bond=True)`: the kernel's
   bond where the kernel has one, else the testbed's stand-in), plain DDP over gloo on

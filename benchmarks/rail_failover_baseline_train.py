@@ -5,7 +5,7 @@ names (rail0, or a bond's bond0), `DistributedDataParallel`, torch's default col
 timeout unless --timeout-s bounds it, a checkpoint every --ckpt-every steps; a failed
 collective raises, the process exits non-zero, and torchrun's elastic agent restarts the
 whole worker group, which resumes from the last checkpoint. Same model, data and update
-as examples/rails_job.py.
+as seamguard/testbed/rails_job.py.
 """
 
 import argparse
@@ -15,14 +15,11 @@ import os
 import time
 from pathlib import Path
 
-import sys
-
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from rails_job import batch, build_model  # noqa: E402  (the same job as seamguard's side)
+X
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, required=True)

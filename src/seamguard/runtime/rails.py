@@ -26,7 +26,7 @@ succeeded, which rails are out, and when a rail is rebuilt (a new group under a 
 generation prefix, then a bandwidth probe) and taken back into use. The chunk times that
 set the deadlines travel in the same votes, so every rank applies the same deadline.
 
-Called by training code (see `examples/rails_job.py`) through `RailGroup.allreduce_`
+Called by training code (see `seamguard/testbed/rails_job.py`) through `RailGroup.allreduce_`
 and `RailGroup.broadcast_`; uses only the public torch.distributed gloo API.
 """
 

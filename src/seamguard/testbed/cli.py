@@ -64,7 +64,7 @@ def demo(out: Path = typer.Option(Path("rail_demo"), "--out", help="Directory fo
     from seamguard.testbed.demo import run_demo
 
     if not script.is_file():
-        fail(f"--script: {script} not found (examples/rails_job.py of a source checkout)")
+        fail(f"--script: {script} not found")
     if out.exists() and not out.is_dir():
         fail(f"--out: {out} exists and is not a directory")
     s = run_demo(out, hosts=hosts, rails=rails, steps=steps, script=script)

@@ -1,7 +1,7 @@
 """Runs the rail-failover training job across a testbed's hosts and plays a fault schedule.
 
 Why this exists: tests, `benchmarks/rail_failover.py` and `seamguard testbed demo` all
-need the same thing — start one `examples/rails_job.py` per host namespace, inject
+need the same thing — start one `seamguard/testbed/rails_job.py` per host namespace, inject
 faults on a schedule once training runs, sample every switch port's byte counters (the
 hosts' inbound traffic per rail), bound everything in time, and always stop the
 processes. Fault injection is product code (`Fault`, `FaultPlayer`), reused everywhere.
@@ -100,7 +100,7 @@ class FaultPlayer:
 
 # The rail job lives with the examples (it is a user's training script, not library code);
 # a source checkout has it here, an installed package passes its own with --script.
-EXAMPLE_JOB = Path(__file__).resolve().parents[3] / "examples" / "rails_job.py"
+EXAMPLE_JOB = Path(__file__).with_name("rails_job.py")  # shipped in the package: `testbed demo` works after pip install
 
 
 @dataclass(frozen=True)
