@@ -161,3 +161,27 @@ def test_run_stops_after_max_ticks_and_writes_events(tmp_path):
     r = Runner(src, speed=1000.0, ledger_path=tmp_path / "l.sqlite", events_out=out, max_ticks=4)
     assert r.run() == 4
     assert out.exists()
+
+
+def test_tick_line_names_what_changed_and_counts_the_rest():
+    from types import SimpleNamespace as NS
+
+    from seamguard.act.reconcile import Change
+    from seamguard.app.runner import tick_line
+    from seamguard.assess.states import State
+    from seamguard.control import TickReport
+    from seamguard.fleet.model import Kind
+
+    def tr(e):
+        return NS(kind=Kind.GPU, entity=e, from_state=State.HEALTHY, to_state=State.DEGRADED)
+
+    quiet = TickReport(tick=3, t_s=0.0, assessment=NS(transitions=[]), decisions=None)
+    assert tick_line(quiet) == ""
+    busy = TickReport(tick=4, t_s=0.0, assessment=NS(transitions=[tr(f"n{i}/gpu0") for i in range(5)]),
+                      decisions=None,
+                      changes=[Change("apply", "drain:n1", None, "slurm", "dry_run", "")])
+    line = tick_line(busy)
+    assert line.startswith("tick 4: gpu n0/gpu0 healthy->degraded, gpu n1/gpu0 healthy->degraded, ")
+    assert "(+2 more)" in line and "n3/gpu0" not in line and line.endswith("apply drain:n1 (dry_run)")
+    failed = TickReport(tick=5, t_s=0.0, assessment=None, decisions=None, error="boom")
+    assert tick_line(failed) == ""

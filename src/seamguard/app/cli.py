@@ -420,6 +420,11 @@ def run(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     cfg = _run_config(config)
     runner = _or_fail(lambda: Runner.from_config(cfg))
+    fleet = runner.controller.fleet
+    logging.getLogger("seamguard.runner").info(
+        "controller started: %s, every %g s from %s, mode %s, ledger %s; state changes and actions are logged "
+        "as they happen, SIGTERM or Ctrl-C stops after the tick in progress", _fleet_size(fleet), runner.tick_s,
+        runner.source.name, runner.controller.mode, cfg.ledger)
     # Finish the tick in progress, then close the ledger (Runner.run's finally).
     signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
     signal.signal(signal.SIGINT, lambda *_: runner.request_stop())
@@ -428,6 +433,12 @@ def run(
     except RuntimeError as e:
         fail(f"the controller loop died: {e}", code=1)
     emit({"ticks": ticks, "mode": runner.controller.mode, "ledger": str(cfg.ledger)}, wants_json(output, json_flag))
+
+
+def _fleet_size(fleet) -> str:
+    from seamguard.fleet.model import Kind
+
+    return f"{fleet.count(Kind.GPU)} GPUs on {fleet.count(Kind.NODE)} nodes"
 
 
 def _run_config(path: Path):

@@ -94,6 +94,20 @@ class _TickTally:
                         transitions=tuple((k, s, n) for (k, s), n in sorted(self.transitions.items())))
 
 
+def tick_line(rep: TickReport, named: int = 3) -> str:
+    """One log line for what changed in a tick (state transitions, actions applied or reverted);
+    empty when nothing did. The first ``named`` of each are named, the rest counted."""
+    parts = []
+    trs = rep.assessment.transitions if rep.assessment is not None else []
+    if trs:
+        txt = ", ".join(f"{t.kind.label} {t.entity} {t.from_state.label}->{t.to_state.label}" for t in trs[:named])
+        parts.append(txt + (f" (+{len(trs) - named} more)" if len(trs) > named else ""))
+    if rep.changes:
+        txt = ", ".join(f"{c.op} {c.key} ({c.status})" for c in rep.changes[:named])
+        parts.append(txt + (f" (+{len(rep.changes) - named} more)" if len(rep.changes) > named else ""))
+    return f"tick {rep.tick}: " + "; ".join(parts) if parts else ""
+
+
 class Runner:
     def __init__(self, source: Source, *, policy: Policy | None = None, mode: str = "enforce",
                  speed: float = 10.0, ledger_path: str | Path | None = None, events_out: Path | None = None,
@@ -290,6 +304,9 @@ class Runner:
         self._tally.add(rep)
         if rep.error:
             log.error("tick %d failed: %s", rep.tick, rep.error)
+        line = tick_line(rep)
+        if line:
+            log.info("%s", line)
         prog = self.source.progress()
         if prog is not None:
             self._throughput.append(ThroughputPoint(frame.t_s, round(prog.useful_with, 5),
