@@ -287,3 +287,28 @@ def test_simulate_output_switch_and_help_lists_choices():
                    "table", "json"):
         assert choice in help_text, choice
     assert "--policy " not in help_text   # the policies are chosen with --compare
+
+
+def test_ratio_panels_compare_seamguard_with_the_strongest_other_policy():
+    """With several policies run beside seamguard, the 'times less lost' panels name and use the
+    one that loses least (they used baseline_fixed, the weakest, whatever else was run)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from seamguard.twin.events.config import ClusterConfig, PolicyParams
+    from seamguard.twin.events.report import fig_lost_by_cause
+    from seamguard.twin.events.sweep import size_sweep
+
+    cfg = ClusterConfig(gpus=1024, days=1, workload="single")
+    pols = [PolicyParams(p) for p in ("baseline_fixed", "in_job_restart", "seamguard")]
+    summaries = size_sweep(cfg, pols, [1024], runs=1, seed=0)[1024]
+    lost = {s.policy: sum(s.mean_dict("gpu_hours_lost_by_cause").values()) for s in summaries}
+    strongest = min(("baseline_fixed", "in_job_restart"), key=lambda p: lost[p])
+    fig = fig_lost_by_cause(summaries)
+    try:
+        assert fig.axes[1].get_xlabel().startswith(f"{strongest} / seamguard")
+        title = fig.axes[1].get_title()
+        assert f"{lost[strongest] / lost['seamguard']:.1f}x" in title and strongest in title
+    finally:
+        plt.close(fig)
