@@ -47,9 +47,17 @@ def test_serve_defaults_open_a_working_dashboard(tmp_path):
                          headers={"Authorization": "Bearer cli-token"}).json()["mode"] == "dry_run"
         out = (tmp_path / "out").read_text()
         assert f"dashboard  http://127.0.0.1:{port}/" in out and "token      cli-token" in out
-    finally:
+        # SIGTERM: the controller stops and its temporary ledger folder goes with it (uvicorn
+        # re-raised the signal under the default handler, which ended the process first).
+        ledger = Path(out.split("ledger ", 1)[1].split()[0])
+        assert ledger.parent.name.startswith("seamguard-serve-") and ledger.exists()
         proc.terminate()
-        proc.wait(15)
+        assert proc.wait(15) == 0
+        assert not ledger.parent.exists(), "serve left its temporary ledger behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(15)
 
 
 def test_serve_with_a_bad_config_names_the_file_and_field(tmp_path):

@@ -486,6 +486,7 @@ def serve(
 ) -> None:
     """Run the controller (on the twin by default) with the HTTP API, /metrics and the dashboard."""
     import secrets
+    import signal
 
     try:
         from seamguard.app.runner import Runner
@@ -509,6 +510,11 @@ def serve(
             "token": token}
     emit(info, wants_json(output, json_flag), _serve_banner)
     sys.stdout.flush()
+    # uvicorn stops on SIGTERM/SIGINT, then raises the signal again under the handler it found:
+    # the default one would end the process there, before the ledger is closed and a
+    # temporary ledger folder removed. This one lets serve_forever return instead.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     runner.start()
     try:
         server.serve_forever()
