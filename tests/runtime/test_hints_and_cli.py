@@ -96,12 +96,17 @@ def test_rollback_hint_goes_back_in_place(tmp_path, clean_checksums, hint, at_st
     proc = _launch_bg(hints, ckpt, out, steps=steps, extra=("--keep-checkpoints", "4"))
     try:
         _wait_for_step(out, at_step)
+        t_hint = time.monotonic()
         (hints / hint).touch()
         assert proc.wait(timeout=120) == 0
+        since_hint_s = time.monotonic() - t_hint
     finally:
         proc.kill()
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     target = next(e["to_step"] for e in events if e["event"] == "rollback_requested")
+    # the rollback's resume is timed from the request (it read the monotonic clock's origin)
+    resumed = [e for e in events if e["event"] == "resumed" and e["gen"] > 0]
+    assert len(resumed) == 1 and 0 <= resumed[0]["since_detection_s"] <= since_hint_s
     chosen = [e for e in events if e["event"] == "resume_chosen" and e["gen"] > 0]
     assert len(chosen) == 1 and chosen[0]["step"] == target
     if hint == "rollback":

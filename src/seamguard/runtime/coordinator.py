@@ -433,6 +433,7 @@ class Coordinator:
                       else f"step {target} is not a complete persisted checkpoint"})
             return False
         self.log({"event": "rollback_requested", "to_step": target})
+        self._detected_at_s = now   # the request is what `since_detection_s` counts from
         self._replan(set(), now, reason=f"rollback to step {target}", max_step=target)
         return True
 
