@@ -163,6 +163,7 @@ def seed_detector(det, history: list[Req]) -> None:
     for t, kind, i, r in ev:
         if kind == 0:
             det.observe_request(r.key, t, r.prompt + r.max_tokens, r.source)
+            det.admitted(r.key, t, r.prompt + r.max_tokens)   # the history was served within its limits
         else:
             det.observe_result(r.key, t, True, f"h{i}")
 

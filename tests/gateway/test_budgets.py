@@ -46,6 +46,24 @@ def test_tpm_holds_under_concurrency_and_429_says_when(gateway_factory, tmp_path
         eventually(lambda: httpx.get(url + "/admin/keys").json()["keys"][1]["used"]["tokens_last_minute"] == spent)
 
 
+def test_a_request_larger_than_the_whole_budget_is_invalid_not_rate_limited(gateway_factory, tmp_path):
+    """Waiting cannot make it fit: 400 invalid_request_error with no Retry-After (it was 429 with
+    'retry after 60 s'), nothing reserved, and the key's learned peak stays untouched."""
+    fb = FakeBackend()
+    with ThreadedServer(fb.app()) as be:
+        url, _ = gateway_factory(_budget_config(be.url, {"type": "sqlite", "path": str(tmp_path / "g.db")},
+                                                tpm=1000), clock=lambda: T0)
+        r = _post(url, max_tokens=10**7)
+        assert r.status_code == 400 and "Retry-After" not in r.headers, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] == "request_too_large"
+        assert "exceed key" in err["message"] and "1000 per minute" in err["message"]
+        key = httpx.get(url + "/admin/keys").json()["keys"][1]
+        assert key["used"]["tokens_last_minute"] == 0 and key["state"] == "ok"
+        assert key["baseline"].get("peak_minute_tokens", 0.0) == 0.0
+        assert _post(url).status_code == 200   # an ordinary request right after it is served
+
+
 def test_concurrency_limit(gateway_factory, tmp_path):
     fb = FakeBackend(ttft_s=0.5)
     with ThreadedServer(fb.app()) as be:

@@ -19,6 +19,7 @@ def office_hours(det: ZombieDetector, key: str = "k", days: int = 3, hours: rang
             t = d * DAY + h * 3600.0
             while t < d * DAY + (h + 1) * 3600.0:
                 assert det.observe_request(key, t, tokens, source) is None
+                det.admitted(key, t, tokens)
                 assert det.observe_result(key, t + 0.5, True, "fp") is None
                 t += every_s
     return days * DAY + 10 * 3600.0  # the next day, mid-morning
@@ -28,7 +29,7 @@ def run(det: ZombieDetector, t0: float, seconds: float, every_s: float, tokens: 
         ok: bool = True, fingerprint: str | None = None, key: str = "k") -> list:
     steps, t, i = [], t0, 0
     while t < t0 + seconds:
-        for s in (det.observe_request(key, t, tokens, source),
+        for s in (det.observe_request(key, t, tokens, source), det.admitted(key, t, tokens),
                   det.observe_result(key, t + 0.1, ok, fingerprint or f"req{i}")):
             if s is not None:
                 steps.append((round(t - t0, 1), s))
@@ -136,3 +137,17 @@ def test_an_unsuspend_made_on_another_replica_holds_steps_off_here_too():
     assert [s.to_state for _, s in run(det, t0, 90.0, 0.5, 300)] == ["throttled", "suspended"]
     det.adopt("k", "ok", None, t0 + 95, operator_at=t0 + 92)  # read from the shared store
     assert run(det, t0 + 96, 200.0, 0.5, 300) == []
+
+
+def test_a_refused_request_does_not_teach_the_peak():
+    """Only admitted work is learned: one impossible request (max_tokens of 10 million, refused)
+    lifted a new key's peak minute to 10 M, which switched the volume rule off for a week."""
+    det = ZombieDetector()
+    det.observe_request("k", 0.0, 10_000_000, HOME)          # refused by the budget: no `admitted`
+    t = 1.0
+    for _ in range(3 * 6):                                     # three ordinary minutes after it
+        det.observe_request("k", t, 300, HOME)
+        det.admitted("k", t, 300)
+        t += 10.0
+    det.observe_request("k", 4 * 60.0, 300, HOME)              # rolls the learned minutes in
+    assert det.baseline("k")["peak_minute_tokens"] == 1800.0   # six requests of 300 in a minute

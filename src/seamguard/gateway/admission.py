@@ -36,6 +36,17 @@ class Limits:
     concurrency: int | None = None
 
 
+def never_fits(amount: int, scopes: list[tuple[str, Limits]]) -> str | None:
+    """Why a request of ``amount`` tokens can never be admitted (it asks for more than a scope's
+    whole per-minute or per-day budget), or None. Waiting would not help: the caller must ask for
+    fewer tokens, so this is an invalid request, not a rate limit with a Retry-After."""
+    for name, lim in scopes:
+        for cap, per in ((lim.tpm, "minute"), (lim.tpd, "day")):
+            if cap is not None and amount > cap:
+                return f"{amount} tokens (prompt + max_tokens) exceed {name}'s whole budget of {cap} per {per}"
+    return None
+
+
 @dataclass(frozen=True)
 class Counters:
     """What a scope has used, as the store read it at ``now``."""

@@ -20,6 +20,7 @@ from seamguard.gateway.admission import (
     Priority,
     estimate_prompt_tokens,
     minute_used,
+    never_fits,
     requested_output_tokens,
     shed_share,
     windows,
@@ -104,6 +105,10 @@ class Gatekeeper:
                             rec.since if rec.actor == "operator" else None)
         prompt = estimate_prompt_tokens(body, adm.chars_per_token)
         amount = prompt + requested_output_tokens(body, adm.default_max_tokens)
+        why = never_fits(amount, [(f"key {key.name!r}", key.limits), (f"tenant {key.tenant!r}", self.tenants[key.tenant])])
+        if why is not None:
+            self.metrics.refused.labels(key.tenant, key.name, "never_fits").inc()
+            raise Refusal(400, f"{why}; lower max_tokens or the prompt", "invalid_request_error", "request_too_large")
         if rec.state != "suspended":
             await self._apply(self.detector.observe_request(key.name, now, amount, source), now)
         state, throttle_tpm = self.detector.state(key.name)
@@ -125,6 +130,7 @@ class Gatekeeper:
             raise Refusal(429, f"rate limit: {reason} for key {key.name!r} ({amount} tokens reserved); "
                                f"retry after {verdict.retry_after_s} s", "rate_limit_exceeded",
                           verdict.reason.replace(" ", "_"), verdict.retry_after_s)
+        self.detector.admitted(key.name, now, amount)
         return Ticket(key, res, prompt, hashlib.blake2b(raw, digest_size=8).hexdigest())
 
     async def finish(self, t: Ticket, ok: bool, prompt_tokens: int | None, completion_tokens: int) -> None:

@@ -244,8 +244,16 @@ class ZombieDetector:
         k.demand.append((now, tokens, new))
         k.demand_sum += tokens
         k.new_sum += tokens if new else 0
-        k.minute_total += tokens
         return self._judge(key, k, now)
+
+    def admitted(self, key: str, now: float, tokens: int) -> None:
+        """The request was admitted with ``tokens`` reserved: only admitted work teaches the key's
+        peak minute. A refused one still counts as demand (a zombie hammering at its limit is
+        seen), but one impossible request (``max_tokens`` of 10 million) must not lift the bar
+        that volume is judged by for the week its half-life lasts."""
+        k = self._k(key)
+        self._roll(k, now)
+        k.minute_total += tokens
 
     def observe_result(self, key: str, now: float, ok: bool, fingerprint: str) -> Step | None:
         """A request ended (``ok`` False for a backend or client error, not for our own 429)."""
