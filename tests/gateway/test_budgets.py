@@ -158,3 +158,6 @@ def test_unreachable_redis_fails_closed_with_503(backend, gateway_factory, tmp_p
     r = _post(url, 2)
     assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
     assert r.headers["Retry-After"] == "1"
+    # and /healthz says so, so a load balancer stops sending this replica traffic (it said ok)
+    h = httpx.get(url + "/healthz", timeout=10)
+    assert h.status_code == 503 and h.json()["ok"] is False and "redis" in h.json()["store"]

@@ -358,8 +358,14 @@ def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
             return error(e.status, e.message, "server_error", "upstream_" + e.kind)
 
     @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"ok": True}
+    async def healthz() -> JSONResponse:
+        """503 while the budget store cannot be read: every completion would be refused then, and a
+        load balancer in front of several replicas should send the traffic elsewhere."""
+        try:
+            await gw.store.key_record("")   # one read of the store (a Redis round trip)
+        except (StoreError, sqlite3.Error) as e:
+            return JSONResponse({"ok": False, "store": str(e)}, status_code=503)
+        return JSONResponse({"ok": True})
 
     @app.get("/metrics")
     async def metrics() -> Response:
