@@ -312,3 +312,13 @@ def test_ratio_panels_compare_seamguard_with_the_strongest_other_policy():
         assert f"{lost[strongest] / lost['seamguard']:.1f}x" in title and strongest in title
     finally:
         plt.close(fig)
+
+
+def test_simulate_table_piped_shows_every_cell_whole():
+    """CliRunner's stdout is not a terminal, like `seamguard twin simulate | less`: with four
+    policies rich assumed 80 columns and cut names (`checkpoint_in…`, `baseline_daly…`)."""
+    res = _run("--gpus", "1024", "--days", "1", "--compare", "all")
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.stdout
+    for word in ("checkpoint_interval_min", "schedule_slip_probability", "baseline_daly_async", "in_job_restart"):
+        assert word in res.stdout, word

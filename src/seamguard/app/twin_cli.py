@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -312,7 +313,9 @@ def _print_table(sums, figs: RuntimeFigures) -> None:
                      ("rollback_exposure_min", "{:.2f}"),
                      ("schedule_slip_probability", "{:.2f}"), ("quarantines", "{:.0f}")):
         t.add_row(key, *[fmt.format(d[key]) for d in docs])
-    Console().print(t)
+    # Piped or redirected there is no width to fit: every cell whole (rich assumed 80 columns
+    # and cut `checkpoint_interval_min` and the policy names with the four policies).
+    Console(**({} if sys.stdout.isatty() else {"width": 1000})).print(t)
     for s in sums:  # one plain line per policy: a caption would wrap mid-phrase at 80 columns
         _, lo, hi = s.metric("ettr")
         typer.echo(f"{s.policy} ETTR 95% CI [{lo:.4f}, {hi:.4f}]" if len(s.runs) > 1 else
