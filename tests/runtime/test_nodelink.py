@@ -5,6 +5,7 @@ launcher and a coordinator not listening yet are not losses."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -39,6 +40,8 @@ def test_a_link_closed_without_bye_is_that_nodes_loss_reported_once():
         time.sleep(0.05)
         assert server.poll() == []          # hellos read, nothing lost
         b.close(orderly=False)
+        # the launcher sleeps on the server's one descriptor: a close wakes it
+        assert select.select([server], [], [], 5.0)[0] == [server]
         lost = _poll_until(server)
         assert [n for n, _ in lost] == [2] and lost[0][1]
         time.sleep(0.05)

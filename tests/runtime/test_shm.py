@@ -17,6 +17,7 @@ from seamguard.runtime import shm
 from .conftest import REPO, launch
 
 LIVE, DEAD, DEAD_LAUNCHER, LIVE_LAUNCHER = 100, 200, 300, 400
+OURS, THEIRS = 4026531836, 4026532999   # PID namespaces: the sweeping launcher's, another container's
 
 
 @pytest.mark.parametrize("name,swept", [
@@ -24,6 +25,8 @@ LIVE, DEAD, DEAD_LAUNCHER, LIVE_LAUNCHER = 100, 200, 300, 400
     (f"seamguard-job-{DEAD}-w1-l{DEAD_LAUNCHER}-slot0.json", True),   # its manifest too
     (f"seamguard-job-{DEAD}-w1-l{LIVE_LAUNCHER}-slot0", False),       # its job may still adopt it
     (f"seamguard-job-{LIVE}-w1-l{DEAD_LAUNCHER}-slot2", False),       # its worker still runs
+    (f"seamguard-job-{DEAD}-w1-l{DEAD_LAUNCHER}-n{OURS}-slot0", True),  # of this PID namespace
+    (f"seamguard-job-{DEAD}-w1-l{DEAD_LAUNCHER}-n{THEIRS}-slot0", False),  # its pids mean nothing here
     (f"seamguard-job-{DEAD}-w3-slot1", True),                         # named before launcher pids
     (f"seamguard-job-{LIVE}-w3-slot1", False),
     (f"seamguard-a-1-w2-run-{DEAD}-w0-l{DEAD_LAUNCHER}-slot0", True),  # a run id with dashes
@@ -31,13 +34,14 @@ LIVE, DEAD, DEAD_LAUNCHER, LIVE_LAUNCHER = 100, 200, 300, 400
     (f"other-{DEAD}-w1-slot0", False),
 ])
 def test_a_slot_is_stale_only_when_nobody_can_adopt_or_delete_it(name, swept):
-    assert shm.stale([name], alive=lambda pid: pid in (LIVE, LIVE_LAUNCHER)) == ([name] if swept else [])
+    assert shm.stale([name], alive=lambda pid: pid in (LIVE, LIVE_LAUNCHER), namespace=OURS) \
+        == ([name] if swept else [])
 
 
-def test_slot_names_carry_the_worker_and_launcher_pids():
-    prefix = shm.slot_prefix("run-7", 1234, 5, 99)
-    assert shm.owners(prefix + "-slot3") == (1234, 99)
-    assert shm.owners(shm.slot_prefix("run-7", 1234, 5, None) + "-slot0.json") == (1234, None)
+def test_slot_names_carry_the_worker_and_launcher_pids_and_their_namespace():
+    assert shm.owners(shm.slot_prefix("run-7", 1234, 5, 99, OURS) + "-slot3") == (1234, 99, OURS)
+    assert shm.owners(shm.slot_prefix("run-7", 1234, 5, 99) + "-slot3") == (1234, 99, None)
+    assert shm.owners(shm.slot_prefix("run-7", 1234, 5, None) + "-slot0.json") == (1234, None, None)
 
 
 def _gone_pid() -> int:
@@ -70,9 +74,13 @@ def test_a_launcher_sweeps_the_slots_a_killed_launcher_left(tmp_path):
         time.sleep(0.2)
     left = _slots(run_id)
     assert len(left) >= 4 and all(shm.owners(f.name)[1] == p.pid for f in left), left
-    # beside them: a slot of a live worker, and a dead worker's slot whose launcher lives
-    keep = [shm.SHM / (shm.slot_prefix(f"keep-{os.getpid()}", os.getpid(), 0, _gone_pid()) + "-slot0"),
-            shm.SHM / (shm.slot_prefix(f"keep-{os.getpid()}", _gone_pid(), 1, os.getpid()) + "-slot0")]
+    # beside them: a slot of a live worker, a dead worker's slot whose launcher lives, and
+    # a slot of another PID namespace
+    ns = shm.pid_namespace()
+    keep = [shm.SHM / (shm.slot_prefix(f"keep-{os.getpid()}", os.getpid(), 0, _gone_pid(), ns) + "-slot0"),
+            shm.SHM / (shm.slot_prefix(f"keep-{os.getpid()}", _gone_pid(), 1, os.getpid(), ns) + "-slot0"),
+            shm.SHM / (shm.slot_prefix(f"keep-{os.getpid()}", _gone_pid(), 2, _gone_pid(), (ns or 0) + 1)
+                       + "-slot0")]
     for f in keep:
         f.write_bytes(b"x")
     try:

@@ -305,7 +305,7 @@ def launch(s: LaunchSettings) -> int:
                 if time.monotonic() - ended_s > s.coordinator_timeout_s:
                     break
             _idle(server, children, _wait_s(coord, node, pass_s, time.monotonic()),
-                  links.sockets() if links is not None else ())
+                  (links,) if links is not None else ())
         _drain(children, timeout_s=30.0, log=log)
         if node is not None:
             node.link.close(orderly=True)   # this node's part ended as planned: no loss
@@ -345,7 +345,7 @@ def _wait_s(coord: Coordinator | None, node: _NodeBeat | None, pass_s: float, no
 def _idle(server: ForkServer | None, children: list[Child], wait_s: float, links=()) -> None:
     """Wait ``wait_s`` between passes, waking at once when a child forked by the zygote
     exits (the zygote reports it on its socket) or a node launcher's link has something to
-    read (``links``: its sockets); a child started otherwise is polled."""
+    read (``links``: the link server, a waitable); a child started otherwise is polled."""
     if server is not None and all(isinstance(c.proc, ForkedProcess) for c in children):
         server.idle(wait_s, links)
     elif links:
@@ -398,7 +398,7 @@ def _remove_shared_memory(run_id: str, children: list[Child]) -> None:
     """Snapshot slots a crashed worker left in /dev/shm and nobody adopted (a clean exit
     removes its own)."""
     for c in children:
-        prefix = shm.slot_prefix(run_id, c.proc.pid, c.wid, os.getpid())
+        prefix = shm.slot_prefix(run_id, c.proc.pid, c.wid, os.getpid(), shm.pid_namespace())
         for f in shm.SHM.glob(f"{prefix}-slot*"):
             f.unlink(missing_ok=True)
 

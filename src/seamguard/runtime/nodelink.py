@@ -21,6 +21,7 @@ loop; neither blocks it (non-blocking sockets, a short bounded connect).
 from __future__ import annotations
 
 import errno
+import selectors
 import socket
 
 HELLO = "seamguard-link"
@@ -30,53 +31,41 @@ RETRY_S = 1.0
 
 
 class LinkServer:
-    """Node 0's end: accepts the other nodes' links and reports those that close uncleanly."""
+    """Node 0's end: accepts the other nodes' links and reports those that close uncleanly.
+
+    The sockets sit in one selector (epoll on Linux), so a pass reads only the links that
+    have something to say and the launcher waits on one descriptor (`fileno`), however
+    many nodes there are."""
 
     def __init__(self, run_id: str, bind_host: str = "0.0.0.0") -> None:
         self.run_id = run_id
         self._listen = socket.create_server((bind_host, 0))
         self._listen.setblocking(False)
         self.port = self._listen.getsockname()[1]
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listen, selectors.EVENT_READ)
         self._pending: dict[socket.socket, bytes] = {}        # accepted, hello not read yet
-        self._links: dict[socket.socket, tuple[int, bytes]] = {}   # node, unread bytes
+        self._links: dict[socket.socket, tuple[int, bytes]] = {}   # node, its last bytes
         self._said_bye: set[int] = set()
 
-    def sockets(self) -> list[socket.socket]:
-        """Everything to wait on: a connection, a hello, a goodbye or a close wakes the launcher."""
-        return [self._listen, *self._pending, *self._links]
+    def fileno(self) -> int:
+        """Readable when a node connects, says something or closes its link (wait on it)."""
+        return self._sel.fileno()
 
     def poll(self) -> list[tuple[int, str]]:
         """Accept and read whatever arrived; returns (node, what happened) for each link
         that closed without saying bye since the last call."""
-        self._accept()
-        for sock, buf in list(self._pending.items()):
-            data, why = _read(sock)
-            buf += data
-            if b"\n" in buf:
-                del self._pending[sock]
-                line, rest = buf.split(b"\n", 1)
-                node = _parse_hello(line.decode(errors="replace"), self.run_id)
-                if node is None:
-                    sock.close()   # not one of this job's launchers
-                    continue
-                self._links[sock] = (node, rest)
-            elif why is not None:
-                del self._pending[sock]
-                sock.close()
-            else:
-                self._pending[sock] = buf
         closed = []
-        for sock, (node, buf) in list(self._links.items()):
-            data, why = _read(sock)
-            buf += data
-            if BYE in buf:
-                self._said_bye.add(node)
-            self._links[sock] = (node, buf[-len(BYE):])
-            if why is not None:
-                del self._links[sock]
-                sock.close()
-                if node not in self._said_bye:
-                    closed.append((node, why))
+        for key, _ in self._sel.select(0):
+            sock = key.fileobj
+            if sock is self._listen:
+                self._accept()
+            elif sock in self._pending:
+                self._read_hello(sock)
+            elif sock in self._links:
+                lost = self._read_link(sock)
+                if lost is not None:
+                    closed.append(lost)
         return closed
 
     def _accept(self) -> None:
@@ -87,11 +76,46 @@ class LinkServer:
                 return
             sock.setblocking(False)
             self._pending[sock] = b""
+            self._sel.register(sock, selectors.EVENT_READ)
+
+    def _read_hello(self, sock: socket.socket) -> None:
+        data, why = _read(sock)
+        buf = self._pending.pop(sock) + data
+        if b"\n" in buf:
+            line, rest = buf.split(b"\n", 1)
+            node = _parse_hello(line.decode(errors="replace"), self.run_id)
+            if node is not None:
+                self._links[sock] = (node, rest)   # a close seen here stays readable: next pass
+                if BYE in rest:
+                    self._said_bye.add(node)
+                return
+        elif why is None:
+            self._pending[sock] = buf
+            return
+        self._drop(sock)   # not one of this job's launchers, or gone before saying who it was
+
+    def _read_link(self, sock: socket.socket) -> tuple[int, str] | None:
+        node, last = self._links[sock]
+        data, why = _read(sock)
+        buf = last + data
+        if BYE in buf:
+            self._said_bye.add(node)
+        self._links[sock] = (node, buf[-len(BYE):])
+        if why is None:
+            return None
+        del self._links[sock]
+        self._drop(sock)
+        return None if node in self._said_bye else (node, why)
+
+    def _drop(self, sock: socket.socket) -> None:
+        self._sel.unregister(sock)
+        sock.close()
 
     def close(self) -> None:
         for sock in [*self._pending, *self._links]:
-            sock.close()
+            self._drop(sock)
         self._pending, self._links = {}, {}
+        self._sel.close()
         self._listen.close()
 
 

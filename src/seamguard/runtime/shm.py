@@ -4,11 +4,13 @@ A worker's snapshot slots (snapshot.SlotStore) are files in /dev/shm so that the
 the worker: a spare on the same node adopts a crashed worker's newest snapshot, and the
 node's launcher deletes what is left when the job ends. A launcher killed with SIGKILL
 deletes nothing, so on a machine that runs many jobs (a test suite, a shared node) the
-files pile up. Each slot's name therefore carries its worker's pid and its launcher's
-pid, and every launcher sweeps at start the slots whose worker and launcher are both
-gone: no process can adopt or delete them any more. A slot whose launcher lives is left
-alone (its job may still adopt it); so is one from before the launcher's pid was in the
-name while its worker lives.
+files pile up. Each slot's name therefore carries its worker's pid, its launcher's pid
+and their PID namespace, and every launcher sweeps at start the slots of its own PID
+namespace whose worker and launcher are both gone: no process can adopt or delete them
+any more. A slot whose launcher lives is left alone (its job may still adopt it), and so
+is a slot of another PID namespace (a container sharing /dev/shm with this one: its pids
+mean nothing here). A slot named before the launcher's pid was in the name is swept once
+its worker's pid is gone from this namespace.
 
 The naming (`slot_prefix`) and the judgement (`stale`) are pure; `sweep` does the I/O.
 """
@@ -23,32 +25,47 @@ from pathlib import Path
 SHM = Path("/dev/shm")
 LAUNCHER_PID_ENV = "SEAMGUARD_LAUNCHER_PID"
 """Set by the launcher in its workers' environment: the pid their slot names carry."""
-_NAME = re.compile(r"seamguard-(?P<run>.+)-(?P<pid>\d+)-w(?P<wid>\d+)(?:-l(?P<launcher>\d+))?"
-                   r"-slot\d+(?:\.json)?")
+_NAME = re.compile(r"seamguard-(?P<run>.+)-(?P<pid>\d+)-w(?P<wid>\d+)"
+                   r"(?:-l(?P<launcher>\d+)(?:-n(?P<ns>\d+))?)?-slot\d+(?:\.json)?")
 
 
-def slot_prefix(run_id: str, pid: int, wid: int, launcher_pid: int | None) -> str:
+def pid_namespace() -> int | None:
+    """This process's PID namespace (the inode of /proc/self/ns/pid); None where unknown."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def slot_prefix(run_id: str, pid: int, wid: int, launcher_pid: int | None, namespace: int | None = None) -> str:
     """The name every slot file of one worker starts with (SlotStore adds ``-slot<i>``)."""
-    return f"seamguard-{run_id}-{pid}-w{wid}" + (f"-l{launcher_pid}" if launcher_pid else "")
+    if not launcher_pid:
+        return f"seamguard-{run_id}-{pid}-w{wid}"
+    return f"seamguard-{run_id}-{pid}-w{wid}-l{launcher_pid}" + (f"-n{namespace}" if namespace else "")
 
 
-def owners(name: str) -> tuple[int, int | None] | None:
-    """(worker pid, launcher pid or None) of a slot file's name; None if it is not a slot."""
+def owners(name: str) -> tuple[int, int | None, int | None] | None:
+    """(worker pid, launcher pid or None, PID namespace or None) of a slot file's name;
+    None if it is not a slot."""
     m = _NAME.fullmatch(name)
     if m is None:
         return None
-    return int(m["pid"]), int(m["launcher"]) if m["launcher"] else None
+    return (int(m["pid"]), int(m["launcher"]) if m["launcher"] else None,
+            int(m["ns"]) if m["ns"] else None)
 
 
-def stale(names: Iterable[str], alive: Callable[[int], bool]) -> list[str]:
+def stale(names: Iterable[str], alive: Callable[[int], bool], namespace: int | None = None) -> list[str]:
     """The slot files (and their manifests) no process will adopt or delete: the worker
-    is gone and so is its launcher (when the name records it)."""
+    is gone and so is its launcher (when the name records it), judged only for slots of
+    ``namespace`` (the caller's PID namespace) or of none recorded."""
     out = []
     for name in names:
         who = owners(name)
         if who is None:
             continue
-        worker, launcher = who
+        worker, launcher, ns = who
+        if ns is not None and ns != namespace:
+            continue   # another PID namespace's pids: cannot be judged from here
         if not alive(worker) and (launcher is None or not alive(launcher)):
             out.append(name)
     return out
@@ -72,7 +89,7 @@ def sweep(directory: Path = SHM, alive: Callable[[int], bool] = pid_alive) -> tu
     except OSError:
         return 0, 0
     files = nbytes = 0
-    for name in stale(names, alive):
+    for name in stale(names, alive, pid_namespace()):
         path = directory / name
         try:
             size = path.stat().st_size

@@ -165,7 +165,8 @@ class Runtime:
         self._addr = (master_addr, master_port)
         self.store = _connect(master_addr, master_port, settings.recovery_timeout_s, store_url)
         # named by this process and its launcher: a later launcher sweeps them once both are gone (runtime/shm.py)
-        self.slots = SlotStore(shm.slot_prefix(run_id, os.getpid(), wid, launcher_pid), settings.snapshot_slots)
+        self.slots = SlotStore(shm.slot_prefix(run_id, os.getpid(), wid, launcher_pid, shm.pid_namespace()),
+                               settings.snapshot_slots)
         self.replicas = replica.ReplicaStore(self.slots)
         self.server = replica.ReplicaServer(self.replicas, advertise_host,
                                             settings.replica_timeout_s, settings.dedup_replicas)
