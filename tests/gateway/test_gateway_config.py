@@ -85,6 +85,13 @@ def test_cli_reports_a_bad_config_in_one_line_before_binding(tmp_path):
               "--check", "-o", "json", "--token", "t0k3n")
     assert ok.returncode == 0, ok.stderr
     assert '"router": "round_robin"' in ok.stdout and (tmp_path / "gw.db").exists()
+    assert "t0k3n" not in ok.stdout and '"check": "ok"' in ok.stdout   # nothing listens: no token shown
+    # a port that is taken: one error line before the banner (and its admin token)
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        r = _cli("--config", str(tmp_path / "ok.yaml"), "--port", str(taken.getsockname()[1]))
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "cannot listen on" in r.stderr, r.stderr
+    assert "admin token" not in r.stdout
 
 
 def test_cli_serves_the_openai_api(tmp_path, backend):

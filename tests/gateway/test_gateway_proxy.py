@@ -90,6 +90,16 @@ def test_bad_requests_get_openai_error_bodies(backend, gateway_factory, tmp_path
     assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", code, param)
 
 
+def test_unknown_paths_and_methods_get_openai_error_bodies(backend, gateway_factory, tmp_path):
+    _, burl = backend
+    url, _ = gateway_factory(base_config(burl, {"type": "sqlite", "path": str(tmp_path / "gw.db")}))
+    r = httpx.post(url + "/v1/embeddings", json={"model": "m", "input": "x"}, headers={"Authorization": f"Bearer {KEY_A}"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url", r.text
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"} and "/v1/embeddings" in r.json()["error"]["message"]
+    r = httpx.get(url + "/v1/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
 def test_unknown_key_backend_failures_and_openai_exceptions(backend, gateway_factory, tmp_path):
     fb, burl = backend
     url, _ = gateway_factory(base_config(burl, {"type": "sqlite", "path": str(tmp_path / "gw.db")}))

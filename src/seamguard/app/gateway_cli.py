@@ -58,14 +58,17 @@ def gateway(
     except (StoreError, OSError) as e:
         fail(f"{config}: store: {e}")
     bind_host, bind_port = host or cfg.host, cfg.port if port is None else port
-    token = token or secrets.token_urlsafe(24)
     info = {"config": str(config), "listen": f"http://{bind_host}:{bind_port}", "router": cfg.router,
             "instances": len(cfg.instances), "store": cfg.store.type,
-            "keys": sum(len(t.keys) for t in cfg.tenants), "token": token}
+            "keys": sum(len(t.keys) for t in cfg.tenants)}
+    if check:   # nothing will listen: no admin token to hand out
+        emit({**info, "check": "ok"}, wants_json(output, json_flag), _banner)
+        return
+    _bindable(config, bind_host, bind_port)
+    info["token"] = token or secrets.token_urlsafe(24)
     emit(info, wants_json(output, json_flag), _banner)
     sys.stdout.flush()
-    if check:
-        return
+    token = info["token"]
     uvicorn.run(create_app(gw, token), host=bind_host, port=bind_port, log_level="warning", access_log=False)
 
 
@@ -78,7 +81,19 @@ def _ping_redis(config: Path, url: str, timeout_s: float) -> None:
         fail(f"{config}: store.url: cannot reach Redis at {url}: {e}")
 
 
+def _bindable(config: Path, host: str, port: int) -> None:
+    """A taken port is one `error:` line before the banner and its token (uvicorn said it after)."""
+    import socket
+
+    try:
+        with socket.create_server((host, port), reuse_port=False):
+            pass
+    except OSError as e:
+        fail(f"{config}: host/port: cannot listen on {host}:{port}: {e.strerror or e}")
+
+
 def _banner(d: dict[str, Any]) -> None:
     typer.echo(f"seamguard gateway: {d['listen']}, router {d['router']} over {d['instances']} instance(s), "
-               f"{d['keys']} key(s), store {d['store']}")
-    typer.echo(f"  admin token  {d['token']}   (Authorization: Bearer <token> for /admin/keys/<name>/...)")
+               f"{d['keys']} key(s), store {d['store']}" + (": config ok" if d.get("check") else ""))
+    if "token" in d:
+        typer.echo(f"  admin token  {d['token']}   (Authorization: Bearer <token> for /admin/keys/<name>/...)")

@@ -26,6 +26,7 @@ import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from seamguard.gateway.config import GatewayConfig, SqliteStoreConfig, build_router
 from seamguard.gateway.dashboard import plain, render_dashboard
@@ -335,6 +336,14 @@ def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         return error(500, f"internal error: {type(exc).__name__}", "server_error", "internal_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # an unknown path or method (e.g. /v1/embeddings) in OpenAI's error shape, not FastAPI's
+        what = "unknown URL" if exc.status_code == 404 else "method not allowed" if exc.status_code == 405 else exc.detail
+        return error(exc.status_code, f"{what}: {request.method} {request.url.path} (this gateway serves "
+                     "/v1/chat/completions, /v1/completions and /v1/models)", "invalid_request_error",
+                     "unknown_url" if exc.status_code == 404 else None)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
