@@ -152,6 +152,41 @@ def test_replacement_that_never_gets_ready_ends_in_a_shrink():
     assert c.plan.gen == 1 and c.plan.ranks == [0]
 
 
+def test_the_only_rank_lost_before_its_replacement_starts_waits_instead_of_failing():
+    """A rank judged unresponsive while its process is still exiting (on an H100, 19 GB of
+    pinned memory took over a second to free): no replacement is starting yet and no rank is
+    left. Failing the job was the old answer; it waits (bounded) for the replacement its
+    launcher starts once the process is gone."""
+    c, store, clock, log = make(trainers=(0,), spares=())
+    store.set(keys.worker_addr(0), "h:1")
+    c.tick()
+    finish_generation(c, store, {})
+    for n in range(15):
+        clock.t = n * 0.1
+        beat(store, 0, 1, 5)            # frozen: judged unresponsive after hang_timeout_s
+        c.tick()
+    assert c.phase != "failed" and any(e["event"] == "waiting_for_spares" for e in log), log[-3:]
+    store.set(keys.JOINED_COUNT, "1")   # the launcher saw the exit and started w1
+    store.set(keys.joined(1), "1")
+    c.tick()
+    store.set(keys.ready(1), "1")
+    clock.t += 2.0
+    c.tick()
+    assert c.plan.gen == 1 and c.plan.ranks == [1]
+
+
+def test_the_only_rank_lost_with_nothing_coming_fails_after_the_wait():
+    c, store, clock, log = make(trainers=(0,), spares=())
+    store.set(keys.worker_addr(0), "h:1")
+    c.tick()
+    finish_generation(c, store, {})
+    store.set(keys.exit_code(0), "-9")
+    c.tick()
+    assert c.phase != "failed"
+    clock.t += c.settings.spare_wait_s + 1
+    assert c.tick() == "failed"
+
+
 def _two_nodes():
     """Two nodes, one rank and one spare each (w0 rank, w1 spare; w2 rank, w3 spare)."""
     store, clock, log = DictStore(), Clock(), []

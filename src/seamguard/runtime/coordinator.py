@@ -447,7 +447,11 @@ class Coordinator:
         deficit = len(lost & set(self.plan.ranks)) - ready
         starting = [w for w in self.joined if w not in self.lost
                     and w not in self.plan.spares and w not in self.plan.ranks]
-        if not s.replenish_spares or deficit <= 0 or not starting:
+        # With no rank left the only other way on is failing the job; a rank judged unresponsive
+        # while its process still exits (a GPU process freeing pinned memory takes seconds) has no
+        # replacement starting yet: its launcher starts one once the process is gone.
+        none_left = not [w for w in self.plan.ranks if w not in lost]
+        if not s.replenish_spares or deficit <= 0 or not (starting or none_left):
             return False
         if not self._deferred:
             self._deferred, self._deferred_since_s = set(lost), now
