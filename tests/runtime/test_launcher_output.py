@@ -23,8 +23,11 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 @pytest.mark.parametrize("event, words", [
     ({"event": "plan", "gen": 0, "ranks": [0, 1], "spares": [2], "reason": "start"},
      "starting 2 ranks on workers w0, w1; spares w2"),
-    ({"event": "plan", "gen": 1, "ranks": [2, 1], "spares": [], "reason": "lost 0", "force_disk": False},
-     "generation 1: lost 0; ranks on workers w2, w1; spares none"),
+    ({"event": "plan", "gen": 1, "ranks": [2, 1], "spares": [], "reason": "lost w0", "force_disk": False},
+     "generation 1: lost w0; ranks on workers w2, w1; spares none"),
+    ({"event": "waiting_for_spares", "lost": [0, 3], "deficit": 2},
+     "waiting for a replacement of w0, w3 (2 ranks short, no spare ready; bounded by spare_wait_s)"),
+    ({"event": "job_done", "gen": 1}, "every rank finished (generation 1)"),
     ({"event": "resumed", "gen": 0, "step": 0, "recovery_s": 0.3}, "all ranks running from step 0"),
     ({"event": "resumed", "gen": 1, "step": 7, "recovery_s": 0.52, "since_detection_s": 0.61, "steps_redone": 1},
      "recovered: generation 1 resumed at step 7, 0.52 s (0.61 s since the loss was detected), 1 step redone"),
@@ -63,7 +66,7 @@ def test_event_log_writes_words_on_stderr_and_json_lines_to_the_file(tmp_path):
     with pytest.raises(ValueError, match="text or json"):
         EventLog("yaml")
     assert render_text({"t": 0.5, "event": "job_done", "gen": 0}, "x").split(" ", 1)[1] == \
-        "seamguard x: job done (generation 0; 0 recoveries)"
+        "seamguard x: every rank finished (generation 0)"
 
 
 def test_process_title_names_the_process():

@@ -146,7 +146,7 @@ class Coordinator:
             if self._wait_for_spares(lost, now):
                 return self.phase
             self._deferred = set()
-            return self._replan(lost, now, reason="lost " + ",".join(map(str, sorted(lost))))
+            return self._replan(lost, now, reason="lost " + ", ".join(f"w{w}" for w in sorted(lost)))
         if self.phase == "running" and self._read_rollback_hint(now):
             return self.phase
         if self.phase == "recovering":

@@ -66,7 +66,11 @@ def describe(e: dict) -> str:
     if name == "resume_chosen":
         return f"generation {gen} restores from {e['source']} at step {e['step']}"
     if name == "job_done":
-        return f"job done (generation {gen}; {gen} recover{'y' if gen == 1 else 'ies'})"
+        return f"every rank finished (generation {gen})"
+    if name == "waiting_for_spares":
+        short = e.get("deficit")
+        return (f"waiting for a replacement of {_workers(e.get('lost'))} ({short} rank{'s' if short != 1 else ''} "
+                "short, no spare ready; bounded by spare_wait_s)")
     if name == "job_failed":
         return f"JOB FAILED: {e['reason']}"
     if name == "stale_slots_removed":
