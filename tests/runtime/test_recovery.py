@@ -223,3 +223,15 @@ def test_a_survivor_that_finished_the_previous_step_late_offers_the_current_one(
     assert r.checksum == clean_checksums(20)
     resumed = [e for e in r.kinds("resumed") if e["gen"] > 0]
     assert resumed and resumed[-1]["step"] == 12, resumed
+
+
+def test_a_single_rank_job_recovers_bit_identically_without_a_collective(tmp_path):
+    """World size 1: the gradient all-reduce is skipped (a sum over one rank is the identity;
+    on a GPU gloo copied the whole gradient to host and back every step). The only rank
+    killed, its spare continues from the snapshot bit-identically."""
+    clean = launch(tmp_path, "clean1", nproc=1, steps=16)
+    assert clean.code == 0, clean.stderr
+    r = launch(tmp_path, "kill1", nproc=1, spares=1, steps=16, chaos="kill:rank=0,step=7")
+    assert r.code == 0, r.stderr
+    assert [e["event"] for e in r.events].count("resumed") == 2
+    assert r.checksum == clean.checksum

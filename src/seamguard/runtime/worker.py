@@ -477,8 +477,11 @@ class Runtime:
             self._flat[n_grad:].zero_()
             self._flat[n_grad + self.rank] = torch.linalg.vector_norm(grad) / max(scale, 1e-12)
         t_comm = time.perf_counter()
-        ok = self._rail_allreduce() if self._rails is not None else \
-            self._collective(lambda: self.group.allreduce([self._flat]))
+        if self.plan.world_size == 1:
+            ok = True   # a sum over one rank is the identity: gloo would copy a GPU gradient to host and back
+        else:
+            ok = self._rail_allreduce() if self._rails is not None else \
+                self._collective(lambda: self.group.allreduce([self._flat]))
         self._comm_s = time.perf_counter() - t_comm
         if not ok:
             self._failed = True
