@@ -512,9 +512,10 @@ def serve(
     sys.stdout.flush()
     # uvicorn stops on SIGTERM/SIGINT, then raises the signal again under the handler it found:
     # the default one would end the process there, before the ledger is closed and a
-    # temporary ledger folder removed. This one lets serve_forever return instead.
+    # temporary ledger folder removed. This one lets serve_forever return instead, and a
+    # signal that comes before uvicorn has taken over stops it as soon as it starts.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, lambda *_: server.request_stop())
     runner.start()
     try:
         server.serve_forever()

@@ -46,6 +46,10 @@ class Server:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def request_stop(self) -> None:
+        """Leave serve_forever (safe from a signal handler, also before it began)."""
+        self._server.should_exit = True
+
     def serve_forever(self) -> None:
         """Run in the calling thread until interrupted (the CLI)."""
         self._server.run()
