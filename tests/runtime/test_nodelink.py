@@ -97,3 +97,25 @@ def test_a_sigkilled_node_launcher_is_seen_at_once():
         proc.kill()
         proc.wait(10)
         server.close()
+
+
+def test_open_links_counts_the_nodes_that_have_not_read_the_end_yet():
+    """Node 0 keeps the job's store up while open_links() > 0 (bounded): a node says bye once
+    it has read the job's end and drained, or its link closes."""
+    server = LinkServer("job")
+    try:
+        a, b = _connected("job", 1, server), _connected("job", 2, server)
+        deadline = time.monotonic() + 5
+        while server.open_links() < 2 and time.monotonic() < deadline:
+            server.poll()
+            time.sleep(0.01)
+        assert server.open_links() == 2
+        a.close(orderly=True)
+        b.close(orderly=False)
+        deadline = time.monotonic() + 5
+        while server.open_links() and time.monotonic() < deadline:
+            server.poll()
+            time.sleep(0.01)
+        assert server.open_links() == 0
+    finally:
+        server.close()

@@ -309,6 +309,8 @@ def launch(s: LaunchSettings) -> int:
         _drain(children, timeout_s=30.0, log=log)
         if node is not None:
             node.link.close(orderly=True)   # this node's part ended as planned: no loss
+        if links is not None:
+            _await_nodes(links, timeout_s=35.0)
         if coord is not None:
             log({"event": "summary", "outcome": "job done" if code == 0 else "JOB FAILED",
                  "wall_s": round(time.monotonic() - t0, 3), "recoveries": coord.recoveries,
@@ -451,14 +453,12 @@ class _NodeBeat:
         record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
         linking = self._linking and not self.link.connected
         singles = [keys.GENERATION, keys.CONTROL_N, keys.JOB_DONE, *([keys.LINK] if linking else [])]
-        if hasattr(self.job, "put_and_read"):  # etcd: the whole node beat is one transaction
-            got, families = self.job.put_and_read(keys.node_beats(self.node), record, singles, [keys.KILL_PREFIX],
-                                                  versions=(keys.node_beats(0),))
-            kills = {k[len(keys.KILL_PREFIX):] for k in families[keys.KILL_PREFIX]}
-        else:
-            self.job.set(keys.node_beats(self.node), record)
-            got = {k: keys.peek(self.job, k) for k in [*singles, keys.node_beats(0)]}
-            kills = set(keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]))
+        try:
+            got, kills = self._exchange(record, singles, live)
+        except (RuntimeError, OSError):
+            # the job's store cannot be reached (node 0 gone with its TCPStore, etcd down): as
+            # if node 0's record stood still, so coordinator_timeout_s decides, not a traceback
+            return None if self.node == 0 else self._coordinator_silent(self._coordinator[0], now)
         if linking:
             self.link.ensure((got[keys.LINK] or b"").decode(), now)
         control = got[keys.CONTROL_N]
@@ -475,6 +475,16 @@ class _NodeBeat:
         done = got[keys.JOB_DONE]
         return done if done is not None or self.node == 0 else self._coordinator_silent(got[keys.node_beats(0)], now)
 
+    def _exchange(self, record: str, singles: list[str], live: list[Child]) -> tuple[dict, set[str]]:
+        """Write this node's beat; read the job's keys and the kill requests for its workers."""
+        if hasattr(self.job, "put_and_read"):  # etcd: the whole node beat is one transaction
+            got, families = self.job.put_and_read(keys.node_beats(self.node), record, singles, [keys.KILL_PREFIX],
+                                                  versions=(keys.node_beats(0),))
+            return got, {k[len(keys.KILL_PREFIX):] for k in families[keys.KILL_PREFIX]}
+        self.job.set(keys.node_beats(self.node), record)
+        got = {k: keys.peek(self.job, k) for k in [*singles, keys.node_beats(0)]}
+        return got, set(keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]))
+
     def _coordinator_silent(self, raw: bytes | None, now: float) -> bytes | None:
         """COORDINATOR_LOST once node 0's record (its launcher runs the coordinator) has
         stood still for coordinator_timeout_s: no one would plan a generation again."""
@@ -485,6 +495,16 @@ class _NodeBeat:
                                            else self._startup_timeout_s):  # node 0 may start late
             return COORDINATOR_LOST
         return None
+
+
+def _await_nodes(links, timeout_s: float) -> None:
+    """Node 0 keeps the job's store up until every other node's launcher has read the job's
+    end (it says bye once it has drained) or closed its link, bounded: with the job-wide
+    TCPStore on node 0, leaving at once broke the pipe of a node that had not read it yet."""
+    deadline = time.monotonic() + timeout_s
+    while links.open_links() and time.monotonic() < deadline:
+        select.select([links], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+        links.poll()
 
 
 def _drain(children: list[Child], timeout_s: float, log) -> None:

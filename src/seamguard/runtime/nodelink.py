@@ -52,6 +52,10 @@ class LinkServer:
         """Readable when a node connects, says something or closes its link (wait on it)."""
         return self._sel.fileno()
 
+    def open_links(self) -> int:
+        """Other nodes whose launcher is still linked and has not said bye."""
+        return sum(node not in self._said_bye for node, _ in self._links.values())
+
     def poll(self) -> list[tuple[int, str]]:
         """Accept and read whatever arrived; returns (node, what happened) for each link
         that closed without saying bye since the last call."""
