@@ -11,8 +11,16 @@ import pytest
 from seamguard.gateway.config import GatewayConfigError, parse_gateway_config
 from seamguard.gateway.dashboard import plain, render_dashboard
 from seamguard.gateway.metrics import GatewayMetrics
-from seamguard.gateway.routing import Instance, Outcome, SeamguardOptions, SeamguardRouter, Shed, place_kv
+from seamguard.gateway.routing import (
+    Instance,
+    Outcome,
+    SeamguardOptions,
+    SeamguardRouter,
+    Shed,
+    place_kv,
+)
 from seamguard.testbed.inference_pool import SHAPES, Engine, PoolTiming
+from tests.gateway.routing_helpers import FAST, Clock, finish, hold
 
 RAILS = 2
 
@@ -24,15 +32,7 @@ def rails(host: str) -> tuple[str, ...]:
 P = [Instance("p0", "http://p0", "prefill", "h0", rails("h0")), Instance("p1", "http://p1", "prefill", "h1", rails("h1"))]
 D = [Instance("d0", "http://d0", "decode", "h2/rail0", rails("h2"), home_rail=0),
      Instance("d1", "http://d1", "decode", "h3/rail1", rails("h3"), home_rail=1)]
-FAST, SLOW = 0.03, 2.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+SLOW = 2.0
 
 
 def key(r) -> tuple[str, str, int | None]:
@@ -128,20 +128,6 @@ def test_emulated_decode_pulls_over_its_home_rail_unless_the_gateway_narrows_the
 
 
 # ---- shrinking a decode instance's batch -------------------------------------------------------
-
-def hold(router, clock, n, cls="interactive"):
-    """n requests routed and left in flight."""
-    out = []
-    for _ in range(n):
-        clock.t += 0.01
-        out.append(router.route(cls, 200))
-    return out
-
-
-def finish(router, route, tpot_s):
-    router.first_token(route, FAST)
-    router.finished(route, Outcome(True, ttft_s=0.1, tpot_s=tpot_s, decode_first_token_s=FAST, output_tokens=20))
-
 
 def test_slow_tokens_shrink_the_decode_batch_then_it_grows_back_and_is_lifted():
     r, c = sg(tpot_budget_s={"interactive": 0.1, "batch": 0.25})  # target 0.8 x 0.1 = 0.08 s

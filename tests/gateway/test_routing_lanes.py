@@ -9,42 +9,19 @@ import pytest
 
 from seamguard.gateway.routing import (
     Instance,
-    Outcome,
     SeamguardOptions,
     SeamguardRouter,
 )
+from tests.gateway.routing_helpers import Clock, finish, hold
 
 P = [Instance("p0", "http://p0", "prefill", "h0"), Instance("p1", "http://p1", "prefill", "h1")]
 D = [Instance(f"d{j}", f"http://d{j}", "decode", f"h{2 + j}") for j in range(3)]
 BUDGETS = {"interactive": 0.1, "batch": 0.25}  # TPOT; batch's is the looser one
-FAST = 0.03
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def sg(**opts) -> tuple[SeamguardRouter, Clock]:
     c = Clock()
     return SeamguardRouter(P + D, SeamguardOptions(**{"tpot_budget_s": BUDGETS, **opts}), clock=c), c
-
-
-def hold(router, clock, n, cls):
-    """n requests of class cls routed and left in flight."""
-    out = []
-    for _ in range(n):
-        clock.t += 0.01
-        out.append(router.route(cls, 200))
-    return out
-
-
-def finish(router, route, tpot_s):
-    router.first_token(route, FAST)
-    router.finished(route, Outcome(True, ttft_s=0.1, tpot_s=tpot_s, decode_first_token_s=FAST, output_tokens=20))
 
 
 def decodes(routes) -> list[str]:
