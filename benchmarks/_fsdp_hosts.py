@@ -22,6 +22,13 @@ the host memory they held) once the job reached a later drawn step. Systems:
   torchrun that restarts the group when one of its ranks dies; the Lighthouse in the
   third namespace. On host loss the surviving group carries on alone (nothing replaces
   the host), dropping the lost group's share of each global batch.
+
+`--hsdp`: every system in the same HSDP layout, like for like: a 2-D mesh ("replicate",
+"shard") of shape (2, 2), row 0 = ranks 0, 1 on host 0, row 1 = ranks 2, 3 on host 1;
+FSDP2 shards within a host, the rows replicate across the hosts. plain and torchrun run
+torchrun_fsdp_train.py --replicate 2 (plain HSDP is the reference), seamguard
+examples/train_fsdp.py --replicate 2 (every shard's replica holder is its replicate peer),
+torchft as above (it is HSDP either way).
 """
 
 from __future__ import annotations
@@ -178,7 +185,7 @@ def run_torchrun_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, hos
     out, chaos_dir = work / name, work / f"{name}_chaos"
     out.mkdir(parents=True, exist_ok=True)
     chaos = f"kill:rank={VICTIM_RANK},step={cfg.kills[0][0]},phase=step" if faults else None
-    args = ["--steps", str(cfg.steps), "--ckpt-every", str(ckpt_every), *cfg.model_args()]
+    args = ["--steps", str(cfg.steps), "--ckpt-every", str(ckpt_every), *cfg.model_args(), *cfg.mesh_args()]
     t0 = time.perf_counter()
     procs = torchrun_agents(c, "torchrun_fsdp_train.py", name, out, args,
                             {**_chaos_env(chaos_dir, chaos), **NO_SHARED_STORE}, 3)
@@ -193,7 +200,8 @@ def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, ho
     job = MultiNodeJob(c.tb, list(HOSTS), c.etcd.url, out, run_id=f"{name}-{os.getpid()}",
                        nproc=PER_HOST, spares=2, launch_args=("--snapshot-every", "1", *chaos),
                        script=REPO / "examples" / "train_fsdp.py",
-                       script_args=("--steps", str(cfg.steps), "--dropout", "0", *cfg.model_args()))
+                       script_args=("--steps", str(cfg.steps), "--dropout", "0", *cfg.model_args(),
+                                    *cfg.mesh_args()))
     t0 = time.perf_counter()
     try:
         job.start()
@@ -299,10 +307,23 @@ def _result(out: Path, chaos_dir: Path, host_kill: dict | None, codes: dict, wal
             "shards": sorted(f.name + ":" + f.read_text() for f in out.glob("final_shard_*.txt"))}
 
 
+def replicas_agree(shards: list[str], replicate: int) -> bool | None:
+    """HSDP: whether every replicate peer ended with the same shard (rank r and r + world/R
+    hold the same shard), from ``final_shard_<rank>.txt:<checksum>`` entries; None when a
+    rank of the layout wrote none (a host killed for good) or there is nothing to compare."""
+    sums = {int(e.split(":")[0].removeprefix("final_shard_").removesuffix(".txt")): e.split(":", 1)[1]
+            for e in shards}
+    world = PER_HOST * len(HOSTS)
+    if replicate < 2 or sorted(sums) != list(range(world)):
+        return None
+    row = world // replicate
+    return all(sums[r] == sums[r % row] for r in range(world))
+
+
 def run_plain_hosts(c: Cluster, cfg, work: Path, name: str) -> dict:
     out = work / name
     out.mkdir(parents=True, exist_ok=True)
-    args = ["--steps", str(cfg.steps), "--ckpt-every", "0", *cfg.model_args()]
+    args = ["--steps", str(cfg.steps), "--ckpt-every", "0", *cfg.model_args(), *cfg.mesh_args()]
     t0 = time.perf_counter()
     codes = wait_all(torchrun_agents(c, "torchrun_fsdp_train.py", name, out, args, NO_SHARED_STORE, 0), 400)
     return _result(out, work / f"{name}_chaos", None, codes, time.perf_counter() - t0, False)
@@ -369,9 +390,10 @@ def run_reps(c: Cluster, systems: list[str], base, work: Path, reps: int, seed: 
     return out
 
 
-def summarize_hosts(reps: list[dict], systems: list[str], steps: int) -> dict:
+def summarize_hosts(reps: list[dict], systems: list[str], steps: int, replicate: int = 1) -> dict:
     """Per system: the twin's keys over all failures (failover_training.summarize), the
-    worst resume and loss per kind of failure, and whether every faulted run finished."""
+    worst resume and loss per kind of failure, and whether every faulted run finished;
+    HSDP (``replicate`` > 1): whether each run's replicate peers ended on the same shard."""
     from failover_training import summarize
 
     summary: dict = {}
@@ -384,6 +406,9 @@ def summarize_hosts(reps: list[dict], systems: list[str], steps: int) -> dict:
                                           "steps_lost_max": max((f["steps_lost"] for f in ok), default=None),
                                           "unrecovered": len(fs) - len(ok)}
         summary[s]["finished_all_steps"] = [r["runs"][s]["faults"]["last_step"] == steps - 1 for r in reps]
+        if replicate > 1 and any(m["shards"] for r in reps for m in r["runs"][s].values()):
+            summary[s]["replicas_agree"] = [{m: replicas_agree(run["shards"], replicate)
+                                             for m, run in r["runs"][s].items()} for r in reps]
     sg = [r["runs"]["seamguard"] for r in reps]
     summary["seamguard"]["bit_identical"] = [bool(x["clean"]["shards"]) and x["clean"]["shards"] == x["faults"]["shards"]
                                              for x in sg]
@@ -395,8 +420,8 @@ def summarize_hosts(reps: list[dict], systems: list[str], steps: int) -> dict:
     return summary
 
 
-def print_table(summary: dict, systems: list[str], plain_window: str, reps: int) -> None:
-    print(f"\nmedian [min-max] over {reps} rep(s); plain FSDP2 on 2 hosts failure-free training {plain_window}")
+def print_table(summary: dict, systems: list[str], plain_window: str, reps: int, layout: str) -> None:
+    print(f"\nmedian [min-max] over {reps} rep(s); plain {layout} on 2 hosts failure-free training {plain_window}")
     print(f"{'system':10s} {'rank kill: next step':>21s} {'lost':>5s} {'host kill: next step':>21s} {'lost':>5s} "
           f"{'wall vs plain':>14s} {'failure-free vs plain':>22s}")
     for s in systems:
@@ -405,6 +430,10 @@ def print_table(summary: dict, systems: list[str], plain_window: str, reps: int)
               f"{x['host_kill']['resume_s_max']!s:>21s} {x['host_kill']['steps_lost_max']!s:>5s} "
               f"{x['wall_ratio']:>13g}x {x['failure_free_wall_ratio']:>21g}x")
     print(f"seamguard bit-identical: {summary['seamguard']['bit_identical']}", flush=True)
+    for s in systems:
+        if "replicas_agree" in summary[s]:
+            print(f"{s} replicate peers on the same final shard (per rep; None: a rank wrote none): "
+                  f"{summary[s]['replicas_agree']}", flush=True)
     print("seamguard kill -> next step, phase by phase (s): detect | plan | members ready | resume chosen | "
           "restored + regrouped | first step")
     for rep, phases in enumerate(summary["seamguard"]["recovery_phases"]):
@@ -435,32 +464,36 @@ def main_hosts(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="sg-failover-hosts-"))
     ft_note = None if args.skip_torchft else torchft_available()
     systems = ["plain", "seamguard", "torchrun"] + ([] if args.skip_torchft or ft_note else ["torchft"])
+    replicate = len(HOSTS) if args.hsdp else 1
+    layout = f"HSDP (replicate {replicate} x shard {PER_HOST})" if args.hsdp else "FSDP2"
     try:
         small = {"hidden": 1024, "layers": 3} if args.quick else {}
         steps = 36 if args.quick else 60
-        base = Config(steps=16, kills=(), ckpt_every=0, **small)
+        base = Config(steps=16, kills=(), ckpt_every=0, replicate=replicate, **small)
         probe = probe_checkpointing(base, work, run_torchrun_fsdp)
         step_s = probe["step_s"]
         mttf_s = steps * step_s / 2   # two failures per faulty run
         interval_s = max(daly_interval_s(probe["save_stall_s"], mttf_s), probe["write_s"])
         every = max(1, round(interval_s / step_s))
-        print(f"hosts probe (one host): step {step_s:.3f}s; DCP async_save stall "
+        print(f"layout: {layout}; hosts probe (one host): step {step_s:.3f}s; DCP async_save stall "
               f"{probe['save_stall_s']:.3f}s, write {probe['write_s']:.3f}s -> checkpoint every {every} steps",
               flush=True)
         if ft_note:
             print(f"torchft: {ft_note}", flush=True)
-        cfg = Config(steps=steps, kills=(), ckpt_every=every, **small)
+        cfg = Config(steps=steps, kills=(), ckpt_every=every, replicate=replicate, **small)
         with cluster(work, "torchft" in systems) as c:
             reps = run_reps(c, systems, cfg, work, args.reps, args.seed)
-        summary = summarize_hosts(reps, systems[1:], steps)
+        summary = summarize_hosts(reps, systems[1:], steps, replicate)
         plain = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
-        print_table(summary, systems[1:], fmt(spread(plain, 1), "s"), args.reps)
+        print_table(summary, systems[1:], fmt(spread(plain, 1), "s"), args.reps, layout)
         summary.update({
-            "mode": "fsdp-hosts-quick" if args.quick else "fsdp-hosts",
+            "mode": ("fsdp-hosts-hsdp" if args.hsdp else "fsdp-hosts") + ("-quick" if args.quick else ""),
+            "layout": layout,
             "torchft_note": ft_note or ("HSDP: FSDP2 inside each host's replica group, torchft Manager "
                                         "all-reduce across groups via FSDPModule.set_all_reduce_hook"
                                         if "torchft" in systems else "skipped (--skip-torchft)"),
-            "config": {"hosts": len(HOSTS), "ranks_per_host": PER_HOST, "seamguard_spares_per_host": 2,
+            "config": {"hosts": len(HOSTS), "ranks_per_host": PER_HOST, "replicate": replicate,
+                       "seamguard_spares_per_host": 2,
                        "snapshot_every": 1, "steps": steps, "reps": args.reps, "seed": args.seed,
                        "step_s": round(step_s, 3), "torchrun_ckpt_every": every, "hidden": base.hidden,
                        "layers": base.layers, "dim": base.dim, "victim_rank": VICTIM_RANK, "lost_host": LOST_HOST},

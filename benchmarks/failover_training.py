@@ -4,6 +4,7 @@
     PYTHONPATH=src python benchmarks/failover_training.py           # 3 reps, 14.7M-param model
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --quick   # sharded: FSDP2
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --hosts 2 --quick   # 2 hosts, host killed
+    PYTHONPATH=src python benchmarks/failover_training.py --fsdp --hosts 2 --hsdp --quick   # the same in HSDP
 
 4 ranks (+1 hot spare for seamguard) train the same MLP on CPU/gloo. A repetition runs
 every system once failure-free and once with SIGKILLs of a non-zero rank at steps drawn
@@ -62,6 +63,11 @@ class Config:
     layers: int = 4
     global_batch: int = 64
     dataset: int = 8192
+    replicate: int = 1   # HSDP replica groups of the sharded workloads (1: FSDP2 / DDP)
+
+    def mesh_args(self) -> list[str]:
+        """The sharded workloads' (torchrun_fsdp_train.py, examples/train_fsdp.py) HSDP option."""
+        return ["--replicate", str(self.replicate)] if self.replicate > 1 else []
 
     def model_args(self) -> list[str]:
         return ["--dim", str(self.dim), "--hidden", str(self.hidden), "--layers",
@@ -172,7 +178,7 @@ def run_torchrun(cfg: Config, work: Path, faults: bool, name: str, script: str =
                 "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", str(len(cfg.kills) + 1),
                 "--monitor-interval", "0.1", str(REPO / "benchmarks" / script),
                 "--steps", str(cfg.steps), "--ckpt-every", str(cfg.ckpt_every), "--out",
-                str(out), *cfg.model_args()], work / f"{name}.log", env, 900)
+                str(out), *cfg.model_args(), *cfg.mesh_args()], work / f"{name}.log", env, 900)
     return {"wall_s": wall, "window_s": window_s(out),
             "failures": per_failure(read_logs(out), read_kills(chaos_dir), False)}
 
@@ -632,12 +638,17 @@ def main() -> None:  # noqa: C901
     ap.add_argument("--hosts", type=int, choices=(1, 2), default=1,
                     help="with --fsdp: 2 runs it over 2 namespaced hosts with a rank and a whole "
                          "host killed, torchft HSDP included (benchmarks/_fsdp_hosts.py; needs root)")
+    ap.add_argument("--hsdp", action="store_true",
+                    help="with --fsdp --hosts 2: every system in HSDP (replicate 2 across the hosts "
+                         "x shard 2 within a host), plain HSDP the reference")
     args = ap.parse_args()
+    if args.hsdp and not (args.fsdp and args.hosts == 2):
+        ap.error("--hsdp needs --fsdp --hosts 2")
     if args.fsdp and args.hosts == 2:
         from _fsdp_hosts import main_hosts
 
-        args.out = args.out or REPO / "benchmarks" / "results" / (
-            "failover_training_fsdp_hosts_quick.json" if args.quick else "failover_training_fsdp_hosts.json")
+        stem = "failover_training_fsdp_hosts" + ("_hsdp" if args.hsdp else "")
+        args.out = args.out or REPO / "benchmarks" / "results" / (f"{stem}_quick.json" if args.quick else f"{stem}.json")
         main_hosts(args)
         return
     if args.fsdp:

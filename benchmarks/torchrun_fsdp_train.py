@@ -5,6 +5,11 @@ same model sharded with `fully_shard` over all ranks (gloo), `async_save` of the
 state every --ckpt-every steps on a gloo group of its own (torchrun_train.AsyncCheckpointer),
 and after any failure torchrun restarts every worker, which load the newest complete
 checkpoint with DCP `load`. --ckpt-every 0 is the reference: plain FSDP2, no checkpoints.
+--replicate R: HSDP on the 2-D mesh ("replicate", "shard") of shape (R, world/R), each row
+of consecutive ranks (torchrun numbers one agent's ranks consecutively: a row per host
+when R is the node count) sharding the model, the R rows replicating it. An elastic
+restart on fewer ranks keeps R rows while the world divides into them (2 ranks left of
+(2, 2): (2, 1)); DCP reshards the checkpoint to the new layout.
 Writes `step time rank world restart` per committed step to worker_<rank>.log.
 """
 
@@ -21,7 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,6 +35,19 @@ from torchrun_train import AsyncCheckpointer, complete_checkpoints  # noqa: E402
 
 from seamguard.runtime import chaos  # noqa: E402
 from seamguard.runtime.data import GlobalBatchSampler  # noqa: E402
+
+
+def build_mesh(world: int, replicate: int) -> DeviceMesh:
+    """FSDP2's mesh: 1-D over the world, or HSDP's (replicate, world / replicate)."""
+    if replicate == 1:
+        return init_device_mesh("cpu", (world,))
+    return init_device_mesh("cpu", hsdp_shape(world, replicate), mesh_dim_names=("replicate", "shard"))
+
+
+def hsdp_shape(world: int, replicate: int) -> tuple[int, int]:
+    if replicate < 1 or world % replicate:
+        raise ValueError(f"--replicate {replicate}: the world size {world} is not a multiple of it")
+    return replicate, world // replicate
 
 
 def main() -> None:
@@ -42,6 +60,8 @@ def main() -> None:
     ap.add_argument("--dataset", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-every", type=int, default=10, help="0: no checkpoints")
+    ap.add_argument("--replicate", type=int, default=1,
+                    help="HSDP: replica groups (mesh (R, world/R)); 1 = plain FSDP2")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -57,7 +77,7 @@ def main() -> None:
         store = dist.PrefixStore(f"round{restart}/", dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = build_mesh(world, args.replicate)
     x, y = make_data(args.dataset, args.dim, 10, args.seed)
     model = make_model(args.dim, args.hidden, args.layers, 0.0, args.seed)
     for layer in model:

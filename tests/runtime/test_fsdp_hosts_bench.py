@@ -9,6 +9,8 @@ import json
 import random
 import sys
 
+import pytest
+
 from .conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -104,3 +106,44 @@ def test_recovery_phases_split_kill_to_next_step_by_the_runtimes_events():
     assert parts == [0.1, 0.02, 0.28, 0.05, 0.15, 0.7]
     assert p["kill_to_next_step_s"] == 1.3 and p["slowest_member_phases_s"] == {"restore_state": 0.05}
     assert hosts.recovery_phases(events, rows, 10.0, 3) is None   # no such generation
+
+
+def test_replicas_agree_compares_each_rank_with_its_replicate_peer():
+    same = ["final_shard_0.txt:a", "final_shard_1.txt:b", "final_shard_2.txt:a", "final_shard_3.txt:b"]
+    assert hosts.replicas_agree(same, 2) is True
+    apart = [*same[:3], "final_shard_3.txt:c"]
+    assert hosts.replicas_agree(apart, 2) is False
+    # rows are consecutive ranks: rank 0's peer is rank 2, not rank 1
+    assert hosts.replicas_agree(["final_shard_0.txt:a", "final_shard_1.txt:a",
+                                 "final_shard_2.txt:b", "final_shard_3.txt:b"], 2) is False
+    assert hosts.replicas_agree(same[:2], 2) is None      # host 1's ranks never finished
+    assert hosts.replicas_agree(same, 1) is None          # FSDP2: no replicas to compare
+
+
+def test_summary_reports_replica_agreement_only_in_hsdp_and_only_where_shards_exist():
+    shards = ["final_shard_0.txt:a", "final_shard_1.txt:b", "final_shard_2.txt:a", "final_shard_3.txt:b"]
+    ok = [{"kind": "rank", "resume_s": 0.9, "steps_lost": 0}]
+    rep = {"kills": [[12, 1]], "runs": {
+        "plain": {"clean": _run(10.0, shards=())},
+        "seamguard": {"clean": _run(11.0, shards=shards), "faults": _run(14.0, ok, shards=shards[:2])},
+        "torchrun": {"clean": _run(10.0, shards=()), "faults": _run(12.0, ok, shards=())}}}
+    s = hosts.summarize_hosts([rep], ["seamguard", "torchrun"], 36, replicate=2)
+    assert s["seamguard"]["replicas_agree"] == [{"clean": True, "faults": None}]
+    assert "replicas_agree" not in s["torchrun"]
+    assert "replicas_agree" not in hosts.summarize_hosts([rep], ["seamguard"], 36)["seamguard"]
+
+
+def test_hsdp_option_reaches_the_sharded_workloads_only_when_asked():
+    from failover_training import Config
+
+    assert Config(steps=1, kills=(), ckpt_every=0).mesh_args() == []
+    assert Config(steps=1, kills=(), ckpt_every=0, replicate=2).mesh_args() == ["--replicate", "2"]
+
+
+def test_torchrun_hsdp_shape_keeps_the_rows_while_the_world_divides():
+    from torchrun_fsdp_train import hsdp_shape
+
+    assert hsdp_shape(4, 2) == (2, 2)
+    assert hsdp_shape(2, 2) == (2, 1)     # one host left after an elastic restart
+    with pytest.raises(ValueError, match="--replicate 2: the world size 3"):
+        hsdp_shape(3, 2)
