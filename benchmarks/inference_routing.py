@@ -19,9 +19,10 @@ prefill instances at --prefill-tokens-per-s (10k), decode instances stepping in
 stays within the 0.1 s interactive TPOT target (17 sequences, 98 ms), the mix's mean prompt and
 output tokens (334, 69): decode-bound at 7.54 req/s. The decode speed is slower than the
 emulator's default (15 ms + 0.4 ms, 64 slots: 46 req/s, prefill-bound) so that the pool, not
-the shared 2-core machine driving every token through Python, is what saturates. The levels
-0.5, 0.7 and 0.85 of that capacity (mean offered rate, bursts included) were fixed before any
-run and are all reported; --rps X runs one level at Poisson rate X instead.
+the shared 2-core machine driving every token through Python, is what saturates. The grid of
+levels 0.3, 0.5, 0.7, 0.85, 1.0 and 1.15 of that capacity (mean offered rate, bursts included;
+--quick: 0.5 and 1.0) was fixed before any run of the sweep and every level is reported; --rps X
+runs one level at Poisson rate X instead (no sweep).
 
 Per level, router and window (nothing degraded = arrivals before the degradation; degraded =
 arrivals while it lasts): SLO attainment (share of requests meeting their class's TTFT and
@@ -31,7 +32,18 @@ with [min-max]; seamguard's goodput over the best baseline's (ratio of medians, 
 repetition against the best baseline of that repetition). What the routers did in the degraded
 window (from the gateway's /metrics at the window's ends): routes per decode instance, routes
 over the slowed link, and seamguard's decisions (KV moved to another rail, batch caps,
-deferred batch work). Last line: one JSON object.
+deferred batch work).
+
+Goodput, two definitions, both reported. At equal load: requests/s meeting the SLO per level
+(above; its ratio is the attainment ratio). As DistServe defines it (Zhong et al., OSDI 2024,
+https://arxiv.org/abs/2401.09670): the maximum rate served while the SLO attainment stays at or
+above a target, here the degraded window's median attainment against 0.99 (the issue's goal)
+and 0.90 (DistServe's), read off the grid (seamguard.testbed.inference_goodput): per router the
+highest level that, with every lower level, met the target, and the highest level that met it at
+all; "below" the lowest level or "at least" the highest where the grid cannot tell, and then the
+ratio is a bound. The ratio is seamguard's rate over the best baseline's, both read the first
+way, and seamguard's first reading over the baselines' second (least favourable to seamguard).
+Last line: one JSON object.
 
     PYTHONPATH=src python benchmarks/inference_routing.py --quick
 """
@@ -50,11 +62,19 @@ import numpy as np
 
 from seamguard.testbed.inference_bed import BENCH_KEYS, GATEWAY_PORT, PoolBed
 from seamguard.testbed.inference_capacity import poisson_rate_for, pool_capacity
+from seamguard.testbed.inference_goodput import (
+    MaxRate,
+    Point,
+    max_rate_at_target,
+    rate_ratio,
+)
 from seamguard.testbed.inference_load import LoadSpec, spec_dict
 from seamguard.testbed.inference_pool import PoolTiming
 
 ROUTERS = ("round_robin", "least_outstanding", "seamguard")
-UTILIZATIONS = (0.5, 0.7, 0.85)  # fixed before the first run; every one is reported
+UTILIZATIONS = (0.3, 0.5, 0.7, 0.85, 1.0, 1.15)  # the sweep's grid, fixed before its first run; every level is reported
+QUICK_UTILIZATIONS = (0.5, 1.0)
+TARGETS = (0.99, 0.90)  # degraded-window attainment: the issue's goal, and DistServe's goodput target
 SLOW_AT = (0, 1)  # the degraded path: prefill 0 -> decode 1 (PoolBed indices), over rail 1 (d1's home rail)
 SLOW = ("p0", "d1", 1)  # ... as the router names it: prefill, decode, rail
 PREFILL, DECODE = 2, 3
@@ -169,6 +189,59 @@ def summarize_level(rows: dict[str, list[dict]], routers: list[str]) -> dict:
     return out
 
 
+def summarize_sweep(out_levels: dict, routers: list[str], window: str) -> dict:
+    """Goodput as DistServe defines it, from the grid of levels: per target, each router's highest
+    level (and req/s) whose median attainment in `window`, and every lower level's, met the target
+    ("contiguous"), and the highest level that met it at all ("any"); seamguard's over the best
+    baseline's, both routers read contiguously, and seamguard contiguously against the baselines
+    read generously (the reading least favourable to seamguard); the same from each repetition's
+    own curve."""
+    lv = sorted(out_levels.values(), key=lambda v: v["utilization"])
+    reps = min(len(v["per_rep"][r]) for v in lv for r in routers)
+
+    def points(r: str, rep: int | None) -> list[Point]:
+        return [Point(v["utilization"], v["offered_rps"],
+                      v["routers"][r][window]["slo_attainment"] if rep is None
+                      else v["per_rep"][r][rep][window]["slo_attainment"]) for v in lv]
+
+    def ratios(sg: MaxRate, base_c: list[MaxRate], base_any: list[MaxRate]) -> dict:
+        return {"contiguous": rate_ratio(sg, base_c), "least_favourable": rate_ratio(sg, base_any)}
+
+    base = [r for r in routers if r != "seamguard"]
+    out = {}
+    for target in TARGETS:
+        rates = {i: {r: (max_rate_at_target(points(r, i), target), max_rate_at_target(points(r, i), target, False))
+                     for r in routers} for i in [None, *range(reps)]}
+        t = {"routers": {r: {"bound": c.bound, "level": c.level, "rate_rps": c.rate_rps, "text": str(c),
+                             "met_again_at": list(c.met_again_at), "any_level": str(g),
+                             "per_rep": [str(rates[i][r][0]) for i in range(reps)]}
+                         for r, (c, g) in rates[None].items()}}
+        if "seamguard" in routers and base:
+            got = {i: ratios(rates[i]["seamguard"][0], [rates[i][r][0] for r in base], [rates[i][r][1] for r in base])
+                   for i in rates}
+            t["ratio"] = {k: {"bound": x.bound, "value": x.value, "text": str(x),
+                              "per_rep": [str(got[i][k]) for i in range(reps)],
+                              "goal_1_3x_met": x.bound in ("=", ">=") and x.value >= 1.3}
+                          for k, x in got[None].items()}
+        out[f"{target:g}"] = t
+    return out
+
+
+def print_sweep(sweep: dict, out_levels: dict, routers: list[str], window: str) -> None:
+    lv = sorted(out_levels.values(), key=lambda v: v["utilization"])
+    print(f"\n{window} window: SLO attainment per level (median over repetitions)")
+    print(f"{'router':18s} " + " ".join(f"{v['utilization']:>6g} ({v['offered_rps']:.2f}/s)" for v in lv))
+    for r in routers:
+        print(f"{r:18s} " + " ".join(f"{v['routers'][r][window]['slo_attainment']:>16}" for v in lv))
+    for target, t in sweep.items():
+        print(f"max rate at {window} attainment >= {target}:")
+        for r, m in t["routers"].items():
+            print(f"  {r:18s} {m['text']:>26s}  (highest level met at all: {m['any_level']}; per repetition "
+                  f"{', '.join(m['per_rep'])})")
+        for k, x in t.get("ratio", {}).items():
+            print(f"  seamguard / best baseline, {k}: {x['text']} (per repetition {', '.join(x['per_rep'])})")
+
+
 COLS = ("slo_attainment", "goodput_rps", "interactive_attainment", "batch_attainment", "ttft_p50_s", "ttft_p99_s",
         "tpot_p50_s", "tpot_p99_s", "errors", "shed", "deferred")
 
@@ -192,13 +265,13 @@ def print_level(name: str, summary: dict, actions: dict[str, list[dict]], router
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="the 0.85 level only, one repetition of 36 s per router (about 2 min)")
+                    help="the coarse grid 0.5,1.0, one repetition of 36 s per router and level (about 5 min)")
     ap.add_argument("--reps", type=int, default=None,
                     help="repetitions per level and router (default 1 quick, 3 full: the median of 3 survives one "
                          "repetition disturbed by the shared machine)")
     ap.add_argument("--utilization", default=None,
-                    help="comma list of offered load as fractions of the pool's capacity (default 0.5,0.7,0.85; "
-                         "quick 0.85)")
+                    help="comma list of offered load as fractions of the pool's capacity (default "
+                         f"{','.join(map(str, UTILIZATIONS))}; quick {','.join(map(str, QUICK_UTILIZATIONS))})")
     ap.add_argument("--rps", type=float, default=None,
                     help="override: one level at this Poisson rate (bursts on top) instead of --utilization")
     ap.add_argument("--rate-mbit", type=float, default=20.0, help="the degraded path's tbf rate")
@@ -223,8 +296,8 @@ def main() -> None:
         levels = {f"rps={a.rps:g}": a.rps}
     else:
         try:
-            utils = [float(u) for u in (a.utilization or ("0.85" if a.quick else ",".join(map(str, UTILIZATIONS))))
-                     .split(",") if u]
+            grid = QUICK_UTILIZATIONS if a.quick else UTILIZATIONS
+            utils = [float(u) for u in (a.utilization or ",".join(map(str, grid))).split(",") if u]
             levels = {f"{u:g}": poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s)
                       for u in utils}
         except ValueError as e:
@@ -280,6 +353,10 @@ def main() -> None:
                           "per_rep": {r: [{w: {k: x[w].get(k) for k in ("slo_attainment", "goodput_rps", "errors",
                                                                           "interactive_attainment", "batch_attainment")}
                                            for w in ("healthy", "degraded")} for x in per[lv][r]] for r in routers}}
+    sweep = ({w: summarize_sweep(out_levels, routers, w) for w in ("degraded", "healthy")}
+             if a.rps is None else {})
+    for w, sw in sweep.items():
+        print_sweep(sw, out_levels, routers, w)
     wall = time.monotonic() - t_start
     load_end = os.getloadavg()[0]
     print(f"\nwall {wall:.0f} s; load average (1 min) {load_start:.1f} at start, {load_end:.1f} at end on "
@@ -287,6 +364,12 @@ def main() -> None:
     print(json.dumps({"capacity": {k: round(v, 4) if isinstance(v, float) else v for k, v in cap.__dict__.items()},
                       "levels": out_levels,
                       "goals": {lv: v.get("goals") for lv, v in out_levels.items()},
+                      "max_rate_at_target": sweep,
+                      "goodput_definitions": {
+                          "goodput_rps (per level)": "requests/s meeting the SLO at the same offered load",
+                          "max_rate_at_target": "the highest grid level (fraction of capacity, req/s) at which the "
+                                                "window's median SLO attainment, and every lower level's, is >= the "
+                                                "target (DistServe, arXiv 2401.09670)"},
                       "reps": reps, "duration_s": duration, "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit,
                       "timing": {"prefill_per_token_s": timing.prefill_per_token_s,
                                  "decode_base_s": timing.decode_base_s, "decode_per_seq_s": timing.decode_per_seq_s,
