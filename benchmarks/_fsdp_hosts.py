@@ -219,7 +219,21 @@ def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, ho
     kills = read_kills(out / "chaos") + ([host_kill] if host_kill else [])
     r["phases"] = [recovery_phases(events, _rows(out), k["time_s"], gen)
                    for gen, k in enumerate(sorted(kills, key=lambda k: k["time_s"]), start=1)]
+    r["profile"] = rank_profile(events)
     return r
+
+
+def rank_profile(events: list[dict]) -> dict | None:
+    """With SEAMGUARD_PROFILE=1 (--profile): the training ranks' `profile` events (one per
+    rank that finished), per phase the mean over ranks of wall and thread-CPU ms per step,
+    and the mean process CPU seconds; None without them."""
+    from fsdp_overhead import mean_over_ranks
+
+    profiles = [e for e in events if e.get("kind") == "profile" and e.get("rank", -1) >= 0]
+    if not profiles:
+        return None
+    return {"ranks": len(profiles), "phases": mean_over_ranks(profiles),
+            "process_cpu_s": round(sum(p["process_cpu_s"] for p in profiles) / len(profiles), 3)}
 
 
 def recovery_phases(events: list[dict], rows, t_kill: float, gen: int) -> dict | None:
@@ -415,9 +429,31 @@ def summarize_hosts(reps: list[dict], systems: list[str], steps: int, replicate:
     summary["seamguard"]["resume_sources"] = [x["faults"].get("resume_sources") for x in sg]
     summary["seamguard"]["recovery_s"] = [x["faults"].get("recovery_s") for x in sg]
     summary["seamguard"]["recovery_phases"] = [x["faults"].get("phases") for x in sg]
+    clean_profiles = [x["clean"]["profile"] for x in sg if x["clean"].get("profile")]
+    if clean_profiles:
+        summary["seamguard"]["failure_free_profile"] = median_profile(clean_profiles)
     if "torchft" in summary:
         summary["torchft"]["samples_dropped"] = [r["runs"]["torchft"]["faults"]["samples_dropped"] for r in reps]
     return summary
+
+
+def median_profile(profiles: list[dict]) -> dict:
+    """Per phase, the median over runs of each run's mean-over-ranks figures."""
+    import statistics
+
+    names = sorted({k for p in profiles for k in p["phases"]})
+    return {"runs": len(profiles),
+            "process_cpu_s": round(statistics.median(p["process_cpu_s"] for p in profiles), 3),
+            "phases": {k: {m: round(statistics.median(p["phases"][k][m] for p in profiles if k in p["phases"]), 3)
+                           for m in ("wall_ms_per_step", "cpu_ms_per_step", "count")} for k in names}}
+
+
+def print_profile(profile: dict, steps: int) -> None:
+    print(f"seamguard failure-free, phase by phase (SEAMGUARD_PROFILE=1; mean over ranks, median over "
+          f"{profile['runs']} run(s); process CPU {profile['process_cpu_s']} s a rank for {steps} steps):")
+    print(f"  {'phase':24s} {'wall ms/step':>13s} {'cpu ms/step':>12s} {'count/run':>10s}")
+    for k, v in profile["phases"].items():
+        print(f"  {k:24s} {v['wall_ms_per_step']:13.2f} {v['cpu_ms_per_step']:12.2f} {v['count']:10.0f}")
 
 
 def print_table(summary: dict, systems: list[str], plain_window: str, reps: int, layout: str) -> None:
@@ -465,6 +501,8 @@ def main_hosts(args) -> None:
     ft_note = None if args.skip_torchft else torchft_available()
     systems = ["plain", "seamguard", "torchrun"] + ([] if args.skip_torchft or ft_note else ["torchft"])
     replicate = len(HOSTS) if args.hsdp else 1
+    if args.profile:   # inherited by every launcher and worker; only seamguard's runtime reads it
+        os.environ["SEAMGUARD_PROFILE"] = "1"
     layout = f"HSDP (replicate {replicate} x shard {PER_HOST})" if args.hsdp else "FSDP2"
     try:
         small = {"hidden": 1024, "layers": 3} if args.quick else {}
@@ -486,9 +524,12 @@ def main_hosts(args) -> None:
         summary = summarize_hosts(reps, systems[1:], steps, replicate)
         plain = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
         print_table(summary, systems[1:], fmt(spread(plain, 1), "s"), args.reps, layout)
+        if "failure_free_profile" in summary["seamguard"]:
+            print_profile(summary["seamguard"]["failure_free_profile"], steps)
         summary.update({
             "mode": ("fsdp-hosts-hsdp" if args.hsdp else "fsdp-hosts") + ("-quick" if args.quick else ""),
             "layout": layout,
+            "seamguard_profiled": bool(args.profile),
             "torchft_note": ft_note or ("HSDP: FSDP2 inside each host's replica group, torchft Manager "
                                         "all-reduce across groups via FSDPModule.set_all_reduce_hook"
                                         if "torchft" in systems else "skipped (--skip-torchft)"),

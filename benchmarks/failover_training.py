@@ -641,7 +641,12 @@ def main() -> None:  # noqa: C901
     ap.add_argument("--hsdp", action="store_true",
                     help="with --fsdp --hosts 2: every system in HSDP (replicate 2 across the hosts "
                          "x shard 2 within a host), plain HSDP the reference")
+    ap.add_argument("--profile", action="store_true",
+                    help="with --fsdp --hosts 2: seamguard's workers run with SEAMGUARD_PROFILE=1 and "
+                         "its failure-free runs' per-phase ms per step are reported (adds timing calls)")
     args = ap.parse_args()
+    if args.profile and not (args.fsdp and args.hosts == 2):
+        ap.error("--profile needs --fsdp --hosts 2")
     if args.hsdp and not (args.fsdp and args.hosts == 2):
         ap.error("--hsdp needs --fsdp --hosts 2")
     if args.fsdp and args.hosts == 2:
