@@ -26,6 +26,11 @@ succeeded, which rails are out, and when a rail is rebuilt (a new group under a 
 generation prefix, then a bandwidth probe) and taken back into use. The chunk times that
 set the deadlines travel in the same votes, so every rank applies the same deadline.
 
+Every group is built over a store connection of its own (`build_gloo_group`): building
+blocks in the store until every peer has published its address, and a TCPStore client
+serves one request at a time, so builds sharing the job's connection would wait on each
+other and on the votes (a failed start-up build, a probe timed across a vote).
+
 Called by training code (see `seamguard/testbed/rails_job.py`) through `RailGroup.allreduce_`
 and `RailGroup.broadcast_`; uses only the public torch.distributed gloo API.
 """
@@ -321,6 +326,34 @@ class _Attempt:
     results: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+def own_connection(store: dist.Store) -> dist.Store:
+    """The store over a connection of its own, for a thread that may block in it.
+
+    A TCPStore client serves one request at a time: while one thread waits in it for a key,
+    every other thread's request on that client waits too. A store implemented in Python
+    (etcd) cannot be cloned and is shared.
+    """
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError):
+        return store
+
+
+def build_gloo_group(store: dist.Store, key_prefix: str, rank: int, world: int, interface: str,
+                     timeout_s: float) -> dist.ProcessGroup:
+    """A gloo group bound to one interface; `timeout_s` bounds its connect and its ops.
+
+    Connecting blocks in the store until every peer has published its address, so the group
+    gets its own connection (`own_connection`): rails built at once on a rank would otherwise
+    wait on each other, and when a peer's threads started them in the other order, each rank
+    would wait on the other until the timeout fails the rail (seen at start-up on a loaded host).
+    """
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(interface=interface)]
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.ProcessGroupGloo(dist.PrefixStore(key_prefix, own_connection(store)), rank, world, opts)
+
+
 def _read_carrier(iface: str) -> bool:
     try:
         with open(f"/sys/class/net/{iface}/carrier") as f:
@@ -348,10 +381,7 @@ class RailGroup:
         self._builders: dict[int, threading.Thread] = {}
         self._round = 0
         self._stop = threading.Event()
-        try:  # a clone of a TCPStore is a second connection for the watcher thread
-            self._watch_store = store.clone()
-        except (AttributeError, RuntimeError):  # a store implemented in Python (etcd) is shared
-            self._watch_store = store
+        self._watch_store = own_connection(store)  # the watcher polls while the votes wait
         self.events: list[dict] = []  # rail transitions, for the job's log
         self.causes: list[dict] = []  # why this rank abandoned chunks (carrier, peer flag, timeout)
         # Processes start with seconds of skew; gloo's connect timeout is short by design,
@@ -370,11 +400,8 @@ class RailGroup:
 
     # ---- groups ----------------------------------------------------------------------
     def _make_pg(self, rail: int, gen: int) -> dist.ProcessGroup:
-        opts = dist.ProcessGroupGloo._Options()
-        opts._devices = [dist.ProcessGroupGloo.create_device(interface=self.s.interfaces[rail])]
-        opts._timeout = datetime.timedelta(seconds=self.s.gloo_timeout_s)
-        return dist.ProcessGroupGloo(dist.PrefixStore(f"{self.prefix}/pg/{rail}/{gen}/", self.store),
-                                     self.rank, self.world, opts)
+        return build_gloo_group(self.store, f"{self.prefix}/pg/{rail}/{gen}/", self.rank, self.world,
+                                self.s.interfaces[rail], self.s.gloo_timeout_s)
 
     def _start_build(self, rail: int, gen: int, probe: bool) -> None:
         def run() -> None:
@@ -602,7 +629,13 @@ class RailGroup:
         self.store.wait(keys, datetime.timedelta(seconds=self.s.vote_timeout_s))
         votes = [Vote.from_json(b) for b in self.store.multi_get(keys)]
         # a build this rank finished but whose gen the vote did not settle yet stays pending
+        building = [r for r, st in enumerate(self.agreed.rails) if st.status == BUILDING]
         dec = decide(self.agreed, votes, self.s)
+        for r in building:
+            if self.agreed.rails[r].status == DEAD:  # the rebuild or its probe kept the rail out
+                self.events.append({"step": step, "attempt": attempt, "rail": r, "event": "refused",
+                                    "gen": self.agreed.rails[r].gen, "reason": self.agreed.rails[r].reason,
+                                    **self._probe_figures(r, votes), "t_wall": time.time()})
         for r in dec.newly_dead:
             with self._lock:
                 self._park(r)
@@ -614,7 +647,8 @@ class RailGroup:
             self._start_build(r, self.agreed.rails[r].gen, probe=True)
         for r in dec.newly_live:
             self.events.append({"step": step, "attempt": attempt, "rail": r, "event": "in",
-                                "gen": self.agreed.rails[r].gen, "t_wall": time.time()})
+                                "gen": self.agreed.rails[r].gen, **self._probe_figures(r, votes),
+                                "t_wall": time.time()})
         if self._round > 2:
             # every rank has read round n-2's votes once it voted in round n-1
             try:
@@ -622,6 +656,15 @@ class RailGroup:
             except Exception:  # noqa: BLE001 - a stale key costs only memory
                 pass
         return dec
+
+    def _probe_figures(self, rail: int, votes: list[Vote]) -> dict[str, float]:
+        """The probe bandwidth decide() judged a rebuilt rail by, and the bar it had to clear."""
+        gen = self.agreed.rails[rail].gen
+        probes = [v.built[rail][2] for v in votes if rail in v.built and v.built[rail][0] == gen]
+        if not gen or len(probes) < len(votes):  # the first groups are not probed; a failed build has no figure
+            return {}
+        return {"probe_mb_s": round(min(probes) / 1e6, 2),
+                "bar_mb_s": round(self.s.gray_ratio * self.agreed.bw_ref_bytes_per_s / 1e6, 2)}
 
     def close(self) -> None:
         self._stop.set()
