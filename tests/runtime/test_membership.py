@@ -2,13 +2,50 @@
 
 import pytest
 
-from seamguard.runtime.membership import Plan, initial_plan, next_plan, replica_holder, resume_step
+from seamguard.runtime.membership import (Plan, identical_ranks, initial_plan, next_plan, replica_holder,
+                                          resume_step)
 
 
 @pytest.mark.parametrize("rank,world,per_node,holder", [
     (0, 4, 4, 1), (3, 4, 4, 0), (0, 8, 4, 4), (5, 8, 4, 1), (0, 1, 1, 0), (1, 2, 2, 0)])
 def test_replica_holder_is_next_rank_or_next_node(rank, world, per_node, holder):
     assert replica_holder(rank, world, per_node) == holder
+
+
+@pytest.mark.parametrize("world,replicas,per_node,holders", [
+    # 2 hosts x 2 ranks, rows on hosts: each rank's replicate peer, on the other host
+    (4, 2, 2, [2, 3, 0, 1]),
+    # one node of 4: the peer one row on (there is no other node)
+    (4, 2, 4, [2, 3, 0, 1]),
+    # 4 replica rows of 2 over 2 nodes of 4: one row on is the same node, two rows on is not
+    (8, 4, 4, [4, 5, 6, 7, 0, 1, 2, 3]),
+    # rows span 2 nodes (8 ranks a row, 4 a node): the next row is already another node
+    (16, 2, 4, list(range(8, 16)) + list(range(8))),
+])
+def test_hsdp_replica_holder_is_a_replicate_peer_on_another_node(world, replicas, per_node, holders):
+    got = [replica_holder(r, world, per_node, replicas) for r in range(world)]
+    assert got == holders
+    row = world // replicas
+    assert sorted(got) == list(range(world))                       # one replica per holder
+    assert all(h % row == r % row and h != r for r, h in enumerate(got))   # same shard column
+    if world > per_node:
+        assert all(h // per_node != r // per_node for r, h in enumerate(got))  # other node
+
+
+def test_hsdp_plan_records_the_replicate_peer_as_holder():
+    # 2 hosts x 2 ranks (w0 w1 | w2 w3), HSDP 2x2: rank 1's shard is also on rank 3
+    p = next_plan(initial_plan([0, 1, 2, 3], [4]), {1}, 2, "lost 1", replicas=2)
+    assert p.ranks == [0, 4, 2, 3] and p.holders == {1: 3}
+
+
+@pytest.mark.parametrize("world,replicas,groups", [
+    (4, 0, [[0, 1, 2, 3]]),        # data parallel: everyone holds the whole model
+    (4, 1, []),                    # FSDP: four different shards
+    (4, 2, [[0, 2], [1, 3]]),      # HSDP 2x2: the columns
+    (6, 3, [[0, 2, 4], [1, 3, 5]]),
+])
+def test_identical_ranks(world, replicas, groups):
+    assert identical_ranks(world, replicas) == groups
 
 
 def test_spare_takes_lost_rank_and_records_holder():

@@ -491,7 +491,8 @@ class Coordinator:
         try:
             plan = next_plan(self.plan, lost, self.settings.nproc, reason, force_disk,
                              pending=self.phase == "recovering", max_step=max_step,
-                             avoid=self._spares_on_suspect_hosts())
+                             avoid=self._spares_on_suspect_hosts(),
+                             replicas=int(self._get(keys.MESH_REPLICAS) or 1))
         except ValueError as exc:
             return self._fail(str(exc))
         self._start_generation(plan, now)

@@ -83,6 +83,11 @@ def describe(e: dict) -> str:
     if name == "recovered":
         return (f"joined generation {gen} as rank {e['rank']} at step {e['step']} "
                 f"({e['seconds']:.2f} s)")
+    if name == "finished":
+        return (f"finished at step {e['step']}: {e.get('snapshots', 0)} snapshots "
+                f"({e.get('snapshot_stall_s', 0.0):.2f} s of stall), "
+                f"{e.get('replica_bytes_sent', 0) / 2**20:.1f} MiB sent to its replica holder, "
+                f"{e.get('recoveries', 0)} recoveries")
     if name == "summary":
         return (f"{e['outcome']}: {e['wall_s']:.1f} s, {e['recoveries']} recover"
                 f"{'y' if e['recoveries'] == 1 else 'ies'}, {e['lost']} worker(s) lost")

@@ -147,6 +147,12 @@ def guard_replaced(step: int) -> str:
     return f"{ROOT}/guard/replaced/{step}"
 
 
+MESH_REPLICAS = f"{ROOT}/mesh/replicas"
+"""HSDP: the replica groups of the job's device mesh (decimal), written by every rank when
+it builds the mesh; absent for one mesh dimension. Replica holders follow it
+(membership.replica_holder), in the workers and in the coordinator's plans."""
+
+
 def wake(gen: int) -> str:
     """Set by the coordinator when generation `gen` starts, and (gen = current + 1) when the
     job ends: idle spares block on it (a server-side wait, an etcd watch) instead of polling."""

@@ -51,16 +51,41 @@ class Plan:
         return Plan(**raw)
 
 
-def replica_holder(rank: int, world_size: int, ranks_per_node: int) -> int:
-    """Rank that holds rank `rank`'s replica: the same local slot on the next node.
+def replica_holder(rank: int, world_size: int, ranks_per_node: int, replicas: int = 1) -> int:
+    """Rank that holds rank `rank`'s replica.
 
-    With one node that is simply the next rank (ring). Placing the replica a node away
-    means losing a whole node never loses both a state and its replica.
+    Data parallelism or FSDP over one mesh dimension (``replicas`` 1): the same local slot
+    on the next node; with one node simply the next rank (ring). Placing the replica a node
+    away means losing a whole node never loses both a state and its replica.
+
+    HSDP (``replicas`` R > 1, rank r in row r // (W/R) of the (R, W/R) mesh): a peer in
+    the replicate dimension, which holds the same shard, so the holder already has every
+    byte but the rank-private ones. The offset is the smallest multiple k*(W/R), 1 <= k < R,
+    with ranks_per_node <= k*(W/R) <= W - ranks_per_node, which puts every rank's peer on
+    another node and maps ranks one to one; where no multiple does (one node), k = 1.
     """
     if world_size < 2:
         return rank
+    if replicas > 1 and world_size % replicas == 0:
+        row = world_size // replicas
+        offsets = [k * row for k in range(1, replicas)]
+        off = next((o for o in offsets if ranks_per_node <= o <= world_size - ranks_per_node), offsets[0])
+        return (rank + off) % world_size
     step = ranks_per_node if world_size > ranks_per_node else 1
     return (rank + step) % world_size
+
+
+def identical_ranks(world_size: int, replicas: int) -> list[list[int]]:
+    """Groups of ranks whose parameters must be bit-identical after a recovery.
+    ``replicas`` 0: data parallelism, every rank holds the whole model; 1: FSDP over one
+    mesh dimension, every shard is different (no group); R > 1: HSDP, each column of the
+    (R, W/R) mesh holds one shard R times."""
+    if replicas == 0:
+        return [list(range(world_size))]
+    if replicas == 1 or world_size % replicas:
+        return []
+    row = world_size // replicas
+    return [list(range(col, world_size, row)) for col in range(row)]
 
 
 def initial_plan(trainers: list[int], spares: list[int]) -> Plan:
@@ -70,7 +95,8 @@ def initial_plan(trainers: list[int], spares: list[int]) -> Plan:
 
 def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
               force_disk: bool = False, pending: bool = False,
-              max_step: int | None = None, avoid: frozenset[int] = frozenset()) -> Plan:
+              max_step: int | None = None, avoid: frozenset[int] = frozenset(),
+              replicas: int = 1) -> Plan:
     """Replace every lost rank by a spare (lowest id first, spares in `avoid` — on a node
     being evacuated — only when no other is left) or drop it (shrink).
 
@@ -78,8 +104,8 @@ def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
     no state yet, so their roles still come from the holders recorded before (carried
     over; if such a holder is lost too, memory recovery is impossible and the caller
     falls back to disk). Lost spares are simply removed. `max_step` makes the new
-    generation a rollback (a pending rollback's cap carries over). Raises ValueError when
-    no rank would remain.
+    generation a rollback (a pending rollback's cap carries over). `replicas`: the job's
+    HSDP replica groups (`replica_holder`). Raises ValueError when no rank would remain.
     """
     if max_step is None and pending:
         max_step = current.max_step
@@ -94,7 +120,7 @@ def next_plan(current: Plan, lost: set[int], ranks_per_node: int, reason: str,
             ranks.append(wid)
             roles.append(role)
             continue
-        holder = current.ranks[replica_holder(r, old_world, ranks_per_node)]
+        holder = current.ranks[replica_holder(r, old_world, ranks_per_node, replicas)]
         if spares:
             ranks.append(spares.pop(next((i for i, w in enumerate(spares) if w not in avoid), 0)))
             roles.append(role)

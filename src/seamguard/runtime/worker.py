@@ -37,7 +37,7 @@ from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.eventlog import EventLog, set_title
 from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
-from seamguard.runtime.membership import Plan, replica_holder
+from seamguard.runtime.membership import Plan, identical_ranks, replica_holder
 from seamguard.runtime.profile import PhaseClock
 from seamguard.runtime.rail_sync import RailSync
 from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url
@@ -327,10 +327,14 @@ class Runtime:
         dimension's process group forwards to a gloo subgroup that the runtime re-forms,
         with the world group, at every recovery.
 
-        Sharded state is not replicated between ranks, so from here on replicas carry every
-        byte of a rank's snapshot (no deduplication) and a loss resumes at the newest step
-        whose snapshot every rank and every lost rank's replica holder have; the step guard
-        (which compares ranks' gradients of the same parameters) is off."""
+        One mesh dimension: sharded state is not replicated between ranks, so from here on
+        replicas carry every byte of a rank's snapshot (no deduplication) and a loss resumes
+        at the newest step whose snapshot every rank and every lost rank's replica holder
+        have. HSDP: a rank's replica holder is its peer in the replicate dimension (on
+        another node where the layout allows, `membership.replica_holder`), which holds the
+        same shard, so replicas stay deduplicated (only rank-private bytes cross) and a
+        lost rank is restored from its peer's live state at the step it died in. Either
+        way the step guard (which compares ranks' gradients of the same parameters) is off."""
         if self._mesh is not None:
             if replicate != self._replicas:
                 raise ValueError(f"device_mesh(replicate={replicate}): the mesh was already "
@@ -348,8 +352,11 @@ class Runtime:
         if world_size % replicate:
             raise ValueError(f"device_mesh(replicate={replicate}): the world size {world_size} "
                              f"is not a multiple of it")
-        self.settings = dataclasses.replace(self.settings, dedup_replicas=False, step_guard=False)
-        self.server.dedup = False
+        dedup = self.settings.dedup_replicas and replicate > 1
+        self.settings = dataclasses.replace(self.settings, dedup_replicas=dedup, step_guard=False)
+        self.server.dedup = dedup
+        if replicate > 1:
+            self.store.set(keys.MESH_REPLICAS, str(replicate))
         self._resilient = fsdp.install_default_group(
             self, rank, world_size, dist.PrefixStore("sg/pg/default/", self.store))
         self._mesh_rank = rank
@@ -561,6 +568,9 @@ class Runtime:
         """Stop background threads, the persister, and free the shared-memory slots."""
         self._stop.set()
         self._finish_snapshot()
+        if self.rank >= 0:
+            self._note("finished", step=self.step,
+                       **{k: round(v, 3) if isinstance(v, float) else v for k, v in self.stats.items()})
         if self.clock.enabled:
             use = resource.getrusage(resource.RUSAGE_SELF)
             self._note("profile", steps=self.step, process_cpu_s=round(use.ru_utime + use.ru_stime, 3),
@@ -707,7 +717,7 @@ class Runtime:
         try:
             if self._meta_target[0] != self.gen:
                 plan = self.plan
-                holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node)]
+                holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node, self._replicas)]
                 self._meta_target = (self.gen, self.store.get(keys.worker_addr(holder)).decode(),
                                      plan.roles[self.rank])
             _, addr, role = self._meta_target
@@ -977,7 +987,7 @@ class Runtime:
         plan = self.plan
         if plan is None or gen != self.gen or plan.world_size < 2:
             return
-        holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node)]
+        holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node, self._replicas)]
         if self._push_target[:2] != (gen, holder):   # looked up once per generation, not per push
             if self._side_store is None:  # the pipeline thread's own store connection
                 self._side_store = _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url)
@@ -1228,8 +1238,7 @@ class Runtime:
             self._broadcast_model()
         checksum = state_checksum(self.state.model, params_only=True)
         lap("checksum")
-        if not self.sharded:   # shards differ by design; each was hash-verified on restore
-            self._verify_checksums(checksum)
+        self._verify_checksums(checksum)
         lap("verify_checksums")
         self.step = step
         self._dcp_step = step - 1   # every member writes the resumed step again if it is due
@@ -1316,13 +1325,20 @@ class Runtime:
                 raise RecoveryError("initial broadcast of the model failed")
 
     def _verify_checksums(self, checksum: str) -> None:
+        """Every rank checks that the ranks which must hold identical parameters do
+        (`identical_ranks`): a restore that went wrong anywhere stops the job here."""
+        groups = identical_ranks(self.plan.world_size, self._replicas if self.sharded else 0)
+        if not groups:   # FSDP over one dimension: shards differ; each was hash-verified on restore
+            return
         mine = torch.tensor([int(checksum, 16) - (1 << 63)], dtype=torch.int64)
         out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.plan.world_size)]
         if not self._collective(lambda: self.group.allgather([out], [mine])):
             raise RecoveryError("checksum exchange failed")
-        if any(int(o) != int(mine) for o in out):
-            raise RecoveryError(f"parameter checksums disagree after recovery to gen {self.gen}: "
-                                f"{[hex(int(o) + (1 << 63)) for o in out]}")
+        sums = [int(o) for o in out]
+        for ranks in groups:
+            if len({sums[r] for r in ranks}) > 1:
+                raise RecoveryError(f"parameter checksums of ranks {ranks} disagree after recovery to "
+                                    f"gen {self.gen}: {[hex(sums[r] + (1 << 63)) for r in ranks]}")
 
     def _close_rails(self) -> None:
         if self._rails is not None:
