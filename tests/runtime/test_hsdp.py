@@ -68,3 +68,17 @@ def test_a_killed_hsdp_rank_is_replaced_bit_identically(tmp_path, clean_hsdp, ac
     assert len({n["rank"] for n in finished}) == 4, finished
     for n in finished:
         assert n["snapshots"] > 0 and n["replica_bytes_sent"] / n["snapshots"] < 0.5 * shard_bytes, n
+
+
+def test_an_hsdp_rank_lost_with_its_node_between_snapshots_redoes_one_step(tmp_path, clean_hsdp):
+    # snapshots every 5 steps, rank 3 and its node's memory lost at step 8: its peer (rank 1)
+    # holds the same shard live, so the spare takes the start of step 8 from it (the
+    # survivors capture that state at the recovery) instead of rolling back to step 5
+    r = launch(tmp_path, "sparse", nproc=4, spares=1, steps=14, chaos="nodeloss:rank=3,step=8",
+               script="train_fsdp.py", script_args=HSDP, extra=("--snapshot-every", "5"))
+    assert r.code == 0, r.stderr
+    assert _shards(r, 4) == clean_hsdp
+    chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
+    assert chosen and chosen[-1]["source"] == "memory" and chosen[-1]["step"] == 8, chosen
+    redone = _redone(r)
+    assert redone and max(redone) <= 1, redone
