@@ -365,7 +365,9 @@ def run(cmd: list[str], log: Path, timeout_s: float, env: dict | None = None) ->
         p = subprocess.run(cmd, env=env or ENV, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
                            check=False)
     if p.returncode != 0:
-        tail = log.read_text()[-1500:]
+        text = log.read_text()
+        said = [ln for ln in text.splitlines() if "seamguard launcher:" in ln or "seamguard worker" in ln]
+        tail = "\n".join(said[-30:]) + "\n--- last lines ---\n" + text[-1500:]
         raise RuntimeError(f"{' '.join(cmd[:4])}... exited {p.returncode}; log {log}:\n{tail}")
     return time.perf_counter() - t0
 
@@ -489,8 +491,8 @@ def recovery(cfg: Config, work: Path) -> dict:
             run(launch_cmd(cfg, out, steps, spares, 1, chaos), work / f"rec_{name}_{rep}.log", 600, env)
             out_all[name].append(one_recovery(out))
         except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
-            out_all[name].append({"error": str(exc)[-2000:], "kill_to_step_s": None})
-            log(f"recovery run {name} failed: {str(exc)[-2000:]}")
+            out_all[name].append({"error": str(exc)[-6000:], "kill_to_step_s": None})
+            log(f"recovery run {name} failed: {str(exc)[-6000:]}")
         shutil.rmtree(out, ignore_errors=True)
     res = {}
     for name, runs in out_all.items():
