@@ -1,4 +1,6 @@
-"""Building a rail's gloo group: two rails built at once on a rank do not wait on each other.
+"""Building a rail's gloo group and probing it.
+
+Two rails built at once on a rank do not wait on each other.
 
 A rank builds its rails' groups in parallel threads, all from the job's one store. A
 TCPStore client serves one request at a time, and building a group blocks in the store
@@ -17,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from seamguard.runtime.rails import build_gloo_group
+from seamguard.runtime.rails import RailSettings, build_gloo_group, probe_bandwidth
 
 TIMEOUT_S = 2.0  # RailSettings.gloo_timeout_s's default
 
@@ -58,3 +60,45 @@ def test_rails_built_in_opposite_order_on_two_ranks_both_connect():
     for t in threads:
         t.join(30.0)
     assert out == {(r, rail): 2.0 for r in range(2) for rail in range(2)}, out
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+class _CountingGroup:
+    """Stands in for a built group: counts the probe's allreduces."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def allreduce(self, tensors):
+        self.calls += 1
+        return _Done()
+
+
+def _clock(round_s: list[float]):
+    """A clock that advances by round_s[i] across the i-th allreduce (read before and after)."""
+    ticks, t = [], 0.0
+    for dt in round_s:
+        ticks += [t, t + dt]
+        t += dt + 1.0
+    return iter(ticks).__next__
+
+
+@pytest.mark.parametrize("round_s, want_s", [
+    ([0.5, 0.02, 0.3], 0.02),    # a healthy rail whose first and last rounds waited on a late rank
+    ([0.25, 0.22, 0.24], 0.22),  # a collapsed link: every round slow, the figure stays low
+    ([0.05], 0.05),
+])
+def test_a_probe_reports_its_fastest_round(round_s, want_s):
+    pg = _CountingGroup()
+    bw = probe_bandwidth(pg, 1 << 20, len(round_s), clock=_clock(round_s))  # type: ignore[arg-type]
+    assert pg.calls == len(round_s)
+    assert bw == pytest.approx((1 << 20) / want_s)
+
+
+def test_settings_reject_a_probe_of_no_rounds():
+    with pytest.raises(ValueError, match="probe_rounds"):
+        RailSettings(interfaces=("rail0",), probe_rounds=0)
