@@ -6,6 +6,7 @@ fail the faulty rail over, and take it back into use once it is healthy again.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ def reference(tmp_path_factory):
 def _run(make_testbed, tmp_path: Path, faults: list[Fault], steps: int = STEPS) -> JobResult:
     tb = make_testbed(hosts=HOSTS, rails=2)
     res = run_rail_job(tb, JobSpec(steps=steps, timeout_s=150), faults, tmp_path / "job")
+    (tmp_path / "job" / "result.json").write_text(json.dumps(res.to_json()))  # for a post-mortem
     assert res.ok, f"rc={res.returncodes} checksums={res.checksums}\n{res.stderr_tail}"
     assert all(r.applied_t and r.reverted_t for r in res.faults), "fault schedule did not play out"
     return res
@@ -86,13 +88,22 @@ def test_whole_rail_switch_down_is_caught_by_the_bounded_timeout(make_testbed, t
 
 
 def test_gray_rail_is_avoided_and_reused_after(make_testbed, tmp_path, reference):
-    res = _run(make_testbed, tmp_path, [Fault(1.0, "gray", host=2, rail=0, duration_s=2.0, rate_mbit=50)])
+    # 4 s of gray. The rail may take up to 2 s to be given up (below); what is left, less the
+    # fault's own set-up under load (applied_t is when both directions are shaped: 0.5 s late
+    # and more), must hold whole steps (99 % under 1 s under load) that have to avoid it. A 2 s
+    # fault did not: 1.49 s from applied to reverted, given up at +0.70 s, no step in between,
+    # so the check below failed on an empty list. The rail's first probe (probe_interval_s,
+    # 1 s, after the give-up) now also runs while the link is gray: a rail taken back too
+    # early shows below.
+    res = _run(make_testbed, tmp_path, [Fault(1.0, "gray", host=2, rail=0, duration_s=4.0, rate_mbit=50)])
     assert res.checksums[0] == reference
     f = res.faults[0]
     out = [e for e in res.rail_events if e["rail"] == 0 and e["event"] == "out" and e["t_wall"] > f.applied_t]
     # given up within the deadline's 1 s ceiling plus the retries of the step it hit
     assert out and out[0]["t_wall"] - f.applied_t < 2.0, res.rail_events
-    # every step that began after that and ended while the link was still gray avoided it
+    # every step that began after that and ended while the link was still gray avoided it: its
+    # chunks neither ran on it nor were tried there (a chunk that failed on it lists it in "failed")
     faulty = [s for s in res.steps if out[0]["t_wall"] < s["t_wall"] - s["step_s"] and s["t_wall"] < f.reverted_t]
-    assert faulty and all(s["rails"] == [1] for s in faulty), [s for s in faulty if s["rails"] != [1]][:3]
+    touched = [s for s in faulty if s["rails"] != [1] or 0 in s["failed"]]
+    assert faulty and not touched, (touched[:3], res.rail_events)
     _out_and_back(res, 0, res.faults[0].reverted_t)
