@@ -21,7 +21,9 @@ import torch.distributed as dist
 
 from seamguard.runtime.rails import RailSettings, build_gloo_group, probe_bandwidth
 
-TIMEOUT_S = 2.0  # RailSettings.gloo_timeout_s's default
+# Builds that wait on each other wait until this expires, whatever its length; a long one
+# keeps a loaded machine from failing builds that do not.
+TIMEOUT_S = 10.0
 
 
 def _build(store: dist.Store, rank: int, rail: int, out: dict) -> None:
