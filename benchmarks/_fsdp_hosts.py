@@ -217,8 +217,7 @@ def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, ho
     r["resume_sources"] = [e.get("source") for e in events if e["event"] == "resume_chosen" and e["gen"] > 0]
     r["node_lost"] = [e.get("node") for e in events if e["event"] == "node_lost"]
     kills = read_kills(out / "chaos") + ([host_kill] if host_kill else [])
-    r["phases"] = [recovery_phases(events, _rows(out), k["time_s"], gen)
-                   for gen, k in enumerate(sorted(kills, key=lambda k: k["time_s"]), start=1)]
+    r["phases"] = kill_phases(events, _rows(out), kills)
     r["profile"] = rank_profile(events)
     return r
 
@@ -234,6 +233,23 @@ def rank_profile(events: list[dict]) -> dict | None:
         return None
     return {"ranks": len(profiles), "phases": mean_over_ranks(profiles),
             "process_cpu_s": round(sum(p["process_cpu_s"] for p in profiles) / len(profiles), 3)}
+
+
+def kill_phases(events: list[dict], rows, kills: list[dict]) -> list[dict | None]:
+    """`recovery_phases` of every injected kill, each for the generation that resumed
+    after it: the first one planned after the kill that committed a step. Not simply the
+    kill's ordinal: a loss the runtime judged on its own (a node or rank wrongly taken
+    for lost under load) adds generations, and a recovery another loss overtook commits
+    nothing. ``generations`` lists every generation planned between the kill and the
+    resume (more than one: the recovery was superseded)."""
+    done = {g for _, _, g in rows}
+    out = []
+    for k in sorted(kills, key=lambda k: k["time_s"]):
+        planned = sorted(e["gen"] for e in events if e["event"] == "plan" and e["t"] > k["time_s"])
+        gen = next((g for g in planned if g in done), None)
+        phases = recovery_phases(events, rows, k["time_s"], gen) if gen is not None else None
+        out.append(phases and {**phases, "generations": [g for g in planned if g <= gen]})
+    return out
 
 
 def recovery_phases(events: list[dict], rows, t_kill: float, gen: int) -> dict | None:
@@ -475,9 +491,11 @@ def print_table(summary: dict, systems: list[str], plain_window: str, reps: int,
     for rep, phases in enumerate(summary["seamguard"]["recovery_phases"]):
         for p in phases or []:
             if p is not None:
+                gens = p.get("generations", [])
+                extra = f"; generations {gens}: recoveries superseded" if len(gens) > 1 else ""
                 print(f"  rep {rep + 1}: {p['detect_s']} | {p['plan_s']} | {p['members_ready_s']} | "
                       f"{p['resume_chosen_s']} | {p['restored_and_regrouped_s']} | {p['first_step_s']} "
-                      f"= {p['kill_to_next_step_s']} ({p['evidence']})", flush=True)
+                      f"= {p['kill_to_next_step_s']} ({p['evidence']}{extra})", flush=True)
 
 
 def main_hosts(args) -> None:

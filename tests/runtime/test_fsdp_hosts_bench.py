@@ -147,3 +147,26 @@ def test_torchrun_hsdp_shape_keeps_the_rows_while_the_world_divides():
     assert hsdp_shape(2, 2) == (2, 1)     # one host left after an elastic restart
     with pytest.raises(ValueError, match="--replicate 2: the world size 3"):
         hsdp_shape(3, 2)
+
+
+def test_kill_phases_follow_the_generation_that_resumed_not_the_kills_ordinal():
+    # rank kill at t=10 -> gen 1 planned (10.2) but overtaken: node 0 wrongly judged lost
+    # at 11.5, gen 2 planned (11.6) resumes (first step 13.0); a false eviction makes gen 3
+    # (20.1); the host kill at t=30 -> gen 4 (30.2, first step 31.0)
+    def plan(t, gen):
+        return {"t": t, "event": "plan", "gen": gen}
+
+    def resumed(t, gen):
+        return [{"t": t - 0.1, "event": "resume_chosen", "gen": gen},
+                {"t": t, "event": "worker", "kind": "recovered", "gen": gen, "seconds": 0.2, "phases_s": {}}]
+
+    events = [{"t": 10.1, "event": "detected", "kind": "exited"}, plan(10.2, 1),
+              {"t": 11.5, "event": "node_lost", "evidence": "node record silent"}, plan(11.6, 2), *resumed(12.5, 2),
+              {"t": 20.0, "event": "detected", "kind": "unresponsive"}, plan(20.1, 3), *resumed(20.5, 3),
+              {"t": 30.1, "event": "node_lost", "evidence": "link closed"}, plan(30.2, 4), *resumed(30.6, 4)]
+    rows = [(5, 9.0, 0), (5, 13.0, 2), (9, 21.0, 3), (20, 29.0, 3), (20, 31.0, 4)]
+    rank, host = hosts.kill_phases(events, rows, [{"time_s": 30.0}, {"time_s": 10.0}])
+    assert rank["generations"] == [1, 2] and rank["evidence"] == "node record silent"
+    assert rank["detect_s"] == 1.5 and rank["kill_to_next_step_s"] == 3.0
+    assert host["generations"] == [4] and host["detect_s"] == 0.1 and host["kill_to_next_step_s"] == 1.0
+    assert hosts.kill_phases(events, rows[:1], [{"time_s": 10.0}]) == [None]   # never resumed
