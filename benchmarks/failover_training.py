@@ -388,7 +388,7 @@ def run_plain_fsdp(cfg: Config, work: Path, faults: bool, name: str) -> dict:
     wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(WORLD_SIZE), str(REPO / "benchmarks" / "torchrun_fsdp_train.py"),
                 "--steps", str(cfg.steps), "--ckpt-every", "0", "--out", str(out),
-                *cfg.model_args()], work / f"{name}.log", ENV, 900)
+                *cfg.model_args(), *cfg.mesh_args()], work / f"{name}.log", ENV, 900)
     return {"wall_s": wall, "window_s": window_s(out), "failures": []}
 
 
@@ -407,7 +407,7 @@ def run_seamguard_fsdp(cfg: Config, work: Path, faults: bool, name: str,
     if faults:
         cmd += ["--chaos", chaos or cfg.chaos()]
     cmd += ["--", str(REPO / "examples" / "train_fsdp.py"), "--steps", str(cfg.steps),
-            "--dropout", "0", "--out", str(out), *cfg.model_args()]
+            "--dropout", "0", "--out", str(out), *cfg.model_args(), *cfg.mesh_args()]
     wall = run(cmd, work / f"{name}.log", ENV, 900)
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     shards = sorted(f.name + ":" + f.read_text() for f in out.glob("final_shard_*.txt"))

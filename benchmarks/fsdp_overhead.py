@@ -1,6 +1,7 @@
 """Where seamguard's failure-free overhead over plain FSDP2 goes, phase by phase.
 
     PYTHONPATH=src python benchmarks/fsdp_overhead.py --quick   # 3 reps, the --fsdp --quick job
+    PYTHONPATH=src python benchmarks/fsdp_overhead.py --quick --replicate 2   # the same job in HSDP
 
 The job of `failover_training.py --fsdp --quick` (FSDP2 on 4 ranks, 3.2M-parameter MLP,
 24 steps), failure-free only: plain FSDP2 under torchrun and seamguard (1 hot spare, a
@@ -14,8 +15,10 @@ and reports per system the job's CPU milliseconds per step over the training win
 (first to last committed step), split by process role: training ranks, and for
 seamguard the launcher (coordinator and the job's TCPStore), the zygote and the idle
 spare (the replica server, copier and heartbeat threads are inside the ranks).
-Last line of stdout: one JSON object (also written to
-benchmarks/results/fsdp_overhead[_quick].json).
+``--replicate 2``: both systems in HSDP, mesh (2, 2) (torchrun_fsdp_train.py and
+examples/train_fsdp.py ``--replicate 2``), seamguard's replica holder then being each rank's
+replicate peer. Last line of stdout: one JSON object (also written to
+benchmarks/results/fsdp_overhead[_hsdp][_quick].json).
 """
 
 from __future__ import annotations
@@ -137,12 +140,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=None, help="default 3 (--quick) or 5")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--replicate", type=int, default=1, help="HSDP replica groups of both systems (1: FSDP2)")
     args = ap.parse_args()
     reps = args.reps or (3 if args.quick else 5)
     small = {"hidden": 1024, "layers": 3} if args.quick else {}
-    cfg = ft.Config(steps=24 if args.quick else 48, kills=(), ckpt_every=0, **small)
-    out = args.out or ft.REPO / "benchmarks" / "results" / (
-        "fsdp_overhead_quick.json" if args.quick else "fsdp_overhead.json")
+    cfg = ft.Config(steps=24 if args.quick else 48, kills=(), ckpt_every=0, replicate=args.replicate, **small)
+    stem = "fsdp_overhead" + ("_hsdp" if args.replicate > 1 else "")
+    out = args.out or ft.REPO / "benchmarks" / "results" / (f"{stem}_quick.json" if args.quick else f"{stem}.json")
     ft.ENV["SEAMGUARD_PROFILE"] = "1"
     work = Path(tempfile.mkdtemp(prefix="sg-fsdp-overhead-"))
     windows: dict[str, list[float]] = {"plain": [], "seamguard": []}
@@ -176,7 +180,7 @@ def main() -> None:
     table = {k: {m: round(statistics.median(ph[k][m] for ph in phases if k in ph), 3)
                  for m in ("wall_ms_per_step", "cpu_ms_per_step", "count")}
              for k in sorted({k for ph in phases for k in ph})}
-    print(f"\nmedian over {reps} interleaved reps; plain FSDP2 step {step_ms['plain']:.1f} ms, "
+    print(f"\nmedian over {reps} interleaved reps; plain {'HSDP' if args.replicate > 1 else 'FSDP2'} step {step_ms['plain']:.1f} ms, "
           f"seamguard {step_ms['seamguard']:.1f} ms; failure-free ratio "
           f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]; "
           f"load {min(loads)}-{max(loads)}")
@@ -190,6 +194,7 @@ def main() -> None:
     for system, roles in cpu_table.items():
         print(f"  {system:9s} " + "  ".join(f"{role} {ms}" for role, ms in roles.items()))
     summary = {"mode": "quick" if args.quick else "full", "reps": reps, "steps": cfg.steps,
+               "replicate": args.replicate,
                "window_s": {s: [round(x, 3) for x in v] for s, v in windows.items()},
                "step_ms": {s: round(v, 1) for s, v in step_ms.items()},
                "failure_free_ratio": ft.spread(ratios), "load": [min(loads), max(loads)],
