@@ -88,17 +88,19 @@ def test_whole_rail_switch_down_is_caught_by_the_bounded_timeout(make_testbed, t
 
 
 def test_gray_rail_is_avoided_and_reused_after(make_testbed, tmp_path, reference):
-    # 4 s of gray. The rail may take up to 2 s to be given up (below); what is left, less the
-    # fault's own set-up under load (applied_t is when both directions are shaped: 0.5 s late
-    # and more), must hold whole steps (99 % under 1 s under load) that have to avoid it. A 2 s
-    # fault did not: 1.49 s from applied to reverted, given up at +0.70 s, no step in between,
-    # so the check below failed on an empty list. The rail's first probe (probe_interval_s,
-    # 1 s, after the give-up) now also runs while the link is gray: a rail taken back too
-    # early shows below.
+    # 4 s of gray, fully on (the player times the revert from when the fault was applied).
+    # The rail may take up to 2 s to be given up (below); the rest must hold whole steps (99 %
+    # under 1 s under load) that have to avoid it, and the rail's first probe (probe_interval_s,
+    # 1 s, after the give-up) runs while the link is still gray: a rail taken back too early
+    # shows below. With 2 s, and the revert timed from the scheduled start, a loaded run had
+    # 1.49 s from applied to reverted, gave the rail up at +0.70 s and had no step in between,
+    # so the check failed on an empty list.
     res = _run(make_testbed, tmp_path, [Fault(1.0, "gray", host=2, rail=0, duration_s=4.0, rate_mbit=50)])
     assert res.checksums[0] == reference
     f = res.faults[0]
-    out = [e for e in res.rail_events if e["rail"] == 0 and e["event"] == "out" and e["t_wall"] > f.applied_t]
+    # counted from when the fault began to act: applying it (four tc calls) took up to 2 s
+    # under load, and the rail can be given up before it is fully on
+    out = [e for e in res.rail_events if e["rail"] == 0 and e["event"] == "out" and e["t_wall"] > f.begun_t]
     # given up within the deadline's 1 s ceiling plus the retries of the step it hit
     assert out and out[0]["t_wall"] - f.applied_t < 2.0, res.rail_events
     # every step that began after that and ended while the link was still gray avoided it: its

@@ -9,6 +9,7 @@ processes. Fault injection is product code (`Fault`, `FaultPlayer`), reused ever
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import subprocess
@@ -45,12 +46,16 @@ class Fault:
 @dataclass
 class FaultRecord:
     fault: Fault
-    applied_t: float = 0.0  # wall clock
+    begun_t: float = 0.0  # wall clock when applying began: the fault may act from here on
+    applied_t: float = 0.0  # wall clock when applying ended (a gray fault is four tc calls,
+    # which took up to 2 s on the loaded 2-core testbed): it is fully on from here on
     reverted_t: float = 0.0
 
 
 class FaultPlayer:
-    """Applies faults at their times (wall clock from `start(t0)`) and reverts each one."""
+    """Applies faults at their times (wall clock from `start(t0)`) and reverts each one
+    `duration_s` after it was fully applied: applying can take seconds on a loaded host, and a
+    revert timed from the scheduled start left a 2 s gray fault fully on for 0.06 s."""
 
     def __init__(self, tb: Testbed, faults: list[Fault]) -> None:
         self.tb = tb
@@ -67,19 +72,26 @@ class FaultPlayer:
             self.tb.set_gray(f.host, f.rail, f.rate_mbit if on else None)
 
     def start(self, t0: float) -> None:
-        events = sorted([(t0 + r.fault.at_s, 0, i) for i, r in enumerate(self.records)]
-                        + [(t0 + r.fault.at_s + r.fault.duration_s, 1, i) for i, r in enumerate(self.records)])
+        events = [(t0 + r.fault.at_s, 0, i) for i, r in enumerate(self.records)]  # (when, revert, fault)
+        heapq.heapify(events)
 
         def run() -> None:
-            for when, revert, i in events:
-                if self._stop.wait(max(0.0, when - time.time())):
+            while events:
+                when, revert, i = heapq.heappop(events)
+                while (wait_s := when - time.time()) > 0:  # not a moment early on the wall clock
+                    if self._stop.wait(wait_s):
+                        return
+                if self._stop.is_set():
                     return
                 rec = self.records[i]
-                self._apply(rec.fault, on=not revert)
                 if revert:
+                    self._apply(rec.fault, on=False)
                     rec.reverted_t = time.time()
-                else:
-                    rec.applied_t = time.time()
+                    continue
+                rec.begun_t = time.time()
+                self._apply(rec.fault, on=True)
+                rec.applied_t = time.time()
+                heapq.heappush(events, (rec.applied_t + rec.fault.duration_s, 1, i))
 
         self._thread = threading.Thread(target=run, name="fault-player", daemon=True)
         self._thread.start()
@@ -134,8 +146,8 @@ class JobResult:
     def to_json(self) -> dict:
         return {"returncodes": self.returncodes, "checksums": self.checksums, "steps": self.steps,
                 "rail_events": self.rail_events, "causes": self.causes, "t_start": self.t_start, "t_end": self.t_end,
-                "faults": [{**asdict(r.fault), "applied_t": r.applied_t, "reverted_t": r.reverted_t}
-                           for r in self.faults]}
+                "faults": [{**asdict(r.fault), "begun_t": r.begun_t, "applied_t": r.applied_t,
+                            "reverted_t": r.reverted_t} for r in self.faults]}
 
 
 def _env() -> dict[str, str]:
