@@ -262,6 +262,19 @@ def print_level(name: str, summary: dict, actions: dict[str, list[dict]], router
         print(f"  goodput ratio {summary['goodput_ratio']}; goals {summary['goals']}")
 
 
+def reread(path: Path) -> None:
+    """The sweep's reading of a saved result (one written before the sweep existed included)."""
+    try:
+        got = json.loads(path.read_text().strip().splitlines()[-1])
+        levels, routers = got["levels"], list(next(iter(got["levels"].values()))["routers"])
+    except (OSError, ValueError, KeyError, IndexError, StopIteration) as e:
+        raise SystemExit(f"inference_routing: --reread {path}: not a result of this script ({e!r})") from None
+    sweep = {w: summarize_sweep(levels, routers, w) for w in ("degraded", "healthy")}
+    for w, sw in sweep.items():
+        print_sweep(sw, levels, routers, w)
+    print(json.dumps({"reread": str(path), "max_rate_at_target": sweep}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -284,7 +297,13 @@ def main() -> None:
     ap.add_argument("--prefill-tokens-per-s", type=float, default=10000.0, help="each prefill instance's speed")
     ap.add_argument("--decode-base-s", type=float, default=0.05, help="a decode step with one sequence")
     ap.add_argument("--decode-per-seq-s", type=float, default=0.003, help="each more sequence in a step adds this")
+    ap.add_argument("--reread", default=None, metavar="RESULT_JSON",
+                    help="run nothing: read a result this script wrote (the JSON object of its last line) and "
+                         "print its attainment per level and the max rate at each target")
     a = ap.parse_args()
+    if a.reread:
+        reread(Path(a.reread))
+        return
     reps = a.reps or (1 if a.quick else 3)
     duration, deg = (36.0, (12.0, 32.0)) if a.quick else (60.0, (20.0, 55.0))
     timing = PoolTiming(prefill_per_token_s=1.0 / a.prefill_tokens_per_s, decode_base_s=a.decode_base_s,
