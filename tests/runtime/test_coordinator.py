@@ -218,19 +218,54 @@ def test_a_node_whose_link_closed_is_lost_at_once_with_all_its_workers():
     assert [e["node"] for e in log if e["event"] == "node_lost"] == [1]
 
 
+def _beat_nodes(c, store, clock, seconds: float, nodes=(0,), pass_s: float = 0.05) -> None:
+    """Run the coordinator's passes every ``pass_s`` for ``seconds``, the launchers of
+    ``nodes`` writing their records (their workers beating) before each pass."""
+    for _ in range(round(seconds / pass_s)):
+        clock.t += pass_s
+        for node in nodes:
+            rec = json.loads(store.get(keys.node_beats(node)))
+            n = rec["n"] + 1
+            store.set(keys.node_beats(node), json.dumps({"n": n, "beats": {
+                w: {**hb, "n": n} for w, hb in rec["beats"].items()}}))
+        c.tick()
+
+
+def _lost_nodes(log) -> list[int]:
+    return [e["node"] for e in log if e["event"] == "node_lost"]
+
+
 def test_without_a_link_closing_a_node_is_lost_only_when_its_record_stands_still():
     c, store, clock, log = _two_nodes()
-    clock.t += 0.5
-    store.set(keys.node_beats(0), json.dumps({"n": 2, "beats": {"0": {"n": 2, "step": 4, "phase": "compute",
-                                                                     "compute_s": 0.1}}}))
-    c.tick()
-    assert not [e for e in log if e["event"] == "node_lost"]
-    clock.t += 1.1   # node 1's record: silent > hang_timeout_s (1 s), node 0's too now
-    store.set(keys.node_beats(0), json.dumps({"n": 3, "beats": {"0": {"n": 3, "step": 5, "phase": "compute",
-                                                                     "compute_s": 0.1}}}))
-    c.tick()
+    _beat_nodes(c, store, clock, 0.5, nodes=(0, 1))
+    _beat_nodes(c, store, clock, 0.9)      # node 1's record stands still for 0.9 s
+    assert not _lost_nodes(log)
+    _beat_nodes(c, store, clock, 0.2)      # ... and then 1.1 s > hang_timeout_s (1 s)
     lost = [e for e in log if e["event"] == "node_lost"]
     assert [e["node"] for e in lost] == [1] and "silent" in lost[0]["evidence"]
+    assert c.plan.ranks == [0, 1]          # node 0's spare took the rank
+
+
+def test_the_coordinators_own_node_is_not_judged_by_its_record():
+    # node 0's record is written by the coordinator's own process: late there means the
+    # coordinator was late (were node 0 gone, the coordinator would be gone with it)
+    c, store, clock, log = _two_nodes()
+    _beat_nodes(c, store, clock, 1.5, nodes=(1,))
+    assert 0 not in _lost_nodes(log)
+
+
+def test_a_pause_of_the_coordinator_itself_is_nobodys_silence():
+    # the launcher got no CPU for 1.9 s (load 20 on 2 cores): nothing could be observed,
+    # so neither node 1 nor any worker is judged on that gap
+    c, store, clock, log = _two_nodes()
+    _beat_nodes(c, store, clock, 0.3, nodes=(0, 1))
+    clock.t += 1.9
+    c.tick()
+    assert not _lost_nodes(log) and not [e for e in log if e["event"] == "detected"]
+    assert c.plan.gen == 0
+    # a node that really stopped is still found once the coordinator runs again
+    _beat_nodes(c, store, clock, 1.1)
+    assert _lost_nodes(log) == [1]
 
 
 def test_a_node_launcher_gone_before_the_start_ends_the_launch():

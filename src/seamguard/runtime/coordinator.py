@@ -75,6 +75,7 @@ class Coordinator:
     _beating: set = field(default_factory=set)  # workers whose heartbeat key exists (read in one request)
     _new_keys: keys.NewKeys = field(default_factory=lambda: keys.NewKeys(FULL_READ_S))
     _links_closed: dict = field(default_factory=dict)  # node -> why its launcher's link closed, unjudged
+    _ticked_s: float = 0.0  # when the last pass ran (_pause_grace)
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
 
@@ -82,8 +83,8 @@ class Coordinator:
         s = self.settings
         self.tracker = HeartbeatTracker(s.hang_timeout_s, s.stall_timeout_s, s.straggler_factor,
                                         s.straggler_window)
-        self.nodes = NodeTracker(s.hang_timeout_s)
-        self._phase_since_s = self.clock()
+        self.nodes = NodeTracker(s.hang_timeout_s, own_node=s.node_rank)
+        self._phase_since_s = self._ticked_s = self.clock()
         # every hint key exists from the start, so each pass reads them all in one request
         for k in HINT_COUNTERS:
             self.store.add(k, 0)
@@ -106,6 +107,7 @@ class Coordinator:
         if self.phase in ("done", "failed"):
             return self.phase
         now = self.clock()
+        self._pause_grace(now)
         self._links_closed.update(links_closed)
         if self.phase == "starting":
             if self._links_closed:
@@ -208,6 +210,17 @@ class Coordinator:
                 self._mirrors[""] = self.store.mirror(keys.ROOT + "/")
             return keys.read_family(self._mirrors[""], prefix, names)
         return keys.read_family(self.store, prefix, names)
+
+    def _pause_grace(self, now: float) -> None:
+        """A pass that comes more than a quarter of the hang timeout after the previous one
+        means this process did not run (2 cores shared by 20 runnable processes left a
+        launcher without the CPU for 1.9 s): beats that arrived meanwhile could not be
+        seen, so the trackers do not count the gap as silence. A loss is then judged up to
+        the gap later; it is never judged on what was not observed."""
+        gap_s, self._ticked_s = now - self._ticked_s, now
+        if gap_s > self.settings.hang_timeout_s / 4:
+            self.tracker.observer_paused(gap_s)
+            self.nodes.observer_paused(gap_s)
 
     def _judge_nodes(self, now: float) -> set[int]:
         """A node whose launcher closed its link to this one without a goodbye, or stopped

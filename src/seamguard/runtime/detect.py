@@ -65,6 +65,13 @@ class HeartbeatTracker:
             t.step, t.step_since_s = beat.step, now_s
         t.phase, t.compute_s = beat.phase, beat.compute_s
 
+    def observer_paused(self, gap_s: float) -> None:
+        """The observer itself was away ``gap_s`` (a starved launcher on a loaded host):
+        no beat could be seen in that time, so it does not count as anyone's silence."""
+        for t in self.tracks.values():
+            t.counter_since_s += gap_s
+            t.step_since_s += gap_s
+
     def verdicts(self, active: list[int], now_s: float) -> list[Verdict]:
         """Judge the workers in `active` (the current ranks) at time `now_s`."""
         out: list[Verdict] = []
@@ -122,9 +129,17 @@ class NodeTracker:
     """
 
     hang_timeout_s: float
+    own_node: int | None = None
+    """The observer's node: never judged by its record, which the observer's own process
+    writes (a late record there is the observer late, and were that node gone, so would be
+    the observer)."""
     counters: dict[int, tuple[int, float]] = field(default_factory=dict)
     members: dict[int, set[int]] = field(default_factory=dict)
     lost: set[int] = field(default_factory=set)
+
+    def observer_paused(self, gap_s: float) -> None:
+        """As `HeartbeatTracker.observer_paused`: the observer's absence is nobody's silence."""
+        self.counters = {n: (c, since_s + gap_s) for n, (c, since_s) in self.counters.items()}
 
     def observe(self, node: int, counter: int, wids: set[int], now_s: float) -> None:
         if node in self.lost:
@@ -148,7 +163,7 @@ class NodeTracker:
         out = []
         for node, (_, since_s) in self.counters.items():
             silent = now_s - since_s
-            if node not in self.lost and silent > self.hang_timeout_s:
+            if node not in self.lost and node != self.own_node and silent > self.hang_timeout_s:
                 self.lost.add(node)
                 out.append((node, self.members.get(node, set()), silent))
         return out
