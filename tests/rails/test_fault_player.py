@@ -27,16 +27,22 @@ class _SlowTestbed:
         time.sleep(self.apply_s)
 
 
-@pytest.mark.timeout(30)
-def test_the_record_brackets_the_time_the_fault_began_to_act():
-    tb = _SlowTestbed(apply_s=0.2)
-    player = FaultPlayer(tb, [Fault(0.0, "gray", host=1, rail=0, duration_s=0.3)])  # type: ignore[arg-type]
+def _play_until_reverted(tb, fault):
+    """Play one fault on ``tb`` and return its record once it is reverted (10 s at most)."""
+    player = FaultPlayer(tb, [fault])
     player.start(time.time())
     deadline = time.time() + 10.0
     while not player.records[0].reverted_t and time.time() < deadline:
         time.sleep(0.01)
     player.stop()
-    rec, (on, off) = player.records[0], tb.changes
+    return player.records[0]
+
+
+@pytest.mark.timeout(30)
+def test_the_record_brackets_the_time_the_fault_began_to_act():
+    tb = _SlowTestbed(apply_s=0.2)
+    rec = _play_until_reverted(tb, Fault(0.0, "gray", host=1, rail=0, duration_s=0.3))
+    on, off = tb.changes
     assert on[0] == "on" and off[0] == "off"
     assert rec.begun_t <= on[1] < rec.applied_t  # acting before it was fully applied
     assert rec.applied_t <= off[1] < rec.reverted_t
@@ -48,11 +54,6 @@ def test_a_fault_slow_to_apply_stays_fully_on_for_its_duration():
     # would be due before the fault was fully on
     tb = _SlowTestbed(apply_s=0.4)
     fault = Fault(0.0, "gray", host=1, rail=0, duration_s=0.3)
-    player = FaultPlayer(tb, [fault])  # type: ignore[arg-type]
-    player.start(time.time())
-    deadline = time.time() + 10.0
-    while not player.records[0].reverted_t and time.time() < deadline:
-        time.sleep(0.01)
-    player.stop()
-    rec, (_, off) = player.records[0], tb.changes
+    rec = _play_until_reverted(tb, fault)
+    _, off = tb.changes
     assert off[1] - rec.applied_t >= fault.duration_s
