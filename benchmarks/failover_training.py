@@ -628,6 +628,10 @@ def main() -> None:  # noqa: C901
                     help="seamguard's full-snapshot cadence in steps (a loss redoes only the "
                          "step in flight whatever it is; it bounds the rollback when a live "
                          "replica is missing)")
+    ap.add_argument("--sharded-snapshot-every", type=int, default=1,
+                    help="with --fsdp --hosts 2: seamguard's snapshot cadence in steps (default "
+                         "1: FSDP2 has no other copy of a shard; in HSDP the replicate peer "
+                         "holds it live, so a loss redoes only the step in flight whatever it is)")
     ap.add_argument("--out", type=Path, default=None,
                     help="results file (default benchmarks/results/failover_training.json, "
                          "failover_training_quick.json with --quick; with --fsdp "
