@@ -721,6 +721,10 @@ class Runtime:
         the same condition under which replicas are deduplicated."""
         return self.settings.dedup_replicas and self.plan is not None and self.plan.world_size > 1
 
+    def _holder(self, plan: Plan) -> int:
+        """The worker that holds this rank's replica in ``plan`` (`membership.replica_holder`)."""
+        return plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node, self._replicas)]
+
     def _send_meta(self) -> None:
         """Send this step's private bytes (meta blob: RNG, optimizer scalars, data position;
         model buffers) to the replica holder before the step's compute starts: with them, a
@@ -736,7 +740,7 @@ class Runtime:
         try:
             if self._meta_target[0] != self.gen:
                 plan = self.plan
-                holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node, self._replicas)]
+                holder = self._holder(plan)
                 self._meta_target = (self.gen, self.store.get(keys.worker_addr(holder)).decode(),
                                      plan.roles[self.rank])
             _, addr, role = self._meta_target
@@ -1006,7 +1010,7 @@ class Runtime:
         plan = self.plan
         if plan is None or gen != self.gen or plan.world_size < 2:
             return
-        holder = plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node, self._replicas)]
+        holder = self._holder(plan)
         if self._push_target[:2] != (gen, holder):   # looked up once per generation, not per push
             if self._side_store is None:  # the pipeline thread's own store connection
                 self._side_store = _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url)
