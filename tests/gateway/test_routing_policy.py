@@ -322,3 +322,30 @@ def test_fetch_fabric_states_pages_through_nics_and_links():
     assert got == {"n0/mlx5_0": "degraded", "n1/mlx5_0": "degraded", "n2/mlx5_0": "degraded",
                    "n9/mlx5_1~leaf1": "failed"}
     assert [(q["kind"], q["offset"]) for q in seen] == [("nic", "0"), ("nic", "2"), ("link", "0")]
+
+
+def test_one_slow_transfer_on_a_path_that_just_turned_slow_takes_it_out_until_a_sample_is_back_in_line():
+    """The first slow transfer after a path degrades is evidence enough for interactive work (a
+    tenth of the window would otherwise have to be slow first); the next sample in line ends it."""
+    r, c = sg(probe_after_s=5.0)
+    serve(r, c, 24, lambda p: FAST)
+    slow = [True]
+
+    def dft(p):
+        if p == ("p0", "d1") and slow[0]:
+            slow[0] = False
+            return 0.8   # one transfer at 0.8 s: within a 1 s budget, 27x its peers
+        return FAST
+
+    routes = serve(r, c, 12, dft)
+    hit = next(i for i, x in enumerate(routes) if pair(x) == ("p0", "d1"))
+    after = routes[hit + 1:]
+    assert after and ("p0", "d1") not in {pair(x) for x in after}
+    assert "latest transfer 0.800s" in after[0].reason
+    c.t += 6.0   # idle for probe_after_s: out for interactive only, it is probed with batch
+    probe = r.route("batch", 200)
+    assert pair(probe) == ("p0", "d1") and probe.reason.startswith("probe")
+    r.first_token(probe, FAST)
+    r.finished(probe, Outcome(True, 0.1, 0.02, FAST, 5))   # a sample back in line ...
+    assert ("p0", "d1") in {pair(x) for x in serve(r, c, 12, lambda p: FAST)}   # ... brings interactive back
+

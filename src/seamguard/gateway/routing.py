@@ -240,7 +240,10 @@ class SeamguardOptions:
     window: int = 8
     """Recent transfer samples kept per path (median and upper quantile are taken over them)."""
     quantile: float = 0.9
-    """The path's latency is this quantile of its window: the median plus its jitter."""
+    """The path's latency is this quantile of its window (the median plus its jitter), or its
+    newest sample when that is higher: a path that just turned slow is judged on that sample at
+    once instead of after a tenth of the window (as peak-EWMA balancers take a new high at once),
+    and a sample back in line (the next use, or a batch probe) ends it."""
     peer_ratio: float = 3.0
     """A path is slow when its latency exceeds peer_ratio x the median of the other paths..."""
     budget_share: float = 0.25
@@ -473,8 +476,9 @@ class SeamguardRouter:
         judged = {(p.name, d.name, r): self._judge(p, d, r, request_class, budget, now) for p, d, r in keys}
         ok = [k for k, (why, _) in judged.items() if not why]
         ibudget = opts.ttft_budget_s.get("interactive", budget)
-        fine = set(ok) if request_class == "interactive" else {
-            (p.name, d.name, r) for p, d, r in keys if not self._judge(p, d, r, "interactive", ibudget, now)[0]}
+        ijudged = judged if request_class == "interactive" else {
+            (p.name, d.name, r): self._judge(p, d, r, "interactive", ibudget, now) for p, d, r in keys}
+        fine = {k for k, (why, _) in ijudged.items() if not why}
         out_for_interactive = len(fine) < len(judged)
         # a path out for interactive work but within a looser budget takes that work only when no
         # path fine for everyone can: its slow transfers hold KV on both ends (and, with some KV
@@ -485,7 +489,7 @@ class SeamguardRouter:
         cands, capped = self._under_cap(cands, request_class)
         probe, lane = None, {}
         if request_class == "batch":
-            probe = self._probe_candidate(judged, now)
+            probe = self._probe_candidate(judged, ijudged, now)
             if probe is None and cands and out_for_interactive:
                 try:
                     self._defer_if_interactive_at_risk(budget)
@@ -700,7 +704,7 @@ class SeamguardRouter:
         self._refresh(p)
 
     def _refresh(self, p: _Path) -> None:
-        p.lat = _quantile(list(p.dft), self.options.quantile) if p.dft else math.nan
+        p.lat = max(_quantile(list(p.dft), self.options.quantile), p.dft[-1]) if p.dft else math.nan
         p.tft_med = _median(list(p.tft)) if p.tft else math.nan
         p.dft_med = _median(list(p.dft)) if p.dft else math.nan
         self._version += 1
@@ -776,7 +780,9 @@ class SeamguardRouter:
             ev["jitter_s"] = lat - _median(list(p.dft))
         if not math.isnan(lat) and not math.isnan(peer) and lat > opts.peer_ratio * peer \
                 and lat - peer > opts.budget_share * budget:
-            return f"transfer p{round(100 * opts.quantile)} {lat:.3f}s vs peers {peer:.3f}s", ev
+            newest = p is not None and lat == p.dft[-1] > _quantile(list(p.dft), opts.quantile)
+            which = "latest transfer" if newest else f"transfer p{round(100 * opts.quantile)}"
+            return f"{which} {lat:.3f}s vs peers {peer:.3f}s", ev
         # a transfer still waiting for its first token: censored evidence, before it ends
         typical, ages = self._pending_ages(key, p, now)
         if ages and not math.isnan(typical):
@@ -824,9 +830,11 @@ class SeamguardRouter:
             return f"decode {name} TPOT p{round(100 * opts.quantile)} {q:.3f}s vs peers {peer:.3f}s"
         return ""
 
-    def _probe_candidate(self, judged: dict, now: float) -> PathKey | None:
-        """A path out for every class, idle and unsampled for probe_after_s: probe it with batch."""
+    def _probe_candidate(self, judged: dict, ijudged: dict, now: float) -> PathKey | None:
+        """A path out by its own measurements (for batch, or for interactive work only: batch keeps
+        off those while it can), idle and unsampled for probe_after_s: probe it with batch."""
         for key, (why, _) in judged.items():
+            why = why or ijudged[key][0]
             if not why or why.startswith("control plane"):
                 continue
             p = self._path(key)
