@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from seamguard.gateway.config import GatewayConfig, SqliteStoreConfig, build_router
 from seamguard.gateway.dashboard import plain, render_dashboard
 from seamguard.gateway.gatekeeper import Gatekeeper, KeyInfo, Refusal, Ticket
+from seamguard.gateway.hedge import HedgeBudget, content_in, is_token, read_to_first_content, replay
 from seamguard.gateway.ledger import GatewayLedger
 from seamguard.gateway.metrics import GatewayMetrics
 from seamguard.gateway.proxy import Backends, UpstreamError
@@ -53,6 +54,7 @@ class Gateway:
     gatekeeper: Gatekeeper
     backends: Backends
     metrics: GatewayMetrics
+    hedges: HedgeBudget
     outstanding: Tally = field(default_factory=Tally)  # instance name -> requests in flight (routers may read it)
 
     async def close(self) -> None:
@@ -106,12 +108,16 @@ def _check_body(raw: bytes, endpoint: str) -> dict[str, Any] | JSONResponse:
 
 @dataclass
 class _Flight:
-    """One admitted request on its way: timings and usage as they arrive."""
+    """One admitted request on its way along one route (a hedge is a second flight of the same
+    request): timings and usage as they arrive. The flight that owns the ticket reconciles it."""
 
     gw: Gateway
     ticket: Ticket
     route: Route
     t_recv: float
+    owns_ticket: bool = True
+    resp: httpx.Response | None = None  # its decode stream, once open
+    sent: asyncio.Event = field(default_factory=asyncio.Event)  # its decode request has gone out
     t_decode_sent: float = 0.0
     t_first: float | None = None
     t_last: float | None = None
@@ -138,7 +144,9 @@ class _Flight:
         self.gw.metrics.routes.labels(self.route.prefill.name if self.route.prefill else "",
                                       self.route.decode.name, rail, departed).inc()
 
-    async def end(self, ok: bool) -> None:
+    async def end(self, ok: bool, cancelled: bool = False) -> None:
+        """Reconcile once: router and instance counts, metrics, and the ticket if this flight owns
+        it; ``cancelled``: dropped for a hedge that answered first (no evidence for the router)."""
         if self.done:
             return
         self.done = True
@@ -159,17 +167,20 @@ class _Flight:
                 tpot = (self.t_last - self.t_first) / (completion - 1)
                 gw.metrics.tpot.labels(r.decode.name).observe(tpot)
         try:
-            gw.router.finished(r, Outcome(ok, ttft, tpot, dft, completion))
+            gw.router.finished(r, Outcome(ok, ttft, tpot, dft, completion, cancelled=cancelled))
         finally:
-            await gw.gatekeeper.finish(self.ticket, ok, prompt, completion)
+            if self.owns_ticket:
+                await gw.gatekeeper.finish(self.ticket, ok, prompt, completion)
 
-
-def _content_in(chunk: dict) -> bool:
-    for c in chunk.get("choices") or ():
-        d = c.get("delta") or {}
-        if d.get("content") or d.get("reasoning_content") or d.get("tool_calls") or c.get("text"):
-            return True
-    return False
+    async def drop(self, task: asyncio.Task | None, cancelled: bool) -> None:
+        """Stop this flight (the other copy of its request answered first): its read, its stream."""
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        with anyio.CancelScope(shield=True):
+            if self.resp is not None:
+                await self.resp.aclose()
+            await self.end(False, cancelled=cancelled)
 
 
 async def _admitted(gw: Gateway, request: Request, endpoint: str) -> tuple[KeyInfo, dict, Ticket] | Response:
@@ -220,21 +231,13 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
         return error(503, f"no route: {e}", "server_error", "no_route")
     flight = _Flight(gw, ticket, route, t_recv)
     flight.start()
+    gw.hedges.on_request()
     stream = bool(body.get("stream"))
     try:
-        if route.prefill is not None:
-            kv = await gw.backends.prefill(route.prefill, path, body)
-            body = {**body, "kv_transfer_params": place_kv(kv, route.kv_rail)}
-            prefilled = getattr(gw.router, "prefilled", None)
-            if prefilled is not None:
-                prefilled(route)
-        flight.t_decode_sent = time.perf_counter()
         if stream:
-            upstream = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-            resp = await gw.backends.open_stream(route.decode, path, upstream)
+            flight, lines = await _first_of(flight, klass, path, body)
         else:
-            async with asyncio.timeout(gw.cfg.timeouts.total_s):
-                out = await gw.backends.post_json(route.decode, path, body)
+            out = await _send(flight, path, body, False)
     except (UpstreamError, TimeoutError) as e:
         up = e if isinstance(e, UpstreamError) else UpstreamError(504, "backend took longer than total_s", "timeout")
         gw.metrics.upstream_errors.labels(route.decode.name, up.kind).inc()
@@ -249,9 +252,117 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
     if not stream:
         return await _whole(flight, out, endpoint)
     want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return StreamingResponse(_relay(flight, resp, want_usage, endpoint), media_type="text/event-stream",
+    return StreamingResponse(_relay(flight, lines, want_usage, endpoint), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                      ROUTE_HEADER: route_label(route)})
+                                      ROUTE_HEADER: route_label(flight.route)})
+
+
+async def _send(flight: _Flight, path: str, body: dict, stream: bool) -> dict | None:
+    """Prefill (disaggregated), then the decode request: its stream opened (``flight.resp``) or
+    its whole answer returned."""
+    gw, route = flight.gw, flight.route
+    if route.prefill is not None:
+        kv = await gw.backends.prefill(route.prefill, path, body)
+        body = {**body, "kv_transfer_params": place_kv(kv, route.kv_rail)}
+        prefilled = getattr(gw.router, "prefilled", None)
+        if prefilled is not None:
+            prefilled(route)
+    flight.t_decode_sent = time.perf_counter()
+    flight.sent.set()
+    if stream:
+        upstream = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+        flight.resp = await gw.backends.open_stream(route.decode, path, upstream)
+        return None
+    async with asyncio.timeout(gw.cfg.timeouts.total_s):
+        return await gw.backends.post_json(route.decode, path, body)
+
+
+async def _head(flight: _Flight, path: str, body: dict) -> tuple[list[str], AsyncIterator[str]]:
+    """Send the request along the flight's route and read its stream up to the first token:
+    (the payloads read, the rest of the stream)."""
+    await _send(flight, path, body, True)
+    lines = flight.gw.backends.lines(flight.resp, flight.route.decode.name)  # type: ignore[arg-type]
+    head = await read_to_first_content(lines)
+    if head and is_token(head[-1]):
+        flight.t_first = time.perf_counter()
+        flight.first_token()
+    return head, lines
+
+
+async def _first_of(flight: _Flight, klass: str, path: str, body: dict) -> tuple[_Flight, AsyncIterator[str]]:
+    """A streamed request up to its first token: the flight to relay and its payloads. When its
+    transfer stalls (the router's `stall_after_s` after the decode request went out) and the
+    hedge budget allows, a copy goes along the path the router chooses now and the first of
+    the two to produce a token is kept (hedge.py); the other is closed."""
+    gw = flight.gw
+    mine = asyncio.ensure_future(_head(flight, path, body))
+    second: _Flight | None = None
+    theirs: asyncio.Task | None = None
+    try:
+        if await _stalled(flight, mine, klass):
+            second = _second(flight, klass)
+        if second is None:
+            head, lines = await mine
+            return flight, replay(head, lines)
+        gw.router.hedged(flight.route, second.route, time.perf_counter() - flight.t_decode_sent)  # type: ignore[attr-defined]
+        theirs = asyncio.ensure_future(_head(second, path, body))
+        pending: set[asyncio.Task] = {mine, theirs}
+        winner = None
+        while pending and winner is None:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            winner = next((t for t in (mine, theirs) if t in done and t.exception() is None), None)
+        if winner is theirs:   # the stalled original's wait is evidence against its path: not "cancelled"
+            second.owns_ticket, flight.owns_ticket = True, False
+            await flight.drop(mine, cancelled=False)
+            head, lines = theirs.result()
+            return second, replay(head, lines)
+        await second.drop(theirs, cancelled=True)
+        head, lines = await mine   # the original's token, or (both failed) its error
+        return flight, replay(head, lines)
+    except BaseException:
+        if second is not None and not second.done:
+            await second.drop(theirs, cancelled=True)
+        if not mine.done():
+            mine.cancel()
+            await asyncio.gather(mine, return_exceptions=True)
+        if flight.resp is not None and not flight.done:
+            with anyio.CancelScope(shield=True):
+                await flight.resp.aclose()
+        raise
+
+
+async def _stalled(flight: _Flight, mine: asyncio.Task, klass: str) -> bool:
+    """Wait until the request's own read ends (False) or its transfer counts as stalled (True);
+    False at once when the router cannot tell (no `stall_after_s`, no history) or hedging is off."""
+    stall = getattr(flight.gw.router, "stall_after_s", None)
+    if stall is None or flight.gw.cfg.hedge.share == 0:
+        return False
+    sent = asyncio.ensure_future(flight.sent.wait())
+    await asyncio.wait({mine, sent}, return_when=asyncio.FIRST_COMPLETED)
+    sent.cancel()
+    wait_s = None if mine.done() else stall(flight.route)
+    if wait_s is None:
+        return False
+    done, _ = await asyncio.wait({mine}, timeout=max(0.0, wait_s - (time.perf_counter() - flight.t_decode_sent)))
+    return not done
+
+
+def _second(flight: _Flight, klass: str) -> _Flight | None:
+    """A second flight of the request along the path the router chooses now; None when the hedge
+    budget is spent, the router defers it, or it would take the same path."""
+    gw = flight.gw
+    if not gw.hedges.try_spend():
+        return None
+    try:
+        route = gw.router.route(klass, flight.ticket.prompt_estimate)  # type: ignore[arg-type]
+    except Shed:
+        return None
+    if route_label(route) == route_label(flight.route):
+        gw.router.finished(route, Outcome(False, cancelled=True))
+        return None
+    second = _Flight(gw, flight.ticket, route, flight.t_recv, owns_ticket=False)
+    second.start()
+    return second
 
 
 async def _whole(flight: _Flight, out: dict, endpoint: str) -> JSONResponse:
@@ -266,13 +377,13 @@ async def _whole(flight: _Flight, out: dict, endpoint: str) -> JSONResponse:
     return JSONResponse(out, headers={ROUTE_HEADER: route_label(flight.route)})
 
 
-async def _relay(flight: _Flight, resp: httpx.Response, want_usage: bool, endpoint: str) -> AsyncIterator[bytes]:
+async def _relay(flight: _Flight, lines: AsyncIterator[str], want_usage: bool, endpoint: str) -> AsyncIterator[bytes]:
     """The backend's SSE events to the client as they come, reading usage and token times on the way."""
     gw, decode = flight.gw, flight.route.decode.name
     deadline = time.monotonic() + gw.cfg.timeouts.total_s
     ok = False
     try:
-        async for data in gw.backends.lines(resp, decode):
+        async for data in lines:
             if data == "[DONE]":
                 ok = True
                 yield b"data: [DONE]\n\n"
@@ -283,7 +394,7 @@ async def _relay(flight: _Flight, resp: httpx.Response, want_usage: bool, endpoi
                 continue
             if isinstance(chunk.get("usage"), dict):
                 flight.usage = chunk["usage"]
-            if _content_in(chunk):
+            if content_in(chunk):
                 now = time.perf_counter()
                 if flight.t_first is None:
                     flight.t_first = now
@@ -308,7 +419,8 @@ async def _relay(flight: _Flight, resp: httpx.Response, want_usage: bool, endpoi
         # A client that goes away cancels this generator; the reservation is still reconciled
         # with what was relayed (shielded, or the cancellation would skip it).
         with anyio.CancelScope(shield=True):
-            await resp.aclose()
+            if flight.resp is not None:
+                await flight.resp.aclose()
             gw.metrics.requests.labels(endpoint, "200" if ok else "stream_error").inc()
             await flight.end(ok)
 
@@ -456,4 +568,4 @@ def build_gateway(cfg: GatewayConfig, clock=time.time) -> Gateway:
     router = build_router(cfg)
     metrics = GatewayMetrics(router)
     return Gateway(cfg, store, ledger, router, Gatekeeper(cfg, store, ledger, metrics, clock),
-                   Backends(cfg.timeouts), metrics)
+                   Backends(cfg.timeouts), metrics, HedgeBudget(cfg.hedge.share, cfg.hedge.burst))

@@ -105,6 +105,12 @@ class TenantConfig(BudgetConfig):
     keys: list[KeyConfig] = Field(min_length=1)
 
 
+class HedgeConfig(_Strict):
+    share: float = Field(0.1, ge=0, le=1, description="at most about this share of requests is sent twice "
+                                                      "(0: never); a hedge needs a router with stall_after_s")
+    burst: float = Field(10.0, ge=1, description="hedges allowed at once before the share applies")
+
+
 class AdmissionConfig(_Strict):
     default_max_tokens: int = Field(512, ge=1, description="output tokens reserved when a request sets none")
     chars_per_token: float = Field(4.0, gt=0, description="prompt estimate: characters per token")
@@ -125,6 +131,7 @@ class GatewayConfig(_Strict):
     feed_every_s: float = Field(1.0, gt=0, description="how often instance /metrics and fabric states are read")
     models: list[str] = Field(default_factory=list, description="served by /v1/models; empty: ask a backend")
     timeouts: TimeoutsConfig = TimeoutsConfig()
+    hedge: HedgeConfig = HedgeConfig()
     store: StoreConfig = SqliteStoreConfig(type="sqlite")
     admission: AdmissionConfig = AdmissionConfig()
     zombie: ZombieThresholds = ZombieThresholds()

@@ -98,6 +98,7 @@ class Outcome:
     tpot_s: float | None = None  # mean time per output token after the first
     decode_first_token_s: float | None = None  # decode request sent -> its first token (includes the KV transfer)
     output_tokens: int = 0
+    cancelled: bool = False  # the gateway dropped it for a faster copy (a hedge): no evidence either way
 
 
 class Shed(Exception):
@@ -554,6 +555,8 @@ class SeamguardRouter:
             self._in_prefill[pend.path[0]] -= 1
         self._classes[pend.path[1]][pend.request_class] -= 1
         self._path(pend.path).pending.pop(id(route), None)
+        if outcome.cancelled:
+            return
         now = self._clock()
         if pend.first_token_t is None:
             if outcome.decode_first_token_s is not None:
@@ -571,6 +574,31 @@ class SeamguardRouter:
             self._tpot_t[name] = now
             self._version += 1
             self._adapt_cap(name, outcome.tpot_s, pend.request_class)
+
+    # ---- hedging a stalled transfer ----------------------------------------------------------
+    def stall_after_s(self, route: Route) -> float | None:
+        """Seconds after its decode request was sent at which this request's own transfer counts
+        as stalled (the rule `_judge` applies to pending transfers: stall_ratio x the peers'
+        typical decode-first-token time, and budget_share of its class's TTFT budget beyond
+        it), or None: not a disaggregated route, no budget for its class, no peers' history."""
+        pend = self._inflight.note(route)
+        budget = self.options.ttft_budget_s.get(pend.request_class) if isinstance(pend, _Pending) else None
+        if budget is None or route.prefill is None:
+            return None
+        typical = self._peers(pend.path, "dft_med")
+        if math.isnan(typical):
+            return None
+        return max(self.options.stall_ratio * typical, typical + self.options.budget_share * budget)
+
+    def hedged(self, stalled: Route, hedge: Route, waited_s: float) -> None:
+        """The gateway re-sent a stalled request along `hedge`: counted and explained."""
+        pend = self._inflight.note(hedge)
+        if not isinstance(pend, _Pending):
+            return
+        old = route_label(stalled)
+        self._count("hedge")
+        self._remember(pend.request_class, pend.path, "hedge", f"no first token over {old} after {waited_s:.3f}s: "
+                       f"re-sent over {route_label(hedge)}, the first to answer is kept", {f"{old}.waited_s": waited_s})
 
     # ---- shrinking a decode instance's batch ------------------------------------------------
     def _adapt_cap(self, name: str, tpot_s: float, request_class: str) -> None:
