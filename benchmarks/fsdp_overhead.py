@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/fsdp_overhead.py --quick   # 3 reps, the --fsdp --quick job
     PYTHONPATH=src python benchmarks/fsdp_overhead.py --quick --replicate 2   # the same job in HSDP
+    PYTHONPATH=src python benchmarks/fsdp_overhead.py --hosts 2 --replicate 2   # across 2 namespaced hosts
 
 The job of `failover_training.py --fsdp --quick` (FSDP2 on 4 ranks, 3.2M-parameter MLP,
 24 steps), failure-free only: plain FSDP2 under torchrun and seamguard (1 hot spare, a
@@ -17,7 +18,11 @@ seamguard the launcher (coordinator and the job's TCPStore), the zygote and the 
 spare (the replica server, copier and heartbeat threads are inside the ranks).
 ``--replicate 2``: both systems in HSDP, mesh (2, 2) (torchrun_fsdp_train.py and
 examples/train_fsdp.py ``--replicate 2``), seamguard's replica holder then being each rank's
-replicate peer. Last line of stdout: one JSON object (also written to
+replicate peer. ``--hosts 2``: the job of `failover_training.py --fsdp --hosts 2` (2 ranks on
+each of 2 namespaced hosts, etcd on a third, 2 spares a host, 60 steps of the 14.7M-parameter
+model; `--quick` keeps the small model, 36 steps), failure-free only, each process's CPU then
+also split out for etcd and the torchrun agents. ``--snapshot-every K``: seamguard's snapshot
+cadence (default 1). Last line of stdout: one JSON object (also written to
 benchmarks/results/fsdp_overhead[_hsdp][_quick].json).
 """
 
@@ -32,12 +37,12 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import failover_training as ft
-
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -68,7 +73,8 @@ def _cpu_and_role(pid: int) -> tuple[float, str] | None:
         return None
     role = ("rank" if "seamguard: rank" in cmd or "torchrun_fsdp_train" in cmd else
             "launcher" if "seamguard launch" in cmd else "zygote" if "fork server" in cmd else
-            "spare" if "spare" in cmd else "torchrun agent" if "torch.distributed.run" in cmd else "other")
+            "spare" if "spare" in cmd else "torchrun agent" if "torch.distributed.run" in cmd else
+            "etcd" if "etcd" in cmd.split(" ", 1)[0] else "other")
     return (int(fields[11]) + int(fields[12])) * _TICK_S, role
 
 
@@ -135,42 +141,72 @@ def mean_over_ranks(profiles: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+@contextmanager
+def runner(hosts: int, cfg: ft.Config, work: Path):
+    """``run(system, name) -> (result, seamguard's mean-over-ranks profile or None)``, on
+    one host or across the namespaced cluster of `failover_training.py --fsdp --hosts 2`
+    (set up once, torn down at the end)."""
+    if hosts == 1:
+        def run(system: str, name: str):
+            if system == "plain":
+                return ft.run_plain_fsdp(cfg, work, False, name), None
+            r = ft.run_seamguard_fsdp(replace(cfg), work, False, name)
+            return r, mean_over_ranks(rank_phases(work / name / "events.jsonl"))
+        yield run
+        return
+    import _fsdp_hosts as fh
+
+    with fh.cluster(work, torchft=False) as c:
+        def run_hosts(system: str, name: str):
+            if system == "plain":
+                return fh.run_plain_hosts(c, cfg, work, name), None
+            r = fh.run_seamguard_hosts(c, cfg, work, name, False, None)
+            return r, r["profile"] and r["profile"]["phases"]
+        yield run_hosts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=None, help="default 3 (--quick) or 5")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--replicate", type=int, default=1, help="HSDP replica groups of both systems (1: FSDP2)")
+    ap.add_argument("--hosts", type=int, choices=(1, 2), default=1,
+                    help="2: across 2 namespaced hosts, etcd the job-wide store (the --fsdp --hosts 2 job)")
+    ap.add_argument("--snapshot-every", type=int, default=1, help="seamguard's snapshot cadence in steps")
     args = ap.parse_args()
     reps = args.reps or (3 if args.quick else 5)
     small = {"hidden": 1024, "layers": 3} if args.quick else {}
-    cfg = ft.Config(steps=24 if args.quick else 48, kills=(), ckpt_every=0, replicate=args.replicate, **small)
-    stem = "fsdp_overhead" + ("_hsdp" if args.replicate > 1 else "")
+    steps = (36 if args.quick else 60) if args.hosts == 2 else (24 if args.quick else 48)
+    cfg = ft.Config(steps=steps, kills=(), ckpt_every=0, replicate=args.replicate,
+                    snapshot_every=args.snapshot_every, **small)
+    stem = ("fsdp_overhead" + ("_hosts" if args.hosts == 2 else "") + ("_hsdp" if args.replicate > 1 else "")
+            + (f"_every{args.snapshot_every}" if args.snapshot_every != 1 else ""))
     out = args.out or ft.REPO / "benchmarks" / "results" / (f"{stem}_quick.json" if args.quick else f"{stem}.json")
     ft.ENV["SEAMGUARD_PROFILE"] = "1"
+    os.environ["SEAMGUARD_PROFILE"] = "1"   # the namespaced hosts' launchers inherit this environment
     work = Path(tempfile.mkdtemp(prefix="sg-fsdp-overhead-"))
     windows: dict[str, list[float]] = {"plain": [], "seamguard": []}
     cpu: dict[str, list[dict[str, float]]] = {"plain": [], "seamguard": []}
     phases: list[dict] = []
     loads = [round(os.getloadavg()[0], 2)]
     try:
-        for rep in range(reps):
-            for system in ft.rotated(["plain", "seamguard"], rep):
-                name = f"r{rep}_{system}"
-                sampler = CpuSampler()
-                try:
-                    if system == "plain":
-                        r = ft.run_plain_fsdp(cfg, work, False, name)
-                    else:
-                        r = ft.run_seamguard_fsdp(replace(cfg), work, False, name)
-                        phases.append(mean_over_ranks(rank_phases(work / name / "events.jsonl")))
-                finally:
-                    sampler.stop()
-                cpu[system].append(cpu_per_step(sampler, work / name))
-                windows[system].append(r["window_s"])
-                loads.append(round(os.getloadavg()[0], 2))
-                print(f"rep {rep + 1}/{reps} {system:9s} training {r['window_s']:.2f}s "
-                      f"(load {loads[-1]})", flush=True)
+        with runner(args.hosts, cfg, work) as run:
+            for rep in range(reps):
+                for system in ft.rotated(["plain", "seamguard"], rep):
+                    name = f"r{rep}_{system}"
+                    sampler = CpuSampler()
+                    try:
+                        r, profile = run(system, name)
+                    finally:
+                        sampler.stop()
+                    if profile is not None:
+                        phases.append(profile)
+                    cpu[system].append(cpu_per_step(sampler, work / name))
+                    windows[system].append(r["window_s"])
+                    loads.append(round(os.getloadavg()[0], 2))
+                    print(f"rep {rep + 1}/{reps} {system:9s} training {r['window_s']:.2f}s "
+                          f"(load {loads[-1]})", flush=True)
     except BaseException:
         print(f"run logs kept in {work}", file=sys.stderr)
         raise
@@ -194,7 +230,7 @@ def main() -> None:
     for system, roles in cpu_table.items():
         print(f"  {system:9s} " + "  ".join(f"{role} {ms}" for role, ms in roles.items()))
     summary = {"mode": "quick" if args.quick else "full", "reps": reps, "steps": cfg.steps,
-               "replicate": args.replicate,
+               "replicate": args.replicate, "hosts": args.hosts, "snapshot_every": args.snapshot_every,
                "window_s": {s: [round(x, 3) for x in v] for s, v in windows.items()},
                "step_ms": {s: round(v, 1) for s, v in step_ms.items()},
                "failure_free_ratio": ft.spread(ratios), "load": [min(loads), max(loads)],
