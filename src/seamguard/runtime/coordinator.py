@@ -31,6 +31,10 @@ from seamguard.runtime.settings import LaunchSettings
 # appear (exits, done marks, joined spares) only when the store's key count moved, or at
 # least every FULL_READ_S. Before, a pass was ~30 store round trips, 20 passes a second:
 # most of the launcher's CPU in the FSDP2 --quick job (docs/benchmarks.md).
+# On etcd a steady pass sends no request at all: the hints, the joined spares and the key
+# families come from the watched copy of the job's keys (store.PrefixMirror). Reading the
+# 7 hint keys one request each, the joined count and the key count every pass had been
+# 180 of the 240 requests a second etcd served in a failure-free 2-host job.
 FULL_READ_S = 0.5
 HINT_COUNTERS = (keys.HINT_CHECKPOINT, keys.HINT_INTERVAL_N, keys.HINT_TARGET_N,
                  keys.HINT_AVOID_RAILS_N, keys.HINT_DEGRADED_N, keys.HINT_ROLLBACK_N)
@@ -76,6 +80,7 @@ class Coordinator:
     _new_keys: keys.NewKeys = field(default_factory=lambda: keys.NewKeys(FULL_READ_S))
     _links_closed: dict = field(default_factory=dict)  # node -> why its launcher's link closed, unjudged
     _ticked_s: float = 0.0  # when the last pass ran (_pause_grace)
+    _evacuate_cleared_rev: int = 0  # etcd revision of the last clearing of HINT_EVACUATE
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
 
@@ -124,8 +129,8 @@ class Coordinator:
                 return self._fail("not every worker registered within "
                                   f"{self.settings.startup_timeout_s}s")
             return self.phase
-        appeared = self._new_keys.appeared(self.store, now) or exited or hasattr(self.store, "mirror")
-        self._hints = dict(zip(HINT_KEYS, keys.read_existing(self.store, list(HINT_KEYS))))
+        appeared = self._watched() is not None or exited or self._new_keys.appeared(self.store, now)
+        self._hints = self._read_hints()
         if appeared or self._deferred:
             self._read_joined()
         newly_lost = ((self._read_exits(fresh=exited) if appeared else set()) | self._judge_nodes(now)
@@ -179,18 +184,36 @@ class Coordinator:
                 return w, int(code)
         return None
 
+    def _read_hints(self) -> dict[str, bytes]:
+        """This pass's hint keys (HINT_KEYS, all created at start): in one request, or from
+        the watched copy (etcd). The copy may still show an evacuation this coordinator has
+        already cleared: a value older than the clearing is not read again."""
+        mirror = self._watched()
+        if mirror is None:
+            return dict(zip(HINT_KEYS, keys.read_existing(self.store, list(HINT_KEYS))))
+        found = mirror.get_prefix(keys.HINT_PREFIX)
+        if mirror.revision_of(keys.HINT_EVACUATE) < self._evacuate_cleared_rev:
+            found.pop(keys.HINT_EVACUATE, None)
+        return {k: found[k] for k in HINT_KEYS if k in found}
+
+    def _peek_watched(self, key: str) -> bytes | None:
+        """A key that only ever appears (joined spares, ready marks): from the watched copy
+        where there is one (a copy behind the store shows it a pass later), else the store."""
+        mirror = self._watched()
+        return self._get(key) if mirror is None else mirror.get(key)
+
     def _read_joined(self) -> None:
         """Replacement spares started by node launchers enter the pool once ready."""
-        raw = self._get(keys.JOINED_COUNT)
+        raw = self._peek_watched(keys.JOINED_COUNT)
         while raw is not None and self._joined_seen < int(raw):
-            wid = self._get(keys.joined(self._joined_seen + 1))
+            wid = self._peek_watched(keys.joined(self._joined_seen + 1))
             if wid is None:
                 break
             self._joined_seen += 1
             self.joined.append(int(wid))
         in_plan = set(self.plan.ranks) | set(self.plan.spares)
         fresh = [w for w in self.joined if w not in in_plan and w not in self.lost
-                 and self.store.check([keys.ready(w)])]
+                 and self._peek_watched(keys.ready(w)) is not None]
         if fresh:
             self.plan = replace(self.plan, spares=self.plan.spares + fresh)
             self.log({"event": "spare_ready", "wids": fresh})
@@ -203,13 +226,18 @@ class Coordinator:
     def _family(self, prefix: str, names: list[str]) -> dict[str, bytes]:
         """keys.read_family, served from a watched local copy where the store offers one
         (etcd: the job-wide families read every tick cost the store nothing per tick)."""
-        if hasattr(self.store, "mirror"):
-            # one copy of the whole job's keys, one stream: changes arrive in the order they
-            # were made (a worker's done mark before its exit code, as written)
-            if "" not in self._mirrors:
-                self._mirrors[""] = self.store.mirror(keys.ROOT + "/")
-            return keys.read_family(self._mirrors[""], prefix, names)
-        return keys.read_family(self.store, prefix, names)
+        mirror = self._watched()
+        return keys.read_family(self.store if mirror is None else mirror, prefix, names)
+
+    def _watched(self):
+        """The watched local copy of the whole job's keys where the store offers one (etcd),
+        else None. One copy, one stream: changes arrive in the order they were made (a
+        worker's done mark before its exit code, as written)."""
+        if not hasattr(self.store, "mirror"):
+            return None
+        if "" not in self._mirrors:
+            self._mirrors[""] = self.store.mirror(keys.ROOT + "/")
+        return self._mirrors[""]
 
     def _pause_grace(self, now: float) -> None:
         """A pass that comes more than a quarter of the hang timeout after the previous one
@@ -310,7 +338,10 @@ class Coordinator:
         raw = self._hints.get(keys.HINT_EVACUATE)
         if not raw:
             return set()
-        self.store.set(keys.HINT_EVACUATE, "")
+        if self._watched() is not None:   # the copy shows the old value until the clearing arrives
+            self._evacuate_cleared_rev = self.store.put(keys.HINT_EVACUATE, "")
+        else:
+            self.store.set(keys.HINT_EVACUATE, "")
         out = set()
         for r in filter(None, raw.decode().split(",")):
             r = int(r)

@@ -80,7 +80,8 @@ def done(wid: int) -> str:
 JOB_DONE = f"{ROOT}/job/done"
 """Set when training finished or failed for good; spares and launchers exit."""
 
-HINT_CHECKPOINT = f"{ROOT}/hint/checkpoint"
+HINT_PREFIX = f"{ROOT}/hint/"
+HINT_CHECKPOINT = f"{HINT_PREFIX}checkpoint"
 """Control-plane hint: a counter; when it grows, workers persist the next snapshot."""
 
 HINT_EVACUATE = f"{ROOT}/hint/evacuate"

@@ -334,13 +334,14 @@ def launch(s: LaunchSettings) -> int:
 
 def _wait_s(coord: Coordinator | None, node: _NodeBeat | None, pass_s: float, now_s: float) -> float:
     """How long the launcher may sleep before its next pass: until the coordinator's next
-    steady pass while the job runs (node 0), or the next node beat (the other nodes);
-    POLL_S during start-up and recoveries. A child's exit wakes it earlier (`_idle`)."""
+    steady pass while the job runs (node 0), or the next node beat (the other nodes: they
+    have nothing else to do on a clock, so a pass in between only cost CPU); POLL_S during
+    start-up and recoveries. A child's exit wakes it earlier (`_idle`)."""
     if coord is not None:
         steady = coord.phase == "running"
         return max(POLL_S, STEADY_PASS_S - (now_s - pass_s)) if steady else POLL_S
     if node is not None:
-        return min(STEADY_PASS_S, max(POLL_S, node.next_s - now_s))
+        return max(POLL_S, node.next_s - now_s)
     return POLL_S
 
 
@@ -449,7 +450,7 @@ class _NodeBeat:
         self.next_s = now + self.every_s
         self.counter += 1
         live = [c for c in children if not c.reported]
-        beats = keys.read_family(self.local, f"{keys.ROOT}/hb/", [str(c.wid) for c in live])
+        beats = _local_beats(self.local, [c.wid for c in live])
         record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
         linking = self._linking and not self.link.connected
         singles = [keys.GENERATION, keys.CONTROL_N, keys.JOB_DONE, *([keys.LINK] if linking else [])]
@@ -495,6 +496,16 @@ class _NodeBeat:
                                            else self._startup_timeout_s):  # node 0 may start late
             return COORDINATOR_LOST
         return None
+
+
+def _local_beats(local, wids: list[int]) -> dict[str, bytes]:
+    """The latest heartbeat of each worker of ``wids`` that has one, from the node's own
+    TCPStore: once every one has beaten (the steady state), two requests (a check of all,
+    a multi_get), not a check and a get per worker every node beat."""
+    names = [keys.heartbeat(w) for w in wids]
+    if names and local.check(names):
+        return {str(w): raw for w, raw in zip(wids, local.multi_get(names))}
+    return keys.read_family(local, f"{keys.ROOT}/hb/", [str(w) for w in wids])
 
 
 def _await_nodes(links, timeout_s: float) -> None:

@@ -21,6 +21,7 @@ Importing this module needs torch (the launcher and workers have it).
 from __future__ import annotations
 
 import base64
+import collections
 import datetime
 import http.client
 import json
@@ -66,10 +67,12 @@ class _Gateway:
         self._conn: http.client.HTTPConnection | None = None
         self._at = 0
         self._lock = threading.Lock()
+        self.requests: collections.Counter[str] = collections.Counter()   # path -> requests sent
 
     def call(self, path: str, body: dict) -> dict:
         data = json.dumps(body).encode()
         with self._lock:
+            self.requests[path] += 1
             last: Exception | None = None
             for _ in range(2 * len(self.endpoints)):
                 try:
@@ -114,6 +117,12 @@ class EtcdStore(dist.Store):
         self.prefix = _bytes(prefix)
         self._timeout = timeout
         self._gw = _Gateway(self.endpoints, request_timeout_s=10.0)
+
+    @property
+    def requests(self) -> collections.Counter[str]:
+        """Requests this handle sent, by gateway path (watch streams not counted): what a
+        pass or a node beat costs etcd, for tests and profiling."""
+        return self._gw.requests
 
     # --------------------------------------------------------------- c10d Store API
     def set(self, key: str, value: str | bytes) -> None:
@@ -187,7 +196,8 @@ class EtcdStore(dist.Store):
 
     # --------------------------------------------------------------- beyond c10d
     def put(self, key: str, value: str | bytes, lease: int | None = None) -> int:
-        """Set a key (optionally bound to a lease); returns the store's revision after it."""
+        """Set a key (optionally bound to a lease); returns the store's revision after it,
+        which is the key's mod_revision (a PrefixMirror shows the write once it has it)."""
         body = {"key": _b64(self.prefix + _bytes(key)), "value": _b64(_bytes(value))}
         if lease is not None:
             body["lease"] = str(lease)
@@ -230,12 +240,18 @@ class EtcdStore(dist.Store):
         return self._range_prefix(prefix)[0]
 
     def _range_prefix(self, prefix: str) -> tuple[dict[str, bytes], int]:
+        values, _, revision = self._range_prefix_revisions(prefix)
+        return values, revision
+
+    def _range_prefix_revisions(self, prefix: str) -> tuple[dict[str, bytes], dict[str, int], int]:
+        """({key: value}, {key: its mod_revision}, the store's revision) under ``prefix``."""
         start = self.prefix + _bytes(prefix)
         reply = self._gw.call("/v3/kv/range", {"key": _b64(start), "range_end": _b64(_prefix_end(start))})
         cut = len(self.prefix)
-        values = {base64.b64decode(kv["key"])[cut:].decode(): base64.b64decode(kv.get("value", ""))
-                  for kv in reply.get("kvs", [])}
-        return values, int(reply["header"]["revision"])
+        kvs = [(base64.b64decode(kv["key"])[cut:].decode(), kv) for kv in reply.get("kvs", [])]
+        values = {k: base64.b64decode(kv.get("value", "")) for k, kv in kvs}
+        revisions = {k: int(kv["mod_revision"]) for k, kv in kvs}
+        return values, revisions, int(reply["header"]["revision"])
 
     def mirror(self, prefix: str) -> PrefixMirror:
         """A local copy of every key under ``prefix``, kept current by one watch stream."""
@@ -323,12 +339,14 @@ class PrefixMirror:
     every tick; reading them from this copy costs etcd nothing per tick (each change
     arrives once, when written) where a range read per tick would send every record again
     every 5 ms. A broken stream is reopened from the last revision seen; after a
-    compaction the prefix is read afresh. ``get_prefix`` answers like EtcdStore's.
+    compaction the prefix is read afresh. ``get_prefix`` answers like EtcdStore's;
+    ``revision_of`` tells how new the copy of a key is (a writer that must not act on
+    its own overwritten value again compares it with the revision its write returned).
     """
 
     def __init__(self, store: EtcdStore, prefix: str) -> None:
         self.store, self.prefix = store, prefix
-        self._values, self._revision = store._range_prefix(prefix)
+        self._values, self._revisions, self._revision = store._range_prefix_revisions(prefix)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._conn: http.client.HTTPConnection | None = None
@@ -337,6 +355,16 @@ class PrefixMirror:
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         with self._lock:
             return {k: v for k, v in self._values.items() if k.startswith(prefix)}
+
+    def get(self, key: str) -> bytes | None:
+        """The copy's value of ``key`` (None: it does not hold it)."""
+        with self._lock:
+            return self._values.get(key)
+
+    def revision_of(self, key: str) -> int:
+        """The mod_revision of the copy's value of ``key`` (0: the copy does not hold it)."""
+        with self._lock:
+            return self._revisions.get(key, 0)
 
     def close(self) -> None:
         """Stop following: shut the stream's socket down, which ends the reader's readline
@@ -374,9 +402,9 @@ class PrefixMirror:
                     return
                 result = json.loads(line).get("result", {})
                 if int(result.get("compact_revision", 0)) > 0:  # history gone: read it afresh
-                    values, revision = self.store._range_prefix(self.prefix)
+                    values, revisions, revision = self.store._range_prefix_revisions(self.prefix)
                     with self._lock:
-                        self._values, self._revision = values, revision
+                        self._values, self._revisions, self._revision = values, revisions, revision
                     return
                 with self._lock:
                     for ev in result.get("events", []):
@@ -384,8 +412,10 @@ class PrefixMirror:
                         key = base64.b64decode(kv["key"])[cut:].decode()
                         if ev.get("type") == "DELETE":
                             self._values.pop(key, None)
+                            self._revisions.pop(key, None)
                         else:
                             self._values[key] = base64.b64decode(kv.get("value", ""))
+                            self._revisions[key] = int(kv["mod_revision"])
                         self._revision = max(self._revision, int(kv["mod_revision"]))
         finally:
             self._conn.close()

@@ -28,6 +28,14 @@ from seamguard.testbed.prom import need
 
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
+# A job rewrites each node's record every node beat (20 writes a second for 2 nodes at
+# the default 0.1 s) and etcd keeps every revision until it is compacted: without
+# auto-compaction the history of a days-long job fills etcd's default 2 GiB backend quota
+# and etcd refuses every write (NOSPACE alarm). Keep the last 10000 revisions (minutes of
+# a job; etcd 3.4 compacts every 5 min in this mode): a watch or a PrefixMirror that
+# falls that far behind reads its prefix afresh. Production etcd for seamguard needs the
+# same (https://etcd.io/docs/v3.4/op-guide/maintenance/#auto-compaction).
+COMPACTION = ("--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000")
 
 
 @dataclass
@@ -70,7 +78,7 @@ class EtcdServer:
                 [*self.exec_prefix, exe, "--name", "sg", "--data-dir", str(self.workdir / "data"),
                  "--listen-client-urls", client, "--advertise-client-urls", client,
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"sg={peer}"],
+                 "--initial-cluster", f"sg={peer}", *COMPACTION],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while not self._healthy():
