@@ -295,11 +295,16 @@ async def _first_of(flight: _Flight, klass: str, path: str, body: dict) -> tuple
     hedge budget allows, a copy goes along the path the router chooses now and the first of
     the two to produce a token is kept (hedge.py); the other is closed."""
     gw = flight.gw
-    mine = asyncio.ensure_future(_head(flight, path, body))
+    stall = getattr(gw.router, "stall_after_s", None)
+    mine: asyncio.Task | None = None
     second: _Flight | None = None
     theirs: asyncio.Task | None = None
     try:
-        if await _stalled(flight, mine, klass):
+        if stall is None or gw.cfg.hedge.share == 0:   # nothing to race: no task, no wait
+            head, lines = await _head(flight, path, body)
+            return flight, replay(head, lines)
+        mine = asyncio.ensure_future(_head(flight, path, body))
+        if await _stalled(flight, mine, stall):
             second = _second(flight, klass)
         if second is None:
             head, lines = await mine
@@ -322,7 +327,7 @@ async def _first_of(flight: _Flight, klass: str, path: str, body: dict) -> tuple
     except BaseException:
         if second is not None and not second.done:
             await second.drop(theirs, cancelled=True)
-        if not mine.done():
+        if mine is not None and not mine.done():
             mine.cancel()
             await asyncio.gather(mine, return_exceptions=True)
         if flight.resp is not None and not flight.done:
@@ -331,12 +336,10 @@ async def _first_of(flight: _Flight, klass: str, path: str, body: dict) -> tuple
         raise
 
 
-async def _stalled(flight: _Flight, mine: asyncio.Task, klass: str) -> bool:
-    """Wait until the request's own read ends (False) or its transfer counts as stalled (True);
-    False at once when the router cannot tell (no `stall_after_s`, no history) or hedging is off."""
-    stall = getattr(flight.gw.router, "stall_after_s", None)
-    if stall is None or flight.gw.cfg.hedge.share == 0:
-        return False
+async def _stalled(flight: _Flight, mine: asyncio.Task, stall) -> bool:
+    """Wait until the request's own read ends (False) or its transfer counts as stalled by the
+    router's ``stall`` rule (True); False once its decode request is out if the router cannot
+    tell (no peers' history yet)."""
     sent = asyncio.ensure_future(flight.sent.wait())
     await asyncio.wait({mine, sent}, return_when=asyncio.FIRST_COMPLETED)
     sent.cancel()
