@@ -18,6 +18,7 @@ from seamguard.runtime.launcher import STEADY_PASS_S, Child, _NodeBeat, _wait_s
 from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.store import EtcdStore
 from seamguard.testbed.multinode import EtcdServer
+from tests.runtime.coordinator_helpers import run_first_generation
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,16 +87,7 @@ def _running(etcd, events: list, mirror=None, nodes: int = 1):
                        store=f"etcd://{etcd.address}")
     trainers, spares = ([0, 1], [2]) if nodes == 1 else ([0, 2], [1, 3])
     c = Coordinator(store, s, trainers, spares, None, 30.0, events.append, clock=clock)
-    for w in trainers + spares:
-        other.set(keys.worker_addr(w), "h:1")
-    c.tick()
-    for w in c.plan.ranks:
-        other.set(keys.have(0, w), json.dumps({"own": [], "replicas": {}}))
-    c.tick()
-    for w in c.plan.ranks:
-        other.set(keys.recovered(0, w), json.dumps({"ok": True, "checksum": "ab", "step": 0}))
-    c.tick()
-    assert c.phase == "running"
+    run_first_generation(c, other, trainers + spares)
     for node in range(nodes):
         other.set(keys.node_beats(node), _record(1, 40, (0, 1) if nodes == 1 else (2 * node, 2 * node + 1)))
     if mirror is not None:

@@ -12,6 +12,7 @@ from seamguard.runtime import keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.worker import Runtime
+from tests.runtime.coordinator_helpers import run_first_generation
 
 
 class Counted:
@@ -53,16 +54,7 @@ def running():
     store, clock = Counted(), Clock()
     c = Coordinator(store, LaunchSettings(script=["x.py"], nproc=2), [0, 1], [2], None, 30.0,
                     lambda _: None, clock=clock)
-    for w in (0, 1, 2):
-        store.set(keys.worker_addr(w), "h:1")
-    c.tick()
-    for w in c.plan.ranks:
-        store.set(keys.have(0, w), json.dumps({"own": [], "replicas": {}}))
-    c.tick()
-    for w in c.plan.ranks:
-        store.set(keys.recovered(0, w), json.dumps({"ok": True, "checksum": "ab", "step": 0}))
-    c.tick()
-    assert c.phase == "running"
+    run_first_generation(c, store, [0, 1, 2])
     for w in (0, 1):
         beat(store, w, 1, 40)
     clock.t += 0.05
