@@ -509,7 +509,8 @@ def one_recovery(out: Path) -> dict:
     before = [r for r in rows if r[1] <= t_kill]
     after = [r for r in rows if r[1] > t_kill]
     events = read_events(out)
-    detected = next((e["t"] for e in events if e.get("event") == "detected"), None)
+    detection = next((e for e in events if e.get("event") == "detected"), {})
+    detected = detection.get("t")
     resumed = next((e for e in events if e.get("event") == "resumed" and e.get("gen", 0) > 0), None)
     worker = next((e for e in events if e.get("kind") == "recovered"), None)
     step_s = statistics.median(b[1] - a[1] for a, b in zip(before[-6:], before[-5:])) if len(before) > 5 else None
@@ -517,6 +518,7 @@ def one_recovery(out: Path) -> dict:
     return {
         "kill_to_step_s": round(after[0][1] - t_kill, 3) if after else None,
         "kill_to_detect_s": round(detected - t_kill, 3) if detected else None,
+        "detected_by": detection.get("kind"),
         "detect_to_resumed_s": round(resumed["recovery_s"], 3) if resumed else None,
         "worker_recovery_s": round(worker["seconds"], 3) if worker else None,
         "phases_s": worker.get("phases_s") if worker else None,

@@ -146,6 +146,29 @@ def test_slots_grown_on_a_thread_are_page_locked(tmp_path):
         slots.close()
 
 
+def test_a_spares_prepared_slot_is_page_locked_and_taken_by_the_first_snapshot(tmp_path):
+    """A hot spare prepares slot 0 (page-locked on its thread) while it waits; the first
+    snapshot after it takes a rank over copies into it without making a slot."""
+    from seamguard.runtime.snapshot import Layout
+
+    model, opt, state = _setup()
+    _step(model, opt)
+    slots = SlotStore(f"sgcuda6-{tmp_path.name}", 3)
+    try:
+        slots.prepare(Layout.build(state.named_tensors(), len(state.meta(1))).total_bytes)
+        deadline = time.monotonic() + 30
+        while slots._prepared is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        prepared = slots._prepared
+        assert prepared is not None and prepared.registered
+        cap = slots.begin(state, 1, timeout_s=10)
+        assert cap is not None and slots.slots == [prepared]
+        cap.wait()
+        assert torch.from_numpy(prepared.array).is_pinned()
+    finally:
+        slots.close()
+
+
 def test_checksum_of_a_gpu_model_equals_its_cpu_copys():
     """The recovery checksum streams GPU tensors through a pinned buffer in chunks; the
     digest must be the one the same bytes give on the CPU (ranks compare digests)."""

@@ -95,3 +95,52 @@ def test_a_slot_grown_after_close_is_deleted(tmp_path):
     slots.close()
     _wait_for(lambda: not slots._growing)
     assert not list(Path("/dev/shm").glob(f"{prefix}-slot*"))
+
+
+def _layout_bytes(state) -> int:
+    from seamguard.runtime.snapshot import Layout
+    return Layout.build(state.named_tensors(), len(state.meta(0))).total_bytes
+
+
+def test_a_prepared_slot_of_the_layouts_size_is_the_first_snapshots_slot(tmp_path):
+    """A hot spare prepares slot 0 with its node's ranks' slot size while it waits; the
+    first snapshot after it takes a rank over uses that slot instead of making one."""
+    state = _state()
+    prefix = f"sgslots5-{tmp_path.name}"
+    slots = SlotStore(prefix, 3, grow_ahead=True)
+    try:
+        nbytes = _layout_bytes(state)
+        slots.prepare(nbytes)
+        _wait_for(lambda: slots._prepared is not None)
+        prepared = slots._prepared
+        slots.prepare(nbytes)   # the same size again: kept, nothing made
+        assert slots._prepared is prepared and not slots._preparing
+        cap = slots.begin(state, 1, timeout_s=5)
+        assert cap is not None and slots.slots == [prepared] and slots._prepared is None
+        cap.wait()
+        slots.publish_manifest(prepared, slots.build_manifest(prepared, 0, 1), role=0)
+        read_orphan(*find_orphans(prefix, 0)[1])   # the snapshot in the prepared slot verifies
+        slots.prepare(nbytes)   # slots exist: a no-op
+        assert slots._prepared is None and not slots._preparing
+    finally:
+        slots.close()
+
+
+def test_a_prepared_slot_of_another_size_is_replaced_and_close_frees_it(tmp_path):
+    state = _state()
+    prefix = f"sgslots6-{tmp_path.name}"
+    slots = SlotStore(prefix, 3, grow_ahead=True)
+    nbytes = _layout_bytes(state)
+    slots.prepare(nbytes + 4096)
+    _wait_for(lambda: slots._prepared is not None)
+    cap = slots.begin(state, 1, timeout_s=5)   # the layout is smaller: a slot of its own size
+    assert cap is not None and slots.slots[0].array.size == nbytes
+    cap.wait()
+    assert Path(f"/dev/shm/{prefix}-slot0").stat().st_size == nbytes
+    slots.close()
+    other = SlotStore(f"{prefix}b", 3)
+    other.prepare(nbytes)
+    _wait_for(lambda: other._prepared is not None)
+    other.close()
+    for p in (prefix, f"{prefix}b"):
+        assert not list(Path("/dev/shm").glob(f"{p}-slot*"))

@@ -60,6 +60,33 @@ class Child:
     proc: subprocess.Popen | ForkedProcess
     reported: bool = False
 
+    def ended(self) -> int | None:
+        """Its exit code once it exited, or once it is irreversibly exiting (`exiting_code`),
+        else None."""
+        code = self.proc.poll()
+        return code if code is not None else exiting_code(self.proc.pid)
+
+
+_PF_EXITING = 0x4   # include/linux/sched.h: the task is in do_exit
+
+
+def exiting_code(pid: int) -> int | None:
+    """The exit code (as ``subprocess`` reports it) of a process that has begun exiting
+    but may not have finished, from /proc/<pid>/stat; None while it runs, or where the
+    kernel does not say. A process that dies holding gigabytes of page-locked memory and
+    a CUDA context takes most of a second to finish exiting (the H100 runs,
+    docs/benchmarks.md); ``waitpid`` only sees it then. The kernel marks the thread group
+    leader PF_EXITING (stat field 9) and stores its wait status (field 52, Linux >= 3.5)
+    before it releases any memory, and nothing it does afterwards runs user code, so the
+    launcher reports the loss at that point (proc(5))."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        flags, status = int(fields[9 - 3]), int(fields[52 - 3])
+        return os.waitstatus_to_exitcode(status) if flags & _PF_EXITING else None
+    except (OSError, IndexError, ValueError):
+        return None
+
 
 
 def _command(script: list[str]) -> list[str]:
@@ -257,7 +284,8 @@ def launch(s: LaunchSettings) -> int:
             if exporter is not None:
                 exporter.publish(lambda: render(coord.view(s.run_id)))
             now_s = time.monotonic()
-            exited = any(not c.reported and c.proc.poll() is not None for c in children)
+            ended = {c.wid: c.ended() for c in children if not c.reported}
+            exited = any(code is not None for code in ended.values())
             closed = tuple(links.poll()) if links is not None else ()
             due = exited or bool(closed) or coord is None or coord.phase != "running" \
                 or now_s - pass_s >= STEADY_PASS_S
@@ -265,10 +293,11 @@ def launch(s: LaunchSettings) -> int:
             # kill requests are keys that appear: looked for only when the key count moved
             kills_due = due and node is None and new_keys.appeared(store, now_s)
             for c in list(children):
-                if not c.reported and c.proc.poll() is not None:
+                code = None if c.reported else ended.get(c.wid)
+                if code is not None:
                     c.reported = True
-                    store.set(keys.exit_code(c.wid), str(c.proc.returncode))
-                    if c.proc.returncode != 0 and s.replenish_spares and \
+                    store.set(keys.exit_code(c.wid), str(code))
+                    if code != 0 and s.replenish_spares and \
                             not store.check([keys.JOB_DONE]) and respawned < s.max_recoveries:
                         respawned += 1
                         children.append(_spawn_spare(s, server, store, port, per_node,

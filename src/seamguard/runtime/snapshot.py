@@ -312,6 +312,9 @@ class SlotStore:
     (the newest earlier snapshot stays the one to recover from) instead of waiting."""
     _stream: Any = None
     _growing: bool = False
+    _prepared: Slot | None = None   # slot 0 made ahead of any layout (`prepare`)
+    _preparing: bool = False
+    _closed: bool = False
     _epoch: int = 0   # bumped when the slots are dropped: a slot grown for an older epoch is freed
 
     def _allocate(self, layout: Layout) -> None:
@@ -331,11 +334,50 @@ class SlotStore:
         """One more slot of the current layout. Its host memory is reserved at once
         (``posix_fallocate`` on /dev/shm, so a full tmpfs is an error here rather than a
         SIGBUS in the middle of a copy); its pages are mapped by the first copy into it,
-        which runs off the training thread when snapshots overlap."""
+        which runs off the training thread when snapshots overlap. The first one is the
+        slot `prepare` made, if it has the layout's size."""
         assert self.layout is not None
-        slot = self._make_slot(self.layout.total_bytes, len(self.slots))
+        nbytes, slot = self.layout.total_bytes, None
+        if not self.slots:   # (called with cond held) the file is slot 0's: not twice at once
+            self.cond.wait_for(lambda: not self._preparing)
+        if not self.slots and self._prepared is not None:
+            slot, self._prepared = self._prepared, None
+            if slot.array.size != nbytes:
+                self._free(slot)
+                slot = None
+        slot = slot or self._make_slot(nbytes, len(self.slots))
         self.slots.append(slot)
         return slot
+
+    def prepare(self, nbytes: int) -> None:
+        """Make slot 0 of ``nbytes`` on a thread before any layout exists, for the first
+        snapshot of a layout of that size to use: a hot spare does this while it waits,
+        with the size of its node's ranks' slots, so that the first snapshot after it takes
+        a rank over does not stall the step while seconds of host memory are page-locked
+        (3.5 s for 4.8 GB on an H100 host). A slot of another size is replaced; one whose
+        size no layout takes is freed when the first slot is made, or at `close`."""
+        with self.cond:
+            if self.slots or self._preparing or (self._prepared is not None
+                                                 and self._prepared.array.size == nbytes):
+                return
+            old, self._prepared, self._preparing = self._prepared, None, True
+
+        def make() -> None:
+            slot = None
+            try:
+                if old is not None:
+                    self._free(old)
+                slot = self._make_slot(nbytes, 0)
+            except OSError:
+                pass   # no host memory for it: the first snapshot makes its slot as before
+            with self.cond:
+                self._preparing = False
+                if slot is not None and not (self._closed or self.slots):
+                    self._prepared = slot
+                elif slot is not None:
+                    self._free(slot)
+                self.cond.notify_all()
+        threading.Thread(target=make, name="sg-slot-prepare", daemon=True).start()
 
     def _make_slot(self, nbytes: int, index: int) -> Slot:
         """Reserve, map and page-lock slot ``index``'s file (no lock held: seconds)."""
@@ -395,7 +437,9 @@ class SlotStore:
         with self.cond:
             for s in self.slots:
                 self._free(s)
-            self.slots = []
+            if self._prepared is not None:
+                self._free(self._prepared)
+            self.slots, self._prepared, self._closed = [], None, True
             self.latest = self.retained = -1
             self._epoch += 1
 

@@ -167,6 +167,7 @@ class Runtime:
         # named by this process and its launcher: a later launcher sweeps them once both are gone (runtime/shm.py)
         self.slots = SlotStore(shm.slot_prefix(run_id, os.getpid(), wid, launcher_pid, shm.pid_namespace()),
                                settings.snapshot_slots)
+        self._run_id = run_id
         self.replicas = replica.ReplicaStore(self.slots)
         self.server = replica.ReplicaServer(self.replicas, advertise_host,
                                             settings.replica_timeout_s, settings.dedup_replicas)
@@ -1109,9 +1110,33 @@ class Runtime:
             except (RuntimeError, ValueError, OSError):
                 pass  # store unreachable: the launcher is gone or restarting; keep beating
             self.clock.add("bg_heartbeat", time.perf_counter() - w0, time.thread_time() - c0)
+            if self.rank < 0:
+                self._prepare_spare_slot()
             # an idle spare is not judged by its heartbeat (only ranks are) and waits for its
             # rank on a store key, not on the generation seen here: it beats less often
             self._stop.wait(self.settings.heartbeat_interval_s * (1 if self.rank >= 0 else SPARE_BEAT_EVERY))
+
+    def _prepare_spare_slot(self) -> None:
+        """An idle hot spare whose model is on a GPU keeps one page-locked snapshot slot of
+        the size of its node's ranks' snapshots made ahead (`SlotStore.prepare`): the
+        first snapshot after it takes over a rank then does not stall that step for the
+        seconds page-locking takes. The sizes are read from the ranks' published slots in
+        /dev/shm (a file with a manifest beside it); a spare without a model yet (FSDP2's
+        spares build theirs once they know their rank) or on the CPU makes none."""
+        state = self.state
+        if state is None or not any(t.is_cuda for t in state.model.parameters()):
+            return
+        own = self.slots.prefix + "-slot"
+        sizes = []
+        for side in Path("/dev/shm").glob(f"seamguard-{self._run_id}-*-slot*.json"):
+            slot = side.with_name(side.name[:-len(".json")])
+            if not slot.name.startswith(own):
+                try:
+                    sizes.append(slot.stat().st_size)
+                except OSError:
+                    continue   # freed meanwhile
+        if sizes:
+            self.slots.prepare(max(sizes))
 
     def _note(self, kind: str, **fields) -> None:
         """Record a worker-side event: on stderr (the node launcher's log) in the launch's
