@@ -169,6 +169,35 @@ def test_a_spares_prepared_slot_is_page_locked_and_taken_by_the_first_snapshot(t
         slots.close()
 
 
+def test_a_spare_restores_an_orphan_through_its_prepared_slot(tmp_path):
+    """The spare copies a dead rank's snapshot into its page-locked prepared slot (hashed
+    as it is copied) and restores to the GPU from there, bit-identically."""
+    from seamguard.runtime.snapshot import Layout
+
+    model, opt, state = _setup()
+    _step(model, opt)
+    dead = SlotStore(f"sgcuda7d-{tmp_path.name}", 2)
+    spare = SlotStore(f"sgcuda7s-{tmp_path.name}", 2)
+    try:
+        slot = dead.capture(state, 1, timeout_s=10)
+        dead.publish_manifest(slot, dead.build_manifest(slot, 0, 1), role=0)
+        want = state_checksum(model)
+        manifest, path = find_orphans(dead.prefix, 0)[1]
+        spare.prepare(Layout.build(state.named_tensors(), len(state.meta(1))).total_bytes)
+        deadline = time.monotonic() + 30
+        while spare._prepared is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        into = spare.staging(manifest.total_bytes)
+        assert into is not None and torch.from_numpy(into).is_pinned()
+        _step(model, opt)   # move away from the snapshot
+        tensors, meta = tensors_of(manifest, read_orphan(manifest, path, into=into))
+        state.restore(tensors, meta)
+        assert state_checksum(model) == want
+    finally:
+        dead.close()
+        spare.close()
+
+
 def test_checksum_of_a_gpu_model_equals_its_cpu_copys():
     """The recovery checksum streams GPU tensors through a pinned buffer in chunks; the
     digest must be the one the same bytes give on the CPU (ranks compare digests)."""

@@ -144,3 +144,32 @@ def test_a_prepared_slot_of_another_size_is_replaced_and_close_frees_it(tmp_path
     other.close()
     for p in (prefix, f"{prefix}b"):
         assert not list(Path("/dev/shm").glob(f"{p}-slot*"))
+
+
+def test_an_orphan_read_into_staging_memory_is_copied_whole_and_verified(tmp_path):
+    """A spare restoring a dead rank's snapshot on a GPU copies it into its page-locked
+    prepared slot first (hashed as it is copied): the copy equals the orphan's bytes, and a
+    damaged tensor is refused as it is without the copy."""
+    import numpy as np
+    import pytest
+
+    state = _state()
+    prefix = f"sgslots7-{tmp_path.name}"
+    slots = SlotStore(prefix, 2)
+    try:
+        slot = slots.capture(state, 3, timeout_s=5)
+        slots.publish_manifest(slot, slots.build_manifest(slot, 0, 1), role=0)
+        manifest, path = find_orphans(prefix, 0)[3]
+        into = np.full(manifest.total_bytes + 64, 0xAB, dtype=np.uint8)
+        got = read_orphan(manifest, path, into=into)
+        assert np.shares_memory(got, into) and got.size == manifest.total_bytes
+        orphan = np.memmap(path, dtype=np.uint8, mode="r")
+        for e in manifest.entries:
+            assert bytes(got[e.offset:e.offset + e.nbytes]) == bytes(orphan[e.offset:e.offset + e.nbytes])
+        victim = manifest.entries[0]
+        slot.array[victim.offset] ^= 0xFF   # the dead process was overwriting it
+        with pytest.raises(ValueError, match="fails its hash"):
+            read_orphan(manifest, path, into=into)
+        assert slots.staging(manifest.total_bytes) is None   # no prepared, page-locked slot here
+    finally:
+        slots.close()

@@ -314,6 +314,7 @@ class SlotStore:
     _growing: bool = False
     _prepared: Slot | None = None   # slot 0 made ahead of any layout (`prepare`)
     _preparing: bool = False
+    _lent: bool = False   # the prepared slot holds a restore's bytes (`staging`): keep it
     _closed: bool = False
     _epoch: int = 0   # bumped when the slots are dropped: a slot grown for an older epoch is freed
 
@@ -341,7 +342,7 @@ class SlotStore:
         if not self.slots:   # (called with cond held) the file is slot 0's: not twice at once
             self.cond.wait_for(lambda: not self._preparing)
         if not self.slots and self._prepared is not None:
-            slot, self._prepared = self._prepared, None
+            slot, self._prepared, self._lent = self._prepared, None, False
             if slot.array.size != nbytes:
                 self._free(slot)
                 slot = None
@@ -357,8 +358,8 @@ class SlotStore:
         (3.5 s for 4.8 GB on an H100 host). A slot of another size is replaced; one whose
         size no layout takes is freed when the first slot is made, or at `close`."""
         with self.cond:
-            if self.slots or self._preparing or (self._prepared is not None
-                                                 and self._prepared.array.size == nbytes):
+            if self.slots or self._preparing or self._lent or (
+                    self._prepared is not None and self._prepared.array.size == nbytes):
                 return
             old, self._prepared, self._preparing = self._prepared, None, True
 
@@ -371,11 +372,11 @@ class SlotStore:
             except OSError:
                 pass   # no host memory for it: the first snapshot makes its slot as before
             with self.cond:
-                self._preparing = False
                 if slot is not None and not (self._closed or self.slots):
                     self._prepared = slot
                 elif slot is not None:
                     self._free(slot)
+                self._preparing = False
                 self.cond.notify_all()
         threading.Thread(target=make, name="sg-slot-prepare", daemon=True).start()
 
@@ -415,12 +416,13 @@ class SlotStore:
             except OSError:
                 pass   # no host memory for it: the captures go on with the slots there are
             with self.cond:
-                self._growing = False
                 if slot is not None and epoch == self._epoch and len(self.slots) == index:
                     self.slots.append(slot)
-                    self._grow_in_background()
                 elif slot is not None:
                     self._free(slot)
+                self._growing = False   # after the free: a slot grown too late is gone by then
+                if slot is not None and self.slots and self.slots[-1] is slot:
+                    self._grow_in_background()
                 self.cond.notify_all()
         threading.Thread(target=grow, name="sg-slot-grow", daemon=True).start()
 
@@ -432,6 +434,19 @@ class SlotStore:
             slot.registered = False
         slot.path.unlink(missing_ok=True)
         _sidecar(slot.path).unlink(missing_ok=True)
+
+    def staging(self, nbytes: int) -> np.ndarray | None:
+        """The prepared slot's page-locked memory, if it is ready and holds ``nbytes``: a
+        spare restoring a dead rank's snapshot copies it there first, so that the copy to
+        the GPU is a DMA from page-locked memory instead of going through the driver's
+        staging buffers from the dead rank's (pageable) mapping. The first snapshot then
+        takes the slot as usual."""
+        with self.cond:
+            slot = self._prepared
+            if slot is None or not slot.registered or slot.array.size < nbytes:
+                return None
+            self._lent = True
+            return slot.array
 
     def close(self) -> None:
         with self.cond:
@@ -647,14 +662,21 @@ def find_orphans(prefix: str, role: int) -> dict[int, tuple[Manifest, Path]]:
     return out
 
 
-def read_orphan(manifest: Manifest, path: Path) -> np.ndarray:
+def read_orphan(manifest: Manifest, path: Path, into: np.ndarray | None = None) -> np.ndarray:
     """An adopted slot's bytes, every tensor verified against its manifest (the process
     may have died while overwriting it). Mapped, not read: the restore copies from the
-    mapping directly (private, so nothing written through it reaches the file)."""
+    mapping directly (private, so nothing written through it reaches the file), or, given
+    ``into`` (page-locked memory, `SlotStore.staging`), from a copy there, hashed as it is
+    made."""
     data = np.memmap(path, dtype=np.uint8, mode="c")
     if data.size < manifest.total_bytes:
         raise ValueError(f"{path}: {data.size} bytes, manifest needs {manifest.total_bytes}")
-    digests = hash_spans(data, [(e.offset, e.nbytes) for e in manifest.entries])
+    spans = [(e.offset, e.nbytes) for e in manifest.entries]
+    if into is not None:
+        into = into[:manifest.total_bytes]
+        digests, data = hash_spans(into, spans, copy_from=data), into
+    else:
+        digests = hash_spans(data, spans)
     for e, digest in zip(manifest.entries, digests):
         if digest != e.xxh3:
             raise ValueError(f"{path}: tensor {e.name!r} of step {manifest.step} fails its hash")
@@ -665,20 +687,27 @@ _HASH_POOL: Any = None
 _PARALLEL_HASH_BYTES = 64 << 20
 
 
-def hash_spans(arr: np.ndarray, spans: list[tuple[int, int]]) -> list[str]:
-    """xxh3 of every ``(offset, nbytes)`` span of ``arr``, in order. Large states are
-    hashed on several threads (xxhash releases the GIL): one thread hashes about 10 GB/s,
-    slower than a GPU's device-to-host copy, so with a snapshot every step the pipeline,
-    not the copy, held a 4.8 GB state's training back (benchmarks/gpu_runtime.py)."""
+def hash_spans(arr: np.ndarray, spans: list[tuple[int, int]], copy_from: np.ndarray | None = None) -> list[str]:
+    """xxh3 of every ``(offset, nbytes)`` span of ``arr``, in order; with ``copy_from``,
+    each span is first copied there from the same span of it. Large states are hashed on
+    several threads (xxhash and numpy's copy release the GIL): one thread hashes about
+    10 GB/s, slower than a GPU's device-to-host copy, so with a snapshot every step the
+    pipeline, not the copy, held a 4.8 GB state's training back (benchmarks/gpu_runtime.py)."""
     global _HASH_POOL
+
+    def one(span: tuple[int, int]) -> str:
+        o, n = span
+        if copy_from is not None:
+            np.copyto(arr[o:o + n], copy_from[o:o + n])
+        return hash_bytes(arr[o:o + n])
     if sum(n for _, n in spans) < _PARALLEL_HASH_BYTES or len(spans) < 2:
-        return [hash_bytes(arr[o:o + n]) for o, n in spans]
+        return [one(span) for span in spans]
     if _HASH_POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _HASH_POOL = ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1)),
                                         thread_name_prefix="sg-hash")
-    return list(_HASH_POOL.map(lambda span: hash_bytes(arr[span[0]:span[0] + span[1]]), spans))
+    return list(_HASH_POOL.map(one, spans))
 
 
 def tensors_of(manifest: Manifest, payload: np.ndarray) -> tuple[dict[str, torch.Tensor], bytes]:

@@ -1336,7 +1336,7 @@ class Runtime:
             # that step survived, e.g. its holder died too)
             manifest, path = self._orphans[step]
             try:
-                payload = read_orphan(manifest, path)
+                payload = read_orphan(manifest, path, into=self.slots.staging(manifest.total_bytes))
             except (OSError, ValueError) as exc:
                 raise RecoveryError(f"adopted snapshot unusable: {exc}") from exc
             tensors, meta = tensors_of(manifest, payload)
