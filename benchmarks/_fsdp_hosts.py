@@ -108,17 +108,27 @@ def furthest_step(out: Path) -> int:
     return best
 
 
-def kill_host_at(c: Cluster, out: Path, step: int, procs: list[subprocess.Popen], timeout_s: float) -> dict | None:
-    """Kill LOST_HOST whole once some rank committed ``step``; the kill record per_failure reads."""
+def kill_host_at(c: Cluster, out: Path, step: int, procs: list[subprocess.Popen], timeout_s: float,
+                 phase: float = 0.0) -> dict | None:
+    """Kill LOST_HOST whole ``phase`` (0-1) of a step after some rank committed ``step``
+    (the step's length taken from when ``step - 1`` and ``step`` were first seen); the
+    kill record per_failure reads. A failure strikes at any moment of a step: a kill
+    right after a committed step would always land in the same part of the next one."""
     deadline = time.monotonic() + timeout_s
+    seen: dict[int, float] = {}
     while time.monotonic() < deadline and furthest_step(out) < step:
         if all(p.poll() is not None for p in procs):
             return None
-        time.sleep(0.05)
+        seen.setdefault(furthest_step(out), time.monotonic())
+        time.sleep(0.02)
+    now = time.monotonic()
+    step_s = now - seen[step - 1] if step - 1 in seen else 0.0
+    time.sleep(phase * step_s)
     reached = furthest_step(out)
     t = time.time()
     kill_host(c.tb, LOST_HOST)
-    return {"time_s": t, "step": reached + 1, "action": "host", "host": LOST_HOST}
+    return {"time_s": t, "step": reached + 1, "action": "host", "host": LOST_HOST,
+            "phase": round(phase, 3), "delay_s": round(phase * step_s, 3)}
 
 
 def wait_all(procs: dict[str, subprocess.Popen], timeout_s: float, grace_s: float = 20.0) -> dict[str, int | None]:
@@ -180,7 +190,7 @@ def torchrun_agents(c: Cluster, script: str, name: str, out: Path, args: list[st
     return procs
 
 
-def run_torchrun_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: int | None,
+def run_torchrun_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: tuple[int, float] | None,
                        ckpt_every: int) -> dict:
     out, chaos_dir = work / name, work / f"{name}_chaos"
     out.mkdir(parents=True, exist_ok=True)
@@ -189,12 +199,12 @@ def run_torchrun_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, hos
     t0 = time.perf_counter()
     procs = torchrun_agents(c, "torchrun_fsdp_train.py", name, out, args,
                             {**_chaos_env(chaos_dir, chaos), **NO_SHARED_STORE}, 3)
-    host_kill = kill_host_at(c, out, host_step, list(procs.values()), 300) if faults and host_step else None
+    host_kill = kill_host_at(c, out, host_step[0], list(procs.values()), 300, host_step[1]) if faults and host_step else None
     codes = wait_all(procs, 400)
     return _result(out, chaos_dir, host_kill, codes, time.perf_counter() - t0, same_generation_ok=False)
 
 
-def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: int | None) -> dict:
+def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: tuple[int, float] | None) -> dict:
     out = work / name
     chaos = ("--chaos", f"kill:rank={VICTIM_RANK},step={cfg.kills[0][0]},phase=step") if faults else ()
     job = MultiNodeJob(c.tb, list(HOSTS), c.etcd.url, out, run_id=f"{name}-{os.getpid()}",
@@ -207,7 +217,7 @@ def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, ho
     try:
         job.start()
         procs = list(job.procs.values())
-        host_kill = kill_host_at(c, out, host_step, procs, 300) if faults and host_step else None
+        host_kill = kill_host_at(c, out, host_step[0], procs, 300, host_step[1]) if faults and host_step else None
         codes = job.wait(400)
     finally:
         job.stop()
@@ -278,7 +288,7 @@ def recovery_phases(events: list[dict], rows, t_kill: float, gen: int) -> dict |
             "slowest_member_phases_s": max(notes, key=lambda e: e["t"])["phases_s"]}
 
 
-def run_torchft_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: int | None) -> dict:
+def run_torchft_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host_step: tuple[int, float] | None) -> dict:
     """One replica group per host, each under a one-node torchrun that restarts it."""
     out, chaos_dir = work / name, work / f"{name}_chaos"
     out.mkdir(parents=True, exist_ok=True)
@@ -298,7 +308,7 @@ def run_torchft_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host
                "--steps", str(cfg.steps), "--out", str(out), *cfg.model_args()]
         procs[f"group{g}"] = subprocess.Popen(cmd, stdout=open(work / f"{name}_group{g}.log", "wb"),  # noqa: SIM115
                                               stderr=subprocess.STDOUT)
-    host_kill = kill_host_at(c, out, host_step, list(procs.values()), 300) if faults and host_step else None
+    host_kill = kill_host_at(c, out, host_step[0], list(procs.values()), 300, host_step[1]) if faults and host_step else None
     codes = wait_all(procs, 400)
     r = _result(out, chaos_dir, host_kill, codes, time.perf_counter() - t0, same_generation_ok=True)
     per_step: dict[int, int] = {}
@@ -376,7 +386,8 @@ def torchft_available() -> str | None:
     return None
 
 
-def run_one(c: Cluster, system: str, cfg, work: Path, name: str, faults: bool, host_step: int) -> dict:
+def run_one(c: Cluster, system: str, cfg, work: Path, name: str, faults: bool,
+            host_step: tuple[int, float]) -> dict:
     hs = host_step if faults else None
     if system == "plain":
         return run_plain_hosts(c, cfg, work, name)
@@ -398,10 +409,12 @@ def run_reps(c: Cluster, systems: list[str], base, work: Path, reps: int, seed: 
     out = []
     for rep in range(reps):
         rank_step, host_step = kill_steps(rng, base.steps)
+        host_phase = rng.random()   # where in its step the host dies (kill_host_at)
         cfg = replace(base, kills=((rank_step, VICTIM_RANK),))
         order = rotated(systems, rep)
         print(f"rep {rep + 1}/{reps}: {cfg.steps} steps on 2 hosts x {PER_HOST}; rank {VICTIM_RANK} "
-              f"killed at step {rank_step}, host {LOST_HOST} killed at step {host_step}; "
+              f"killed at step {rank_step}, host {LOST_HOST} killed {host_phase:.2f} of a step after step "
+              f"{host_step}; "
               f"order {' '.join(order)}", flush=True)
         runs: dict[str, dict] = {}
         for system in order:
@@ -409,14 +422,14 @@ def run_reps(c: Cluster, systems: list[str], base, work: Path, reps: int, seed: 
             modes = [False] if system == "plain" else ([False, True] if rep % 2 == 0 else [True, False])
             for faults in modes:
                 name = f"r{rep}_{system}_{'faults' if faults else 'clean'}"
-                r = run_one(c, system, cfg, work, name, faults, host_step)
+                r = run_one(c, system, cfg, work, name, faults, (host_step, host_phase))
                 shutil.rmtree(work / name / "ckpt", ignore_errors=True)
                 runs[system]["faults" if faults else "clean"] = r
                 fails = ", ".join(f"{f['kind']} kill@{f['step']}: next step {f['resume_s']}s, lost "
                                   f"{f['steps_lost']}" for f in r["failures"])
                 print(f"  {system:9s} {'faults' if faults else 'clean ':6s} training {r['window_s']:6.1f}s "
                       f"(process {r['wall_s']:5.1f}s, last step {r['last_step']}) {fails}", flush=True)
-        out.append({"kills": [[rank_step, VICTIM_RANK], [host_step, f"host{LOST_HOST}"]],
+        out.append({"kills": [[rank_step, VICTIM_RANK], [host_step, f"host{LOST_HOST}", round(host_phase, 3)]],
                     "order": order, "runs": runs})
     return out
 

@@ -88,7 +88,6 @@ def exiting_code(pid: int) -> int | None:
         return None
 
 
-
 def _command(script: list[str]) -> list[str]:
     return [sys.executable, *script] if script[0].endswith(".py") else list(script)
 
