@@ -65,9 +65,10 @@ def main() -> None:
 
     x, y = make_data(args.dataset, args.dim, 10, args.seed)
     rt = sgr.init()  # sg
+    # built before the mesh: a hot spare builds it while it waits for a rank, not after
+    model = build_model(args.dim, args.hidden, args.layers, args.dropout, args.seed)
     mesh = rt.device_mesh(replicate=args.replicate)  # sg (was: init_device_mesh("cpu", shape):
     # shape (world_size,), or HSDP's (R, world_size // R) with mesh_dim_names ("replicate", "shard"))
-    model = build_model(args.dim, args.hidden, args.layers, args.dropout, args.seed)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)

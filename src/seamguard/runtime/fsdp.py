@@ -17,8 +17,9 @@ The group is registered with c10d as the default process group (backend "seamgua
 `init_device_mesh`, `DeviceMesh.from_group`, `dist.get_rank()` and user collectives all
 find it. The rank is fixed for the life of the process: a replacement spare takes over the
 lost rank's index, and its shard of parameters and optimizer state, so the layout FSDP2
-chose at `fully_shard` time stays valid. A spare therefore builds its model only once it
-knows its rank (`Runtime.device_mesh` blocks a spare until then).
+chose at `fully_shard` time stays valid. A spare therefore shards its model only once it
+knows its rank (`Runtime.device_mesh` blocks a spare until then; a model built before it
+is built while the spare waits).
 
 The idea of a wrapper that forwards to a replaceable inner group and swallows errors until
 it is reconfigured is torchft's (`torchft/process_group.py`:

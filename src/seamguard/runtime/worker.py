@@ -319,8 +319,9 @@ class Runtime:
     def device_mesh(self, replicate: int = 1):
         """FSDP2: the one-dimensional `DeviceMesh` over the job's ranks to pass to
         `fully_shard(..., mesh=rt.device_mesh())`, whose process group the runtime re-forms
-        after a loss (`seamguard.runtime.fsdp`). Call it before building the model: a spare
-        blocks here until it is given a rank, since FSDP2 lays the shards out by rank.
+        after a loss (`seamguard.runtime.fsdp`). Call it after building the model and
+        before `fully_shard`: a spare blocks here until it is given a rank, since FSDP2
+        lays the shards out by rank, so a model built first is built while it waits.
 
         HSDP: ``replicate=R`` (> 1) gives a 2-D mesh ("replicate", "shard") of shape
         (R, world/R): each row shards the model, the R rows replicate it (FSDP2
