@@ -108,18 +108,20 @@ def furthest_step(out: Path) -> int:
     return best
 
 
-def kill_host_at(c: Cluster, out: Path, step: int, procs: list[subprocess.Popen], timeout_s: float,
-                 phase: float = 0.0) -> dict | None:
-    """Kill LOST_HOST whole ``phase`` (0-1) of a step after some rank committed ``step``
-    (the step's length taken from when ``step - 1`` and ``step`` were first seen); the
-    kill record per_failure reads. A failure strikes at any moment of a step: a kill
-    right after a committed step would always land in the same part of the next one."""
+def kill_host_at(c: Cluster, out: Path, at: tuple[int, float], procs: list[subprocess.Popen],
+                 timeout_s: float) -> dict | None:
+    """``at`` = (step, phase): kill LOST_HOST whole ``phase`` (0-1) of a step after some
+    rank committed ``step`` (the step's length taken from when ``step - 1`` and ``step``
+    were first seen); the kill record per_failure reads. A failure strikes at any moment
+    of a step: a kill right after a committed step would always land in the same part of
+    the next one."""
+    step, phase = at
     deadline = time.monotonic() + timeout_s
     seen: dict[int, float] = {}
-    while time.monotonic() < deadline and furthest_step(out) < step:
+    while (furthest := furthest_step(out)) < step and time.monotonic() < deadline:
         if all(p.poll() is not None for p in procs):
             return None
-        seen.setdefault(furthest_step(out), time.monotonic())
+        seen.setdefault(furthest, time.monotonic())
         time.sleep(0.02)
     now = time.monotonic()
     step_s = now - seen[step - 1] if step - 1 in seen else 0.0
@@ -199,7 +201,7 @@ def run_torchrun_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, hos
     t0 = time.perf_counter()
     procs = torchrun_agents(c, "torchrun_fsdp_train.py", name, out, args,
                             {**_chaos_env(chaos_dir, chaos), **NO_SHARED_STORE}, 3)
-    host_kill = kill_host_at(c, out, host_step[0], list(procs.values()), 300, host_step[1]) if faults and host_step else None
+    host_kill = kill_host_at(c, out, host_step, list(procs.values()), 300) if faults and host_step else None
     codes = wait_all(procs, 400)
     return _result(out, chaos_dir, host_kill, codes, time.perf_counter() - t0, same_generation_ok=False)
 
@@ -217,7 +219,7 @@ def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, ho
     try:
         job.start()
         procs = list(job.procs.values())
-        host_kill = kill_host_at(c, out, host_step[0], procs, 300, host_step[1]) if faults and host_step else None
+        host_kill = kill_host_at(c, out, host_step, procs, 300) if faults and host_step else None
         codes = job.wait(400)
     finally:
         job.stop()
@@ -308,7 +310,7 @@ def run_torchft_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, host
                "--steps", str(cfg.steps), "--out", str(out), *cfg.model_args()]
         procs[f"group{g}"] = subprocess.Popen(cmd, stdout=open(work / f"{name}_group{g}.log", "wb"),  # noqa: SIM115
                                               stderr=subprocess.STDOUT)
-    host_kill = kill_host_at(c, out, host_step[0], list(procs.values()), 300, host_step[1]) if faults and host_step else None
+    host_kill = kill_host_at(c, out, host_step, list(procs.values()), 300) if faults and host_step else None
     codes = wait_all(procs, 400)
     r = _result(out, chaos_dir, host_kill, codes, time.perf_counter() - t0, same_generation_ok=True)
     per_step: dict[int, int] = {}

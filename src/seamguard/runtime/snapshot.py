@@ -416,12 +416,13 @@ class SlotStore:
             except OSError:
                 pass   # no host memory for it: the captures go on with the slots there are
             with self.cond:
-                if slot is not None and epoch == self._epoch and len(self.slots) == index:
+                kept = slot is not None and epoch == self._epoch and len(self.slots) == index
+                if kept:
                     self.slots.append(slot)
                 elif slot is not None:
                     self._free(slot)
                 self._growing = False   # after the free: a slot grown too late is gone by then
-                if slot is not None and self.slots and self.slots[-1] is slot:
+                if kept:
                     self._grow_in_background()
                 self.cond.notify_all()
         threading.Thread(target=grow, name="sg-slot-grow", daemon=True).start()
