@@ -79,6 +79,30 @@ def test_start_kill_replace_and_finish():
     assert c.tick() == "done" and store.get(keys.JOB_DONE) == b"ok"
 
 
+def test_steps_redone_count_where_the_members_stood_not_only_their_last_heartbeat():
+    """Heartbeats lag (one every 0.2 s, many short steps in between): the steps a recovery
+    redoes are counted from the step each member reports with its holdings."""
+    c, store, clock, log = make()
+    for w in (0, 1, 2):
+        store.set(keys.worker_addr(w), "h:1")
+    c.tick()
+    finish_generation(c, store, {})
+    beat(store, 0, 1, 5)   # the last beats said step 5 ...
+    beat(store, 1, 1, 5)
+    c.tick()
+    store.set(keys.exit_code(1), "-9")
+    c.tick()
+    gen = c.plan.gen
+    store.set(keys.have(gen, 0), json.dumps({"step": 8, "own": [6, 7], "replicas": {"1": [7]}}))   # ... it was at 8
+    store.set(keys.have(gen, 2), json.dumps({"step": 0, "own": [], "replicas": {}}))
+    c.tick()
+    for w in c.plan.ranks:
+        store.set(keys.recovered(gen, w), json.dumps({"ok": True, "checksum": "ab", "step": 7}))
+    c.tick()
+    resumed = [e for e in log if e["event"] == "resumed" and e["gen"] == gen]
+    assert resumed and resumed[0]["steps_redone"] == 1
+
+
 def test_frozen_heartbeat_is_evicted_and_failed_recovery_goes_to_disk(tmp_path):
     c, store, clock, log = make(ckpt=tmp_path)
     for w in (0, 1, 2):

@@ -206,8 +206,8 @@ def test_a_node_beat_is_one_etcd_request_and_two_local_ones(etcd):
     assert node.maybe_beat(children) is None
     assert sum(job.requests.values()) - before == 1
     # a check of the three heartbeat keys and one multi_get (before: a check and a get each),
-    # then the generation mirrored to the workers
-    assert node.local.requests == 3
+    # then the generation and its wake key mirrored to the workers
+    assert node.local.requests == 4
     record = json.loads(other.get(keys.node_beats(0)))
     assert {w: b["step"] for w, b in record["beats"].items()} == {"0": 7, "1": 8, "2": 9}
     assert children[2].proc.signals == [signal.SIGKILL] and not children[0].proc.signals
@@ -215,6 +215,42 @@ def test_a_node_beat_is_one_etcd_request_and_two_local_ones(etcd):
     node.local.requests = 0
     node.maybe_beat(children)
     assert node.local.requests == 2   # the generation did not change: not written again
+    node.link.close(orderly=False)
+
+
+def _until_local(node, key: str, timeout_s: float = 10.0) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if node.local.check([key]):
+            return node.local.get(key)
+        time.sleep(0.01)
+    raise AssertionError(f"{key} never reached the node's store")
+
+
+def test_a_new_generation_reaches_the_nodes_store_without_a_node_beat(etcd):
+    """The node's generation follower mirrors what the coordinator announces (the counter,
+    the generation, a wake key for every generation up to it) with no node beat run, and
+    at the job's end mirrors the wake key that carries it and stops."""
+    prefix = f"/follow-{uuid.uuid4().hex[:8]}/"
+    job, other = _store(etcd, prefix), _store(etcd, prefix)
+    node = _NodeBeat(job, LaunchSettings(script=["x.py"], nproc=1, store=f"etcd://{etcd.address}"))
+    other.set(keys.CONTROL_N, "0")
+    node.follow_generations(lambda: _store(etcd, prefix))
+    other.set(keys.GENERATION, "0")   # the coordinator's order: the generation, then its wake key
+    other.set(keys.wake(0), "1")
+    assert _until_local(node, keys.wake(0)) == b"1"
+    assert node.local.get(keys.GENERATION) == b"0" and node.local.get(keys.CONTROL_N) == b"0"
+    # generation 2 is announced before the follower read generation 1: both are woken
+    other.set(keys.CONTROL_N, "7")
+    other.set(keys.GENERATION, "2")
+    other.set(keys.wake(2), "1")
+    other.set(keys.wake(1), "1")
+    assert _until_local(node, keys.wake(2)) == b"1"
+    assert node.local.get(keys.wake(1)) == b"1"
+    assert node.local.get(keys.GENERATION) == b"2" and node.local.get(keys.CONTROL_N) == b"7"
+    other.set(keys.wake(3), "done")
+    assert _until_local(node, keys.wake(3)) == b"done"
+    assert node.local.get(keys.GENERATION) == b"2"
     node.link.close(orderly=False)
 
 
@@ -228,6 +264,7 @@ def test_a_node_beat_reads_a_worker_that_has_not_beaten_yet_as_absent(etcd):
 
 
 def test_a_node_launcher_sleeps_until_its_next_beat():
-    node = type("Beat", (), {"next_s": 10.1})()
-    assert _wait_s(None, node, pass_s=0.0, now_s=10.0) == pytest.approx(0.1)
-    assert 0.1 > STEADY_PASS_S   # before, it woke every STEADY_PASS_S with nothing to do
+    beat_s = LaunchSettings(script=["x.py"]).node_beat_s
+    node = type("Beat", (), {"next_s": 10.0 + beat_s})()
+    assert _wait_s(None, node, pass_s=0.0, now_s=10.0) == pytest.approx(beat_s)
+    assert beat_s > STEADY_PASS_S   # before, it woke every STEADY_PASS_S with nothing to do

@@ -3,6 +3,8 @@ read, and that reading less misses nothing (an exit, a hint, a control change)."
 
 import datetime
 import json
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -164,3 +166,42 @@ def test_a_heartbeat_reading_older_than_a_step_is_not_relied_on(monkeypatch):
     store.d[keys.STEP_MODES], store.d[keys.CONTROL_N] = b"80 - on", b"5"
     rank._control_beat, rank._last_step_s, rank._mirror_lag_s = (4, 99.95), 0.2, 0.2
     assert Runtime._controls(rank)[keys.STEP_MODES] == b"80 - on"
+
+
+def _follower(server: dist.TCPStore) -> SimpleNamespace:
+    """The part of a Runtime that `_follow_generations` uses, on its own client of ``server``."""
+    rank = SimpleNamespace(_stop=threading.Event(), _gen_seen=-1, _gen_lock=threading.Lock(),
+                           settings=SimpleNamespace(heartbeat_interval_s=0.2))
+    rank._beat_store = lambda: dist.TCPStore("127.0.0.1", server.port, None, False,
+                                             timeout=datetime.timedelta(seconds=5))
+    rank._see_generation = lambda gen: Runtime._see_generation(rank, gen)
+    return rank
+
+
+def _until(predicate, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_a_rank_learns_each_generation_from_its_wake_key_without_a_heartbeat():
+    """No heartbeat runs here: the follower alone sees generations as their wake keys
+    appear (a generation announced while it was away is taken as a whole), and it stops at
+    the wake key that carries the job's end instead of spinning on it."""
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=5))
+    rank = _follower(server)
+    follower = threading.Thread(target=Runtime._follow_generations, args=(rank,), daemon=True)
+    follower.start()
+    server.set(keys.GENERATION, "0")
+    server.set(keys.wake(0), "1")
+    _until(lambda: rank._gen_seen == 0, "generation 0 not seen")
+    server.set(keys.GENERATION, "3")
+    server.set(keys.wake(1), "1")
+    _until(lambda: rank._gen_seen == 3, "generation 3 not seen")
+    server.set(keys.wake(4), "done")   # JOB_DONE's wake key: the generation stays 3
+    follower.join(timeout=10)
+    assert not follower.is_alive() and rank._gen_seen == 3
+    rank._see_generation(2)   # the heartbeat's older reading never moves it back
+    assert rank._gen_seen == 3

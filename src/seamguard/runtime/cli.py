@@ -30,7 +30,7 @@ def launch(
     run_id: str = typer.Option("seamguard", "--run-id", help="Names this run's rendezvous and files."),
     store: str = typer.Option("tcp", "--store", metavar="<tcp|etcd://host:port[,host:port]>",
                               help="The job-wide store: node 0's TCPStore, or an etcd cluster (survives any node)."),
-    node_beat_s: float = typer.Option(0.1, "--node-beat-s",
+    node_beat_s: float = typer.Option(0.25, "--node-beat-s",
                                       help="With etcd or several nodes: seconds between a node's aggregated heartbeat records."),
     checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir",
                                                   help="Where persisted checkpoints go (none when unset)."),

@@ -555,6 +555,8 @@ class Coordinator:
                 if raw is None:
                     return
                 holdings[w] = json.loads(raw)
+            # where each member stands (its heartbeat may not have said yet): for steps redone
+            self._furthest_step = max([self._furthest_step, *(int(h.get("step", 0)) for h in holdings.values())])
             self.store.set(keys.resume(gen), json.dumps(self._choose_resume(holdings)))
             self._resume_written = True
             return

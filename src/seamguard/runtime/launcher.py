@@ -6,7 +6,8 @@ expect, plus SEAMGUARD_* variables for the runtime. Node 0 runs the Coordinator 
 the job-wide store is etcd (``--store etcd://…``, runtime/store.py), hosts the TCPStore.
 With etcd or several nodes the membership is aggregated per node: workers beat to a
 TCPStore their own launcher hosts on 127.0.0.1, and the launcher writes one record for
-the node to the job-wide store every node beat (docs/runtime.md, "Many nodes"). Every
+the node to the job-wide store every node beat (docs/runtime.md, "Many nodes"), and mirrors
+each new generation into its node's store the moment it is announced. Every
 node's launcher reports its children's exits to the store the moment
 `waitpid` sees them (this is how a killed rank is detected in milliseconds), carries out
 kill requests for its own children, and turns hint files into store keys. Every node's
@@ -25,9 +26,12 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch.distributed as dist
 
 from seamguard.ports import free_port
 from seamguard.runtime import keys, shm, stepmodes
@@ -50,7 +54,8 @@ POLL_S = 0.005
 # the launcher used as much CPU as a training rank (FSDP2 --quick job, docs/benchmarks.md).
 # In between the launcher sleeps on the zygote's socket, so an exit still triggers a pass
 # at once; hang detection is 1 s.
-STEADY_PASS_S = 0.05
+STEADY_PASS_S = 0.1
+FOLLOW_WAIT_S = 5.0   # one wait of a node's generation follower, renewed after it
 COORDINATOR_LOST = b"coordinator lost"
 
 
@@ -238,6 +243,8 @@ def launch(s: LaunchSettings) -> int:
               "give every job its own --run-id (e.g. the scheduler's job id)", file=sys.stderr)
         return 2
     node = _NodeBeat(store, s) if s.aggregate else None
+    if node is not None:
+        node.follow_generations(lambda: jobstore.connect(s.store_url, s.master_addr, port, s.startup_timeout_s))
     events = EventLog(s.log_format, s.events_file)
     who = f"node {s.node_rank}/{s.nnodes}" if s.nnodes > 1 else "launcher"
     set_title(f"seamguard launch: {who} run {s.run_id}")
@@ -453,9 +460,7 @@ class _NodeBeat:
     On etcd the node beat is one request (a transaction: the record's put and the reads
     of the generation, the node's kill keys, the job's end and node 0's record, which
     tells the other nodes the coordinator is alive), whatever the node's rank count."""
-
     def __init__(self, job, s: LaunchSettings) -> None:
-        import torch.distributed as dist
 
         self.job, self.node, self.every_s = job, s.node_rank, s.node_beat_s
         self.local = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
@@ -463,8 +468,8 @@ class _NodeBeat:
         self.address = f"127.0.0.1:{self.local.port}"
         self.counter = 0
         self.next_s = 0.0   # when the next node beat is due (monotonic)
-        self._gen: bytes | None = None
-        self._control: bytes | None = None
+        self._gen = self._control = -1   # mirrored into the node's store so far
+        self._mirror_lock = threading.Lock()
         self._coordinator_timeout_s, self._startup_timeout_s = s.coordinator_timeout_s, s.startup_timeout_s
         self._coordinator: tuple[int | None, float] = (None, time.monotonic())
         self.link = LinkClient(s.run_id, s.node_rank)   # to the coordinator (node 0 has none)
@@ -490,19 +495,53 @@ class _NodeBeat:
             return None if self.node == 0 else self._coordinator_silent(self._coordinator[0], now)
         if linking:
             self.link.ensure((got[keys.LINK] or b"").decode(), now)
-        control = got[keys.CONTROL_N]
-        if control is not None and control != self._control:   # mirrored first: a worker
-            self.local.set(keys.CONTROL_N, control)              # that sees the generation
-            self._control = control                              # sees the counter too
-        gen = got[keys.GENERATION]
-        if gen is not None and gen != self._gen:
-            self.local.set(keys.GENERATION, gen)
-            self._gen = gen
+        self._mirror(got[keys.CONTROL_N], got[keys.GENERATION])
         for c in live:
             if str(c.wid) in kills:
                 c.proc.send_signal(signal.SIGKILL)
         done = got[keys.JOB_DONE]
         return done if done is not None or self.node == 0 else self._coordinator_silent(got[keys.node_beats(0)], now)
+
+    def _mirror(self, control: bytes | None, gen: bytes | None) -> None:
+        """Copy the control counter, then the generation and the wake keys up to it, into
+        the node's store, only ever forward (two threads read them at different times):
+        a worker that sees the generation sees the counter too."""
+        with self._mirror_lock:
+            if control is not None and int(control) > self._control:
+                self.local.set(keys.CONTROL_N, control)
+                self._control = int(control)
+            if gen is not None and int(gen) > self._gen:
+                self.local.set(keys.GENERATION, gen)
+                for g in range(self._gen + 1, int(gen) + 1):
+                    self.local.set(keys.wake(g), "1")
+                self._gen = int(gen)
+
+    def follow_generations(self, connect) -> None:
+        """Mirror each new generation the moment the coordinator announces it (a thread
+        blocked on its wake key in the job's store, on a connection ``connect()`` makes),
+        not a node beat later: a node's workers learn of a recovery as fast as with one
+        store, and the node beat's period only bounds how stale a heartbeat record is."""
+        threading.Thread(target=self._follow, args=(connect,), name="sg-node-generations", daemon=True).start()
+
+    def _follow(self, connect) -> None:
+        job = None
+        while True:
+            nxt = self._gen + 1
+            try:
+                job = job or connect()
+                job.wait([keys.wake(nxt)], datetime.timedelta(seconds=FOLLOW_WAIT_S))
+                woke = job.get(keys.wake(nxt))
+                control, gen = keys.read_existing(job, [keys.CONTROL_N, keys.GENERATION])
+            except dist.DistStoreError:
+                continue   # no new generation within FOLLOW_WAIT_S
+            except (RuntimeError, OSError, ValueError):
+                job = None   # the job's store is unreachable: the node beat judges that
+                time.sleep(self.every_s)
+                continue
+            if int(gen) < nxt:   # the wake key without a generation: the job's end
+                self.local.set(keys.wake(nxt), woke)
+                return
+            self._mirror(control, gen)
 
     def _exchange(self, record: str, singles: list[str], live: list[Child]) -> tuple[dict, set[str]]:
         """Write this node's beat; read the job's keys and the kill requests for its workers."""

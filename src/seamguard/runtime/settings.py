@@ -60,7 +60,7 @@ class RuntimeSettings:
     on) the newest persisted step, kept so a rollback to it reads memory, not storage."""
     collective_timeout_s: float = 30.0
     """Upper bound on one gradient collective before the rank reports a suspect group."""
-    heartbeat_interval_s: float = 0.05
+    heartbeat_interval_s: float = 0.2
     """Period of the liveness/progress heartbeat written to the store."""
     recovery_timeout_s: float = 60.0
     """Bound on every wait inside a recovery (plan, state transfer, group formation)."""
@@ -157,7 +157,7 @@ class LaunchSettings:
     store: str = "tcp"
     """The job-wide store: ``tcp`` (node 0's launcher hosts a TCPStore) or
     ``etcd://host:port[,host:port…]`` (an etcd cluster; runtime/store.py)."""
-    node_beat_s: float = 0.1
+    node_beat_s: float = 0.25
     """With per-node aggregation (an etcd store or several nodes), how often each node's
     launcher writes its workers' heartbeats to the job-wide store as one record."""
     coordinator_timeout_s: float = 10.0

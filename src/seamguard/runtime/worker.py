@@ -47,6 +47,9 @@ from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_
 
 _QUEUED = "queued"   # a snapshot in flight that is already in the pipeline's queue
 
+FOLLOW_WAIT_S = 5.0
+"""How long one wait for the next generation's wake key lasts before it is renewed."""
+
 SPARE_BEAT_EVERY = 4
 """An idle spare's heartbeat period, in heartbeat intervals."""
 
@@ -89,7 +92,7 @@ def _host_port(text: str) -> tuple[str, int] | None:
 
 # how often a wait for a collective looks for a new generation or its timeout; completion
 # itself wakes it at once (an event set from gloo's thread), so this only bounds cancelling
-_WAKE_S = 0.01
+_WAKE_S = 0.05
 _WAKE_TD = datetime.timedelta(seconds=_WAKE_S)
 
 
@@ -202,7 +205,8 @@ class Runtime:
         self._live_ok = False  # the live model/optimizer hold exactly the start of self.step
         self._private: tuple[int, dict[str, bytes]] = (-1, {})  # start-of-step meta + buffers
         self._meta_target: tuple[int, str, int] = (-1, "", -1)  # (gen, holder address, role)
-        self._gen_seen = -1
+        self._gen_seen = -1       # newest generation announced (written by `_see_generation`)
+        self._gen_lock = threading.Lock()
         self._phase = "start"
         self._compute_s = 0.0   # the last step's split, for the job's metrics: compute before the
         self._comm_s = 0.0      # gradient collective, the collective itself, and the time the step
@@ -242,6 +246,7 @@ class Runtime:
         self.store.set(keys.worker_slots(wid), self.slots.prefix)
         self._stop = threading.Event()
         threading.Thread(target=self._heartbeat_loop, name="sg-heartbeat", daemon=True).start()
+        threading.Thread(target=self._follow_generations, name="sg-generations", daemon=True).start()
         threading.Thread(target=self._pipeline_loop, name="sg-snapshot-pipeline", daemon=True).start()
 
     # ------------------------------------------------------------------ setup
@@ -1087,9 +1092,43 @@ class Runtime:
             time.sleep(0.01)
 
     # ------------------------------------------------------------------ heartbeats
+    def _beat_store(self) -> dist.Store:
+        """A connection of its own to where this worker beats: its node's launcher's store
+        (multi-node, etcd), else the job's."""
+        return (_connect(*self._node_store, self.settings.recovery_timeout_s) if self._node_store
+                else _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url))
+
+    def _see_generation(self, gen: int) -> None:
+        """Record that generation ``gen`` was announced (two threads learn of them)."""
+        with self._gen_lock:
+            self._gen_seen = max(self._gen_seen, gen)
+
+    def _follow_generations(self) -> None:
+        """Learn of each new generation the moment it is announced: block on its wake key
+        (the coordinator sets it, and a node's launcher mirrors it for its workers, after
+        the generation key) in the store this worker beats to, which pushes the key when
+        it appears. A rank waiting on a collective a new generation overtook is thereby
+        released within one collective wake-up (``_WAKE_S``), not a heartbeat (and a node
+        beat) later, so heartbeats can be slow: they only prove liveness and progress."""
+        store = None
+        while not self._stop.is_set():
+            try:
+                store = store or self._beat_store()
+                nxt = self._gen_seen + 1
+                store.wait([keys.wake(nxt)], datetime.timedelta(seconds=FOLLOW_WAIT_S))
+                gen = int(store.get(keys.GENERATION))
+            except dist.DistStoreError:
+                continue   # no new generation within FOLLOW_WAIT_S
+            except (RuntimeError, ValueError, OSError):
+                store = None   # the store went away (launcher restarting, job ending): retry
+                self._stop.wait(self.settings.heartbeat_interval_s)
+                continue
+            if gen < nxt:
+                return   # the wake key without a generation: the job's end (JOB_DONE)
+            self._see_generation(gen)
+
     def _heartbeat_loop(self) -> None:
-        store = (_connect(*self._node_store, self.settings.recovery_timeout_s) if self._node_store
-                 else _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url))
+        store = self._beat_store()
         counter, both = 0, False   # both: the generation and the control counter exist
         watched = [keys.GENERATION, keys.CONTROL_N]
         while not self._stop.is_set():
@@ -1105,9 +1144,10 @@ class Runtime:
                 both = both or store.check(watched)   # keys are never deleted: checked until seen
                 if both:
                     gen, control = keys.read_existing(store, watched)
-                    self._gen_seen, self._control_beat = int(gen), (int(control), t_read)
+                    self._see_generation(int(gen))
+                    self._control_beat = (int(control), t_read)
                 elif store.check([keys.GENERATION]):
-                    self._gen_seen = int(store.get(keys.GENERATION))
+                    self._see_generation(int(store.get(keys.GENERATION)))
             except (RuntimeError, ValueError, OSError):
                 pass  # store unreachable: the launcher is gone or restarting; keep beating
             self.clock.add("bg_heartbeat", time.perf_counter() - w0, time.thread_time() - c0)
@@ -1255,7 +1295,7 @@ class Runtime:
             self._adopt(plan.replaced[role], role)
             orphans = {str(role): sorted(self._orphans)}
         self.store.set(keys.have(gen, self.wid), json.dumps(
-            {"own": self.slots.steps(),
+            {"step": self.step, "own": self.slots.steps(),
              "replicas": self.replicas.valid_steps(live=self.settings.dedup_replicas),
              "orphans": orphans}))
         lap("report_holdings")
