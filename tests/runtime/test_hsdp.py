@@ -82,3 +82,19 @@ def test_an_hsdp_rank_lost_with_its_node_between_snapshots_redoes_one_step(tmp_p
     assert chosen and chosen[-1]["source"] == "memory" and chosen[-1]["step"] == 8, chosen
     redone = _redone(r)
     assert redone and max(redone) <= 1, redone
+
+
+def test_an_hsdp_rank_lost_right_after_its_optimizer_step_redoes_nothing(tmp_path, clean_hsdp):
+    # rank 3 dies just after applying step 8's update, before step 9's start could send its
+    # private bytes: the survivors are at step 9. The part of them only rank 3 had (RNG
+    # states: dropout is on) went to its holder when step 8's collectives finished, so the
+    # spare takes the start of step 9 from the holder's live shard, instead of the job going
+    # back to the newest full snapshot (step 5, 4 steps redone)
+    r = launch(tmp_path, "window", nproc=4, spares=1, steps=14, chaos="kill:rank=3,step=8,phase=optimizer",
+               script="train_fsdp.py", script_args=HSDP, extra=("--snapshot-every", "5"))
+    assert r.code == 0, r.stderr
+    assert _shards(r, 4) == clean_hsdp
+    chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
+    assert chosen and chosen[-1]["source"] == "memory" and chosen[-1]["step"] == 9, chosen
+    assert _redone(r) == [0]
+    assert not r.notes("rank_part_off")

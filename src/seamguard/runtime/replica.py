@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from seamguard.runtime.manifest import Manifest, TensorEntry, hash_bytes
-from seamguard.runtime.snapshot import META, SlotStore
+from seamguard.runtime.snapshot import META, SlotStore, with_rank_private
 
 
 SHM = Path("/dev/shm")
@@ -108,6 +108,10 @@ class ReplicaStore:
     keep_meta: int = 4
     held: dict[int, list[HeldReplica]] = field(default_factory=dict)
     metas: dict[int, dict[int, dict[str, bytes]]] = field(default_factory=dict)
+    parts: dict[int, dict[int, dict[str, bytes]]] = field(default_factory=dict)
+    """Per role and step, the role's own part of the step's private bytes (RNG states,
+    buffers), sent as soon as the step before had done its collectives; completed from
+    our own meta blob of that step (`snapshot.with_rank_private`)."""
     pool: dict[tuple[int, str], list[np.ndarray]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -131,9 +135,9 @@ class ReplicaStore:
             for role, reps in self.held.items():
                 out[str(role)] = [r.step for r in reps if self._refs_intact(r)]
             if live:
-                for role, metas in self.metas.items():
-                    steps = set(out.get(str(role), [])) | (own & set(metas))
-                    out[str(role)] = sorted(steps)
+                for role in set(self.metas) | set(self.parts):
+                    known = set(self.metas.get(role, {})) | set(self.parts.get(role, {}))
+                    out[str(role)] = sorted(set(out.get(str(role), [])) | (own & known))
         return out
 
     def forget_after(self, step: int) -> None:
@@ -142,13 +146,14 @@ class ReplicaStore:
         with self.lock:
             for role in list(self.held):
                 self.held[role] = [r for r in self.held[role] if r.step <= step]
-            for metas in self.metas.values():
+            for metas in [*self.metas.values(), *self.parts.values()]:
                 for s in [s for s in metas if s > step]:
                     del metas[s]
 
-    def put_meta(self, role: int, step: int, private: dict[str, bytes]) -> None:
+    def put_meta(self, role: int, step: int, private: dict[str, bytes], part: bool = False) -> None:
+        """Keep a role's private bytes of a step (``part``: only its own part of them)."""
         with self.lock:
-            m = self.metas.setdefault(role, {})
+            m = (self.parts if part else self.metas).setdefault(role, {})
             m[step] = private
             for old in sorted(m)[:-self.keep_meta]:
                 del m[old]
@@ -158,10 +163,14 @@ class ReplicaStore:
         with the role's step-private bytes (meta, buffers) in place of ours."""
         with self.lock:
             private = self.metas.get(role, {}).get(step)
+            part = self.parts.get(role, {}).get(step)
         own = self.slots.find(step)
-        if private is None or own is None or own.manifest is None:
+        if (private is None and part is None) or own is None or own.manifest is None:
             return None
         assert self.slots.layout is not None
+        if private is None:
+            e = next(e for e in own.manifest.entries if e.name == META)
+            private = with_rank_private(bytes(own.array[e.offset:e.offset + e.nbytes]), part)
         entries = []
         for e in own.manifest.entries:
             data = private.get(e.name)
@@ -193,6 +202,7 @@ class ReplicaStore:
         with self.lock:
             self.held.clear()
             self.metas.clear()
+            self.parts.clear()
 
 
 class ReplicaServer:
@@ -314,7 +324,7 @@ class ReplicaServer:
                 raise ReplicaError(f"step-private {name!r} of role {req['role']} step "
                                    f"{req['step']} arrived corrupted")
             private[name] = data
-        self.store.put_meta(int(req["role"]), int(req["step"]), private)
+        self.store.put_meta(int(req["role"]), int(req["step"]), private, part=bool(req.get("part")))
         _send_json(conn, {"ok": True})
 
     def _on_fetch(self, conn: socket.socket, req: dict) -> None:
@@ -386,12 +396,13 @@ def push(address: str, role: int, manifest: Manifest, payload: np.ndarray, timeo
 
 
 def push_meta(address: str, role: int, step: int, private: dict[str, bytes],
-              timeout_s: float) -> None:
-    """Send one step's private bytes of ``role`` (meta, buffers; small) to its holder."""
+              timeout_s: float, part: bool = False) -> None:
+    """Send one step's private bytes of ``role`` (meta, buffers; small) to its holder;
+    ``part``: only the role's own part of them (`TrainingState.rank_private`)."""
     host, port = address.rsplit(":", 1)
     parts = [(name, len(data), hash_bytes(data)) for name, data in private.items()]
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-        _send_json(sock, {"op": "meta", "role": role, "step": step, "parts": parts})
+        _send_json(sock, {"op": "meta", "role": role, "step": step, "parts": parts, "part": part})
         for data in private.values():
             if data:
                 sock.sendall(data)

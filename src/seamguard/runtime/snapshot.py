@@ -96,23 +96,34 @@ class TrainingState:
     def step_private(self, step: int) -> dict[str, bytes]:
         """What changes during a step before the optimizer runs: the meta blob and the
         model buffers, as bytes (small; taken at the start of every step)."""
-        sd = self.model.state_dict(keep_vars=True)
-        out = {name: _bytes_of(sd[name[len("model/"):]]) for name in self.buffer_names()}
+        out = self._buffers()
         out[META] = self.meta(step)
         return out
+
+    def rank_private(self) -> dict[str, bytes]:
+        """The part of the next step's private bytes that only this rank has: its model
+        buffers and RNG states (the meta blob holding only ``rng``). Its data-parallel
+        replicas share the rest (optimizer settings and scalars, and the data position,
+        which is the global batch sampler's step), so
+        a holder completes it from its own (`with_rank_private`). Taken once a step's
+        collectives are done, it equals what the next step's start will hold unless the
+        training loop draws random numbers or changes buffers after ``sync_gradients()``."""
+        out = self._buffers()
+        out[META] = pickle.dumps({"rng": _rng_state()}, protocol=pickle.HIGHEST_PROTOCOL)
+        return out
+
+    def _buffers(self) -> dict[str, bytes]:
+        sd = self.model.state_dict(keep_vars=True)
+        return {name: _bytes_of(sd[name[len("model/"):]]) for name in self.buffer_names()}
 
     def meta(self, step: int) -> bytes:
         opt_scalars = {pid: {k: v for k, v in self.optimizer.state.get(p, {}).items()
                              if not isinstance(v, torch.Tensor)}
                        for pid, p in enumerate(self._params)}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        rng: dict[str, Any] = {"torch": torch.get_rng_state().numpy().tobytes(),
-                               "python": random.getstate(), "numpy": np.random.get_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
         data = self.data_state(step) if callable(self.data_state) else {"step": step}
         return pickle.dumps({"step": step, "groups": groups, "opt_scalars": opt_scalars,
-                             "rng": rng, "data": data}, protocol=pickle.HIGHEST_PROTOCOL)
+                             "rng": _rng_state(), "data": data}, protocol=pickle.HIGHEST_PROTOCOL)
 
     def restore(self, tensors: dict[str, torch.Tensor], meta_bytes: bytes) -> dict[str, Any]:
         """Put a snapshot back (bytes are copied, never aliased). Returns the meta dict."""
@@ -187,6 +198,24 @@ def _scalar_on_device(group: dict) -> bool:
     """Whether an optimizer keeps its 0-d state (Adam's ``step``) on the parameter's
     device: the fused and capturable implementations do, and refuse a CPU one."""
     return bool(group.get("fused") or group.get("capturable"))
+
+
+def with_rank_private(own_meta: bytes, rank: dict[str, bytes]) -> dict[str, bytes]:
+    """A rank's whole step-private bytes from its replica holder's own meta blob of the
+    same step and the rank's part (`TrainingState.rank_private`): the holder's optimizer
+    settings, scalars and data position, which data-parallel replicas share, with the
+    rank's RNG states and buffers."""
+    meta = pickle.loads(own_meta)
+    meta["rng"] = pickle.loads(rank[META])["rng"]
+    return {**rank, META: pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)}
+
+
+def _rng_state() -> dict[str, Any]:
+    rng: dict[str, Any] = {"torch": torch.get_rng_state().numpy().tobytes(),
+                           "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
+    return rng
 
 
 def _restore_rng(rng: dict[str, Any]) -> None:

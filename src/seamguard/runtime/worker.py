@@ -205,6 +205,8 @@ class Runtime:
         self._live_ok = False  # the live model/optimizer hold exactly the start of self.step
         self._private: tuple[int, dict[str, bytes]] = (-1, {})  # start-of-step meta + buffers
         self._meta_target: tuple[int, str, int] = (-1, "", -1)  # (gen, holder address, role)
+        self._part: tuple[int, int, dict[str, bytes]] | None = None  # (gen, step, rank_private()) sent
+        self._part_ok: bool | None = None   # the parts sent so far held (None: none checked yet)
         self._gen_seen = -1       # newest generation announced (written by `_see_generation`)
         self._gen_lock = threading.Lock()
         self._phase = "start"
@@ -456,9 +458,12 @@ class Runtime:
         the step is finished here, before the optimizer may change what it copies.
         """
         try:
-            return self._sync_gradients()
+            ok = self._sync_gradients()
         finally:
             self._finish_snapshot()
+        if ok:
+            self._send_rank_part()
+        return ok
 
     def _sync_gradients(self) -> bool:
         assert self.sampler is not None and self.plan is not None
@@ -740,10 +745,14 @@ class Runtime:
         Synchronous on purpose (a few KiB, one round trip): a rank lost during the step has
         always delivered them. A frozen holder is killed by hang detection (1 s), which
         breaks the connection; one that still does not answer within 5 s costs this step's
-        live replica only (a recovery then resumes from an older common step).
+        live replica only (a recovery then resumes from an older common step). Not sent
+        when the rank's part of them, sent as the previous step's collectives finished,
+        holds (`_send_rank_part`): the holder completes that part from its own.
         """
-        if not self._live_recovery():
-            return
+        if self._live_recovery() and not self._rank_part_holds():
+            self._push_private(self.step, self._private[1], part=False)
+
+    def _push_private(self, step: int, private: dict[str, bytes], part: bool) -> bool:
         try:
             if self._meta_target[0] != self.gen:
                 plan = self.plan
@@ -751,10 +760,41 @@ class Runtime:
                 self._meta_target = (self.gen, self.store.get(keys.worker_addr(holder)).decode(),
                                      plan.roles[self.rank])
             _, addr, role = self._meta_target
-            replica.push_meta(addr, role, self.step, self._private[1],
-                              min(5.0, self.settings.replica_timeout_s))
+            replica.push_meta(addr, role, step, private, min(5.0, self.settings.replica_timeout_s), part=part)
+            return True
         except (OSError, replica.ReplicaError, ValueError, RuntimeError) as exc:
-            self._note("meta_push_failed", step=self.step, error=str(exc)[:200])
+            self._note("meta_push_failed", step=step, error=str(exc)[:200])
+            return False
+
+    def _send_rank_part(self) -> None:
+        """Once a step's collectives are done (the step will commit), send the holder this
+        rank's own part of the next step's private bytes (RNG states, buffers: what its
+        replicas do not share). Without it, a rank lost between its optimizer step and the
+        next step's push left its survivors a step ahead of the private bytes its holder
+        had, and the job went back to the newest full snapshot (up to
+        ``--snapshot-every`` steps). The part is taken now and checked at the next step's
+        start against what the rank then holds: it is sent only once a check has passed
+        and never again after one fails (a loop that draws random numbers after
+        ``sync_gradients()``); a checked part stands in for that step's push."""
+        if not self._live_recovery() or self._part_ok is False:
+            return
+        self._part = (self.gen, self.step + 1, self.state.rank_private())
+        if self._part_ok and not self._push_private(self.step + 1, self._part[2], part=True):
+            self._part = None   # not delivered: the next step's start sends all of them
+
+    def _rank_part_holds(self) -> bool:
+        """At a step's start: does the part sent for this step hold (see `_send_rank_part`)?
+        True only if it was sent, to this generation's holder, and equals this rank's."""
+        sent, self._part = self._part, None
+        if sent is None or sent[:2] != (self.gen, self.step) or self._part_ok is False:
+            return False
+        if sent[2] != self.state.rank_private():
+            self._note("rank_part_off", step=self.step, reason="RNG states or buffers changed "
+                       "after sync_gradients(): each step's private bytes go at its start")
+            self._part_ok = False
+            return False
+        was_sent, self._part_ok = bool(self._part_ok), True
+        return was_sent
 
     def _capture_live(self) -> None:
         """Snapshot the live state at the start of ``self.step`` before a recovery.
