@@ -55,7 +55,7 @@ POLL_S = 0.005
 # In between the launcher sleeps on the zygote's socket, so an exit still triggers a pass
 # at once; hang detection is 1 s.
 STEADY_PASS_S = 0.1
-FOLLOW_WAIT_S = 5.0   # one wait of a node's generation follower, renewed after it
+FOLLOW_WAIT_S = 86400.0   # one wait of a node's generation follower (the job's end wakes it too)
 COORDINATOR_LOST = b"coordinator lost"
 
 

@@ -47,8 +47,9 @@ from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_
 
 _QUEUED = "queued"   # a snapshot in flight that is already in the pipeline's queue
 
-FOLLOW_WAIT_S = 5.0
-"""How long one wait for the next generation's wake key lasts before it is renewed."""
+FOLLOW_WAIT_S = 86400.0
+"""How long one wait for the next generation's wake key lasts before it is renewed (long:
+the job's end sets a wake key too, and each expiry prints a c10d warning)."""
 
 SPARE_BEAT_EVERY = 4
 """An idle spare's heartbeat period, in heartbeat intervals."""
