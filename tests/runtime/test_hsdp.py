@@ -70,31 +70,25 @@ def test_a_killed_hsdp_rank_is_replaced_bit_identically(tmp_path, clean_hsdp, ac
         assert n["snapshots"] > 0 and n["replica_bytes_sent"] / n["snapshots"] < 0.5 * shard_bytes, n
 
 
-def test_an_hsdp_rank_lost_with_its_node_between_snapshots_redoes_one_step(tmp_path, clean_hsdp):
-    # snapshots every 5 steps, rank 3 and its node's memory lost at step 8: its peer (rank 1)
-    # holds the same shard live, so the spare takes the start of step 8 from it (the
-    # survivors capture that state at the recovery) instead of rolling back to step 5
-    r = launch(tmp_path, "sparse", nproc=4, spares=1, steps=14, chaos="nodeloss:rank=3,step=8",
+# Snapshots every 5 steps; rank 3 is lost at step 8, between two of them. Its replicate
+# peer (rank 1) holds the same shard live, so the spare takes that shard from it at the
+# step the survivors are at instead of the job going back to the snapshot of step 5:
+# * nodeloss (rank 3 and its node's memory lost at step 8's start): the survivors capture
+#   the start of step 8 at the recovery: only the step in flight is computed again;
+# * kill after its optimizer step (step 8 applied, step 9's start never pushed): the
+#   survivors are at step 9, and the part of its private bytes only rank 3 had (RNG
+#   states: dropout is on) went to its holder when step 8's collectives finished, so
+#   nothing is redone (before, the job went back to step 5: 4 steps redone).
+@pytest.mark.parametrize("fault, step, redone", [
+    ("nodeloss:rank=3,step=8", 8, [0]),
+    ("kill:rank=3,step=8,phase=optimizer", 9, [0]),
+])
+def test_an_hsdp_rank_lost_between_snapshots_resumes_from_its_peer(tmp_path, clean_hsdp, fault, step, redone):
+    r = launch(tmp_path, "sparse", nproc=4, spares=1, steps=14, chaos=fault,
                script="train_fsdp.py", script_args=HSDP, extra=("--snapshot-every", "5"))
     assert r.code == 0, r.stderr
     assert _shards(r, 4) == clean_hsdp
     chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
-    assert chosen and chosen[-1]["source"] == "memory" and chosen[-1]["step"] == 8, chosen
-    redone = _redone(r)
-    assert redone and max(redone) <= 1, redone
-
-
-def test_an_hsdp_rank_lost_right_after_its_optimizer_step_redoes_nothing(tmp_path, clean_hsdp):
-    # rank 3 dies just after applying step 8's update, before step 9's start could send its
-    # private bytes: the survivors are at step 9. The part of them only rank 3 had (RNG
-    # states: dropout is on) went to its holder when step 8's collectives finished, so the
-    # spare takes the start of step 9 from the holder's live shard, instead of the job going
-    # back to the newest full snapshot (step 5, 4 steps redone)
-    r = launch(tmp_path, "window", nproc=4, spares=1, steps=14, chaos="kill:rank=3,step=8,phase=optimizer",
-               script="train_fsdp.py", script_args=HSDP, extra=("--snapshot-every", "5"))
-    assert r.code == 0, r.stderr
-    assert _shards(r, 4) == clean_hsdp
-    chosen = [e for e in r.kinds("resume_chosen") if e["gen"] > 0]
-    assert chosen and chosen[-1]["source"] == "memory" and chosen[-1]["step"] == 9, chosen
-    assert _redone(r) == [0]
+    assert chosen and chosen[-1]["source"] == "memory" and chosen[-1]["step"] == step, chosen
+    assert _redone(r) == redone
     assert not r.notes("rank_part_off")
