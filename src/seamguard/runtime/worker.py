@@ -1349,11 +1349,6 @@ class Runtime:
         self._live_ok = False  # until this recovery completes, the live state is in flux
         if source == "memory":
             self._restore_memory(plan, role, step)
-            if role in plan.holders and self._live_recovery():
-                # a spare now holds the state its holder keeps live: no full snapshot of it
-                # at once (its first step would wait for reserving, copying and hashing
-                # the whole shard); the next one comes at the usual cadence
-                self._snap_opt_entries = len(self.state.optimizer.state)
         elif source == "disk":
             self._restore_disk(step, int(resume["world_size"]), rank,
                                Path(resume["dir"]) if resume.get("dir") else None)
