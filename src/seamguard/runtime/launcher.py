@@ -460,8 +460,8 @@ class _NodeBeat:
     On etcd the node beat is one request (a transaction: the record's put and the reads
     of the generation, the node's kill keys, the job's end and node 0's record, which
     tells the other nodes the coordinator is alive), whatever the node's rank count."""
-    def __init__(self, job, s: LaunchSettings) -> None:
 
+    def __init__(self, job, s: LaunchSettings) -> None:
         self.job, self.node, self.every_s = job, s.node_rank, s.node_beat_s
         self.local = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=s.startup_timeout_s))
