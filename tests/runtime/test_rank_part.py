@@ -37,7 +37,8 @@ def test_the_holder_completes_a_rank_part_with_its_own_settings_and_position():
 
 def _rank(state: TrainingState, part_ok=None) -> SimpleNamespace:
     """The part of a Runtime that `_rank_part_holds` uses."""
-    r = SimpleNamespace(gen=2, step=9, state=state, _part=None, _part_ok=part_ok, notes=[])
+    r = SimpleNamespace(gen=2, step=9, state=state, _part=None, _part_ok=part_ok, notes=[],
+                        _private=(9, state.step_private(9)))   # taken at step 9's start
     r._note = lambda kind, **fields: r.notes.append(kind)
     return r
 

@@ -154,6 +154,12 @@ it builds the mesh; absent for one mesh dimension. Replica holders follow it
 (membership.replica_holder), in the workers and in the coordinator's plans."""
 
 
+WAKE_WAIT_S = 86400.0
+"""One wait for the next generation's wake key by a generation follower (a node's
+launcher, a worker) before it is renewed: long, since the job's end sets a wake key too,
+and each expired c10d wait prints a warning."""
+
+
 def wake(gen: int) -> str:
     """Set by the coordinator when generation `gen` starts, and (gen = current + 1) when the
     job ends: idle spares block on it (a server-side wait, an etcd watch) instead of polling."""

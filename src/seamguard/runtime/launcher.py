@@ -55,7 +55,6 @@ POLL_S = 0.005
 # In between the launcher sleeps on the zygote's socket, so an exit still triggers a pass
 # at once; hang detection is 1 s.
 STEADY_PASS_S = 0.1
-FOLLOW_WAIT_S = 86400.0   # one wait of a node's generation follower (the job's end wakes it too)
 COORDINATOR_LOST = b"coordinator lost"
 
 
@@ -529,11 +528,11 @@ class _NodeBeat:
             nxt = self._gen + 1
             try:
                 job = job or connect()
-                job.wait([keys.wake(nxt)], datetime.timedelta(seconds=FOLLOW_WAIT_S))
+                job.wait([keys.wake(nxt)], datetime.timedelta(seconds=keys.WAKE_WAIT_S))
                 woke = job.get(keys.wake(nxt))
                 control, gen = keys.read_existing(job, [keys.CONTROL_N, keys.GENERATION])
             except dist.DistStoreError:
-                continue   # no new generation within FOLLOW_WAIT_S
+                continue   # no new generation within keys.WAKE_WAIT_S
             except (RuntimeError, OSError, ValueError):
                 job = None   # the job's store is unreachable: the node beat judges that
                 time.sleep(self.every_s)

@@ -100,15 +100,16 @@ class TrainingState:
         out[META] = self.meta(step)
         return out
 
-    def rank_private(self) -> dict[str, bytes]:
+    def rank_private(self, taken: dict[str, bytes] | None = None) -> dict[str, bytes]:
         """The part of the next step's private bytes that only this rank has: its model
         buffers and RNG states (the meta blob holding only ``rng``). Its data-parallel
         replicas share the rest (optimizer settings and scalars, and the data position,
         which is the global batch sampler's step), so
         a holder completes it from its own (`with_rank_private`). Taken once a step's
         collectives are done, it equals what the next step's start will hold unless the
-        training loop draws random numbers or changes buffers after ``sync_gradients()``."""
-        out = self._buffers()
+        training loop draws random numbers or changes buffers after ``sync_gradients()``.
+        ``taken``: this moment's `step_private`, whose buffers are used, not copied again."""
+        out = self._buffers() if taken is None else {k: v for k, v in taken.items() if k != META}
         out[META] = pickle.dumps({"rng": _rng_state()}, protocol=pickle.HIGHEST_PROTOCOL)
         return out
 

@@ -47,10 +47,6 @@ from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_
 
 _QUEUED = "queued"   # a snapshot in flight that is already in the pipeline's queue
 
-FOLLOW_WAIT_S = 86400.0
-"""How long one wait for the next generation's wake key lasts before it is renewed (long:
-the job's end sets a wake key too, and each expiry prints a c10d warning)."""
-
 SPARE_BEAT_EVERY = 4
 """An idle spare's heartbeat period, in heartbeat intervals."""
 
@@ -789,7 +785,7 @@ class Runtime:
         sent, self._part = self._part, None
         if sent is None or sent[:2] != (self.gen, self.step) or self._part_ok is False:
             return False
-        if sent[2] != self.state.rank_private():
+        if sent[2] != self.state.rank_private(self._private[1] if self._private[0] == self.step else None):
             self._note("rank_part_off", step=self.step, reason="RNG states or buffers changed "
                        "after sync_gradients(): each step's private bytes go at its start")
             self._part_ok = False
@@ -1156,10 +1152,10 @@ class Runtime:
             try:
                 store = store or self._beat_store()
                 nxt = self._gen_seen + 1
-                store.wait([keys.wake(nxt)], datetime.timedelta(seconds=FOLLOW_WAIT_S))
+                store.wait([keys.wake(nxt)], datetime.timedelta(seconds=keys.WAKE_WAIT_S))
                 gen = int(store.get(keys.GENERATION))
             except dist.DistStoreError:
-                continue   # no new generation within FOLLOW_WAIT_S
+                continue   # no new generation within keys.WAKE_WAIT_S
             except (RuntimeError, ValueError, OSError):
                 store = None   # the store went away (launcher restarting, job ending): retry
                 self._stop.wait(self.settings.heartbeat_interval_s)
