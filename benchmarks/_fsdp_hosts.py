@@ -211,7 +211,7 @@ def run_seamguard_hosts(c: Cluster, cfg, work: Path, name: str, faults: bool, ho
     chaos = ("--chaos", f"kill:rank={VICTIM_RANK},step={cfg.kills[0][0]},phase=step") if faults else ()
     job = MultiNodeJob(c.tb, list(HOSTS), c.etcd.url, out, run_id=f"{name}-{os.getpid()}",
                        nproc=PER_HOST, spares=2,
-                       launch_args=("--snapshot-every", str(cfg.snapshot_every), *chaos),
+                       launch_args=("--snapshot-every", str(cfg.snapshot_every), *cfg.mttf_args(), *chaos),
                        script=REPO / "examples" / "train_fsdp.py",
                        script_args=("--steps", str(cfg.steps), "--dropout", "0", *cfg.model_args(),
                                     *cfg.mesh_args()))
@@ -552,8 +552,10 @@ def main_hosts(args) -> None:
               flush=True)
         if ft_note:
             print(f"torchft: {ft_note}", flush=True)
+        # --sharded-snapshot-every auto: seamguard's interval from the failure rate the
+        # torchrun interval assumes (this run's), per rank, like for like
         cfg = Config(steps=steps, kills=(), ckpt_every=every, replicate=replicate,
-                     snapshot_every=args.sharded_snapshot_every, **small)
+                     snapshot_every=args.sharded_snapshot_every, rank_mttf_h=mttf_s * len(HOSTS) * PER_HOST / 3600, **small)
         with cluster(work, "torchft" in systems) as c:
             reps = run_reps(c, systems, cfg, work, args.reps, args.seed)
         summary = summarize_hosts(reps, systems[1:], steps, replicate)
@@ -570,7 +572,7 @@ def main_hosts(args) -> None:
                                         if "torchft" in systems else "skipped (--skip-torchft)"),
             "config": {"hosts": len(HOSTS), "ranks_per_host": PER_HOST, "replicate": replicate,
                        "seamguard_spares_per_host": 2,
-                       "snapshot_every": args.sharded_snapshot_every, "steps": steps, "reps": args.reps, "seed": args.seed,
+                       "snapshot_every": args.sharded_snapshot_every, "rank_mttf_h": round(cfg.rank_mttf_h, 5), "steps": steps, "reps": args.reps, "seed": args.seed,
                        "step_s": round(step_s, 3), "torchrun_ckpt_every": every, "hidden": base.hidden,
                        "layers": base.layers, "dim": base.dim, "victim_rank": VICTIM_RANK, "lost_host": LOST_HOST},
             "torchrun_checkpoint": {"save_stall_s": round(probe["save_stall_s"], 4),

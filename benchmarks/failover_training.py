@@ -57,13 +57,17 @@ class Config:
     steps: int
     kills: tuple[tuple[int, int], ...]   # (step, rank) of every SIGKILL
     ckpt_every: int
-    snapshot_every: int = 10
+    snapshot_every: int | str = 10   # steps, or "auto" (seamguard launch --snapshot-every auto)
     dim: int = 1024
     hidden: int = 2048
     layers: int = 4
     global_batch: int = 64
     dataset: int = 8192
     replicate: int = 1   # HSDP replica groups of the sharded workloads (1: FSDP2 / DDP)
+    rank_mttf_h: float | None = None   # with snapshot_every "auto": one rank's failure rate
+
+    def mttf_args(self) -> list[str]:
+        return ["--rank-mttf-hours", f"{self.rank_mttf_h:.6f}"] if self.snapshot_every == "auto" and self.rank_mttf_h else []
 
     def mesh_args(self) -> list[str]:
         """The sharded workloads' (torchrun_fsdp_train.py, examples/train_fsdp.py) HSDP option."""
@@ -611,6 +615,11 @@ def rotated(systems: list[str], rep: int) -> list[str]:
     return systems[k:] + systems[:k]
 
 
+def _every(text: str) -> int | str:
+    """A snapshot cadence argument: steps, or auto."""
+    return "auto" if text == "auto" else int(text)
+
+
 def main() -> None:  # noqa: C901
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -628,8 +637,10 @@ def main() -> None:  # noqa: C901
                     help="seamguard's full-snapshot cadence in steps (a loss redoes only the "
                          "step in flight whatever it is; it bounds the rollback when a live "
                          "replica is missing)")
-    ap.add_argument("--sharded-snapshot-every", type=int, default=1,
-                    help="with --fsdp --hosts 2: seamguard's snapshot cadence in steps (default "
+    ap.add_argument("--sharded-snapshot-every", type=_every, default=1,
+                    help="with --fsdp --hosts 2: seamguard's snapshot cadence in steps, or auto "
+                         "(Daly's interval for the measured snapshot cost and the failure rate "
+                         "torchrun's interval assumes) (default "
                          "1: FSDP2 has no other copy of a shard; in HSDP the replicate peer "
                          "holds it live, so a loss redoes only the step in flight whatever it is)")
     ap.add_argument("--out", type=Path, default=None,

@@ -173,7 +173,9 @@ def main() -> None:
     ap.add_argument("--replicate", type=int, default=1, help="HSDP replica groups of both systems (1: FSDP2)")
     ap.add_argument("--hosts", type=int, choices=(1, 2), default=1,
                     help="2: across 2 namespaced hosts, etcd the job-wide store (the --fsdp --hosts 2 job)")
-    ap.add_argument("--snapshot-every", type=int, default=1, help="seamguard's snapshot cadence in steps")
+    ap.add_argument("--snapshot-every", type=ft._every, default=1,
+                    help="seamguard's snapshot cadence in steps, or auto (Daly's interval for the "
+                         "measured cost and --rank-mttf-hours' default failure rate)")
     args = ap.parse_args()
     reps = args.reps or (3 if args.quick else 5)
     small = {"hidden": 1024, "layers": 3} if args.quick else {}

@@ -2,7 +2,8 @@
 
 import pytest
 
-from seamguard.runtime.cadence import CadenceEntry, every_steps_for, format_entries, parse, persist_due
+from seamguard.runtime.cadence import (CadenceEntry, SnapshotCost, auto_every_steps, every_steps_for, format_entries,
+                                      parse, persist_due, retune, snapshot_due)
 
 
 def due(steps, own, entries=(), window=1):
@@ -47,3 +48,57 @@ def test_seconds_become_steps_at_the_jobs_pace():
     assert every_steps_for(None, None) == 0
     with pytest.raises(ValueError, match="not known"):
         every_steps_for(60.0, None)
+
+
+# ---- --snapshot-every auto: which steps are snapshotted, and how often -------------------
+def snapped(steps, own, entries=()):
+    return [s for s in steps if snapshot_due(s, own, entries)]
+
+
+def test_snapshot_steps_follow_the_own_interval_then_each_entry_from_its_start():
+    assert snapped(range(0, 31), 10) == [0, 10, 20, 30]
+    e = (CadenceEntry(14, 7),)
+    assert snapped(range(0, 40), 10, e) == [0, 10, 21, 28, 35]
+    assert snapped(range(0, 52), 10, e + (CadenceEntry(40, 0),)) == [0, 10, 21, 28, 35, 40, 50]
+    # a rank that read the newer entry early agrees with one that did not, before its start
+    assert snapped(range(0, 40), 10, e) == snapped(range(0, 40), 10, e + (CadenceEntry(40, 3),))
+
+
+@pytest.mark.parametrize("cost_s, step_s, mttf_s, lo, hi", [
+    # about Young's sqrt(2 d M) / step: 0.5 s snapshots, a job failing every 100 h, 0.65 s
+    # steps: sqrt(2 x 0.5 x 360000) = 600 s, 923 steps
+    (0.5, 0.65, 100 * 3600, 920, 926),
+    # four times the cost: twice the interval
+    (2.0, 0.65, 100 * 3600, 1843, 1849),
+    # a failure every 10 minutes and a 1 s snapshot: sqrt(1200) = 34.6 s, Daly's 34.0 s
+    (1.0, 1.0, 600, 33, 35),
+    # a snapshot that costs more than twice the time between failures: Daly's limit, M itself
+    (50.0, 5.0, 20.0, 4, 4),
+])
+def test_auto_interval_is_dalys_for_the_cost_and_failure_rate(cost_s, step_s, mttf_s, lo, hi):
+    assert lo <= auto_every_steps(cost_s, step_s, mttf_s) <= hi
+
+
+def test_auto_interval_counts_an_unmeasurable_cost_as_1ms_and_rejects_nonsense():
+    assert auto_every_steps(0.0, 1.0, 3600) == auto_every_steps(1e-3, 1.0, 3600) == 3
+    with pytest.raises(ValueError, match="step_s"):
+        auto_every_steps(0.1, 0.0, 3600)
+
+
+@pytest.mark.parametrize("current, wanted, moves", [
+    (10, 10, False), (10, 14, False), (10, 16, True), (10, 7, False), (10, 6, True), (1, 2, True)])
+def test_the_interval_moves_only_for_a_change_beyond_the_factor(current, wanted, moves):
+    assert retune(current, wanted) is moves
+
+
+def test_snapshot_cost_is_the_snapshot_and_next_steps_excess_over_the_steps_between():
+    c = SnapshotCost()
+    for since, step_s in [(0, 1.4), (1, 0.8), (2, 0.6), (3, 0.62), (4, 0.58)]:
+        c.add(step_s, since)
+    assert c.cost_s() == pytest.approx((1.4 - 0.6) + (0.8 - 0.6))
+    c2 = SnapshotCost()
+    c2.add(0.7, 0)
+    c2.add(0.7, 1)
+    assert c2.cost_s() is None   # no step without a snapshot seen yet
+    c2.add(0.9, 5)               # a plain step slower than the snapshot's: costs nothing
+    assert c2.cost_s() == 0.0

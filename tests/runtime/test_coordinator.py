@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
-from seamguard.runtime import keys
+from seamguard.decide.tiers import daly_interval_s
+from seamguard.runtime import cadence, keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.settings import LaunchSettings
+from tests.runtime.coordinator_helpers import run_first_generation
 
 
 class DictStore:
@@ -298,3 +300,51 @@ def test_a_node_launcher_gone_before_the_start_ends_the_launch():
     c = Coordinator(store, s, [0, 1], [], None, 30.0, log.append, clock=clock)
     assert c.tick(links_closed=((1, "ECONNRESET"),)) == "failed"
     assert "node 1's launcher went away (ECONNRESET)" in log[-1]["reason"]
+
+
+def _auto_job(cost_s, mttf_h=1.0, auto=True):
+    """A 2-rank job under --snapshot-every auto (starting every 10 steps) whose ranks beat
+    at 0.5 s a step and report a snapshot cost."""
+    store, clock, log = DictStore(), Clock(), []
+    job = {"snapshot_auto": auto, "snapshot_every_steps": 10, "rank_mttf_h": mttf_h}
+    c = Coordinator(store, LaunchSettings(script=["x.py"], nproc=2, env={"SEAMGUARD_SETTINGS": json.dumps(job)}),
+                    [0, 1], [2], None, 30.0, log.append, clock=clock)
+    run_first_generation(c, store, [0, 1, 2])
+    return c, store, clock, log
+
+
+def _beat_costs(c, store, clock, costs, steps):
+    for step in steps:
+        clock.t += 0.5
+        for w, cost in zip(c.plan.ranks, costs):
+            store.set(keys.heartbeat(w), json.dumps({"n": step, "step": step, "phase": "compute", "compute_s": 0.4,
+                                                     "gen": 0, "snap_cost_s": cost}))
+        c.tick()
+
+
+def test_auto_snapshot_interval_is_published_from_the_costliest_ranks_cost():
+    c, store, clock, log = _auto_job(cost_s=None)
+    _beat_costs(c, store, clock, [None, None], range(1, 6))   # nothing measured yet: nothing set
+    assert keys.SNAPSHOT_CADENCE not in store.d
+    _beat_costs(c, store, clock, [0.2, 0.8], range(6, 12))
+    (entry,) = cadence.parse(store.get(keys.SNAPSHOT_CADENCE).decode())
+    # Daly for 0.8 s (the costlier rank) and 2 ranks failing every hour each (M = 1800 s):
+    # 53.1 s, about 106 steps of 0.5 s
+    first = entry.every_steps
+    assert abs(first - daly_interval_s(0.8, 1800.0) / 0.5) <= 3
+    assert entry.start_step >= 6 + 3   # published at step 6, 3+ steps ahead: every rank reads it first
+    (ev,) = [e for e in log if e["event"] == "snapshot_interval"]
+    assert ev["every_steps"] == first and ev["cost_s"] == 0.8 and ev["ranks"] == 2
+    # noise within the factor publishes nothing new; a cost 4x higher doubles the interval
+    _beat_costs(c, store, clock, [0.2, 1.0], range(12, 16))
+    assert len(cadence.parse(store.get(keys.SNAPSHOT_CADENCE).decode())) == 1
+    _beat_costs(c, store, clock, [3.2, 3.2], range(16, 20))
+    old, new = cadence.parse(store.get(keys.SNAPSHOT_CADENCE).decode())
+    assert old.every_steps == first and abs(new.every_steps / first - 2.0) < 0.05
+    assert new.start_step >= 16 + 3
+
+
+def test_a_fixed_snapshot_interval_is_never_changed():
+    c, store, clock, log = _auto_job(cost_s=None, auto=False)
+    _beat_costs(c, store, clock, [0.8, 0.8], range(1, 12))
+    assert keys.SNAPSHOT_CADENCE not in store.d and not [e for e in log if e["event"] == "snapshot_interval"]

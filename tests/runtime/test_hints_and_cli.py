@@ -184,6 +184,36 @@ def test_checkpoint_interval_hint_sets_the_persist_cadence_and_default_restores_
     assert not [p for p in hints.iterdir() if not p.name.startswith(".")]  # consumed (dotfiles: placement, records)
 
 
+@pytest.mark.timeout(180)
+def test_auto_snapshot_interval_spares_snapshots_but_not_persist_points(tmp_path, clean_checksums):
+    # --snapshot-every auto starts at every 10 steps; once the ranks have measured what a
+    # snapshot costs (milliseconds here) the coordinator sets Daly's interval for 2 ranks
+    # failing every 50,700 h each: thousands of steps. Persist points (every 20) are still
+    # snapshotted and written, and the weights are those of any other run.
+    hints, ckpt, out = tmp_path / "hints", tmp_path / "ckpt", tmp_path / "run"
+    hints.mkdir()
+    proc = _launch_bg(hints, ckpt, out, steps=50, extra=("--snapshot-every", "auto", "--persist-every", "20",
+                                                               "--keep-checkpoints", "10"))
+    assert proc.wait(timeout=150) == 0
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    tuned = [e for e in events if e["event"] == "snapshot_interval"]   # again if the cost moves
+    assert tuned and tuned[0]["from_step"] < 30 and all(e["every_steps"] > 1000 and e["ranks"] == 2 for e in tuned)
+    assert set(committed_steps(ckpt)) == {20, 40, 50}   # 50: the final checkpoint
+    snapshots = [e["snapshots"] for e in events if e.get("kind") == "finished"]
+    # every rank snapshots the same steps: 0, 1 (the optimizer's state appears), 10, the
+    # persist points 20 and 40, and the end; not 30 as at a fixed 10
+    assert snapshots == [6, 6], snapshots
+    assert (out / "final_checksum.txt").read_text() == clean_checksums(50)
+
+
+def test_snapshot_every_takes_steps_or_auto_and_nothing_else():
+    r = subprocess.run([sys.executable, "-m", "seamguard", "launch", "--snapshot-every", "often", "--",
+                        str(REPO / "examples" / "train_ddp.py")], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: --snapshot-every: expected a number of steps or auto, got 'often' (see 'seamguard launch --help')"]
+
+
 @pytest.mark.timeout(240)
 def test_draining_a_node_evacuates_its_ranks_to_hot_spares(tmp_path, clean_checksums):
     # The controller drains a node (e.g. XIDs before it falls off the bus): the runtime

@@ -11,16 +11,36 @@ newer entry early still agrees with one that did not for every step before its s
 The same holds for the checkpoint target: a ``checkpoint_dir`` hint (the controller
 moving a job's checkpoints off a slow storage path) becomes an entry ``[start, root]``
 from which every rank writes there; restores look in every directory the job used.
+The in-memory snapshot interval follows the same entries when the job runs with
+``--snapshot-every auto``: the coordinator turns the snapshot's measured cost and the job's
+failure rate into Daly's interval (the checkpoint planner's formula, decide/tiers.py) and
+publishes it as ``[start, every]`` entries, so every rank snapshots the same steps
+(:func:`snapshot_due`). Each rank measures the cost as what a snapshot adds to the step it
+is taken in and to the next one (:class:`SnapshotCost`).
 Pure; the store keys and the hint files are in keys.py and launcher.py.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from seamguard.decide.tiers import daly_interval_s
+from seamguard.twin.events.calibration import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_UNEXPECTED
+
 KEEP_ENTRIES = 4
+
+AUTO_START_EVERY = 10
+"""``--snapshot-every auto``: the interval until the coordinator has measured a snapshot's
+cost (it needs steps with and without one)."""
+
+GPU_MTTF_H = LLAMA3_GPUS * LLAMA3_DAYS * 24 / sum(n for n, _, _ in LLAMA3_UNEXPECTED.values())
+"""Hours between unexpected interruptions per GPU, from Llama 3's pre-training: 419 on
+16,384 H100s in 54 days (about 50,700 GPU-hours; docs/sources.md). The default rank
+failure rate of ``--snapshot-every auto`` (``--rank-mttf-hours``)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +77,61 @@ def every_steps_for(interval_s: float | None, step_s: float | None) -> int:
     return max(1, round(interval_s / step_s))
 
 
+def every_at(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ...]) -> tuple[int, int]:
+    """(every, start) of the rule in force at ``step``: the newest entry that has started,
+    else the job's own every-k from step 0 (an entry of 0 goes back to it)."""
+    every, start = own_every_steps, 0
+    for e in entries:
+        if e.start_step <= step:
+            every, start = (e.every_steps, e.start_step) if e.every_steps else (own_every_steps, 0)
+    return every, start
+
+
+def snapshot_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ...]) -> bool:
+    """Whether ``step`` is a snapshot step of the interval in force (``--snapshot-every``
+    from step 0, or under ``auto`` the coordinator's entries, each from ``every`` steps
+    after its start: a new interval adds no snapshot of its own)."""
+    every, start = every_at(step, own_every_steps, entries)
+    return (step > start or start == 0) and (step - start) % max(every, 1) == 0
+
+
+def auto_every_steps(cost_s: float, step_s: float, job_mttf_s: float) -> int:
+    """Steps between snapshots: Daly's interval for a snapshot costing ``cost_s`` of the
+    job's time and a job that fails every ``job_mttf_s`` on average, at ``step_s`` a step
+    (at least 1). A snapshot that costs nothing measurable is still counted as 1 ms."""
+    if step_s <= 0 or job_mttf_s <= 0:
+        raise ValueError(f"step_s and job_mttf_s must be > 0, got {step_s}, {job_mttf_s}")
+    return max(1, round(daly_interval_s(max(cost_s, 1e-3), job_mttf_s) / step_s))
+
+
+def retune(current: int, wanted: int, factor: float = 1.5) -> bool:
+    """Whether to move from ``current`` steps between snapshots to ``wanted``: only for a
+    change of more than ``factor`` either way, so that noise in the measured cost does not
+    publish a new entry at every look."""
+    return wanted > current * factor or wanted * factor < current
+
+
+@dataclass
+class SnapshotCost:
+    """What a snapshot costs a rank, in seconds of its steps: the median duration of the
+    steps snapshots were taken in, and of the steps right after them (the hash and the
+    push run on), each less the median of the steps between, summed. Steps with a
+    recovery in them are not fed. None until each kind has been seen."""
+
+    _kinds: dict = field(default_factory=lambda: {k: deque(maxlen=24 if k == "plain" else 8)
+                                                  for k in ("snap", "after", "plain")})
+
+    def add(self, step_s: float, steps_since_snapshot: int) -> None:
+        kind = {0: "snap", 1: "after"}.get(steps_since_snapshot, "plain")
+        self._kinds[kind].append(step_s)
+
+    def cost_s(self) -> float | None:
+        if not all(self._kinds.values()):
+            return None
+        base = statistics.median(self._kinds["plain"])
+        return sum(max(0.0, statistics.median(self._kinds[k]) - base) for k in ("snap", "after"))
+
+
 def persist_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ...], window_steps: int = 1,
                 divisor: int = 1) -> bool:
     """Whether the snapshot of ``step`` is persisted: a persist point of the rule in force
@@ -64,10 +139,7 @@ def persist_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ..
     ``window_steps`` steps (the snapshot interval: points between snapshots are taken at
     the next one, as every rank snapshots the same steps). ``divisor``: persist points come
     that many times as often (degraded mode, runtime/stepmodes.py)."""
-    every, start = own_every_steps, 0
-    for e in entries:
-        if e.start_step <= step:
-            every, start = (e.every_steps, e.start_step) if e.every_steps else (own_every_steps, 0)
+    every, start = every_at(step, own_every_steps, entries)
     if every > 0 and divisor > 1:
         every = max(1, every // divisor)
     if every <= 0 or step < start:

@@ -14,6 +14,7 @@ from typing import NoReturn, Optional
 
 import typer
 
+from seamguard.runtime.cadence import AUTO_START_EVERY, GPU_MTTF_H
 from seamguard.runtime.settings import DEFAULT_PRELOAD, LaunchSettings, RuntimeSettings
 
 LAUNCH_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -34,7 +35,14 @@ def launch(
                                       help="With etcd or several nodes: seconds between a node's aggregated heartbeat records."),
     checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir",
                                                   help="Where persisted checkpoints go (none when unset)."),
-    snapshot_every: int = typer.Option(1, "--snapshot-every", help="Steps between in-memory snapshots."),
+    snapshot_every: str = typer.Option(
+        "1", "--snapshot-every", metavar="<steps|auto>",
+        help="Steps between in-memory snapshots, or auto: Daly's interval for the measured "
+             "snapshot cost and the job's failure rate (--rank-mttf-hours)."),
+    rank_mttf_hours: float = typer.Option(
+        GPU_MTTF_H, "--rank-mttf-hours",
+        help="With --snapshot-every auto: hours between failures of one rank (default: Llama 3's "
+             "unexpected interruptions per GPU)."),
     persist_every: int = typer.Option(50, "--persist-every", help="Steps between persisted checkpoints."),
     keep_checkpoints: int = typer.Option(2, "--keep-checkpoints",
                                          help="Complete persisted checkpoints kept per rank."),
@@ -88,7 +96,11 @@ def launch(
     if script and script[0].endswith(".py") and not Path(script[0]).is_file():
         _fail(f"training script not found: {script[0]} (see 'seamguard launch --help')")
     try:
-        rt = RuntimeSettings(snapshot_every_steps=snapshot_every, persist_every_steps=persist_every,
+        auto = snapshot_every.strip().lower() == "auto"
+        if not auto and not snapshot_every.strip().isdigit():
+            raise ValueError(f"--snapshot-every: expected a number of steps or auto, got {snapshot_every!r}")
+        rt = RuntimeSettings(snapshot_every_steps=AUTO_START_EVERY if auto else int(snapshot_every),
+                             snapshot_auto=auto, rank_mttf_h=rank_mttf_hours, persist_every_steps=persist_every,
                              checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
                              collective_timeout_s=collective_timeout_s,
                              dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots,

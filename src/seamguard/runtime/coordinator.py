@@ -81,6 +81,7 @@ class Coordinator:
     _links_closed: dict = field(default_factory=dict)  # node -> why its launcher's link closed, unjudged
     _ticked_s: float = 0.0  # when the last pass ran (_pause_grace)
     _evacuate_cleared_rev: int = 0  # etcd revision of the last clearing of HINT_EVACUATE
+    _snap_entries: tuple = ()  # --snapshot-every auto: the snapshot interval entries published
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
 
@@ -139,6 +140,7 @@ class Coordinator:
         self._read_interval_hint()
         self._read_target_hint()
         self._read_step_mode_hints()
+        self._tune_snapshot_interval()
         if appeared and self._job_complete():
             self.phase = "done"
             self.store.set(keys.JOB_DONE, "ok")
@@ -426,8 +428,39 @@ class Coordinator:
         those keys again (they look at the counter with the generation, every heartbeat)."""
         self.store.add(keys.CONTROL_N, 1)
 
+    def _job_setting(self, name: str, default: Any) -> Any:
+        """One of the workers' RuntimeSettings, as the launch passed them."""
+        return json.loads(self.settings.env.get("SEAMGUARD_SETTINGS", "{}")).get(name, default)
+
     def _job_rails(self) -> tuple[str, ...]:
-        return tuple(json.loads(self.settings.env.get("SEAMGUARD_SETTINGS", "{}")).get("rails", ()))
+        return tuple(self._job_setting("rails", ()))
+
+    def _tune_snapshot_interval(self) -> None:
+        """``--snapshot-every auto``: Daly's interval (cadence.auto_every_steps) for the
+        snapshot cost the ranks measured (the costliest rank's: the job waits for it) and
+        the job's failure rate (one rank's, ``rank_mttf_h``, times the ranks), in steps at
+        the job's pace; published from a step every rank agrees on when it moves by more
+        than cadence.retune allows."""
+        if self.phase != "running" or not self._job_setting("snapshot_auto", False):
+            return
+        costs = [self._beats[w].get("snap_cost_s") for w in self.plan.ranks if w in self._beats]
+        known = [c for c in costs if c is not None]
+        step_s = self._steps.seconds_per_step()
+        if not known or not step_s:
+            return
+        mttf_h = float(self._job_setting("rank_mttf_h", cadence.GPU_MTTF_H))
+        every = cadence.auto_every_steps(max(known), step_s, mttf_h * 3600.0 / self.plan.world_size)
+        current = self._snap_entries[-1].every_steps if self._snap_entries else int(
+            self._job_setting("snapshot_every_steps", cadence.AUTO_START_EVERY))
+        if not cadence.retune(current, every):
+            return
+        start = max(self._ahead_step(), self._snap_entries[-1].start_step + 1 if self._snap_entries else 0)
+        self._snap_entries = (*self._snap_entries, cadence.CadenceEntry(start, every))[-cadence.KEEP_ENTRIES:]
+        self.store.set(keys.SNAPSHOT_CADENCE, cadence.format_entries(self._snap_entries))
+        self._controls_changed()
+        self.log({"event": "snapshot_interval", "every_steps": every, "from_step": start,
+                  "cost_s": round(max(known), 4), "step_s": round(step_s, 4), "rank_mttf_h": mttf_h,
+                  "ranks": self.plan.world_size})
 
     def _read_step_mode_hints(self) -> None:
         """Rails to stay off and degraded mode -> a step mode from a step every rank agrees on."""

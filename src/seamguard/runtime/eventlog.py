@@ -76,6 +76,10 @@ def describe(e: dict) -> str:
     if name == "stale_slots_removed":
         return (f"removed {e['files']} snapshot slot file(s) ({e['mib']} MiB) from /dev/shm "
                 "whose worker and launcher are gone (a launcher killed before it could clean up)")
+    if name == "snapshot_interval":
+        return (f"snapshots every {e['every_steps']} steps from step {e['from_step']} (Daly's interval: a snapshot "
+                f"costs {e['cost_s']:.3f} s, a step {e['step_s']:.3f} s, {e['ranks']} ranks failing every "
+                f"{e['rank_mttf_h']:.0f} h each)")
     if name == "spare_ready":
         return f"spare {_workers(e['wids'])} ready"
     if name == "started":

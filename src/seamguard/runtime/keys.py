@@ -117,13 +117,15 @@ HINT_AVOID_RAILS = f"{ROOT}/hint/avoid_rails"
 HINT_DEGRADED_N = f"{ROOT}/hint/degraded_n"
 HINT_DEGRADED = f"{ROOT}/hint/degraded"
 STEP_MODES = f"{ROOT}/hint/step_modes"
+# --snapshot-every auto: the coordinator's snapshot interval entries (runtime/cadence.py)
+SNAPSHOT_CADENCE = f"{ROOT}/hint/snapshot_cadence"
 
 CONTROL_N = f"{ROOT}/control/n"
 """Bumped by the coordinator after each change to a key of CONTROL_KEYS, which ranks obey
 from a step (created before the first generation). A rank's heartbeat reads it with the
 generation, and the rank reads CONTROL_KEYS again only when it moved: no store round trip
 per step (runtime/worker.py, ``Runtime._controls``)."""
-CONTROL_KEYS = (STEP_MODES, HINT_PERSIST_AT, PERSIST_CADENCE, PERSIST_TARGETS)
+CONTROL_KEYS = (STEP_MODES, HINT_PERSIST_AT, PERSIST_CADENCE, PERSIST_TARGETS, SNAPSHOT_CADENCE)
 """Set by the coordinator from a checkpoint hint: every rank persists this step."""
 
 NEXT_WID = f"{ROOT}/wid/next"

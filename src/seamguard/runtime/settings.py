@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from seamguard.runtime.cadence import GPU_MTTF_H
+
 #: Imported lazily by common training code, and costly: ``torch.compile`` and
 #: ``torch.use_deterministic_algorithms`` pull in dynamo and inductor (with sympy), about
 #: 1.7 s of CPU per process on the 2-core test machine.
@@ -48,7 +50,14 @@ class RuntimeSettings:
     """How a training process snapshots, replicates, persists and waits."""
 
     snapshot_every_steps: int = 1
-    """Copy state into host buffers every k committed steps (1 = at most one step lost)."""
+    """Copy state into host buffers every k committed steps (1 = at most one step lost);
+    with ``snapshot_auto``, the interval until the coordinator sets one."""
+    snapshot_auto: bool = False
+    """Snapshot at Daly's interval for the snapshot's measured cost and the job's failure
+    rate (``rank_mttf_h`` / ranks), set by the coordinator (runtime/cadence.py); persist
+    points are snapshotted whatever that interval."""
+    rank_mttf_h: float = GPU_MTTF_H
+    """Hours between failures of one rank, for ``snapshot_auto``."""
     persist_every_steps: int = 50
     """Hand a snapshot to the persister process every p steps (multiple of k); 0 = never."""
     checkpoint_dir: Path | None = None
@@ -90,7 +99,9 @@ class RuntimeSettings:
             raise ValueError(f"snapshot_every_steps must be >= 1, got {self.snapshot_every_steps}")
         if self.persist_every_steps < 0:
             raise ValueError(f"persist_every_steps must be >= 0, got {self.persist_every_steps}")
-        if self.persist_every_steps and self.persist_every_steps % self.snapshot_every_steps:
+        if not self.rank_mttf_h > 0:
+            raise ValueError(f"rank_mttf_h must be > 0, got {self.rank_mttf_h}")
+        if self.persist_every_steps and not self.snapshot_auto and self.persist_every_steps % self.snapshot_every_steps:
             raise ValueError("persist_every_steps must be a multiple of snapshot_every_steps "
                              f"({self.persist_every_steps} % {self.snapshot_every_steps} != 0)")
         if self.keep_checkpoints < 1:

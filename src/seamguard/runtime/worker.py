@@ -219,6 +219,9 @@ class Runtime:
         self._force_persist = False
         self._inflight = None  # (Capture, persist?) of a snapshot still copying
         self._snap_opt_entries = -1  # optimizer state entries at the last snapshot
+        self._snap_begun = -1   # step of the last snapshot begun
+        self._timed = -1        # step whose boundary was the last one passed (-1: none since a recovery)
+        self._snap_cost = cadence.SnapshotCost()   # --snapshot-every auto: what a snapshot costs
         self._applied = -1  # newest step the optimizer began to apply
         self._at_step_start = False  # between steps: live state = start of self.step
         self._prev_excepthook = None
@@ -412,12 +415,16 @@ class Runtime:
                 except JobFinished:
                     return  # finished without us (we had already been replaced)
                 t_last = time.perf_counter()   # a recovery is no step: read CONTROL_N afresh
+                self._timed = -1
             if self.step >= total_steps:
                 if self._final_barrier():
                     break
                 continue
             t_boundary = time.perf_counter()
             self._last_step_s, t_last = t_boundary - t_last, t_boundary
+            if self.settings.snapshot_auto and self._timed == self.step - 1:
+                self._snap_cost.add(self._last_step_s, self._timed - self._snap_begun)
+            self._timed = self.step
             if self._private[0] != self.step and (self.settings.step_guard or self._live_recovery()
                                                   or self.settings.crash_capture):
                 self._private = (self.step, self.state.step_private(self.step))
@@ -837,14 +844,17 @@ class Runtime:
 
     def _maybe_snapshot(self) -> None:
         self._finish_snapshot()
-        k = 1 if self._mode.degraded else self.settings.snapshot_every_steps
-        latest = self.slots.find(self.step)
         # The optimizer creates its state at its first step; the slots are then laid out
         # anew and older snapshots are gone, so take one at once rather than k steps later
         # (a rank lost before its next private bytes reach the holder needs a full one).
         new_layout = len(self.state.optimizer.state) != self._snap_opt_entries
-        if (self.step % k and not self._force_persist and not new_layout) or (
-                latest is not None and latest.index == self.slots.latest):
+        due = self._mode.degraded or self._force_persist or new_layout or cadence.snapshot_due(
+            self.step, self.settings.snapshot_every_steps,
+            cadence.parse((self._controls()[keys.SNAPSHOT_CADENCE] or b"").decode()))
+        # under auto, a persist point is snapshotted whatever the interval (the window is 1)
+        due = due or (self.settings.snapshot_auto and self._persist_due(self.step, consume=False))
+        latest = self.slots.find(self.step)
+        if not due or (latest is not None and latest.index == self.slots.latest):
             return
         self._snap_opt_entries = len(self.state.optimizer.state)
         self._phase = "snapshot"
@@ -863,6 +873,7 @@ class Runtime:
         if cap is None:
             self._note("snapshot_skipped", step=self.step, reason="no free slot in time")
             return
+        self._snap_begun = self.step
         self._inflight = (cap, self._persist_root(self.step) if self._persist_due(self.step) else None)
         if self.sharded and overlap:
             # hash and push as soon as the copy is done, while forward and backward run:
@@ -908,7 +919,7 @@ class Runtime:
                   and int(controls[keys.HINT_PERSIST_AT]) == self.step)
         raw = controls[keys.PERSIST_CADENCE] or b""
         if self._force_persist or hinted or cadence.persist_due(
-                self.step, s.persist_every_steps, cadence.parse(raw.decode()), s.snapshot_every_steps):
+                self.step, s.persist_every_steps, cadence.parse(raw.decode()), self._persist_window()):
             self._dcp_step = self.step
             self._save_dcp(self.step)
 
@@ -950,7 +961,9 @@ class Runtime:
         raw = self._controls()[keys.PERSIST_TARGETS] or b""
         return cadence.target_for(step, self.settings.checkpoint_dir, cadence.parse_targets(raw.decode()))
 
-    def _persist_due(self, step: int) -> bool:
+    def _persist_due(self, step: int, consume: bool = True) -> bool:
+        """Whether the snapshot of ``step`` is persisted; ``consume``: a `checkpoint_now`
+        hint's step counts as done (False: only asking)."""
         s = self.settings
         if s.checkpoint_dir is None:
             return False
@@ -960,13 +973,20 @@ class Runtime:
         if self._force_persist:
             return True
         if self._persist_at > self._hint_persisted and step >= self._persist_at:
-            self._hint_persisted = self._persist_at
+            if consume:
+                self._hint_persisted = self._persist_at
             return True
         raw = controls[keys.PERSIST_CADENCE] or b""
         if self._mode.degraded:   # every step is snapshotted: a persist point is this step or none
             return cadence.persist_due(step, s.persist_every_steps, cadence.parse(raw.decode()), 1,
                                        stepmodes.DEGRADED_PERSIST_DIVISOR)
-        return cadence.persist_due(step, s.persist_every_steps, cadence.parse(raw.decode()), s.snapshot_every_steps)
+        return cadence.persist_due(step, s.persist_every_steps, cadence.parse(raw.decode()), self._persist_window())
+
+    def _persist_window(self) -> int:
+        """Steps a persist point may lie before the step that persists it: the snapshot
+        interval, as persists are taken from snapshots; 1 under ``--snapshot-every auto``,
+        which snapshots every persist point."""
+        return 1 if self.settings.snapshot_auto else self.settings.snapshot_every_steps
 
     def _controls(self) -> dict[str, bytes | None]:
         """The keys ranks obey from a step (keys.CONTROL_KEYS: step modes, persist point,
@@ -1176,7 +1196,8 @@ class Runtime:
                     {"n": counter, "step": self.step, "phase": self._phase,
                      "compute_s": self._compute_s, "comm_s": self._comm_s, "stall_s": self._stall_s,
                      "snap_step": self._snap_step, "persisted_step": self._persisted_step,
-                     "gen": self.gen, "host": self._host, "local": self._local}))
+                     "gen": self.gen, "host": self._host, "local": self._local,
+                     **({"snap_cost_s": self._snap_cost.cost_s()} if self.settings.snapshot_auto else {})}))
                 t_read = time.monotonic()
                 both = both or store.check(watched)   # keys are never deleted: checked until seen
                 if both:
