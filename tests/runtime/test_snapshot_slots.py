@@ -173,3 +173,32 @@ def test_an_orphan_read_into_staging_memory_is_copied_whole_and_verified(tmp_pat
         assert slots.staging(manifest.total_bytes) is None   # no prepared, page-locked slot here
     finally:
         slots.close()
+
+
+def test_a_replica_fetched_into_a_slot_is_kept_as_that_steps_snapshot(tmp_path):
+    # A spare fetches the replica it restores from straight into a slot laid out as the
+    # replica's manifest; once restored, that slot is its snapshot of the step: the same
+    # bytes (every tensor re-hashed equal), the latest, and published for adoption.
+    state = _state()
+    holder, spare = SlotStore(f"sgkeep-h-{tmp_path.name}", 3), SlotStore(f"sgkeep-s-{tmp_path.name}", 3)
+    try:
+        slot = holder.capture(state, 7, timeout_s=5)
+        manifest = holder.build_manifest(slot, 0, 2)
+        into = spare.receiving(manifest, timeout_s=5)
+        assert spare.find(7) is None and into.filling   # not a snapshot until kept
+        into.array[:manifest.total_bytes] = slot.array[:manifest.total_bytes]   # as replica.fetch does
+        spare.kept(into, manifest, role=1, rank=1, world_size=2)
+        assert spare.find(7) is into and spare.latest == into.index and into.manifest.rank == 1
+        rehashed = {e.name: e.xxh3 for e in spare.build_manifest(into, 1, 2).entries}
+        assert rehashed == {e.name: e.xxh3 for e in manifest.entries}
+        assert set(find_orphans(f"sgkeep-s-{tmp_path.name}", 1)) == {7}
+        # the layout is the state's own: the next capture reuses the slots, not lays them out anew
+        allocations = spare.allocations
+        assert spare.capture(state, 8, timeout_s=5) is not None and spare.allocations == allocations
+        # a failed fetch hands its slot back
+        again = spare.receiving(holder.build_manifest(slot, 0, 2), timeout_s=5)
+        spare.release(again)
+        assert not again.filling and again.step == -1
+    finally:
+        holder.close()
+        spare.close()

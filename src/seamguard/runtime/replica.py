@@ -27,6 +27,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -410,8 +411,10 @@ def push_meta(address: str, role: int, step: int, private: dict[str, bytes],
             raise ReplicaError(f"holder {address} refused step-private bytes of step {step}")
 
 
-def fetch(address: str, role: int, step: int, timeout_s: float) -> tuple[Manifest, np.ndarray]:
-    """Fetch role's replica at step from its holder, verifying every tensor's hash."""
+def fetch(address: str, role: int, step: int, timeout_s: float,
+          into: Callable[[Manifest], np.ndarray | None] | None = None) -> tuple[Manifest, np.ndarray]:
+    """Fetch role's replica at step from its holder, verifying every tensor's hash.
+    ``into(manifest)``: where to receive it (at the manifest's offsets; None: a new array)."""
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
         _send_json(sock, {"op": "fetch", "role": role, "step": step})
@@ -419,7 +422,9 @@ def fetch(address: str, role: int, step: int, timeout_s: float) -> tuple[Manifes
         if "error" in head:
             raise ReplicaError(f"holder {address}: {head['error']}")
         manifest = Manifest.from_json(head["manifest"])
-        payload = np.empty(manifest.total_bytes, dtype=np.uint8)
+        payload = into(manifest) if into is not None else None
+        if payload is None:
+            payload = np.empty(manifest.total_bytes, dtype=np.uint8)
         for e in manifest.entries:
             _recv_exact(sock, e.nbytes, into=payload[e.offset:e.offset + e.nbytes])
             if hash_bytes(payload[e.offset:e.offset + e.nbytes]) != e.xxh3:

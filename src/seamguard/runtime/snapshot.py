@@ -64,6 +64,14 @@ class Layout:
     def signature(self) -> tuple:
         return tuple((n, d, s) for n, d, s, _, _ in self.items)
 
+    @staticmethod
+    def of(manifest: Manifest) -> "Layout":
+        """The layout a snapshot's manifest describes (its tensors where `build` put them)."""
+        meta = next(e for e in manifest.entries if e.name == META)
+        items = tuple((e.name, e.dtype, tuple(e.shape), e.offset, e.nbytes)
+                      for e in manifest.entries if e.name != META)
+        return Layout(items, meta.offset, max(1 << 16, 2 * meta.nbytes))
+
 
 class TrainingState:
     """The model, optimizer and data position of one rank, as named tensors plus meta."""
@@ -557,12 +565,7 @@ class SlotStore:
         """
         named = state.named_tensors()
         meta = state.meta(step)
-        if self.layout is None or Layout.build(named, 0).signature() != self.layout.signature() \
-                or len(meta) > self.layout.meta_capacity:
-            with self.cond:
-                self.cond.wait_for(lambda: not any(s.readers or s.pinned or s.filling
-                                                   for s in self.slots), timeout=timeout_s)
-                self._allocate(Layout.build(named, len(meta)))
+        self._ensure_layout(Layout.build(named, len(meta)), len(meta), timeout_s)
         cuda = any(t.is_cuda for _, t in named)
         slot = self._pick(timeout_s, wait_for_slot, cuda)
         if slot is None:
@@ -613,6 +616,41 @@ class SlotStore:
             cap.copier = threading.Thread(target=run, name=f"snapshot-{step}", daemon=True)
             cap.copier.start()
         return cap
+
+    def _ensure_layout(self, layout: Layout, meta_len: int, timeout_s: float) -> None:
+        """Lay the slots out as ``layout`` if the tensors or the meta blob no longer fit them."""
+        if self.layout is None or layout.signature() != self.layout.signature() \
+                or meta_len > self.layout.meta_capacity:
+            with self.cond:
+                self.cond.wait_for(lambda: not any(s.readers or s.pinned or s.filling
+                                                   for s in self.slots), timeout=timeout_s)
+                self._allocate(layout)
+
+    def receiving(self, manifest: Manifest, timeout_s: float) -> Slot | None:
+        """A free slot laid out as ``manifest`` for a replica about to be fetched into it:
+        once verified and restored, `kept` makes it this worker's snapshot of that step (a
+        spare's first step then takes no snapshot of its own, and the survivor
+        re-replicating that step to it deduplicates against it), with no copy beyond the
+        fetch's. None if no slot frees in time; `release` it if the fetch fails."""
+        meta = next(e for e in manifest.entries if e.name == META)
+        self._ensure_layout(Layout.of(manifest), meta.nbytes, timeout_s)
+        return self._pick(timeout_s)
+
+    def kept(self, slot: Slot, manifest: Manifest, role: int, rank: int, world_size: int) -> None:
+        """The replica fetched into ``slot`` (`receiving`) is verified and restored: it is
+        the latest snapshot, published like a captured one."""
+        meta = next(e for e in manifest.entries if e.name == META)
+        with self.cond:
+            slot.filling, slot.meta_len, slot.step = False, meta.nbytes, manifest.step
+            self.latest = slot.index
+            self.cond.notify_all()
+        self.publish_manifest(slot, Manifest(manifest.step, rank, world_size, manifest.entries), role)
+
+    def release(self, slot: Slot) -> None:
+        """A `receiving` slot whose fetch failed goes back to the free ones."""
+        with self.cond:
+            slot.filling, slot.step, slot.manifest = False, -1, None
+            self.cond.notify_all()
 
     def build_manifest(self, slot: Slot, rank: int, world_size: int) -> Manifest:
         """Hash every tensor of a captured slot (called off the training thread)."""

@@ -1429,7 +1429,6 @@ class Runtime:
             threading.Thread(target=_unlink_all, args=(paths,), name="sg-release-orphans", daemon=True).start()
 
     def _restore_memory(self, plan: Plan, role: int, step: int) -> None:
-        holder = plan.holders.get(role)
         if role in plan.holders and step in self._orphans:
             # the snapshot the lost worker left in shared memory (chosen when no replica of
             # that step survived, e.g. its holder died too)
@@ -1446,13 +1445,42 @@ class Runtime:
             manifest = slot.manifest or self.slots.build_manifest(slot, self.rank, plan.world_size)
             tensors, meta = tensors_of(manifest, slot.array)
         else:
-            addr = self.store.get(keys.worker_addr(holder)).decode()
-            manifest, payload = replica.fetch(addr, role, step, self.settings.replica_timeout_s)
-            tensors, meta = tensors_of(manifest, payload)
-            self._note("state_received", role=role, holder=holder, step=step,
-                       bytes=manifest.total_bytes)
+            return self._fetch_into_slot(plan, role, step)
         restored = self.state.restore(tensors, meta)
         self.sampler.check_state(restored["data"])
+
+    def _fetch_into_slot(self, plan: Plan, role: int, step: int) -> None:
+        """Restore ``role``'s replica of ``step`` from its holder, fetched straight into a
+        snapshot slot that then is this worker's snapshot of the step
+        (`SlotStore.receiving`): its first step takes no snapshot of its own (before, an
+        HSDP spare's first step copied its 88 MB shard into a fresh slot). Without a slot
+        (no host memory, none free in time) the replica is fetched as before."""
+        holder = plan.holders[role]
+        addr = self.store.get(keys.worker_addr(holder)).decode()
+        got: list = []
+
+        def into(manifest) -> np.ndarray | None:
+            try:
+                slot = self.slots.receiving(manifest, self.settings.replica_timeout_s)
+            except OSError as exc:
+                self._note("snapshot_failed", step=step, error=str(exc)[:300])
+                return None
+            got.append(slot)
+            return None if slot is None else slot.array
+
+        try:
+            manifest, payload = replica.fetch(addr, role, step, self.settings.replica_timeout_s, into=into)
+            self._note("state_received", role=role, holder=holder, step=step, bytes=manifest.total_bytes)
+            restored = self.state.restore(*tensors_of(manifest, payload))
+            self.sampler.check_state(restored["data"])
+        except BaseException:
+            if got and got[0] is not None:
+                self.slots.release(got[0])
+            raise
+        if got and got[0] is not None:
+            self.slots.kept(got[0], manifest, role, self.rank, plan.world_size)
+            self._snap_opt_entries = len(self.state.optimizer.state)
+            self._snap_step = max(self._snap_step, step)
 
     def _restore_disk(self, step: int, ckpt_world: int, rank: int, root: Path | None) -> None:
         root = root or self.settings.checkpoint_dir
