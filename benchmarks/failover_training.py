@@ -401,12 +401,13 @@ def run_torchrun_fsdp(cfg: Config, work: Path, faults: bool, name: str) -> dict:
 
 
 def run_seamguard_fsdp(cfg: Config, work: Path, faults: bool, name: str,
-                       chaos: str | None = None) -> dict:
-    """examples/train_fsdp.py under seamguard launch, a snapshot every step (a sharded
-    step commits once its snapshot reached the holder: at most one step redone)."""
+                       chaos: str | None = None, every: str = "1") -> dict:
+    """examples/train_fsdp.py under seamguard launch, by default a snapshot every step (a
+    sharded step commits once its snapshot reached the holder: at most one step redone);
+    ``every``: another cadence (fsdp_overhead.py's --snapshot-every)."""
     out, chaos_dir = work / name, work / f"{name}_chaos"
     cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", str(WORLD_SIZE), "--spares", "1",
-           "--snapshot-every", "1", "--events-file", str(out / "events.jsonl"),
+           "--snapshot-every", every, "--persist-every", "0", "--events-file", str(out / "events.jsonl"),
            "--chaos-dir", str(chaos_dir)]
     if faults:
         cmd += ["--chaos", chaos or cfg.chaos()]

@@ -22,7 +22,8 @@ replicate peer. ``--hosts 2``: the job of `failover_training.py --fsdp --hosts 2
 each of 2 namespaced hosts, etcd on a third, 2 spares a host, 60 steps of the 14.7M-parameter
 model; `--quick` keeps the small model, 36 steps), failure-free only, each process's CPU then
 also split out for etcd and the torchrun agents. ``--snapshot-every K``: seamguard's snapshot
-cadence (default 1). Last line of stdout: one JSON object (also written to
+cadence (default 1), or ``auto`` (Daly's interval, `seamguard launch --snapshot-every auto`).
+Last line of stdout: one JSON object (also written to
 benchmarks/results/fsdp_overhead[_hsdp][_quick].json).
 """
 
@@ -150,7 +151,7 @@ def runner(hosts: int, cfg: ft.Config, work: Path):
         def run(system: str, name: str):
             if system == "plain":
                 return ft.run_plain_fsdp(cfg, work, False, name), None
-            r = ft.run_seamguard_fsdp(replace(cfg), work, False, name)
+            r = ft.run_seamguard_fsdp(replace(cfg), work, False, name, every=str(cfg.snapshot_every))
             return r, mean_over_ranks(rank_phases(work / name / "events.jsonl"))
         yield run
         return
