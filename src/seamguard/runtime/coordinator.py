@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -428,9 +429,13 @@ class Coordinator:
         those keys again (they look at the counter with the generation, every heartbeat)."""
         self.store.add(keys.CONTROL_N, 1)
 
+    @cached_property
+    def _job_settings(self) -> dict:
+        """The workers' RuntimeSettings, as the launch passed them (read once)."""
+        return json.loads(self.settings.env.get("SEAMGUARD_SETTINGS", "{}"))
+
     def _job_setting(self, name: str, default: Any) -> Any:
-        """One of the workers' RuntimeSettings, as the launch passed them."""
-        return json.loads(self.settings.env.get("SEAMGUARD_SETTINGS", "{}")).get(name, default)
+        return self._job_settings.get(name, default)
 
     def _job_rails(self) -> tuple[str, ...]:
         return tuple(self._job_setting("rails", ()))

@@ -1457,15 +1457,14 @@ class Runtime:
         (no host memory, none free in time) the replica is fetched as before."""
         holder = plan.holders[role]
         addr = self.store.get(keys.worker_addr(holder)).decode()
-        got: list = []
+        slot = None
 
         def into(manifest) -> np.ndarray | None:
+            nonlocal slot
             try:
                 slot = self.slots.receiving(manifest, self.settings.replica_timeout_s)
             except OSError as exc:
                 self._note("snapshot_failed", step=step, error=str(exc)[:300])
-                return None
-            got.append(slot)
             return None if slot is None else slot.array
 
         try:
@@ -1474,11 +1473,11 @@ class Runtime:
             restored = self.state.restore(*tensors_of(manifest, payload))
             self.sampler.check_state(restored["data"])
         except BaseException:
-            if got and got[0] is not None:
-                self.slots.release(got[0])
+            if slot is not None:
+                self.slots.release(slot)
             raise
-        if got and got[0] is not None:
-            self.slots.kept(got[0], manifest, role, self.rank, plan.world_size)
+        if slot is not None:
+            self.slots.kept(slot, manifest, role, self.rank, plan.world_size)
             self._snap_opt_entries = len(self.state.optimizer.state)
             self._snap_step = max(self._snap_step, step)
 
