@@ -13,7 +13,8 @@ over the reps. Training-thread phases add to the step's wall time; background-th
 phases (``bg_*``) cost only CPU the 2 shared cores would otherwise give to the ranks.
 It also samples /proc (every 50 ms) for the CPU time of every process each run starts,
 and reports per system the job's CPU milliseconds per step over the training window
-(first to last committed step), split by process role: training ranks, and for
+(first to last committed step), split by process role: training ranks (and their CPU by
+thread: the training thread, seamguard's `sg-*` threads, the rest), and for
 seamguard the launcher (coordinator and the job's TCPStore), the zygote and the idle
 spare (the replica server, copier and heartbeat threads are inside the ranks).
 ``--replicate 2``: both systems in HSDP, mesh (2, 2) (torchrun_fsdp_train.py and
@@ -79,6 +80,24 @@ def _cpu_and_role(pid: int) -> tuple[float, str] | None:
     return (int(fields[11]) + int(fields[12])) * _TICK_S, role
 
 
+def _rank_threads(pid: int) -> dict[str, float]:
+    """A training rank's CPU seconds so far by thread: the training thread, seamguard's
+    own threads (named ``sg-*``/``snapshot-*`` in the OS by the runtime), and the rest
+    (gloo's and torch's threads, and threads that have exited)."""
+    parts = {"training thread": 0.0, "seamguard threads": 0.0}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        part = ("training thread" if task.name == str(pid) else
+                "seamguard threads" if comm.startswith(("sg-", "snapshot-")) else None)
+        if part:
+            parts[part] += (int(fields[11]) + int(fields[12])) * _TICK_S
+    return parts
+
+
 class CpuSampler:
     """Samples the CPU time of every process started under this one, every 50 ms."""
 
@@ -92,7 +111,17 @@ class CpuSampler:
         me = os.getpid()
         while not self._stop.is_set():
             now = time.time()
-            got = {pid: v for pid in _descendants(me) if (v := _cpu_and_role(pid)) is not None}
+            got = {}
+            for pid in _descendants(me):
+                if (v := _cpu_and_role(pid)) is None:
+                    continue
+                got[pid] = v
+                if v[1] == "rank":
+                    try:
+                        for part, cpu in _rank_threads(pid).items():
+                            got[(pid, part)] = (cpu, f"rank: {part}")
+                    except OSError:
+                        pass
             self.samples.append((now, got))
             self._stop.wait(0.05)
 
@@ -117,7 +146,10 @@ class CpuSampler:
         for pid, (cpu, _) in end.items():
             role = roles[pid]
             out[role] = out.get(role, 0.0) + cpu - start.get(pid, (0.0, role))[0]
-        out["job"] = sum(out.values())
+        out["job"] = sum(v for k, v in out.items() if ": " not in k)
+        if "rank" in out:
+            out["rank: gloo, torch, exited threads"] = (
+                out["rank"] - sum(v for k, v in out.items() if k.startswith("rank: ")))
         return {k: round(1e3 * v / steps, 1) for k, v in sorted(out.items())}
 
 

@@ -119,6 +119,30 @@ def set_title(title: str) -> None:
     setproctitle.setproctitle(title)
 
 
+def name_threads_in_os() -> None:
+    """From now on, every thread this process starts gives the kernel its Python name
+    (its first 15 bytes), as Python 3.14 does by itself: ``top -H``, ``perf`` and
+    ``/proc/<pid>/task/*/comm`` then tell ``sg-heartbeat`` from the training thread and
+    from gloo's threads (which keep the title of the thread that started them)."""
+    import ctypes
+    import threading
+
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return
+    if getattr(threading.Thread.run, "_names_os_thread", False):
+        return
+    run = threading.Thread.run
+
+    def named_run(self: threading.Thread) -> None:
+        prctl(15, self.name.encode(errors="replace")[:15], 0, 0, 0)  # PR_SET_NAME
+        run(self)
+
+    named_run._names_os_thread = True  # type: ignore[attr-defined]
+    threading.Thread.run = named_run  # type: ignore[method-assign]
+
+
 class EventLog:
     """Writes events: text or JSON on ``stream``, JSON lines to ``events_file`` (appended)."""
 
