@@ -102,3 +102,20 @@ def test_snapshot_cost_is_the_snapshot_and_next_steps_excess_over_the_steps_betw
     assert c2.cost_s() is None   # no step without a snapshot seen yet
     c2.add(0.9, 5)               # a plain step slower than the snapshot's: costs nothing
     assert c2.cost_s() == 0.0
+
+
+def test_a_step_in_which_a_slot_was_made_is_not_a_snapshots_recurring_cost():
+    c = SnapshotCost()
+    # the layout's first snapshot: its slot made in the step (a one-time cost), and the next
+    c.add(2.7, 0, made_slot=True)
+    c.add(0.9, 1, made_slot=True)
+    c.add(1.6, 2, made_slot=True)   # a slot made ahead in a step between: not a plain step either
+    c.add(0.6, 3)
+    assert c.cost_s() == pytest.approx((2.7 - 0.6) + (0.9 - 0.6))   # nothing better seen yet
+    c.add(0.7, 0)                   # a snapshot into a slot made before it
+    assert c.cost_s() == pytest.approx((0.7 - 0.6) + (0.9 - 0.6))   # the step after: still the first's
+    c.add(0.65, 1)
+    assert c.cost_s() == pytest.approx((0.7 - 0.6) + (0.65 - 0.6))
+    c.add(2.5, 0, made_slot=True)   # a later made slot changes nothing once clean steps are seen
+    c.add(0.9, 1, made_slot=True)
+    assert c.cost_s() == pytest.approx((0.7 - 0.6) + (0.65 - 0.6))

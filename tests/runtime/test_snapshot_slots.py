@@ -2,8 +2,10 @@
 before a newer one is published, so a dead process always leaves one adoptable snapshot
 even when hashing lags behind the captures (as on a GPU, where the copy outruns it)."""
 
+import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from seamguard.runtime.data import GlobalBatchSampler
@@ -84,6 +86,58 @@ def test_growing_ahead_skips_a_capture_instead_of_waiting_for_a_new_slot(tmp_pat
         assert slots.capture(state, 6, timeout_s=5) is not None   # an explicit capture still waits
     finally:
         slots.close()
+
+
+def test_grow_one_makes_the_next_captures_slot_on_a_thread_and_only_that_one(tmp_path):
+    """--snapshot-every auto: one slot ahead, made (and its pages mapped) off the training
+    thread, so the next capture does not make one; never more than one unused, never more
+    than n_slots."""
+    state = _state()
+    slots = SlotStore(f"sgslots6-{tmp_path.name}", 3)
+    try:
+        slots.capture(state, 1, timeout_s=5)
+        assert slots.made == 1
+        slots.grow_one()
+        _wait_for(lambda: not slots.growing)
+        assert (slots.made, len(slots.slots)) == (2, 2)
+        slots.grow_one()   # one is there that no capture has used: nothing more
+        assert not slots.growing and len(slots.slots) == 2
+        slot = slots.capture(state, 2, timeout_s=5)
+        assert slot.index == 1 and slots.made == 2   # the capture took it, made nothing
+        for step in (3, 4):
+            slots.grow_one()
+            _wait_for(lambda: not slots.growing)
+            slots.capture(state, step, timeout_s=5)
+        assert len(slots.slots) == 3 and slots.made == 3   # n_slots is the bound
+        assert slots.steps()[-1] == 4
+    finally:
+        slots.close()
+
+
+def test_populate_maps_a_fresh_slots_pages(tmp_path):
+    import numpy as np
+
+    from seamguard.runtime.snapshot import populate
+
+    path = Path(f"/dev/shm/sgpopulate-{tmp_path.name}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, 8 << 20)
+        arr = np.memmap(path, dtype=np.uint8, mode="r+", shape=(8 << 20,))
+        rss_before = _rss_shmem_kib()
+        if not populate(arr):
+            pytest.skip("kernel without MADV_POPULATE_WRITE (before 5.14)")
+        assert _rss_shmem_kib() - rss_before >= 8 << 10   # every page is mapped into this process
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+
+
+def _rss_shmem_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1])
+    pytest.skip("no RssShmem in /proc/self/status")
 
 
 def test_a_slot_grown_after_close_is_deleted(tmp_path):

@@ -116,20 +116,39 @@ class SnapshotCost:
     """What a snapshot costs a rank, in seconds of its steps: the median duration of the
     steps snapshots were taken in, and of the steps right after them (the hash and the
     push run on), each less the median of the steps between, summed. Steps with a
-    recovery in them are not fed. None until each kind has been seen."""
+    recovery in them are not fed. None until each kind has been seen.
+
+    A step in which a snapshot slot was being made (``made_slot``: reserved and mapped, a
+    one-time cost per slot, 3-7x a snapshot's recurring cost on 2 shared cores:
+    docs/benchmarks.md) is left out of the steps between; a snapshot step so marked, and
+    the step after it, count only while no unmarked one has been seen."""
 
     _kinds: dict = field(default_factory=lambda: {k: deque(maxlen=24 if k == "plain" else 8)
-                                                  for k in ("snap", "after", "plain")})
+                                                  for k in ("snap", "after", "plain", "snap_first", "after_first")})
+    _first: bool = False   # the last snapshot fed waited for its slot to be made
 
-    def add(self, step_s: float, steps_since_snapshot: int) -> None:
+    def add(self, step_s: float, steps_since_snapshot: int, made_slot: bool = False) -> None:
+        if steps_since_snapshot == 0:
+            self._first = made_slot
         kind = {0: "snap", 1: "after"}.get(steps_since_snapshot, "plain")
+        if kind == "plain" and made_slot:
+            return
+        if kind != "plain" and self._first:
+            kind += "_first"
         self._kinds[kind].append(step_s)
 
     def cost_s(self) -> float | None:
-        if not all(self._kinds.values()):
+        k = self._kinds
+        if not k["plain"]:
             return None
-        base = statistics.median(self._kinds["plain"])
-        return sum(max(0.0, statistics.median(self._kinds[k]) - base) for k in ("snap", "after"))
+        base = statistics.median(k["plain"])
+        total = 0.0
+        for kind in ("snap", "after"):
+            seen = k[kind] or k[kind + "_first"]
+            if not seen:
+                return None
+            total += max(0.0, statistics.median(seen) - base)
+        return total
 
 
 def persist_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ...], window_steps: int = 1,

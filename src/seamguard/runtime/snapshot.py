@@ -272,6 +272,24 @@ def host_register(arr: np.ndarray) -> bool:
     return int(err) == 0
 
 
+_MADV_POPULATE_WRITE = 23   # Linux >= 5.14 (asm-generic/mman-common.h)
+
+
+def populate(arr: np.ndarray) -> bool:
+    """Map every page of ``arr`` (a fresh /dev/shm slot, made on a thread) now, writable,
+    with ``madvise(MADV_POPULATE_WRITE)``, so that the first snapshot copied into it does
+    not take a page fault per 4 KiB page on the way (an 88 MB copy into fresh pages took
+    26-46 ms here, into mapped ones 6.5: docs/benchmarks.md). False where the kernel
+    does not know the advice (before 5.14): the first copy then maps the pages as before."""
+    if arr.nbytes == 0:
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.madvise(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes),
+                        _MADV_POPULATE_WRITE) == 0
+
+
 def host_unregister(arr: np.ndarray) -> None:
     lib = _cudart()
     if lib:
@@ -355,6 +373,9 @@ class SlotStore:
     _lent: bool = False   # the prepared slot holds a restore's bytes (`staging`): keep it
     _closed: bool = False
     _epoch: int = 0   # bumped when the slots are dropped: a slot grown for an older epoch is freed
+    made: int = 0
+    """Slots made so far (reserved and mapped), on any thread: a one-time cost per slot,
+    which --snapshot-every auto leaves out of a snapshot's recurring cost."""
 
     def _allocate(self, layout: Layout) -> None:
         """Adopt a new layout: the old slots go; new ones are created as captures need
@@ -384,7 +405,9 @@ class SlotStore:
             if slot.array.size != nbytes:
                 self._free(slot)
                 slot = None
-        slot = slot or self._make_slot(nbytes, len(self.slots))
+        if slot is None:
+            slot = self._make_slot(nbytes, len(self.slots), map_pages=False)
+            self.made += 1
         self.slots.append(slot)
         return slot
 
@@ -418,8 +441,10 @@ class SlotStore:
                 self.cond.notify_all()
         threading.Thread(target=make, name="sg-slot-prepare", daemon=True).start()
 
-    def _make_slot(self, nbytes: int, index: int) -> Slot:
-        """Reserve, map and page-lock slot ``index``'s file (no lock held: seconds)."""
+    def _make_slot(self, nbytes: int, index: int, map_pages: bool = True) -> Slot:
+        """Reserve, map and page-lock slot ``index``'s file (no lock held: seconds); a
+        slot not page-locked has its pages mapped now if ``map_pages`` (`populate`: made
+        on a thread), else by the first copy into it (off the training thread too)."""
         path = Path(f"/dev/shm/{self.prefix}-slot{index}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -434,14 +459,30 @@ class SlotStore:
         arr = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
         # page-locked so device->host copies run asynchronously on the side stream
         registered = torch.cuda.is_available() and host_register(arr)
+        if map_pages and not registered:
+            populate(arr)
         return Slot(index, path, arr, registered=registered)
 
     def _ahead(self, cuda_state: bool) -> bool:
         return cuda_state if self.grow_ahead is None else self.grow_ahead
 
-    def _grow_in_background(self) -> None:
+    @property
+    def growing(self) -> bool:
+        return self._growing
+
+    def grow_one(self) -> None:
+        """Make one more slot of the current layout on a thread, unless ``n_slots`` exist or
+        one is there that no capture has used yet: the next capture then takes a slot made
+        and mapped before it, off the training thread, while slots are still made only as
+        captures come (``--snapshot-every auto`` measures a snapshot's cost on them)."""
+        with self.cond:
+            if self.layout is None or any(s.step < 0 and not s.filling for s in self.slots):
+                return
+            self._grow_in_background(chain=False)
+
+    def _grow_in_background(self, chain: bool = True) -> None:
         """Start creating the next slot on a thread (called with ``cond`` held); when it
-        is in, the one after it, up to ``n_slots``."""
+        is in (and ``chain``), the one after it, up to ``n_slots``."""
         if self._growing or self.layout is None or len(self.slots) >= self.n_slots:
             return
         self._growing = True
@@ -460,7 +501,8 @@ class SlotStore:
                 elif slot is not None:
                     self._free(slot)
                 self._growing = False   # after the free: a slot grown too late is gone by then
-                if kept:
+                self.made += kept
+                if kept and chain:
                     self._grow_in_background()
                 self.cond.notify_all()
         threading.Thread(target=grow, name="sg-slot-grow", daemon=True).start()
@@ -531,8 +573,10 @@ class SlotStore:
                                                              and not self._growing),
                                           timeout=timeout_s):
                     return None
-                # grow to n_slots first: as much history as configured, as before
-                slot = (self._new_slot() if len(self.slots) < self.n_slots
+                # a slot made ahead (`grow_one`) first, then grow to n_slots: as much history
+                # as configured, as before
+                unused = [s for s in free() if s.step < 0]
+                slot = (unused[0] if unused else self._new_slot() if len(self.slots) < self.n_slots
                         else min(free(), key=lambda s: s.step))
             slot.step, slot.manifest, slot.filling = -1, None, True
             _sidecar(slot.path).unlink(missing_ok=True)   # before its bytes change

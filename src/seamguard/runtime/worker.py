@@ -220,8 +220,9 @@ class Runtime:
         self._inflight = None  # (Capture, persist?) of a snapshot still copying
         self._snap_opt_entries = -1  # optimizer state entries at the last snapshot
         self._snap_begun = -1   # step of the last snapshot begun
-        self._timed = -1        # step whose boundary was the last one passed (-1: none since a recovery)
+        self._timed: int | None = None   # step whose boundary was the last one passed (None: none since a recovery)
         self._snap_cost = cadence.SnapshotCost()   # --snapshot-every auto: what a snapshot costs
+        self._made_seen = 0   # slots.made at the last step boundary
         self._applied = -1  # newest step the optimizer began to apply
         self._at_step_start = False  # between steps: live state = start of self.step
         self._prev_excepthook = None
@@ -415,15 +416,15 @@ class Runtime:
                 except JobFinished:
                     return  # finished without us (we had already been replaced)
                 t_last = time.perf_counter()   # a recovery is no step: read CONTROL_N afresh
-                self._timed = -1
+                self._timed = None
             if self.step >= total_steps:
                 if self._final_barrier():
                     break
                 continue
             t_boundary = time.perf_counter()
             self._last_step_s, t_last = t_boundary - t_last, t_boundary
-            if self.settings.snapshot_auto and self._timed == self.step - 1:
-                self._snap_cost.add(self._last_step_s, self._timed - self._snap_begun)
+            if self.settings.snapshot_auto:
+                self._time_snapshots()
             self._timed = self.step
             if self._private[0] != self.step and (self.settings.step_guard or self._live_recovery()
                                                   or self.settings.crash_capture):
@@ -841,6 +842,19 @@ class Runtime:
         manifest = self.slots.build_manifest(slot, self.rank, self.plan.world_size)
         self.slots.publish_manifest(slot, manifest, self.role)
         return True
+
+    def _time_snapshots(self) -> None:
+        """--snapshot-every auto, at a step boundary: feed the step just done to the
+        snapshot's cost (`cadence.SnapshotCost`), marked when a slot was being made during
+        it (a one-time cost); two steps after a snapshot of the layout with the optimizer's
+        state, have the next snapshot's slot made, on a thread, in a step no snapshot is
+        measured on (unless snapshots come that often)."""
+        made_before, self._made_seen = self._made_seen, self.slots.made
+        if self._timed == self.step - 1:
+            self._snap_cost.add(self._last_step_s, self._timed - self._snap_begun,
+                                made_slot=made_before != self._made_seen or self.slots.growing)
+        if self.step - self._snap_begun == 2 and self._snap_opt_entries > 0:
+            self.slots.grow_one()
 
     def _maybe_snapshot(self) -> None:
         self._finish_snapshot()
