@@ -76,6 +76,15 @@ def test_process_title_names_the_process():
     assert p.returncode == 0 and "seamguard: rank 1/4 gen 2 (w1)" in p.stdout, p.stderr
 
 
+def test_threads_carry_their_python_names_in_the_os():
+    code = ("import threading; from pathlib import Path; from seamguard.runtime.eventlog import name_threads_in_os; "
+            "name_threads_in_os(); name_threads_in_os(); out = []; "
+            "t = threading.Thread(target=lambda: out.append(Path(f'/proc/self/task/{threading.get_native_id()}/comm')"
+            ".read_text().strip()), name='sg-heartbeat-and-more'); t.start(); t.join(); print(out[0])")
+    p = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "sg-heartbeat-an", p.stderr   # the kernel keeps 15 bytes
+
+
 def test_a_missing_script_or_bad_format_is_one_line_at_once(tmp_path):
     for args, msg in ((["--", str(tmp_path / "nope.py")], f"error: training script not found: {tmp_path / 'nope.py'}"),
                       (["--log-format", "xml", "--", str(REPO / "examples" / "train_ddp.py")],

@@ -374,8 +374,8 @@ class SlotStore:
     _closed: bool = False
     _epoch: int = 0   # bumped when the slots are dropped: a slot grown for an older epoch is freed
     made: int = 0
-    """Slots made so far (reserved and mapped), on any thread: a one-time cost per slot,
-    which --snapshot-every auto leaves out of a snapshot's recurring cost."""
+    """Slots made so far, on any thread: a one-time cost per slot, which
+    --snapshot-every auto leaves out of a snapshot's recurring cost."""
 
     def _allocate(self, layout: Layout) -> None:
         """Adopt a new layout: the old slots go; new ones are created as captures need

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from seamguard.runtime import cadence, chaos, fsdp, keys, replica, shm, stepmodes
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.data import GlobalBatchSampler
-from seamguard.runtime.eventlog import EventLog, set_title
+from seamguard.runtime.eventlog import EventLog, name_threads_in_os, set_title
 from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, identical_ranks, replica_holder
@@ -248,6 +248,7 @@ class Runtime:
         self.store.set(keys.worker_pid(wid), str(os.getpid()))
         self.store.set(keys.worker_slots(wid), self.slots.prefix)
         self._stop = threading.Event()
+        name_threads_in_os()   # top -H, perf and /proc tell the runtime's threads apart
         threading.Thread(target=self._heartbeat_loop, name="sg-heartbeat", daemon=True).start()
         threading.Thread(target=self._follow_generations, name="sg-generations", daemon=True).start()
         threading.Thread(target=self._pipeline_loop, name="sg-snapshot-pipeline", daemon=True).start()

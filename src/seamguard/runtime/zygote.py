@@ -73,8 +73,7 @@ def _run_child(argv: list[str], env: dict[str, str], cwd: str | None) -> None:
     die_with_parent()
     os.environ.clear()
     os.environ.update(env)
-    from seamguard.runtime.eventlog import name_threads_in_os, set_title
-    name_threads_in_os()
+    from seamguard.runtime.eventlog import set_title
     set_title(f"seamguard: worker w{env.get('SEAMGUARD_WORKER_ID', '?')} {env.get('SEAMGUARD_ROLE', '')} starting")
     if cwd:
         os.chdir(cwd)
