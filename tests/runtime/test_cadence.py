@@ -1,9 +1,12 @@
 """The persist cadence every rank derives from the same store entries (runtime/cadence.py)."""
 
+import math
+
 import pytest
 
-from seamguard.runtime.cadence import (CadenceEntry, SnapshotCost, auto_every_steps, every_steps_for, format_entries,
-                                      parse, persist_due, retune, snapshot_due)
+from seamguard.runtime.cadence import (GPU_MTTF_H, MAX_EVERY_STEPS, CadenceEntry, SnapshotCost, auto_every_steps,
+                                      every_steps_for, format_entries, parse, persist_due, retune, snapshot_due,
+                                      uncovered_mttf_s)
 
 
 def due(steps, own, entries=(), window=1):
@@ -119,3 +122,46 @@ def test_a_step_in_which_a_slot_was_made_is_not_a_snapshots_recurring_cost():
     c.add(2.5, 0, made_slot=True)   # a later made slot changes nothing once clean steps are seen
     c.add(0.9, 1, made_slot=True)
     assert c.cost_s() == pytest.approx((0.7 - 0.6) + (0.65 - 0.6))
+
+
+@pytest.mark.parametrize("mttf_s, ranks, copies, window_s, expected_s", [
+    # FSDP2: every loss needs a snapshot: one rank's MTTF over the ranks
+    (3600.0, 4, 1, 10.0, 900.0),
+    # HSDP, 2 copies of each shard: both lost within the window, M^2 / (ranks * W)
+    (3600.0, 4, 2, 10.0, 3600.0**2 / (4 * 10.0)),
+    # 3 copies (data parallelism on 3 ranks): M^3 / (3! * W^2)
+    (3600.0, 3, 3, 10.0, 3600.0**3 / (6 * 10.0**2)),
+    # a window as long as a rank's MTTF: never rarer than every failure
+    (10.0, 4, 2, 100.0, 2.5),
+    # more copies than ranks counts as the ranks
+    (3600.0, 2, 4, 10.0, 3600.0**2 / (2 * 10.0)),
+])
+def test_failures_a_live_copy_covers_are_not_counted(mttf_s, ranks, copies, window_s, expected_s):
+    assert uncovered_mttf_s(mttf_s, ranks, copies, window_s) == pytest.approx(expected_s)
+
+
+def test_a_loss_no_snapshot_is_needed_for_gives_the_longest_interval():
+    assert uncovered_mttf_s(3600.0, 4, 2, 0.0) == math.inf
+    assert auto_every_steps(0.1, 1.0, math.inf) == MAX_EVERY_STEPS
+    # Llama 3's rate on 16,384 ranks, 5 s steps, a 0.5 s snapshot: every failure counted,
+    # every 21 steps (105 s); HSDP with 2 copies and 61 s exposed, every ~36,500 (about 2 days)
+    every = auto_every_steps(0.5, 5.0, uncovered_mttf_s(GPU_MTTF_H * 3600, 16384, 1, 61.0))
+    hsdp = auto_every_steps(0.5, 5.0, uncovered_mttf_s(GPU_MTTF_H * 3600, 16384, 2, 61.0))
+    assert 20 <= every <= 22 and 36_000 <= hsdp <= 37_000
+    with pytest.raises(ValueError, match="copies"):
+        uncovered_mttf_s(3600.0, 4, 0, 10.0)
+
+
+def test_a_cost_hidden_in_the_steps_noise_is_counted_at_the_noise():
+    import random
+
+    rng = random.Random(0)
+    c = SnapshotCost()
+    for i in range(40):   # steps of 0.6 s +- 0.05 whether or not a snapshot was taken
+        c.add(0.6 + rng.gauss(0, 0.05), i % 5)
+    sigma_floor = 1.2533 * 0.05 * math.sqrt(1 / 8 + 1 / 24)
+    assert 0.5 * sigma_floor < c.cost_s() < 3 * sigma_floor
+    clear = SnapshotCost()
+    for i in range(40):   # a 0.3 s snapshot stands far above the same noise: measured as is
+        clear.add(0.6 + rng.gauss(0, 0.05) + (0.3 if i % 5 == 0 else 0.0), i % 5)
+    assert clear.cost_s() == pytest.approx(0.3, abs=0.08)

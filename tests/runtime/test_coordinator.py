@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from seamguard.decide.tiers import daly_interval_s
 from seamguard.runtime import cadence, keys
 from seamguard.runtime.coordinator import Coordinator
@@ -313,13 +315,32 @@ def _auto_job(cost_s, mttf_h=1.0, auto=True):
     return c, store, clock, log
 
 
-def _beat_costs(c, store, clock, costs, steps):
+def _beat_costs(c, store, clock, costs, steps, copies=1):
     for step in steps:
         clock.t += 0.5
         for w, cost in zip(c.plan.ranks, costs):
             store.set(keys.heartbeat(w), json.dumps({"n": step, "step": step, "phase": "compute", "compute_s": 0.4,
-                                                     "gen": 0, "snap_cost_s": cost}))
+                                                     "gen": 0, "snap_cost_s": cost, "copies": copies}))
         c.tick()
+
+
+def test_auto_counts_only_the_failures_no_live_copy_covers():
+    """Both ranks hold the whole state (data parallelism): a snapshot serves only a loss of
+    both within the exposed window (the hang timeout plus, before any recovery, the bound
+    on one), so the interval is Daly's for that rarer failure, not for every failure."""
+    c, store, clock, log = _auto_job(cost_s=None, mttf_h=1.0)
+    _beat_costs(c, store, clock, [0.8, 0.8], range(1, 12), copies=2)
+    (ev,) = [e for e in log if e["event"] == "snapshot_interval"]
+    window_s = c.settings.hang_timeout_s + 60.0   # recovery_timeout_s's default
+    mttf_s = 3600.0 ** 2 / (2 * window_s)
+    assert ev["live_copies"] == 2 and ev["uncovered_mttf_h"] == pytest.approx(mttf_s / 3600, rel=1e-3)
+    assert abs(ev["every_steps"] - daly_interval_s(0.8, mttf_s) / 0.5) <= 3
+    # one rank whose private bytes cannot go ahead of the step: every failure counts again
+    # (the change is beyond the retune factor, so it is published)
+    _beat_costs(c, store, clock, [0.8, 0.8], range(12, 16), copies=1)
+    assert [e for e in log if e["event"] == "snapshot_interval"][-1]["live_copies"] == 1
+    assert abs(cadence.parse(store.get(keys.SNAPSHOT_CADENCE).decode())[-1].every_steps
+               - daly_interval_s(0.8, 1800.0) / 0.5) <= 3
 
 
 def test_auto_snapshot_interval_is_published_from_the_costliest_ranks_cost():

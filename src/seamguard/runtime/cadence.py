@@ -23,6 +23,7 @@ Pure; the store keys and the hint files are in keys.py and launcher.py.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -95,13 +96,40 @@ def snapshot_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, .
     return (step > start or start == 0) and (step - start) % max(every, 1) == 0
 
 
+MAX_EVERY_STEPS = 10**9
+"""The longest interval `auto_every_steps` gives: no periodic snapshot in any real run
+(persist points and a new layout are still snapshotted)."""
+
+
 def auto_every_steps(cost_s: float, step_s: float, job_mttf_s: float) -> int:
     """Steps between snapshots: Daly's interval for a snapshot costing ``cost_s`` of the
     job's time and a job that fails every ``job_mttf_s`` on average, at ``step_s`` a step
     (at least 1). A snapshot that costs nothing measurable is still counted as 1 ms."""
     if step_s <= 0 or job_mttf_s <= 0:
         raise ValueError(f"step_s and job_mttf_s must be > 0, got {step_s}, {job_mttf_s}")
-    return max(1, round(daly_interval_s(max(cost_s, 1e-3), job_mttf_s) / step_s))
+    return max(1, min(MAX_EVERY_STEPS, round(min(daly_interval_s(max(cost_s, 1e-3), job_mttf_s) / step_s,
+                                                  MAX_EVERY_STEPS))))
+
+
+def uncovered_mttf_s(rank_mttf_s: float, ranks: int, copies: int, window_s: float) -> float:
+    """Mean time between the failures a snapshot must cover, for a job of ``ranks`` ranks
+    each failing every ``rank_mttf_s`` on average, whose state is held live by ``copies``
+    ranks each (1: FSDP2, every loss needs a snapshot; R: HSDP's replicate dimension;
+    the world: data parallelism). A loss is covered by a live copy unless every copy of
+    one shard is lost within ``window_s`` (until a replacement holds it again): for
+    independent failures, with ``ranks / copies`` shards, the rate of that is
+    ``ranks / copies * copies! * λ^copies * window^(copies-1)`` (λ = 1 / rank_mttf_s; the
+    mean time to data loss of R-way replication with repair, e.g. Gibson and Patterson's
+    RAID analysis), and never more than every failure's, ``ranks * λ``."""
+    if rank_mttf_s <= 0 or ranks < 1 or copies < 1 or window_s < 0:
+        raise ValueError(f"rank_mttf_s > 0, ranks >= 1, copies >= 1, window_s >= 0 expected, got "
+                         f"{rank_mttf_s}, {ranks}, {copies}, {window_s}")
+    lam = 1.0 / rank_mttf_s
+    every_failure = ranks * lam
+    copies = min(copies, ranks)
+    rate = ranks / copies * math.factorial(copies) * lam ** copies * window_s ** (copies - 1)
+    rate = min(every_failure, rate)
+    return math.inf if rate == 0 else 1.0 / rate
 
 
 def retune(current: int, wanted: int, factor: float = 1.5) -> bool:
@@ -121,7 +149,8 @@ class SnapshotCost:
     A step in which a snapshot slot was being made (``made_slot``: reserved and mapped, a
     one-time cost per slot, 3-7x a snapshot's recurring cost on 2 shared cores:
     docs/benchmarks.md) is left out of the steps between; a snapshot step so marked, and
-    the step after it, count only while no unmarked one has been seen."""
+    the step after it, count only while no unmarked one has been seen. A cost the steps'
+    noise hides is counted at the noise's level (`_resolution_s`)."""
 
     _kinds: dict = field(default_factory=lambda: {k: deque(maxlen=24 if k == "plain" else 8)
                                                   for k in ("snap", "after", "plain", "snap_first", "after_first")})
@@ -148,7 +177,20 @@ class SnapshotCost:
             if not seen:
                 return None
             total += max(0.0, statistics.median(seen) - base)
-        return total
+        return max(total, self._resolution_s(len(k["snap"] or k["snap_first"])))
+
+    def _resolution_s(self, n_snap: int) -> float:
+        """The smallest cost these samples can tell from none: the standard error of the
+        difference of two medians (1.2533 sigma / sqrt(n) each; sigma from the plain steps'
+        median absolute deviation, 1.4826 MAD). A snapshot cheaper than the steps' own
+        noise is counted at the noise, so that noise does not take the interval down to
+        every step and back at each look."""
+        plain = self._kinds["plain"]
+        if len(plain) < 3 or n_snap < 1:
+            return 0.0
+        med = statistics.median(plain)
+        sigma = 1.4826 * statistics.median(abs(x - med) for x in plain)
+        return 1.2533 * sigma * math.sqrt(1.0 / n_snap + 1.0 / len(plain))
 
 
 def persist_due(step: int, own_every_steps: int, entries: tuple[CadenceEntry, ...], window_steps: int = 1,

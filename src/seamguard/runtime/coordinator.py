@@ -13,6 +13,7 @@ It never imports torch: the store handle is passed in.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -83,6 +84,7 @@ class Coordinator:
     _ticked_s: float = 0.0  # when the last pass ran (_pause_grace)
     _evacuate_cleared_rev: int = 0  # etcd revision of the last clearing of HINT_EVACUATE
     _snap_entries: tuple = ()  # --snapshot-every auto: the snapshot interval entries published
+    _slowest_recovery_s: float = 0.0  # detection to resumed, the slowest recovery so far
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
 
@@ -454,7 +456,9 @@ class Coordinator:
         if not known or not step_s:
             return
         mttf_h = float(self._job_setting("rank_mttf_h", cadence.GPU_MTTF_H))
-        every = cadence.auto_every_steps(max(known), step_s, mttf_h * 3600.0 / self.plan.world_size)
+        copies = min(int(self._beats[w].get("copies", 1)) for w in self.plan.ranks if w in self._beats)
+        mttf_s = cadence.uncovered_mttf_s(mttf_h * 3600.0, self.plan.world_size, copies, self._exposed_s())
+        every = cadence.auto_every_steps(max(known), step_s, mttf_s)
         current = self._snap_entries[-1].every_steps if self._snap_entries else int(
             self._job_setting("snapshot_every_steps", cadence.AUTO_START_EVERY))
         if not cadence.retune(current, every):
@@ -465,7 +469,16 @@ class Coordinator:
         self._controls_changed()
         self.log({"event": "snapshot_interval", "every_steps": every, "from_step": start,
                   "cost_s": round(max(known), 4), "step_s": round(step_s, 4), "rank_mttf_h": mttf_h,
-                  "ranks": self.plan.world_size})
+                  "ranks": self.plan.world_size, "live_copies": copies,
+                  "uncovered_mttf_h": round(mttf_s / 3600.0, 6) if math.isfinite(mttf_s) else None})
+
+    def _exposed_s(self) -> float:
+        """How long a shard can stand with one live copy fewer: from a loss until its
+        replacement holds the state again, which is the hang timeout (a loss can go unseen
+        that long) plus the slowest recovery this job has had from detection to resumed,
+        or, before any, the bound on one (recovery_timeout_s)."""
+        recovery_s = self._slowest_recovery_s or float(self._job_setting("recovery_timeout_s", 60.0))
+        return self.settings.hang_timeout_s + recovery_s
 
     def _read_step_mode_hints(self) -> None:
         """Rails to stay off and degraded mode -> a step mode from a step every rank agrees on."""
@@ -607,6 +620,8 @@ class Coordinator:
         if all(r["ok"] for r in results.values()):
             self.phase = "running"
             step = results[self.plan.ranks[0]]["step"]
+            if gen:
+                self._slowest_recovery_s = max(self._slowest_recovery_s, now - self._detected_at_s)
             self.log({"event": "resumed", "gen": gen, "step": step,
                       "checksum": results[self.plan.ranks[0]]["checksum"],
                       "recovery_s": now - self._phase_since_s,

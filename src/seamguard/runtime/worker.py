@@ -739,6 +739,16 @@ class Runtime:
         the same condition under which replicas are deduplicated."""
         return self.settings.dedup_replicas and self.plan is not None and self.plan.world_size > 1
 
+    def _live_copies(self) -> int:
+        """How many ranks hold this rank's state live, itself included: a loss that leaves
+        one of them needs no snapshot (--snapshot-every auto counts only the others). The
+        world in data parallelism, the replicate dimension in HSDP, 1 for FSDP2; 1 also once
+        the rank's part of its private bytes cannot go ahead (`_rank_part_holds`): a loss
+        between its optimizer step and the next push then goes back to a snapshot."""
+        if not self._live_recovery() or self._part_ok is False:
+            return 1
+        return self._replicas if self.sharded else self.plan.world_size
+
     def _holder(self, plan: Plan) -> int:
         """The worker that holds this rank's replica in ``plan`` (`membership.replica_holder`)."""
         return plan.ranks[replica_holder(self.rank, plan.world_size, self.ranks_per_node, self._replicas)]
@@ -1212,7 +1222,8 @@ class Runtime:
                      "compute_s": self._compute_s, "comm_s": self._comm_s, "stall_s": self._stall_s,
                      "snap_step": self._snap_step, "persisted_step": self._persisted_step,
                      "gen": self.gen, "host": self._host, "local": self._local,
-                     **({"snap_cost_s": self._snap_cost.cost_s()} if self.settings.snapshot_auto else {})}))
+                     **({"snap_cost_s": self._snap_cost.cost_s(), "copies": self._live_copies()}
+                        if self.settings.snapshot_auto else {})}))
                 t_read = time.monotonic()
                 both = both or store.check(watched)   # keys are never deleted: checked until seen
                 if both:
