@@ -119,8 +119,9 @@ def uncovered_mttf_s(rank_mttf_s: float, ranks: int, copies: int, window_s: floa
     one shard is lost within ``window_s`` (until a replacement holds it again): for
     independent failures, with ``ranks / copies`` shards, the rate of that is
     ``ranks / copies * copies! * λ^copies * window^(copies-1)`` (λ = 1 / rank_mttf_s; the
-    mean time to data loss of R-way replication with repair, e.g. Gibson and Patterson's
-    RAID analysis), and never more than every failure's, ``ranks * λ``."""
+    mean time to data loss of R-way replication with repair, as in Patterson, Gibson and
+    Katz's RAID analysis: docs/sources.md), and never more than every failure's,
+    ``ranks * λ``."""
     if rank_mttf_s <= 0 or ranks < 1 or copies < 1 or window_s < 0:
         raise ValueError(f"rank_mttf_s > 0, ranks >= 1, copies >= 1, window_s >= 0 expected, got "
                          f"{rank_mttf_s}, {ranks}, {copies}, {window_s}")

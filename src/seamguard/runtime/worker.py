@@ -861,9 +861,10 @@ class Runtime:
         state, have the next snapshot's slot made, on a thread, in a step no snapshot is
         measured on (unless snapshots come that often)."""
         made_before, self._made_seen = self._made_seen, self.slots.made
-        if self._timed == self.step - 1:
-            self._snap_cost.add(self._last_step_s, self._timed - self._snap_begun,
-                                made_slot=made_before != self._made_seen or self.slots.growing)
+        if self._timed != self.step - 1:
+            return   # the first step after a recovery: not measured, and no slot made in it
+        self._snap_cost.add(self._last_step_s, self._timed - self._snap_begun,
+                            made_slot=made_before != self._made_seen or self.slots.growing)
         if self.step - self._snap_begun == 2 and self._snap_opt_entries > 0:
             self.slots.grow_one()
 
