@@ -107,8 +107,7 @@ def auto_every_steps(cost_s: float, step_s: float, job_mttf_s: float) -> int:
     (at least 1). A snapshot that costs nothing measurable is still counted as 1 ms."""
     if step_s <= 0 or job_mttf_s <= 0:
         raise ValueError(f"step_s and job_mttf_s must be > 0, got {step_s}, {job_mttf_s}")
-    return max(1, min(MAX_EVERY_STEPS, round(min(daly_interval_s(max(cost_s, 1e-3), job_mttf_s) / step_s,
-                                                  MAX_EVERY_STEPS))))
+    return max(1, round(min(daly_interval_s(max(cost_s, 1e-3), job_mttf_s) / step_s, MAX_EVERY_STEPS)))
 
 
 def uncovered_mttf_s(rank_mttf_s: float, ranks: int, copies: int, window_s: float) -> float:
