@@ -20,7 +20,9 @@ from what every kernel with a bridge has, with the same observable behaviour:
   broadcast the bond itself originates (the bridge floods those on every port), and
   the gratuitous ARP sent after each correction puts the switches right. Both ports are
   ``isolated``: the bridge never forwards between slaves, so there is no loop through
-  the fabric's inter-switch link.
+  the fabric's inter-switch link. The slaves run no IPv6 (a kernel bond's slaves do
+  not either): a returning slave's own neighbour discovery, sent from the bond's MAC
+  behind the monitor's back, would make the switches learn the MAC on a backup port.
 * A monitor process per host (this module's ``main``, started by the testbed inside the
   host's namespace) reads each slave's carrier every ``miimon`` ms; when the active
   slave's carrier is gone it makes the first slave with carrier active and sends a

@@ -242,6 +242,9 @@ class Testbed:
                 if self.bond_impl == "emulated":  # silent until the monitor picks the active slave
                     _ip("-n", hns, "link", "set", "dev", sl, "type", "bridge_slave", "isolated", "on",
                         "learning", "off", "flood", "off", "mcast_flood", "off", "bcast_flood", "off")
+                    # a kernel bond's slaves run no IPv6 of their own; a bridge port does, and its
+                    # neighbour discovery, sent from the bond's MAC, would move the MAC in the fabric
+                    _ip("netns", "exec", hns, "sysctl", "-qw", f"net.ipv6.conf.{sl}.disable_ipv6=1", check=False)
             if self.bond_impl == "emulated":  # a bridge's MAC follows its ports' unless set; a bond's is fixed
                 mac = _ip("-n", hns, "-j", "link", "show", slaves[0]).stdout
                 _ip("-n", hns, "link", "set", BOND_IF, "address", json.loads(mac)[0]["address"])
@@ -375,14 +378,19 @@ class Testbed:
 
     def fabric_tx_bytes(self) -> dict[tuple[int, int], float]:
         """Bytes each switch port sent towards its host = the host's inbound bytes per rail."""
-        import json
+        return self._port_stats("tx", "bytes")
 
+    def fabric_rx_packets(self) -> dict[tuple[int, int], float]:
+        """Frames each switch port received from its host = what the host sent per rail."""
+        return self._port_stats("rx", "packets")
+
+    def _port_stats(self, way: str, unit: str) -> dict[tuple[int, int], float]:
         p = _ip("-n", self.fabric_ns, "-j", "-s", "link", "show")
         out = {}
         for link in json.loads(p.stdout):
             m = re.match(r"^h(\d+)r(\d+)$", link.get("ifname", ""))
             if m:
-                out[(int(m.group(1)), int(m.group(2)))] = float(link["stats64"]["tx"]["bytes"])
+                out[(int(m.group(1)), int(m.group(2)))] = float(link["stats64"][way][unit])
         return out
 
     def leftovers(self) -> dict[str, list[str]]:
