@@ -171,13 +171,11 @@ class SnapshotCost:
         if not k["plain"]:
             return None
         base = statistics.median(k["plain"])
-        total = 0.0
-        for kind in ("snap", "after"):
-            seen = k[kind] or k[kind + "_first"]
-            if not seen:
-                return None
-            total += max(0.0, statistics.median(seen) - base)
-        return max(total, self._resolution_s(len(k["snap"] or k["snap_first"])))
+        snap, after = (k[kind] or k[kind + "_first"] for kind in ("snap", "after"))
+        if not snap or not after:
+            return None
+        total = sum(max(0.0, statistics.median(seen) - base) for seen in (snap, after))
+        return max(total, self._resolution_s(len(snap)))
 
     def _resolution_s(self, n_snap: int) -> float:
         """The smallest cost these samples can tell from none: the standard error of the
