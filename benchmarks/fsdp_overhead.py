@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -191,11 +192,29 @@ def runner(hosts: int, cfg: ft.Config, work: Path):
 
     with fh.cluster(work, torchft=False) as c:
         def run_hosts(system: str, name: str):
+            before = etcd_requests(c.etcd.metrics_text())
             if system == "plain":
-                return fh.run_plain_hosts(c, cfg, work, name), None
-            r = fh.run_seamguard_hosts(c, cfg, work, name, False, None)
-            return r, r["profile"] and r["profile"]["phases"]
+                r, profile = fh.run_plain_hosts(c, cfg, work, name), None
+            else:
+                r = fh.run_seamguard_hosts(c, cfg, work, name, False, None)
+                profile = r["profile"] and r["profile"]["phases"]
+            after = etcd_requests(c.etcd.metrics_text())
+            r["etcd_requests_per_step"] = {k: round((after[k] - before.get(k, 0.0)) / cfg.steps, 2)
+                                           for k in sorted(after) if after[k] > before.get(k, 0.0)}
+            return r, profile
         yield run_hosts
+
+
+def etcd_requests(metrics: str) -> dict[str, float]:
+    """etcd's served requests so far by gRPC method (its JSON gateway's calls included:
+    the gateway forwards each one over gRPC), and the watch events it sent."""
+    out: dict[str, float] = {}
+    for m in re.finditer(r'^grpc_server_(handled|msg_sent)_total\{([^}]*)\} (\S+)$', metrics, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if m.group(1) == "handled" or labels.get("grpc_type") == "bidi_stream":
+            key = labels.get("grpc_method", "?") + (" (stream messages)" if m.group(1) == "msg_sent" else "")
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
 
 
 def main() -> None:
@@ -223,6 +242,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sg-fsdp-overhead-"))
     windows: dict[str, list[float]] = {"plain": [], "seamguard": []}
     cpu: dict[str, list[dict[str, float]]] = {"plain": [], "seamguard": []}
+    etcd: dict[str, list[dict[str, float]]] = {"plain": [], "seamguard": []}   # --hosts 2
     phases: list[dict] = []
     loads = [round(os.getloadavg()[0], 2)]
     try:
@@ -238,6 +258,8 @@ def main() -> None:
                     if profile is not None:
                         phases.append(profile)
                     cpu[system].append(cpu_per_step(sampler, work / name))
+                    if "etcd_requests_per_step" in r:
+                        etcd[system].append(r["etcd_requests_per_step"])
                     windows[system].append(r["window_s"])
                     loads.append(round(os.getloadavg()[0], 2))
                     print(f"rep {rep + 1}/{reps} {system:9s} training {r['window_s']:.2f}s "
@@ -264,13 +286,20 @@ def main() -> None:
     print("\nCPU ms per step (all threads, median over reps), by process:")
     for system, roles in cpu_table.items():
         print(f"  {system:9s} " + "  ".join(f"{role} {ms}" for role, ms in roles.items()))
+    etcd_table = {system: {k: round(statistics.median(r.get(k, 0.0) for r in runs), 2)
+                           for k in sorted({k for r in runs for k in r})}
+                  for system, runs in etcd.items() if runs}
+    if etcd_table:
+        print("\netcd requests per step (median over reps), by gRPC method:")
+        for system, methods in etcd_table.items():
+            print(f"  {system:9s} " + "  ".join(f"{k} {v}" for k, v in methods.items()))
     summary = {"mode": "quick" if args.quick else "full", "reps": reps, "steps": cfg.steps,
                "replicate": args.replicate, "hosts": args.hosts, "snapshot_every": args.snapshot_every,
                "window_s": {s: [round(x, 3) for x in v] for s, v in windows.items()},
                "step_ms": {s: round(v, 1) for s, v in step_ms.items()},
                "failure_free_ratio": ft.spread(ratios), "load": [min(loads), max(loads)],
                "phases_per_step": table, "cpu_ms_per_step": cpu_table,
-               "cpu_ms_per_step_runs": cpu}
+               "cpu_ms_per_step_runs": cpu, "etcd_requests_per_step": etcd_table}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -302,6 +304,24 @@ def test_a_node_launcher_gone_before_the_start_ends_the_launch():
     c = Coordinator(store, s, [0, 1], [], None, 30.0, log.append, clock=clock)
     assert c.tick(links_closed=((1, "ECONNRESET"),)) == "failed"
     assert "node 1's launcher went away (ECONNRESET)" in log[-1]["reason"]
+
+
+@pytest.mark.parametrize("nnodes, compute_s, margin", [
+    (1, 0.1, 3 + 7),    # 0.5 s of reports' lag + a heartbeat's reading (0.2 s) = 0.7 s = 7 steps
+    (2, 0.1, 3 + 10),   # aggregated: + a node beat (0.25 s) on the reading: 0.95 s
+    (1, 0.6, 3 + 2),
+    (2, 0.6, 3 + 2),
+    (2, 0.0, 3 + 50),   # no step measured yet
+])
+def test_a_control_change_starts_beyond_what_any_rank_may_not_have_read(nnodes, compute_s, margin):
+    """A rank relies on a reading of the control counter up to a heartbeat (and, through
+    its node's mirror, a node beat) old (Runtime._controls), and the coordinator sees the
+    ranks' steps that late: a change starts far enough ahead for both."""
+    c, store, clock, log = make()
+    c.settings = replace(c.settings, nnodes=nnodes, master_port=29500)
+    c.plan = SimpleNamespace(ranks=[0, 1])
+    c._read_beats = lambda ranks: {0: {"step": 40, "compute_s": compute_s}, 1: {"step": 42, "compute_s": compute_s}}
+    assert c._ahead_step() == 42 + margin
 
 
 def _auto_job(cost_s, mttf_h=1.0, auto=True):

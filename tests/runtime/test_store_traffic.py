@@ -134,7 +134,8 @@ class ControlStore:
 def _rank(store, beat, last_step_s, mirror_lag_s=0.0):
     """The part of a Runtime that `_controls` uses."""
     return SimpleNamespace(store=store, _control_beat=beat, _control=(None, {}),
-                           _last_step_s=last_step_s, _mirror_lag_s=mirror_lag_s)
+                           _last_step_s=last_step_s, _mirror_lag_s=mirror_lag_s,
+                           settings=SimpleNamespace(heartbeat_interval_s=0.2))
 
 
 def test_a_rank_reads_the_control_keys_only_when_the_counter_moves(monkeypatch):
@@ -152,7 +153,7 @@ def test_a_rank_reads_the_control_keys_only_when_the_counter_moves(monkeypatch):
     assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on\n55 - off"
 
 
-def test_a_heartbeat_reading_older_than_a_step_is_not_relied_on(monkeypatch):
+def test_a_heartbeat_reading_older_than_a_heartbeat_and_a_step_is_not_relied_on(monkeypatch):
     now = [100.0]
     monkeypatch.setattr("seamguard.runtime.worker.time.monotonic", lambda: now[0])
     store = ControlStore(3)
@@ -160,11 +161,15 @@ def test_a_heartbeat_reading_older_than_a_step_is_not_relied_on(monkeypatch):
     Runtime._controls(rank)
     store.d[keys.STEP_MODES] = b"70 - off"
     store.d[keys.CONTROL_N] = b"4"   # changed after the heartbeat's reading (counter 3) ...
-    rank._last_step_s = 0.05         # ... which is older than the last step took: read now
+    rank._last_step_s = 0.05         # ... which is 0.1 s old: within a heartbeat interval
+    assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on"
+    now[0] = 100.15                  # 0.25 s: older than a heartbeat interval and a step: read now
     assert Runtime._controls(rank)[keys.STEP_MODES] == b"70 - off"
-    # through the node's mirror the reading may be a node beat older still
+    # slow steps: a reading up to a step old, less the node beat its mirror may lag by
     store.d[keys.STEP_MODES], store.d[keys.CONTROL_N] = b"80 - on", b"5"
-    rank._control_beat, rank._last_step_s, rank._mirror_lag_s = (4, 99.95), 0.2, 0.2
+    rank._control_beat, rank._last_step_s, rank._mirror_lag_s = (4, 99.81), 0.6, 0.25
+    assert Runtime._controls(rank)[keys.STEP_MODES] == b"70 - off"   # 0.34 s <= 0.6 - 0.25
+    now[0] = 100.17                                                  # 0.36 s
     assert Runtime._controls(rank)[keys.STEP_MODES] == b"80 - on"
 
 

@@ -369,12 +369,16 @@ class Coordinator:
         return frozenset(w for w in self.plan.spares if self._host_of(w) in self._suspect_hosts)
 
     def _ahead_step(self) -> int:
-        """A step far enough ahead that every rank reads a key set now before reaching it
-        (3 steps and 0.5 s: a rank may rely on a reading of keys.CONTROL_N up to one step
-        old, Runtime._controls)."""
+        """A step far enough ahead that every rank reads a key set now before reaching it:
+        3 steps, plus in steps of the job's pace how far the ranks may be past the steps
+        their beats report (0.5 s, or the beats' staleness if longer) and the age of the
+        keys.CONTROL_N reading a rank may rely on (Runtime._controls: one heartbeat, and
+        one node beat through the node's mirror)."""
         beats = list(self._read_beats(self.plan.ranks).values())
         step_s = max((b["compute_s"] for b in beats), default=0.0)
-        margin = 3 + min(50, int(0.5 / step_s) if step_s > 0 else 50)
+        stale_s = self._job_setting("heartbeat_interval_s", 0.2) + (
+            self.settings.node_beat_s if self.settings.aggregate else 0.0)
+        margin = 3 + (min(1000, math.ceil((max(0.5, stale_s) + stale_s) / step_s)) if step_s > 0 else 50)
         return max((b["step"] for b in beats), default=0) + margin
 
     def _read_checkpoint_hint(self) -> None:

@@ -1020,15 +1020,19 @@ class Runtime:
         when keys.CONTROL_N moved, not every step.
 
         Every rank must see a change before the step it takes effect at. The coordinator
-        writes a change, then bumps the counter, and fixes its start 3 steps and 0.5 s
-        beyond the furthest step any rank reported (Coordinator._ahead_step). The counter
-        comes from this worker's heartbeat (read with the generation; through the node's
-        mirror, up to a node beat older, when aggregated) when that reading is younger
-        than the last step took, else from the store now. A reading at most one step old
-        costs at most the one step of margin added for it: a rank sees every change as
-        surely as it did reading the keys at every step boundary."""
+        writes a change, then bumps the counter, and fixes its start 3 steps beyond the
+        furthest step any rank reported, plus the time the reports and a rank's reading may
+        lag (Coordinator._ahead_step). The counter comes from this worker's heartbeat (read
+        with the generation; through the node's mirror, up to a node beat older, when
+        aggregated) when that reading is from the last heartbeat interval or younger than
+        the last step took, else from the store now. The coordinator's margin covers a
+        reading that old, so a rank sees every change as surely as it did reading the keys
+        at every step boundary; steps shorter than a heartbeat interval no longer cost a
+        request each (two per rank per step on etcd: 47-68 requests/s for 4 ranks of 0.18 s
+        steps, docs/benchmarks.md)."""
         beat = self._control_beat
-        if beat is not None and time.monotonic() - beat[1] + self._mirror_lag_s <= self._last_step_s:
+        if beat is not None and time.monotonic() - beat[1] <= max(
+                self.settings.heartbeat_interval_s, self._last_step_s - self._mirror_lag_s):
             counter: int | None = beat[0]
         else:
             raw = keys.peek(self.store, keys.CONTROL_N)

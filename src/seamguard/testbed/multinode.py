@@ -96,6 +96,14 @@ class EtcdServer:
         cmd = [*self.exec_prefix, sys.executable, "-c", probe]
         return subprocess.run(cmd, capture_output=True, timeout=10, check=False).returncode == 0
 
+    def metrics_text(self) -> str:
+        """etcd's Prometheus exposition (``/metrics``), fetched from inside its namespace."""
+        fetch = ("import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
+                 f"'http://{self.address}/metrics', timeout=5).read().decode())")
+        p = subprocess.run([*self.exec_prefix, sys.executable, "-c", fetch], capture_output=True, text=True,
+                           timeout=20, check=True)
+        return p.stdout
+
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
