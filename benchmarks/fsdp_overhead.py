@@ -22,7 +22,9 @@ examples/train_fsdp.py ``--replicate 2``), seamguard's replica holder then being
 replicate peer. ``--hosts 2``: the job of `failover_training.py --fsdp --hosts 2` (2 ranks on
 each of 2 namespaced hosts, etcd on a third, 2 spares a host, 60 steps of the 14.7M-parameter
 model; `--quick` keeps the small model, 36 steps), failure-free only, each process's CPU then
-also split out for etcd and the torchrun agents. ``--snapshot-every K``: seamguard's snapshot
+also split out for etcd and the torchrun agents, and etcd's served requests per step counted
+by gRPC method (its ``/metrics``, read before and after each run: startup included).
+``--snapshot-every K``: seamguard's snapshot
 cadence (default 1), or ``auto`` (Daly's interval, `seamguard launch --snapshot-every auto`).
 Last line of stdout: one JSON object (also written to
 benchmarks/results/fsdp_overhead[_hsdp][_quick].json).
