@@ -175,19 +175,18 @@ class SnapshotCost:
         if not snap or not after:
             return None
         total = sum(max(0.0, statistics.median(seen) - base) for seen in (snap, after))
-        return max(total, self._resolution_s(len(snap)))
+        return max(total, self._resolution_s(len(snap), base))
 
-    def _resolution_s(self, n_snap: int) -> float:
+    def _resolution_s(self, n_snap: int, plain_median_s: float) -> float:
         """The smallest cost these samples can tell from none: the standard error of the
         difference of two medians (1.2533 sigma / sqrt(n) each; sigma from the plain steps'
         median absolute deviation, 1.4826 MAD). A snapshot cheaper than the steps' own
         noise is counted at the noise, so that noise does not take the interval down to
         every step and back at each look."""
         plain = self._kinds["plain"]
-        if len(plain) < 3 or n_snap < 1:
+        if len(plain) < 3:
             return 0.0
-        med = statistics.median(plain)
-        sigma = 1.4826 * statistics.median(abs(x - med) for x in plain)
+        sigma = 1.4826 * statistics.median([abs(x - plain_median_s) for x in plain])
         return 1.2533 * sigma * math.sqrt(1.0 / n_snap + 1.0 / len(plain))
 
 

@@ -222,6 +222,7 @@ class Runtime:
         self._snap_begun = -1   # step of the last snapshot begun
         self._timed: int | None = None   # step whose boundary was the last one passed (None: none since a recovery)
         self._snap_cost = cadence.SnapshotCost()   # --snapshot-every auto: what a snapshot costs
+        self._snap_cost_s: float | None = None     # its estimate, for the heartbeat (made as samples come)
         self._made_seen = 0   # slots.made at the last step boundary
         self._applied = -1  # newest step the optimizer began to apply
         self._at_step_start = False  # between steps: live state = start of self.step
@@ -865,6 +866,7 @@ class Runtime:
             return   # the first step after a recovery: not measured, and no slot made in it
         self._snap_cost.add(self._last_step_s, self._timed - self._snap_begun,
                             made_slot=made_before != self._made_seen or self.slots.growing)
+        self._snap_cost_s = self._snap_cost.cost_s()
         if self.step - self._snap_begun == 2 and self._snap_opt_entries > 0:
             self.slots.grow_one()
 
@@ -1227,7 +1229,7 @@ class Runtime:
                      "compute_s": self._compute_s, "comm_s": self._comm_s, "stall_s": self._stall_s,
                      "snap_step": self._snap_step, "persisted_step": self._persisted_step,
                      "gen": self.gen, "host": self._host, "local": self._local,
-                     **({"snap_cost_s": self._snap_cost.cost_s(), "copies": self._live_copies()}
+                     **({"snap_cost_s": self._snap_cost_s, "copies": self._live_copies()}
                         if self.settings.snapshot_auto else {})}))
                 t_read = time.monotonic()
                 both = both or store.check(watched)   # keys are never deleted: checked until seen
