@@ -76,10 +76,11 @@ def _cpu_and_role(pid: int) -> tuple[float, str] | None:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return None
-    role = ("rank" if "seamguard: rank" in cmd or "torchrun_fsdp_train" in cmd else
+    # an agent's command line names the training script too: it is told apart first
+    role = ("torchrun agent" if "torch.distributed.run" in cmd else
+            "rank" if "seamguard: rank" in cmd or "torchrun_fsdp_train" in cmd else
             "launcher" if "seamguard launch" in cmd else "zygote" if "fork server" in cmd else
-            "spare" if "spare" in cmd else "torchrun agent" if "torch.distributed.run" in cmd else
-            "etcd" if "etcd" in cmd.split(" ", 1)[0] else "other")
+            "spare" if "spare" in cmd else "etcd" if "etcd" in cmd.split(" ", 1)[0] else "other")
     return (int(fields[11]) + int(fields[12])) * _TICK_S, role
 
 

@@ -56,9 +56,13 @@ _FORWARDS = {
     "barrier": "barrier",
 }
 
-# gloo's reduce-scatters do their work inside `wait()` (is_completed() stays False until
-# then; measured with torch 2.13): they are waited for on a helper thread instead
-_RUN_IN_WAIT = {"reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter"}
+# gloo's reduce-scatters finish inside `wait()`, which ignores its timeout (is_completed()
+# stays False even after; measured with torch 2.13), so they cannot be waited for with a
+# deadline on the training thread. The tensor ones run as gloo does them (an all-reduce of
+# a copy of the input, then this rank's chunk copied out) with the all-reduce waited for
+# like any other collective; the list form is waited for on a helper thread.
+_RUN_IN_WAIT = {"reduce_scatter"}
+_AS_ALLREDUCE = {"reduce_scatter_single", "_reduce_scatter_base"}
 
 
 class _Done(dist.Work):
@@ -81,15 +85,37 @@ class _Done(dist.Work):
 
 class _Polled(_Done):
     """A collective in flight on the runtime's gloo group; `wait` returns when it completes
-    or a new generation or the collective timeout cancels it, and never raises."""
+    or a new generation or the collective timeout cancels it, and never raises.
+    ``finish`` (if any) runs once, after the collective succeeded."""
 
-    def __init__(self, runtime, work: dist.Work, runs_in_wait: bool) -> None:
+    def __init__(self, runtime, work: dist.Work, runs_in_wait: bool, finish=None) -> None:
         super().__init__()
-        self._rt, self._work, self._runs_in_wait = runtime, work, runs_in_wait
+        self._rt, self._work, self._runs_in_wait, self._finish = runtime, work, runs_in_wait, finish
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        self._rt._await_work(self._work, self._runs_in_wait)
+        ok = self._rt._await_work(self._work, self._runs_in_wait)
+        if ok and self._finish is not None:
+            self._finish()
+        self._finish = None
         return True
+
+
+def _reduce_scatter_as_allreduce(inner, rank: int, output: torch.Tensor, input: torch.Tensor, opts=None):
+    """(work, finish): ``input``'s copy all-reduced on ``inner``; ``finish`` copies this
+    rank's chunk of it into ``output``."""
+    buf = input.clone(memory_format=torch.contiguous_format)
+    work = inner.allreduce([buf], dist.AllreduceOptions() if opts is None else _allreduce_options(opts))
+
+    def finish() -> None:
+        n = output.numel()
+        output.copy_(buf.view(-1).narrow(0, rank * n, n).view(output.shape))
+    return work, finish
+
+
+def _allreduce_options(opts) -> dist.AllreduceOptions:
+    out = dist.AllreduceOptions()
+    out.reduceOp, out.timeout = opts.reduceOp, opts.timeout
+    return out
 
 
 class ResilientGroup(dist.ProcessGroup):
@@ -139,13 +165,17 @@ class ResilientGroup(dist.ProcessGroup):
         if inner is None:
             rt._collective_failed(f"{name}: group {self._name} is not formed in this generation")
             return _Done()
+        finish = None
         try:
             with rt.clock.phase("collective_issue"):
-                work = getattr(inner, _FORWARDS[name])(*args)
+                if name in _AS_ALLREDUCE:
+                    work, finish = _reduce_scatter_as_allreduce(inner, self.rank(), *args)
+                else:
+                    work = getattr(inner, _FORWARDS[name])(*args)
         except RuntimeError as exc:
             rt._collective_failed(f"{name}: {exc}")
             return _Done()
-        return _Polled(rt, work, name in _RUN_IN_WAIT)
+        return _Polled(rt, work, name in _RUN_IN_WAIT, finish)
 
 
 def _forwarder(name: str):
