@@ -28,7 +28,7 @@ from pathlib import Path
 
 import _fsdp_hosts as fh
 import failover_training as ft
-from fsdp_overhead import etcd_requests
+from fsdp_overhead import _TICK_S, etcd_requests
 
 SCRAPER = ("import sys, urllib.request\nfor _ in sys.stdin:\n"
            "    t = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()\n"
@@ -37,7 +37,7 @@ SCRAPER = ("import sys, urllib.request\nfor _ in sys.stdin:\n"
 
 def etcd_cpu_ms(pid: int) -> dict[str, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick_ms = 1000.0 / 100   # USER_HZ
+    tick_ms = 1000.0 * _TICK_S
     return {"etcd user CPU ms": int(fields[11]) * tick_ms, "etcd system CPU ms": int(fields[12]) * tick_ms}
 
 

@@ -1,12 +1,11 @@
 """ResilientGroup issues a reduce-scatter as an all-reduce of a copy plus this rank's chunk
 copied out (runtime/fsdp.py): the result must be bit-identical to gloo's own
-reduce-scatter, for each reduce op, with the input left as it was."""
+reduce-scatter, for each reduce op and both call forms, with the input left as it was."""
 
 from __future__ import annotations
 
 import datetime
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -36,6 +35,12 @@ def _run(rank: int, path: str, failures) -> None:
             finish()
             if not torch.equal(got, want):
                 failures.put(f"rank {rank} {op}: differs from gloo's reduce-scatter")
+            listed = torch.empty(5, 7)           # the list form: [output], [[each rank's chunk]]
+            work, finish = _reduce_scatter_as_allreduce(pg, rank, [listed], [list(x.chunk(WORLD))], opts)
+            assert work.wait(datetime.timedelta(seconds=30))
+            finish()
+            if not torch.equal(listed, want):
+                failures.put(f"rank {rank} {op}: the list form differs from gloo's reduce-scatter")
             if not torch.equal(x, before):
                 failures.put(f"rank {rank} {op}: the input was modified")
     finally:

@@ -57,12 +57,10 @@ _FORWARDS = {
 }
 
 # gloo's reduce-scatters finish inside `wait()`, which ignores its timeout (is_completed()
-# stays False even after; measured with torch 2.13), so they cannot be waited for with a
-# deadline on the training thread. The tensor ones run as gloo does them (an all-reduce of
-# a copy of the input, then this rank's chunk copied out) with the all-reduce waited for
-# like any other collective; the list form is waited for on a helper thread.
-_RUN_IN_WAIT = {"reduce_scatter"}
-_AS_ALLREDUCE = {"reduce_scatter_single", "_reduce_scatter_base"}
+# stays False even after; measured with torch 2.13), so they could not be waited for with
+# a deadline. They run as gloo does them internally instead: an all-reduce of a copy of
+# the input, waited for like any other collective, then this rank's chunk copied out.
+_REDUCE_SCATTERS = {"reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter"}
 
 
 class _Done(dist.Work):
@@ -88,34 +86,38 @@ class _Polled(_Done):
     or a new generation or the collective timeout cancels it, and never raises.
     ``finish`` (if any) runs once, after the collective succeeded."""
 
-    def __init__(self, runtime, work: dist.Work, runs_in_wait: bool, finish=None) -> None:
+    def __init__(self, runtime, work: dist.Work, finish=None) -> None:
         super().__init__()
-        self._rt, self._work, self._runs_in_wait, self._finish = runtime, work, runs_in_wait, finish
+        self._rt, self._work, self._finish = runtime, work, finish
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        ok = self._rt._await_work(self._work, self._runs_in_wait)
+        ok = self._rt._await_work(self._work)
         if ok and self._finish is not None:
             self._finish()
         self._finish = None
         return True
 
 
-def _reduce_scatter_as_allreduce(inner, rank: int, output: torch.Tensor, input: torch.Tensor, opts=None):
-    """(work, finish): ``input``'s copy all-reduced on ``inner``; ``finish`` copies this
-    rank's chunk of it into ``output``."""
-    buf = input.clone(memory_format=torch.contiguous_format)
-    work = inner.allreduce([buf], dist.AllreduceOptions() if opts is None else _allreduce_options(opts))
+def _reduce_scatter_as_allreduce(inner, rank: int, output, input, opts=None):
+    """(work, finish): the input's copy all-reduced on ``inner``; ``finish`` copies this
+    rank's chunk of it into the output. The tensor form: ``input`` holds one chunk the size
+    of ``output`` per rank, one after another; the list form: ``[output]`` and
+    ``[[each rank's chunk]]``."""
+    if isinstance(output, list):
+        (output,), (chunks,) = output, input
+        flat = torch.cat([c.reshape(-1) for c in chunks])
+        start = sum(c.numel() for c in chunks[:rank])
+    else:
+        flat = input.clone(memory_format=torch.contiguous_format).view(-1)
+        start = rank * output.numel()
+    options = dist.AllreduceOptions()
+    if opts is not None:
+        options.reduceOp, options.timeout = opts.reduceOp, opts.timeout
+    work = inner.allreduce([flat], options)
 
     def finish() -> None:
-        n = output.numel()
-        output.copy_(buf.view(-1).narrow(0, rank * n, n).view(output.shape))
+        output.copy_(flat.narrow(0, start, output.numel()).view(output.shape))
     return work, finish
-
-
-def _allreduce_options(opts) -> dist.AllreduceOptions:
-    out = dist.AllreduceOptions()
-    out.reduceOp, out.timeout = opts.reduceOp, opts.timeout
-    return out
 
 
 class ResilientGroup(dist.ProcessGroup):
@@ -168,14 +170,14 @@ class ResilientGroup(dist.ProcessGroup):
         finish = None
         try:
             with rt.clock.phase("collective_issue"):
-                if name in _AS_ALLREDUCE:
+                if name in _REDUCE_SCATTERS:
                     work, finish = _reduce_scatter_as_allreduce(inner, self.rank(), *args)
                 else:
                     work = getattr(inner, _FORWARDS[name])(*args)
         except RuntimeError as exc:
             rt._collective_failed(f"{name}: {exc}")
             return _Done()
-        return _Polled(rt, work, name in _RUN_IN_WAIT, finish)
+        return _Polled(rt, work, finish)
 
 
 def _forwarder(name: str):

@@ -88,66 +88,9 @@ def _host_port(text: str) -> tuple[str, int] | None:
 
 
 # how often a wait for a collective looks for a new generation or its timeout; completion
-# itself wakes it at once (an event set from gloo's thread), so this only bounds cancelling
+# itself ends gloo's wait(timeout) at once, so this only bounds cancelling
 _WAKE_S = 0.05
 _WAKE_TD = datetime.timedelta(seconds=_WAKE_S)
-
-
-class _WaiterPool:
-    """Daemon threads that run collectives' ``wait()``, reused from one collective to the
-    next (FSDP2's reduce-scatters, several a step, each had a new thread). Every job gets
-    a thread at once, an idle one or a new one, so a wait stuck on a peer of an abandoned
-    group holds only its own thread; daemons, so such a wait never holds up the exit."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0
-
-    def submit(self, fn, arg) -> None:
-        with self._lock:
-            spawn = self._idle == 0
-            self._idle -= 0 if spawn else 1   # an idle thread is spoken for
-        self._jobs.put((fn, arg))
-        if spawn:
-            threading.Thread(target=self._serve, daemon=True, name="sg-collective-wait").start()
-
-    def _serve(self) -> None:
-        while True:
-            fn, arg = self._jobs.get()
-            fn(arg)
-            with self._lock:
-                self._idle += 1
-
-
-_WAITERS = _WaiterPool()
-
-
-class _WaitingWork:
-    """A collective whose ``wait()`` does the work (or that offers no future), run on a
-    waiter thread that calls ``finished`` when it is over; ``wait()`` re-raises its error."""
-
-    def __init__(self, work, finished) -> None:
-        self._error: BaseException | None = None
-        self._finished = finished
-        self._over = threading.Event()
-        _WAITERS.submit(self._run, work)
-
-    def _run(self, work) -> None:
-        try:
-            work.wait()
-        except BaseException as exc:  # noqa: BLE001 - handed to wait()
-            self._error = exc
-        self._over.set()
-        self._finished()
-
-    def is_completed(self) -> bool:
-        return self._over.is_set()
-
-    def wait(self) -> None:
-        self._over.wait()
-        if self._error is not None:
-            raise RuntimeError(str(self._error)) from self._error
 
 
 class Runtime:
@@ -649,10 +592,9 @@ class Runtime:
             self._note("collective_error", error=f"rails: {why}"[:200])
         return not why
 
-    def _await_work(self, work, runs_in_wait: bool = False) -> bool:
+    def _await_work(self, work) -> bool:
         """Wait for a collective issued on ``self.group``; False (and the step failed) if
-        it errs, times out, or a new generation overtakes it. A collective that only
-        progresses inside ``wait()`` (``runs_in_wait``) is waited for on a helper thread.
+        it errs, times out, or a new generation overtakes it.
 
         Woken by the collective's completion, not by polling: polling with naps lagged a
         finished collective by 2.3 ms on average, ~27 ms of a 0.28 s FSDP2 step with its
@@ -664,16 +606,12 @@ class Runtime:
         deadline = time.monotonic() + self.settings.collective_timeout_s
         t0 = time.perf_counter()
         try:
-            done_at = self._wait_on_thread(work, deadline) if runs_in_wait else self._wait_in_gloo(work, deadline)
-            if done_at is None:
+            if not self._wait_in_gloo(work, deadline):
                 self._note("collective_cancelled", reason="new generation"
                            if self._gen_seen > self.gen else "timeout")
                 self._failed = True
                 return False
-            t1 = time.perf_counter()
-            self.clock.add("collective_wait", t1 - t0)
-            if done_at > 0:
-                self.clock.add("collective_wait_lag", t1 - done_at)
+            self.clock.add("collective_wait", time.perf_counter() - t0)
             return True
         except RuntimeError as exc:
             self._note("collective_error", error=str(exc)[:200])
@@ -686,35 +624,19 @@ class Runtime:
     def _overtaken(self, deadline: float) -> bool:
         return self._gen_seen > self.gen or time.monotonic() > deadline
 
-    def _wait_in_gloo(self, work, deadline: float) -> float | None:
-        """Wait for ``work`` in its own ``wait(timeout)``; 0.0 once done (the moment it
-        completed is not seen here), None if overtaken. A failed collective raises."""
+    def _wait_in_gloo(self, work, deadline: float) -> bool:
+        """Wait for ``work`` in its own ``wait(timeout)``; False if overtaken. A failed
+        collective raises."""
         while True:
             try:
                 work.wait(_WAKE_TD)
-                return 0.0
+                return True
             except RuntimeError:
                 if work.is_completed():   # failed, or completed just after this wait timed out:
                     work.wait()           # returns, or raises the collective's own error
-                    return 0.0
+                    return True
             if self._overtaken(deadline):
-                return None
-
-    def _wait_on_thread(self, work, deadline: float) -> float | None:
-        """Wait for ``work`` whose ``wait()`` does the work, run on a helper thread; the
-        moment it completed, or None if overtaken. A failed collective raises."""
-        done_at, done = [], threading.Event()
-
-        def finished() -> None:
-            done_at.append(time.perf_counter())
-            done.set()
-
-        waiting = _WaitingWork(work, finished)
-        while not done.wait(_WAKE_S):
-            if self._overtaken(deadline):
-                return None
-        waiting.wait()
-        return done_at[0]
+                return False
 
     def _collective_allowed(self) -> bool:
         """May a collective of FSDP2's run now? Not once this step failed or a new
