@@ -152,6 +152,31 @@ def test_evacuate_hint_and_checkpoint_hint():
     assert store.check([keys.kill_request(0)]) and c.plan.ranks == [2, 1]
 
 
+def test_checkpoint_hint_waits_for_the_jobs_pace():
+    """A hint that comes before any beat reports a step's time is held, not set 50 steps out:
+    once the ranks beat with a pace, it lands a few steps ahead of them."""
+    c, store, clock, log = make()
+    for w in (0, 1, 2):
+        store.set(keys.worker_addr(w), "h:1")
+    c.tick()
+    finish_generation(c, store, {})
+    for w in (0, 1):
+        store.set(keys.heartbeat(w), json.dumps({"n": 1, "step": 0, "phase": "compute", "compute_s": 0.0, "gen": 0}))
+    store.add(keys.HINT_CHECKPOINT, 1)
+    c.tick()
+    assert not store.check([keys.HINT_PERSIST_AT])
+    beat(store, 0, 2, 4)
+    beat(store, 1, 2, 5)
+    clock.t += 0.2
+    c.tick()
+    target = int(store.get(keys.HINT_PERSIST_AT))
+    assert 5 < target < 5 + 50
+    store.add(keys.HINT_CHECKPOINT, 0)   # the same hint read again is not a new one
+    beat(store, 0, 3, 9)
+    c.tick()
+    assert int(store.get(keys.HINT_PERSIST_AT)) == target
+
+
 def _rank_1_lost_with_a_replacement_starting():
     c, store, clock, log = make(spares=())
     for w in (0, 1):

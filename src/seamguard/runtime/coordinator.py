@@ -368,25 +368,37 @@ class Coordinator:
             return frozenset()
         return frozenset(w for w in self.plan.spares if self._host_of(w) in self._suspect_hosts)
 
-    def _ahead_step(self) -> int:
+    def _pace(self) -> tuple[int, float]:
+        """The furthest step the ranks' beats report, and the longest step time among them
+        (compute before the collective; 0 until a beat reports one)."""
+        beats = list(self._read_beats(self.plan.ranks).values())
+        return (max((b["step"] for b in beats), default=0),
+                max((b["compute_s"] for b in beats), default=0.0))
+
+    def _ahead_step(self, pace: tuple[int, float] | None = None) -> int:
         """A step far enough ahead that every rank reads a key set now before reaching it:
         3 steps, plus in steps of the job's pace how far the ranks may be past the steps
         their beats report (0.5 s, or the beats' staleness if longer) and the age of the
         keys.CONTROL_N reading a rank may rely on (Runtime._controls: one heartbeat, and
-        one node beat through the node's mirror)."""
-        beats = list(self._read_beats(self.plan.ranks).values())
-        step_s = max((b["compute_s"] for b in beats), default=0.0)
+        one node beat through the node's mirror); 50 steps while the pace is unknown."""
+        step, step_s = pace or self._pace()
         stale_s = self._job_setting("heartbeat_interval_s", 0.2) + (
             self.settings.node_beat_s if self.settings.aggregate else 0.0)
         margin = 3 + (min(1000, math.ceil((max(0.5, stale_s) + stale_s) / step_s)) if step_s > 0 else 50)
-        return max((b["step"] for b in beats), default=0) + margin
+        return step + margin
 
     def _read_checkpoint_hint(self) -> None:
+        """A `checkpoint_now` hint: persist at the nearest step every rank learns of in time.
+        It waits (is read again next tick) until a beat gives the job's pace, so a hint that
+        comes as the job starts means a few steps ahead, not 50."""
         raw = self._hints.get(keys.HINT_CHECKPOINT)
         if raw is None or int(raw) <= self._hint_checkpoint:
             return
+        pace = self._pace()
+        if pace[1] <= 0:
+            return
+        target = self._ahead_step(pace)
         self._hint_checkpoint = int(raw)
-        target = self._ahead_step()
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self._controls_changed()
         self.log({"event": "checkpoint_hint", "persist_at": target})
