@@ -368,36 +368,28 @@ class Coordinator:
             return frozenset()
         return frozenset(w for w in self.plan.spares if self._host_of(w) in self._suspect_hosts)
 
-    def _pace(self) -> tuple[int, float]:
-        """The furthest step the ranks' beats report, and the longest step time among them
-        (compute before the collective; 0 until a beat reports one)."""
-        beats = list(self._read_beats(self.plan.ranks).values())
-        return (max((b["step"] for b in beats), default=0),
-                max((b["compute_s"] for b in beats), default=0.0))
-
-    def _ahead_step(self, pace: tuple[int, float] | None = None) -> int:
+    def _ahead_step(self) -> int | None:
         """A step far enough ahead that every rank reads a key set now before reaching it:
         3 steps, plus in steps of the job's pace how far the ranks may be past the steps
         their beats report (0.5 s, or the beats' staleness if longer) and the age of the
         keys.CONTROL_N reading a rank may rely on (Runtime._controls: one heartbeat, and
-        one node beat through the node's mirror); 50 steps while the pace is unknown."""
-        step, step_s = pace or self._pace()
+        one node beat through the node's mirror). None until a beat reports a step's time
+        (compute before the collective): the caller asks again next tick, so a change
+        asked for as the job starts lands a few steps ahead, not an arbitrary number."""
+        beats = list(self._read_beats(self.plan.ranks).values())
+        step_s = max((b["compute_s"] for b in beats), default=0.0)
+        if step_s <= 0:
+            return None
         stale_s = self._job_setting("heartbeat_interval_s", 0.2) + (
             self.settings.node_beat_s if self.settings.aggregate else 0.0)
-        margin = 3 + (min(1000, math.ceil((max(0.5, stale_s) + stale_s) / step_s)) if step_s > 0 else 50)
-        return step + margin
+        margin = 3 + min(1000, math.ceil((max(0.5, stale_s) + stale_s) / step_s))
+        return max(b["step"] for b in beats) + margin
 
     def _read_checkpoint_hint(self) -> None:
-        """A `checkpoint_now` hint: persist at the nearest step every rank learns of in time.
-        It waits (is read again next tick) until a beat gives the job's pace, so a hint that
-        comes as the job starts means a few steps ahead, not 50."""
+        """A `checkpoint_now` hint: persist at the nearest step every rank learns of in time."""
         raw = self._hints.get(keys.HINT_CHECKPOINT)
-        if raw is None or int(raw) <= self._hint_checkpoint:
+        if raw is None or int(raw) <= self._hint_checkpoint or (target := self._ahead_step()) is None:
             return
-        pace = self._pace()
-        if pace[1] <= 0:
-            return
-        target = self._ahead_step(pace)
         self._hint_checkpoint = int(raw)
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self._controls_changed()
@@ -413,12 +405,13 @@ class Coordinator:
     def _read_target_hint(self) -> None:
         """A checkpoint directory (off a slow storage path) -> every rank persists there from a step all agree on."""
         raw = self._hints.get(keys.HINT_TARGET_N)
-        if raw is None or int(raw) <= self._hint_target or self.checkpoint_dir is None:
+        if (raw is None or int(raw) <= self._hint_target or self.checkpoint_dir is None
+                or (ahead := self._ahead_step()) is None):
             return
         self._hint_target = int(raw)
         want = (self._get(keys.HINT_TARGET) or b"default").decode()
         entries = cadence.parse_targets((self._get(keys.PERSIST_TARGETS) or b"").decode())
-        start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
+        start = max(ahead, entries[-1].start_step + 1 if entries else 0)
         entries += (cadence.TargetEntry(start, "" if want == "default" else want),)
         self.store.set(keys.PERSIST_TARGETS, cadence.format_targets(entries))
         self._controls_changed()
@@ -434,9 +427,11 @@ class Coordinator:
             every = cadence.every_steps_for(None if want == "default" else float(want), self._steps.seconds_per_step())
         except ValueError:
             return  # the job's pace is not known yet (its first steps): asked again next tick
+        if (ahead := self._ahead_step()) is None:
+            return
         self._hint_interval = int(raw)
         entries = cadence.parse((self._get(keys.PERSIST_CADENCE) or b"").decode())
-        start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
+        start = max(ahead, entries[-1].start_step + 1 if entries else 0)
         entries += (cadence.CadenceEntry(start, every),)
         self.store.set(keys.PERSIST_CADENCE, cadence.format_entries(entries))
         self._controls_changed()
@@ -477,9 +472,9 @@ class Coordinator:
         every = cadence.auto_every_steps(max(known), step_s, mttf_s)
         current = self._snap_entries[-1].every_steps if self._snap_entries else int(
             self._job_setting("snapshot_every_steps", cadence.AUTO_START_EVERY))
-        if not cadence.retune(current, every):
+        if not cadence.retune(current, every) or (ahead := self._ahead_step()) is None:
             return
-        start = max(self._ahead_step(), self._snap_entries[-1].start_step + 1 if self._snap_entries else 0)
+        start = max(ahead, self._snap_entries[-1].start_step + 1 if self._snap_entries else 0)
         self._snap_entries = (*self._snap_entries, cadence.CadenceEntry(start, every))[-cadence.KEEP_ENTRIES:]
         self.store.set(keys.SNAPSHOT_CADENCE, cadence.format_entries(self._snap_entries))
         self._controls_changed()
@@ -501,7 +496,7 @@ class Coordinator:
         n_avoid, n_degraded = self._hints.get(keys.HINT_AVOID_RAILS_N), self._hints.get(keys.HINT_DEGRADED_N)
         new_avoid = n_avoid is not None and int(n_avoid) > self._hint_avoid
         new_degraded = n_degraded is not None and int(n_degraded) > self._hint_degraded
-        if not (new_avoid or new_degraded):
+        if not (new_avoid or new_degraded) or (ahead := self._ahead_step()) is None:
             return
         entries = stepmodes.parse((self._get(keys.STEP_MODES) or b"").decode())
         now = entries[-1] if entries else stepmodes.NORMAL
@@ -517,7 +512,7 @@ class Coordinator:
             if note:
                 self.log({"event": "step_mode_unchanged", "avoid_rails": list(avoid), "note": note})
             return
-        start = max(self._ahead_step(), entries[-1].start_step + 1 if entries else 0)
+        start = max(ahead, entries[-1].start_step + 1 if entries else 0)
         entries += (stepmodes.StepMode(start, avoid, degraded),)
         self.store.set(keys.STEP_MODES, stepmodes.format_modes(entries))
         self._controls_changed()
