@@ -29,6 +29,11 @@ def _entity(kind: Kind, labels: dict[str, str]) -> str | None:
     return key.entity_name(name, sub)
 
 
+def where(s: dict, name: str, kind: Kind) -> dict[str, float]:
+    """The series ``name`` in samples ``s``, keyed by the fleet entity their labels name."""
+    return {_entity(kind, dict(lab)): v for (n_, lab), v in s.items() if n_ == name}
+
+
 def test_agent_series_map_onto_the_fleet(tmp_path):
     node = FLEET.node_names[0]
     n = FLEET.node_names.index(node)
@@ -65,21 +70,24 @@ fabric:
     try:
         with kmsg.open("a") as f:
             f.write("NVRM: Xid (PCI:0000:2a:00): 48, pid=1, DBE (double bit error) ECC error\n")
-        time.sleep(0.3)
-        s = samples(generate_latest(agent.registry).decode())
+        deadline = time.monotonic() + 10   # a storage probe fsyncs: slow on a loaded disk
+        while True:
+            s = samples(generate_latest(agent.registry).decode())
+            if (where(s, "seamguard_storage_write_latency_ms", Kind.STORAGE)
+                    and where(s, "seamguard_fabric_link_latency_us", Kind.LINK)
+                    and 48.0 in where(s, "DCGM_FI_DEV_XID_ERRORS", Kind.GPU).values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     finally:
         agent.stop()
 
-    def where(name: str, kind: Kind) -> dict[str, float]:
-        return {_entity(kind, dict(lab)): v for (n_, lab), v in s.items() if n_ == name}
-
-    assert where("node_infiniband_state_id", Kind.NIC) == {nic0: 4.0, nic1: 4.0}
-    assert where("node_infiniband_symbol_error_total", Kind.NIC) == {nic0: 3.0}
-    assert where("node_infiniband_link_downed_total", Kind.NIC) == {nic0: 0.0, nic1: 1.0}
-    gpus = where("DCGM_FI_DEV_XID_ERRORS", Kind.GPU)
+    assert where(s, "node_infiniband_state_id", Kind.NIC) == {nic0: 4.0, nic1: 4.0}
+    assert where(s, "node_infiniband_symbol_error_total", Kind.NIC) == {nic0: 3.0}
+    assert where(s, "node_infiniband_link_downed_total", Kind.NIC) == {nic0: 0.0, nic1: 1.0}
+    gpus = where(s, "DCGM_FI_DEV_XID_ERRORS", Kind.GPU)
     assert gpus == {f"{node}/gpu0": 0.0, f"{node}/gpu1": 48.0}
     assert all(FLEET.index_of(Kind.GPU, g) >= 0 for g in gpus)
-    assert list(where("seamguard_storage_write_latency_ms", Kind.STORAGE)) == [storage]
-    assert list(where("seamguard_fabric_link_latency_us", Kind.LINK)) == [link0]
+    assert list(where(s, "seamguard_storage_write_latency_ms", Kind.STORAGE)) == [storage]
+    assert list(where(s, "seamguard_fabric_link_latency_us", Kind.LINK)) == [link0]
     for name in (nic0, nic1):
         assert FLEET.index_of(Kind.NIC, name) >= 0

@@ -47,8 +47,7 @@ fabric:
                     "6,4,4,-;nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout\n"
                     "6,5,5,-;NVRM: The NVIDIA GPU 0000:5e:00.0\\x0aNVRM: fallen off the bus and is not "
                     "responding to commands.\n")
-        time.sleep(0.4)  # a few storage and fabric rounds
-        s = samples(scrape(port))
+        s = _after_rounds(port, 2)
     finally:
         agent.stop()
     # kernel log: only what came after the start, per bus id and code
@@ -66,16 +65,32 @@ fabric:
     assert value(s, "seamguard_storage_write_latency_ms", storage="ckpt-a") > 0
     assert value(s, "seamguard_storage_probe_up", storage="ckpt-a") == 1.0
     # fabric: the live peer answers, the one with no responder is all loss
-    live = {"src_nic": "node-0/mlx5_0", "dst_nic": "node-1/mlx5_0", "rail": "0"}
-    dead = {**live, "dst_nic": "node-2/mlx5_0"}
-    assert value(s, "seamguard_fabric_probes_total", **live) >= 2
-    assert value(s, "seamguard_fabric_probe_lost_total", **live) in (None, 0.0)
-    assert value(s, "seamguard_fabric_probe_rtt_seconds_count", **live) >= 2
+    dead = {**LIVE, "dst_nic": "node-2/mlx5_0"}
+    assert value(s, "seamguard_fabric_probes_total", **LIVE) >= 2
+    assert value(s, "seamguard_fabric_probe_lost_total", **LIVE) in (None, 0.0)
+    assert value(s, "seamguard_fabric_probe_rtt_seconds_count", **LIVE) >= 2
     assert value(s, "seamguard_fabric_probe_lost_total", **dead) == value(s, "seamguard_fabric_probes_total", **dead)
     assert value(s, "seamguard_fabric_link_latency_us", link="node-0/mlx5_0~leaf-0") > 0
     # host pressure and NICs from the real /proc and /sys
     assert value(s, "node_vmstat_oom_kill") is not None
     assert value(s, "node_network_up", device="lo") is None
+
+
+LIVE = {"src_nic": "node-0/mlx5_0", "dst_nic": "node-1/mlx5_0", "rail": "0"}
+
+
+def _after_rounds(port: int, rounds: int, timeout_s: float = 10.0) -> dict:
+    """The agent's samples once it has done ``rounds`` storage probes (each fsyncs: slow on a
+    loaded disk) and fabric rounds and read the kernel log, or whatever it has at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = samples(scrape(port))
+        done = ((value(s, "seamguard_storage_probe_seconds_count", storage="ckpt-a", op="write") or 0) >= rounds
+                and (value(s, "seamguard_fabric_probe_rtt_seconds_count", **LIVE) or 0) >= rounds
+                and value(s, "seamguard_gpu_fallen_off_bus_total", pci_bus_id="0000:5e:00.0") is not None)
+        if done or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
 
 
 def _run(cfg_path, *extra):

@@ -13,55 +13,37 @@ import pytest
 
 from seamguard.testbed.job import Fault, JobResult, JobSpec, run_rail_job
 
-HOSTS, STEPS = 3, 300
-# The gray test's job must outlive its 4 s fault by the rail's way back (a probe a second
-# after the last refused rebuild, a rebuild, steps on both rails: about 3 s). On an idle
-# machine 300 steps took 5.6 s and ended 0.5 s after the revert, before the rail could come
-# back; 900 steps last at least 9 s up to 100 steps/s.
-GRAY_STEPS = 900
+HOSTS, STEPS = 3, 900
+# Every faulty job must outlive its last fault by the rail's way back (carrier stable for
+# 0.3 s, a rebuild, a probe, a vote; a probe a second after a refused rebuild: about 1-3 s).
+# On an idle machine 300 steps took 5.6 s and once ended 0.5 s after the gray fault's
+# revert, before the rail could come back; 900 steps last at least 9 s at up to 100 steps/s.
+JOB_TIMEOUT_S = 150.0   # inside the tests' own timeout, so a stuck job ends with its output
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """steps -> final checksum of a flap-free run of that length (own testbed, torn down at
-    once), computed once per module."""
+def reference(tmp_path_factory) -> str:
+    """The final checksum of a flap-free run (own testbed, torn down at once), once per module."""
     from seamguard.testbed.net import Testbed, TestbedSpec
 
-    cache: dict[int, str] = {}
-
-    def get(steps: int) -> str:
-        if steps not in cache:
-            with Testbed(TestbedSpec(hosts=HOSTS, rails=2)) as tb:
-                res = run_rail_job(tb, JobSpec(steps=steps, timeout_s=_job_timeout_s(steps) - 30), [],
-                                   tmp_path_factory.mktemp("ref"))
-            assert res.ok, res.stderr_tail
-            # With no fault, both rails carry the traffic. The per-chunk deadline adapts to
-            # measured chunk times and waits out a slow peer, so a loaded 2-core machine no
-            # longer fails a healthy rail. One spurious loss costs 13-19 steps on one rail under
-            # load (until the rail is rebuilt and probed; more on an idle machine), so this
-            # allows none, with room for a few one-step hiccups (every rail given up at once
-            # and rebuilt within the step).
-            both = sum(s["attempts"] == 1 and s["rails"] == [0, 1] for s in res.steps)
-            assert both >= 0.95 * len(res.steps), f"only {both}/{len(res.steps)} steps used both rails"
-            cache[steps] = res.checksums[0]
-        return cache[steps]
-
-    return get
+    with Testbed(TestbedSpec(hosts=HOSTS, rails=2)) as tb:
+        res = run_rail_job(tb, JobSpec(steps=STEPS, timeout_s=JOB_TIMEOUT_S - 30), [], tmp_path_factory.mktemp("ref"))
+    assert res.ok, res.stderr_tail
+    # With no fault, both rails carry the traffic. The per-chunk deadline adapts to
+    # measured chunk times and waits out a slow peer, so a loaded 2-core machine no
+    # longer fails a healthy rail. One spurious loss costs 13-19 steps on one rail under
+    # load (until the rail is rebuilt and probed; more on an idle machine), so this
+    # allows none, with room for a few one-step hiccups (every rail given up at once
+    # and rebuilt within the step).
+    both = sum(s["attempts"] == 1 and s["rails"] == [0, 1] for s in res.steps)
+    assert both >= 0.95 * len(res.steps), f"only {both}/{len(res.steps)} steps used both rails"
+    return res.checksums[0]
 
 
-@pytest.fixture(scope="module")
-def reference(references) -> str:
-    return references(STEPS)
-
-
-def _job_timeout_s(steps: int) -> float:
-    return 150.0 * steps / STEPS
-
-
-def _run(make_testbed, tmp_path: Path, faults: list[Fault], steps: int = STEPS) -> JobResult:
+def _run(make_testbed, tmp_path: Path, faults: list[Fault]) -> JobResult:
     tb = make_testbed(hosts=HOSTS, rails=2)
-    res = run_rail_job(tb, JobSpec(steps=steps, timeout_s=_job_timeout_s(steps)), faults, tmp_path / "job")
+    res = run_rail_job(tb, JobSpec(steps=STEPS, timeout_s=JOB_TIMEOUT_S), faults, tmp_path / "job")
     (tmp_path / "job" / "result.json").write_text(json.dumps(res.to_json()))  # for a post-mortem
     assert res.ok, f"rc={res.returncodes} checksums={res.checksums}\n{res.stderr_tail}"
     assert all(r.applied_t and r.reverted_t for r in res.faults), "fault schedule did not play out"
@@ -90,8 +72,8 @@ def test_flap_during_a_collective(make_testbed, tmp_path, reference):
 
 @pytest.mark.slow
 def test_flap_of_both_rails_in_turn(make_testbed, tmp_path, reference):
-    # The job runs ~5 s on an idle 2-core machine (longer under load): the second flap must
-    # end early enough for its rail to be probed and taken back before the last step.
+    # The second flap must end early enough for its rail to be probed and taken back before
+    # the job's last step (STEPS: at least 9 s).
     res = _run(make_testbed, tmp_path, [Fault(0.5, "flap", host=1, rail=0, duration_s=1.0),
                                         Fault(2.5, "flap", host=2, rail=1, duration_s=1.0)])
     assert res.checksums[0] == reference
@@ -112,7 +94,7 @@ def test_whole_rail_switch_down_is_caught_by_the_bounded_timeout(make_testbed, t
 
 
 @pytest.mark.timeout(900)
-def test_gray_rail_is_avoided_and_reused_after(make_testbed, tmp_path, references):
+def test_gray_rail_is_avoided_and_reused_after(make_testbed, tmp_path, reference):
     # 4 s of gray, fully on (the player times the revert from when the fault was applied).
     # The rail may take up to 2 s to be given up (below); the rest must hold whole steps (99 %
     # under 1 s under load) that have to avoid it, and the rail's first probe (probe_interval_s,
@@ -120,9 +102,8 @@ def test_gray_rail_is_avoided_and_reused_after(make_testbed, tmp_path, reference
     # shows below. With 2 s, and the revert timed from the scheduled start, a loaded run had
     # 1.49 s from applied to reverted, gave the rail up at +0.70 s and had no step in between,
     # so the check failed on an empty list.
-    res = _run(make_testbed, tmp_path, [Fault(1.0, "gray", host=2, rail=0, duration_s=4.0, rate_mbit=50)],
-               steps=GRAY_STEPS)
-    assert res.checksums[0] == references(GRAY_STEPS)
+    res = _run(make_testbed, tmp_path, [Fault(1.0, "gray", host=2, rail=0, duration_s=4.0, rate_mbit=50)])
+    assert res.checksums[0] == reference
     f = res.faults[0]
     # counted from when the fault began to act: applying it (four tc calls) took up to 2 s
     # under load, and the rail can be given up before it is fully on

@@ -160,7 +160,8 @@ def _alive(pids) -> set[int]:
 @pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
 def test_ps_shows_rank_and_generation_and_workers_die_with_their_launcher(tmp_path, stop):
     p = subprocess.Popen([sys.executable, "-m", "seamguard", "launch", "--nproc", "2", "--spares", "1", "--",
-                          str(REPO / "examples" / "train_ddp.py"), "--steps", "400", "--out", str(tmp_path / "run")],
+                          str(REPO / "examples" / "train_ddp.py"), "--steps", "400", "--out", str(tmp_path / "run"),
+                          "--step-sleep-s", "0.05"],   # outlasts the look (the test stops the job)
                          env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: set[str] = set()
     family: dict[int, str] = {}

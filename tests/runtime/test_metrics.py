@@ -74,7 +74,7 @@ def test_launch_serves_the_jobs_progress(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "seamguard", "launch", "--nproc", "2", "--run-id", "metrics-test",
                           "--metrics-port", str(port), "--checkpoint-dir", str(tmp_path / "ckpt"),
                           "--persist-every", "2", "--", str(REPO / "examples" / "train_ddp.py"),
-                          "--steps", "400", "--out", str(tmp_path / "run")],
+                          "--steps", "400", "--out", str(tmp_path / "run"), "--step-sleep-s", "0.05"],
                          env={**os.environ, "PYTHONPATH": str(REPO / "src")},
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     s: dict = {}

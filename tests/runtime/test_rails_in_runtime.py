@@ -22,7 +22,7 @@ from .conftest import REPO
 
 pytestmark = pytest.mark.timeout(300)
 
-STEPS = 150
+STEPS = 300   # the flap (2 s down, at step 30 or a little later) and the rail's way back fit well inside
 SCRIPT = ("--steps", str(STEPS), "--step-sleep-s", "0.03")
 
 

@@ -211,13 +211,13 @@ def test_a_rank_lost_right_after_its_optimizer_step_resumes_at_the_next_step(tmp
 
 
 def test_a_survivor_that_finished_the_previous_step_late_offers_the_current_one(tmp_path, clean_checksums):
-    # Rank 0 pauses for 2 s right after applying step 11 (a GC pause, a noisy neighbour);
+    # Rank 0 pauses for 5 s right after applying step 11 (a GC pause, a noisy neighbour);
     # meanwhile rank 1 starts step 12, hands its step-12 private bytes to its holder
     # (rank 0) and dies. Rank 0 learns of the new generation between steps 11 and 12,
     # before taking its own start-of-step bytes for 12: it takes them then (nothing of 12
     # has run), so the job resumes at 12, not at the snapshot of step 10.
     r = launch(tmp_path, "late", spares=1, steps=20,
-               chaos="delay:rank=0,step=11,phase=optimizer,seconds=2; kill:rank=1,step=12",
+               chaos="delay:rank=0,step=11,phase=optimizer,seconds=5; kill:rank=1,step=12",
                extra=("--snapshot-every", "10"))
     assert r.code == 0, r.stderr
     assert r.checksum == clean_checksums(20)

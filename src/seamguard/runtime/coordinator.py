@@ -373,11 +373,13 @@ class Coordinator:
         3 steps, plus in steps of the job's pace how far the ranks may be past the steps
         their beats report (0.5 s, or the beats' staleness if longer) and the age of the
         keys.CONTROL_N reading a rank may rely on (Runtime._controls: one heartbeat, and
-        one node beat through the node's mirror). None until a beat reports a step's time
-        (compute before the collective): the caller asks again next tick, so a change
-        asked for as the job starts lands a few steps ahead, not an arbitrary number."""
+        one node beat through the node's mirror). The pace is the shortest compute time
+        (before the collective) a rank's last step took: the ranks step together, so it
+        can only understate the step time, and one slow step cannot shrink the margin.
+        None until a beat reports one: the caller asks again next tick, so a change asked
+        for as the job starts lands a few steps ahead, not an arbitrary number."""
         beats = list(self._read_beats(self.plan.ranks).values())
-        step_s = max((b["compute_s"] for b in beats), default=0.0)
+        step_s = min((b["compute_s"] for b in beats if b["compute_s"] > 0), default=0.0)
         if step_s <= 0:
             return None
         stale_s = self._job_setting("heartbeat_interval_s", 0.2) + (
