@@ -1,25 +1,30 @@
-"""Membership load: the flat TCPStore design vs per-node aggregation on etcd, 1k-10k ranks.
+"""Membership load: one job-wide TCPStore vs per-node aggregation on etcd, 1k-10k ranks.
 
     PYTHONPATH=src python benchmarks/membership_load.py --quick   # 2 reps, 4 s windows
     PYTHONPATH=src python benchmarks/membership_load.py           # 3 reps, 10 s windows
 
 What is simulated, and how (the honest part). A job of N ranks, 8 ranks and 1 idle
 spare per node (N/8 nodes), talks to its job-wide store exactly as the runtime's code
-does, with the runtime's own key layout (runtime/keys.py), store clients and detectors
-(runtime/detect.py); only the training is missing. A few generator processes each play
-a slice of the nodes on one store connection each, on a schedule (phases spread evenly):
+does today, with the runtime's own key layout (runtime/keys.py), store clients, default
+periods (settings.py: a rank's heartbeat every 0.2 s, a node beat every 0.25 s, hang
+timeout 1 s) and detectors (runtime/detect.py); only the training is missing. A few
+generator processes each play a slice of the nodes on one store connection each, on a
+schedule (phases spread evenly):
 
-- flat (before this change; what a one-node job still does): every rank writes its
-  heartbeat key every 50 ms; every idle spare checks and reads the generation key every
-  2 ms; one coordinator reads, every pass, every worker's exit key, every rank's
-  heartbeat (check + get) and every rank's done key, all on one TCPStore server.
+- flat (one TCPStore, as a one-node job uses it; what torchrun's c10d store would carry
+  if every rank beat into it): every rank writes its heartbeat key every heartbeat; idle
+  spares wait on the next generation's wake key (a blocking wait: no requests while they
+  wait, not simulated); the coordinator, every pass, reads the hint keys (one multi_get),
+  the key count (keys.NewKeys) and every rank's heartbeat (one multi_get), and when the
+  key count moves or every 0.5 s (coordinator.FULL_READ_S) every worker's exit key and
+  every rank's done key (a check and a get per key: a TCPStore has no range read).
 - aggregated (``--store etcd://``): a node's ranks beat into their node's launcher
   (in memory here: that hop is a localhost store whose load does not grow with the job),
-  and each node's launcher sends one transaction every 100 ms: the record with its
-  ranks' latest beats, and the reads of the generation, the kill keys, the job's end and
-  node 0's record; every idle spare holds one etcd watch (an open HTTP stream: no requests
-  while it waits); the coordinator follows the job's keys with one watch (PrefixMirror)
-  and judges nodes (NodeTracker) and ranks from that local copy every pass.
+  and each node's launcher sends one transaction every node beat: the record with its
+  ranks' latest beats, and the reads launcher.NODE_BEAT_READS, the kill keys and node 0's
+  record's revision; every idle spare holds one etcd watch (an open HTTP stream: no
+  requests while it waits); the coordinator follows the job's keys with one watch
+  (PrefixMirror) and judges nodes (NodeTracker) and ranks from that local copy every pass.
 
 Both coordinators sleep 5 ms between passes, as the launcher's loop does. etcd keeps its
 data on tmpfs (/dev/shm): it fsyncs every write, and this machine's shared disk would
@@ -33,9 +38,9 @@ every repetition): store requests/s (demanded by the protocol, and achieved), th
 server's CPU % of one core, heartbeat staleness p50/p99 (a rank's beat to the coordinator
 seeing it), the server's CPU time per request and, from it, the CPU % the demanded rate
 would take (a projection, labelled so), the detection time of a dead node (one node's beats stop at 40 % of the
-window; hang timeout 1 s), and false verdicts (live ranks or nodes judged dead because
-the coordinator's pass was slower than the hang timeout). Last line: one JSON object,
-also written to benchmarks/results/membership_load[_quick].json.
+window), and false verdicts (live ranks or nodes judged dead because the coordinator's
+pass, or the store, was slower than the hang timeout). Last line: one JSON object, also
+written to benchmarks/results/membership_load[_quick].json.
 """
 
 from __future__ import annotations
@@ -53,14 +58,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from seamguard.runtime.coordinator import FULL_READ_S, HINT_KEYS
+from seamguard.runtime.settings import LaunchSettings, RuntimeSettings
+
 RANKS_PER_NODE = 8
-# the periods the runtime used when docs/benchmarks.md's figures were measured; its
-# defaults are now 0.2 s (RuntimeSettings.heartbeat_interval_s) and 0.25 s
-# (LaunchSettings.node_beat_s), since generations are pushed to the ranks
-HEARTBEAT_S = 0.05
-SPARE_POLL_S = 0.002  # the old spare loop's sleep
-NODE_BEAT_S = 0.1
-HANG_TIMEOUT_S = 1.0
+HEARTBEAT_S = RuntimeSettings.heartbeat_interval_s   # a rank's heartbeat
+NODE_BEAT_S = LaunchSettings.node_beat_s             # a node's launcher's record (--node-beat-s)
+HANG_TIMEOUT_S = LaunchSettings.hang_timeout_s
 COORDINATOR_POLL_S = 0.005  # the launcher's loop sleep between coordinator ticks
 WARMUP_S = 1.0
 KILL_AT = 0.4  # of the window
@@ -74,12 +78,12 @@ def _beat(n: int, step: int, t: float) -> dict:
             "host": "node0000", "local": 0, "t": t}
 
 
-def demanded_ops_s(design: str, ranks: int) -> float:
+def demanded_ops_s(design: str, ranks: int, node_beat_s: float) -> float:
     """Store requests per second the protocol asks for, not counting the coordinator."""
     nodes = ranks // RANKS_PER_NODE
     if design == "flat":
-        return ranks / HEARTBEAT_S + nodes * 2 / SPARE_POLL_S
-    return nodes / NODE_BEAT_S
+        return ranks / HEARTBEAT_S
+    return nodes / node_beat_s
 
 
 # ------------------------------------------------------------------------ servers
@@ -127,7 +131,7 @@ def _hold_watches(address: str, count: int, key_b64: str) -> list[socket.socket]
     return socks
 
 
-def generator(design: str, address: str, nodes: list[int], window_s: float, threads: int,
+def generator(design: str, address: str, nodes: list[int], window_s: float, threads: int, node_beat_s: float,
               go, t0_box, out) -> None:
     """Plays ``nodes`` (their ranks, spares and launcher): ``threads`` threads, each on its
     own store connection (the store clients release the GIL while they wait)."""
@@ -145,7 +149,7 @@ def generator(design: str, address: str, nodes: list[int], window_s: float, thre
     go.wait()
     results: list[tuple[int, int]] = []
     workers = [threading.Thread(target=lambda i=i: results.append(
-        _play(design, stores[i], nodes[i::threads], t0_box.value, window_s))) for i in range(threads)]
+        _play(design, stores[i], nodes[i::threads], t0_box.value, window_s, node_beat_s))) for i in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
@@ -155,22 +159,24 @@ def generator(design: str, address: str, nodes: list[int], window_s: float, thre
     out.put(("gen", {"ops": sum(r[0] for r in results), "late": sum(r[1] for r in results)}))
 
 
-def _play(design: str, store, nodes: list[int], t0: float, window_s: float) -> tuple[int, int]:
+def _play(design: str, store, nodes: list[int], t0: float, window_s: float,
+          node_beat_s: float) -> tuple[int, int]:
     """One connection's share of the nodes, on schedule; returns (requests, late actions)."""
     from seamguard.runtime import keys
 
     start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
     kill_s = start + KILL_AT * window_s
-    heap: list[tuple[float, int, int]] = []  # (due, kind, id): kind 0 rank beat, 1 spare poll, 2 node beat
+    heap: list[tuple[float, int, int]] = []  # (due, kind, id): kind 0 a rank's beat, 2 a node beat
     if design == "flat":
         for n in nodes:
             for i in range(RANKS_PER_NODE):
                 wid = n * RANKS_PER_NODE + i
                 heap.append((t0 + HEARTBEAT_S * (wid % 97) / 97, 0, wid))
-            heap.append((t0 + SPARE_POLL_S * (n % 13) / 13, 1, n))
     else:
+        from seamguard.runtime.launcher import NODE_BEAT_READS
+
         for n in nodes:
-            heap.append((t0 + NODE_BEAT_S * (n % 89) / 89, 2, n))
+            heap.append((t0 + node_beat_s * (n % 89) / 89, 2, n))
     heapq.heapify(heap)
     ops = late = 0
     counters: dict[int, int] = {}
@@ -193,29 +199,39 @@ def _play(design: str, store, nodes: list[int], t0: float, window_s: float) -> t
                 store.set(keys.heartbeat(ident), json.dumps(_beat(n, n, now)))
                 ops += 1
             heapq.heappush(heap, (due + HEARTBEAT_S, 0, ident))
-        elif kind == 1:
-            if store.check([keys.GENERATION]):
-                store.get(keys.GENERATION)
-                ops += 1
-            ops += 1
-            heapq.heappush(heap, (due + SPARE_POLL_S, 1, ident))
         else:
             if not dead:
                 beats = {}
-                for i in range(RANKS_PER_NODE):  # each rank's latest beat on its own 50 ms schedule
+                for i in range(RANKS_PER_NODE):  # each rank's latest beat on its own heartbeat schedule
                     wid = ident * RANKS_PER_NODE + i
                     phase = HEARTBEAT_S * (wid % 97) / 97
                     k = int((now - t0 - phase) // HEARTBEAT_S)
                     beats[wid] = _beat(k, k, t0 + phase + k * HEARTBEAT_S)
                 # as launcher._NodeBeat.maybe_beat on etcd: one transaction
                 store.put_and_read(keys.node_beats(ident), json.dumps({"n": n, "beats": beats}),
-                                   [keys.GENERATION, keys.JOB_DONE], [keys.KILL_PREFIX],
-                                   versions=(keys.node_beats(0),))
+                                   list(NODE_BEAT_READS), [keys.KILL_PREFIX], versions=(keys.node_beats(0),))
                 ops += 1
-            heapq.heappush(heap, (due + NODE_BEAT_S, 2, ident))
+            heapq.heappush(heap, (due + node_beat_s, 2, ident))
         if now < start:
             ops = late = 0
     return ops, late
+
+
+class _Counted:
+    """A store whose requests are counted (the coordinator's side of the traffic)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.requests = store, 0
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.store, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.requests += 1
+            return attr(*args, **kwargs)
+        return call
 
 
 def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_box, out) -> None:
@@ -223,14 +239,18 @@ def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_b
     from seamguard.runtime import keys
     from seamguard.runtime.detect import Beat, HeartbeatTracker, NodeTracker
 
-    store = _connect(design, address)
-    store.set(keys.GENERATION, "0")
-    view = store.mirror(keys.ROOT + "/") if design == "aggregated" else store  # as Coordinator._family
+    raw_store = _connect(design, address)
+    raw_store.set(keys.GENERATION, "0")
+    for k in HINT_KEYS:
+        raw_store.set(k, "0")
+    store = _Counted(raw_store)
+    view = raw_store.mirror(keys.ROOT + "/") if design == "aggregated" else store  # as Coordinator._family
     nodes = ranks // RANKS_PER_NODE
     wids = [str(w) for w in range(ranks)]
     workers = wids + [str(ranks + n) for n in range(nodes)]  # ranks and spares
     tracker = HeartbeatTracker(HANG_TIMEOUT_S, 10.0, 1.5, 8)
     node_tracker = NodeTracker(HANG_TIMEOUT_S)
+    new_keys = keys.NewKeys(FULL_READ_S)
     out.put(("ready", os.getpid()))
     go.wait()
     t0 = t0_box.value
@@ -238,25 +258,26 @@ def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_b
     kill_s = start + KILL_AT * window_s
     seen: dict[int, int] = {}
     stale: list[float] = []
-    ops = passes = 0
+    passes = 0
     detected: set[int] = set()
     detect_s = None
     false = 0
     pass_s: list[float] = []
+    beating: list[int] = []   # ranks whose heartbeat key exists (Coordinator._beating)
     while time.monotonic() < end:
         t_pass = time.monotonic()
         beats: dict[int, dict] = {}
-        keys.read_family(view, keys.EXIT_PREFIX, workers)
-        if design == "flat":
-            ops += len(workers)
-            for w in range(ranks):
-                raw = store.get(keys.heartbeat(w)) if store.check([keys.heartbeat(w)]) else None
-                ops += 2 if raw is not None else 1
-                if raw is not None:
-                    beats[w] = json.loads(raw)
-            keys.read_family(store, keys.DONE_PREFIX, wids)
-            ops += len(wids)
+        if design == "flat":   # as Coordinator.tick with one TCPStore: hints, key count, beats
+            keys.read_existing(store, list(HINT_KEYS))
+            if new_keys.appeared(store, t_pass):
+                keys.read_family(store, keys.EXIT_PREFIX, workers)
+                keys.read_family(store, keys.DONE_PREFIX, wids)
+            if len(beating) < ranks:
+                beating = [w for w in range(ranks) if store.check([keys.heartbeat(w)])]
+            raws = keys.read_existing(store, [keys.heartbeat(w) for w in beating])
+            beats = {w: json.loads(r) for w, r in zip(beating, raws)}
         else:
+            keys.read_family(view, keys.EXIT_PREFIX, workers)
             records = keys.read_family(view, keys.NODE_PREFIX, [str(n) for n in range(nodes)])
             keys.read_family(view, keys.DONE_PREFIX, wids)  # local copies: no store requests
             now = time.monotonic()
@@ -290,16 +311,17 @@ def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_b
             passes += 1
             pass_s.append(time.monotonic() - t_pass)
         else:
-            ops = 0
+            store.requests = 0
         time.sleep(COORDINATOR_POLL_S)
     if view is not store:
         view.close()
-    out.put(("coord", {"ops": ops, "passes": passes, "stale": stale, "detect_s": detect_s,
+    out.put(("coord", {"ops": store.requests, "passes": passes, "stale": stale, "detect_s": detect_s,
                        "false": false, "pass_s_p50": statistics.median(pass_s) if pass_s else None}))
 
 
 # ------------------------------------------------------------------------ one trial
-def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, workdir: Path) -> dict:
+def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, workdir: Path,
+          node_beat_s: float = NODE_BEAT_S) -> dict:
     ctx = mp.get_context("spawn")
     server, etcd = None, None
     if design == "flat":
@@ -325,7 +347,7 @@ def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, wo
     out = ctx.Queue()
     nodes = list(range(ranks // RANKS_PER_NODE))
     children = [ctx.Process(target=coordinator, args=(design, address, ranks, window_s, go, box, out))]
-    children += [ctx.Process(target=generator, args=(design, address, nodes[i::procs], window_s, threads,
+    children += [ctx.Process(target=generator, args=(design, address, nodes[i::procs], window_s, threads, node_beat_s,
                                                      go, box, out)) for i in range(procs)]
     try:
         for c in children:
@@ -359,12 +381,12 @@ def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, wo
     pct = (lambda q: stale[min(len(stale) - 1, int(q * len(stale)))] if stale else None)
     return {
         "design": design, "ranks": ranks,
-        "demanded_ops_s": round(demanded_ops_s(design, ranks)),
+        "demanded_ops_s": round(demanded_ops_s(design, ranks, node_beat_s)),
         "ops_s": round(ops / window_s),
         "coordinator_ops_s": round(coord["ops"] / window_s),
         "server_cpu_pct": round(100 * (cpu1 - cpu0) / (w1 - w0), 1),
         "server_cpu_us_per_op": round(1e6 * (cpu1 - cpu0) / max(1, ops), 1),
-        "projected_server_cpu_pct": round(100 * (cpu1 - cpu0) / max(1, ops) * (demanded_ops_s(design, ranks) + ops_coord_s), 1),
+        "projected_server_cpu_pct": round(100 * (cpu1 - cpu0) / max(1, ops) * (demanded_ops_s(design, ranks, node_beat_s) + ops_coord_s), 1),
         "staleness_p50_s": pct(0.5), "staleness_p99_s": pct(0.99),
         "detect_s": coord["detect_s"], "false_verdicts": coord["false"],
         "coordinator_pass_s": coord["pass_s_p50"], "late_actions": sum(g["late"] for g in gens),
@@ -418,6 +440,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int)
     ap.add_argument("--window-s", type=float)
     ap.add_argument("--scales", default="1000,3000,10000", help="comma-separated rank counts")
+    ap.add_argument("--node-beat-s", type=float, default=NODE_BEAT_S,
+                    help="a node's launcher's record period (the launch's --node-beat-s)")
     ap.add_argument("--procs", type=int, default=3, help="generator processes per trial")
     ap.add_argument("--threads", type=int, default=8, help="store connections (threads) per generator")
     args = ap.parse_args()
@@ -435,7 +459,7 @@ def main() -> None:
             order = ("flat", "aggregated") if rep % 2 == 0 else ("aggregated", "flat")
             for ranks in scales:
                 for design in order:
-                    t = trial(design, ranks, window_s, args.procs, args.threads, Path(tmp))
+                    t = trial(design, ranks, window_s, args.procs, args.threads, Path(tmp), args.node_beat_s)
                     t["rep"] = rep
                     trials.append(t)
                     print(f"rep {rep} {design:10s} {ranks:6d} ranks: {t['ops_s']:8d} ops/s of "
@@ -453,8 +477,7 @@ def main() -> None:
                   f"p99 {_fmt(f['staleness_p99_s'], 's')}, detection {_fmt(f['detect_s'], 's')}, "
                   f"false verdicts {_fmt(f['false_verdicts'])}")
     result = {"benchmark": "membership_load", "quick": args.quick, "reps": reps, "window_s": window_s,
-              "ranks_per_node": RANKS_PER_NODE, "heartbeat_s": HEARTBEAT_S, "spare_poll_s": SPARE_POLL_S,
-              "node_beat_s": NODE_BEAT_S, "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs,
+              "ranks_per_node": RANKS_PER_NODE, "heartbeat_s": HEARTBEAT_S, "node_beat_s": args.node_beat_s, "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs,
               "threads_per_generator": args.threads,
               "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in load0],
               "loadavg_end": [round(x, 2) for x in os.getloadavg()],

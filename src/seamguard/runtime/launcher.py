@@ -450,6 +450,11 @@ def _spawn_spare(s: LaunchSettings, server: ForkServer | None, store, port: int,
     return child
 
 
+NODE_BEAT_READS = (keys.GENERATION, keys.CONTROL_N, keys.JOB_DONE)
+"""The job's keys every node beat reads (with the node's kill keys and node 0's record's
+revision; and the coordinator's link address until the node's link is up)."""
+
+
 class _NodeBeat:
     """Per-node aggregation: this node's workers beat into a TCPStore on 127.0.0.1 that the
     launcher hosts; every ``node_beat_s`` the launcher writes their latest beats to the
@@ -485,7 +490,7 @@ class _NodeBeat:
         beats = _local_beats(self.local, [c.wid for c in live])
         record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
         linking = self._linking and not self.link.connected
-        singles = [keys.GENERATION, keys.CONTROL_N, keys.JOB_DONE, *([keys.LINK] if linking else [])]
+        singles = [*NODE_BEAT_READS, *([keys.LINK] if linking else [])]
         try:
             got, kills = self._exchange(record, singles, live)
         except (RuntimeError, OSError):
