@@ -349,6 +349,15 @@ def test_a_control_change_starts_beyond_what_any_rank_may_not_have_read(nnodes, 
     assert c._ahead_step() == (None if margin is None else 42 + margin)
 
 
+def test_one_slow_step_does_not_shrink_a_control_changes_margin():
+    """The ranks step together: a rank whose last step was slow (a GC pause) does not make
+    the job look slower, or the margin in steps would fall short once the pace is back."""
+    c, store, clock, log = make()
+    c.plan = SimpleNamespace(ranks=[0, 1])
+    c._read_beats = lambda ranks: {0: {"step": 40, "compute_s": 0.1}, 1: {"step": 42, "compute_s": 2.0}}
+    assert c._ahead_step() == 42 + 3 + 7
+
+
 def _auto_job(cost_s, mttf_h=1.0, auto=True):
     """A 2-rank job under --snapshot-every auto (starting every 10 steps) whose ranks beat
     at 0.5 s a step and report a snapshot cost."""
