@@ -321,7 +321,7 @@ def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_b
 
 # ------------------------------------------------------------------------ one trial
 def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, workdir: Path,
-          node_beat_s: float = NODE_BEAT_S) -> dict:
+          node_beat_s: float) -> dict:
     ctx = mp.get_context("spawn")
     server, etcd = None, None
     if design == "flat":
@@ -477,8 +477,8 @@ def main() -> None:
                   f"p99 {_fmt(f['staleness_p99_s'], 's')}, detection {_fmt(f['detect_s'], 's')}, "
                   f"false verdicts {_fmt(f['false_verdicts'])}")
     result = {"benchmark": "membership_load", "quick": args.quick, "reps": reps, "window_s": window_s,
-              "ranks_per_node": RANKS_PER_NODE, "heartbeat_s": HEARTBEAT_S, "node_beat_s": args.node_beat_s, "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs,
-              "threads_per_generator": args.threads,
+              "ranks_per_node": RANKS_PER_NODE, "heartbeat_s": HEARTBEAT_S, "node_beat_s": args.node_beat_s,
+              "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs, "threads_per_generator": args.threads,
               "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in load0],
               "loadavg_end": [round(x, 2) for x in os.getloadavg()],
               "wall_s": round(time.monotonic() - t_start, 1), "summary": summary, "trials": trials}
