@@ -9,6 +9,13 @@ few kilobytes of nested aliases ("billion laughs") can expand to gigabytes. The 
 graph is composed first (aliases stay shared there), its expanded size is counted, and
 only a document under ``MAX_YAML_NODES`` is constructed — from that same node graph, so
 the text is parsed once.
+
+YAML is strict as it is built: a key given twice in one mapping is refused (plain YAML
+keeps the last, so ``mode: dry_run`` followed further down by ``mode: enforce`` would
+silently enforce), and so is a scalar no setting can mean — an integer outside 64 bits
+(a 5,000-digit one), a float literal that overflows to infinity, NaN, an impossible date.
+Each refusal is one line naming the file, the line and the field. Every YAML file
+seamguard reads goes through ``parse_yaml``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,99 @@ MAX_YAML_NODES = 5_000_000  # nodes after alias expansion; a 100k-GPU topology h
 # libyaml's C parser when PyYAML was built with it (several times faster on a 100k-GPU
 # topology; it also refuses nesting deeper than 1,000 levels), else the pure-Python one.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+_INT64 = 2**63  # no setting needs an integer outside [-2**63, 2**63)
+
+
+class _RefusedNode(Exception):
+    """A node the strict loader will not build: which node, and why (located by ``parse_yaml``)."""
+
+    def __init__(self, node: yaml.Node, problem: str) -> None:
+        super().__init__(problem)
+        self.node, self.problem = node, problem
+
+
+def _int_range(node: yaml.Node) -> str:
+    return f"integer of {len(str(node.value))} characters is out of range (at most 64 bits)"
+
+
+def _scalar_problem(value: Any, node: yaml.Node) -> str | None:
+    """Why a constructed scalar is absurd as a setting, or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and not -_INT64 <= value < _INT64:
+        return _int_range(node)
+    if isinstance(value, float) and value != value:
+        return "NaN is not a setting"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")) and "inf" not in str(node.value).lower():
+        return f"number {str(node.value)[:20]}... overflows to infinity" if len(str(node.value)) > 20 \
+            else f"number {node.value} overflows to infinity"
+    return None
+
+
+class _StrictLoader(_SafeLoader):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing duplicate keys and absurd scalars (see the module docstring)."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            value = super().construct_object(node, deep)
+        except (ValueError, OverflowError, TypeError) as e:  # int("9"*5000), a 13th month, ...
+            if node.tag == _INT_TAG:
+                raise _RefusedNode(node, _int_range(node)) from None
+            raise _RefusedNode(node, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+        if isinstance(node, yaml.ScalarNode):
+            problem = _scalar_problem(value, node)
+            if problem:
+                raise _RefusedNode(node, problem)
+        return value
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            _refuse_duplicates(self, node)
+        return super().construct_mapping(node, deep)
+
+
+def _refuse_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> None:
+    """Raise on the second occurrence of a scalar key in this mapping (a ``<<`` merge may be overridden)."""
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+            continue
+        key = loader.construct_object(key_node)  # memoized: super() reuses it
+        if key in first_line:
+            raise _RefusedNode(key_node, f"duplicate key {str(key_node.value)[:80]!r} "
+                                         f"(first given at line {first_line[key]})")
+        first_line[key] = key_node.start_mark.line + 1
+
+
+def _path_to(root: yaml.Node, target: yaml.Node) -> tuple[Any, ...] | None:
+    """The field path from ``root`` to ``target`` (a key node names its own key), or None."""
+    stack: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
+    seen: set[int] = set()
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                if k is target:
+                    return (*path, name)
+                stack.append((v, (*path, name)))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, (*path, i)) for i, v in enumerate(node.value))
+    return None
+
+
+def _refusal(source: str, root: yaml.Node, e: _RefusedNode) -> str:
+    line = e.node.start_mark.line + 1
+    path = _path_to(root, e.node)
+    where = f"{field_path(path)}: " if path else ""
+    return f"{source}: line {line}: {where}{e.problem}"
 
 
 def field_path(loc: tuple[Any, ...]) -> str:
@@ -73,7 +173,7 @@ def parse_yaml(text: str | bytes, source: str, what: str, error: type[Exception]
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise error(f"{source}: {what} is not UTF-8 text (byte {e.start})") from None
-    loader = _SafeLoader(text)
+    loader = _StrictLoader(text)
     try:
         # Parsed once: the node graph is counted, then that same graph is constructed.
         root = loader.get_single_node()
@@ -82,7 +182,10 @@ def parse_yaml(text: str | bytes, source: str, what: str, error: type[Exception]
         if _expanded_nodes(root, MAX_YAML_NODES) > MAX_YAML_NODES:
             raise error(f"{source}: {what} expands to more than {MAX_YAML_NODES} YAML nodes "
                         "(nested aliases?); refusing to build it")
-        return loader.construct_document(root)
+        try:
+            return loader.construct_document(root)
+        except _RefusedNode as e:
+            raise error(_refusal(source, root, e)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from seamguard.app.config import read_yaml
 from seamguard.fleet.model import Fleet, Kind
 
 HEALTHY = "healthy"
@@ -133,17 +134,16 @@ def parse_labels(data: Any, source: str = "<labels>") -> list[Incident]:
 
 
 def load_labels(path: Path) -> list[Incident]:
-    import yaml
-
+    if not str(path).endswith(".json"):
+        return parse_labels(read_yaml(path, "labels file", EvalInputError), str(path))
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise EvalInputError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     try:
-        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise EvalInputError(f"{path}: not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: "
-                             f"{str(e).splitlines()[0]}") from None
+        data = json.loads(text)
+    except ValueError as e:
+        raise EvalInputError(f"{path}: not valid JSON: {str(e).splitlines()[0]}") from None
     return parse_labels(data, str(path))
 
 

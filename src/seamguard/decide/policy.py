@@ -10,14 +10,13 @@ from enum import Enum
 from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from seamguard.assess.assessment import AssessConfig
 from seamguard.assess.quality import FailsafeConfig
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL
-from seamguard.config import format_validation_error
+from seamguard.config import format_validation_error, parse_yaml
 
 
 class Mode(str, Enum):
@@ -153,11 +152,19 @@ class BreakerConfig(_Strict):
     # fabric and storage paths taken out of use at once (at least one is always allowed)
     max_link_fraction: float = Field(0.10, **_FRACTION)
     max_storage_fraction: float = Field(0.50, **_FRACTION)
+    # every node bound above is max(share x its domain's nodes, min_nodes), never more than the
+    # domain has: on a 32-node pilot 5 % of the fleet is one node, and the second drain would trip
+    min_nodes: int = Field(2, ge=1, strict=True,
+                           description="the fewest nodes any node bound allows (capped at the domain's size)")
+    # while tripped, nodes seamguard restricted still return after sustained recovery, this many per
+    # window (max(share x fleet, min_nodes)); a return past it waits, kept with why
+    max_return_fraction: float = Field(0.05, **_FRACTION)
 
     _v_numbers = field_validator(
         "window_s", "max_fleet_fraction", "max_loop_fraction", "max_in_effect_fleet_fraction",
         "max_in_effect_loop_fraction", "max_in_effect_rack_fraction", "max_in_effect_leaf_fraction",
-        "max_domain_fraction", "max_link_fraction", "max_storage_fraction", mode="before")(_number)
+        "max_domain_fraction", "max_link_fraction", "max_storage_fraction", "max_return_fraction",
+        mode="before")(_number)
 
 
 class Policy(_Strict):
@@ -179,7 +186,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def _default_data() -> dict[str, Any]:
     text = resources.files("seamguard.decide").joinpath("default_policy.yaml").read_text()
-    return yaml.safe_load(text)
+    return parse_yaml(text, "default_policy.yaml", "default policy")
 
 
 def parse_policy(data: Any, source: str = "<policy>") -> Policy:
