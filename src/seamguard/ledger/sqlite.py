@@ -20,7 +20,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,15 @@ CREATE INDEX IF NOT EXISTS pin_events_entity ON pin_events(name, kind);
 CREATE TABLE IF NOT EXISTS failsafe_events (
   id INTEGER PRIMARY KEY, tick INTEGER, t_s REAL, wall_time REAL, event TEXT, scope TEXT, detail TEXT,
   actor TEXT);
+CREATE TABLE IF NOT EXISTS fence (id INTEGER PRIMARY KEY CHECK (id = 1), token INTEGER NOT NULL, holder TEXT,
+  wall_time REAL);
+CREATE TABLE IF NOT EXISTS leader_events (
+  id INTEGER PRIMARY KEY, token INTEGER, holder TEXT, wall_time REAL, event TEXT);
 """
+
+# The leader's fencing token on every tick and action it recorded (NULL: unfenced, one controller).
+# Added by ALTER TABLE, so a ledger written before fencing existed opens unchanged.
+FENCE_COLUMNS = (("actions", "fence"), ("ticks", "fence"))
 
 # frozen / resumed: a scope's input failed / came back and re-warmed; breaker_tripped;
 # breaker_reset (who and why); breaker_disabled (a policy switched it off, at start).
@@ -110,7 +120,7 @@ class _Reads:
     def transitions(self, *, upto_tick: int | None = None, entity: str | None = None, kind: str | None = None,
                     non_healthy_only: bool = False, limit: int = 1000, offset: int = 0) -> list[dict]:
         q, args = _paged(
-            "SELECT tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons FROM transitions WHERE 1",
+            "SELECT tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons FROM transitions WHERE 1=1",
             "id", limit, offset,
             ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
             ("entity = ?", [entity]) if entity is not None else None,
@@ -125,7 +135,7 @@ class _Reads:
         """``entity`` matches the decision's target or its cause."""
         q, args = _paged(
             "SELECT tick, t_s, key, event, verb, target, reason, cause, evidence, benefit, cost, criticality "
-            "FROM decisions WHERE 1", "id", limit, offset,
+            "FROM decisions WHERE 1=1", "id", limit, offset,
             ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
             ("(target = ? OR cause = ?)", [entity, entity]) if entity is not None else None,
             ("event = ?", [event]) if event is not None else None)
@@ -140,8 +150,8 @@ class _Reads:
         ``entity`` matches that target or cause."""
         q, args = _paged(
             "SELECT a.tick, a.t_s, a.op, a.key, a.verb, a.actuator, a.status, a.detail, d.target, d.reason, d.cause "
-            "FROM actions a LEFT JOIN (SELECT key, target, reason, cause, MAX(id) FROM decisions "
-            "WHERE event = 'decided' GROUP BY key) d ON d.key = a.key WHERE 1", "a.id", limit, offset,
+            "FROM actions a LEFT JOIN decisions d ON d.id = (SELECT MAX(id) FROM decisions "
+            "WHERE key = a.key AND event = 'decided') WHERE 1=1", "a.id", limit, offset,
             ("a.tick <= ?", [upto_tick]) if upto_tick is not None else None,
             ("(d.target = ? OR d.cause = ?)", [entity, entity]) if entity is not None else None,
             ("a.status = ?", [status]) if status is not None else None)
@@ -163,7 +173,7 @@ class _Reads:
                    limit: int = 1000, offset: int = 0) -> list[dict]:
         """Every pin, unpin and pin not restored at a start (``event``), newest first."""
         q, args = _paged(
-            "SELECT tick, wall_time, event, kind, name, state, note, actor, detail FROM pin_events WHERE 1",
+            "SELECT tick, wall_time, event, kind, name, state, note, actor, detail FROM pin_events WHERE 1=1",
             "id", limit, offset,
             ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
             ("kind = ?", [kind]) if kind is not None else None,
@@ -175,7 +185,7 @@ class _Reads:
     def failsafe_events(self, *, upto_tick: int | None = None, event: str | None = None,
                         limit: int = 1000, offset: int = 0) -> list[dict]:
         """Freezes and thaws of scopes whose input failed, breaker trips and resets (who, why)."""
-        q, args = _paged("SELECT tick, t_s, wall_time, event, scope, detail, actor FROM failsafe_events WHERE 1",
+        q, args = _paged("SELECT tick, t_s, wall_time, event, scope, detail, actor FROM failsafe_events WHERE 1=1",
                          "id", limit, offset,
                          ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
                          ("event = ?", [event]) if event is not None else None)
@@ -187,40 +197,100 @@ class LedgerError(RuntimeError):
     """The ledger file cannot be opened as a seamguard ledger; the message names the file."""
 
 
+class Fenced(RuntimeError):
+    """A write refused because this writer's fencing token is no longer the newest: another
+    leader has taken the ledger over, or this one's lease deadline has passed. Nothing of the
+    refused write was recorded, and the action it preceded must not be taken."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The leader's fencing token (its etcd key's revision) and the check of its own lease
+    deadline (`leader.Term.may_act`): every write by a fenced ledger checks both, in the
+    write's own transaction."""
+
+    token: int
+    holder: str
+    may_act: Callable[[], bool]
+
+
 class Ledger(_Reads):
-    """The writer: the controller's connection. Reads (`_Reads`) go through the same connection."""
+    """The writer: the controller's connection. Reads (`_Reads`) go through the same connection.
+
+    Unfenced (the default, one controller) every write is its own statement. Fenced
+    (`take_fence`, a leader of an HA pair) every write is a transaction that first checks
+    the writer's lease deadline and that no newer token has taken the ledger over; a write
+    that fails either raises `Fenced` and records nothing.
+    """
+
+    BEGIN = "BEGIN IMMEDIATE"  # SQLite: take the write lock at BEGIN, so the fence check holds to COMMIT
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+        self.fence: Fence | None = None
+        self._depth = 0
+        self.db = self._connect()
+
+    def _connect(self) -> Any:
         try:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+            db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as e:
             raise LedgerError(f"{self.path}: cannot open the ledger: {getattr(e, 'strerror', None) or e}") from None
         try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(SCHEMA)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(SCHEMA)
+            for table, column in FENCE_COLUMNS:  # ledgers written before fencing existed
+                if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER")
         except sqlite3.Error as e:  # garbage, another program's database, a directory
-            self.db.close()
+            db.close()
             raise LedgerError(f"{self.path}: not a usable seamguard ledger (SQLite: {e})") from None
+        return db
+
+    @property
+    def where(self) -> str:
+        """The ledger's location for messages (a PostgreSQL ledger hides its password)."""
+        return self.path
 
     def close(self) -> None:
         self.db.close()
 
-    def _read_db(self) -> sqlite3.Connection:
+    def _read_db(self) -> Any:
         return self.db
 
     @contextmanager
     def _txn(self) -> Iterator[None]:
-        self.db.execute("BEGIN IMMEDIATE")
+        if self._depth:  # already inside one: it commits with the outermost
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.db.execute(self.BEGIN)
+        self._depth = 1
         try:
+            if self.fence is not None:
+                self._check_fence(self.fence)
             yield
         except BaseException:
+            self._depth = 0
             self.db.execute("ROLLBACK")
             raise
+        self._depth = 0
         self.db.execute("COMMIT")
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One write: a statement of its own when unfenced, a fenced transaction otherwise."""
+        if self.fence is None and not self._depth:
+            yield
+            return
+        with self._txn():
+            yield
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -230,11 +300,58 @@ class Ledger(_Reads):
         with self._txn():
             yield
 
+    # ---- fencing (HA: app/leader.py) ------------------------------------------------------
+    FENCE_READ = "SELECT token, holder FROM fence WHERE id = 1"
+
+    def _check_fence(self, fence: Fence) -> None:
+        if not fence.may_act():
+            raise Fenced(f"{self.where}: {fence.holder}'s lease deadline (token {fence.token}) has passed: "
+                         "write refused")
+        row = self.db.execute(self.FENCE_READ).fetchone()
+        if row is None or int(row[0]) != fence.token:
+            newest = f"token {row[0]} of {row[1]}" if row else "no token"
+            raise Fenced(f"{self.where}: {fence.holder}'s token {fence.token} is not the newest ({newest}): "
+                         "write refused")
+
+    def take_fence(self, fence: Fence) -> None:
+        """A new leader takes the ledger over with its token: refused (`Fenced`) when a newer
+        token already holds it; from now on every write of this connection is fenced."""
+        self.fence = None
+        with self._txn():
+            self.db.execute(
+                "INSERT INTO fence(id, token, holder, wall_time) VALUES(1, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET token=excluded.token, holder=excluded.holder, "
+                "wall_time=excluded.wall_time WHERE fence.token <= excluded.token",
+                (fence.token, fence.holder, time.time()))
+            row = self.db.execute(self.FENCE_READ).fetchone()
+            if int(row[0]) != fence.token:
+                raise Fenced(f"{self.where}: {fence.holder}'s token {fence.token} is older than the newest "
+                             f"(token {row[0]} of {row[1]}): not taken over")
+            self.db.execute("INSERT INTO leader_events(token, holder, wall_time, event) VALUES(?,?,?,'took')",
+                            (fence.token, fence.holder, time.time()))
+        self.fence = fence
+
+    def drop_fence(self) -> None:
+        """Stepped down: this connection writes nothing more until it takes the ledger again."""
+        holder = self.fence.holder if self.fence else ""
+        self.fence = Fence(-1, holder or "follower", lambda: False)
+
+    def fence_token(self) -> int | None:
+        """The newest token that took the ledger over (None: never fenced)."""
+        row = self.db.execute(self.FENCE_READ).fetchone()
+        return int(row[0]) if row else None
+
+    def leader_events(self) -> list[dict]:
+        """Every takeover of the ledger, oldest first."""
+        return [{"token": r[0], "holder": r[1], "wall_s": r[2], "event": r[3]} for r in self.db.execute(
+            "SELECT token, holder, wall_time, event FROM leader_events ORDER BY id")]
+
     def record_failsafe_event(self, tick: int, t_s: float, event: str, scope: str, detail: str,
                               actor: str = "") -> None:
         assert event in FAILSAFE_EVENTS, event
-        self.db.execute("INSERT INTO failsafe_events(tick, t_s, wall_time, event, scope, detail, actor) "
-                        "VALUES(?,?,?,?,?,?,?)", (tick, t_s, time.time(), event, scope, detail, actor))
+        with self._write():
+            self.db.execute("INSERT INTO failsafe_events(tick, t_s, wall_time, event, scope, detail, actor) "
+                            "VALUES(?,?,?,?,?,?,?)", (tick, t_s, time.time(), event, scope, detail, actor))
 
     # ---- meta / controller state ------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
@@ -242,8 +359,9 @@ class Ledger(_Reads):
         return json.loads(row[0]) if row else default
 
     def set_meta(self, key: str, value: Any) -> None:
-        self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                        (key, json.dumps(value)))
+        with self._write():
+            self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                            (key, json.dumps(value)))
 
     def last_tick(self) -> int:
         row = self.db.execute("SELECT MAX(tick) FROM ticks WHERE wall_finished IS NOT NULL").fetchone()
@@ -252,31 +370,44 @@ class Ledger(_Reads):
     def save_snapshot(self, tick: int, arrays: dict[str, np.ndarray]) -> None:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        self.db.execute("INSERT INTO snapshot(id, tick, blob) VALUES(1, ?, ?) "
-                        "ON CONFLICT(id) DO UPDATE SET tick=excluded.tick, blob=excluded.blob",
-                        (tick, buf.getvalue()))
+        with self._write():
+            self.db.execute("INSERT INTO snapshot(id, tick, blob) VALUES(1, ?, ?) "
+                            "ON CONFLICT(id) DO UPDATE SET tick=excluded.tick, blob=excluded.blob",
+                            (tick, buf.getvalue()))
 
     def load_snapshot(self) -> tuple[int, dict[str, np.ndarray]] | None:
         row = self.db.execute("SELECT tick, blob FROM snapshot WHERE id=1").fetchone()
         if not row:
             return None
-        with np.load(io.BytesIO(row[1])) as z:
+        with np.load(io.BytesIO(bytes(row[1]))) as z:
             return int(row[0]), {k: z[k] for k in z.files}
 
     # ---- one tick -----------------------------------------------------------------
     def begin_tick(self, tick: int, t_s: float, mode: str, flags: tuple[str, ...]) -> None:
-        self.db.execute("INSERT OR REPLACE INTO ticks(tick, t_s, wall_started, mode, flags) VALUES(?,?,?,?,?)",
-                        (tick, t_s, time.time(), mode, json.dumps(list(flags))))
+        with self._write():
+            self.db.execute(
+                "INSERT INTO ticks(tick, t_s, wall_started, mode, flags, fence) VALUES(?,?,?,?,?,?) "
+                "ON CONFLICT(tick) DO UPDATE SET t_s=excluded.t_s, wall_started=excluded.wall_started, "
+                "wall_finished=NULL, tick_s=NULL, mode=excluded.mode, flags=excluded.flags, fence=excluded.fence",
+                (tick, t_s, time.time(), mode, json.dumps(list(flags)), self._token()))
 
     def finish_tick(self, tick: int, tick_s: float) -> None:
-        self.db.execute("UPDATE ticks SET wall_finished=?, tick_s=? WHERE tick=?", (time.time(), tick_s, tick))
+        with self._write():
+            self.db.execute("UPDATE ticks SET wall_finished=?, tick_s=? WHERE tick=?", (time.time(), tick_s, tick))
+
+    def _token(self) -> int | None:
+        return self.fence.token if self.fence is not None else None
 
     def record_transitions(self, tick: int, transitions) -> None:
-        self.db.executemany(
-            "INSERT INTO transitions(tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons) "
-            "VALUES(?,?,?,?,?,?,?,?,?,?)",
-            [(tick, tr.t_s, tr.kind.label, tr.entity, tr.from_state.label, tr.to_state.label, tr.gfs, tr.prs, tr.fae,
-              json.dumps([[r.channel, r.score, r.value, r.unit] for r in tr.reasons])) for tr in transitions])
+        if not transitions:
+            return
+        with self._write():
+            self.db.executemany(
+                "INSERT INTO transitions(tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons) "
+                "VALUES(?,?,?,?,?,?,?,?,?,?)",
+                [(tick, tr.t_s, tr.kind.label, tr.entity, tr.from_state.label, tr.to_state.label, tr.gfs, tr.prs,
+                  tr.fae, json.dumps([[r.channel, r.score, r.value, r.unit] for r in tr.reasons]))
+                 for tr in transitions])
 
     def record_decisions(self, tick: int, t_s: float, desired: dict, held: list) -> list[tuple[str, str]]:
         """Record what changed, not what stands: returns the (event, key) pairs recorded.
@@ -286,6 +417,10 @@ class Ledger(_Reads):
         stops being held either ``decided`` (admitted) or ``withdrawn`` (no longer wanted, its
         reason says it was held and never admitted).
         """
+        with self._write():
+            return self._record_decisions(tick, t_s, desired, held)
+
+    def _record_decisions(self, tick: int, t_s: float, desired: dict, held: list) -> list[tuple[str, str]]:
         before = {k for (k,) in self.db.execute("SELECT key FROM desired")}
         held_before = {k: (since, action) for k, since, action in self.db.execute(
             "SELECT key, since_tick, action FROM held")}
@@ -327,23 +462,31 @@ class Ledger(_Reads):
             rows.append((tick, t_s, k, "withdrawn", ak.verb.value, target,
                          f"no longer desired (held by the breaker since tick {since}, never admitted)", cause,
                          "[]", 0.0, 0.0, 0.0))
-        self.db.executemany(
-            "INSERT INTO decisions(tick, t_s, key, event, verb, target, reason, cause, evidence, benefit, cost, "
-            "criticality) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        if rows:
+            self.db.executemany(
+                "INSERT INTO decisions(tick, t_s, key, event, verb, target, reason, cause, evidence, benefit, cost, "
+                "criticality) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)", rows)
         return events
 
     def begin_action(self, tick: int, t_s: float, op: str, key: str, verb: str, actuator: str) -> None:
-        self.db.execute("INSERT INTO actions(tick, t_s, op, key, verb, actuator, status, wall_time) "
-                        "VALUES(?,?,?,?,?,?, 'pending', ?)", (tick, t_s, op, key, verb, actuator, time.time()))
+        """The action as pending, with the writer's fencing token, committed before the actuator
+        is called. Fenced, a deposed leader's call raises `Fenced` here: it never reaches the
+        actuator (act/reconcile.py calls the actuator only after this returns)."""
+        with self._write():
+            self.db.execute("INSERT INTO actions(tick, t_s, op, key, verb, actuator, status, wall_time, fence) "
+                            "VALUES(?,?,?,?,?,?, 'pending', ?, ?)",
+                            (tick, t_s, op, key, verb, actuator, time.time(), self._token()))
 
     def finish_action(self, key: str, op: str, status: str, detail: str) -> None:
-        self.db.execute("UPDATE actions SET status=?, detail=? WHERE id = (SELECT MAX(id) FROM actions "
-                        "WHERE key=? AND op=? AND status='pending')", (status, detail, key, op))
+        with self._write():
+            self.db.execute("UPDATE actions SET status=?, detail=? WHERE id = (SELECT MAX(id) FROM actions "
+                            "WHERE key=? AND op=? AND status='pending')", (status, detail, key, op))
 
     def record_dry_run(self, tick: int, t_s: float, op: str, key: str, verb: str, actuator: str) -> None:
-        self.db.execute("INSERT INTO actions(tick, t_s, op, key, verb, actuator, status, detail, wall_time) "
-                        "VALUES(?,?,?,?,?,?, 'dry_run', 'not applied', ?)", (tick, t_s, op, key, verb, actuator,
-                                                                            time.time()))
+        with self._write():
+            self.db.execute("INSERT INTO actions(tick, t_s, op, key, verb, actuator, status, detail, wall_time, "
+                            "fence) VALUES(?,?,?,?,?,?, 'dry_run', 'not applied', ?, ?)",
+                            (tick, t_s, op, key, verb, actuator, time.time(), self._token()))
 
     def done_keys(self) -> set[str]:
         return {k for (k,) in self.db.execute("SELECT DISTINCT key FROM actions WHERE op='apply' AND status='done'")}
@@ -357,13 +500,14 @@ class Ledger(_Reads):
 
     def settle_pending(self, actual: set[str]) -> int:
         """After a restart: pending actions the world shows as done are closed as done."""
-        rows = self.db.execute("SELECT id, key, op FROM actions WHERE status='pending'").fetchall()
-        for rid, key, op in rows:
-            took = (key in actual) if op == "apply" else (key not in actual)
-            self.db.execute("UPDATE actions SET status=?, detail=? WHERE id=?",
-                            ("done" if took else "interrupted",
-                             "settled after restart from actual state" if took else
-                             "controller stopped before the actuator call completed", rid))
+        with self._write():
+            rows = self.db.execute("SELECT id, key, op FROM actions WHERE status='pending'").fetchall()
+            for rid, key, op in rows:
+                took = (key in actual) if op == "apply" else (key not in actual)
+                self.db.execute("UPDATE actions SET status=?, detail=? WHERE id=?",
+                                ("done" if took else "interrupted",
+                                 "settled after restart from actual state" if took else
+                                 "controller stopped before the actuator call completed", rid))
         return len(rows)
 
     # ---- operator pins ---------------------------------------------------------------
@@ -387,9 +531,10 @@ class Ledger(_Reads):
 
     def record_pin_not_restored(self, tick: int, kind: str, name: str, detail: str) -> None:
         """A recorded pin a starting controller could not apply; its row is kept."""
-        row = self.db.execute("SELECT state, note, pinned_by FROM pins WHERE kind=? AND name=?",
-                              (kind, name)).fetchone()
-        self._pin_event(tick, "not_restored", kind, name, *(row if row else ("", "", "")), detail)
+        with self._write():
+            row = self.db.execute("SELECT state, note, pinned_by FROM pins WHERE kind=? AND name=?",
+                                  (kind, name)).fetchone()
+            self._pin_event(tick, "not_restored", kind, name, *(row if row else ("", "", "")), detail)
 
     def _pin_event(self, tick: int, event: str, kind: str, name: str, state: str, note: str, by: str,
                    detail: str) -> None:
