@@ -6,6 +6,15 @@ parser is a pure function over lines — a fold that carries one pending PCI add
 lines, because "The NVIDIA GPU <bdf> ... has fallen off the bus" spans several — so it is
 tested with a decision table. The tails below it (``KmsgTail``, ``JournalTail``) do the
 I/O: they start at the end of the log, never block and read a bounded number of lines.
+
+Patterns match only where the kernel's message starts, never inside it: kernel lines
+quote text that unprivileged users choose (a file name in "process '...' started with
+executable stack", a task name leading a segfault line), so a pattern found anywhere in
+a line would let anyone on the node report a GPU fault. What precedes the message is the
+prefix of the form the agent reads (``record_text`` takes off a /dev/kmsg header;
+``message_start`` a journalctl or dmesg prefix); a /dev/kmsg record that userspace wrote
+(facility other than kernel) is dropped, and the continuation lines of a multi-line
+record count only when its first line is the driver's own.
 """
 
 from __future__ import annotations
@@ -33,7 +42,17 @@ _XID_BARE = re.compile(r"NVRM: Xid (?P<code>\d+)[,:]")
 _SXID = re.compile(rf"nvidia-nvswitch\d+: SXid \(PCI:(?P<bdf>{_BDF})\): (?P<code>\d+)(?:, (?P<sev>Fatal|Non-fatal))?")
 # "NVRM: The NVIDIA GPU 0000:b3:00.0" ... "NVRM: fallen off the bus and is not responding to commands."
 _GPU_INTRO = re.compile(rf"NVRM: The NVIDIA GPU (?P<bdf>{_BDF})")
-_FALLEN = "fallen off the bus"
+_FALLEN = re.compile(r"NVRM: .*fallen off the bus")
+_DRIVER = ("NVRM: ", "nvidia-nvswitch")  # how the driver's own messages begin
+# What precedes the kernel's message in the forms read here: dmesg "[ 5012.1] " (and its
+# continuation lines, indented to the message column); `journalctl -k -o short-monotonic`
+# "[ 1843.308145] host kernel: "; `journalctl -k` "Dec 07 01:58:16 host kernel: ".
+_PREFIX = re.compile(r"\[\s*\d+(?:\.\d+)?\] (?:\S+ kernel: )?"
+                     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ kernel: "
+                     r"|\s+")
+# The kernel starts some messages with a task's name (comm: at most 15 bytes, then
+# "[pid]"), e.g. "python3[812]: segfault at 0": the task chose those bytes.
+_COMM_LED = re.compile(r".{1,15}\[\d+\]")
 _PENDING_LINES = 4  # an intro line not completed within this many lines is dropped
 _KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
@@ -72,27 +91,28 @@ def parse_kernel_lines(lines: Iterable[str], pending: Pending | None = None
     message is then reported as the XID (79) it is, not twice.
     """
     out: list[KernelEvent] = []
-    for line in lines:
-        m = _XID.search(line)
+    for raw in lines:
+        line = message_start(raw)
+        m = _XID.match(line)
         if m:
             out.append(KernelEvent(XID, normalize_bdf(m["bdf"]), int(m["code"])))
             pending = None
             continue
-        m = _XID_BARE.search(line)
+        m = _XID_BARE.match(line)
         if m:
             out.append(KernelEvent(XID, UNKNOWN_BUS, int(m["code"])))
             pending = None
             continue
-        m = _SXID.search(line)
+        m = _SXID.match(line)
         if m:
             out.append(KernelEvent(SXID, normalize_bdf(m["bdf"]), int(m["code"]), (m["sev"] or "").lower()))
             continue
-        m = _GPU_INTRO.search(line)
+        m = _GPU_INTRO.match(line)
         if m:
             pending = Pending(normalize_bdf(m["bdf"]), _PENDING_LINES)
-            if _FALLEN not in line:
+            if not _FALLEN.match(line):
                 continue
-        if pending is not None and _FALLEN in line:
+        if pending is not None and _FALLEN.match(line):
             out.append(KernelEvent(FALLEN, pending.bdf, 79))
             pending = None
         elif pending is not None:
@@ -100,18 +120,34 @@ def parse_kernel_lines(lines: Iterable[str], pending: Pending | None = None
     return out, pending
 
 
+def message_start(line: str) -> str:
+    """The kernel's message in one line: a dmesg or journalctl prefix taken off; a line the
+    kernel began with a task's chosen name becomes empty (nothing in it is the driver's)."""
+    m = _PREFIX.match(line)
+    msg = line[m.end():] if m else line
+    return "" if _COMM_LED.match(msg) else msg
+
+
 def record_text(raw: str) -> list[str]:
     """The message lines of one log line: a /dev/kmsg record loses its ``prio,seq,usec,flags;``
     header and its escaped newlines (``\\x0a``) become line breaks; its dictionary lines
-    (`` SUBSYSTEM=...``) are dropped. Other lines pass through."""
+    (`` SUBSYSTEM=...``) are dropped. Other lines pass through.
+
+    A kmsg record whose facility is not the kernel's (userspace wrote it to /dev/kmsg) gives
+    no lines; of a multi-line record only the driver's own keeps its continuation lines, so a
+    newline inside a quoted file name does not start a line of its own.
+    """
     if raw.startswith(" "):
         return []  # kmsg continuation: key=value dictionary
     head, sep, body = raw.partition(";")
     if sep and head.count(",") >= 3 and head.split(",", 1)[0].isdigit():
+        if int(head.split(",", 1)[0]) >> 3 != 0:  # syslog facility: 0 is the kernel
+            return []
         raw = body
     if "\\x" in raw:
         raw = _KMSG_ESCAPE.sub(lambda m: chr(int(m[1], 16)), raw)
-    return raw.split("\n")
+    first, *rest = raw.split("\n")
+    return [first, *rest] if message_start(first).startswith(_DRIVER) else [first]
 
 
 class _Lines:
