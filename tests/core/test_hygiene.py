@@ -214,7 +214,8 @@ def test_held_drain_is_two_ledger_rows_not_one_per_tick(tmp_path):
 
 def test_held_action_whose_cause_goes_away_is_withdrawn_once(tmp_path):
     fleet = FLEET
-    pol = default_policy(mode="enforce", breaker={"max_fleet_fraction": 0.01})
+    # one node per window (the least a breaker allows), taken by node 0 first
+    pol = default_policy(mode="enforce", breaker={"max_fleet_fraction": 0.01, "min_nodes": 1})
     ledger = Ledger(tmp_path / "l.sqlite")
     ctl = Controller(fleet, pol, [World()], ledger, tick_s=5.0)
     twin = Twin(fleet, [], TwinConfig(tick_s=5.0), seed=4)
@@ -223,6 +224,8 @@ def test_held_action_whose_cause_goes_away_is_withdrawn_once(tmp_path):
     held_ticks = 0
     for i in range(90):
         f = twin.step()
+        if i < 20:
+            twin.gpu_sbe[fleet.gpu_node == 0] += 20
         if 3 <= i < 20:
             twin.gpu_sbe[sick] += 20
         rep = ctl.tick(f)

@@ -752,14 +752,19 @@ def test_node_total_bound(update, nodes, new, why, trips):
 
 
 def test_node_rate_bound():
-    cfg = CFG.model_copy(update={"max_fleet_fraction": 1.0, "max_loop_fraction": 0.125})  # 1 of 8 per loop
+    cfg = CFG.model_copy(update={"max_fleet_fraction": 1.0, "max_loop_fraction": 0.125, "min_nodes": 1})  # 1 of 8
     t = _tally(window=[(0.0, "gpu001")])
     assert bk._node_rate_bound(F, cfg, bk._topology(F), t, Request("drain:x"), [9]) == ("", True)
     assert bk._node_rate_bound(F, cfg, bk._topology(F), t, Request("drain:x"), [2]) == (
         "drain:x would restrict 2 of 8 nodes on loop-000 within 3600s (> 12.5% per window)", False)
-    # the default: 5 % of 16 nodes is 0 per window, so any soft restriction trips
-    assert bk._node_rate_bound(F, CFG, bk._topology(F), _tally(), Request("drain:x"), [2]) == (
-        "drain:x (gpu002) would restrict 1 of 16 nodes within 3600s (5.0% of the fleet per window)", True)
+    assert bk._node_rate_bound(F, cfg, bk._topology(F), t, Request("drain:x"), [1]) == ("", True), \
+        "a node already in the window is not counted twice"
+    # the default: 5 % of 16 nodes is 0, so the bound is min_nodes (2): the third trips
+    assert bk._node_rate_bound(F, CFG, bk._topology(F), _tally(), Request("drain:x"), [2]) == ("", True)
+    assert bk._node_rate_bound(F, CFG, bk._topology(F), _tally(window=[(0.0, "gpu001"), (0.0, "gpu009")]),
+                               Request("drain:x"), [2]) == (
+        "drain:x (gpu002) would restrict 3 of 16 nodes within 3600s (> 2: 5.0% of the fleet per window, "
+        "at least 2)", True)
 
 
 def test_domain_and_path_bounds():
@@ -775,7 +780,7 @@ def test_domain_and_path_bounds():
 
 
 def test_exceeds_checks_in_order_and_hard_evidence_skips_the_rate():
-    topo, t = bk._topology(F), _tally()
+    topo, t = bk._topology(F), _tally(window=[(0.0, "gpu001"), (0.0, "gpu009")])  # the rate's 2 taken
     soft, hard = Request("drain:gpu002", nodes=(2,)), Request("drain:gpu002", nodes=(2,), hard=True)
     assert bk._exceeds(F, CFG, topo, t, soft, [2], False, False)[0].startswith("drain:gpu002 (gpu002) would restrict")
     assert bk._exceeds(F, CFG, topo, t, hard, [2], False, False) == ("", True)

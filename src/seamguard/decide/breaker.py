@@ -11,6 +11,11 @@ move_job, avoid_link, avoid_storage — hard evidence included. Two kinds of bou
 - **rate**: nodes newly restricted within ``window_s``, as a share of the fleet and of
   each loop. Hard failures (a node that already failed) bypass the rate, never a total.
 
+Every node bound is ``max(share × the domain's nodes, min_nodes)``, never more than the
+domain has, so a small fleet can still act on its first bad nodes (5 % of 32 nodes is one).
+The rate counts distinct nodes: a node asked for again within the window (every tick of a
+dry run, where nothing comes into effect) was counted when first admitted.
+
 A second action on a node already restricted (label → drain) does not widen the blast
 radius and is admitted for free; so is a node inside a domain already restricted as a
 whole (it was counted with its domain). An action that would exceed a bound of one
@@ -19,8 +24,16 @@ first action that would exceed a fleet-wide bound (nodes restricted in effect or
 window, domains restricted as a whole, fabric or storage paths avoided) trips the
 breaker: from then on every action that would restrict something new is held — except
 a hard failure that fits every total — and what is in effect stays. Tripped stays
-tripped — across restarts — until a person resets it. The state is plain data, committed in the ledger in the same transaction as
-the decisions it admitted, before any actuator is called.
+tripped — across restarts — until a person resets it. A node admitted within the window
+(a dry run's standing decision, or one admitted before a crash) is not new: it is checked
+against the totals only.
+
+A tripped breaker never blocks recovery: a node seamguard restricted itself (what its
+actuators hold) still returns once its release dwell is over, at most
+``max(max_return_fraction × fleet, min_nodes)`` nodes per window (``admit_returns``); one
+past that is kept, with why, and returns in a later tick. The state is plain data,
+committed in the ledger in the same transaction as the decisions it admitted, before any
+actuator is called.
 """
 
 from __future__ import annotations
@@ -40,19 +53,22 @@ class BreakerState:
     tripped_at_s: float | None = None
     drained: tuple[tuple[float, str], ...] = ()  # (t_s, node) newly restricted inside the rate window
     domains: tuple[str, ...] = ()  # domains admitted as a whole ("cooling_loop:<name>", "rack:<name>")
+    returned: tuple[tuple[float, str], ...] = ()  # (t_s, node) returned while tripped, inside the window
 
     def reset(self) -> BreakerState:
-        return replace(self, tripped=False, reason="", tripped_at_s=None, drained=())
+        return replace(self, tripped=False, reason="", tripped_at_s=None, drained=(), returned=())
 
     def to_json(self) -> dict:
         return {"tripped": self.tripped, "reason": self.reason, "tripped_at_s": self.tripped_at_s,
-                "drained": [list(x) for x in self.drained], "domains": list(self.domains)}
+                "drained": [list(x) for x in self.drained], "domains": list(self.domains),
+                "returned": [list(x) for x in self.returned]}
 
     @classmethod
     def from_json(cls, d: dict) -> BreakerState:
         return cls(bool(d.get("tripped")), str(d.get("reason", "")), d.get("tripped_at_s"),
                    tuple((float(t), str(n)) for t, n in d.get("drained", [])),
-                   tuple(str(x) for x in d.get("domains", [])))
+                   tuple(str(x) for x in d.get("domains", [])),
+                   tuple((float(t), str(n)) for t, n in d.get("returned", [])))
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,16 @@ def _cap(frac: float, n: int, at_least_one: bool = False) -> int:
     """The most of ``n`` a fraction allows (floor; at least one where asked)."""
     c = int(np.floor(frac * n + 1e-9))
     return max(c, 1) if at_least_one else c
+
+
+def _node_cap(frac: float, n: int, min_nodes: int) -> int:
+    """A node bound: ``max(share × n, min_nodes)``, never more than the ``n`` nodes there are."""
+    return min(max(_cap(frac, n), min_nodes), n)
+
+
+def _node_caps(frac: float, sizes: np.ndarray, min_nodes: int) -> np.ndarray:
+    """``_node_cap`` for every domain of a kind at once."""
+    return np.minimum(np.maximum(np.floor(frac * sizes + 1e-9).astype(np.int64), min_nodes), sizes)
 
 
 def _domain_nodes(fleet: Fleet, domain: str) -> np.ndarray:
@@ -178,7 +204,7 @@ def _domain_bound(fleet: Fleet, cfg: BreakerConfig, topo: _Topology, tally: _Tal
     if have + 1 > _cap(cfg.max_domain_fraction, n_kind, at_least_one=True):
         return (f"restricting {r.domain} would restrict {have + 1} of {n_kind} {kind}s as a whole "
                 f"(> {cfg.max_domain_fraction:.0%})")
-    if total_now + grow > _cap(cfg.max_in_effect_fleet_fraction, topo.n_nodes):
+    if total_now + grow > _node_cap(cfg.max_in_effect_fleet_fraction, topo.n_nodes, cfg.min_nodes):
         return (f"restricting {r.domain} would put {total_now + grow} of {topo.n_nodes} nodes under restriction "
                 f"(> {cfg.max_in_effect_fleet_fraction:.0%} of the fleet)")
     return ""
@@ -193,21 +219,23 @@ def _node_total_bound(fleet: Fleet, cfg: BreakerConfig, topo: _Topology, tally: 
     add_leaf = np.zeros(topo.n_leaf, dtype=np.int64)
     for i in new_nodes:
         add_leaf[topo.leaves(i)] += 1
-    lp = int(np.argmax((t.per_loop + add_loop) - np.floor(cfg.max_in_effect_loop_fraction * topo.loop_size)))
-    rk = int(np.argmax((t.per_rack + add_rack) - np.floor(cfg.max_in_effect_rack_fraction * topo.rack_size)))
+    loop_cap = _node_caps(cfg.max_in_effect_loop_fraction, topo.loop_size, cfg.min_nodes)
+    rack_cap = _node_caps(cfg.max_in_effect_rack_fraction, topo.rack_size, cfg.min_nodes)
+    lp = int(np.argmax((t.per_loop + add_loop) - loop_cap))
+    rk = int(np.argmax((t.per_rack + add_rack) - rack_cap))
     total = t.total_now() + len(new_nodes)
-    if total > _cap(cfg.max_in_effect_fleet_fraction, topo.n_nodes):
+    if total > _node_cap(cfg.max_in_effect_fleet_fraction, topo.n_nodes, cfg.min_nodes):
         return (f"{r.key} would put {total} of {topo.n_nodes} nodes under restriction "
                 f"(> {cfg.max_in_effect_fleet_fraction:.0%} of the fleet in effect)"), True
-    if t.per_loop[lp] + add_loop[lp] > _cap(cfg.max_in_effect_loop_fraction, int(topo.loop_size[lp])):
+    if t.per_loop[lp] + add_loop[lp] > loop_cap[lp]:
         return (f"{r.key} would put {t.per_loop[lp] + add_loop[lp]} of {topo.loop_size[lp]} nodes on "
                 f"{fleet.loop_names[lp]} under restriction (> {cfg.max_in_effect_loop_fraction:.0%})"), False
-    if t.per_rack[rk] + add_rack[rk] > _cap(cfg.max_in_effect_rack_fraction, int(topo.rack_size[rk])):
+    if t.per_rack[rk] + add_rack[rk] > rack_cap[rk]:
         return (f"{r.key} would put {t.per_rack[rk] + add_rack[rk]} of {topo.rack_size[rk]} nodes in "
                 f"{fleet.rack_names[rk]} under restriction (> {cfg.max_in_effect_rack_fraction:.0%})"), False
-    leaf_cap = np.floor(cfg.max_in_effect_leaf_fraction * topo.leaf_size + 1e-9)
+    leaf_cap = _node_caps(cfg.max_in_effect_leaf_fraction, topo.leaf_size, cfg.min_nodes)
     if topo.n_leaf and np.any(t.per_leaf + add_leaf > leaf_cap) and np.any(add_leaf > 0):
-        lf = int(np.argmax(t.per_leaf + add_leaf - np.floor(cfg.max_in_effect_leaf_fraction * topo.leaf_size)))
+        lf = int(np.argmax(t.per_leaf + add_leaf - leaf_cap))
         return (f"{r.key} would put {t.per_leaf[lf] + add_leaf[lf]} of {topo.leaf_size[lf]} nodes on leaf "
                 f"{fleet.switch_names[lf]} under restriction (> {cfg.max_in_effect_leaf_fraction:.0%})"), False
     return "", True
@@ -215,14 +243,22 @@ def _node_total_bound(fleet: Fleet, cfg: BreakerConfig, topo: _Topology, tally: 
 
 def _node_rate_bound(fleet: Fleet, cfg: BreakerConfig, topo: _Topology, tally: _Tally, r: Request,
                      new_nodes: list[int]) -> tuple[str, bool]:
-    """(why, trips) if new nodes would restrict too many within the window: the fleet's share trips, a loop's holds."""
-    rl = tally.rate_loop + np.bincount(fleet.node_loop[new_nodes], minlength=topo.n_loops)
-    lp = int(np.argmax(rl - np.floor(cfg.max_loop_fraction * topo.loop_size)))
-    n_rate = len(tally.rate_nodes) + len(new_nodes)
-    if n_rate > _cap(cfg.max_fleet_fraction, topo.n_nodes):
-        return (f"{r.key} ({fleet.node_names[new_nodes[0]]}) would restrict {n_rate} of {topo.n_nodes} nodes "
-                f"within {cfg.window_s:.0f}s ({cfg.max_fleet_fraction:.1%} of the fleet per window)"), True
-    if rl[lp] > _cap(cfg.max_loop_fraction, int(topo.loop_size[lp])):
+    """(why, trips) if new nodes would restrict too many within the window: the fleet's share trips, a loop's holds.
+
+    Nodes already counted in the window (admitted earlier, asked for again) are not counted twice."""
+    fresh = [i for i in new_nodes if i not in tally.rate_nodes]
+    if not fresh:
+        return "", True
+    rl = tally.rate_loop + np.bincount(fleet.node_loop[fresh], minlength=topo.n_loops)
+    loop_cap = _node_caps(cfg.max_loop_fraction, topo.loop_size, cfg.min_nodes)
+    lp = int(np.argmax(rl - loop_cap))
+    n_rate = len(tally.rate_nodes) + len(fresh)
+    fleet_cap = _node_cap(cfg.max_fleet_fraction, topo.n_nodes, cfg.min_nodes)
+    if n_rate > fleet_cap:
+        return (f"{r.key} ({fleet.node_names[fresh[0]]}) would restrict {n_rate} of {topo.n_nodes} nodes "
+                f"within {cfg.window_s:.0f}s (> {fleet_cap}: {cfg.max_fleet_fraction:.1%} of the fleet per window, "
+                f"at least {cfg.min_nodes})"), True
+    if rl[lp] > loop_cap[lp]:
         return (f"{r.key} would restrict {rl[lp]} of {topo.loop_size[lp]} nodes on {fleet.loop_names[lp]} "
                 f"within {cfg.window_s:.0f}s (> {cfg.max_loop_fraction:.1%} per window)"), False
     return "", True
@@ -268,7 +304,7 @@ def _count(fleet: Fleet, topo: _Topology, tally: _Tally, r: Request, new_nodes: 
         tally.per_loop[fleet.node_loop[i]] += 1
         tally.per_rack[fleet.node_rack[i]] += 1
         tally.per_leaf[topo.leaves(i)] += 1
-        if not r.hard:
+        if not r.hard and i not in tally.rate_nodes:
             tally.rate_nodes.add(i)
             tally.rate_loop[fleet.node_loop[i]] += 1
             tally.window = tally.window + ((t_s, fleet.node_names[i]),)
@@ -300,7 +336,8 @@ def admit(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float, req
             admitted.append(r.key)
             tally.restricted.update(r.nodes)
             continue
-        if state.tripped and not r.hard:
+        readmitted = bool(new_nodes) and set(new_nodes) <= tally.rate_nodes and not (new_domain or new_path)
+        if state.tripped and not r.hard and not readmitted:
             held[r.key] = f"breaker tripped: {state.reason}"
             continue
         why, trips = _exceeds(fleet, cfg, topo, tally, r, new_nodes, new_domain, new_path)
@@ -321,3 +358,34 @@ def _known(fleet: Fleet, name: str) -> bool:
         return True
     except KeyError:
         return False
+
+
+def admit_returns(state: BreakerState, fleet: Fleet, cfg: BreakerConfig, t_s: float,
+                  returns: list[tuple[str, str]]) -> tuple[BreakerState, list[str], dict[str, str]]:
+    """Which returns of restricted nodes go ahead this tick; returns (state, admitted keys, held key -> why). Pure.
+
+    ``returns``: (key, node) of the restrictions seamguard holds that its release dwell lets
+    go this tick. Untripped (or switched off), every one goes. Tripped, a node returns if it
+    already returned within the window (its other restriction) or while fewer than
+    ``max(max_return_fraction × fleet, min_nodes)`` nodes have; each is remembered in
+    ``returned`` so the count survives a restart. In key order, so the same input gives the
+    same turn.
+    """
+    window = tuple((t, n) for t, n in state.returned if t > t_s - cfg.window_s)
+    state = replace(state, returned=window)
+    if not cfg.enabled or not state.tripped:
+        return state, [k for k, _ in returns], {}
+    cap = _node_cap(cfg.max_return_fraction, fleet.count(Kind.NODE), cfg.min_nodes)
+    seen = {n for _, n in window}
+    admitted: list[str] = []
+    held: dict[str, str] = {}
+    for key, node in sorted(returns):
+        if node not in seen and len(seen) >= cap:
+            held[key] = (f"breaker tripped: {len(seen)} of {cap} nodes returned within {cfg.window_s:.0f}s; "
+                         f"{node} returns when the window allows")
+            continue
+        if node not in seen:
+            seen.add(node)
+            window += ((t_s, node),)
+        admitted.append(key)
+    return replace(state, returned=window), admitted, held

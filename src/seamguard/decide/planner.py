@@ -24,7 +24,7 @@ from seamguard.assess.assessment import Assessment, node_cause
 from seamguard.assess.quality import FreezeView
 from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, ActionKey, Decisions, Verb, action_key
-from seamguard.decide.breaker import BreakerState, InEffect, Request, admit
+from seamguard.decide.breaker import BreakerState, InEffect, Request, admit, admit_returns
 from seamguard.decide.checkpoints import (
     Episode,
     exposure,
@@ -38,6 +38,7 @@ from seamguard.decide.economics import (
     quarantine_decision,
 )
 from seamguard.decide.explain import evidence as _evidence
+from seamguard.decide.explain import kept
 from seamguard.decide.explain import summary as _summary
 from seamguard.decide.freeze import apply_freeze
 from seamguard.decide.intervals import plan_checkpoint_intervals
@@ -400,6 +401,20 @@ def hold_by_breaker(desired: dict[str, Action], held_why: dict[str, str]) -> tup
     return desired, held
 
 
+def pace_returns(desired: dict[str, Action], in_effect: set[str], breaker: BreakerState, fleet: Fleet,
+                 node_index: dict[str, int], policy: Policy, t_s: float) -> tuple[dict[str, Action], BreakerState]:
+    """Let the node restrictions seamguard holds, and no longer wants, go at the breaker's return pace.
+
+    A tripped breaker bounds how many nodes come back per window; one past the bound is kept, with why."""
+    returns = [(k, ActionKey.parse(k).entity) for k in sorted(in_effect - set(desired))
+               if ActionKey.parse(k).verb in RESTRICTS_NODE and ActionKey.parse(k).entity in node_index]
+    breaker, _, held = admit_returns(breaker, fleet, policy.breaker, t_s, returns)
+    desired = dict(desired)
+    for k, why in held.items():
+        desired[k] = kept(k, f"lift held: {why}")
+    return desired, breaker
+
+
 def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
            in_effect: set[str], frozen: FreezeView | None = None) -> tuple[Decisions, DecideState]:
     """The desired state for this tick. ``in_effect``: keys the actuators report held;
@@ -442,6 +457,7 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
 
     desired = only_tighten(desired, in_effect, at_risk(a), node_index)
     desired = release_dwell(desired, in_effect, fleet, node_index, kind_ht, node_ht, rules.release_after_healthy_ticks)
+    desired, breaker = pace_returns(desired, in_effect, breaker, fleet, node_index, policy, a.t_s)
     desired, move_ckpts = plan_move_checkpoints(fleet, policy, desired, in_effect, dict(state.move_checkpoints),
                                                 checkpoints, ex.job_hazard_per_h, a.t_s)
     for k, t in move_ckpts.items():  # the work since the last checkpoint is bounded by the move's
