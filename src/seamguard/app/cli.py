@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from seamguard.app import agent_cli, eval_cli, gateway_cli
+from seamguard.app import agent_cli, eval_cli, fleet_cli, gateway_cli
 from seamguard.app import twin_cli as twin_events_cli
 from seamguard.app.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
                                   phase, wants_json)
@@ -40,13 +40,15 @@ app = typer.Typer(
 )
 twin_app = typer.Typer(help="The digital twin: simulated telemetry and discrete-event planning.",
                        no_args_is_help=True, rich_markup_mode=HELP_STYLE)
-fleet_app = typer.Typer(help="Topology files: generate, validate.", no_args_is_help=True,
+fleet_app = typer.Typer(help="Topology files: generate, import, validate.", no_args_is_help=True,
                         rich_markup_mode=HELP_STYLE)
 policy_app = typer.Typer(help="Decision policy: show the default, validate a file.", no_args_is_help=True,
                          rich_markup_mode=HELP_STYLE)
 # short_help: one line each in `seamguard --help` at 80 columns (click cuts longer ones with "...")
 app.add_typer(twin_app, name="twin", short_help="Simulated telemetry and discrete-event planning.")
-app.add_typer(fleet_app, name="fleet", short_help="Topology files: generate, validate.")
+app.add_typer(fleet_app, name="fleet", short_help="Topology files: generate, import, validate.")
+fleet_app.command("import", short_help="Write the topology from Slurm, Kubernetes and ibnetdiscover.")(
+    fleet_cli.fleet_import)
 app.add_typer(policy_app, name="policy", short_help="Decision policy: show the default, validate a file.")
 twin_app.command("simulate", short_help="Discrete-event simulation: seamguard beside three baselines.")(
     twin_events_cli.simulate)
@@ -532,7 +534,7 @@ def _serve_banner(d: dict[str, Any]) -> None:
 
 
 # after the controller's commands in --help: the node agent and the inference gateway
-app.command("agent", short_help="Per-node exporter: XIDs, NICs, storage/fabric probes.")(agent_cli.agent)
+app.add_typer(agent_cli.agent_app, name="agent", short_help="Per-node exporter: XIDs, NICs, storage/fabric probes.")
 app.command("gateway", short_help="OpenAI-compatible gateway: token budgets, zombie keys.")(gateway_cli.gateway)
 
 

@@ -50,13 +50,15 @@ class SlurmCluster:
     def __init__(self, workdir: Path, nodes: list[str], start_timeout_s: float = 60.0, slurmd: bool = False,
                  kill_wait_s: int = 2, cred_expire_s: int = 5, testbed: Testbed | None = None,
                  controller_host: int = 0, node_hosts: list[int] | None = None,
-                 controller_is_node: bool = False) -> None:
+                 controller_is_node: bool = False, node_options: dict[str, str] | None = None,
+                 topology_conf: str | None = None) -> None:
         """With ``slurmd``: ``testbed`` (already up, left up) hosts the cluster, slurmctld in
         ``controller_host``'s namespace and ``nodes[i]`` in ``node_hosts[i]``'s; without one, a
         one-rail test bed of len(nodes) + 1 hosts is made (and deleted) here. With
         ``controller_is_node`` the controller's host may also run a slurmd (slurmctld and
         slurmd listen on different ports), for a small test bed whose control host is also
-        where a moved job can go."""
+        where a moved job can go. ``node_options``: extra ``NodeName`` options per node
+        (``Gres=gpu:8 Features=rack_r0``); ``topology_conf``: a topology/tree topology.conf."""
         self.workdir = Path(workdir)
         self.nodes = nodes
         self.start_timeout_s = start_timeout_s
@@ -70,6 +72,8 @@ class SlurmCluster:
         self._own_testbed = testbed is None
         self.controller_host = controller_host
         self.node_hosts = node_hosts if node_hosts is not None else list(range(1, len(nodes) + 1))
+        self.node_options = node_options or {}
+        self.topology_conf = topology_conf
         if slurmd and (len(self.node_hosts) != len(nodes) or
                        (controller_host in self.node_hosts and not controller_is_node)):
             raise ValueError(f"node_hosts {self.node_hosts}: expected one host per node ({len(nodes)}), "
@@ -146,13 +150,18 @@ class SlurmCluster:
             os.chmod(p, 0o755)
 
     def _node_lines(self) -> list[str]:
-        if not self.with_slurmd:
+        if not self.with_slurmd and not self.node_options:
             return [f"NodeName={','.join(self.nodes)} NodeHostname=localhost CPUs=1 RealMemory=1000 State=UNKNOWN"]
+        if not self.with_slurmd:
+            return [f"NodeName={n} NodeHostname=localhost CPUs=1 RealMemory=1000 State=UNKNOWN "
+                    f"{self.node_options.get(n, '')}".rstrip() for n in self.nodes]
         assert self.testbed is not None
         return [f"NodeName={n} NodeAddr={self.testbed.addr(h, None)} NodeHostname={n} CPUs=1 RealMemory=100 "
                 "State=UNKNOWN" for n, h in zip(self.nodes, self.node_hosts, strict=True)]
 
     def _write_conf(self) -> None:
+        if self.topology_conf is not None:  # slurmctld reads it beside slurm.conf
+            (self.workdir / "topology.conf").write_text(self.topology_conf)
         state = self.workdir / "state"
         state.mkdir(exist_ok=True)
         w = self.workdir
@@ -192,6 +201,8 @@ class SlurmCluster:
             "SchedulerType=sched/builtin",
             "SchedulerParameters=sched_interval=1",  # pending jobs whose BeginTime passed start within a second
             "SelectType=select/linear",
+            *(["GresTypes=gpu"] if any("Gres=" in o for o in self.node_options.values()) else []),
+            *(["TopologyPlugin=topology/tree"] if self.topology_conf is not None else []),
             *self._node_lines(),
             "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "",
