@@ -1,8 +1,19 @@
 """The control plane asks a seamguard-runtime job to checkpoint through its hint directory."""
 
 from seamguard.act.reconcile import diff
+import pytest
+
+from seamguard import hintauth
 from seamguard.act.runtime import RuntimeHintActuator
 from seamguard.decide.actions import Action, Verb, action_key
+from seamguard.hintauth import hint_file_value
+
+
+@pytest.fixture(autouse=True)
+def _jobs_hold_keys(monkeypatch):
+    """Each hint directory belongs to a launched job, whose launcher wrote its hint key there;
+    the actuator signs every hint file with it (values are read past the signature line)."""
+    monkeypatch.setattr(hintauth, "read_key", lambda path, private=False: b"k" * 32)
 
 
 def _ckpt(job: str, t: int) -> Action:
@@ -15,7 +26,7 @@ def test_checkpoint_now_becomes_a_hint_file_once(tmp_path):
     a = _ckpt("train", 100)
     assert act.apply(a).ok
     hint = tmp_path / "hints" / "checkpoint_now"
-    assert hint.read_text().startswith("seamguard: job exposed")
+    assert hint_file_value(hint).startswith("seamguard: job exposed")
     # a restarted actuator (new object, same directory) knows the hint was delivered
     again = RuntimeHintActuator({"train": tmp_path / "hints"})
     assert a.key in again.observe()
@@ -53,16 +64,16 @@ def test_checkpoint_interval_is_held_replaced_rung_by_rung_and_handed_back(tmp_p
     hints = tmp_path / "hints"
     act = RuntimeHintActuator({"train": hints})
     a, b = _interval("train", 900), _interval("train", 450)
-    assert act.apply(a).ok and (hints / "checkpoint_interval_s").read_text() == "900\n"
+    assert act.apply(a).ok and hint_file_value((hints / "checkpoint_interval_s")) == "900\n"
     assert a.key in RuntimeHintActuator({"train": hints}).observe()  # a restarted controller sees it held
     # the next rung: reconcile applies the new key and reverts the old, in either order
     apply, revert = diff({b.key: b}, act.observe(), set())
     assert apply == [b] and revert == [a.key]
     assert act.apply(b).ok and act.revert(a.key).ok
-    assert (hints / "checkpoint_interval_s").read_text() == "450\n"  # the old revert did not undo the new one
+    assert hint_file_value((hints / "checkpoint_interval_s")) == "450\n"  # the old revert did not undo the new one
     assert act.observe() == {b.key}
     # the episode ends: the job's own interval again, and nothing is held
-    assert act.revert(b.key).ok and (hints / "checkpoint_interval_s").read_text() == "default\n"
+    assert act.revert(b.key).ok and hint_file_value((hints / "checkpoint_interval_s")) == "default\n"
     assert RuntimeHintActuator({"train": hints}).observe() == set()
 
 
@@ -72,12 +83,12 @@ def test_checkpoint_interval_revert_before_apply_and_bad_values(tmp_path):
     a, b = _interval("train", 900), _interval("train", 1800)
     act.apply(a)
     assert act.revert(a.key).ok and act.apply(b).ok
-    assert (hints / "checkpoint_interval_s").read_text() == "1800\n" and act.observe() == {b.key}
+    assert hint_file_value((hints / "checkpoint_interval_s")) == "1800\n" and act.observe() == {b.key}
     bad = Action(key=action_key(Verb.CHECKPOINT_INTERVAL, "train", value="-5"), verb=Verb.CHECKPOINT_INTERVAL,
                  target="train", target_kind="job", params=(("interval_s", "-5"),))
     res = act.apply(bad)
     assert not res.ok and not res.retryable and "not a positive number" in res.detail
-    assert (hints / "checkpoint_interval_s").read_text() == "1800\n"
+    assert hint_file_value((hints / "checkpoint_interval_s")) == "1800\n"
 
 
 def test_drain_evacuates_the_ranks_the_placement_puts_on_the_node(tmp_path):
@@ -111,13 +122,13 @@ def test_avoid_storage_moves_a_jobs_checkpoints_to_its_next_path_and_back(tmp_pa
     target = hints / "checkpoint_dir"
     unrelated = act.apply(_avoid("s-c"))  # a path the job does not write to: nothing to move, held
     assert unrelated.ok and not target.exists() and act.observe() == {_avoid("s-c").key}
-    assert act.apply(_avoid("s-a")).ok and target.read_text() == f"{tmp_path / 'b'}\n"
+    assert act.apply(_avoid("s-a")).ok and hint_file_value(target) == f"{tmp_path / 'b'}\n"
     assert act.apply(_avoid("s-b")).ok  # b too: every candidate but its own avoided... c is avoided too
-    assert target.read_text() == f"{tmp_path / 'b'}\n"  # none left: stays where it is
+    assert hint_file_value(target) == f"{tmp_path / 'b'}\n"  # none left: stays where it is
     assert act.observe() == {_avoid(s).key for s in ("s-a", "s-b", "s-c")}
-    assert act.revert(_avoid("s-c").key).ok and target.read_text() == f"{tmp_path / 'c'}\n"
-    assert act.revert(_avoid("s-a").key).ok and target.read_text() == "default\n"  # its own path is fine again
-    assert act.revert(_avoid("s-b").key).ok and target.read_text() == "default\n"
+    assert act.revert(_avoid("s-c").key).ok and hint_file_value(target) == f"{tmp_path / 'c'}\n"
+    assert act.revert(_avoid("s-a").key).ok and hint_file_value(target) == "default\n"  # its own path is fine again
+    assert act.revert(_avoid("s-b").key).ok and hint_file_value(target) == "default\n"
     assert RuntimeHintActuator({"train": hints}, dirs).observe() == set()
     # without checkpoint directories the verb is not this actuator's (the log actuator records it)
     assert Verb.AVOID_STORAGE not in RuntimeHintActuator({"train": hints}).verbs

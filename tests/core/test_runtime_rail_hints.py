@@ -9,8 +9,17 @@ import json
 import pytest
 
 from seamguard.act.reconcile import diff
+from seamguard import hintauth
 from seamguard.act.runtime import RuntimeHintActuator, nic_of_link, severity_of
 from seamguard.decide.actions import Action, Verb, action_key
+from seamguard.hintauth import hint_file_value
+
+
+@pytest.fixture(autouse=True)
+def _jobs_hold_keys(monkeypatch):
+    """Each hint directory belongs to a launched job, whose launcher wrote its hint key there;
+    the actuator signs every hint file with it (values are read past the signature line)."""
+    monkeypatch.setattr(hintauth, "read_key", lambda path, private=False: b"k" * 32)
 
 
 def _placement(d, ranks: dict[str, str]) -> None:
@@ -51,7 +60,7 @@ def test_avoid_rail_is_written_for_jobs_on_the_node_kept_and_reverted(tmp_path):
     link = _avoid_link("n2/rail0~leaf-u000-r0")
     res = act.apply(link)
     assert res.ok and "a stay off rail rail0" in res.detail
-    assert (a / "avoid_rails").read_text() == "rail0 3\n"
+    assert hint_file_value((a / "avoid_rails")) == "rail0 3\n"
     assert not (b / "avoid_rails").exists()  # no rank of b on n2
     # held: a restarted controller sees it in effect and does not ask again
     again = RuntimeHintActuator({"a": a, "b": b})
@@ -62,7 +71,7 @@ def test_avoid_rail_is_written_for_jobs_on_the_node_kept_and_reverted(tmp_path):
     apply, revert = diff({}, again.observe(), set())
     assert apply == [] and revert == [link.key]
     assert again.revert(link.key).ok
-    assert (a / "avoid_rails").read_text() == "default\n" and again.observe() == set()
+    assert hint_file_value((a / "avoid_rails")) == "default\n" and again.observe() == set()
 
 
 def test_two_rails_avoided_then_one_handed_back(tmp_path):
@@ -71,13 +80,13 @@ def test_two_rails_avoided_then_one_handed_back(tmp_path):
     act = RuntimeHintActuator({"a": a})
     r0, r1 = _avoid_link("n1/rail0~leaf0", "failed"), _avoid_link("n2/rail1~leaf1", "quarantine")
     assert act.apply(r0).ok and act.apply(r1).ok
-    assert (a / "avoid_rails").read_text() == "rail0 5\nrail1 3\n"  # both, with how bad each is
+    assert hint_file_value((a / "avoid_rails")) == "rail0 5\nrail1 3\n"  # both, with how bad each is
     assert act.revert(r0.key).ok
-    assert (a / "avoid_rails").read_text() == "rail1 3\n" and act.observe() == {r1.key}
+    assert hint_file_value((a / "avoid_rails")) == "rail1 3\n" and act.observe() == {r1.key}
     # the same rail's other link, less bad: the worst state still counts; its revert keeps the rail off
     r1b = _avoid_link("n2/rail1", "degraded")
-    assert act.apply(r1b).ok and (a / "avoid_rails").read_text() == "rail1 3\n"
-    assert act.revert(r1.key).ok and (a / "avoid_rails").read_text() == "rail1 1\n"
+    assert act.apply(r1b).ok and hint_file_value((a / "avoid_rails")) == "rail1 3\n"
+    assert act.revert(r1.key).ok and hint_file_value((a / "avoid_rails")) == "rail1 1\n"
 
 
 def test_revert_of_a_key_this_actuator_never_took_changes_nothing(tmp_path):
@@ -87,7 +96,7 @@ def test_revert_of_a_key_this_actuator_never_took_changes_nothing(tmp_path):
     act = RuntimeHintActuator({"a": a})
     res = act.revert(action_key(Verb.AVOID_LINK, "n1/rail1~leaf1"))
     assert res.ok and "nothing to revert" in res.detail
-    assert (a / "avoid_rails").read_text() == "rail1 4\n"
+    assert hint_file_value((a / "avoid_rails")) == "rail1 4\n"
 
 
 def test_switch_links_nodes_without_ranks_and_rail_names(tmp_path):
@@ -100,18 +109,18 @@ def test_switch_links_nodes_without_ranks_and_rail_names(tmp_path):
     assert elsewhere.ok and "no seamguard-runtime rank runs on n7" in elsewhere.detail
     assert not (a / "avoid_rails").exists() and act.observe() == set()
     assert act.apply(_avoid_link("n1/mlx5_1~leaf-u000-r1")).ok
-    assert (a / "avoid_rails").read_text() == "ib1 3\n"  # the interface the job's --rails names
+    assert hint_file_value((a / "avoid_rails")) == "ib1 3\n"  # the interface the job's --rails names
 
 
 def test_degraded_rides_the_checkpoint_interval(tmp_path):
     hints = tmp_path / "hints"
     act = RuntimeHintActuator({"train": hints})
     first, next_rung = _interval("train", 900), _interval("train", 450)
-    assert act.apply(first).ok and (hints / "degraded").read_text() == "on\n"
+    assert act.apply(first).ok and hint_file_value((hints / "degraded")) == "on\n"
     (hints / "degraded").unlink()  # consumed by the launcher
     assert act.apply(next_rung).ok and act.revert(first.key).ok
-    assert (hints / "degraded").read_text() == "on\n"  # a newer interval is in effect: still at risk
-    assert act.revert(next_rung.key).ok and (hints / "degraded").read_text() == "off\n"
+    assert hint_file_value((hints / "degraded")) == "on\n"  # a newer interval is in effect: still at risk
+    assert act.revert(next_rung.key).ok and hint_file_value((hints / "degraded")) == "off\n"
     assert act.observe() == set()
 
 

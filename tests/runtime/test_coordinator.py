@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from seamguard.decide.tiers import daly_interval_s
+from seamguard import hintauth
 from seamguard.runtime import cadence, keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.settings import LaunchSettings
@@ -145,8 +146,8 @@ def test_evacuate_hint_and_checkpoint_hint():
     finish_generation(c, store, {})
     beat(store, 0, 1, 40)
     beat(store, 1, 1, 40)
-    store.add(keys.HINT_CHECKPOINT, 1)
-    store.set(keys.HINT_EVACUATE, "0")
+    hintauth.send(store, keys.HINT_CHECKPOINT_REQ, "now", c.hint_key, keys.HINT_CHECKPOINT)
+    hintauth.send(store, keys.HINT_EVACUATE, "0", c.hint_key)
     c.tick()
     assert int(store.get(keys.HINT_PERSIST_AT)) > 40
     assert store.check([keys.kill_request(0)]) and c.plan.ranks == [2, 1]
@@ -162,7 +163,7 @@ def test_checkpoint_hint_waits_for_the_jobs_pace():
     finish_generation(c, store, {})
     for w in (0, 1):
         store.set(keys.heartbeat(w), json.dumps({"n": 1, "step": 0, "phase": "compute", "compute_s": 0.0, "gen": 0}))
-    store.add(keys.HINT_CHECKPOINT, 1)
+    hintauth.send(store, keys.HINT_CHECKPOINT_REQ, "now", c.hint_key, keys.HINT_CHECKPOINT)
     c.tick()
     assert not store.check([keys.HINT_PERSIST_AT])
     beat(store, 0, 2, 4)

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from seamguard import hintauth
 from seamguard.runtime import keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.launcher import STEADY_PASS_S, Child, _NodeBeat, _wait_s
@@ -119,7 +120,7 @@ def _seen_record(c: Coordinator, n: int) -> bool:
 def test_a_hint_reaches_a_pass_through_the_watched_copy(etcd):
     c, _, other, clock = _running(etcd, [])
     control = int(other.get(keys.CONTROL_N))
-    other.add(keys.HINT_CHECKPOINT, 1)
+    hintauth.send(other, keys.HINT_CHECKPOINT_REQ, "now", c.hint_key, keys.HINT_CHECKPOINT)
     _until(lambda: c._watched().get(keys.HINT_CHECKPOINT) == b"1", "the checkpoint hint")
     clock.t += 0.05
     c.tick()
@@ -130,7 +131,7 @@ def test_a_hint_reaches_a_pass_through_the_watched_copy(etcd):
 def test_an_evacuation_is_acted_on_once_while_the_copy_still_shows_it(etcd):
     events, lagging = [], {}
     c, _, other, clock = _running(etcd, events, mirror=lagging)
-    other.set(keys.HINT_EVACUATE, "1")
+    hintauth.send(other, keys.HINT_EVACUATE, "1", c.hint_key)
     lagging["copy"].catch_up()
     clock.t += 0.05
     c.tick()
@@ -141,7 +142,7 @@ def test_an_evacuation_is_acted_on_once_while_the_copy_still_shows_it(etcd):
         clock.t += 0.05
         c.tick()
     assert len([e for e in events if e.get("kind") == "evacuate_hint"]) == 1
-    other.set(keys.HINT_EVACUATE, "0")   # a new request, written after the clearing
+    hintauth.send(other, keys.HINT_EVACUATE, "0", c.hint_key)   # a new request, written after the clearing
     lagging["copy"].catch_up()
     clock.t += 0.05
     c.tick()

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from seamguard import hintauth
 from seamguard.act.runtime import RuntimeHintActuator
 from seamguard.decide.actions import Action, Verb, action_key
 from seamguard.runtime.manifest import committed_steps, latest_verified
@@ -50,8 +51,8 @@ def test_evacuate_and_checkpoint_hints(tmp_path, clean_checksums):
         log = out / "worker_0.log"
         while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
             time.sleep(0.1)
-        (hints / "checkpoint_now").touch()
-        (hints / "evacuate_rank_1").touch()
+        _hint(hints, "checkpoint_now")
+        _hint(hints, "evacuate_rank_1")
         assert proc.wait(timeout=120) == 0
     finally:
         proc.kill()
@@ -62,6 +63,16 @@ def test_evacuate_and_checkpoint_hints(tmp_path, clean_checksums):
     assert latest_verified(ckpt) is not None
     assert (out / "final_checksum.txt").read_text() == clean_checksums(30)
     assert not [p for p in hints.iterdir() if not p.name.startswith(".")]  # consumed (dotfiles: placement, records)
+
+
+def _hint(hints, name: str, value: str = "", key_file=None) -> None:
+    """Drop a hint file signed with the job's key, as the controller's actuator does (the
+    launcher writes the key into the hint directory as it starts, unless given one)."""
+    key_file = key_file or hints / hintauth.KEY_FILE_NAME
+    deadline = time.monotonic() + 60
+    while not key_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hintauth.write_hint_file(hints, name, value, hintauth.read_key(key_file))
 
 
 def _launch_bg(hints, ckpt, out, steps, extra=()):
@@ -100,7 +111,7 @@ def test_rollback_hint_goes_back_in_place(tmp_path, clean_checksums, hint, at_st
         while hint == "rollback" and 20 not in committed_steps(ckpt) and time.monotonic() < deadline:
             time.sleep(0.05)
         t_hint = time.monotonic()
-        (hints / hint).touch()
+        _hint(hints, hint)
         assert proc.wait(timeout=120) == 0
         since_hint_s = time.monotonic() - t_hint
     finally:
@@ -128,12 +139,14 @@ def test_rollback_hint_goes_back_in_place(tmp_path, clean_checksums, hint, at_st
 def test_rollback_without_a_persisted_step_is_refused_and_training_goes_on(tmp_path, clean_checksums):
     hints, ckpt, out = tmp_path / "hints", tmp_path / "ckpt", tmp_path / "run"
     hints.mkdir()
-    (hints / "rollback").touch()    # before anything was persisted
-    (hints / "rollback_to_step_x").touch()
-    proc = _launch_bg(hints, ckpt, out, steps=40)   # the rest of the job outlasts a slow pass
+    key_file = tmp_path / "job.key"   # the operator's key: hints can be signed before the launch
+    hintauth.create_key(key_file)
+    _hint(hints, "rollback", key_file=key_file)    # before anything was persisted
+    _hint(hints, "rollback_to_step_x", key_file=key_file)
+    proc = _launch_bg(hints, ckpt, out, steps=40, extra=("--hint-key-file", str(key_file)))
     try:
         _wait_for_step(out, 16)
-        (hints / "rollback_to_step_5").touch()   # never persisted (every 10 steps)
+        _hint(hints, "rollback_to_step_5", key_file=key_file)   # never persisted (every 10 steps)
         assert proc.wait(timeout=120) == 0
     finally:
         proc.kill()
@@ -157,7 +170,7 @@ def test_checkpoint_interval_hint_sets_the_persist_cadence_and_default_restores_
     proc = _launch_bg(hints, ckpt, out, steps=70, extra=("--keep-checkpoints", "100"))
     try:
         _wait_for_step(out, 8)
-        (hints / "checkpoint_interval_s").write_text("nonsense")
+        _hint(hints, "checkpoint_interval_s", "nonsense")
         _wait_for_step(out, 10)
         # delivered by the controller's runtime actuator, as `seamguard run` would
         # the cadence alone: degraded mode (also held with an interval) is tested in test_rail_hints_in_runtime.py
@@ -269,7 +282,7 @@ def test_avoid_storage_moves_checkpoints_to_another_path_and_restores_read_there
         _wait_for_step(out, 40)
         assert act.revert(slow.key).ok
         _wait_for_step(out, 55)
-        (hints / "rollback_to_step_30").touch()
+        _hint(hints, "rollback_to_step_30")
         assert proc.wait(timeout=150) == 0
     finally:
         proc.kill()

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from seamguard import hintauth
 from seamguard.runtime import cadence, keys, stepmodes
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.settings import LaunchSettings
@@ -67,28 +68,23 @@ def test_coordinator_fixes_each_change_ahead_of_every_rank():
     c, store, log = _running()
     beat(store, 0, 1, 40)
     beat(store, 1, 1, 41)
-    store.set(keys.HINT_AVOID_RAILS, "rail0 3\n")
-    store.add(keys.HINT_AVOID_RAILS_N, 1)
+    hintauth.send(store, keys.HINT_AVOID_RAILS, "rail0 3\n", c.hint_key, keys.HINT_AVOID_RAILS_N)
     c.tick()
     (first,) = stepmodes.parse(store.get(keys.STEP_MODES).decode())
     assert first.avoid == ("rail0",) and not first.degraded and first.start_step > 41
-    store.set(keys.HINT_DEGRADED, "on")
-    store.add(keys.HINT_DEGRADED_N, 1)
+    hintauth.send(store, keys.HINT_DEGRADED, "on", c.hint_key, keys.HINT_DEGRADED_N)
     c.tick()
     second = stepmodes.parse(store.get(keys.STEP_MODES).decode())[-1]
     assert second.avoid == ("rail0",) and second.degraded and second.start_step > first.start_step
     # every rail asked: the least bad is kept, and the log says why
-    store.set(keys.HINT_AVOID_RAILS, "rail0 5\nrail1 3\n")
-    store.add(keys.HINT_AVOID_RAILS_N, 1)
+    hintauth.send(store, keys.HINT_AVOID_RAILS, "rail0 5\nrail1 3\n", c.hint_key, keys.HINT_AVOID_RAILS_N)
     c.tick()
     assert not [e for e in log if e["event"] == "step_mode" and e["avoid_rails"] == ["rail0", "rail1"]]
     unchanged = [e for e in log if e["event"] == "step_mode_unchanged"]
     assert unchanged and "keeping rail1" in unchanged[-1]["note"]
     # handed back: normal running from a later step; the same request again changes nothing
-    store.set(keys.HINT_AVOID_RAILS, "default\n")
-    store.add(keys.HINT_AVOID_RAILS_N, 1)
-    store.set(keys.HINT_DEGRADED, "off")
-    store.add(keys.HINT_DEGRADED_N, 1)
+    hintauth.send(store, keys.HINT_AVOID_RAILS, "default\n", c.hint_key, keys.HINT_AVOID_RAILS_N)
+    hintauth.send(store, keys.HINT_DEGRADED, "off", c.hint_key, keys.HINT_DEGRADED_N)
     c.tick()
     entries = stepmodes.parse(store.get(keys.STEP_MODES).decode())
     assert entries[-1].avoid == () and not entries[-1].degraded and len(entries) == 3
@@ -100,16 +96,19 @@ def test_coordinator_fixes_each_change_ahead_of_every_rank():
 def test_launcher_turns_the_hint_files_into_store_keys_and_refuses_bad_ones(tmp_path, capsys):
     from seamguard.runtime.launcher import _hint_files
 
-    store = DictStore()
-    (tmp_path / "avoid_rails").write_text("rail0 3\nrail1 very-bad\n")
-    (tmp_path / "degraded").write_text("maybe\n")
-    _hint_files(store, tmp_path)
+    store, gate = DictStore(), hintauth.HintGate(b"k" * 32)
+    hintauth.write_hint_file(tmp_path, "avoid_rails", "rail0 3\nrail1 very-bad\n", gate.key)
+    hintauth.write_hint_file(tmp_path, "degraded", "maybe\n", gate.key)
+    _hint_files(store, tmp_path, gate)
     err = capsys.readouterr().err
     assert "avoid_rails: line 2" in err and "expected 'on' or 'off', got 'maybe'" in err
     assert not store.check([keys.HINT_AVOID_RAILS_N]) and not store.check([keys.HINT_DEGRADED_N])
     assert list(tmp_path.iterdir()) == []  # consumed either way: a bad request is not retried
-    (tmp_path / "avoid_rails").write_text("rail1 3\n")
-    (tmp_path / "degraded").write_text("on\n")
-    _hint_files(store, tmp_path)
-    assert store.get(keys.HINT_AVOID_RAILS) == b"rail1 3\n" and store.get(keys.HINT_AVOID_RAILS_N) == b"1"
-    assert store.get(keys.HINT_DEGRADED) == b"on" and store.get(keys.HINT_DEGRADED_N) == b"1"
+    hintauth.write_hint_file(tmp_path, "avoid_rails", "rail1 3\n", gate.key)
+    hintauth.write_hint_file(tmp_path, "degraded", "on\n", gate.key)
+    _hint_files(store, tmp_path, gate)
+    # forwarded signed with the job's key, under the store key's name
+    assert gate.admit(keys.HINT_AVOID_RAILS, store.get(keys.HINT_AVOID_RAILS).decode()) == "rail1 3\n"
+    assert store.get(keys.HINT_AVOID_RAILS_N) == b"1"
+    assert gate.admit(keys.HINT_DEGRADED, store.get(keys.HINT_DEGRADED).decode()) == "on"
+    assert store.get(keys.HINT_DEGRADED_N) == b"1"

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
+from seamguard import hintauth
 from seamguard.runtime import keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.settings import LaunchSettings
@@ -89,7 +90,7 @@ def test_an_exit_is_seen_at_the_next_pass(running):
 def test_a_hint_is_seen_at_the_next_pass_and_moves_the_control_counter(running):
     c, store, clock = running
     control = int(store.get(keys.CONTROL_N))
-    store.add(keys.HINT_CHECKPOINT, 1)
+    hintauth.send(store, keys.HINT_CHECKPOINT_REQ, "now", c.hint_key, keys.HINT_CHECKPOINT)
     clock.t += 0.05
     c.tick()
     assert int(store.get(keys.HINT_PERSIST_AT)) >= 40 + 3

@@ -35,9 +35,13 @@ Operators switch the last two off per actuator (``avoid_rails: false``, ``degrad
 in the runtime actuator's config): the actuator then neither takes avoid_link nor writes
 ``degraded``.
 
-Files are written atomically (temp file, fsync, rename). The actuator keeps its own record
-of what it delivered, in the same directory, so a restarted controller knows which hints
-are in effect and never asks twice.
+Files are written atomically (temp file, fsync, rename) and signed with the job's hint key
+(runtime/hintauth.py), read afresh for every hint from ``<hint dir>/.hint-key`` (the key
+the job's launcher writes there, mode 0600, at every launch) or the file ``key_files``
+names for the job: a job refuses a hint that is not signed with its key. The controller
+therefore runs as the user that launched the job, or is given the key file. The actuator
+keeps its own record of what it delivered, in the same directory, so a restarted
+controller knows which hints are in effect and never asks twice.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from pathlib import Path
 from seamguard.act.base import ActionResult, verb_of
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.decide.actions import Action, ActionKey, Verb
+from seamguard import hintauth
 
 APPLIED_LOG = ".seamguard-hints.jsonl"
 _FILE = {Verb.CHECKPOINT_NOW: "checkpoint_now", Verb.CHECKPOINT_INTERVAL: "checkpoint_interval_s",
@@ -82,15 +87,6 @@ def ranks_on(d: Path, node: str) -> list[int]:
         return []
 
 
-def _write_durable(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _append(path: Path, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record) + "\n")
@@ -104,13 +100,17 @@ class RuntimeHintActuator:
 
     def __init__(self, hint_dirs: dict[str, Path],
                  checkpoint_dirs: dict[str, dict[str, Path]] | None = None,
-                 rail_names: dict[str, str] | None = None, avoid_rails: bool = True, degraded: bool = True) -> None:
+                 rail_names: dict[str, str] | None = None, avoid_rails: bool = True, degraded: bool = True,
+                 key_files: dict[str, Path] | None = None) -> None:
         """``hint_dirs``: job name -> the directory its `seamguard launch --hint-dir` polls;
         ``checkpoint_dirs``: job name -> {storage path name: a checkpoint directory on it},
         the job's own ``--checkpoint-dir`` first; ``rail_names``: NIC name -> the rail
         interface its jobs' ``--rails`` name it by; ``avoid_rails``/``degraded``: False
-        turns that hint off."""
+        turns that hint off; ``key_files``: job name -> its hint key file, where it is not
+        ``<hint dir>/.hint-key`` (`seamguard launch --hint-key-file`)."""
         self.hint_dirs = {job: Path(d) for job, d in hint_dirs.items()}
+        self._key_files = {Path(self.hint_dirs[job]): Path(f) for job, f in (key_files or {}).items()
+                           if job in self.hint_dirs}
         self.checkpoint_dirs = {job: {s: Path(d) for s, d in m.items()} for job, m in (checkpoint_dirs or {}).items()}
         self.rail_names = dict(rail_names or {})
         self.degraded = degraded
@@ -322,12 +322,17 @@ class RuntimeHintActuator:
                 (held.discard if rec.get("op") == "revert" else held.add)(rec["key"])
         return held
 
-    @staticmethod
-    def _deliver(d: Path, name: str, text: str, record: dict | None) -> ActionResult:
-        """Write a hint file, then (if given) the record that it was delivered."""
+    def _deliver(self, d: Path, name: str, text: str, record: dict | None) -> ActionResult:
+        """Write a signed hint file, then (if given) the record that it was delivered."""
+        key_file = hintauth.key_file_for(d, self._key_files.get(d))
+        try:
+            key = hintauth.read_key(key_file)
+        except ValueError as e:
+            return ActionResult(False, f"{d}: cannot sign the hint ({e}); is the job launched with "
+                                       "this --hint-dir?", retryable=True)
         try:
             d.mkdir(parents=True, exist_ok=True)
-            _write_durable(d / name, text)
+            hintauth.write_hint_file(d, name, text, key)
             if record is not None:
                 _append(d / APPLIED_LOG, record)
         except OSError as e:

@@ -15,7 +15,7 @@ from typing import NoReturn, Optional
 import typer
 
 from seamguard.runtime.cadence import AUTO_START_EVERY, GPU_MTTF_H
-from seamguard.runtime.settings import DEFAULT_PRELOAD, LaunchSettings, RuntimeSettings
+from seamguard.runtime.settings import DEFAULT_PRELOAD, LaunchSettings, RuntimeSettings, path_error
 
 LAUNCH_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -35,6 +35,10 @@ def launch(
                                       help="With etcd or several nodes: seconds between a node's aggregated heartbeat records."),
     checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir",
                                                   help="Where persisted checkpoints go (none when unset)."),
+    checkpoint_roots: str = typer.Option(
+        "", "--checkpoint-roots", metavar="<dir,dir,…>",
+        help="Absolute directories every checkpoint directory must be under, including one a "
+             "checkpoint_dir hint moves to (default: the parent of --checkpoint-dir)."),
     snapshot_every: str = typer.Option(
         "1", "--snapshot-every", metavar="<steps|auto>",
         help="Steps between in-memory snapshots, or auto: Daly's interval for the measured "
@@ -76,6 +80,14 @@ def launch(
         True, "--crash-capture/--no-crash-capture",
         help="On an uncaught exception, keep the failed step's start in host memory."),
     hint_dir: Optional[Path] = typer.Option(None, "--hint-dir", help="Watched for hint files."),
+    hint_key_file: Optional[Path] = typer.Option(
+        None, "--hint-key-file", envvar="SEAMGUARD_HINT_KEY_FILE",
+        help="The job's key for signed hints: used if it exists (mode 600), else created "
+             "there (default: <hint-dir>/.hint-key, fresh each launch)."),
+    store_bind: str = typer.Option(
+        "", "--store-bind", metavar="<address>",
+        help="Address node 0's store listens on (default: 127.0.0.1 for one node, else "
+             "--master-addr's)."),
     events_file: Optional[Path] = typer.Option(None, "--events-file",
                                                help="Append every event, the launcher's and the workers', as JSON lines here."),
     log_format: str = typer.Option("text", "--log-format", metavar="<text|json>",
@@ -99,13 +111,16 @@ def launch(
         auto = snapshot_every.strip().lower() == "auto"
         if not auto and not snapshot_every.strip().isdigit():
             raise ValueError(f"--snapshot-every: expected a number of steps or auto, got {snapshot_every!r}")
+        if (why := path_error("--chaos-dir", chaos_dir)) is not None:
+            raise ValueError(why)
         rt = RuntimeSettings(snapshot_every_steps=AUTO_START_EVERY if auto else int(snapshot_every),
                              snapshot_auto=auto, rank_mttf_h=rank_mttf_hours, persist_every_steps=persist_every,
                              checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
                              collective_timeout_s=collective_timeout_s,
                              dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots,
                              step_guard=step_guard, crash_capture=crash_capture,
-                             rails=tuple(filter(None, rails.split(","))))
+                             rails=tuple(filter(None, rails.split(","))),
+                             checkpoint_roots=tuple(r.strip() for r in checkpoint_roots.split(",") if r.strip()))
         env = {"SEAMGUARD_SETTINGS": json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                  for k, v in asdict(rt).items()})}
         if chaos:
@@ -120,7 +135,7 @@ def launch(
                                   replenish_spares=replenish_spares, fork_server=fork_server,
                                   preload=tuple(m.strip() for m in preload.split(",") if m.strip()),
                                   events_file=events_file, log_format=log_format, metrics_port=metrics_port,
-                                  env=env)
+                                  store_bind=store_bind.strip(), hint_key_file=hint_key_file, env=env)
     except ValueError as exc:
         _fail(f"{exc} (see 'seamguard launch --help')")
     raise typer.Exit(run(settings))

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
+from seamguard import hintauth
 from seamguard.runtime import cadence, keys, stepmodes
 from seamguard.runtime.detect import Beat, HeartbeatTracker, NodeTracker
 from seamguard.runtime.manifest import complete_steps, latest_verified
 from seamguard.runtime.membership import Plan, initial_plan, next_plan, resume_step
 from seamguard.runtime.metrics import JobView, RankView, StepClock
-from seamguard.runtime.settings import LaunchSettings
+from seamguard.runtime.settings import LaunchSettings, checkpoint_roots, under_roots
 
 
 # Each pass reads what may have changed, cheaply: the hint keys in one request (HINT_KEYS,
@@ -53,6 +55,8 @@ class Coordinator:
     recovery_timeout_s: float
     log: Callable[[dict], None]
     clock: Callable[[], float] = time.monotonic
+    hint_key: bytes = field(default_factory=lambda: os.urandom(hintauth.KEY_BYTES), repr=False)
+    """The job's hint key (runtime/hintauth.py): only hints signed with it are taken."""
     plan: Plan | None = None
     phase: str = "starting"  # starting | recovering | running | done | failed
     lost: set[int] = field(default_factory=set)
@@ -87,12 +91,14 @@ class Coordinator:
     _slowest_recovery_s: float = 0.0  # detection to resumed, the slowest recovery so far
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
+    hints: hintauth.HintGate = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
         self.tracker = HeartbeatTracker(s.hang_timeout_s, s.stall_timeout_s, s.straggler_factor,
                                         s.straggler_window)
         self.nodes = NodeTracker(s.hang_timeout_s, own_node=s.node_rank)
+        self.hints = hintauth.HintGate(self.hint_key)
         self._phase_since_s = self._ticked_s = self.clock()
         # every hint key exists from the start, so each pass reads them all in one request
         for k in HINT_COUNTERS:
@@ -177,7 +183,8 @@ class Coordinator:
                                           float(hb.get("stall_s", 0.0)), int(hb.get("snap_step", -1)),
                                           int(hb.get("persisted_step", -1))))
         return JobView(job, tuple(ranks), self.plan.gen if self.plan else -1, self._furthest_step,
-                       self._steps.seconds_per_step(), self.recoveries, len(self.lost))
+                       self._steps.seconds_per_step(), self.recoveries, len(self.lost),
+                       tuple(sorted(self.hints.refusals().items())))
 
     # ---------------------------------------------------------------- observation
     def _exited_before_registering(self) -> tuple[int, int] | None:
@@ -188,6 +195,21 @@ class Coordinator:
             if code is not None and not self.store.check([keys.worker_addr(w)]):
                 return w, int(code)
         return None
+
+    def _hint_value(self, key: str, raw: bytes | None = None) -> str | None:
+        """The value of the signed hint under ``key`` (read from the store unless given),
+        or None when it is unsigned, forged, replayed or stale: refused, one event each."""
+        raw = self._get(key) if raw is None else raw
+        try:
+            return self.hints.admit(key, (raw or b"").decode())
+        except (hintauth.HintRefused, UnicodeDecodeError) as exc:
+            self.log({"event": "hint_refused", "channel": "store", "hint": key,
+                      "reason": getattr(exc, "reason", "unsigned"), "detail": str(exc)[:200]})
+            return None
+
+    def _roots(self) -> tuple[Path, ...]:
+        """Where the job's checkpoint directories may be (settings.checkpoint_roots)."""
+        return checkpoint_roots(self.checkpoint_dir, tuple(self._job_setting("checkpoint_roots", ())))
 
     def _read_hints(self) -> dict[str, bytes]:
         """This pass's hint keys (HINT_KEYS, all created at start): in one request, or from
@@ -347,8 +369,11 @@ class Coordinator:
             self._evacuate_cleared_rev = self.store.put(keys.HINT_EVACUATE, "")
         else:
             self.store.set(keys.HINT_EVACUATE, "")
+        value = self._hint_value(keys.HINT_EVACUATE, raw)
         out = set()
-        for r in filter(None, raw.decode().split(",")):
+        for r in filter(None, (value or "").split(",")):
+            if not r.strip().isdigit():
+                continue
             r = int(r)
             if 0 <= r < self.plan.world_size:
                 w = self.plan.ranks[r]
@@ -393,6 +418,8 @@ class Coordinator:
         if raw is None or int(raw) <= self._hint_checkpoint or (target := self._ahead_step()) is None:
             return
         self._hint_checkpoint = int(raw)
+        if self._hint_value(keys.HINT_CHECKPOINT_REQ) is None:
+            return
         self.store.set(keys.HINT_PERSIST_AT, str(target))
         self._controls_changed()
         self.log({"event": "checkpoint_hint", "persist_at": target})
@@ -401,8 +428,10 @@ class Coordinator:
         """Every directory the job's checkpoints may be in: its own, then those it was moved to."""
         if self.checkpoint_dir is None:
             return []
-        return cadence.targets_used(self.checkpoint_dir,
+        used = cadence.targets_used(self.checkpoint_dir,
                                     cadence.parse_targets((self._get(keys.PERSIST_TARGETS) or b"").decode()))
+        roots = self._roots()   # a target written into the store by anyone else is not read from
+        return [d for d in used if d == self.checkpoint_dir or under_roots(d, roots)]
 
     def _read_target_hint(self) -> None:
         """A checkpoint directory (off a slow storage path) -> every rank persists there from a step all agree on."""
@@ -411,7 +440,16 @@ class Coordinator:
                 or (ahead := self._ahead_step()) is None):
             return
         self._hint_target = int(raw)
-        want = (self._get(keys.HINT_TARGET) or b"default").decode()
+        want = self._hint_value(keys.HINT_TARGET)
+        if want is None:
+            return
+        want = want.strip() or "default"
+        if want != "default" and not under_roots(want, self._roots()):
+            self.hints.refused["outside_roots"] += 1
+            self.log({"event": "hint_refused", "channel": "store", "hint": keys.HINT_TARGET,
+                      "reason": "outside_roots", "detail": f"{want[:120]} is not under "
+                      f"{', '.join(str(r) for r in self._roots())} (--checkpoint-roots)"})
+            return
         entries = cadence.parse_targets((self._get(keys.PERSIST_TARGETS) or b"").decode())
         start = max(ahead, entries[-1].start_step + 1 if entries else 0)
         entries += (cadence.TargetEntry(start, "" if want == "default" else want),)
@@ -424,14 +462,21 @@ class Coordinator:
         raw = self._hints.get(keys.HINT_INTERVAL_N)
         if raw is None or int(raw) <= self._hint_interval:
             return
-        want = (self._get(keys.HINT_INTERVAL_S) or b"default").decode()
-        try:
-            every = cadence.every_steps_for(None if want == "default" else float(want), self._steps.seconds_per_step())
-        except ValueError:
+        pace_s = self._steps.seconds_per_step()
+        if not pace_s or pace_s <= 0 or (ahead := self._ahead_step()) is None:
             return  # the job's pace is not known yet (its first steps): asked again next tick
-        if (ahead := self._ahead_step()) is None:
+        self._hint_interval = int(raw)   # read once: the signed value is taken once
+        want = (self._hint_value(keys.HINT_INTERVAL_S) or "").strip()
+        try:
+            seconds = None if want == "default" else float(want)
+            if seconds is not None and not 0 < seconds < math.inf:
+                raise ValueError(want)
+            every = cadence.every_steps_for(seconds, pace_s)
+        except ValueError:
+            if want:
+                self.log({"event": "hint_refused", "channel": "store", "hint": keys.HINT_INTERVAL_S,
+                          "reason": "malformed", "detail": f"expected seconds or 'default', got {want[:40]!r}"})
             return
-        self._hint_interval = int(raw)
         entries = cadence.parse((self._get(keys.PERSIST_CADENCE) or b"").decode())
         start = max(ahead, entries[-1].start_step + 1 if entries else 0)
         entries += (cadence.CadenceEntry(start, every),)
@@ -505,11 +550,19 @@ class Coordinator:
         avoid, degraded, note = now.avoid, now.degraded, ""
         if new_avoid:
             self._hint_avoid = int(n_avoid)
-            asked = stepmodes.parse_avoid_file((self._get(keys.HINT_AVOID_RAILS) or b"").decode())
-            avoid, note = stepmodes.rails_to_avoid(self._job_rails(), asked)
+            text = self._hint_value(keys.HINT_AVOID_RAILS)
+            if text is not None:
+                try:
+                    asked = stepmodes.parse_avoid_file(text)
+                except ValueError as exc:
+                    self.log({"event": "hint_refused", "channel": "store", "hint": keys.HINT_AVOID_RAILS,
+                              "reason": "malformed", "detail": str(exc)[:200]})
+                else:
+                    avoid, note = stepmodes.rails_to_avoid(self._job_rails(), asked)
         if new_degraded:
             self._hint_degraded = int(n_degraded)
-            degraded = (self._get(keys.HINT_DEGRADED) or b"off").decode() == "on"
+            degraded = {"on": True, "off": False}.get((self._hint_value(keys.HINT_DEGRADED) or "").strip(),
+                                                      degraded)
         if (avoid, degraded) == (now.avoid, now.degraded):
             if note:
                 self.log({"event": "step_mode_unchanged", "avoid_rails": list(avoid), "note": note})
@@ -530,7 +583,10 @@ class Coordinator:
         if raw is None or int(raw) <= self._hint_rollback:
             return False
         self._hint_rollback = int(raw)
-        asked = int(self._get(keys.HINT_ROLLBACK_TO) or b"-1")
+        value = self._hint_value(keys.HINT_ROLLBACK_TO)
+        if value is None or not value.strip().lstrip("-").isdigit():
+            return False
+        asked = int(value)
         complete = sorted({st for d in self._checkpoint_roots() for st in complete_steps(d)}, reverse=True)
         target = (complete[0] if complete else None) if asked < 0 else asked
         if target is None or target not in complete:

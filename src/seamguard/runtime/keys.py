@@ -83,6 +83,9 @@ JOB_DONE = f"{ROOT}/job/done"
 HINT_PREFIX = f"{ROOT}/hint/"
 HINT_CHECKPOINT = f"{HINT_PREFIX}checkpoint"
 """Control-plane hint: a counter; when it grows, workers persist the next snapshot."""
+HINT_CHECKPOINT_REQ = f"{HINT_PREFIX}checkpoint_req"
+"""The signed request (runtime/hintauth.py) that goes with a bump of HINT_CHECKPOINT.
+Every hint's value key holds a signed envelope; its counter only says to read it."""
 
 HINT_EVACUATE = f"{ROOT}/hint/evacuate"
 """Control-plane hint: comma-separated ranks to move onto spares at the next chance."""

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from seamguard.ports import free_port
+from seamguard import hintauth
 from seamguard.runtime import keys, shm, stepmodes
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.coordinator import Coordinator
@@ -111,7 +112,7 @@ def _worker_env(s: LaunchSettings, port: int, wid: int, local: int,
     env.update(s.env)
     trainer = local < s.nproc
     env.update({
-        "MASTER_ADDR": s.master_addr, "MASTER_PORT": str(port),
+        "MASTER_ADDR": s.store_host if s.nnodes == 1 else s.master_addr, "MASTER_PORT": str(port),
         "WORLD_SIZE": str(s.nnodes * s.nproc), "LOCAL_WORLD_SIZE": str(s.nproc),
         "LOCAL_RANK": str(local),
         # initial rank only; after a recovery the runtime's rank is authoritative
@@ -170,43 +171,76 @@ _VALUED_HINTS = {
 }
 
 
-def _hint_files(store, hint_dir: Path | None) -> None:
+def _is_hint_file(name: str) -> bool:
+    return name in ("checkpoint_now", "rollback") or name in _VALUED_HINTS or \
+        name.startswith(("evacuate_rank_", "rollback_to_step_"))
+
+
+def _hint_files(store, hint_dir: Path | None, gate: hintauth.HintGate, log=None) -> None:
     """checkpoint_now -> bump the checkpoint hint; evacuate_rank_<r> -> evacuate hint;
     checkpoint_interval_s (seconds, or "default") -> persist at that interval;
     checkpoint_dir (a directory, or "default") -> persist there;
     avoid_rails (rails to stay off, one "<rail> [severity]" a line, or "default") and
     degraded ("on" or "off") -> step modes (runtime/stepmodes.py);
-    rollback -> back to the newest persisted step; rollback_to_step_<s> -> back to s."""
+    rollback -> back to the newest persisted step; rollback_to_step_<s> -> back to s.
+    Every file must be signed with the job's key (runtime/hintauth.py): one that is not, is
+    forged, replayed or stale is refused (logged as ``hint_refused``) and removed. What is
+    taken goes on to the store signed again, where the coordinator verifies it."""
     if hint_dir is None or not hint_dir.is_dir():
         return
+    evacuate: list[str] = []
     for p in sorted(hint_dir.iterdir()):
+        if not _is_hint_file(p.name):
+            continue
+        try:
+            text = gate.admit(p.name, p.read_text(encoding="utf-8"))
+        except OSError:
+            continue  # being replaced: read it next poll
+        except (hintauth.HintRefused, UnicodeDecodeError) as exc:
+            _refused(log, "file", p.name, exc)
+            p.unlink(missing_ok=True)
+            continue
         if p.name == "checkpoint_now":
-            store.add(keys.HINT_CHECKPOINT, 1)
+            hintauth.send(store, keys.HINT_CHECKPOINT_REQ, "now", gate.key, keys.HINT_CHECKPOINT)
         elif p.name.startswith("evacuate_rank_"):
-            cur = store.get(keys.HINT_EVACUATE).decode() if store.check([keys.HINT_EVACUATE]) else ""
-            store.set(keys.HINT_EVACUATE, ",".join(filter(None, [cur, p.name.rsplit("_", 1)[1]])))
+            evacuate.append(p.name.rsplit("_", 1)[1])
         elif p.name in _VALUED_HINTS:
             error, value_key, counter_key = _VALUED_HINTS[p.name]
-            try:
-                text = p.read_text(encoding="utf-8")
-            except OSError:
-                continue  # being replaced: read it next poll
             why = error(text)
             if why is not None:
                 print(f"seamguard launcher: ignoring hint file {p}: {why}", file=sys.stderr)
             else:
-                store.set(value_key, text if p.name == "avoid_rails" else text.strip())
-                store.add(counter_key, 1)
-        elif p.name == "rollback" or p.name.startswith("rollback_to_step_"):
+                hintauth.send(store, value_key, text if p.name == "avoid_rails" else text.strip(), gate.key,
+                              counter_key)
+        else:
             to = p.name.rsplit("_", 1)[1] if p.name != "rollback" else "-1"
             if not to.lstrip("-").isdigit():
                 print(f"seamguard launcher: ignoring hint file {p}: bad step {to!r}", file=sys.stderr)
             else:
-                store.set(keys.HINT_ROLLBACK_TO, to)
-                store.add(keys.HINT_ROLLBACK_N, 1)
-        else:
-            continue
+                hintauth.send(store, keys.HINT_ROLLBACK_TO, to, gate.key, keys.HINT_ROLLBACK_N)
         p.unlink(missing_ok=True)
+    if evacuate:
+        _send_evacuations(store, gate.key, evacuate)
+
+
+def _send_evacuations(store, key: bytes, ranks: list[str]) -> None:
+    """Add ranks to the evacuate hint, keeping those of a genuine one not read yet."""
+    cur = keys.peek(store, keys.HINT_EVACUATE) or b""
+    try:
+        pending = hintauth.unseal(key, keys.HINT_EVACUATE, cur.decode())[1] if cur else ""
+    except (hintauth.HintRefused, UnicodeDecodeError):
+        pending = ""   # not the job's: the coordinator refuses and logs it if it is still there
+    hintauth.send(store, keys.HINT_EVACUATE, ",".join(filter(None, [pending, *ranks])), key)
+
+
+def _refused(log, channel: str, name: str, exc: Exception) -> None:
+    """One line (an event) per refused hint."""
+    event = {"event": "hint_refused", "channel": channel, "hint": name,
+             "reason": getattr(exc, "reason", "unsigned"), "detail": str(exc)[:200]}
+    if log is not None:
+        log(event)
+    else:
+        print(f"seamguard launcher: refused hint {name}: {event['detail']}", file=sys.stderr)
 
 
 PLACEMENT_FILE = ".placement.json"
@@ -232,11 +266,70 @@ def _publish_placement(hint_dir: Path | None, view, last: str) -> str:
     return last
 
 
-def launch(s: LaunchSettings) -> int:
-    """Run one node of a job to completion; returns the exit code for the CLI."""
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def _open_store(s: LaunchSettings, master: bool) -> tuple:
+    """The job-wide store and the port workers reach it on. Node 0 of a TCPStore job
+    listens on ``s.store_host`` only (loopback for one node), never on every interface.
+    ValueError: one line naming what could not be reached or bound, and which option."""
+    url = s.store_url
+    if url.kind == "tcp" and master:
+        try:
+            sock = jobstore.listen_socket(s.store_host, s.master_port)
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {s.store_host}:{s.master_port} for the job's store "
+                             f"(--store-bind / --master-addr / --master-port): {exc.strerror or exc}") from None
+        port = sock.getsockname()[1]
+        return jobstore.connect(url, s.store_host, port, s.startup_timeout_s, is_master=True,
+                                listen_fd=sock.detach()), port
     port = s.master_port or free_port()
+    try:
+        store = jobstore.connect(url, s.master_addr, port, s.startup_timeout_s, is_master=False)
+        keys.peek(store, keys.JOB_DONE)   # etcd answers lazily: ask it once now
+    except (jobstore.StoreError, RuntimeError, OSError) as exc:
+        where = (f"etcd at {','.join(f'{h}:{p}' for h, p in url.endpoints)} (--store)" if url.kind == "etcd"
+                 else f"node 0's store at {s.master_addr}:{port} (--master-addr/--master-port)")
+        raise ValueError(f"cannot reach {where}: {_one_line(exc)}") from None
+    return store, port
+
+
+def _hint_key(s: LaunchSettings) -> bytes:
+    """The job's hint key: an operator's existing --hint-key-file, else a fresh random key
+    written 0600 to --hint-key-file or <hint-dir>/.hint-key (else held in memory only)."""
+    if s.hint_key_file is not None and s.hint_key_file.exists():
+        return hintauth.read_key(s.hint_key_file, private=True)
+    if s.hint_dir is not None:
+        s.hint_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = s.hint_key_file or (s.hint_dir / hintauth.KEY_FILE_NAME if s.hint_dir is not None else None)
+    try:
+        return hintauth.create_key(path) if path is not None else os.urandom(hintauth.KEY_BYTES)
+    except OSError as exc:
+        raise ValueError(f"hint key file {path}: cannot write it ({exc.strerror or exc})") from None
+
+
+def launch(s: LaunchSettings) -> int:
+    """Run one node of a job to completion; returns the exit code for the CLI. What stops
+    it before it starts (a store it cannot reach or bind, a bad key file) and a store lost
+    while it runs are one line on stderr, not a traceback."""
     master = s.node_rank == 0
-    store = jobstore.connect(s.store_url, s.master_addr, port, s.startup_timeout_s, is_master=master)
+    try:
+        store, port = _open_store(s, master)
+        key = _hint_key(s) if master else b""
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run(s, store, port, key)
+    except jobstore.StoreError as exc:
+        print(f"error: run {s.run_id!r} lost the job-wide store ({_one_line(exc)}); its workers were "
+              "stopped, its persisted checkpoints are kept: restart it to resume from them", file=sys.stderr)
+        return 1
+
+
+def _run(s: LaunchSettings, store, port: int, hint_key: bytes) -> int:
+    master = s.node_rank == 0
     if keys.peek(store, keys.JOB_DONE) is not None:
         print(f"error: the job-wide store already holds a finished run {s.run_id!r}: "
               "give every job its own --run-id (e.g. the scheduler's job id)", file=sys.stderr)
@@ -273,9 +366,9 @@ def launch(s: LaunchSettings) -> int:
         spares = [n * per_node + s.nproc + i for n in range(s.nnodes) for i in range(s.spares)]
         ckpt = settings_env.get("checkpoint_dir")
         coord = Coordinator(store, s, trainers, spares, Path(ckpt) if ckpt else None,
-                            float(settings_env.get("recovery_timeout_s", 60.0)), log)
+                            float(settings_env.get("recovery_timeout_s", 60.0)), log, hint_key=hint_key)
         if s.nnodes > 1:
-            links = LinkServer(s.run_id)
+            links = LinkServer(s.run_id, s.store_host)
             store.set(keys.LINK, f"{s.master_addr}:{links.port}")
     code = 1
     respawned = 0
@@ -315,7 +408,7 @@ def launch(s: LaunchSettings) -> int:
             elif not master and store.check([keys.JOB_DONE]):
                 job_done = store.get(keys.JOB_DONE)
             if master:
-                _hint_files(store, s.hint_dir)
+                _hint_files(store, s.hint_dir, coord.hints, log)
                 if s.hint_dir is not None and time.monotonic() - placement_t > 0.5:
                     placement, placement_t = _publish_placement(s.hint_dir, coord.view(s.run_id), placement), \
                         time.monotonic()
@@ -467,8 +560,10 @@ class _NodeBeat:
 
     def __init__(self, job, s: LaunchSettings) -> None:
         self.job, self.node, self.every_s = job, s.node_rank, s.node_beat_s
-        self.local = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=s.startup_timeout_s))
+        sock = jobstore.listen_socket("127.0.0.1", 0)   # this node's workers only: loopback
+        self.local = dist.TCPStore("127.0.0.1", sock.getsockname()[1], None, True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=s.startup_timeout_s),
+                                   master_listen_fd=sock.detach())
         self.address = f"127.0.0.1:{self.local.port}"
         self.counter = 0
         self.next_s = 0.0   # when the next node beat is due (monotonic)

@@ -41,6 +41,8 @@ class JobView:
     step_seconds: float | None  # wall seconds per step, over the recent steps
     recoveries: int
     lost: int
+    hints_refused: tuple[tuple[str, int], ...] = ()
+    """(reason, count) of the control-plane hints the job refused (runtime/hintauth.py)."""
 
     @property
     def persisted_step(self) -> int:
@@ -122,4 +124,9 @@ def render(v: JobView) -> str:
             "# TYPE seamguard_job_recoveries_total counter", f"seamguard_job_recoveries_total{{{job}}} {v.recoveries}",
             "# HELP seamguard_job_workers_lost_total worker processes lost (killed, hung, evacuated)",
             "# TYPE seamguard_job_workers_lost_total counter", f"seamguard_job_workers_lost_total{{{job}}} {v.lost}"]
+    if v.hints_refused:
+        out += ["# HELP seamguard_job_hints_refused_total control-plane hints refused (unsigned, forged, "
+                "replayed, stale, outside the checkpoint roots)",
+                "# TYPE seamguard_job_hints_refused_total counter"]
+        out += [f'seamguard_job_hints_refused_total{{{job},reason="{_esc(r)}"}} {n}' for r, n in v.hints_refused]
     return "\n".join(out) + "\n"

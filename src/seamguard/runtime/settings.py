@@ -7,6 +7,9 @@ environment; everything below them receives these frozen dataclasses.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,6 +20,65 @@ from seamguard.runtime.cadence import GPU_MTTF_H
 #: ``torch.use_deterministic_algorithms`` pull in dynamo and inductor (with sympy), about
 #: 1.7 s of CPU per process on the 2-core test machine.
 DEFAULT_PRELOAD = ("torch._dynamo", "torch._inductor.config")
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def run_id_error(run_id: str) -> str | None:
+    """What is wrong with a run id, or None: it names files (/dev/shm slots, etcd keys),
+    so it is 1-128 of [A-Za-z0-9._-], starting with a letter or digit, and never '..'."""
+    if _RUN_ID.fullmatch(run_id) and ".." not in run_id:
+        return None
+    return (f"--run-id: expected 1-128 characters of letters, digits, '.', '_', '-' (starting with a "
+            f"letter or digit, no '..'), got {run_id[:60]!r}")
+
+
+def path_error(option: str, path: Path | None, absolute: bool = False) -> str | None:
+    """What is wrong with a path-like option, or None: no NUL or line breaks (they would
+    split log lines and hint files), and absolute where the option says so."""
+    if path is None:
+        return None
+    text = str(path)
+    if not text or any(c in text for c in "\0\n\r"):
+        return f"{option}: not a usable path: {text[:60]!r}"
+    if absolute and not Path(text).is_absolute():
+        return f"{option}: expected an absolute path, got {text[:60]!r}"
+    return None
+
+
+def checkpoint_roots(checkpoint_dir: Path | None, roots: tuple[str, ...]) -> tuple[Path, ...]:
+    """The directories a job's checkpoints may be written under: the ones configured, else
+    the parent of the job's own ``--checkpoint-dir`` (its siblings: other storage paths
+    mounted side by side), else none."""
+    if roots:
+        return tuple(Path(r) for r in roots)
+    return (Path(checkpoint_dir).absolute().parent,) if checkpoint_dir is not None else ()
+
+
+def under_roots(path: Path | str, roots: tuple[Path, ...]) -> bool:
+    """Whether ``path`` is, once '..' and symbolic links are resolved, inside one of
+    ``roots`` (resolved the same way). Pure but for reading the links that exist."""
+    if not Path(path).is_absolute():
+        return False
+    real = os.path.realpath(path)
+    for root in roots:
+        base = os.path.realpath(root)
+        if os.path.commonpath([real, base]) == base:
+            return True
+    return False
+
+
+def port_error(option: str, port: int, allow_zero: bool) -> str | None:
+    low = 0 if allow_zero else 1
+    return None if low <= port <= 65535 else f"{option}: expected a port in {low}..65535, got {port}"
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @dataclass(frozen=True)
@@ -90,9 +152,28 @@ class RuntimeSettings:
     rails: tuple[str, ...] = ()
     """Rail interfaces (e.g. ("rail0", "rail1")) the gradient all-reduce runs over with
     rail failover (runtime/rail_sync.py); empty: the job's one gloo group."""
+    checkpoint_roots: tuple[str, ...] = ()
+    """Absolute directories every checkpoint directory of the job must be under (its own,
+    and any a ``checkpoint_dir`` hint moves it to); empty: the parent of
+    ``checkpoint_dir``. A target elsewhere is refused, by the coordinator and the ranks."""
+
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        """The checkpoint roots in force (settings.checkpoint_roots)."""
+        return checkpoint_roots(self.checkpoint_dir, self.checkpoint_roots)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rails", tuple(self.rails))  # JSON gives a list
+        object.__setattr__(self, "checkpoint_roots", tuple(str(r) for r in self.checkpoint_roots))
+        for root in self.checkpoint_roots:
+            if (why := path_error("--checkpoint-roots", Path(root), absolute=True)) is not None:
+                raise ValueError(why)
+        if (why := path_error("--checkpoint-dir", self.checkpoint_dir)) is not None:
+            raise ValueError(why)
+        if self.checkpoint_dir is not None and self.checkpoint_roots and \
+                not under_roots(Path(self.checkpoint_dir).absolute(), self.roots):
+            raise ValueError(f"--checkpoint-dir {self.checkpoint_dir} is not under --checkpoint-roots "
+                             f"{','.join(self.checkpoint_roots)}")
         if any(not r or "," in r for r in self.rails):
             raise ValueError(f"rails must be interface names, got {list(self.rails)}")
         if self.snapshot_every_steps < 1:
@@ -171,6 +252,14 @@ class LaunchSettings:
     node_beat_s: float = 0.25
     """With per-node aggregation (an etcd store or several nodes), how often each node's
     launcher writes its workers' heartbeats to the job-wide store as one record."""
+    store_bind: str = ""
+    """Address node 0's TCPStore (and its node link server) listens on: empty means
+    127.0.0.1 for a one-node job and the address ``master_addr`` names otherwise; never
+    every interface unless asked for (``0.0.0.0``)."""
+    hint_key_file: Path | None = None
+    """The job's hint key (runtime/hintauth.py): an existing file is used as it is (it must
+    not be readable by others); otherwise node 0's launcher writes a fresh random key here,
+    or to ``<hint_dir>/.hint-key``, mode 0600 (none of them: only the launcher holds it)."""
     coordinator_timeout_s: float = 10.0
     """With per-node aggregation: a node whose launcher sees node 0's record (node 0 runs
     the coordinator) stand still this long ends its part of the job (exit 1) instead of
@@ -181,6 +270,13 @@ class LaunchSettings:
         return parse_store_url(self.store, self.run_id)
 
     @property
+    def store_host(self) -> str:
+        """Where node 0's TCPStore listens and a one-node job's workers reach it."""
+        if self.store_bind:
+            return self.store_bind
+        return "127.0.0.1" if self.nnodes == 1 else self.master_addr
+
+    @property
     def aggregate(self) -> bool:
         """Workers beat to their own node's launcher, which writes one record per node."""
         return self.nnodes > 1 or self.store_url.kind != "tcp"
@@ -188,6 +284,12 @@ class LaunchSettings:
     def __post_init__(self) -> None:
         if not self.script:
             raise ValueError("no training command given after '--'")
+        for why in (run_id_error(self.run_id), port_error("--master-port", self.master_port, allow_zero=True),
+                    path_error("--hint-dir", self.hint_dir), path_error("--events-file", self.events_file),
+                    path_error("--hint-key-file", self.hint_key_file),
+                    None if self.metrics_port is None else port_error("--metrics-port", self.metrics_port, False)):
+            if why is not None:
+                raise ValueError(why)
         if self.log_format not in ("text", "json"):
             raise ValueError(f"--log-format must be text or json, got {self.log_format!r}")
         if self.nproc < 1 or self.spares < 0 or self.nnodes < 1:

@@ -324,12 +324,31 @@ class EtcdStore(dist.Store):
         raise StoreError(f"etcd watch {key!r}: no endpoint of {list(self.endpoints)} answered ({last})")
 
 
-def connect(url: StoreUrl, host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.Store:
-    """The job-wide store a process of the job talks to: etcd, or node 0's TCPStore."""
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket bound to ``host`` only (port 0: any free one), for a
+    TCPStore server to take over (``master_listen_fd``): torch's own server listens on
+    every interface, whatever host it is given."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def connect(url: StoreUrl, host: str, port: int, timeout_s: float, is_master: bool = False,
+            listen_fd: int | None = None) -> dist.Store:
+    """The job-wide store a process of the job talks to: etcd, or node 0's TCPStore
+    (``listen_fd``: the server listens on that socket, see listen_socket)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if url.kind == "etcd":
         return EtcdStore(url.endpoints, url.prefix, timeout)
-    return dist.TCPStore(host, port, None, is_master, timeout=timeout, wait_for_workers=False)
+    return dist.TCPStore(host, port, None, is_master, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=listen_fd)
 
 
 class PrefixMirror:

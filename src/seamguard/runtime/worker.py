@@ -40,7 +40,7 @@ from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, identical_ranks, replica_holder
 from seamguard.runtime.profile import PhaseClock
 from seamguard.runtime.rail_sync import RailSync
-from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url
+from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url, under_roots
 from seamguard.runtime.shm import LAUNCHER_PID_ENV
 from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_orphans,
                                         read_orphan, state_checksum, tensors_of)
@@ -909,7 +909,12 @@ class Runtime:
         """Where the snapshot of ``step`` is persisted: the job's own directory, or the one the
         control plane moved it to (read on the training thread, from a step every rank agrees on)."""
         raw = self._controls()[keys.PERSIST_TARGETS] or b""
-        return cadence.target_for(step, self.settings.checkpoint_dir, cadence.parse_targets(raw.decode()))
+        root = cadence.target_for(step, self.settings.checkpoint_dir, cadence.parse_targets(raw.decode()))
+        if root != self.settings.checkpoint_dir and not under_roots(root, self.settings.roots):
+            # the coordinator never publishes such a target: someone else wrote the key
+            self._note("checkpoint_target_refused", step=step, dir=str(root)[:200])
+            return self.settings.checkpoint_dir
+        return root
 
     def _persist_due(self, step: int, consume: bool = True) -> bool:
         """Whether the snapshot of ``step`` is persisted; ``consume``: a `checkpoint_now`
@@ -1440,6 +1445,8 @@ class Runtime:
         root = root or self.settings.checkpoint_dir
         if root is None:
             raise RecoveryError("resume from disk requested but no checkpoint_dir is set")
+        if Path(root) != self.settings.checkpoint_dir and not under_roots(root, self.settings.roots):
+            raise RecoveryError(f"resume from {root} refused: not under the job's checkpoint roots")
         # data-parallel state is replicated: a rank beyond the saved world reads rank 0
         manifest, payload = read_checkpoint(root, step, rank if rank < ckpt_world else 0)
         tensors, meta = tensors_of(manifest, payload)
