@@ -74,7 +74,8 @@ def test_fabric_probe_sees_tbf_delay_and_loss(netns_pair, tmp_path):
               "nics": {"enabled": False}}
     cfg_b = write_config(tmp_path / "b.yaml", {"version": 1, "node": "b", **common,
                                                "listen": {"host": "127.0.0.1", "port": METRICS_PORT},
-                                               "fabric": {"port": ECHO_PORT, "listen": ADDR_B}})
+                                               "fabric": {"port": ECHO_PORT, "listen": ADDR_B,
+                                                          "accept_from": [ADDR_A]}})
     cfg_a = write_config(tmp_path / "a.yaml", {
         "version": 1, "node": "a", **common, "listen": {"host": "127.0.0.1", "port": METRICS_PORT},
         "fabric": {"port": ECHO_PORT, "listen": ADDR_A, "interval_s": 0.05, "timeout_s": 0.6,

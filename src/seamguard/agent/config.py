@@ -33,6 +33,13 @@ def _ip(v: str) -> str:
 Address = Annotated[str, AfterValidator(_ip)]
 
 
+def _net(v: str) -> str:
+    return str(ipaddress.ip_network(v, strict=False))  # ValueError names what is not a network
+
+
+Network = Annotated[str, AfterValidator(_net)]
+
+
 class AgentConfigError(ValueError):
     """An agent config that cannot be used; the message names the file and the field."""
 
@@ -109,6 +116,11 @@ class FabricConfig(_Strict):
     enabled: bool = True
     port: int = Field(9476, ge=0, le=65535, description="Echo responder port (0: any free port).")
     listen: str = Field("0.0.0.0", description="Address the echo responder binds.")
+    accept_from: list[Network] = Field(
+        default_factory=list, max_length=4096,
+        description="Addresses or networks ('10.1.0.0/16') the echo responder answers besides the peers' "
+                    "addresses: nodes that probe this one without this one probing them. Anyone else is "
+                    "closed at accept.")
     rails: list[Rail] = Field(default_factory=list)
     peers: list[Peer] = Field(default_factory=list)
     interval_s: float = Field(5.0, gt=0, le=3600, description="Seconds between probe rounds.")

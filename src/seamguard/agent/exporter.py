@@ -9,10 +9,11 @@ kernel log) fails early with a message naming what is wrong.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import ClassVar
 
@@ -21,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import start_http_server
 
 from seamguard.agent.config import AgentConfig
-from seamguard.agent.fabric import EchoServer, FabricProber, Pair
+from seamguard.agent.fabric import EchoServer, FabricProber, Network, Pair
 from seamguard.agent.host import read_host
 from seamguard.agent.kernel_log import (
     FALLEN,
@@ -280,6 +281,34 @@ class ProbeCollector:
             yield g
 
 
+class EchoCollector:
+    """What the echo responder refused, by reason (not a peer, the source's slots held, all slots held)."""
+
+    def __init__(self, node: str, echo: Callable[[], EchoServer | None]) -> None:
+        self.node, self.echo = node, echo
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        server = self.echo()
+        if server is None:
+            return
+        c = CounterMetricFamily("seamguard_fabric_echo_refused", "connections the fabric echo responder closed at "
+                                "accept: not from a configured peer, or over the per-source or total slot bound",
+                                labels=["node", "reason"])
+        for reason, n in sorted(server.refusals().items()):
+            c.add_metric([self.node, reason], n)
+        yield c
+
+
+def echo_sources(cfg: AgentConfig) -> tuple[Network, ...]:
+    """Who the echo responder answers: every configured peer's address, and ``accept_from``."""
+    nets = {ipaddress.ip_network(p.address) for p in cfg.fabric.peers}
+    nets.update(ipaddress.ip_network(n) for n in cfg.fabric.accept_from)
+    return tuple(sorted(nets, key=lambda n: (n.version, n)))
+
+
 def _version() -> str:
     try:
         return version("seamguard")
@@ -358,6 +387,8 @@ class Agent:
             self.fabric = FabricProber(pairs, f.interval_s, f.timeout_s, f.payload_bytes, record)
         if self.storage is not None or self.fabric is not None:
             self.registry.register(ProbeCollector(node, self.storage, self.fabric))
+        if cfg.fabric.enabled:
+            self.registry.register(EchoCollector(node, lambda: self.echo))
         info = GaugeMetricFamily("seamguard_agent_info", "the agent and what it reads",
                                  labels=["node", "version", "gpus"])
         info.add_metric([node, _version(), "nvml" if self.nvml is not None else "none"], 1.0)
@@ -367,7 +398,7 @@ class Agent:
         """Bind the echo responder and /metrics, start the probes; returns the /metrics port."""
         f = self.cfg.fabric
         if f.enabled:
-            self.echo = EchoServer(f.listen, f.port, f.timeout_s)
+            self.echo = EchoServer(f.listen, f.port, f.timeout_s, echo_sources(self.cfg))
             self.echo.start()
         self.server, _ = start_http_server(self.cfg.listen.port, addr=self.cfg.listen.host, registry=self.registry)
         self.port = int(self.server.server_address[1])

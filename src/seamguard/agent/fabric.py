@@ -11,10 +11,19 @@ A probe is a fresh TCP connection bound to the rail's source address, one payloa
 back; its RTT is the echo's round trip, and a failed connect, a reset or an answer later
 than ``timeout_s`` is a loss. A round visits every pair once, sequentially, so one round
 costs at most ``pairs x timeout_s`` and the agent never holds more than one probe socket.
+
+The echo responder answers configured peers only: a connection from any other source
+address is closed at accept, and one source holds at most ``MAX_ECHO_PER_SOURCE`` of the
+``MAX_ECHO_CONNECTIONS`` slots, for at most ``timeout_s`` each (a probe is one echo), so a
+client that connects and idles — peer or not — cannot starve the peers' probes. Every
+refusal is counted by reason (``seamguard_fabric_echo_refused_total``). A peer is trusted
+only as far as its source address: a hostile peer can make probes to this node slow or
+lost for its own four slots, and nothing else (docs/agent.md, "Threat model").
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import struct
@@ -26,6 +35,34 @@ from dataclasses import dataclass
 log = logging.getLogger("seamguard.agent.fabric")
 
 MAX_ECHO_CONNECTIONS = 64
+MAX_ECHO_PER_SOURCE = 4  # a prober holds one at a time; a few more cover a closing one and retries
+NOT_A_PEER, SOURCE_BUSY, FULL = "not_a_peer", "source_busy", "full"
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def source_ip(addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The peer's address as the allow list sees it: an IPv4-mapped IPv6 address (a dual-stack
+    listener) as IPv4, a zone (``%eth0``) dropped; None for what is not an address."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def admit(addr: str, allowed: tuple[Network, ...], held: dict[str, int], in_use: int) -> str | None:
+    """Why a connection from ``addr`` is refused (a reason), or None to take a slot. Pure."""
+    ip = source_ip(addr)
+    if ip is None or not any(ip.version == n.version and ip in n for n in allowed):
+        return NOT_A_PEER
+    if held.get(str(ip), 0) >= MAX_ECHO_PER_SOURCE:
+        return SOURCE_BUSY
+    if in_use >= MAX_ECHO_CONNECTIONS:
+        return FULL
+    return None
 
 
 @dataclass(frozen=True)
@@ -68,17 +105,19 @@ def probe_once(pair: Pair, payload_bytes: int, timeout_s: float, seq: int = 0) -
 
 
 class EchoServer:
-    """Echoes what each connection sends until it closes; at most ``MAX_ECHO_CONNECTIONS`` at once."""
+    """Echoes one probe per connection to allowed sources; bounded in slots, per source and in time."""
 
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float, allowed: tuple[Network, ...]) -> None:
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.sock.listen(128)
         self.sock.settimeout(0.2)  # so stop() is noticed
         self.port = int(self.sock.getsockname()[1])
-        self.timeout_s = timeout_s
-        self.slots = threading.BoundedSemaphore(MAX_ECHO_CONNECTIONS)
+        self.timeout_s, self.allowed = timeout_s, allowed
+        self.lock = threading.Lock()
+        self.held: dict[str, int] = {}  # source address -> slots it holds
+        self.refused: dict[str, int] = {NOT_A_PEER: 0, SOURCE_BUSY: 0, FULL: 0}
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._accept, name="fabric-echo", daemon=True)
 
@@ -90,24 +129,37 @@ class EchoServer:
         self.thread.join(timeout=1.0)
         self.sock.close()
 
+    def refusals(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.refused)
+
     def _accept(self) -> None:
         while not self.stop_event.is_set():
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except TimeoutError:
                 continue
             except OSError:
                 return
-            if not self.slots.acquire(blocking=False):
-                conn.close()  # over the bound: the prober counts it as lost, which it is
+            src = str(source_ip(peer[0]) or peer[0])
+            with self.lock:
+                why = admit(peer[0], self.allowed, self.held, sum(self.held.values()))
+                if why is None:
+                    self.held[src] = self.held.get(src, 0) + 1
+                else:
+                    self.refused[why] += 1
+            if why is not None:
+                conn.close()  # the prober counts it as lost, which it is
                 continue
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._echo, args=(conn, src), daemon=True).start()
 
-    def _echo(self, conn: socket.socket) -> None:
+    def _echo(self, conn: socket.socket, src: str) -> None:
+        """Echo until the prober closes, for at most ``timeout_s`` in all: a probe is one round trip."""
+        deadline = time.monotonic() + self.timeout_s
         try:
-            conn.settimeout(self.timeout_s)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while True:
+            while (left := deadline - time.monotonic()) > 0:
+                conn.settimeout(left)
                 data = conn.recv(65536)
                 if not data:
                     return
@@ -116,7 +168,10 @@ class EchoServer:
             return
         finally:
             conn.close()
-            self.slots.release()
+            with self.lock:
+                self.held[src] -= 1
+                if not self.held[src]:
+                    del self.held[src]
 
 
 class FabricProber:
