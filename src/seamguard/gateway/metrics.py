@@ -75,6 +75,10 @@ class GatewayMetrics:
         self.key_state = Gauge(p + "key_state", "1 for the state each key is in", ["key", "state"], registry=r)
         self.key_steps = Counter(p + "key_state_changes", "Key state changes (detector or operator)",
                                  ["key", "to", "actor"], registry=r)
+        self.key_state_downgrades = Counter(
+            p + "key_state_downgrades", "A laxer key state in the shared store (Redis) that this replica's durable "
+            "record does not explain, overruled (the stricter state kept); alert on any increase",
+            ["key", "seen", "kept"], registry=r)
         self.throttle_tpm = Gauge(p + "key_throttle_tpm", "TPM cap of a throttled key (0: not throttled)",
                                   ["key"], registry=r)
         self.ttft = Histogram(p + "ttft_seconds", "Request received -> first token sent (streams)",
