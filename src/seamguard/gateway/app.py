@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import math
 import sqlite3
 import time
@@ -28,19 +29,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from seamguard.gateway.admission import Charge, capped_body, charge
 from seamguard.gateway.config import GatewayConfig, SqliteStoreConfig, build_router
 from seamguard.gateway.dashboard import plain, render_dashboard
 from seamguard.gateway.gatekeeper import Gatekeeper, KeyInfo, Refusal, Ticket
-from seamguard.gateway.hedge import HedgeBudget, content_in, is_token, read_to_first_content, replay
+from seamguard.gateway.hedge import HedgeBudget, is_token, outputs_in, read_to_first_content, replay
 from seamguard.gateway.ledger import GatewayLedger
 from seamguard.gateway.metrics import GatewayMetrics
 from seamguard.gateway.proxy import Backends, UpstreamError
+from seamguard.gateway.relay import ClientGone, OutputCap, bounded, client_gone, cut_events, until_gone
 from seamguard.gateway.routing import Outcome, Route, Router, Shed, place_kv, route_label
 from seamguard.gateway.routing_feeds import feed_router
 from seamguard.gateway.store import RedisStore, SqliteStore, Store, StoreError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 ROUTE_HEADER = "x-seamguard-route"  # the path that served a request (routing.route_label)
+CLIENT_GONE = 499  # the status recorded for a request whose client left (nginx's convention; never sent)
+log = logging.getLogger("seamguard.gateway")
 
 
 @dataclass
@@ -121,9 +126,14 @@ class _Flight:
     t_decode_sent: float = 0.0
     t_first: float | None = None
     t_last: float | None = None
-    chunks: int = 0
-    usage: dict | None = None
+    chunks: int = 0  # output relayed (one per choice per chunk with output)
+    usage: Any = None  # the backend's usage as it sent it (validated by admission.charge); None: none yet
+    gone: asyncio.Future | None = None  # completes when the client disconnects
+    charged: Charge | None = None  # set when the charge is not the usage's (a client gone before its answer)
     done: bool = False
+
+    def charge(self) -> Charge:
+        return self.charged or charge(self.ticket.reserved, self.usage, self.chunks)
 
     def first_token(self) -> None:
         """Tell the router as soon as the decode instance's first token is here (a stalled KV
@@ -154,9 +164,12 @@ class _Flight:
         for inst in filter(None, (r.prefill, r.decode)):
             gw.outstanding[inst.name] -= 1
             gw.metrics.outstanding.labels(inst.name).set(gw.outstanding[inst.name])
-        u = self.usage or {}
-        completion = u.get("completion_tokens") if isinstance(u.get("completion_tokens"), int) else self.chunks
-        prompt = u.get("prompt_tokens") if isinstance(u.get("prompt_tokens"), int) else None
+        c = self.charge()
+        if c.problem and self.owns_ticket:
+            gw.metrics.upstream_errors.labels(r.decode.name, "bad_usage").inc()
+            log.warning("backend %s: %s; key %s charged %d prompt + %d completion tokens", r.decode.name,
+                        c.problem, self.ticket.key.name, c.prompt, c.completion)
+        completion = c.completion
         ttft = tpot = dft = None
         if self.t_first is not None:
             ttft = self.t_first - self.t_recv
@@ -170,7 +183,7 @@ class _Flight:
             gw.router.finished(r, Outcome(ok, ttft, tpot, dft, completion, cancelled=cancelled))
         finally:
             if self.owns_ticket:
-                await gw.gatekeeper.finish(self.ticket, ok, prompt, completion)
+                await gw.gatekeeper.settle(self.ticket, ok, c)
 
     async def drop(self, task: asyncio.Task | None, cancelled: bool) -> None:
         """Stop this flight (the other copy of its request answered first): its read, its stream."""
@@ -215,6 +228,22 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
     if isinstance(got, Response):
         return got
     key, body, ticket = got
+    body = capped_body(body, ticket.reserved)  # the backend cannot generate more than was reserved
+    gone = asyncio.ensure_future(client_gone(request.receive))
+    streamed = False
+    try:
+        resp = await _answer(gw, request, endpoint, path, key, body, ticket, gone, t_recv)
+        streamed = isinstance(resp, StreamingResponse)
+        return resp
+    finally:
+        if not streamed:  # a stream's relay watches for the client until the stream ends
+            gone.cancel()
+
+
+async def _answer(gw: Gateway, request: Request, endpoint: str, path: str, key: KeyInfo, body: dict,
+                  ticket: Ticket, gone: asyncio.Future, t_recv: float) -> Response:
+    """Route an admitted request, send it and answer: a whole JSON answer or the stream's relay.
+    A client that leaves first cancels the backend request (``gone``)."""
     klass = request.headers.get("x-request-class")
     klass = klass if klass in ("interactive", "batch") else ("batch" if key.priority == "low" else "interactive")
     try:
@@ -229,7 +258,7 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
         await gw.gatekeeper.finish(ticket, False, None, 0)
         gw.metrics.requests.labels(endpoint, "503").inc()
         return error(503, f"no route: {e}", "server_error", "no_route")
-    flight = _Flight(gw, ticket, route, t_recv)
+    flight = _Flight(gw, ticket, route, t_recv, gone=gone)
     flight.start()
     gw.hedges.on_request()
     stream = bool(body.get("stream"))
@@ -238,6 +267,12 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
             flight, lines = await _first_of(flight, klass, path, body)
         else:
             out = await _send(flight, path, body, False)
+    except ClientGone:
+        if not stream:  # how far the backend got before the cancel is unknown: the reservation is charged
+            flight.charged = charge(ticket.reserved, None, ticket.reserved.output_tokens)
+        await flight.end(False)
+        gw.metrics.requests.labels(endpoint, str(CLIENT_GONE)).inc()
+        return Response(status_code=CLIENT_GONE)
     except (UpstreamError, TimeoutError) as e:
         up = e if isinstance(e, UpstreamError) else UpstreamError(504, "backend took longer than total_s", "timeout")
         gw.metrics.upstream_errors.labels(route.decode.name, up.kind).inc()
@@ -259,10 +294,10 @@ async def _complete(gw: Gateway, request: Request, endpoint: str, path: str) -> 
 
 async def _send(flight: _Flight, path: str, body: dict, stream: bool) -> dict | None:
     """Prefill (disaggregated), then the decode request: its stream opened (``flight.resp``) or
-    its whole answer returned."""
+    its whole answer returned; `ClientGone` (the backend request cancelled) if the client leaves."""
     gw, route = flight.gw, flight.route
     if route.prefill is not None:
-        kv = await gw.backends.prefill(route.prefill, path, body)
+        kv = await until_gone(flight.gone, gw.backends.prefill(route.prefill, path, body))
         body = {**body, "kv_transfer_params": place_kv(kv, route.kv_rail)}
         prefilled = getattr(gw.router, "prefilled", None)
         if prefilled is not None:
@@ -271,17 +306,25 @@ async def _send(flight: _Flight, path: str, body: dict, stream: bool) -> dict | 
     flight.sent.set()
     if stream:
         upstream = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-        flight.resp = await gw.backends.open_stream(route.decode, path, upstream)
+        flight.resp = await until_gone(flight.gone, gw.backends.open_stream(route.decode, path, upstream))
         return None
     async with asyncio.timeout(gw.cfg.timeouts.total_s):
-        return await gw.backends.post_json(route.decode, path, body)
+        return await until_gone(flight.gone, gw.backends.post_json(route.decode, path, body))
 
 
 async def _head(flight: _Flight, path: str, body: dict) -> tuple[list[str], AsyncIterator[str]]:
     """Send the request along the flight's route and read its stream up to the first token:
-    (the payloads read, the rest of the stream)."""
-    await _send(flight, path, body, True)
-    lines = flight.gw.backends.lines(flight.resp, flight.route.decode.name)  # type: ignore[arg-type]
+    (the payloads read, the rest of the stream, read within the first-token and between-token
+    deadlines)."""
+    t = flight.gw.cfg.timeouts
+    start = time.monotonic()
+    try:
+        async with asyncio.timeout(t.first_token_s):
+            await _send(flight, path, body, True)
+    except TimeoutError:
+        raise UpstreamError(504, f"the backend sent no first token within {t.first_token_s:g} s", "timeout") from None
+    raw = flight.gw.backends.lines(flight.resp, flight.route.decode.name)  # type: ignore[arg-type]
+    lines = bounded(raw, flight.gone, t.first_token_s - (time.monotonic() - start), t.between_tokens_s)
     head = await read_to_first_content(lines)
     if head and is_token(head[-1]):
         flight.t_first = time.perf_counter()
@@ -363,26 +406,36 @@ def _second(flight: _Flight, klass: str) -> _Flight | None:
     if route_label(route) == route_label(flight.route):
         gw.router.finished(route, Outcome(False, cancelled=True))
         return None
-    second = _Flight(gw, flight.ticket, route, flight.t_recv, owns_ticket=False)
+    second = _Flight(gw, flight.ticket, route, flight.t_recv, owns_ticket=False, gone=flight.gone)
     second.start()
     return second
 
 
 async def _whole(flight: _Flight, out: dict, endpoint: str) -> JSONResponse:
     gw = flight.gw
-    flight.usage = out.get("usage") if isinstance(out.get("usage"), dict) else None
+    flight.usage = out.get("usage")
     if flight.usage is None:  # no usage from the backend: estimate the completion from its text
         text = "".join(str((c.get("message") or {}).get("content") or c.get("text") or "")
                        for c in out.get("choices") or () if isinstance(c, dict))
         flight.chunks = max(1, round(len(text) / gw.cfg.admission.chars_per_token)) if text else 0
+    c = flight.charge()
     await flight.end(True)
     gw.metrics.requests.labels(endpoint, "200").inc()
-    return JSONResponse(out, headers={ROUTE_HEADER: route_label(flight.route)})
+    return JSONResponse({**out, "usage": c.usage()}, headers={ROUTE_HEADER: route_label(flight.route)})
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
 async def _relay(flight: _Flight, lines: AsyncIterator[str], want_usage: bool, endpoint: str) -> AsyncIterator[bytes]:
-    """The backend's SSE events to the client as they come, reading usage and token times on the way."""
+    """The backend's SSE events to the client as they come, reading usage and token times on the
+    way; the usage the client sees is what it is charged. Output past the reservation is not
+    relayed: the gateway ends the stream itself (finish_reason ``length``, [DONE])."""
     gw, decode = flight.gw, flight.route.decode.name
+    cap = OutputCap(flight.ticket.reserved.output_tokens)
+    open_choices: set[int] = set()
+    last: dict = {}
     deadline = time.monotonic() + gw.cfg.timeouts.total_s
     ok = False
     try:
@@ -395,19 +448,33 @@ async def _relay(flight: _Flight, lines: AsyncIterator[str], want_usage: bool, e
                 chunk = json.loads(data)
             except ValueError:
                 continue
-            if isinstance(chunk.get("usage"), dict):
+            if not isinstance(chunk, dict):
+                continue
+            if chunk.get("usage") is not None:
                 flight.usage = chunk["usage"]
-            if content_in(chunk):
+            if cap.over(chunk):  # the backend did not honour the cap it was sent: the stream ends here
+                gw.metrics.upstream_errors.labels(decode, "over_reservation").inc()
+                for event in cut_events(last or chunk, open_choices, flight.charge().usage() if want_usage else None):
+                    yield _sse(event)
+                ok = True
+                yield b"data: [DONE]\n\n"
+                break
+            if outputs_in(chunk):
                 now = time.perf_counter()
                 if flight.t_first is None:
                     flight.t_first = now
                     flight.first_token()
                 flight.t_last = now
-                flight.chunks += 1
-            if "usage" in chunk and not want_usage:  # the usage we asked for on our own account
-                if not chunk.get("choices"):
-                    continue
-                chunk.pop("usage")
+                flight.chunks = cap.relayed
+            _track(open_choices, chunk)
+            last = chunk
+            if "usage" in chunk:
+                if not want_usage:  # the usage we asked for on our own account
+                    if not chunk.get("choices"):
+                        continue
+                    chunk.pop("usage")
+                elif chunk["usage"] is not None:
+                    chunk["usage"] = flight.charge().usage()
                 data = json.dumps(chunk, separators=(",", ":"))
             yield f"data: {data}\n\n".encode()
             if time.monotonic() > deadline:
@@ -416,16 +483,28 @@ async def _relay(flight: _Flight, lines: AsyncIterator[str], want_usage: bool, e
             ok = True  # a backend that ends its stream without [DONE]
     except UpstreamError as e:
         gw.metrics.upstream_errors.labels(decode, e.kind).inc()
-        err = {"error": {"message": e.message, "type": "server_error", "param": None, "code": "upstream_" + e.kind}}
-        yield f"data: {json.dumps(err)}\n\n".encode()
+        yield _sse({"error": {"message": e.message, "type": "server_error", "param": None,
+                              "code": "upstream_" + e.kind}})
+    except ClientGone:
+        pass  # nobody to tell; the backend request is closed below
     finally:
-        # A client that goes away cancels this generator; the reservation is still reconciled
-        # with what was relayed (shielded, or the cancellation would skip it).
+        # A client that goes away cancels this generator (or `bounded` notices it first): the
+        # backend request is closed and the reservation reconciled with what was relayed
+        # (shielded, or the cancellation would skip it).
         with anyio.CancelScope(shield=True):
+            if flight.gone is not None:
+                flight.gone.cancel()
             if flight.resp is not None:
                 await flight.resp.aclose()
             gw.metrics.requests.labels(endpoint, "200" if ok else "stream_error").inc()
             await flight.end(ok)
+
+
+def _track(open_choices: set[int], chunk: dict) -> None:
+    """The choices a stream has started and not finished (the gateway finishes them if it cuts)."""
+    for c in chunk.get("choices") or ():
+        if isinstance(c, dict) and isinstance(c.get("index"), int):
+            (open_choices.discard if c.get("finish_reason") else open_choices.add)(c["index"])
 
 
 def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:

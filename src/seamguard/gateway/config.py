@@ -58,6 +58,10 @@ class TimeoutsConfig(_Strict):
     connect_s: float = Field(2.0, gt=0, description="TCP connect to a backend")
     read_s: float = Field(120.0, gt=0, description="longest wait for the next bytes (the first ones include prefill)")
     total_s: float = Field(900.0, gt=0, description="one request end to end")
+    first_token_s: float = Field(120.0, gt=0, description="a stream's first token (prefill and queueing included); "
+                                                          "keep-alive comments do not count as one")
+    between_tokens_s: float = Field(30.0, gt=0, description="longest silence between a stream's tokens; keep-alive "
+                                                            "comments and empty chunks do not break it")
 
 
 class SqliteStoreConfig(_Strict):
@@ -114,6 +118,9 @@ class HedgeConfig(_Strict):
 class AdmissionConfig(_Strict):
     default_max_tokens: int = Field(512, ge=1, description="output tokens reserved when a request sets none")
     chars_per_token: float = Field(4.0, gt=0, description="prompt estimate: characters per token")
+    prompt_template_tokens: int = Field(256, ge=0, description="what a chat template may add to a prompt once "
+                                                               "(BOS, default system prompt, tools preamble): part "
+                                                               "of the bound a backend's prompt count is believed to")
     shed_low_at: float = Field(0.80, gt=0, le=1, description="low priority refused above this share of tenant TPM")
     shed_normal_at: float = Field(0.95, gt=0, le=1, description="normal priority refused above this share")
     inflight_ttl_s: float = Field(900.0, gt=0, description="a replica's in-flight slot expires after this")

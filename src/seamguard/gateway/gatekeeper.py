@@ -18,10 +18,13 @@ from seamguard.gateway.admission import (
     Counters,
     Limits,
     Priority,
-    estimate_prompt_tokens,
+    Charge,
+    Reserved,
+    charge,
     minute_used,
     never_fits,
-    requested_output_tokens,
+    request_problem,
+    reserve_for,
     shed_share,
     windows,
 )
@@ -55,9 +58,13 @@ class Refusal(Exception):
 class Ticket:
     key: KeyInfo
     reservation: Reservation
-    prompt_estimate: int
+    reserved: Reserved  # what the reservation is made of, and the caps the forwarded body carries
     fingerprint: str
     finished: bool = field(default=False)
+
+    @property
+    def prompt_estimate(self) -> int:
+        return self.reserved.prompt_estimate
 
 
 class Gatekeeper:
@@ -103,8 +110,12 @@ class Gatekeeper:
         rec = await self.store.key_record(key.name)  # another replica or an operator may have changed it
         self.detector.adopt(key.name, rec.state, rec.throttle_tpm, now,  # type: ignore[arg-type]
                             rec.since if rec.actor == "operator" else None)
-        prompt = estimate_prompt_tokens(body, adm.chars_per_token)
-        amount = prompt + requested_output_tokens(body, adm.default_max_tokens)
+        problem = request_problem(body)
+        if problem is not None:
+            self.metrics.refused.labels(key.tenant, key.name, "invalid").inc()
+            raise Refusal(400, problem, "invalid_request_error", "invalid_value")
+        reserved = reserve_for(body, adm.default_max_tokens, adm.chars_per_token, adm.prompt_template_tokens)
+        amount = reserved.amount
         why = never_fits(amount, [(f"key {key.name!r}", key.limits), (f"tenant {key.tenant!r}", self.tenants[key.tenant])])
         if why is not None:
             self.metrics.refused.labels(key.tenant, key.name, "never_fits").inc()
@@ -131,24 +142,35 @@ class Gatekeeper:
                                f"retry after {verdict.retry_after_s} s", "rate_limit_exceeded",
                           verdict.reason.replace(" ", "_"), verdict.retry_after_s)
         self.detector.admitted(key.name, now, amount)
-        return Ticket(key, res, prompt, hashlib.blake2b(raw, digest_size=8).hexdigest())
+        return Ticket(key, res, reserved, hashlib.blake2b(raw, digest_size=8).hexdigest())
 
-    async def finish(self, t: Ticket, ok: bool, prompt_tokens: int | None, completion_tokens: int) -> None:
-        """Reconcile the reservation with what was used; feed the result to the detector. Idempotent."""
+    async def finish(self, t: Ticket, ok: bool, prompt_tokens: object, completion_tokens: object) -> Charge:
+        """`settle` with the counts as the backend reported them (``prompt_tokens`` None: it sent no
+        usage, and ``completion_tokens`` is what was relayed); they are validated (admission.charge)."""
+        if prompt_tokens is None:
+            relayed = completion_tokens if isinstance(completion_tokens, int) else 0
+            return await self.settle(t, ok, charge(t.reserved, None, relayed))
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        return await self.settle(t, ok, charge(t.reserved, usage, 0))
+
+    async def settle(self, t: Ticket, ok: bool, c: Charge) -> Charge:
+        """Reconcile the reservation with the request's charge (a failed request that generated
+        nothing is charged nothing); feed the result to the detector. Idempotent. A charge is never
+        negative, so the reconcile never gives back more than was reserved."""
         if t.finished:
-            return
+            return c
         t.finished = True
         now = self.clock()
-        prompt = t.prompt_estimate if prompt_tokens is None else prompt_tokens
-        used = prompt + completion_tokens if (ok or completion_tokens) else 0
+        used = c.total if (ok or c.completion) else 0
         try:
             await self.store.reconcile(t.reservation, used, now)
         except StoreError:  # the reservation stays charged, its slot expires: never under-counts
             self.metrics.store_errors.labels("reconcile").inc()
         if used:
-            self.metrics.tokens.labels(t.key.tenant, t.key.name, "prompt").inc(prompt)
-            self.metrics.tokens.labels(t.key.tenant, t.key.name, "completion").inc(completion_tokens)
+            self.metrics.tokens.labels(t.key.tenant, t.key.name, "prompt").inc(c.prompt)
+            self.metrics.tokens.labels(t.key.tenant, t.key.name, "completion").inc(c.completion)
         await self._apply(self.detector.observe_result(t.key.name, now, ok, t.fingerprint), now)
+        return c
 
     async def release(self, t: Ticket) -> None:
         """Give the whole reservation back for a request that was never sent (the router shed it):

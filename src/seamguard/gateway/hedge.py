@@ -48,13 +48,22 @@ class HedgeBudget:
         return True
 
 
-def content_in(chunk: dict) -> bool:
-    """Whether a streamed chunk carries output: a token, reasoning or a tool call."""
-    for c in chunk.get("choices") or ():
-        d = c.get("delta") or {}
+def outputs_in(chunk: dict) -> int:
+    """How many choices of a streamed chunk carry output: a token, reasoning or a tool call."""
+    choices = chunk.get("choices")
+    n = 0
+    for c in choices if isinstance(choices, list) else ():
+        if not isinstance(c, dict):
+            continue
+        d = c.get("delta") if isinstance(c.get("delta"), dict) else {}
         if d.get("content") or d.get("reasoning_content") or d.get("tool_calls") or c.get("text"):
-            return True
-    return False
+            n += 1
+    return n
+
+
+def content_in(chunk: dict) -> bool:
+    """Whether a streamed chunk carries output."""
+    return outputs_in(chunk) > 0
 
 
 def _chunk(data: str) -> dict | None:
