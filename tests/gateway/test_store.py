@@ -36,3 +36,33 @@ def test_sqlite_and_redis_give_the_same_verdicts(redis_url):
     a, b = asyncio.run(both())
     assert a == b
     assert {x[2] for x in a[:-1]} >= {"", "key tpd", "key concurrency", "tenant shed"}  # every cap was hit
+
+
+def test_a_reconcile_a_lock_refused_is_paid_by_the_next_reservation(tmp_path):
+    """Another process's write lock refuses the reconcile within the busy timeout (not the old 10 s);
+    the tokens and the slot come back with the next reservation, charged once."""
+    import sqlite3
+
+    import pytest
+
+    from seamguard.gateway.store import StoreError
+
+    async def go() -> tuple:
+        store = SqliteStore(tmp_path / "g.db")
+        scopes = [Scope("key:k", Limits(tpm=1000, concurrency=1))]
+        now = 1_800_000_030.0
+        _, r = await store.reserve(scopes, 600, now, 900.0)
+        lock = sqlite3.connect(tmp_path / "g.db", isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(StoreError, match="locked"):
+            await store.reconcile(r, 100, now)
+        with pytest.raises(StoreError):
+            await store.reserve(scopes, 10, now, 900.0)
+        lock.execute("ROLLBACK")
+        v, r2 = await store.reserve(scopes, 10, now, 900.0)   # the slot is free again: concurrency 1
+        c = await store.counters("key:k", now)
+        await store.close()
+        return v.ok, c
+
+    ok, c = asyncio.run(go())
+    assert ok and (c.minute_cur, c.day, c.inflight) == (110, 110, 1)

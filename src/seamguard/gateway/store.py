@@ -58,25 +58,22 @@ class KeyRecord:
 
 
 STRICTNESS = {"ok": 0, "throttled": 1, "suspended": 2}
-AUTOMATIC_ACTORS = frozenset({"", "zombie-detector"})  # every other actor is a person (an operator)
 
 
 def merge_key_records(shared: KeyRecord, kept: KeyRecord | None) -> tuple[KeyRecord, bool]:
     """The state a replica acts on, from the shared store's record and its own durable one: the
-    stricter wins (suspended > throttled > ok), unless the laxer one is a recorded step taken after
-    the stricter one that may lift it (an operator's unsuspend or reset lifts anything; the detector
-    lifts only its own throttle, never a suspension). Returns (record, True when the shared store's
-    record is a downgrade that nothing explains)."""
+    stricter wins (suspended > throttled > ok), unless the laxer one is a recorded step (who and
+    when) taken after the stricter one: an operator's unsuspend or reset, the detector lifting its
+    own step, through any replica. A Redis that lost its data has no record at all. Returns
+    (record, True when the shared store's record is a downgrade that nothing explains)."""
     if kept is None:
         return shared, False
     rs, rk = STRICTNESS.get(shared.state, 0), STRICTNESS.get(kept.state, 0)
     if rs > rk or (rs == rk and shared.since >= kept.since):
         return shared, False
-    if rs == rk:
-        return kept, False
-    lifted = shared.since >= kept.since and bool(shared.actor) and (
-        shared.actor not in AUTOMATIC_ACTORS or kept.state == "throttled")
-    return (shared, False) if lifted else (kept, True)
+    if rs == rk or (shared.actor and shared.since >= kept.since):
+        return (kept if rs == rk else shared), False
+    return kept, True
 
 
 class Store(Protocol):
