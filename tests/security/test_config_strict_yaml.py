@@ -26,6 +26,7 @@ LOADERS = [
     ("agent config", ["agent", "--config", "{f}", "--check"], "version: 1\nnode: n0\n", "listen"),
     ("gateway config", ["gateway", "--config", "{f}"], "version: 1\n", "host"),
     ("labels", ["eval", "{f}", "{f}"], "", "incidents"),
+    ("serve tokens file", ["serve", "--tokens-file", "{f}"], "", "alice"),
 ]
 
 

@@ -216,7 +216,7 @@ def test_healthz_fails_when_the_controller_loop_died(tmp_path):
 
     r = Runner(TwinSource(gpus=64, minutes=2.0, seed=0, counterfactual=False), speed=1000.0,
                ledger_path=tmp_path / "l.sqlite")
-    client = TestClient(create_app(r, "t0ken"))
+    client = TestClient(create_app(r, "t0ken"), base_url="http://127.0.0.1")  # a Host the service answers
     r.start()
     try:
         assert client.get("/healthz").status_code == 200

@@ -12,6 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
+from seamguard.app.service.access import allowed_hosts
 from seamguard.app.service.api import create_app
 from seamguard.app.runner import Runner
 from seamguard.app.sources import TwinSource
@@ -31,7 +32,9 @@ def fuzz_runner():
 
 @pytest.fixture(scope="module")
 def api_schema(fuzz_runner):
-    return schemathesis.openapi.from_asgi("/openapi.json", create_app(fuzz_runner, TOKEN))
+    # schemathesis's ASGI client sends `Host: testserver`: a name the service is told to answer to
+    return schemathesis.openapi.from_asgi("/openapi.json",
+                                          create_app(fuzz_runner, TOKEN, allowed_hosts("127.0.0.1", ["testserver"])))
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")

@@ -174,7 +174,7 @@ def test_a_pin_survives_a_service_restart_on_the_same_ledger(tmp_path):
     r1 = serve()
     try:
         r1.advance(3)
-        with TestClient(create_app(r1, TOKEN)) as c:
+        with TestClient(create_app(r1, TOKEN), base_url="http://127.0.0.1") as c:
             assert c.put(f"/api/v1/pins/gpu/{gpu}", json={"state": "quarantine", "note": "reseat pending"},
                          headers=auth).status_code == 200
             assert c.put(f"/api/v1/pins/gpu/{other}", json={"state": "failed", "note": "x"},
@@ -187,7 +187,7 @@ def test_a_pin_survives_a_service_restart_on_the_same_ledger(tmp_path):
 
     r2 = serve()
     try:
-        with TestClient(create_app(r2, TOKEN)) as c:
+        with TestClient(create_app(r2, TOKEN), base_url="http://127.0.0.1") as c:
             # Restored before the first tick of the new service.
             pins = c.get("/api/v1/pins").json()
             assert [(p["entity"], p["state"], p["note"], p["by"]) for p in pins] == \

@@ -46,7 +46,9 @@ def test_serve_defaults_open_a_working_dashboard(tmp_path):
             assert c.put(f"{base}/api/v1/mode", json={"mode": "dry_run"},
                          headers={"Authorization": "Bearer cli-token"}).json()["mode"] == "dry_run"
         out = (tmp_path / "out").read_text()
-        assert f"dashboard  http://127.0.0.1:{port}/" in out and "token      cli-token" in out
+        # a token given by environment is never printed; the banner says whose tokens are loaded
+        assert f"dashboard  http://127.0.0.1:{port}/" in out and "token      given, not shown (operator)" in out
+        assert "cli-token" not in out
         # SIGTERM: the controller stops and its temporary ledger folder goes with it (uvicorn
         # re-raised the signal under the default handler, which ended the process first).
         ledger = Path(out.split("ledger ", 1)[1].split()[0])

@@ -479,7 +479,14 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8642, "--port", min=0, max=65535, help="Port to listen on (0 = any free port)."),
     token: str | None = typer.Option(None, "--token", envvar="SEAMGUARD_TOKEN",
-                                     help="Bearer token for mutating calls (default: generated and printed)."),
+                                     help="Bearer token for mutating calls, acting as 'operator' (default: "
+                                          "generated and printed; a given one is never printed)."),
+    tokens_file: Path | None = typer.Option(None, "--tokens-file", envvar="SEAMGUARD_TOKENS_FILE",
+                                            help="YAML mapping each operator's name to their bearer token; the "
+                                                 "audit trail records the name."),
+    allowed_host: list[str] = typer.Option([], "--allowed-host",
+                                           help="A name clients use in Host (repeatable; '*' turns the "
+                                                "DNS-rebinding check off). localhost and addresses always work."),
     ledger: Path | None = typer.Option(None, "--ledger",
                                        help="Keep the controller's SQLite ledger here (twin; default: "
                                             "temporary). With --config the config's ledger is used."),
@@ -487,7 +494,6 @@ def serve(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Run the controller (on the twin by default) with the HTTP API, /metrics and the dashboard."""
-    import secrets
     import signal
 
     try:
@@ -496,6 +502,7 @@ def serve(
         from seamguard.app.sources import TwinSource
     except ImportError as e:
         fail(f"`seamguard serve` needs the service extra ({e.name} is missing): pip install 'seamguard[service]'")
+    tokens, shown = _serve_tokens(token, tokens_file)  # before anything is built: a bad file costs nothing
     if config is not None:  # a real cluster: the config decides policy, mode, ledger and time
         cfg = _run_config(config)
         runner = _or_fail(lambda: Runner.from_config(cfg, max_ticks=None))
@@ -503,13 +510,12 @@ def serve(
         _out_file(ledger, "--ledger")
         runner = _or_fail(lambda: Runner(TwinSource(gpus, minutes, seed), mode=mode.value, speed=speed,
                                          ledger_path=ledger))
-    token = token or secrets.token_urlsafe(24)
-    server = Server(runner, token, host=host, port=port, log_level="warning")
+    server = Server(runner, tokens, host=host, port=port, log_level="warning", extra_hosts=allowed_host)
     sizes = runner.snapshot().fleet.summary()
     info = {"source": runner.source.name, "gpus": sizes["gpu"], "cooling_loops": sizes["cooling_loop"],
             "mode": runner.controller.mode, "speed": runner.speed, "ledger": str(runner.ledger_path),
             "dashboard": f"{server.url}/", "api_docs": f"{server.url}/docs", "metrics": f"{server.url}/metrics",
-            "token": token}
+            "token": shown, "operators": sorted(tokens)}
     emit(info, wants_json(output, json_flag), _serve_banner)
     sys.stdout.flush()
     # uvicorn stops on SIGTERM/SIGINT, then raises the signal again under the handler it found:
@@ -525,12 +531,31 @@ def serve(
         runner.stop()
 
 
+def _serve_tokens(token: str | None, tokens_file: Path | None) -> tuple[dict[str, str], str | None]:
+    """{operator name: token} for `serve`, and the token to print: only one generated here —
+    a token someone gave (flag, environment, file) is never printed or logged."""
+    import secrets
+
+    from seamguard.app.config import read_yaml
+    from seamguard.app.service.access import AccessConfigError, named_tokens, tokens_from
+
+    try:
+        named = None
+        if tokens_file is not None:
+            named = tokens_from(read_yaml(tokens_file, "tokens file", AccessConfigError), str(tokens_file))
+        generated = None if token or named else secrets.token_urlsafe(24)
+        return named_tokens(token or generated, named), generated
+    except AccessConfigError as e:
+        fail(str(e))
+
+
 def _serve_banner(d: dict[str, Any]) -> None:
     typer.echo(f"seamguard serve: {d['source']}, {d['gpus']} GPUs on {d['cooling_loops']} cooling loops, "
                f"mode {d['mode']}, speed {d['speed']:g}x, ledger {d['ledger']}")
     typer.echo(f"  dashboard  {d['dashboard']}")
     typer.echo(f"  API docs   {d['api_docs']}   metrics {d['metrics']}")
-    typer.echo(f"  token      {d['token']}   (Authorization: Bearer <token> for mode, breaker reset, pins)")
+    shown = d["token"] or f"given, not shown ({', '.join(d['operators'])})"
+    typer.echo(f"  token      {shown}   (Authorization: Bearer <token> for mode, breaker reset, pins)")
 
 
 # after the controller's commands in --help: the node agent and the inference gateway

@@ -1,15 +1,16 @@
 """The HTTP API, `/metrics`, `/healthz` and the dashboard's static files (FastAPI).
 
 Handlers are thin: take the current Snapshot from the runner, hand it to a renderer in
-`render.py`, return a typed model. Mutating calls (mode, breaker reset, pins) need the
-bearer token and run on the controller thread through `Runner.submit`. Every
-error is a 4xx/503 with a `detail` that says what was wrong.
+`render.py`, return a typed model. Mutating calls (mode, breaker reset, pins) need a
+bearer token and run on the controller thread through `Runner.submit`, recorded under the
+token's name. Every request must name this service in `Host` (``access.py``: DNS
+rebinding). Every error is a 4xx/503 with a `detail` that says what was wrong.
 """
 
 from __future__ import annotations
 
-import hmac
 import time
+from collections.abc import Mapping
 from importlib import resources
 from typing import Annotated
 
@@ -20,9 +21,10 @@ from fastapi.staticfiles import StaticFiles
 
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import KIND_BY_LABEL, Kind
-from seamguard.ledger.sqlite import LedgerReader
+from seamguard.ledger import open_reader
 from seamguard.app.service import models as m
 from seamguard.app.service import render
+from seamguard.app.service.access import UNNAMED, allowed_hosts, host_allowed, token_owner
 from seamguard.app.service.metrics import make_registry
 from seamguard.app.service.metrics import render as render_metrics
 from seamguard.app.runner import Runner, ServiceUnavailable
@@ -41,37 +43,46 @@ EntityName = Annotated[str, Path(min_length=1, max_length=256, description="enti
 LoopName = Annotated[str | None, Query(max_length=256, description="only entities on this cooling loop")]
 
 
-def create_app(runner: Runner, token: str) -> FastAPI:
-    if not token:
+_NO_TOKEN = "this call changes the controller: send 'Authorization: Bearer <token>'"
+
+
+def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[str] | None = None) -> FastAPI:
+    """The app. ``token``: one unnamed token (acting as "operator") or {operator name: token};
+    ``hosts``: the `Host` names answered (default: loopback's, ``access.allowed_hosts``)."""
+    tokens = {UNNAMED: token} if isinstance(token, str) else dict(token)
+    if not tokens or not all(tokens.values()):
         raise ValueError("the service needs a non-empty bearer token for mutating calls")
+    hosts = allowed_hosts("127.0.0.1") if hosts is None else hosts
     app = FastAPI(title="seamguard", version="1",
                   description="Gray-failure control plane: fleet state, evidence, decisions and operator controls. "
                               "Every read renders one immutable snapshot published after a controller tick.")
-    reader = LedgerReader(runner.ledger_path)
+    reader = open_reader(runner.ledger_path)
     registry = make_registry(runner.snapshot)
     breaker_cfg = runner.controller.policy.breaker
     assess_cfg = runner.controller.policy.assess
-    want = token.encode()
 
     def require_token(cred: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> str:
+        """The name of the operator whose token came with the call (what the audit trail records)."""
         if cred is None or cred.scheme.lower() != "bearer":
-            raise HTTPException(401, "this call changes the controller: send 'Authorization: Bearer <token>'",
-                                headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(cred.credentials.encode(), want):
+            raise HTTPException(401, _NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+        who = token_owner(cred.credentials, tokens)
+        if who is None:
             raise HTTPException(401, "bearer token not accepted", headers={"WWW-Authenticate": "Bearer"})
-        return "operator"
+        return who
 
     @app.middleware("http")
-    async def _auth_first(request: Request, call_next):
+    async def _host_and_auth_first(request: Request, call_next):
+        # Host first, for every path: a page on a rebinding domain reads nothing, not even /healthz.
+        if not host_allowed(request.headers.get("host"), hosts):
+            return JSONResponse({"detail": "the Host header does not name this service (seamguard serve "
+                                           "--allowed-host adds a name)"}, status_code=400)
         # Mutating calls are refused before their body or parameters are even parsed, so
         # a caller without the token learns nothing but "401".
         if request.method in ("PUT", "POST", "DELETE", "PATCH") and request.url.path.startswith(API):
-            got = request.headers.get("authorization", "")
-            scheme, _, cred = got.partition(" ")
+            scheme, _, cred = request.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not cred:
-                return JSONResponse({"detail": "this call changes the controller: send 'Authorization: Bearer <token>'"},
-                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
-            if not hmac.compare_digest(cred.strip().encode(), want):
+                return JSONResponse({"detail": _NO_TOKEN}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            if token_owner(cred.strip(), tokens) is None:
                 return JSONResponse({"detail": "bearer token not accepted"}, status_code=401,
                                     headers={"WWW-Authenticate": "Bearer"})
         return await call_next(request)
@@ -208,8 +219,8 @@ def create_app(runner: Runner, token: str) -> FastAPI:
 
     # ---- mutations (bearer token) -----------------------------------------------------------------
     @app.put(f"{API}/mode", response_model=m.Summary, tags=["controls"], responses={**_EBODY, **_E401, **_E503})
-    def set_mode(body: m.ModeIn, _who: str = Depends(require_token)) -> m.Summary:
-        return render.summary(runner.set_mode(body.mode.value), breaker_cfg)
+    def set_mode(body: m.ModeIn, who: str = Depends(require_token)) -> m.Summary:
+        return render.summary(runner.set_mode(body.mode.value, by=who), breaker_cfg)
 
     @app.post(f"{API}/breaker/reset", response_model=m.Breaker, tags=["controls"],
               responses={**_EBODY, **_E401, **_E503})

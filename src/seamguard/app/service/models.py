@@ -76,7 +76,7 @@ class FailsafeEvent(_M):
     event: str = Field(description="frozen, resumed, breaker_tripped, breaker_reset or breaker_disabled")
     scope: str
     detail: str
-    by: str = Field(description="who (for a reset: the operator's token identity)")
+    by: str = Field(description="who (for a reset: the name of the operator's token)")
 
 
 class Failsafe(_M):
@@ -85,7 +85,8 @@ class Failsafe(_M):
 
 
 class BreakerResetIn(_M):
-    why: str = Field(min_length=1, max_length=500, description="why the breaker may act again (recorded)")
+    why: str = Field(min_length=1, max_length=500, pattern=r"\S",
+                     description="why the breaker may act again (recorded; not only spaces)")
 
 
 class TickTiming(_M):
@@ -403,7 +404,8 @@ class ModeIn(_M):
 
 class PinIn(_M):
     state: StateName  # type: ignore[valid-type]
-    note: str = Field(min_length=1, max_length=500, description="why the operator pinned it (recorded)")
+    note: str = Field(min_length=1, max_length=500, pattern=r"\S",
+                      description="why the operator pinned it (recorded; not only spaces)")
 
 
 class Health(_M):

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable, Mapping
 
 import uvicorn
 
+from seamguard.app.service.access import allowed_hosts
 from seamguard.app.service.api import create_app
 from seamguard.app.runner import Runner
 from seamguard.ports import free_port
 
 
 class Server:
-    def __init__(self, runner: Runner, token: str, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning") -> None:
+    def __init__(self, runner: Runner, token: str | Mapping[str, str], host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning", extra_hosts: Iterable[str] = ()) -> None:
+        """``token``: one unnamed token or {operator name: token}; the service answers to `Host`
+        names of loopback, ``host`` and ``extra_hosts`` (``access.allowed_hosts``)."""
         self.runner = runner
         self.host = host
         self.port = port or free_port(host)
-        self.app = create_app(runner, token)
+        self.app = create_app(runner, token, allowed_hosts(host, extra_hosts))
         self._server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=self.port, log_level=log_level,
                                                      access_log=False, lifespan="off"))
         self._thread: threading.Thread | None = None
