@@ -174,7 +174,7 @@ def test_shipped_configs_validate():
 
     root = Path(__file__).resolve().parents[2] / "deploy"
     parse_agent_config((root / "agent.example.yaml").read_text(), "agent.example.yaml")
-    docs = list(yaml.safe_load_all((root / "seamguard-agent-daemonset.yaml").read_text()))
+    docs = list(yaml.safe_load_all((root / "kubernetes" / "seamguard-agent-daemonset.yaml").read_text()))
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     for name, text in cm["data"].items():
         assert parse_agent_config(text, name).version == 1
