@@ -27,7 +27,7 @@ from seamguard.decide.breaker import BreakerState
 from seamguard.decide.planner import DecideState, decide
 from seamguard.decide.policy import Policy, PolicyError, check_mode
 from seamguard.fleet.model import KIND_BY_LABEL, Fleet, Kind
-from seamguard.ledger.sqlite import Ledger
+from seamguard.ledger.sqlite import Fenced, Ledger
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
 
@@ -286,6 +286,8 @@ class Controller:
             self.dstate = dstate
             self.freeze = freeze
             rep = TickReport(tick, frame.t_s, a, decisions, changes, t1 - t0, t2 - t1, t3 - t2)
+        except Fenced:  # a deposed leader (HA): its tick ends at its first refused write
+            raise
         except Exception as e:  # the controller outlives any one bad tick
             log.exception("tick %d at t=%.1f failed; state kept from the previous tick", tick, frame.t_s)
             rep.error = f"{type(e).__name__}: {e}"

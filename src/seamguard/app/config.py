@@ -82,6 +82,22 @@ class JobConfig(_Strict):
                                  description="wall time of one step, s, until the runtime reports its own")
 
 
+class HaConfig(_Strict):
+    """``ha:``: run this controller as one of several replicas; one leads by an etcd lease
+    (app/leader.py, docs/ha.md). The replicas share the ledger (``ledger: postgresql://...``)."""
+
+    etcd: list[str] = Field(min_length=1, description="etcd client endpoints, host:port")
+    lease_s: int = Field(3, ge=2, le=300, description="the leader's lease, s (etcd's minimum is 2): a killed "
+                                                      "leader's replacement starts acting about this long after")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$",
+                      description="this replica's name (the lease key's value; who led, in the ledger)")
+    key: str = Field("/seamguard/controller/leader", min_length=1,
+                     description="the etcd key the replicas campaign for (one per controlled fleet)")
+
+
+PostgresUrl = Annotated[str, Field(pattern=r"^postgres(ql)?://")]
+
+
 class RunConfig(_Strict):
     version: Literal[1]
     topology: Path = Field(description="fleet topology YAML (docs/topology.md)")
@@ -90,7 +106,10 @@ class RunConfig(_Strict):
     tick_s: float = Field(15.0, gt=0, description="controller period; should match the scrape interval")
     time_scale: float = Field(1.0, gt=0, description="controller seconds per wall second (only for a twin "
                                                      "served with --speed; 1 for real clusters)")
-    ledger: Path = Field(Path("seamguard.db"), description="SQLite ledger")
+    ledger: PostgresUrl | Path = Field(Path("seamguard.db"), description="SQLite ledger file, or a "
+                                       "postgresql:// URL (psycopg 3) that HA replicas share")
+    ha: HaConfig | None = Field(None, description="run as one of several replicas, led by an etcd lease "
+                                                  "(docs/ha.md); absent: this one controller acts alone")
     events_out: Path | None = Field(None, description="also write replay-format JSON lines here")
     max_ticks: int | None = Field(None, ge=1, description="stop after this many ticks (tests)")
     prometheus: PromConfig
@@ -124,8 +143,9 @@ def load_policy(path: str | Path | None) -> Policy:
     return parse_policy(read_yaml(path, "policy file", PolicyError), str(path))
 
 
-def _resolve(base: Path, p: Path | None) -> Path | None:
-    return None if p is None or p.is_absolute() else base / p
+def _resolve(base: Path, p: Path | str | None) -> Path | None:
+    """A relative path taken from the config's folder (a URL is not a path: None)."""
+    return None if p is None or isinstance(p, str) or p.is_absolute() else base / p
 
 
 def load_run_config(path: str | Path) -> RunConfig:

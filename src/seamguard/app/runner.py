@@ -12,6 +12,14 @@ the reference under a lock.
 runner built from a run config (`from_config`) reads the config's policy, mode, ledger
 and events file: `run --config` and `serve --config` are the same controller.
 
+With ``ha`` (a run config's ``ha:``, docs/ha.md) the runner is one replica of several:
+an `Elector` (app/leader.py) keeps or campaigns for an etcd lease, and the runner ticks
+only while its term allows acting. Taking over, it fences the shared ledger with its
+token and builds its controller from the ledger (state, breaker, pins, pending actions
+settled against what the actuators hold), then ticks at once; a write the ledger refuses
+(a newer leader) or a term past its local deadline ends its leadership before the next
+actuator call. A follower answers reads and refuses operator commands.
+
 If the loop itself dies (a bug outside the controller's per-tick guard), the runner
 records why, `healthy` turns false (`/healthz` answers 503) and `run()` re-raises, so
 `seamguard run` exits non-zero instead of idling.
@@ -33,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from seamguard.app.config import RunConfig, load_policy
+from seamguard.app.leader import Elector, LeaseSettings
 from seamguard.app.replay import EventStream, dumps
 from seamguard.app.schedule import Schedule
 from seamguard.app.signal_ring import SignalRing, score_row
@@ -54,10 +63,12 @@ from seamguard.assess.states import State
 from seamguard.control import Controller, TickReport
 from seamguard.decide.policy import Policy, default_policy
 from seamguard.fleet.model import Kind
-from seamguard.ledger.sqlite import Ledger
+from seamguard.ledger import Fence, Fenced, open_ledger
 from seamguard.observe.frame import Frame, make_frame
 
 log = logging.getLogger("seamguard.runner")
+
+FOLLOWER_WAKE_S = 0.05  # how often a follower looks at the elector's term (takeover latency)
 
 
 class ServiceUnavailable(RuntimeError):
@@ -111,7 +122,8 @@ def tick_line(rep: TickReport, named: int = 3) -> str:
 class Runner:
     def __init__(self, source: Source, *, policy: Policy | None = None, mode: str = "enforce",
                  speed: float = 10.0, ledger_path: str | Path | None = None, events_out: Path | None = None,
-                 max_ticks: int | None = None, ring_depth: int = 240, throughput_points: int = 2000) -> None:
+                 max_ticks: int | None = None, ring_depth: int = 240, throughput_points: int = 2000,
+                 ha: LeaseSettings | None = None) -> None:
         if speed < 0:
             raise ValueError(f"speed must be >= 0 (0 = tick only when asked), got {speed}")
         self.source = source
@@ -123,10 +135,15 @@ class Runner:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="seamguard-serve-")
             ledger_path = Path(self._tmpdir.name) / "ledger.sqlite"
         self.ledger_path = str(ledger_path)
-        self.ledger = Ledger(self.ledger_path)
+        self.ledger = open_ledger(ledger_path)
         fleet = source.placement()
-        self.controller = Controller(fleet, policy or default_policy(mode=mode), source.actuators(),
-                                     ledger=self.ledger, tick_s=self.tick_s, mode=mode)
+        self._policy = policy or default_policy(mode=mode)
+        self._mode = mode
+        self._actuators = source.actuators()
+        self.elector: Elector | None = Elector(ha) if ha is not None else None
+        self._token = 0  # the fencing token of this replica's term (0: following, or not HA)
+        self.controller = self._follower_view(fleet) if ha is not None else Controller(
+            fleet, self._policy, self._actuators, ledger=self.ledger, tick_s=self.tick_s, mode=mode)
         self.ring = SignalRing.for_fleet(fleet, ENTITY_KINDS, depth=ring_depth)
         self._events = EventStream()
         self._events_fh: IO[str] | None = open(events_out, "a", encoding="utf-8") if events_out else None
@@ -152,6 +169,8 @@ class Runner:
         kw: dict[str, Any] = dict(policy=load_policy(cfg.policy), mode=cfg.mode,
                                   speed=cfg.time_scale, ledger_path=cfg.ledger, events_out=cfg.events_out,
                                   max_ticks=cfg.max_ticks)
+        if cfg.ha is not None:
+            kw["ha"] = LeaseSettings(tuple(cfg.ha.etcd), cfg.ha.name, cfg.ha.lease_s, cfg.ha.key)
         kw.update(overrides)
         return cls(source, **kw)
 
@@ -175,6 +194,11 @@ class Runner:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def leading(self) -> bool:
+        """This replica acts: it is not HA, or it leads (its term's token fences the ledger)."""
+        return self.elector is None or self._token > 0
 
     @property
     def healthy(self) -> bool:
@@ -215,6 +239,8 @@ class Runner:
         if self._closed:
             return
         self._closed = True
+        if self.elector is not None:
+            self.elector.stop()  # resigns: a follower takes over without waiting for the lease to expire
         if self._events_fh is not None:
             self._events_fh.close()
         close = getattr(self.source, "close", None)
@@ -227,10 +253,14 @@ class Runner:
 
     def _loop(self) -> None:
         self._schedule = Schedule(self.tick_interval_s) if self.speed > 0 else None
+        if self.elector is not None:
+            self.elector.start()
         try:
             while not self._stop.is_set():
                 wait = 0.25
-                if self._schedule is not None:
+                if self.elector is not None and not self._follow_term():
+                    wait = FOLLOWER_WAKE_S
+                elif self._schedule is not None:
                     t_wall = self._schedule.due()
                     if t_wall is not None:
                         self.tick_once(t_wall)
@@ -249,6 +279,56 @@ class Runner:
         except Exception as e:  # outside the controller's per-tick guard: the loop is over
             self.fatal = f"{type(e).__name__}: {e}"
             log.critical("controller loop died: %s", self.fatal, exc_info=True)
+
+    # ---- leadership (HA only; controller thread) ---------------------------------------------
+    def _follower_view(self, fleet) -> Controller:
+        """What a follower shows: the fleet and policy, no ledger (a follower writes nothing)."""
+        return Controller(fleet, self._policy, self._actuators, ledger=None, tick_s=self.tick_s, mode=self._mode)
+
+    def _follow_term(self) -> bool:
+        """Take over or step down as the elector's term says; True while this replica leads."""
+        assert self.elector is not None
+        term = self.elector.term()
+        if term.may_act(time.monotonic()) and term.token != self._token:
+            self._take_over(term.token)
+        elif self._token and not self.elector.may_act(self._token):
+            self._step_down(f"term {self._token} ended (lease lost or not renewed in time)")
+        return self._token > 0
+
+    def _take_over(self, token: int) -> None:
+        assert self.elector is not None
+        elector, name = self.elector, self.elector.settings.name
+        try:
+            self.ledger.take_fence(Fence(token, name, lambda: elector.may_act(token)))
+            ctl = Controller(self.source.placement(), self._policy, self._actuators, ledger=self.ledger,
+                             tick_s=self.tick_s, mode=self._mode)
+        except Fenced as e:
+            log.error("%s cannot take over: %s", name, e)
+            self._step_down(str(e), resign=elector.may_act(token))
+            return
+        except Exception as e:  # the ledger unreachable: another replica may do better
+            log.error("%s cannot take over: the ledger failed: %s: %s", name, type(e).__name__, e)
+            self._step_down(str(e), resign=True)
+            return
+        self.controller, self._token = ctl, token
+        log.warning("%s leads with token %d from tick %d of the ledger", name, token, ctl.tick_no)
+        if self.speed > 0:
+            self._schedule = Schedule(self.tick_interval_s)  # tick now: the fleet has waited a lease
+        self._publish(self._build_snapshot(None))
+
+    def _step_down(self, why: str, resign: bool = False) -> None:
+        assert self.elector is not None
+        if self._token:
+            log.error("%s stops acting: %s", self.elector.settings.name, why)
+        self._token = 0
+        self.ledger.drop_fence()
+        if resign:  # the ledger has a newer term: this lease, if it lives, only delays nobody
+            self.elector.resign()
+        self.controller = self._follower_view(self.controller.fleet)
+
+    def _require_leader(self) -> None:
+        if not self.leading:
+            raise ServiceUnavailable("this replica follows: send commands to the leader")
 
     def submit(self, fn: Callable[[], Any], timeout_s: float = 15.0) -> Any:
         """Run ``fn`` on the controller thread between ticks; wait at most ``timeout_s``."""
@@ -296,11 +376,17 @@ class Runner:
         return held
 
     def tick_once(self, wall_s: float | None = None) -> TickReport:
+        self._require_leader()
         wall_s = time.time() if wall_s is None else wall_s
         frame = self._next_frame(wall_s)
         self.ring.push(frame)
         self.controller.set_fleet(self.source.placement())
-        rep = self.controller.tick(frame)
+        try:
+            rep = self.controller.tick(frame)
+        except Fenced as e:  # deposed mid-tick: nothing after the refused write happened
+            token = self._token
+            self._step_down(str(e), resign=self.elector is not None and self.elector.may_act(token))
+            return TickReport(self.controller.tick_no, frame.t_s, None, None, error=f"Fenced: {e}")
         self._tally.add(rep)
         if rep.error:
             log.error("tick %d failed: %s", rep.tick, rep.error)
@@ -370,6 +456,7 @@ class Runner:
     def set_mode(self, mode: str, by: str = "operator") -> Snapshot:
         """Switch dry_run/enforce (the controller validates and records it)."""
         def go() -> Snapshot:
+            self._require_leader()
             self.controller.set_mode(mode, by)
             return self._republish()
         return self.submit(go)
@@ -377,12 +464,14 @@ class Runner:
     def reset_breaker(self, by: str = "operator", why: str = "") -> Snapshot:
         """A person resets the tripped breaker; who and why are recorded in the ledger."""
         def go() -> Snapshot:
+            self._require_leader()
             self.controller.reset_breaker(by=by, why=why)
             return self._republish()
         return self.submit(go)
 
     def pin(self, kind: Kind, name: str, state: State, note: str, by: str = "operator") -> Pin:
         def go() -> Pin:
+            self._require_leader()
             p = self.controller.pin(kind, name, state, note, by=by, since_wall_s=time.time())
             self._republish()
             return p
@@ -390,6 +479,7 @@ class Runner:
 
     def unpin(self, kind: Kind, name: str, by: str = "operator") -> Pin | None:
         def go() -> Pin | None:
+            self._require_leader()
             p = self.controller.unpin(kind, name, by=by)
             self._republish()
             return p
