@@ -345,7 +345,17 @@ class Runtime:
 
     # ------------------------------------------------------------------ the loop
     def steps(self, total_steps: int) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield (step, sample indices of this rank) until `total_steps` are committed."""
+        """Yield (step, sample indices of this rank) until `total_steps` are committed.
+        The job-wide store gone for good (etcd down: every endpoint refused) ends the
+        process with one line, not a traceback: its launcher reports the loss and the
+        persisted checkpoints stay where they are."""
+        try:
+            yield from self._steps(total_steps)
+        except jobstore.StoreError as exc:
+            raise SystemExit(f"seamguard worker w{self.wid}: lost the job-wide store "
+                             f"({' '.join(str(exc).split())[:200]}); exiting") from None
+
+    def _steps(self, total_steps: int) -> Iterator[tuple[int, np.ndarray]]:
         if self.state is None or self.sampler is None:
             raise RuntimeError("call register(model, optimizer, sampler) before steps()")
         self.store.set(keys.ready(self.wid), "1")
