@@ -222,12 +222,11 @@ def test_a_keep_alive_only_backend_holds_the_client_and_the_slot(gateway_factory
 
 
 def test_a_client_that_leaves_a_keep_alive_stream_keeps_the_backend_and_slot(gateway_factory, tmp_path, observed):
-    """A client that opens a stream to a keep-alive-only backend and leaves after 1 s (first-token deadline 60 s).
+    """A client that opens a stream to a keep-alive-only backend and leaves after 1 s (first-token deadline: the default 120 s).
     Refused: the disconnect is noticed at once: the backend stream is closed and the key's in-flight slot freed within seconds, not at the slot's 15-minute expiry."""
     fb = FakeBackend(keepalive_only_s=0.2)
     with ThreadedServer(fb.app()) as be:
-        url, _ = gateway_factory(_cfg(be.url, _sqlite(tmp_path), timeouts={"first_token_s": 60.0},
-                                      concurrency=1), clock=lambda: T0)
+        url, _ = gateway_factory(_cfg(be.url, _sqlite(tmp_path), concurrency=1), clock=lambda: T0)
         body = {"model": "fake-model", "messages": MSG, "max_tokens": 10, "stream": True}
         try:
             httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY_B}"},
