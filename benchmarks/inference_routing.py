@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seamguard.testbed.inference_bed import BENCH_KEYS, GATEWAY_PORT, PoolBed
+from seamguard.testbed.inference_bed import BENCH_ADMIN_TOKEN, BENCH_KEYS, GATEWAY_PORT, PoolBed
 from seamguard.testbed.inference_capacity import poisson_rate_for, pool_capacity
 from seamguard.testbed.inference_goodput import (
     MaxRate,
@@ -139,7 +139,8 @@ def run(router: str, bed: PoolBed, load: LoadSpec, deg: tuple[float, float], rat
         gw = bed.start_gateway(router, budgets if router == "seamguard" else {}, Path(d))
         try:
             spec = spec_dict(bed.instances(), router, load, events,
-                             gateway={"url": f"http://127.0.0.1:{GATEWAY_PORT}", "keys": BENCH_KEYS})
+                             gateway={"url": f"http://127.0.0.1:{GATEWAY_PORT}", "keys": BENCH_KEYS,
+                                      "admin_token": BENCH_ADMIN_TOKEN})
             return bed.run_load(spec, timeout_s=load.duration_s + 120)
         except RuntimeError:
             print((Path(d) / "gateway.log").read_text()[-2000:])

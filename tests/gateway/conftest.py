@@ -16,6 +16,7 @@ from seamguard.testbed.openai_backend import FakeBackend, ThreadedServer
 from seamguard.testbed.redis_server import RedisServer
 
 ADMIN_TOKEN = "admin-secret-token"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # /admin, /dashboard and /metrics need it
 KEY_A, KEY_B, KEY_LOW = "sk-test-aaaaaaaa", "sk-test-bbbbbbbb", "sk-test-llllllll"
 
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from seamguard.testbed.openai_backend import FakeBackend, ThreadedServer
-from tests.gateway.conftest import ADMIN_TOKEN, KEY_B, base_config, eventually
+from tests.gateway.conftest import ADMIN, ADMIN_TOKEN, KEY_B, base_config, eventually
 
 T0 = 1_800_000_030.0  # a frozen clock: every request in one minute, so the expected count is exact
 MSG = [{"role": "user", "content": "x"}]  # estimated 1 + 4 prompt tokens; the backend counts 1 + 3
@@ -43,7 +43,7 @@ def test_tpm_holds_under_concurrency_and_429_says_when(gateway_factory, tmp_path
         assert refused[0].json()["error"]["type"] == "rate_limit_exceeded"
         spent = sum(r.json()["usage"]["total_tokens"] for r in ok)
         assert spent <= 1000
-        eventually(lambda: httpx.get(url + "/admin/keys").json()["keys"][1]["used"]["tokens_last_minute"] == spent)
+        eventually(lambda: httpx.get(url + "/admin/keys", headers=ADMIN).json()["keys"][1]["used"]["tokens_last_minute"] == spent)
 
 
 def test_a_request_larger_than_the_whole_budget_is_invalid_not_rate_limited(gateway_factory, tmp_path):
@@ -58,7 +58,7 @@ def test_a_request_larger_than_the_whole_budget_is_invalid_not_rate_limited(gate
         err = r.json()["error"]
         assert err["type"] == "invalid_request_error" and err["code"] == "request_too_large"
         assert "exceed key" in err["message"] and "1000 per minute" in err["message"]
-        key = httpx.get(url + "/admin/keys").json()["keys"][1]
+        key = httpx.get(url + "/admin/keys", headers=ADMIN).json()["keys"][1]
         assert key["used"]["tokens_last_minute"] == 0 and key["state"] == "ok"
         assert key["baseline"].get("peak_minute_tokens", 0.0) == 0.0
         assert _post(url).status_code == 200   # an ordinary request right after it is served
@@ -88,9 +88,9 @@ def test_two_replicas_share_budgets_through_redis(gateway_factory, redis_url, tm
         assert {r.status_code for r in rs[0::2]} == {200, 429} or {r.status_code for r in rs[1::2]} == {200, 429}
         # an operator's suspension through one replica holds on the other
         auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        assert httpx.post(urls[0] + "/admin/keys/b/suspend", headers=auth).status_code == 200
+        assert httpx.post(urls[0] + "/admin/keys/b/suspend", headers=auth, json={"note": "test"}).status_code == 200
         assert _post(urls[1], 1).status_code == 403
-        assert httpx.post(urls[1] + "/admin/keys/b/reset", headers=auth).json()["state"] == "ok"
+        assert httpx.post(urls[1] + "/admin/keys/b/reset", headers=auth, json={"note": "test"}).json()["state"] == "ok"
         assert _post(urls[0], 1).status_code == 200
 
 
@@ -105,14 +105,14 @@ def test_sqlite_budgets_and_key_state_survive_a_restart(tmp_path, gateway_factor
         first = ThreadedServer(create_app(build_gateway(cfg, clock=lambda: T0), ADMIN_TOKEN)).start()
         assert _post(first.url, 600).status_code == 200  # reserves 605, reconciles to 4 + 600
         assert httpx.post(first.url + "/admin/keys/a/suspend",
-                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 200
+                          headers=ADMIN, json={"note": "test"}).status_code == 200
         first.stop()
         second = ThreadedServer(create_app(build_gateway(cfg, clock=lambda: T0 + 120), ADMIN_TOKEN)).start()
         try:
             r = _post(second.url, 400)
             assert r.status_code == 429 and r.json()["error"]["code"] == "key_tpd"
             assert _post(second.url, 300).status_code == 200
-            keys = {k["name"]: k for k in httpx.get(second.url + "/admin/keys").json()["keys"]}
+            keys = {k["name"]: k for k in httpx.get(second.url + "/admin/keys", headers=ADMIN).json()["keys"]}
             assert keys["b"]["used"]["tokens_today"] == 604 + 304
             assert keys["a"]["state"] == "suspended"
         finally:
@@ -143,7 +143,7 @@ def test_a_client_that_leaves_mid_stream_gives_its_slot_and_unused_tokens_back(g
                           json={"model": "m", "messages": MSG, "max_tokens": 200, "stream": True}) as r:
             next(r.iter_lines())
         def used() -> dict:
-            return httpx.get(url + "/admin/keys").json()["keys"][1]["used"]
+            return httpx.get(url + "/admin/keys", headers=ADMIN).json()["keys"][1]["used"]
         eventually(lambda: used()["inflight"] == 0)
         assert 0 < used()["tokens_last_minute"] < 50  # what was relayed, not the 205 reserved
         assert _post(url, 2).status_code == 200

@@ -124,4 +124,4 @@ def test_cli_serves_the_openai_api(tmp_path, backend):
     finally:
         p.terminate()
         out, _ = p.communicate(timeout=20)
-    assert "admin token  adm1n" in out
+    assert "admin tokens    operator" in out and "adm1n" not in out   # named, never shown

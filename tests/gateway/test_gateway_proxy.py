@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import ADMIN_TOKEN, KEY_A, KEY_B, base_config, eventually
+from tests.gateway.conftest import ADMIN, ADMIN_TOKEN, KEY_A, KEY_B, base_config, eventually
 
 
 def _client(url: str, key: str = KEY_A) -> openai.OpenAI:
@@ -38,8 +38,8 @@ def test_chat_streaming_and_whole_with_the_openai_client(backend, gateway_factor
     assert [m.id for m in c.models.list()] == ["fake-model"]
     # every request's real completion tokens counted once: 5 + 3 + 4 + 2 + 3
     eventually(lambda: 'seamguard_gateway_tokens_total{key="a",kind="completion",tenant="acme"} 17.0'
-               in httpx.get(url + "/metrics").text)
-    assert 'seamguard_gateway_ttft_seconds_count{decode="b0"} 3.0' in httpx.get(url + "/metrics").text
+               in httpx.get(url + "/metrics", headers=ADMIN).text)
+    assert 'seamguard_gateway_ttft_seconds_count{decode="b0"} 3.0' in httpx.get(url + "/metrics", headers=ADMIN).text
 
 
 def test_stream_without_usage_counts_chunks(backend, gateway_factory, tmp_path):
@@ -48,7 +48,7 @@ def test_stream_without_usage_counts_chunks(backend, gateway_factory, tmp_path):
     url, _ = gateway_factory(base_config(burl, {"type": "sqlite", "path": str(tmp_path / "gw.db")}))
     list(_client(url).chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
                                               max_tokens=7, stream=True))
-    eventually(lambda: 'kind="completion",tenant="acme"} 7.0' in httpx.get(url + "/metrics").text)
+    eventually(lambda: 'kind="completion",tenant="acme"} 7.0' in httpx.get(url + "/metrics", headers=ADMIN).text)
 
 
 def test_disaggregated_prefill_then_decode(gateway_factory, tmp_path):
@@ -67,7 +67,7 @@ def test_disaggregated_prefill_then_decode(gateway_factory, tmp_path):
         assert p["max_tokens"] == 1 and p["stream"] is False and p["kv_transfer_params"] == {"do_remote_decode": True}
         assert d["kv_transfer_params"]["remote_engine_id"] == "p0" and d["stream"] is True
         eventually(lambda: 'seamguard_gateway_decode_first_token_seconds_count{decode="d0",prefill="p0"} 1.0'
-                   in httpx.get(url + "/metrics").text)
+                   in httpx.get(url + "/metrics", headers=ADMIN).text)
 
 
 @pytest.mark.parametrize("body,status,code,param", [
@@ -140,19 +140,19 @@ def test_mutating_admin_calls_need_the_token(backend, gateway_factory, tmp_path)
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {KEY_A}"}):
         r = httpx.post(url + "/admin/keys/a/suspend", headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_token"
-    assert {k["name"]: k["state"] for k in httpx.get(url + "/admin/keys").json()["keys"]}["a"] == "ok"
+    assert {k["name"]: k["state"] for k in httpx.get(url + "/admin/keys", headers=ADMIN).json()["keys"]}["a"] == "ok"
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     r = httpx.post(url + "/admin/keys/a/suspend", headers=auth, json={"note": "leaked on a forum"})
     assert r.status_code == 200 and r.json()["state"] == "suspended"
     with pytest.raises(openai.PermissionDeniedError):
         _client(url).chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}])
-    assert httpx.post(url + "/admin/keys/a/unsuspend", headers=auth).json()["state"] == "ok"
+    assert httpx.post(url + "/admin/keys/a/unsuspend", headers=auth, json={"note": "rotated"}).json()["state"] == "ok"
     _client(url).chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}])
-    ev = httpx.get(url + "/admin/events?key=a").json()["events"]
-    assert [(e["to"], e["by"]) for e in ev] == [("ok", "operator"), ("suspended", "operator")]
+    ev = httpx.get(url + "/admin/events?key=a", headers=ADMIN).json()["events"]
+    assert [(e["to"], e["by"]) for e in ev] == [("ok", "operator"), ("suspended", "operator")]  # the --token's name
     assert ev[1]["reason"] == "leaked on a forum"
-    assert httpx.post(url + "/admin/keys/zz/reset", headers=auth).status_code == 404
-    assert 'seamguard_gateway_key_state{key="a",state="ok"} 1.0' in httpx.get(url + "/metrics").text
+    assert httpx.post(url + "/admin/keys/zz/reset", headers=auth, json={"note": "x"}).status_code == 404
+    assert 'seamguard_gateway_key_state{key="a",state="ok"} 1.0' in httpx.get(url + "/metrics", headers=ADMIN).text
 
 
 def test_router_hooks_shed_and_snapshot_in_metrics(gateway_factory, tmp_path):
@@ -199,9 +199,9 @@ def test_router_hooks_shed_and_snapshot_in_metrics(gateway_factory, tmp_path):
                            json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100})
             assert r.status_code == 503 and r.headers["Retry-After"] == "3"
             assert r.json()["error"]["code"] == "shed"
-            keys = {k["name"]: k for k in httpx.get(url + "/admin/keys").json()["keys"]}
+            keys = {k["name"]: k for k in httpx.get(url + "/admin/keys", headers=ADMIN).json()["keys"]}
             assert keys["a"]["used"]["inflight"] == 0 and keys["a"]["used"]["tokens_last_minute"] == 7
-            m = httpx.get(url + "/metrics").text
+            m = httpx.get(url + "/metrics", headers=ADMIN).text
             assert 'seamguard_gateway_route_path_samples{decode="d0",prefill="p0",rail=""} 1.0' in m
             assert 'seamguard_gateway_route_path_admissible{decode="d0",prefill="p0",rail="",request_class="interactive"} 1.0' \
                 in m

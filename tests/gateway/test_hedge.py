@@ -85,8 +85,8 @@ def _served(d0_first_token_s: float, hedge_share: float, tmp_path):
             for n in range(13, 17):
                 ttft, route = one()
                 if len(d0.seen) > seen:
-                    metrics = httpx.get(g.url + "/metrics").text
-                    routing = httpx.get(g.url + "/admin/routing").json()
+                    metrics = httpx.get(g.url + "/metrics", headers={"Authorization": "Bearer " + "t" * 24}).text
+                    routing = httpx.get(g.url + "/admin/routing", headers={"Authorization": "Bearer " + "t" * 24}).json()
                     return ttft, route, metrics, routing, n
     raise AssertionError("no request was routed to d0")
 

@@ -196,7 +196,7 @@ def test_gateway_places_kv_on_the_router_rail_and_serves_routing_json_and_dashbo
     from seamguard.gateway.config import register_router
     from seamguard.gateway.routing import ROUTERS
     from seamguard.testbed.openai_backend import FakeBackend, ThreadedServer
-    from tests.gateway.conftest import KEY_A, base_config
+    from tests.gateway.conftest import ADMIN, KEY_A, base_config
 
     def degraded_rail1(instances, clock=None, **options):
         r = SeamguardRouter(instances, SeamguardOptions(**options))
@@ -224,15 +224,15 @@ def test_gateway_places_kv_on_the_router_rail_and_serves_routing_json_and_dashbo
                                json={"model": "fake-model", "max_tokens": 2,
                                      "messages": [{"role": "user", "content": "hi"}]})
             assert whole.status_code == 200 and whole.headers["x-seamguard-route"] == "p0->d0/r0"
-            routing = httpx.get(url + "/admin/routing").json()
+            routing = httpx.get(url + "/admin/routing", headers=ADMIN).json()
             assert routing["router"] == "rail-test"
             last = routing["snapshot"]["recent"][-1]
             assert last["kind"] == "kv_rail" and last["path"] == "p0->d0/r0"
             assert "KV moved from rail 1 to rail 0" in last["reason"] and "control plane: h0/rail1=degraded" in last["reason"]
-            page = httpx.get(url + "/dashboard")
+            page = httpx.get(url + "/dashboard", headers=ADMIN)
             assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
             assert "KV moved from rail 1 to rail 0" in page.text and "h0/rail1" in page.text
-            assert 'seamguard_gateway_route_decisions_total{kind="kv_rail"} 2.0' in httpx.get(url + "/metrics").text
+            assert 'seamguard_gateway_route_decisions_total{kind="kv_rail"} 2.0' in httpx.get(url + "/metrics", headers=ADMIN).text
     finally:
         ROUTERS.pop("rail-test")
 

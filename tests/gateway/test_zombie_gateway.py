@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from seamguard.testbed.openai_backend import FakeBackend, ThreadedServer
-from tests.gateway.conftest import ADMIN_TOKEN, KEY_B, base_config
+from tests.gateway.conftest import ADMIN, ADMIN_TOKEN, KEY_B, base_config
 from tests.gateway.test_zombie import office_hours
 
 
@@ -28,10 +28,10 @@ def test_leaked_key_is_throttled_then_suspended_and_an_operator_lifts_it(gateway
         first_429 = next(t for t, s, _ in statuses if s == 429)
         first_403 = next(t for t, s, _ in statuses if s == 403)
         assert first_429 <= 30.0 and 60.0 <= first_403 <= 90.0
-        ev = httpx.get(url + "/admin/events?key=b").json()["events"]
+        ev = httpx.get(url + "/admin/events?key=b", headers=ADMIN).json()["events"]
         assert [(e["from"], e["to"]) for e in reversed(ev)] == [("ok", "throttled"), ("throttled", "suspended")]
         assert ev[-1]["evidence"]["ratio"] > 4 and ev[-1]["by"] == "zombie-detector"
-        m = httpx.get(url + "/metrics").text
+        m = httpx.get(url + "/metrics", headers=ADMIN).text
         assert 'seamguard_gateway_key_state{key="b",state="suspended"} 1.0' in m
         assert 'seamguard_gateway_key_state_changes_total{actor="zombie-detector",key="b",to="throttled"} 1.0' in m
         r = httpx.post(url + "/admin/keys/b/unsuspend", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},

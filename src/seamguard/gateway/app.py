@@ -5,13 +5,16 @@ FastAPI app. A completion request goes: key -> body check -> admission (the gate
 reserves its estimate) -> route (the router) -> prefill (disaggregated only) -> decode,
 streamed back as SSE or as one JSON answer -> usage reconciled, router told the outcome.
 Every error body is OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
-Mutating /admin calls need the bearer token given to `create_app` (compared in constant time).
+In front of every route, `SurfaceGuard` (surface.py) checks ``Host`` and caps the body. /admin
+and /dashboard need an admin token, /metrics an admin or a metrics token (named tokens,
+compared in constant time; the name is the ledger's ``by``); /healthz is open.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import base64
+import binascii
 import json
 import logging
 import math
@@ -26,10 +29,12 @@ from typing import Any
 import anyio
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from seamguard.gateway.admission import Charge, capped_body, charge
+from seamguard.gateway.body import parse, wrong_field
 from seamguard.gateway.config import GatewayConfig, SqliteStoreConfig, build_router
 from seamguard.gateway.dashboard import plain, render_dashboard
 from seamguard.gateway.gatekeeper import Gatekeeper, KeyInfo, Refusal, Ticket
@@ -41,8 +46,8 @@ from seamguard.gateway.relay import ClientGone, OutputCap, bounded, client_gone,
 from seamguard.gateway.routing import Outcome, Route, Router, Shed, place_kv, route_label
 from seamguard.gateway.routing_feeds import feed_router
 from seamguard.gateway.store import RedisStore, SqliteStore, Store, StoreError
+from seamguard.gateway.surface import BodyTooLarge, Bearers, HostRule, InFlight, SurfaceGuard
 
-MAX_BODY_BYTES = 16 * 1024 * 1024
 ROUTE_HEADER = "x-seamguard-route"  # the path that served a request (routing.route_label)
 CLIENT_GONE = 499  # the status recorded for a request whose client left (nginx's convention; never sent)
 log = logging.getLogger("seamguard.gateway")
@@ -83,10 +88,9 @@ def _bearer(request: Request) -> str | None:
 
 
 def _check_body(raw: bytes, endpoint: str) -> dict[str, Any] | JSONResponse:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return error(400, "the request body is not valid JSON", "invalid_request_error", "invalid_json")
+    body = parse(raw)
+    if isinstance(body, str):
+        return error(400, body, "invalid_request_error", "invalid_json")
     if not isinstance(body, dict):
         return error(400, "the request body must be a JSON object", "invalid_request_error", "invalid_json")
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -106,8 +110,11 @@ def _check_body(raw: bytes, endpoint: str) -> dict[str, Any] | JSONResponse:
             return error(400, f"'{f}' must be a positive integer", "invalid_request_error", "invalid_value", f)
     if not isinstance(body.get("stream", False), bool):
         return error(400, "'stream' must be a boolean", "invalid_request_error", "invalid_value", "stream")
-    if body.get("n", 1) != 1:
+    if body.get("n", 1) not in (1, None):
         return error(400, "only n=1 is supported by this gateway", "invalid_request_error", "invalid_value", "n")
+    wrong = wrong_field(body, endpoint)
+    if wrong is not None:
+        return error(400, wrong[1], "invalid_request_error", "invalid_type", wrong[0])
     return body
 
 
@@ -203,9 +210,10 @@ async def _admitted(gw: Gateway, request: Request, endpoint: str) -> tuple[KeyIn
         gw.metrics.requests.labels(endpoint, "401").inc()
         return error(401, "Incorrect or missing API key", "invalid_request_error", "invalid_api_key")
     raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
+    if len(raw) > gw.cfg.http.max_body_bytes:   # SurfaceGuard stops it reading on: this is a second line
         gw.metrics.requests.labels(endpoint, "413").inc()
-        return error(413, f"request body over {MAX_BODY_BYTES} bytes", "invalid_request_error", "body_too_large")
+        return error(413, f"request body over {gw.cfg.http.max_body_bytes} bytes", "invalid_request_error",
+                     "body_too_large")
     body = _check_body(raw, endpoint)
     if isinstance(body, JSONResponse):
         gw.metrics.requests.labels(endpoint, "400").inc()
@@ -507,9 +515,26 @@ def _track(open_choices: set[int], chunk: dict) -> None:
             (open_choices.discard if c.get("finish_reason") else open_choices.add)(c["index"])
 
 
-def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
-    """The app; ``admin_token`` None leaves the mutating admin calls refused (403). The app closes
-    ``gw`` when the server shuts down (run it with lifespan on)."""
+def _admins(admin_token: str | Bearers | None) -> Bearers:
+    """A plain token (tests, the CLI's --token) is named "operator"."""
+    if isinstance(admin_token, Bearers):
+        return admin_token
+    return Bearers.of({"operator": admin_token} if admin_token else {})
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300] or type(e).__name__
+
+
+def create_app(gw: Gateway, admin_token: str | Bearers | None, metrics_tokens: Bearers | None = None) -> FastAPI:
+    """The app. ``admin_token``: named admin tokens (a plain string is named "operator"); None
+    leaves /admin, /dashboard and /metrics refused (403) unless ``metrics_tokens`` open /metrics.
+    The Host rule is the loopback names, ``gw.cfg.host`` (the address bound) and
+    ``http.allowed_hosts``. The app closes ``gw`` when the server shuts down (run it with
+    lifespan on), after the requests the server cut have reconciled (bounded)."""
+    admins = _admins(admin_token)
+    scrapers = admins + (metrics_tokens or Bearers())
+    in_flight = InFlight()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -522,20 +547,43 @@ def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
         stop.set()
         with anyio.move_on_after(5):
             await feed
+        # requests the server cut at its drain deadline reconcile in their own (shielded) cleanup
+        await in_flight.drained(SHUTDOWN_RECONCILE_S)
         await gw.close()  # on the server's own event loop, where the clients were used
 
     app = FastAPI(title="seamguard gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    want = admin_token.encode() if admin_token else None
+    app.add_middleware(SurfaceGuard, hosts=HostRule.of(gw.cfg.host, gw.cfg.http.allowed_hosts),
+                       max_body_bytes=gw.cfg.http.max_body_bytes, in_flight=in_flight)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         return error(500, f"internal error: {type(exc).__name__}", "server_error", "internal_error")
 
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        gw.metrics.requests.labels(_endpoint(request), "413").inc()
+        return error(413, str(exc), "invalid_request_error", "body_too_large")
+
+    @app.exception_handler(StoreError)
+    @app.exception_handler(sqlite3.Error)
+    async def _store_down(request: Request, exc: Exception) -> JSONResponse:
+        # an admin call while Redis (or the SQLite file) is unusable: the client's to retry
+        gw.metrics.store_errors.labels("admin").inc()
+        return error(503, f"budget store unavailable: {_one_line(exc)}", "server_error", "store_unavailable",
+                     retry_after_s=1)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_query(request: Request, exc: RequestValidationError) -> JSONResponse:
+        e = (exc.errors() or [{}])[0]
+        where = ".".join(str(x) for x in e.get("loc", ()) if x not in ("query", "path", "body"))
+        return error(400, f"{where or 'request'}: {e.get('msg', 'invalid')}", "invalid_request_error",
+                     "invalid_value", where or None)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # an unknown path or method (e.g. /v1/embeddings) in OpenAI's error shape, not FastAPI's
         what = "unknown URL" if exc.status_code == 404 else "method not allowed" if exc.status_code == 405 else exc.detail
-        return error(exc.status_code, f"{what}: {request.method} {request.url.path} (this gateway serves "
+        return error(exc.status_code, f"{what}: {request.method} {request.url.path[:200]} (this gateway serves "
                      "/v1/chat/completions, /v1/completions and /v1/models)", "invalid_request_error",
                      "unknown_url" if exc.status_code == 404 else None)
 
@@ -562,81 +610,138 @@ def create_app(gw: Gateway, admin_token: str | None) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        """503 while the budget store cannot be read: every completion would be refused then, and a
-        load balancer in front of several replicas should send the traffic elsewhere."""
+        """503 while the budget store cannot be used (Redis unreachable, a SQLite write lock held
+        elsewhere): a load balancer in front of several replicas should send the traffic elsewhere.
+        Answers within HEALTH_S whatever the store does."""
         try:
-            await gw.store.key_record("")   # one read of the store (a Redis round trip)
+            async with asyncio.timeout(HEALTH_S):
+                await gw.store.health(gw.gatekeeper.clock())
         except (StoreError, sqlite3.Error) as e:
             return JSONResponse({"ok": False, "store": str(e)}, status_code=503)
+        except TimeoutError:
+            return JSONResponse({"ok": False, "store": f"no answer from the store in {HEALTH_S} s"}, status_code=503)
         return JSONResponse({"ok": True})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        denied = _who(request, scrapers, "/metrics")
+        if isinstance(denied, JSONResponse):
+            return denied
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    # ---- admin: reads are open, changes need the token ----------------------------------
-    def _denied(request: Request) -> JSONResponse | None:
-        if want is None:
-            return error(403, "the admin API is disabled: start the gateway with --token or its env var",
-                         "permission_error", "admin_disabled")
-        got = _bearer(request)
-        if got is None or not hmac.compare_digest(got.encode(), want):
-            return error(401, "this call changes key state: send 'Authorization: Bearer <admin token>'",
-                         "invalid_request_error", "invalid_admin_token")
-        return None
+    # ---- admin: reads and changes need an admin token; its name is who acted -----------------
+    def _admin(request: Request, basic: bool = False) -> str | JSONResponse:
+        return _who(request, admins, "the admin API", basic)
 
     @app.get("/admin/keys")
-    async def admin_keys() -> dict:
-        return {"keys": await gw.gatekeeper.keys_view()}
+    async def admin_keys(request: Request) -> Response:
+        who = _admin(request)
+        return who if isinstance(who, JSONResponse) else JSONResponse({"keys": await gw.gatekeeper.keys_view()})
 
     @app.get("/admin/tenants")
-    async def admin_tenants() -> dict:
-        return {"tenants": await gw.gatekeeper.tenants_view()}
+    async def admin_tenants(request: Request) -> Response:
+        who = _admin(request)
+        return who if isinstance(who, JSONResponse) else JSONResponse({"tenants": await gw.gatekeeper.tenants_view()})
 
     def _snapshot() -> dict | None:
         snap = getattr(gw.router, "snapshot", None)
         return snap() if snap is not None else None
 
     @app.get("/admin/routing")
-    async def admin_routing() -> JSONResponse:
+    async def admin_routing(request: Request) -> Response:
         """The router's view (paths, rails, instances, batch caps, decisions, latest departures)."""
+        who = _admin(request)
+        if isinstance(who, JSONResponse):
+            return who
         return JSONResponse({"router": gw.cfg.router, "snapshot": plain(_snapshot())})
 
     @app.get("/dashboard")
-    async def dashboard() -> HTMLResponse:
+    async def dashboard(request: Request) -> Response:
+        """A browser sends the token as a Basic-auth password (any user name); only this read takes it."""
+        who = _admin(request, basic=True)
+        if isinstance(who, JSONResponse):
+            return who
         return HTMLResponse(render_dashboard(_snapshot(), f"seamguard gateway: {gw.cfg.router}"))
 
     @app.get("/admin/events")
-    async def admin_events(key: str | None = None, limit: int = 100) -> dict:
-        return {"events": gw.ledger.events(key, max(1, min(limit, 1000)))}
-
-    async def _note(request: Request) -> str:
-        try:
-            b = json.loads(await request.body() or b"{}")
-        except ValueError:
-            b = {}
-        return str(b.get("note", ""))[:500] if isinstance(b, dict) else ""
+    async def admin_events(request: Request, key: str | None = None, limit: str = "100") -> Response:
+        who = _admin(request)
+        if isinstance(who, JSONResponse):
+            return who
+        if not (limit.isascii() and limit.isdigit() and len(limit) <= 9):
+            return error(400, f"limit: {limit[:20]!r} is not a count", "invalid_request_error", "invalid_value",
+                         "limit")
+        return JSONResponse({"events": gw.ledger.events(key, max(1, min(int(limit), 1000)))})
 
     @app.post("/admin/keys/{name}/{verb}")
     async def admin_key(name: str, verb: str, request: Request) -> Response:
-        denied = _denied(request)
-        if denied is not None:
-            return denied
+        who = _admin(request)
+        if isinstance(who, JSONResponse):
+            return who
         if name not in gw.gatekeeper.keys:
-            return error(404, f"no key named {name!r}", "invalid_request_error", "unknown_key", "name")
-        note = await _note(request)
-        if verb == "suspend":
-            rec = await gw.gatekeeper.override(name, "suspended", "operator", note or "suspended by an operator")
-        elif verb == "unsuspend":
-            rec = await gw.gatekeeper.override(name, "ok", "operator", note or "unsuspended by an operator")
-        elif verb == "reset":
-            rec = await gw.gatekeeper.reset(name, "operator")
+            return error(404, f"no key named {name[:100]!r}", "invalid_request_error", "unknown_key", "name")
+        if verb not in ("suspend", "unsuspend", "reset"):
+            return error(404, f"unknown admin action {verb[:100]!r} (suspend, unsuspend, reset)",
+                         "invalid_request_error", "unknown_action")
+        note = _note(await request.body())
+        if isinstance(note, JSONResponse):
+            return note
+        if verb == "reset":
+            rec = await gw.gatekeeper.reset(name, who, note)
         else:
-            return error(404, f"unknown admin action {verb!r} (suspend, unsuspend, reset)", "invalid_request_error",
-                         "unknown_action")
+            rec = await gw.gatekeeper.override(name, "suspended" if verb == "suspend" else "ok", who, note)
         return JSONResponse({"name": name, "state": rec.state, "reason": rec.reason, "by": rec.actor})
 
     return app
+
+
+HEALTH_S = 1.5  # /healthz answers within this, whatever the store does
+SHUTDOWN_RECONCILE_S = 5.0  # after the drain deadline: how long cut requests get to reconcile
+MAX_NOTE_CHARS = 500
+
+
+def _endpoint(request: Request) -> str:
+    path = request.url.path
+    return "chat" if path == "/v1/chat/completions" else "completions" if path == "/v1/completions" else "other"
+
+
+def _basic_password(request: Request) -> str | None:
+    h = request.headers.get("authorization", "")
+    if h[:6].lower() != "basic ":
+        return None
+    try:
+        return base64.b64decode(h[6:].strip(), validate=True).decode("latin-1").partition(":")[2] or None
+    except (ValueError, binascii.Error):
+        return None
+
+
+def _who(request: Request, tokens: Bearers, what: str, basic: bool = False) -> str | JSONResponse:
+    """The name of the token the request carries, or the refusal: 403 when no token can open
+    ``what``, 401 when the request's is missing or wrong."""
+    if not tokens:
+        return error(403, f"{what} is disabled: start the gateway with an admin token (SEAMGUARD_GATEWAY_TOKEN or "
+                     "admin_tokens in the config)", "permission_error", "admin_disabled")
+    who = tokens.who(_bearer(request) or (_basic_password(request) if basic else None))
+    if who is not None:
+        return who
+    resp = error(401, f"{what} needs 'Authorization: Bearer <token>'", "invalid_request_error",
+                 "invalid_admin_token")
+    if basic:
+        resp.headers["WWW-Authenticate"] = 'Basic realm="seamguard gateway", charset="UTF-8"'
+    return resp
+
+
+def _note(raw: bytes) -> str | JSONResponse:
+    """Why the operator acts (the ledger's reason): a JSON object with a non-blank "note"."""
+    doc = parse(raw) if raw.strip() else {}
+    note = doc.get("note") if isinstance(doc, dict) else None
+    if not isinstance(note, str) or not note.strip():
+        return error(400, 'say why: send a JSON body {"note": "<why>"} with a non-blank note',
+                     "invalid_request_error", "missing_note", "note")
+    if len(note) > MAX_NOTE_CHARS:
+        return error(400, f"the note is {len(note)} characters; at most {MAX_NOTE_CHARS}", "invalid_request_error",
+                     "invalid_value", "note")
+    return " ".join(note.split())
 
 
 def build_gateway(cfg: GatewayConfig, clock=time.time) -> Gateway:

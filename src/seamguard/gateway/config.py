@@ -126,6 +126,35 @@ class AdmissionConfig(_Strict):
     inflight_ttl_s: float = Field(900.0, gt=0, description="a replica's in-flight slot expires after this")
 
 
+class NamedTokenConfig(_Strict):
+    """A bearer token for the admin API or /metrics; its name is who the ledger says acted."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$",
+                      description="recorded as `by` in the ledger for what this token does")
+    token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                  description="the environment variable holding the token (read by the CLI)")
+    token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the token")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> NamedTokenConfig:
+        if (self.token_env is None) == (self.token_sha256 is None):
+            raise ValueError("give exactly one of token_env or token_sha256")
+        return self
+
+
+class HttpConfig(_Strict):
+    """The gateway's own port: how big a body it reads, which Host names it answers, how it stops."""
+
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=1024 ** 3,
+                                description="a request body over this is refused (413), by Content-Length before "
+                                            "it is read, and by counting while it is read")
+    allowed_hosts: list[str] = Field(default_factory=list,
+                                     description="Host names answered besides localhost, 127.0.0.1, ::1 and the bind "
+                                                 "address (DNS rebinding); '*.example.com' a suffix, '*' any")
+    drain_s: float = Field(20.0, ge=0, le=3600, description="on SIGTERM, requests in flight get this long to "
+                                                            "finish before they are cut")
+
+
 class GatewayConfig(_Strict):
     version: Literal[1]
     host: str = "127.0.0.1"
@@ -143,6 +172,13 @@ class GatewayConfig(_Strict):
     admission: AdmissionConfig = AdmissionConfig()
     zombie: ZombieThresholds = ZombieThresholds()
     tenants: list[TenantConfig] = Field(min_length=1)
+    http: HttpConfig = HttpConfig()
+    admin_tokens: list[NamedTokenConfig] = Field(default_factory=list,
+                                                 description="named admin tokens (besides the CLI's --token, named "
+                                                             "'operator')")
+    metrics_tokens: list[NamedTokenConfig] = Field(default_factory=list,
+                                                   description="tokens that may read /metrics only (an admin token "
+                                                               "may too)")
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
@@ -151,7 +187,8 @@ class GatewayConfig(_Strict):
         for what, names in (("instance", [i.name for i in self.instances]),
                             ("tenant", [t.name for t in self.tenants]),
                             ("key name", [k.name for t in self.tenants for k in t.keys]),
-                            ("key secret", [k.digest() for t in self.tenants for k in t.keys])):
+                            ("key secret", [k.digest() for t in self.tenants for k in t.keys]),
+                            ("token name", [t.name for t in (*self.admin_tokens, *self.metrics_tokens)])):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"duplicate {what}: {sorted(dup)[0] if what != 'key secret' else '(hidden)'}")

@@ -36,6 +36,9 @@ from seamguard.gateway.zombie import KeyState, Step, ZombieDetector
 
 TICK_EVERY_S = 10.0  # how often throttles of keys gone quiet are lifted
 
+# who sets a key's state on its own; any other actor is a person (an admin token's name), whose
+# unsuspend holds the detector off for override_s on every replica
+AUTOMATIC_ACTORS = frozenset({"", "zombie-detector"})
 
 @dataclass(frozen=True)
 class KeyInfo:
@@ -109,7 +112,7 @@ class Gatekeeper:
                 await self._apply(st, now)
         rec = await self.store.key_record(key.name)  # another replica or an operator may have changed it
         self.detector.adopt(key.name, rec.state, rec.throttle_tpm, now,  # type: ignore[arg-type]
-                            rec.since if rec.actor == "operator" else None)
+                            rec.since if rec.actor not in AUTOMATIC_ACTORS else None)
         problem = request_problem(body)
         if problem is not None:
             self.metrics.refused.labels(key.tenant, key.name, "invalid").inc()
@@ -188,11 +191,12 @@ class Gatekeeper:
         await self._apply(self.detector.override(key, now, to, actor, note), now)
         return await self.store.key_record(key)
 
-    async def reset(self, key: str, actor: str) -> KeyRecord:
-        """Clear the key's counters and any throttle or suspension (the ledger records who)."""
+    async def reset(self, key: str, actor: str, note: str = "") -> KeyRecord:
+        """Clear the key's counters and any throttle or suspension (the ledger records who and why)."""
         now = self.clock()
         await self.store.reset(f"key:{key}", now)
-        return await self.override(key, "ok", actor, "operator reset: counters cleared")
+        why = "operator reset: counters cleared" + (f": {note}" if note else "")
+        return await self.override(key, "ok", actor, why)
 
     async def keys_view(self) -> list[dict]:
         now = self.clock()

@@ -23,6 +23,7 @@ The MTU is 1500 so that a tbf burst smaller than a jumbo frame cannot black-hole
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ API_PORT = 8100
 KV_PORT = 8200
 GATEWAY_PORT = 8080
 BENCH_KEYS = {"interactive": "sk-bench-interactive-0001", "batch": "sk-bench-batch-0001"}
+BENCH_ADMIN_TOKEN = "bench-admin-token-0001"  # reads the gateway's /metrics (the router's decisions)
 
 
 @dataclass
@@ -143,8 +145,8 @@ class PoolBed:
         path.write_text(json.dumps(cfg))
         log = (workdir / "gateway.log").open("w")
         return subprocess.Popen([*tb.exec_prefix(self.client_host), sys.executable, "-m", "seamguard", "gateway",
-                                 "--config", str(path), "--token", "bench-admin-token-0001", "-o", "json"],
-                                stdout=log, stderr=subprocess.STDOUT)
+                                 "--config", str(path), "-o", "json"], stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "SEAMGUARD_GATEWAY_TOKEN": BENCH_ADMIN_TOKEN})
 
     @staticmethod
     def stop_gateway(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:

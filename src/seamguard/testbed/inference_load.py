@@ -210,11 +210,13 @@ async def _wait_up(client, url: str, timeout_s: float) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _gateway_decisions(client, url: str) -> dict:
-    """The gateway router's decision counts by kind, and routes per path, from its /metrics."""
+async def _gateway_decisions(client, url: str, admin_token: str | None = None) -> dict:
+    """The gateway router's decision counts by kind, and routes per path, from its /metrics
+    (which needs the gateway's admin or metrics token)."""
     out: dict = {}
+    auth = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
     try:
-        text = (await client.get(url + "/metrics", timeout=5.0)).text
+        text = (await client.get(url + "/metrics", headers=auth, timeout=5.0)).text
     except Exception:  # noqa: BLE001 - figures without them still stand
         return out
     for line in text.splitlines():
@@ -316,7 +318,7 @@ async def run_load(instances: list[Instance], router_name: str, router_options: 
 
         async def decisions_now() -> dict:
             if gateway:
-                return await _gateway_decisions(client, gateway["url"])
+                return await _gateway_decisions(client, gateway["url"], gateway.get("admin_token"))
             return dict(getattr(router, "decisions", {}))
 
         evs = [asyncio.ensure_future(_event(e["at_s"], e["argv"], t_start, applied, decisions_now))
@@ -335,7 +337,7 @@ async def run_load(instances: list[Instance], router_name: str, router_options: 
         await poller
         decisions = dict(getattr(router, "decisions", {}))
         if gateway:
-            decisions = await _gateway_decisions(client, gateway["url"])
+            decisions = await _gateway_decisions(client, gateway["url"], gateway.get("admin_token"))
         wall = time.monotonic() - t_start
     return {"router": router_name, "wall_s": round(wall, 3), "events": applied,
             "decisions": decisions, "records": [asdict(r) for r in records]}
