@@ -109,4 +109,9 @@ def wrong_field(body: dict[str, Any], endpoint: str) -> tuple[str, str] | None:
     for i, m in enumerate(body.get("messages") or () if endpoint == "chat" else ()):
         if isinstance(m, dict) and not isinstance(m.get("role"), str):
             return f"messages[{i}].role", f"'messages[{i}].role' must be a string"
+        parts = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(parts if isinstance(parts, list) else ()):
+            if isinstance(part, dict) and not isinstance(part.get("type"), str):
+                where = f"messages[{i}].content[{j}].type"
+                return where, f"'{where}' must be a string (text, image_url, input_audio, ...)"
     return None
