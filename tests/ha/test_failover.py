@@ -43,7 +43,8 @@ def _last_write_wall(fleet: HaFleet, token: int) -> float:
 
 def _clean(fleet: HaFleet) -> None:
     a = audit(fleet.ledger_url, fleet.actions_file, fleet.watch.snapshot())
-    assert (a["duplicated"], a["lost"], a["unledgered"], a["double_led"]) == (0, 0, 0, 0), a
+    assert (a["duplicated"], a["lost"], a["unledgered"], a["double_led"], a["reverted_on_takeover"]["undone"]) \
+        == (0, 0, 0, 0, 0), a
 
 
 def _takeover_after(fleet: HaFleet, old_token: int, timeout_s: float = 30.0):

@@ -290,7 +290,8 @@ def audit(ledger_url: str, actions_file: Path, events: list[KeyEvent]) -> dict:
     - ``double_led``: action rows whose wall time falls outside the interval in which etcd
       held the key of their token (between its put and its delete), i.e. a replica acted
       while another could lead.
-    - ``reverted_on_takeover``: see `reverted_on_takeover` (an action undone by a failover).
+    - ``reverted_on_takeover``: see `reverted_on_takeover` (``undone``: an action a failover
+      took back while it was still wanted).
     """
     import psycopg
 
@@ -329,17 +330,22 @@ def audit(ledger_url: str, actions_file: Path, events: list[KeyEvent]) -> dict:
             "reverted_on_takeover": reverted_on_takeover(ledger_url)}
 
 
-def reverted_on_takeover(ledger_url: str, ticks: int = 3) -> int:
-    """Reverts a new term made in its first ``ticks`` ticks: an action a takeover undid
-    (a controller that resumed from the ledger's state has no reason to revert then)."""
+def reverted_on_takeover(ledger_url: str, ticks: int = 3) -> dict:
+    """Reverts a new term made in its first ``ticks`` ticks (``reverts``), and of those the ones
+    whose key was applied again later (``undone``): an action a takeover took back while it
+    was still wanted. A revert that stays (a label replaced by a drain, a fault that ended)
+    is the policy's, not the failover's."""
     import psycopg
 
     with psycopg.connect(ledger_url, connect_timeout=10) as conn:
-        (n,) = conn.execute(
-            "SELECT COUNT(*) FROM actions a JOIN (SELECT fence, MIN(tick) AS first FROM ticks "
+        rows = conn.execute(
+            "SELECT a.id, a.key FROM actions a JOIN (SELECT fence, MIN(tick) AS first FROM ticks "
             "WHERE fence IS NOT NULL GROUP BY fence) t ON t.fence = a.fence "
-            "WHERE a.op = 'revert' AND a.status = 'done' AND a.tick < t.first + %s", (ticks,)).fetchone()
-    return int(n)
+            "WHERE a.op = 'revert' AND a.status = 'done' AND a.tick < t.first + %s", (ticks,)).fetchall()
+        undone = sum(1 for rid, key in rows if conn.execute(
+            "SELECT 1 FROM actions WHERE key = %s AND op = 'apply' AND status = 'done' AND id > %s LIMIT 1",
+            (key, rid)).fetchone())
+    return {"reverts": len(rows), "undone": undone}
 
 
 def _one_shot(key: str) -> bool:
