@@ -14,7 +14,6 @@ second wall for a backend that does not honour it.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -36,6 +35,11 @@ async def client_gone(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         pass
 
 
+def _left(gone: asyncio.Future | None) -> bool:
+    """Whether the client has left (a watch cancelled because the request ended is not a departure)."""
+    return gone is not None and gone.done() and not gone.cancelled()
+
+
 async def until_gone(gone: asyncio.Future | None, work: Awaitable[T]) -> T:
     """``work``'s result, or `ClientGone` (``work`` cancelled) if the client leaves first."""
     if gone is None:
@@ -43,6 +47,8 @@ async def until_gone(gone: asyncio.Future | None, work: Awaitable[T]) -> T:
     task = asyncio.ensure_future(work)
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and not _left(gone):  # the watch itself was cancelled: just the work
+            await asyncio.wait({task})
     except BaseException:  # our own wait cancelled (a deadline): the work goes with it
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -58,29 +64,47 @@ async def bounded(lines: AsyncIterator[str], gone: asyncio.Future | None, first_
                   between_tokens_s: float) -> AsyncIterator[str]:
     """``lines`` (SSE payloads) as they come, until a token is late: `UpstreamError` 504 when the
     first token takes longer than ``first_token_s`` or the next one than ``between_tokens_s``
-    (payloads without output do not reset the clock), `ClientGone` when the client leaves."""
+    (payloads without output do not reset the clock), `ClientGone` when the client leaves.
+
+    Each read waits under its own deadline (no task per line, and whichever task iterates);
+    a departure moves the deadline of the read in progress to now."""
     it = aiter(lines)
-    got_token, since = False, time.monotonic()
-    while True:
-        limit_s = between_tokens_s if got_token else first_token_s
-        nxt = asyncio.ensure_future(anext(it))
-        left_s = max(0.0, since + limit_s - time.monotonic())
-        waits = {nxt} if gone is None else {nxt, gone}
-        done, _ = await asyncio.wait(waits, timeout=left_s, return_when=asyncio.FIRST_COMPLETED)
-        if nxt not in done:
-            nxt.cancel()
-            await asyncio.gather(nxt, return_exceptions=True)
-            if gone is not None and gone.done():
+    loop = asyncio.get_running_loop()
+    got_token, since = False, loop.time()
+    reading: list[asyncio.Timeout] = []
+
+    def on_gone(_: asyncio.Future) -> None:
+        if _left(gone):
+            for cm in reading:
+                cm.reschedule(loop.time())
+
+    if gone is not None:
+        gone.add_done_callback(on_gone)
+    try:
+        while True:
+            if _left(gone):
                 raise ClientGone()
-            raise UpstreamError(504, f"the backend sent no {'next' if got_token else 'first'} token within "
-                                     f"{limit_s:g} s", "timeout")
-        try:
-            data = nxt.result()
-        except StopAsyncIteration:
-            return
-        if is_token(data):
-            got_token, since = True, time.monotonic()
-        yield data
+            limit_s = between_tokens_s if got_token else first_token_s
+            try:
+                async with asyncio.timeout_at(since + limit_s) as cm:
+                    reading.append(cm)
+                    try:
+                        data = await anext(it)
+                    finally:
+                        reading.remove(cm)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if _left(gone):
+                    raise ClientGone() from None
+                raise UpstreamError(504, f"the backend sent no {'next' if got_token else 'first'} token within "
+                                         f"{limit_s:g} s", "timeout") from None
+            if is_token(data):
+                got_token, since = True, loop.time()
+            yield data
+    finally:
+        if gone is not None:
+            gone.remove_done_callback(on_gone)
 
 
 @dataclass
