@@ -146,6 +146,8 @@ def test_an_older_token_cannot_take_the_ledger_back(ledger_target):
         a.take_fence(Fence(5, "a", _leading))
     assert a.fence_token() == 9
     assert [(e["token"], e["holder"]) for e in a.leader_events()] == [(9, "b")]
+    with pytest.raises(Fenced):  # refused, it is not left an unfenced writer either
+        a.set_meta("mode", {"mode": "enforce", "by": "a"})
     a.close()
     b.close()
 

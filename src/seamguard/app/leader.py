@@ -108,6 +108,7 @@ class Elector:
         self._resign = threading.Event()
         self._key = settings.key.encode()
         self._endpoint = 0
+        self._failing = False  # etcd's last call failed: further failures are logged at debug
 
     # ---- read by the controller thread ------------------------------------------------
     def term(self) -> Term:
@@ -153,7 +154,11 @@ class Elector:
             try:
                 await self._session(client)
             except Exception as e:  # etcd unreachable or erroring: a fresh client, the next endpoint
-                log.warning("etcd %s:%d: %s: %s", host, port, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                # One warning per outage, not one per retry (a retry comes every fraction of a second).
+                (log.debug if self._failing else log.warning)(
+                    "etcd %s:%d: %s: %s (retrying)", host, port, type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "")
+                self._failing = True
                 self._endpoint += 1
                 self._expire_if_past_deadline()
                 await asyncio.sleep(self.settings.poll_s)
@@ -174,6 +179,10 @@ class Elector:
     async def _session(self, client) -> None:
         await client.connect()
         while not self._stop.is_set():
+            if self._failing and self._lease_id is None:
+                await client.get(self._key)  # answered: the outage is over
+                log.warning("etcd answers again")
+                self._failing = False
             if self._resign.is_set():
                 self._resign.clear()
                 await self._revoke(client)
@@ -214,6 +223,9 @@ class Elector:
             self._publish(FOLLOWING)
             return
         self._publish(Term(token, sent + min(reply.TTL, self.settings.lease_s) * ACT_SHARE))
+        if self._failing:
+            log.warning("etcd answers again; %s still leads (token %d)", self.settings.name, token)
+            self._failing = False
 
     async def _revoke(self, client) -> None:
         lease_id, self._lease_id, self._token = self._lease_id, None, 0

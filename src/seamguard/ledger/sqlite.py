@@ -214,6 +214,10 @@ class Fence:
     may_act: Callable[[], bool]
 
 
+def _never() -> bool:
+    return False
+
+
 class Ledger(_Reads):
     """The writer: the controller's connection. Reads (`_Reads`) go through the same connection.
 
@@ -317,6 +321,14 @@ class Ledger(_Reads):
         """A new leader takes the ledger over with its token: refused (`Fenced`) when a newer
         token already holds it; from now on every write of this connection is fenced."""
         self.fence = None
+        try:
+            self._take_fence(fence)
+        except BaseException:
+            self.drop_fence()  # refused (or failed): this connection writes nothing until taken again
+            raise
+        self.fence = fence
+
+    def _take_fence(self, fence: Fence) -> None:
         with self._txn():
             self.db.execute(
                 "INSERT INTO fence(id, token, holder, wall_time) VALUES(1, ?, ?, ?) "
@@ -329,12 +341,10 @@ class Ledger(_Reads):
                              f"(token {row[0]} of {row[1]}): not taken over")
             self.db.execute("INSERT INTO leader_events(token, holder, wall_time, event) VALUES(?,?,?,'took')",
                             (fence.token, fence.holder, time.time()))
-        self.fence = fence
 
-    def drop_fence(self) -> None:
+    def drop_fence(self, holder: str = "follower") -> None:
         """Stepped down: this connection writes nothing more until it takes the ledger again."""
-        holder = self.fence.holder if self.fence else ""
-        self.fence = Fence(-1, holder or "follower", lambda: False)
+        self.fence = Fence(-1, self.fence.holder if self.fence else holder, _never)
 
     def fence_token(self) -> int | None:
         """The newest token that took the ledger over (None: never fenced)."""
