@@ -225,3 +225,20 @@ def test_dry_run_on_a_pilot_does_not_trip_on_one_bad_node(tmp_path):
     assert not held
     assert any(d["key"] == "drain:gpu000" for d in ledger.decisions())
     ledger.close()
+
+
+def test_a_restriction_replaced_by_another_is_not_a_return():
+    """Tripped, with the return window full: a label replaced by a drain (or a drain by a
+    label) is lifted at once and counts nothing; a node leaving every restriction waits."""
+    from seamguard.decide.explain import kept
+    from seamguard.decide.planner import pace_returns
+
+    pol = default_policy(breaker={"min_nodes": 1, "max_return_fraction": 0.01})
+    full = BreakerState(tripped=True, reason="x", returned=((90.0, "gpu031"),))
+    node_index = {n: i for i, n in enumerate(N)}
+    in_effect = {"label_degraded:gpu000=none", "drain:gpu009", "drain:gpu018"}
+    desired = {k: kept(k, "wanted") for k in ("drain:gpu000", "label_degraded:gpu009=async_batch_inference")}
+    out, after = pace_returns(desired, in_effect, full, PILOT, node_index, pol, 100.0)
+    assert "label_degraded:gpu000=none" not in out and "drain:gpu009" not in out, "replacements go at once"
+    assert "drain:gpu018" in out and "lift held: breaker tripped: 1 of 1 nodes returned" in out["drain:gpu018"].reason
+    assert after.returned == full.returned

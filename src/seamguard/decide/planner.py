@@ -405,9 +405,12 @@ def pace_returns(desired: dict[str, Action], in_effect: set[str], breaker: Break
                  node_index: dict[str, int], policy: Policy, t_s: float) -> tuple[dict[str, Action], BreakerState]:
     """Let the node restrictions seamguard holds, and no longer wants, go at the breaker's return pace.
 
-    A tripped breaker bounds how many nodes come back per window; one past the bound is kept, with why."""
-    returns = [(k, ActionKey.parse(k).entity) for k in sorted(in_effect - set(desired))
-               if ActionKey.parse(k).verb in RESTRICTS_NODE and ActionKey.parse(k).entity in node_index]
+    A node returns when none of its restrictions is wanted any more (one replaced by another,
+    label by drain or drain by label, is not a return). A tripped breaker bounds how many
+    nodes come back per window; one past the bound is kept, with why."""
+    still = {ak.entity for ak in map(ActionKey.parse, desired) if ak.verb in RESTRICTS_NODE}
+    returns = [(k, ak.entity) for k, ak in ((k, ActionKey.parse(k)) for k in sorted(in_effect - set(desired)))
+               if ak.verb in RESTRICTS_NODE and ak.entity in node_index and ak.entity not in still]
     breaker, _, held = admit_returns(breaker, fleet, policy.breaker, t_s, returns)
     desired = dict(desired)
     for k, why in held.items():
