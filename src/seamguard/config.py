@@ -33,6 +33,7 @@ MAX_YAML_NODES = 5_000_000  # nodes after alias expansion; a 100k-GPU topology h
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _INT_TAG = "tag:yaml.org,2002:int"
+_STR_TAG = "tag:yaml.org,2002:str"
 _INT64 = 2**63  # no setting needs an integer outside [-2**63, 2**63)
 
 
@@ -63,25 +64,38 @@ def _scalar_problem(value: Any, node: yaml.Node) -> str | None:
 
 
 class _StrictLoader(_SafeLoader):  # type: ignore[misc, valid-type]
-    """The safe loader, refusing duplicate keys and absurd scalars (see the module docstring)."""
+    """The safe loader, refusing duplicate keys and absurd scalars (see the module docstring).
 
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        try:
-            value = super().construct_object(node, deep)
-        except (ValueError, OverflowError, TypeError) as e:  # int("9"*5000), a 13th month, ...
-            if node.tag == _INT_TAG:
-                raise _RefusedNode(node, _int_range(node)) from None
-            raise _RefusedNode(node, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-        if isinstance(node, yaml.ScalarNode):
-            problem = _scalar_problem(value, node)
-            if problem:
-                raise _RefusedNode(node, problem)
-        return value
+    Only the constructors that can meet an absurd scalar are wrapped (int, float, timestamp),
+    so the common nodes (strings, mappings) cost what they cost in the safe loader.
+    """
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
             _refuse_duplicates(self, node)
         return super().construct_mapping(node, deep)
+
+
+def _checked(construct: Any) -> Any:
+    """A scalar constructor whose failures and absurd results become ``_RefusedNode``."""
+    def build(loader: _StrictLoader, node: yaml.Node) -> Any:
+        try:
+            value = construct(loader, node)
+        except (ValueError, OverflowError, TypeError) as e:  # int("9"*5000), a 13th month, ...
+            if node.tag == _INT_TAG:
+                raise _RefusedNode(node, _int_range(node)) from None
+            raise _RefusedNode(node, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+        problem = _scalar_problem(value, node)
+        if problem:
+            raise _RefusedNode(node, problem)
+        return value
+    return build
+
+
+for _tag, _construct in (("int", yaml.constructor.SafeConstructor.construct_yaml_int),
+                         ("float", yaml.constructor.SafeConstructor.construct_yaml_float),
+                         ("timestamp", yaml.constructor.SafeConstructor.construct_yaml_timestamp)):
+    _StrictLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _checked(_construct))
 
 
 def _refuse_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> None:
@@ -90,7 +104,9 @@ def _refuse_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> None:
     for key_node, _ in node.value:
         if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
             continue
-        key = loader.construct_object(key_node)  # memoized: super() reuses it
+        # A string key is its text (most keys; no second construction); others are built, so
+        # `1` and `01` are the same int key.
+        key = key_node.value if key_node.tag == _STR_TAG else loader.construct_object(key_node)
         if key in first_line:
             raise _RefusedNode(key_node, f"duplicate key {str(key_node.value)[:80]!r} "
                                          f"(first given at line {first_line[key]})")
