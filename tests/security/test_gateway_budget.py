@@ -221,6 +221,32 @@ def test_a_keep_alive_only_backend_holds_the_client_and_the_slot(gateway_factory
     assert ended and inflight == 0
 
 
+def test_keep_alives_after_the_first_tokens_hold_the_stream_open(gateway_factory, tmp_path, observed):
+    """A backend that streams 2 tokens, then only SSE keep-alive comments (between-token deadline 1 s).
+    Refused: keep-alives do not reset the between-token deadline: the client gets its 2 tokens and an upstream_timeout error event within seconds, the backend stream is closed and the slot freed."""
+    fb = FakeBackend(keepalive_only_s=0.2, tokens_before_keepalive=2)
+    with ThreadedServer(fb.app()) as be:
+        url, _ = gateway_factory(_cfg(be.url, _sqlite(tmp_path), timeouts={"between_tokens_s": 1.0},
+                                      concurrency=1), clock=lambda: T0)
+        text, got = [], "a stream that ended without error"
+        t0 = time.monotonic()
+        try:
+            for ch in _client(url, timeout_s=8).chat.completions.create(model="fake-model", messages=MSG,
+                                                                         max_tokens=10, stream=True):
+                text.extend(c.delta.content or "" for c in ch.choices)
+        except openai.APIError as e:
+            got = f"{type(e).__name__}: {e.message[:80]}"
+        waited_s = time.monotonic() - t0
+        time.sleep(0.5)
+        ended = fb.bills[-1].ended_at is not None if fb.bills else False
+        inflight = _used(url)["inflight"]
+        observed(f"client got {''.join(text)!r} then {got} after {waited_s:.1f} s; backend stream closed: {ended}; "
+                 f"key in flight: {inflight}")
+    assert "".join(text) == "tok0 tok1"
+    assert "next token within 1 s" in got and waited_s < 4.0
+    assert ended and inflight == 0
+
+
 def test_a_client_that_leaves_a_keep_alive_stream_keeps_the_backend_and_slot(gateway_factory, tmp_path, observed):
     """A client that opens a stream to a keep-alive-only backend and leaves after 1 s (first-token deadline: the default 120 s).
     Refused: the disconnect is noticed at once: the backend stream is closed and the key's in-flight slot freed within seconds, not at the slot's 15-minute expiry."""

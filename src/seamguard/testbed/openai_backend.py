@@ -19,7 +19,8 @@ It speaks the disaggregated-prefill convention (a request with
 ``kv_transfer_params.do_remote_decode`` answers one token and ``kv_transfer_params`` for the
 decode instance), can be told to fail (`fail_next`), and to misbehave as a hostile or broken
 backend would: report a given ``usage_override``, generate ``ignore_max_tokens`` tokens whatever
-the request asks, or keep a stream open with keep-alive comments only (``keepalive_only_s``).
+the request asks, or keep a stream open with keep-alive comments only (``keepalive_only_s``,
+after ``tokens_before_keepalive`` tokens).
 `ThreadedServer` runs any ASGI app with uvicorn on a loopback port in a background thread,
 with a bounded start and stop.
 """
@@ -94,7 +95,8 @@ class FakeBackend:
     usage_in_stream: bool = True  # False: never send the usage chunk (the gateway must count chunks)
     usage_override: dict[str, Any] | None = None  # report this usage instead of the real one
     ignore_max_tokens: int | None = None  # generate this many tokens whatever the request asks
-    keepalive_only_s: float | None = None  # streams: a keep-alive comment this often, never a token
+    keepalive_only_s: float | None = None  # streams: a keep-alive comment this often, never a token ...
+    tokens_before_keepalive: int = 0  # ... after this many tokens
     seen: list[dict[str, Any]] = field(default_factory=list)  # request bodies, in order (tests look)
     bills: list[Bill] = field(default_factory=list)  # what each request cost, in order
     kv_hosts: list[str] = field(default_factory=list)  # a prefill's KV addresses, one per rail (remote_hosts)
@@ -188,7 +190,7 @@ class FakeBackend:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and self.usage_in_stream
         base = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": int(time.time()),
                 "model": body.get("model", self.model)}
-        events = (self._keepalive(bill) if self.keepalive_only_s is not None
+        events = (self._keepalive(bill, base, chat) if self.keepalive_only_s is not None
                   else self._events(bill, base, n, chat, usage if include_usage else None))
         return StreamingResponse(events, media_type="text/event-stream")
 
@@ -233,8 +235,13 @@ class FakeBackend:
             bill.aborted = bill.completion < n
             bill.ended_at = time.monotonic()
 
-    async def _keepalive(self, bill: Bill):
+    async def _keepalive(self, bill: Bill, base: dict, chat: bool):
         try:
+            for i in range(self.tokens_before_keepalive):
+                piece = f"tok{i}" if i == 0 else f" tok{i}"
+                choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+                bill.completion += 1
+                yield f"data: {json.dumps({**base, 'choices': [choice]})}\n\n"
             while True:
                 yield ": keep-alive\n\n"
                 await asyncio.sleep(self.keepalive_only_s or 0.0)
