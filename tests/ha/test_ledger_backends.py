@@ -205,3 +205,22 @@ def test_a_sqlite_ledger_from_before_fencing_opens_and_gains_the_columns(tmp_pat
     ledger.begin_action(2, 0.0, "apply", "drain:node:n1", "drain", "log")
     assert ledger.db.execute("SELECT fence FROM actions WHERE tick=2").fetchone() == (None,)
     ledger.close()
+
+
+def test_a_deadline_that_passes_while_the_action_row_commits_stops_the_actuator_call(ledger_target, tmp_path):
+    """A slow commit: the check before the write passed, the deadline is gone when it returns.
+    The row stays pending (the next leader settles it); the actuator is not called."""
+    decisions = _one_decision(tmp_path)
+    ledger = open_ledger(ledger_target)
+    calls = iter([True])  # begin_action's check before its write; the one after the commit fails
+    ledger.take_fence(Fence(4, "a", lambda: next(calls, False)))
+    act = _Recording()
+    with pytest.raises(Fenced, match="passed while the write committed"):
+        reconcile(decisions, [act], ledger, tick=1, enforce=True, actual=set())
+    assert act.calls == []
+    assert [r["status"] for r in ledger.actions()] == ["pending"]
+    settler = open_ledger(ledger_target)
+    assert settler.settle_pending(actual=set()) == 1  # what a new leader does on taking over
+    assert [r["status"] for r in settler.actions()] == ["interrupted"]
+    settler.close()
+    ledger.close()

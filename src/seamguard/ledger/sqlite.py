@@ -286,6 +286,13 @@ class Ledger(_Reads):
             raise
         self._depth = 0
         self.db.execute("COMMIT")
+        fence = self.fence
+        if fence is not None and not fence.may_act():
+            # Recorded, but the deadline passed while it committed (a slow ledger): what the
+            # write preceded must not happen now. A pending action row stays pending; the next
+            # leader settles it from what the actuators hold, as after any restart.
+            raise Fenced(f"{self.where}: {fence.holder}'s lease deadline (token {fence.token}) passed while "
+                         "the write committed")
 
     @contextmanager
     def _write(self) -> Iterator[None]:
