@@ -5,8 +5,9 @@ but a lock held by another process (a backup, an operator's `sqlite3` shell, a s
 gateway on the same file) used to block the event loop for the whole busy timeout, one
 request after the other. Here every statement runs on the connection's own thread, in the
 order it was submitted (a transaction is one submitted function, so two never interleave),
-with a short busy timeout; and a job that already waited its busy timeout in line behind a
-blocked one fails at once instead of stacking another wait. The caller awaits `run` and
+with a short busy timeout; and a job queued while the one ahead of it found the file locked
+fails at once instead of stacking another wait (a queue that is only long, with no lock,
+waits its turn). The caller awaits `run` and
 gets the function's result, or `sqlite3.OperationalError` naming the file.
 """
 
@@ -22,6 +23,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 BUSY_TIMEOUT_S = 0.5  # a write lock held longer than this by another process: the caller is refused
+SQLITE_BUSY, SQLITE_LOCKED = 5, 6  # primary result codes
 
 
 class SqliteThread:
@@ -29,6 +31,7 @@ class SqliteThread:
         self.path = str(path)
         self.busy_timeout_s = busy_timeout_s
         self._ex = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._busy_at = -1.0  # when a job last found the file locked (monotonic; written on the thread)
         self.db: sqlite3.Connection = self._ex.submit(self._open).result()
 
     def _open(self) -> sqlite3.Connection:
@@ -44,12 +47,15 @@ class SqliteThread:
         return db
 
     def _call(self, queued_at: float | None, fn: Callable[..., T], args: tuple) -> T:
-        waited_s = 0.0 if queued_at is None else time.monotonic() - queued_at
-        if waited_s > self.busy_timeout_s:  # the jobs ahead were blocked: do not add another wait
-            raise sqlite3.OperationalError(f"busy (waited {waited_s:.1f} s in line behind a lock)")
+        if queued_at is not None and self._busy_at >= queued_at:
+            # a job ahead of it hit a lock while it waited in line: do not add another wait
+            raise sqlite3.OperationalError(f"database is locked (a job ahead of this one waited "
+                                           f"{self.busy_timeout_s:g} s for it)")
         try:
             return fn(self.db, *args)
-        except sqlite3.Error:
+        except sqlite3.Error as e:
+            if (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED):
+                self._busy_at = time.monotonic()
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             raise
