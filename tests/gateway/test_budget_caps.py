@@ -75,6 +75,9 @@ def test_reservation_is_the_larger_cap_times_the_choices_and_the_body_carries_it
     r = reserve_for(CHAT, 512, 4.0, 256)
     sent = capped_body({**CHAT, "kv_transfer_params": {"do_remote_prefill": True}}, r)
     assert sent["max_tokens"] == sent["max_completion_tokens"] == 512 and "kv_transfer_params" not in sent
+    completion = {"model": "m", "prompt": "x", "max_completion_tokens": 1, "max_tokens": 100_000}
+    sent = capped_body(completion, reserve_for(completion, 512, 4.0, 256))
+    assert sent["max_tokens"] == 100_000 and "max_completion_tokens" not in sent   # the one field its API has
 
 
 def test_requests_no_estimate_can_bound_are_refused():

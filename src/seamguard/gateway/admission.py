@@ -284,11 +284,17 @@ def reserve_for(body: dict[str, Any], default_max_tokens: int, chars_per_token: 
 
 
 def capped_body(body: dict[str, Any], r: Reserved) -> dict[str, Any]:
-    """The body forwarded to the backend: both output caps set to the reservation, so whichever the
+    """The body forwarded to the backend: its output caps set to the reservation, so whichever the
     backend reads, and its default when the client set none, it cannot generate more than was
-    reserved; a client's ``kv_transfer_params`` dropped (only the gateway directs KV transfers)."""
+    reserved. A chat request carries both ``max_tokens`` and ``max_completion_tokens``; a
+    completion only ``max_tokens`` (the one field its API has: a stricter server may refuse the
+    other). A client's ``kv_transfer_params`` are dropped (only the gateway directs KV transfers)."""
     out = {k: v for k, v in body.items() if k != "kv_transfer_params"}
-    out["max_tokens"] = out["max_completion_tokens"] = r.per_choice
+    out["max_tokens"] = r.per_choice
+    if "messages" in body:
+        out["max_completion_tokens"] = r.per_choice
+    else:
+        out.pop("max_completion_tokens", None)
     return out
 
 
