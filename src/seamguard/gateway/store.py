@@ -1,11 +1,16 @@
 """Where budgets and key states live: one interface, two stores.
 
 - `SqliteStore`: one gateway replica. A file in WAL mode; every reserve and reconcile is
-  one ``BEGIN IMMEDIATE`` transaction, so budgets survive a restart (requests in flight at
-  a restart did not survive it, so their slots are dropped when the file is opened).
+  one ``BEGIN IMMEDIATE`` transaction on the connection's own thread (`SqliteThread`, a short
+  busy timeout), so budgets survive a restart (requests in flight at a restart did not
+  survive it, so their slots are dropped when the file is opened) and a lock held elsewhere
+  refuses requests instead of freezing the event loop.
 - `RedisStore`: several replicas behind a load balancer share one Redis. Reserve and
   reconcile are each one Lua script (atomic in Redis), so two replicas never both take the
   last of a budget; the only over-spend is a request's usage above its own reservation.
+  Each replica also keeps a durable record on local disk (`DurableRecord`, the ledger file):
+  a Redis that loses its data neither lifts a key's state (`merge_key_records`) nor zeroes a
+  budget (the epoch marker and `RedisStore._join`).
 
 Both run the same check (`seamguard.gateway.admission.fits`; the Lua script computes the
 same sums and hands the counters of a refused scope back to it for the reason and the
