@@ -106,6 +106,12 @@ def _paged(select: str, order: str, limit: int, offset: int,
     return f"{select} ORDER BY {order} DESC LIMIT ? OFFSET ?", args + [limit, offset]
 
 
+def _between(column: str, since: float | None, until: float | None) -> tuple[tuple[str, list] | None, ...]:
+    """Conditions keeping rows whose ``column`` lies in [since, until] (either end open when None)."""
+    return ((f"{column} >= ?", [since]) if since is not None else None,
+            (f"{column} <= ?", [until]) if until is not None else None)
+
+
 class _Reads:
     """The queries over the record, shared by the writer (`Ledger`) and `LedgerReader`.
 
@@ -118,34 +124,39 @@ class _Reads:
         raise NotImplementedError
 
     def transitions(self, *, upto_tick: int | None = None, entity: str | None = None, kind: str | None = None,
-                    non_healthy_only: bool = False, limit: int = 1000, offset: int = 0) -> list[dict]:
+                    non_healthy_only: bool = False, limit: int = 1000, offset: int = 0,
+                    since_t_s: float | None = None, until_t_s: float | None = None) -> list[dict]:
         q, args = _paged(
             "SELECT tick, t_s, kind, entity, from_state, to_state, gfs, prs, fae, reasons FROM transitions WHERE 1=1",
             "id", limit, offset,
             ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
             ("entity = ?", [entity]) if entity is not None else None,
             ("kind = ?", [kind]) if kind is not None else None,
-            ("(to_state != 'healthy' OR from_state != 'healthy')", []) if non_healthy_only else None)
+            ("(to_state != 'healthy' OR from_state != 'healthy')", []) if non_healthy_only else None,
+            *_between("t_s", since_t_s, until_t_s))
         return [{"tick": r[0], "t_s": r[1], "kind": r[2], "entity": r[3], "from_state": r[4], "to_state": r[5],
                  "gfs": r[6], "prs": r[7], "fae": r[8], "reasons": _reasons(r[9])}
                 for r in self._read_db().execute(q, args)]
 
     def decisions(self, *, upto_tick: int | None = None, entity: str | None = None, event: str | None = None,
-                  limit: int = 1000, offset: int = 0) -> list[dict]:
+                  limit: int = 1000, offset: int = 0, since_t_s: float | None = None,
+                  until_t_s: float | None = None) -> list[dict]:
         """``entity`` matches the decision's target or its cause."""
         q, args = _paged(
             "SELECT tick, t_s, key, event, verb, target, reason, cause, evidence, benefit, cost, criticality "
             "FROM decisions WHERE 1=1", "id", limit, offset,
             ("tick <= ?", [upto_tick]) if upto_tick is not None else None,
             ("(target = ? OR cause = ?)", [entity, entity]) if entity is not None else None,
-            ("event = ?", [event]) if event is not None else None)
+            ("event = ?", [event]) if event is not None else None,
+            *_between("t_s", since_t_s, until_t_s))
         return [{"tick": r[0], "t_s": r[1], "key": r[2], "event": r[3], "verb": r[4], "target": r[5],
                  "reason": r[6] or "", "cause": r[7] or "", "evidence": _reasons(r[8]),
                  "benefit_gpu_h_per_h": r[9], "cost_gpu_h_per_h": r[10], "criticality": r[11]}
                 for r in self._read_db().execute(q, args)]
 
     def actions(self, *, upto_tick: int | None = None, entity: str | None = None, status: str | None = None,
-                limit: int = 1000, offset: int = 0) -> list[dict]:
+                limit: int = 1000, offset: int = 0, since_t_s: float | None = None,
+                until_t_s: float | None = None) -> list[dict]:
         """Actions joined with the target, reason and cause of the decision that asked for them;
         ``entity`` matches that target or cause."""
         q, args = _paged(
@@ -154,12 +165,30 @@ class _Reads:
             "WHERE key = a.key AND event = 'decided') WHERE 1=1", "a.id", limit, offset,
             ("a.tick <= ?", [upto_tick]) if upto_tick is not None else None,
             ("(d.target = ? OR d.cause = ?)", [entity, entity]) if entity is not None else None,
-            ("a.status = ?", [status]) if status is not None else None)
+            ("a.status = ?", [status]) if status is not None else None,
+            *_between("a.t_s", since_t_s, until_t_s))
         return [{"tick": r[0], "t_s": r[1], "op": r[2], "key": r[3], "verb": r[4], "actuator": r[5],
                  "status": r[6], "detail": r[7] or "",
                  "target": r[8] or ActionKey.parse(r[3]).entity,
                  "reason": r[9] or "", "cause": r[10] or ""}
                 for r in self._read_db().execute(q, args)]
+
+    def transition_counts(self, kind: str, *, since_t_s: float, upto_tick: int | None = None,
+                          limit: int = 100_000) -> list[dict]:
+        """How many entities of ``kind`` moved between each pair of states at each tick after
+        ``since_t_s``, newest first: enough to replay state counts back from the present
+        (the dashboard's fleet-state history over days, longer than any in-memory series)."""
+        upto = "AND tick <= ? " if upto_tick is not None else ""
+        q = ("SELECT tick, MAX(t_s), from_state, to_state, COUNT(*) FROM transitions WHERE kind = ? AND t_s > ? "
+             f"{upto}GROUP BY tick, from_state, to_state ORDER BY tick DESC LIMIT ?")
+        args = [kind, since_t_s, *([upto_tick] if upto_tick is not None else []), limit]
+        return [{"tick": r[0], "t_s": r[1], "from_state": r[2], "to_state": r[3], "n": r[4]}
+                for r in self._read_db().execute(q, args)]
+
+    def first_tick_t_s(self) -> float | None:
+        """Controller time of the first tick recorded (None before any): where history begins."""
+        row = self._read_db().execute("SELECT MIN(t_s) FROM ticks").fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
     def pins(self) -> list[dict]:
         """The pins in force (as last recorded), oldest first."""

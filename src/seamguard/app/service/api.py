@@ -18,12 +18,13 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.fleet.model import KIND_BY_LABEL, Kind
 from seamguard.ledger import open_reader
 from seamguard.app.service import models as m
-from seamguard.app.service import render
+from seamguard.app.service import render, timerange
 from seamguard.app.service.access import UNNAMED, allowed_hosts, host_allowed, token_owner
 from seamguard.app.service.metrics import make_registry
 from seamguard.app.service.metrics import render as render_metrics
@@ -36,11 +37,26 @@ _E400 = {400: {"model": m.Problem, "description": "parameters that contradict ea
 _EBODY = {400: {"model": m.Problem, "description": "the body is not valid JSON"}}
 _E401 = {401: {"model": m.Problem, "description": "missing or wrong bearer token"}}
 _E503 = {503: {"model": m.Problem, "description": "the controller thread did not answer in time"}}
+_ERANGE = {400: {"model": m.Problem, "description": "since/until not a time in seconds, or not in order"}}
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="page size")]
 Offset = Annotated[int, Query(ge=0, le=10_000_000, description="rows to skip")]
 EntityName = Annotated[str, Path(min_length=1, max_length=256, description="entity name, e.g. gpu000/gpu3")]
 LoopName = Annotated[str | None, Query(max_length=256, description="only entities on this cooling loop")]
+Since = Annotated[str | None, Query(description="range start in controller seconds (the summary's t_s clock: "
+                                                "simulated for the twin, Unix for a live source)")]
+Until = Annotated[str | None, Query(description="range end in controller seconds; at most 31 days after since")]
+
+
+def time_range(since: Since = None, until: Until = None) -> timerange.TimeRange:
+    """The checked ``since``/``until`` of a history read; a one-line 400 when they are wrong."""
+    try:
+        return timerange.parse(since, until)
+    except ValueError as e:
+        raise HTTPException(400, str(e)) from None
+
+
+Range = Annotated[timerange.TimeRange, Depends(time_range)]
 
 
 _NO_TOKEN = "this call changes the controller: send 'Authorization: Bearer <token>'"
@@ -53,7 +69,8 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[
     if not tokens or not all(tokens.values()):
         raise ValueError("the service needs a non-empty bearer token for mutating calls")
     hosts = allowed_hosts("127.0.0.1") if hosts is None else hosts
-    app = FastAPI(title="seamguard", version="1",
+    # Swagger UI and ReDoc served from the package's own copies: /docs works air-gapped.
+    app = FastAPIOffline(title="seamguard", version="1",
                   description="Gray-failure control plane: fleet state, evidence, decisions and operator controls. "
                               "Every read renders one immutable snapshot published after a controller tick.")
     reader = open_reader(runner.ledger_path)
@@ -117,13 +134,20 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[
     def summary() -> m.Summary:
         return render.summary(runner.snapshot(), breaker_cfg)
 
-    @app.get(f"{API}/history/fleet", response_model=m.FleetHistory, tags=["fleet"], responses=_E404)
-    def fleet_history(points: Annotated[int, Query(ge=1, le=2000, description="ticks to return, newest last")] = 360,
+    @app.get(f"{API}/history/fleet", response_model=m.FleetHistory, tags=["fleet"], responses={**_E404, **_ERANGE})
+    def fleet_history(rng: Range, points: Annotated[int, Query(ge=1, le=2000, description="ticks to return, "
+                                                                                          "newest last")] = 360,
                       loop: LoopName = None) -> m.FleetHistory:
         try:
-            return render.fleet_history(runner.snapshot(), points, loop, assess_cfg.evidence)
+            return render.fleet_history(runner.snapshot(), points, loop, assess_cfg.evidence, rng)
         except KeyError as e:
             raise _not_found(e) from None
+
+    @app.get(f"{API}/history/states", response_model=m.StateHistory, tags=["fleet"], responses=_ERANGE)
+    def state_history(rng: Range, kind: m.KindName = m.KindName("gpu"),  # type: ignore[valid-type]
+                      points: Annotated[int, Query(ge=2, le=2000, description="sample times")] = 360,
+                      ) -> m.StateHistory:
+        return render.state_history(runner.snapshot(), reader, _kind(kind), rng, points)
 
     @app.get(f"{API}/entities", response_model=m.EntityPage, tags=["fleet"], responses={**_E400, **_E404})
     def entities(kind: m.KindName = m.KindName("gpu"),  # type: ignore[valid-type]
@@ -143,14 +167,15 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[
         except KeyError as e:
             raise _not_found(e) from None
 
-    @app.get(API + "/entities/{kind}/{name:path}", response_model=m.EntityDetail, tags=["fleet"], responses=_E404)
-    def entity(kind: m.KindName, name: EntityName,  # type: ignore[valid-type]
+    @app.get(API + "/entities/{kind}/{name:path}", response_model=m.EntityDetail, tags=["fleet"],
+             responses={**_E404, **_ERANGE})
+    def entity(kind: m.KindName, name: EntityName, rng: Range,  # type: ignore[valid-type]
                history: Annotated[int, Query(ge=1, le=500, description="transitions to return")] = 50,
                points: Annotated[int | None, Query(ge=1, le=10_000, description="signal points per series")] = None,
                ) -> m.EntityDetail:
         s = runner.snapshot()
         try:
-            return render.entity_detail(s, runner.ring, reader, _kind(kind), name, history, points, assess_cfg)
+            return render.entity_detail(s, runner.ring, reader, _kind(kind), name, history, points, assess_cfg, rng)
         except KeyError as e:
             raise _not_found(e) from None
 
@@ -174,33 +199,33 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[
     def throughput() -> m.Throughput:
         return render.throughput(runner.snapshot())
 
-    @app.get(f"{API}/transitions", response_model=list[m.TransitionOut], tags=["record"])
-    def transitions(entity: Annotated[str | None, Query(max_length=256)] = None,
+    @app.get(f"{API}/transitions", response_model=list[m.TransitionOut], tags=["record"], responses=_ERANGE)
+    def transitions(rng: Range, entity: Annotated[str | None, Query(max_length=256)] = None,
                     kind: m.KindName | None = None,  # type: ignore[valid-type]
                     limit: Limit = 100, offset: Offset = 0) -> list[m.TransitionOut]:
         rows = reader.transitions(upto_tick=runner.snapshot().tick, entity=entity, kind=kind.value if kind else None,
-                                  limit=limit, offset=offset)
+                                  limit=limit, offset=offset, since_t_s=rng.since_t_s, until_t_s=rng.until_t_s)
         return [m.TransitionOut(**r) for r in rows]
 
-    @app.get(f"{API}/decisions", response_model=list[m.DecisionOut], tags=["record"])
-    def decisions(entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
+    @app.get(f"{API}/decisions", response_model=list[m.DecisionOut], tags=["record"], responses=_ERANGE)
+    def decisions(rng: Range, entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
                   event: Annotated[str | None, Query(pattern="^(decided|withdrawn|held_by_breaker)$")] = None,
                   limit: Limit = 100, offset: Offset = 0) -> list[m.DecisionOut]:
         rows = reader.decisions(upto_tick=runner.snapshot().tick, entity=entity, event=event, limit=limit,
-                                offset=offset)
+                                offset=offset, since_t_s=rng.since_t_s, until_t_s=rng.until_t_s)
         return [m.DecisionOut(**r) for r in rows]
 
-    @app.get(f"{API}/actions", response_model=list[m.ActionOut], tags=["record"])
-    def actions(entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
+    @app.get(f"{API}/actions", response_model=list[m.ActionOut], tags=["record"], responses=_ERANGE)
+    def actions(rng: Range, entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
                 status: Annotated[str | None, Query(pattern="^(pending|done|failed|refused|dry_run|interrupted)$")] = None,
                 limit: Limit = 100, offset: Offset = 0) -> list[m.ActionOut]:
         rows = reader.actions(upto_tick=runner.snapshot().tick, entity=entity, status=status, limit=limit,
-                              offset=offset)
+                              offset=offset, since_t_s=rng.since_t_s, until_t_s=rng.until_t_s)
         return [m.ActionOut(**r) for r in rows]
 
-    @app.get(f"{API}/timeline", response_model=list[m.TimelineEvent], tags=["record"])
-    def timeline(limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[m.TimelineEvent]:
-        return render.timeline(runner.snapshot(), reader, limit)
+    @app.get(f"{API}/timeline", response_model=list[m.TimelineEvent], tags=["record"], responses=_ERANGE)
+    def timeline(rng: Range, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[m.TimelineEvent]:
+        return render.timeline(runner.snapshot(), reader, limit, rng)
 
     @app.get(f"{API}/map", response_model=m.FleetMap, tags=["fleet"], responses=_E404)
     def fleet_map(loop: LoopName = None) -> m.FleetMap:

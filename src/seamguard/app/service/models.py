@@ -259,6 +259,10 @@ class EntityDetail(_M):
     decisions: list[DecisionOut]
     actions: list[ActionOut]
     pin: PinOut | None
+    since_t_s: float | None = Field(None, description="the range asked for (controller seconds); null = open")
+    until_t_s: float | None = Field(None, description="the range asked for (controller seconds); null = open")
+    state_at_since: str = Field("healthy", description="its state as the range (or its oldest signal point) opens, "
+                                                       "from the ledger")
 
 
 class AdmissibleNodes(_M):
@@ -396,6 +400,22 @@ class FleetHistory(_M):
     supply_c_band: Band = Field(description="coolant supply temperature across all loops")
     flow_ratio_concern: float = Field(description="flow / rated below which loop evidence starts")
     flow_ratio_saturation: float = Field(description="flow / rated at which loop evidence saturates")
+    held_since_t_s: float | None = Field(None, description="the oldest tick the controller still holds in memory; "
+                                                           "older coolant is not kept (state counts are: "
+                                                           "/history/states)")
+
+
+class StateHistory(_M):
+    """Entities of one kind per state over a range, replayed from the ledger's transitions."""
+
+    kind: str
+    since_t_s: float = Field(description="the range asked for (controller seconds)")
+    until_t_s: float = Field(description="its end, never past the snapshot's time")
+    t_s: list[float] = Field(description="evenly spaced sample times, oldest first")
+    counts: dict[str, list[int]] = Field(description="state -> entities in it at each sample time")
+    complete_since_t_s: float | None = Field(description="samples start here: the later of the range's start and "
+                                                         "the ledger's first tick (or where a capped read stopped)")
+    moves: int = Field(description="grouped transition rows replayed")
 
 
 class ModeIn(_M):

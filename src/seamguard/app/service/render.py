@@ -19,6 +19,7 @@ from seamguard.decide.actions import ActionKey, Verb
 from seamguard.fleet.model import JobClass, Kind
 from seamguard.observe.signals import signals_for
 from seamguard.app.service import models as m
+from seamguard.app.service.timerange import ALL, TimeRange, window
 from seamguard.app.signal_ring import score_row
 from seamguard.app.snapshot import ENTITY_KINDS, KIND_DOMAIN, Snapshot
 
@@ -269,17 +270,21 @@ def _opt(a: np.ndarray) -> list[float | None]:
 
 
 def _series(s: Snapshot, ring, name: str, unit: str, help_: str, i: int, peer_idx: np.ndarray, who: str,
-            last: int | None, thresholds: list[m.ThresholdLine]) -> m.SignalSeries:
-    t, vals = ring.series(name, i, s.ring_upto, last)
+            last: int | None, thresholds: list[m.ThresholdLine], rng: TimeRange = ALL) -> m.SignalSeries:
+    """One signal of one entity with its peers' band: the last ``last`` ticks, or, given a
+    range, the ring's ticks inside it thinned to ``last`` points."""
+    t, vals = ring.series(name, i, s.ring_upto, last if rng == ALL else None)
+    keep = list(range(len(t))) if rng == ALL else window(t, rng, last)
     band: dict = {}
-    if peer_idx.size >= 3 and t:
+    if peer_idx.size >= 3 and keep:
         _, mat = ring.matrix(name, peer_idx, s.ring_upto, len(t))
         if mat.size:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN points stay NaN
-                p10, p50, p90 = np.nanpercentile(mat, [10, 50, 90], axis=1)
+                p10, p50, p90 = np.nanpercentile(mat[keep], [10, 50, 90], axis=1)
             band = dict(peers=who, peer_p10=_opt(p10), peer_p50=_opt(p50), peer_p90=_opt(p90))
-    return m.SignalSeries(name=name, unit=unit, help=help_, t_s=t, values=vals, thresholds=thresholds, **band)
+    return m.SignalSeries(name=name, unit=unit, help=help_, t_s=[t[k] for k in keep], values=[vals[k] for k in keep],
+                          thresholds=thresholds, **band)
 
 
 def signal_thresholds(s: Snapshot, kind: Kind, i: int, name: str, ev_cfg) -> list[m.ThresholdLine]:
@@ -297,10 +302,11 @@ def signal_thresholds(s: Snapshot, kind: Kind, i: int, name: str, ev_cfg) -> lis
     return []
 
 
-def signals(s: Snapshot, ring, kind: Kind, i: int, last: int | None = None, ev_cfg=None) -> list[m.SignalSeries]:
+def signals(s: Snapshot, ring, kind: Kind, i: int, last: int | None = None, ev_cfg=None,
+            rng: TimeRange = ALL) -> list[m.SignalSeries]:
     peer_idx, who = peers(s, kind, i)
     return [_series(s, ring, sig.name, sig.unit, sig.help, i, peer_idx, who, last,
-                    signal_thresholds(s, kind, i, sig.name, ev_cfg)) for sig in signals_for(kind)]
+                    signal_thresholds(s, kind, i, sig.name, ev_cfg), rng) for sig in signals_for(kind)]
 
 
 def score_thresholds(assess_cfg, kind: Kind) -> m.ScoreThresholds:
@@ -310,13 +316,14 @@ def score_thresholds(assess_cfg, kind: Kind) -> m.ScoreThresholds:
                              prs_scale_gpus=assess_cfg.propagation.prs_scale_gpus)
 
 
-def gfs_series(s: Snapshot, ring, kind: Kind, i: int, last: int | None, th: m.ScoreThresholds) -> m.SignalSeries:
+def gfs_series(s: Snapshot, ring, kind: Kind, i: int, last: int | None, th: m.ScoreThresholds,
+               rng: TimeRange = ALL) -> m.SignalSeries:
     peer_idx, who = peers(s, kind, i)
     lines = [m.ThresholdLine(value=th.quarantine_enter, label=f"quarantine (GFS >= {th.quarantine_enter:g})"),
              m.ThresholdLine(value=th.degrade_enter, label=f"degrade (GFS >= {th.degrade_enter:g})"),
              m.ThresholdLine(value=th.degrade_exit, label=f"recover (GFS < {th.degrade_exit:g})")]
     return _series(s, ring, score_row(kind.label), "score",
-                   "gray-failure score: noisy-OR of the evidence channels, 0 to 1", i, peer_idx, who, last, lines)
+                   "gray-failure score: noisy-OR of the evidence channels, 0 to 1", i, peer_idx, who, last, lines, rng)
 
 
 def pin_out(p: Pin) -> m.PinOut:
@@ -324,13 +331,31 @@ def pin_out(p: Pin) -> m.PinOut:
                     since_wall_s=p.since_wall_s)
 
 
+def _state_before(reader, s: Snapshot, name: str, rng: TimeRange, hist: list[dict], now: str,
+                  limit: int) -> str:
+    """The entity's state as the range opens (``hist``: its transitions in the range, newest
+    first): the last one at or before it, else the state the earliest later one left."""
+    if rng.since_t_s is not None:
+        before = reader.transitions(upto_tick=s.tick, entity=name, until_t_s=rng.since_t_s, limit=1)
+        if before:
+            return before[0]["to_state"]
+    if hist:
+        return hist[-1]["from_state"]
+    if rng.until_t_s is None:
+        return now
+    later = reader.transitions(upto_tick=s.tick, entity=name, since_t_s=rng.until_t_s, limit=limit)
+    return later[-1]["from_state"] if later else now
+
+
 def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limit: int = 50,
-                  signal_points: int | None = None, assess_cfg=None) -> m.EntityDetail:
+                  signal_points: int | None = None, assess_cfg=None, rng: TimeRange = ALL) -> m.EntityDetail:
     i = s.fleet.index_of(kind, name)  # KeyError -> 404
     row = entity_row(s, kind, i)
     ev = reasons_out(s.reasons(kind, i))
-    hist = reader.transitions(upto_tick=s.tick, entity=name, limit=history_limit)
-    entered = hist[0] if hist and hist[0]["to_state"] == row.state else None
+    newest = reader.transitions(upto_tick=s.tick, entity=name, limit=1)
+    entered = newest[0] if newest and newest[0]["to_state"] == row.state else None
+    span = dict(since_t_s=rng.since_t_s, until_t_s=rng.until_t_s)
+    hist = reader.transitions(upto_tick=s.tick, entity=name, limit=history_limit, **span)
     pin = next((p for p in s.pins if p.kind == kind and p.index == i), None)
     targets = [name]
     if assess_cfg is None:
@@ -338,20 +363,22 @@ def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limi
         assess_cfg = AssessConfig()
     th = score_thresholds(assess_cfg, kind)
     node = parents(s, kind, i).get("node")
-    decisions = reader.decisions(upto_tick=s.tick, entity=name, limit=50)
-    actions = reader.actions(upto_tick=s.tick, entity=name, limit=50)
+    decisions = reader.decisions(upto_tick=s.tick, entity=name, limit=50, **span)
+    actions = reader.actions(upto_tick=s.tick, entity=name, limit=50, **span)
     if node is not None and not decisions:
         # A GPU's or NIC's actions usually target its node.
-        decisions = reader.decisions(upto_tick=s.tick, entity=node, limit=50)
-        actions = reader.actions(upto_tick=s.tick, entity=node, limit=50)
+        decisions = reader.decisions(upto_tick=s.tick, entity=node, limit=50, **span)
+        actions = reader.actions(upto_tick=s.tick, entity=node, limit=50, **span)
         targets.append(node)
     return m.EntityDetail(
         entity=row, parents=parents(s, kind, i), children=children(s, kind, i), evidence=ev,
         why=why(row, ev, entered, pin),
         entered_by=m.TransitionOut(**entered) if entered else None,
         history=[m.TransitionOut(**h) for h in hist],
-        signals=signals(s, ring, kind, i, signal_points, assess_cfg.evidence),
-        gfs_series=gfs_series(s, ring, kind, i, signal_points, th), thresholds=th,
+        signals=signals(s, ring, kind, i, signal_points, assess_cfg.evidence, rng),
+        gfs_series=gfs_series(s, ring, kind, i, signal_points, th, rng), thresholds=th,
+        since_t_s=rng.since_t_s, until_t_s=rng.until_t_s,
+        state_at_since=_state_before(reader, s, name, rng, hist, row.state, history_limit),
         decisions=[m.DecisionOut(**d) for d in decisions], actions=[m.ActionOut(**a) for a in actions],
         pin=pin_out(pin) if pin else None)
 
@@ -445,9 +472,10 @@ def throughput(s: Snapshot) -> m.Throughput:
                 for x in s.throughput])
 
 
-def timeline(s: Snapshot, reader, limit: int) -> list[m.TimelineEvent]:
-    trs = reader.transitions(upto_tick=s.tick, non_healthy_only=True, limit=limit)
-    acts = reader.actions(upto_tick=s.tick, limit=limit)
+def timeline(s: Snapshot, reader, limit: int, rng: TimeRange = ALL) -> list[m.TimelineEvent]:
+    span = dict(since_t_s=rng.since_t_s, until_t_s=rng.until_t_s)
+    trs = reader.transitions(upto_tick=s.tick, non_healthy_only=True, limit=limit, **span)
+    acts = reader.actions(upto_tick=s.tick, limit=limit, **span)
     ev = [m.TimelineEvent(t_s=t["t_s"], tick=t["tick"], type="transition", entity=t["entity"], kind=t["kind"],
                           text=f"{t['from_state']} → {t['to_state']}" +
                                (f": {t['reasons'][0]['channel']}" if t["reasons"] else ""),
@@ -529,11 +557,16 @@ def _band(a: np.ndarray) -> m.Band:
     return m.Band(p10=_opt(p10), p50=_opt(p50), p90=_opt(p90))
 
 
-def fleet_history(s: Snapshot, points: int = 360, loop: str | None = None, ev_cfg=None) -> m.FleetHistory:
-    """State counts and per-loop coolant over the last ``points`` ticks. KeyError on an unknown loop."""
+def fleet_history(s: Snapshot, points: int = 360, loop: str | None = None, ev_cfg=None,
+                  rng: TimeRange = ALL) -> m.FleetHistory:
+    """State counts and per-loop coolant over the last ``points`` ticks, or over the ticks the
+    controller still holds inside ``rng`` thinned to ``points``. KeyError on an unknown loop."""
     f = s.fleet
     want = f.index_of(Kind.COOLING_LOOP, loop) if loop is not None else None
-    h = s.fleet_history[-points:]
+    if rng == ALL:
+        h = s.fleet_history[-points:]
+    else:
+        h = tuple(s.fleet_history[k] for k in window([p.t_s for p in s.fleet_history], rng, points))
     n_loops = f.count(Kind.COOLING_LOOP)
     t = [p.t_s for p in h]
     states = []
@@ -560,5 +593,55 @@ def fleet_history(s: Snapshot, points: int = 360, loop: str | None = None, ev_cf
              for i in chosen]
     hi, lo = ev_cfg.flow_ratio if ev_cfg is not None else (0.92, 0.80)
     return m.FleetHistory(t_s=t, wall_s=[p.wall_s for p in h], state_codes=STATE_LABELS, states=states,
+                          held_since_t_s=s.fleet_history[0].t_s if s.fleet_history else None,
                           loops_total=n_loops, loops=loops, flow_ratio_band=_band(cool[:, :, 0] / rated),
                           supply_c_band=_band(cool[:, :, 1]), flow_ratio_concern=hi, flow_ratio_saturation=lo)
+
+
+# ---- state counts replayed from the ledger -------------------------------------------------------
+STATE_ROWS_MAX = 200_000  # grouped transition rows one request replays (a tick's moves are one row per pair)
+
+
+def replay_counts(now: dict[str, int], moves: list[dict], grid_t_s: np.ndarray) -> np.ndarray:
+    """Counts per state [len(grid), len(State)] at each grid time, from the counts ``now`` and
+    the moves after the grid's start (newest first: tick, t_s, from_state, to_state, n).
+    A move at time t is in effect at t: the count at t includes it."""
+    cur = np.array([now.get(x, 0) for x in STATE_LABELS], dtype=np.int64)
+    if not moves:
+        return np.tile(cur, (grid_t_s.size, 1))
+    col = {x: j for j, x in enumerate(STATE_LABELS)}
+    delta = np.zeros((len(moves), len(STATE_LABELS)), dtype=np.int64)  # newest first
+    for k, mv in enumerate(moves):
+        delta[k, col[mv["to_state"]]] += mv["n"]
+        delta[k, col[mv["from_state"]]] -= mv["n"]
+    undone = np.vstack([np.zeros(len(STATE_LABELS), dtype=np.int64), np.cumsum(delta, axis=0)])
+    t_desc = np.array([mv["t_s"] for mv in moves], dtype=float)
+    # moves later than each grid time: they are undone to get back to it
+    later = np.searchsorted(-t_desc, -grid_t_s, side="left")
+    return cur[None, :] - undone[later]
+
+
+def state_history(s: Snapshot, reader, kind: Kind, rng: TimeRange, points: int,
+                  default_span_s: float = 3600.0) -> m.StateHistory:
+    """Entities of ``kind`` per state over ``rng`` (default: the last hour), replayed from the
+    ledger's transitions back from the snapshot's counts: as long as the ledger reaches, not
+    only the ticks the controller holds in memory."""
+    end = s.t_s if rng.until_t_s is None else min(rng.until_t_s, s.t_s)
+    start = end - default_span_s if rng.since_t_s is None else rng.since_t_s
+    first = reader.first_tick_t_s()
+    begins = start if first is None else max(start, first)
+    if s.tick < 0 or end <= begins:
+        return m.StateHistory(kind=kind.label, since_t_s=start, until_t_s=end, t_s=[], counts={},
+                              complete_since_t_s=None, moves=0)
+    moves = reader.transition_counts(kind.label, since_t_s=begins, upto_tick=s.tick, limit=STATE_ROWS_MAX + 1)
+    complete = begins
+    if len(moves) > STATE_ROWS_MAX:
+        # The oldest tick read may be cut short: keep whole ticks, and say where exactness starts.
+        last_tick = moves[STATE_ROWS_MAX]["tick"]
+        moves = [mv for mv in moves[:STATE_ROWS_MAX] if mv["tick"] != last_tick]
+        complete = moves[-1]["t_s"] if moves else end
+    grid = np.linspace(complete, end, num=max(2, points)) if points > 1 else np.array([end])
+    counts = replay_counts(s.kinds[kind].counts(), moves, grid)
+    return m.StateHistory(kind=kind.label, since_t_s=start, until_t_s=end, t_s=[round(float(x), 3) for x in grid],
+                          counts={x: counts[:, j].tolist() for j, x in enumerate(STATE_LABELS)},
+                          complete_since_t_s=complete, moves=len(moves))

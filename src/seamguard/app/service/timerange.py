@@ -1,0 +1,75 @@
+"""The time range a history request asks for, checked before anything is read.
+
+Every history endpoint (`/history/*`, `/timeline`, `/transitions`, `/decisions`,
+`/actions`, an entity's detail) takes ``since`` and ``until`` in the controller's clock
+(`Snapshot.t_s`: simulated seconds for the twin, Unix seconds for a live source). Both
+arrive as text so that a bad value gets one line saying which parameter and why, not a
+validation tree. Pure functions: no clock, no I/O; the handlers pass the snapshot's time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_SPAN_S = 31 * 86400.0  # the picker's longest range is 7 days; a month is the most one request reads
+MAX_T_S = 1e11  # beyond year 5000 in Unix seconds: a typo, not a time
+MAX_TEXT = 32  # characters a time may take
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """[since_t_s, until_t_s] in controller seconds; None = that end is open."""
+
+    since_t_s: float | None = None
+    until_t_s: float | None = None
+
+    def holds(self, t_s: float) -> bool:
+        return (self.since_t_s is None or t_s >= self.since_t_s) and (self.until_t_s is None or t_s <= self.until_t_s)
+
+
+ALL = TimeRange()
+
+
+def _seconds(name: str, text: str | None) -> float | None:
+    if text is None or text == "":
+        return None
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"{name}: {len(text)} characters; a time is a number of seconds (at most {MAX_TEXT})")
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{name}: {text!r} is not a number of seconds") from None
+    if not math.isfinite(v) or not 0.0 <= v <= MAX_T_S:
+        raise ValueError(f"{name}: {text!r} is outside 0..{MAX_T_S:.0e} seconds")
+    return v
+
+
+def parse(since: str | None, until: str | None) -> TimeRange:
+    """The checked range; ValueError with one line naming the parameter when it is wrong."""
+    a, b = _seconds("since", since), _seconds("until", until)
+    if a is not None and b is not None:
+        if a >= b:
+            raise ValueError(f"since ({a:g}) must be before until ({b:g})")
+        if b - a > MAX_SPAN_S:
+            raise ValueError(f"since..until spans {(b - a) / 86400:.1f} days; at most {MAX_SPAN_S / 86400:.0f} "
+                             "days per request")
+    return TimeRange(a, b)
+
+
+def thin(n: int, points: int) -> list[int]:
+    """Indices of at most ``points`` of ``n`` samples, evenly spread, always keeping the last."""
+    if n <= points:
+        return list(range(n))
+    if points <= 1:
+        return [n - 1]
+    step = (n - 1) / (points - 1)
+    return sorted({round(k * step) for k in range(points)})
+
+
+def window(t_s: list[float], r: TimeRange, points: int | None) -> list[int]:
+    """Indices of the samples of ``t_s`` (oldest first) inside ``r``, thinned to ``points``."""
+    inside = [i for i, t in enumerate(t_s) if r.holds(t)]
+    if points is None:
+        return inside
+    return [inside[k] for k in thin(len(inside), points)]
