@@ -190,9 +190,9 @@ class Elector:
                 if not await self._campaign(client):
                     await asyncio.sleep(self.settings.poll_s)
                     continue
-            await asyncio.sleep(self.settings.renew_every_s)
-            if self._lease_id is not None:
+            else:  # renew first: a session that starts after a failed call has no time to lose
                 await self._renew(client)
+            await asyncio.sleep(self.settings.renew_every_s)
 
     async def _campaign(self, client) -> bool:
         if await client.get(self._key) is not None:
