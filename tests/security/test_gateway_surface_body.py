@@ -118,7 +118,7 @@ def test_known_fields_of_the_wrong_type_are_one_line_400s(backend, gateway_facto
     b'{"model": "fake-model", "messages": [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]}',
 ], ids=["nan", "1e400", "lone-surrogate", "role-not-a-string", "part-type-not-a-string"])
 def test_json_the_proxy_cannot_forward_is_a_one_line_400(backend, gateway_factory, tmp_path, observed, raw):
-    """JSON Python parses but the gateway cannot use (NaN, 1e400, a lone surrogate, a role or content part type not a string).
+    """JSON that parses but the gateway cannot use: NaN, 1e400, a lone surrogate, a non-string role or part type.
     Refused: 400 in one line, nothing forwarded; no 500."""
     fb, burl = backend
     url, _ = gateway_factory(base_config(burl, _sqlite(tmp_path)))

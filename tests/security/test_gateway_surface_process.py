@@ -74,7 +74,7 @@ def test_sigterm_cuts_a_stream_that_outlasts_the_drain_deadline(backend, tmp_pat
 
 
 def test_no_secret_is_printed(backend, tmp_path, observed):
-    """Reading the gateway's output for secrets given by environment (admin, named admin, metrics tokens, keys, Redis password).
+    """Reading the gateway's output for the secrets it was given (admin and metrics tokens, API keys, a Redis password).
     Exercised: the startup banner (table and JSON), wrong tokens, a backend failure, SIGTERM, two failed starts.
     Refused: none of these secrets appears in stdout or stderr."""
     fb, burl = backend

@@ -5,9 +5,10 @@ Why this exists: anyone the network lets through reaches the gateway's port, and
 the operator's machine can be made to reach a loopback one (DNS rebinding). `SurfaceGuard`
 (an ASGI middleware that seamguard.gateway.app puts in front of every route) refuses a
 ``Host`` name it does not answer (421; an IP address is answered, since no rebound browser
-sends one) and a ``Content-Length`` over the cap (413) without reading a byte of the body, and hands the routes a ``receive`` that counts, so a chunked body is cut at the cap
-as well (`BodyTooLarge`, answered 413 by the app). It also counts the requests in flight, so
-the app's shutdown can wait (bounded) for the ones the server cut to reconcile.
+sends one) and a ``Content-Length`` over the cap (413) without reading a byte of the body,
+and hands the routes a ``receive`` that counts, so a chunked body is cut at the cap as well
+(`BodyTooLarge`, answered 413 by the app). It also counts the requests in flight, so the
+app's shutdown can wait (bounded) for the ones the server cut to reconcile.
 
 `Bearers` holds named tokens (admin, metrics) as sha256 digests and matches a presented one
 in constant time; its name is who the ledger says acted. Pure apart from the ASGI calls.
