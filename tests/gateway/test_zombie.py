@@ -149,5 +149,5 @@ def test_a_refused_request_does_not_teach_the_peak():
         det.observe_request("k", t, 300, HOME)
         det.admitted("k", t, 300)
         t += 10.0
-    det.observe_request("k", 4 * 60.0, 300, HOME)              # rolls the learned minutes in
+    det.observe_request("k", 4 * 60.0 + 3600.0, 300, HOME)     # rolls the settled minutes in
     assert det.baseline("k")["peak_minute_tokens"] == 1800.0   # six requests of 300 in a minute

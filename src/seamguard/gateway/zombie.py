@@ -7,9 +7,16 @@ change. Nothing here reads a clock, a file or the network. Departures:
 
 - volume: demand (tokens asked for, admitted or not) in the last 60 s over ``volume_ratio``
   x the key's own peak minute (a max of its minute totals that decays with a 7-day half-life;
-  a minute is learned only once the minute after it closed without a departure too);
+  a minute teaches the peak only ``peak_settle_s`` after it closed with no departure since,
+  so a ramp cannot raise its own bar: growing more than ``volume_ratio`` x within that time is
+  a departure whether it comes as a jump or as a ramp);
 - new source: most of that demand from an address/user agent first seen in the last hour,
   at ``new_source_ratio`` x its peak (a new source alone is normal: laptops move);
+- spend over history: the key's level in the last hour (the median of its 12 bins of 5 minutes)
+  over ``history_ratio`` x what it usually spent at that time of day (give or take
+  ``history_shift_s``) over its last ``history_days`` active days (the median day, but no
+  less than 3/4 of the busiest): a leak that follows the key's daily shape, or a ramp slower
+  than the volume rule sees, stays above its history;
 - error-retry loop: ``error_loop_count`` failures of one identical request in 60 s while most
   results fail (no history needed: a loop is wrong for any key);
 - round-the-clock: active in ``rtc_active_hours`` of the last 24 hours while on no day of
@@ -19,12 +26,19 @@ Response is graduated: ok -> throttled (its TPM lowered to its own peak with hea
 suspended when the departure is still there ``suspend_after_s`` later. A throttle lifts
 after ``release_after_s`` without a departure; a suspension stays until an operator acts.
 Baselines learn only from minutes with no departure, so a drain does not become normal.
+
+The gateway's own failures (a backend 5xx, unreachable or timed out: ``gateway_fault``) are
+not the key's activity: such a request's demand is withdrawn from every window it went
+into, it is not a failure for the loop rule, and an automatic step whose volume evidence
+falls back under its bar once those requests are withdrawn is lifted at once.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+import statistics
+from array import array
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,6 +46,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 KeyState = Literal["ok", "throttled", "suspended"]
 WINDOW_S = 60.0
+BIN_S = 300.0  # the history rule's bins: 5 minutes
+BINS_PER_DAY = 288
+HISTORY_BINS = 12  # its window: the last hour of complete bins
+MAX_LIVE = 4096  # requests per key awaiting their result (a withdrawal needs them); the oldest dropped
 
 
 class ZombieThresholds(BaseModel):
@@ -45,6 +63,22 @@ class ZombieThresholds(BaseModel):
     new_source_ratio: float = Field(1.5, gt=1, description="the same, when most of it comes from a new source")
     volume_floor_tokens: int = Field(2000, ge=0, description="demand per minute below which nothing is judged")
     new_source_s: float = Field(3600.0, gt=0, description="a source first seen this recently is new")
+    peak_settle_s: float = Field(3600.0, ge=60, description="a closed minute teaches the peak minute only this "
+                                                           "long later, with no departure since")
+    history_ratio: float = Field(2.0, gt=1, description="the last hour's typical 5 minutes over what the key "
+                                                         "usually spent at that time of day on its previous active "
+                                                         "days (history_usual)")
+    history_days: int = Field(14, ge=1, le=60, description="active days of 5-minute demand remembered per key")
+    history_min_days: int = Field(3, ge=1, description="previous active days before spend is judged by history")
+    history_shift_s: float = Field(1800.0, ge=0, le=6 * 3600.0,
+                                   description="a previous day's time of day may differ by this much (its most "
+                                               "spent within it is used)")
+    history_floor_tpm: int = Field(500, ge=0, description="typical demand per minute in the last hour below which "
+                                                          "history is not judged")
+    history_peak_share: float = Field(0.25, ge=0, description="... nor below this share of the key's peak minute "
+                                                              "(off-hours work well under its peak is not a leak)")
+    history_override_s: float = Field(86400.0, ge=0, description="after an operator's unsuspend, spend is not "
+                                                                 "judged by history this long (that day is learned)")
     error_loop_count: int = Field(20, ge=2, description="identical failing requests in 60 s")
     error_ratio: float = Field(0.5, gt=0, le=1, description="... while this share of results fails")
     rtc_active_hours: int = Field(20, ge=1, le=24, description="active hours of the last 24 that are round-the-clock")
@@ -72,6 +106,19 @@ class Step:
     actor: str = "zombie-detector"
 
 
+@dataclass(slots=True)
+class _Req:
+    """One request's demand, where it went (window, minute, 5-minute bin), until its result."""
+
+    t: float
+    tokens: int
+    new: bool
+    minute: int
+    bin: int
+    admitted: int = 0
+    in_window: bool = True
+
+
 @dataclass
 class _Key:
     state: KeyState = "ok"
@@ -79,6 +126,7 @@ class _Key:
     last_departure: float = -math.inf
     throttle_tpm: int | None = None
     override_until: float = -math.inf
+    history_off_until: float = -math.inf
     # learned
     peak: float = 0.0  # decayed max of minute demand
     peak_t: float = 0.0
@@ -87,22 +135,73 @@ class _Key:
     minute_total: int = 0
     minute_departed: bool = False
     last_t: float = -math.inf
-    pending: float | None = None  # the last closed minute's total, learned if the next one is ordinary too
+    settling: deque = field(default_factory=deque)  # [learn at, total, minute]: closed minutes not yet learned
     first_seen: float | None = None
     sources: dict[str, float] = field(default_factory=dict)  # source -> first seen
     hours: deque = field(default_factory=lambda: deque(maxlen=24))  # active hour indices, last 24 h
     day: int | None = None
     day_hours: set = field(default_factory=set)
     day_history: deque = field(default_factory=lambda: deque(maxlen=14))  # active hours per complete day
-    # last 60 s
+    # 5-minute demand per active day (day -> (tokens per bin, bin tainted by a departure)), and the
+    # history rule's verdict for the current bin (judged once per bin)
+    days: dict = field(default_factory=dict)
+    bin: int | None = None
+    history_departure: tuple[str, dict[str, float]] | None = None
     # last 60 s, with running sums so that judging a request costs O(1), not O(requests in a minute)
-    demand: deque = field(default_factory=deque)  # (t, tokens, from a new source)
+    demand: deque = field(default_factory=deque)  # _Req
     demand_sum: int = 0
     new_sum: int = 0
     results: deque = field(default_factory=deque)  # (t, ok, fingerprint)
     fails: int = 0
     fails_by_body: dict = field(default_factory=dict)  # fingerprint -> failures in the window
     last_fail: str | None = None
+    live: OrderedDict = field(default_factory=OrderedDict)  # request id -> _Req, awaiting its result
+    # the requests behind the current automatic step (id -> (request, tokens)) and the bar they were over
+    evidence: dict | None = None
+    evidence_sum: int = 0
+    evidence_bar: float = 0.0
+
+
+def _bin_of(days: dict, n: int) -> tuple[float, bool]:
+    """Demand of absolute 5-minute bin ``n`` and whether it is tainted (an idle day: 0, clean)."""
+    d, s = divmod(n, BINS_PER_DAY)
+    got = days.get(d)
+    return (0.0, False) if got is None else (got[0][s], bool(got[1][s]))
+
+
+def _window_level(days: dict, end: int, clean: bool) -> float | None:
+    """The level of the bins [end - HISTORY_BINS, end): their median (a burst of up to half an hour
+    is ignored; a level held for more than half of the hour shows); with ``clean``, None if any
+    is tainted."""
+    vals = []
+    for n in range(end - HISTORY_BINS, end):
+        v, bad = _bin_of(days, n)
+        if bad and clean:
+            return None
+        vals.append(v)
+    return statistics.median(vals)
+
+
+def history_reference(days: dict, end: int, shift_bins: int) -> list[float]:
+    """For each previous active day: the most its window at this time of day (shifted by up to
+    ``shift_bins`` either way) held, over windows with no tainted bin. Pure."""
+    today = (end - 1) // BINS_PER_DAY
+    out = []
+    for d in days:
+        j = today - d
+        if j < 1:
+            continue
+        meds = [_window_level(days, end - j * BINS_PER_DAY + s, clean=True) for s in range(-shift_bins, shift_bins + 1)]
+        meds = [m for m in meds if m is not None]
+        if meds:
+            out.append(max(meds))
+    return out
+
+
+def history_usual(refs: list[float]) -> float:
+    """What the key usually spends at this time of day: the median over its days, but no less than
+    3/4 of its busiest such day (a weekly peak, a Monday twice the others, stays normal). Pure."""
+    return max(statistics.median(refs), 0.75 * max(refs))
 
 
 class ZombieDetector:
@@ -126,9 +225,25 @@ class ZombieDetector:
         if k is None:
             return {}
         return {"peak_minute_tokens": round(k.peak, 1), "active_minutes": k.active_minutes,
-                "sources": len(k.sources), "max_active_hours_per_day": max(k.day_history, default=0)}
+                "sources": len(k.sources), "max_active_hours_per_day": max(k.day_history, default=0),
+                "history_days": len(k.days)}
 
     # ---- learning ---------------------------------------------------------------------------
+    def _learn(self, k: _Key, total: float, now: float) -> None:
+        decay = 0.5 ** ((now - k.peak_t) / self.th.peak_half_life_s)
+        k.peak = max(total, k.peak * decay)
+        k.peak_t = now
+        k.active_minutes += 1
+
+    def _close_minute(self, k: _Key, now: float) -> None:
+        """The key's minute closed: it waits ``peak_settle_s`` (none while an operator's word
+        holds: what it allowed is normal) and is learned if no departure came in between."""
+        if k.minute_total > 0 and not k.minute_departed and k.state == "ok":
+            settle = 0.0 if now < k.override_until else self.th.peak_settle_s
+            k.settling.append([(k.minute + 1) * WINDOW_S + settle, float(k.minute_total), k.minute])
+        while k.settling and k.settling[0][0] <= now:
+            self._learn(k, k.settling.popleft()[1], now)
+
     def _roll(self, k: _Key, now: float) -> float:
         """Advance the key's windows to ``now`` (never backwards: two replicas' or threads' clocks may
         interleave out of order by a little); returns the time used."""
@@ -136,18 +251,10 @@ class ZombieDetector:
         k.last_t = now
         m = math.floor(now / WINDOW_S)
         if k.minute is not None and m != k.minute:
-            # A minute is learned one minute late, once the next one closed without a departure
-            # too: the first minute of a ramp (not yet over the bar) must not raise the bar.
-            if k.pending is not None and not k.minute_departed:
-                decay = 0.5 ** ((now - k.peak_t) / self.th.peak_half_life_s)
-                k.peak = max(k.pending, k.peak * decay)
-                k.peak_t = now
-                k.active_minutes += 1
-            k.pending = None
-            if k.minute_total > 0 and not k.minute_departed and k.state == "ok":  # never learn a departure
-                k.pending = float(k.minute_total)
+            self._close_minute(k, now)
         if m != k.minute:
             k.minute, k.minute_total, k.minute_departed = m, 0, False
+        self._roll_bins(k, now)
         h = math.floor(now / 3600.0)
         if not k.hours or k.hours[-1] != h:
             k.hours.append(h)
@@ -157,10 +264,11 @@ class ZombieDetector:
             k.day_hours = set()
         k.day = d
         k.day_hours.add(h % 24)
-        while k.demand and k.demand[0][0] <= now - WINDOW_S:
-            _, n, new = k.demand.popleft()
-            k.demand_sum -= n
-            k.new_sum -= n if new else 0
+        while k.demand and k.demand[0].t <= now - WINDOW_S:
+            r = k.demand.popleft()
+            r.in_window = False
+            k.demand_sum -= r.tokens
+            k.new_sum -= r.tokens if r.new else 0
         while k.results and k.results[0][0] <= now - WINDOW_S:
             _, ok, fp = k.results.popleft()
             if not ok:
@@ -171,6 +279,43 @@ class ZombieDetector:
                 else:
                     del k.fails_by_body[fp]
         return now
+
+    def _roll_bins(self, k: _Key, now: float) -> None:
+        """Open today's bins (forgetting the oldest active day) and, on a new 5-minute bin, judge
+        the last hour against the key's history once."""
+        n = math.floor(now / BIN_S)
+        d = n // BINS_PER_DAY
+        if d not in k.days:
+            k.days[d] = (array("f", bytes(4 * BINS_PER_DAY)), bytearray(BINS_PER_DAY))
+            while len(k.days) > self.th.history_days + 1:
+                k.days.pop(next(iter(k.days)))
+        if n != k.bin:
+            k.bin = n
+            k.history_departure = self._history(k, n)
+
+    def _history(self, k: _Key, n: int) -> tuple[str, dict[str, float]] | None:
+        """Spend over history for the hour of complete bins before bin ``n``."""
+        th = self.th
+        cur = _window_level(k.days, n, clean=False) or 0.0
+        per_minute = cur / (BIN_S / 60.0)
+        if per_minute < max(th.history_floor_tpm, th.history_peak_share * k.peak, 1e-9):
+            return None
+        refs = history_reference(k.days, n, int(th.history_shift_s // BIN_S))
+        if len(refs) < th.history_min_days:
+            return None
+        usual = history_usual(refs)
+        if cur <= th.history_ratio * usual:
+            return None
+        return "spend over its history at this time of day", {
+            "level_5min_tokens_last_hour": round(cur, 1), "usual_5min_tokens": round(usual, 1),
+            "ratio": round(cur / max(usual, 1.0), 2), "history_days": len(refs)}
+
+    def _taint(self, k: _Key) -> None:
+        """The current bin holds a departure: never part of the key's history."""
+        if k.bin is not None:
+            got = k.days.get(k.bin // BINS_PER_DAY)
+            if got is not None:
+                got[1][k.bin % BINS_PER_DAY] = 1
 
     def _new_source(self, k: _Key, source: str, now: float) -> bool:
         first = k.sources.pop(source, None)
@@ -183,14 +328,16 @@ class ZombieDetector:
         return k.first_seen is not None and k.first_seen < first - 1.0 and now - first < self.th.new_source_s
 
     # ---- judging ------------------------------------------------------------------------------
-    def _departure(self, k: _Key, now: float) -> tuple[str, dict[str, float]] | None:
+    def _departure(self, k: _Key, now: float) -> tuple[str, dict[str, float], float | None] | None:
+        """(reason, evidence, the bar the last 60 s of demand was over — None for rules whose
+        evidence is not that demand), or None."""
         th = self.th
         demand = k.demand_sum
         if k.fails >= th.error_loop_count and k.fails >= th.error_ratio * len(k.results) and k.last_fail:
             same = k.fails_by_body.get(k.last_fail, 0)
             if same >= th.error_loop_count:
                 return "error-retry loop", {"identical_failures_60s": same, "failures_60s": k.fails,
-                                            "results_60s": len(k.results)}
+                                            "results_60s": len(k.results)}, None
         warm = k.active_minutes >= th.warmup_minutes and k.peak > 0
         if warm and demand > th.volume_floor_tokens:
             ratio = demand / k.peak
@@ -198,14 +345,16 @@ class ZombieDetector:
             ev = {"demand_60s_tokens": demand, "peak_minute_tokens": round(k.peak, 1), "ratio": round(ratio, 2),
                   "new_source_share": round(new / demand, 3)}
             if ratio > th.volume_ratio:
-                return "volume over its own peak", ev
+                return "volume over its own peak", ev, th.volume_ratio * k.peak
             if ratio > th.new_source_ratio and new >= 0.5 * demand:
-                return "volume from a new source", ev
+                return "volume from a new source", ev, th.new_source_ratio * k.peak
+        if k.history_departure is not None and now >= k.history_off_until:
+            return (*k.history_departure, None)
         if len(k.day_history) >= th.rtc_history_days:
             active = sum(1 for h in k.hours if h > math.floor(now / 3600.0) - 24)
             usual = max(k.day_history)
             if active >= th.rtc_active_hours and usual <= th.rtc_history_max_hours:
-                return "round-the-clock traffic", {"active_hours_24h": active, "max_active_hours_per_day": usual}
+                return "round-the-clock traffic", {"active_hours_24h": active, "max_active_hours_per_day": usual}, None
         return None
 
     def _judge(self, key: str, k: _Key, now: float) -> Step | None:
@@ -216,37 +365,89 @@ class ZombieDetector:
         if dep is not None:
             k.last_departure = now
             k.minute_departed = True
-            k.pending = None
+            k.settling.clear()
+            self._taint(k)
         if k.state == "ok" and dep is not None:
             tpm = max(th.throttle_floor_tpm, math.ceil(th.throttle_headroom * k.peak))
+            self._hold_evidence(k, dep[2])
             return self._move(key, k, "throttled", now, dep[0], dep[1], tpm)
         if k.state == "throttled" and dep is not None and now - k.since >= th.suspend_after_s:
+            self._hold_evidence(k, dep[2])
             return self._move(key, k, "suspended", now, f"{dep[0]}, still {now - k.since:.0f} s after the throttle",
                               dep[1], None)
         if k.state == "throttled" and dep is None and now - k.last_departure >= th.release_after_s:
             return self._move(key, k, "ok", now, f"no departure for {now - k.last_departure:.0f} s", {}, None)
         return None
 
+    @staticmethod
+    def _hold_evidence(k: _Key, bar: float | None) -> None:
+        """Remember which requests a volume step stood on, to lift it if they turn out to be the
+        gateway's own failures (None: a rule whose evidence is not the last 60 s of demand)."""
+        if bar is None:
+            k.evidence = None
+            return
+        k.evidence = {id(r): (r, r.tokens) for r in k.demand if r.tokens}  # the objects held: ids stay unique
+        k.evidence_sum, k.evidence_bar = sum(n for _, n in k.evidence.values()), bar
+
     def _move(self, key: str, k: _Key, to: KeyState, now: float, reason: str, evidence: dict[str, float],
               tpm: int | None, actor: str = "zombie-detector") -> Step:
         step = Step(key, k.state, to, reason, evidence, tpm, actor)
         k.state, k.since, k.throttle_tpm = to, now, tpm
+        if to == "ok" or actor != "zombie-detector":
+            k.evidence = None
+        return step
+
+    # ---- the gateway's own failures ---------------------------------------------------------
+    def _withdraw(self, k: _Key, r: _Req) -> None:
+        """Take a request the gateway itself failed out of every window its demand went into."""
+        if r.in_window:
+            k.demand_sum -= r.tokens
+            k.new_sum -= r.tokens if r.new else 0
+        got = k.days.get(r.bin // BINS_PER_DAY)
+        if got is not None:
+            got[0][r.bin % BINS_PER_DAY] = max(0.0, got[0][r.bin % BINS_PER_DAY] - r.tokens)
+        if r.minute == k.minute:
+            k.minute_total -= r.admitted
+        else:
+            for s in k.settling:
+                if s[2] == r.minute:
+                    s[1] = max(0.0, s[1] - r.admitted)
+        if k.evidence is not None and id(r) in k.evidence:
+            k.evidence_sum -= k.evidence.pop(id(r))[1]
+        r.tokens, r.admitted, r.new = 0, 0, False
+
+    def _lift_if_unfounded(self, key: str, k: _Key, now: float) -> Step | None:
+        if k.state == "ok" or k.evidence is None or k.evidence_sum > k.evidence_bar:
+            return None
+        step = self._move(key, k, "ok", now, "its evidence was the gateway's own failures",
+                          {"demand_60s_tokens_left": k.evidence_sum, "bar_tokens": round(k.evidence_bar, 1)}, None)
+        k.last_departure = -math.inf
         return step
 
     # ---- inputs -------------------------------------------------------------------------------
-    def observe_request(self, key: str, now: float, tokens: int, source: str) -> Step | None:
-        """A request arrived (before admission): ``tokens`` is its reservation estimate."""
+    def observe_request(self, key: str, now: float, tokens: int, source: str,
+                        request: int | None = None) -> Step | None:
+        """A request arrived (before admission): ``tokens`` is its reservation estimate; ``request``
+        an id the gateway gives its `admitted` and `observe_result` calls (needed to withdraw it)."""
         k = self._k(key)
         now = self._roll(k, now)
         new = self._new_source(k, source, now)
         if k.first_seen is None:
             k.first_seen = now
-        k.demand.append((now, tokens, new))
+        r = _Req(now, tokens, new, k.minute, k.bin)  # type: ignore[arg-type]
+        k.demand.append(r)
         k.demand_sum += tokens
         k.new_sum += tokens if new else 0
+        k.days[k.bin // BINS_PER_DAY][0][k.bin % BINS_PER_DAY] += tokens  # type: ignore[operator]
+        if k.state != "ok":
+            self._taint(k)
+        if request is not None:
+            k.live[request] = r
+            if len(k.live) > MAX_LIVE:
+                k.live.popitem(last=False)
         return self._judge(key, k, now)
 
-    def admitted(self, key: str, now: float, tokens: int) -> None:
+    def admitted(self, key: str, now: float, tokens: int, request: int | None = None) -> None:
         """The request was admitted with ``tokens`` reserved: only admitted work teaches the key's
         peak minute. A refused one still counts as demand (a zombie hammering at its limit is
         seen), but one impossible request (``max_tokens`` of 10 million) must not lift the bar
@@ -254,11 +455,22 @@ class ZombieDetector:
         k = self._k(key)
         self._roll(k, now)
         k.minute_total += tokens
+        r = k.live.get(request) if request is not None else None
+        if r is not None:  # a withdrawal takes these tokens back from the minute they went to
+            r.minute, r.admitted = k.minute, tokens  # type: ignore[assignment]
 
-    def observe_result(self, key: str, now: float, ok: bool, fingerprint: str) -> Step | None:
-        """A request ended (``ok`` False for a backend or client error, not for our own 429)."""
+    def observe_result(self, key: str, now: float, ok: bool, fingerprint: str, gateway_fault: bool = False,
+                       request: int | None = None) -> Step | None:
+        """A request ended: ``ok`` False for a backend or client error (not for our own 429);
+        ``gateway_fault`` when the failure was the gateway's or its backend's (a 5xx, unreachable,
+        timed out): then the request was never the key's activity."""
         k = self._k(key)
         now = self._roll(k, now)
+        r = k.live.pop(request, None) if request is not None else None
+        if gateway_fault:
+            if r is not None:
+                self._withdraw(k, r)
+            return self._lift_if_unfounded(key, k, now)
         k.results.append((now, ok, fingerprint))
         if not ok:
             k.fails += 1
@@ -274,15 +486,21 @@ class ZombieDetector:
                 out.append(self._move(key, k, "ok", now, f"no departure for {now - k.last_departure:.0f} s", {}, None))
         return out
 
+    def _accept(self, k: _Key, operator_at: float) -> None:
+        """An operator said the key is legitimate: what it does next is learned, not judged."""
+        k.override_until = operator_at + self.th.override_s
+        k.history_off_until = operator_at + self.th.history_override_s
+        k.history_departure = None
+        k.demand.clear()
+        k.results.clear()
+        k.demand_sum = k.new_sum = k.fails = 0
+        k.fails_by_body.clear()
+
     def override(self, key: str, now: float, to: KeyState, actor: str, note: str = "") -> Step:
         """An operator's word: unsuspend (``ok``, no automatic step for ``override_s``) or suspend."""
         k = self._k(key)
         if to == "ok":
-            k.override_until = now + self.th.override_s
-            k.demand.clear()
-            k.results.clear()
-            k.demand_sum = k.new_sum = k.fails = 0
-            k.fails_by_body.clear()
+            self._accept(k, now)
         return self._move(key, k, to, now, note or f"operator override to {to}", {}, None, actor)
 
     def adopt(self, key: str, state: KeyState, throttle_tpm: int | None, now: float,
@@ -292,9 +510,6 @@ class ZombieDetector:
         k = self._k(key)
         if k.state != state:
             k.state, k.since, k.throttle_tpm = state, now, throttle_tpm
+            k.evidence = None
             if state == "ok" and operator_at is not None:
-                k.override_until = operator_at + self.th.override_s
-                k.demand.clear()
-                k.results.clear()
-                k.demand_sum = k.new_sum = k.fails = 0
-                k.fails_by_body.clear()
+                self._accept(k, operator_at)
