@@ -749,9 +749,9 @@ def build_gateway(cfg: GatewayConfig, clock=time.time) -> Gateway:
     if isinstance(cfg.store, SqliteStoreConfig):
         store: Store = SqliteStore(cfg.store.path)
         ledger = GatewayLedger(cfg.store.path)
-    else:
-        store = RedisStore(cfg.store.url, cfg.store.prefix, cfg.timeouts.connect_s)
+    else:  # the replica's own file keeps the key states it knew and its charges (a Redis reset loses neither)
         ledger = GatewayLedger(cfg.store.ledger)
+        store = RedisStore(cfg.store.url, cfg.store.prefix, cfg.timeouts.connect_s, durable=ledger)
     router = build_router(cfg)
     metrics = GatewayMetrics(router)
     return Gateway(cfg, store, ledger, router, Gatekeeper(cfg, store, ledger, metrics, clock),

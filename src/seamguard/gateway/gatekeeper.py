@@ -102,6 +102,15 @@ class Gatekeeper:
         self.metrics.set_key_state(step.key, step.to_state, step.throttle_tpm)
         self.metrics.key_steps.labels(step.key, step.to_state, step.actor).inc()
 
+    async def _key_record(self, key: str) -> KeyRecord:
+        """The key's state from the store; a downgrade the store overruled (Redis lost or rewrote a
+        stricter state this replica recorded) is counted, and alerts (docs/gateway.md)."""
+        rec = await self.store.key_record(key)
+        if rec.overruled:
+            self.metrics.key_state_downgrades.labels(key, rec.overruled, rec.state).inc()
+            self.metrics.set_key_state(key, rec.state, rec.throttle_tpm)
+        return rec
+
     async def admit(self, key: KeyInfo, body: dict, raw: bytes, source: str) -> Ticket:
         """Reserve the request's estimate against its key and tenant, or raise `Refusal`."""
         adm = self.cfg.admission
@@ -110,7 +119,7 @@ class Gatekeeper:
             self._last_tick = now
             for st in self.detector.tick(now):
                 await self._apply(st, now)
-        rec = await self.store.key_record(key.name)  # another replica or an operator may have changed it
+        rec = await self._key_record(key.name)  # another replica or an operator may have changed it
         self.detector.adopt(key.name, rec.state, rec.throttle_tpm, now,  # type: ignore[arg-type]
                             rec.since if rec.actor not in AUTOMATIC_ACTORS else None)
         problem = request_problem(body)
@@ -203,7 +212,7 @@ class Gatekeeper:
         out = []
         for k in self.keys.values():
             c = await self.store.counters(f"key:{k.name}", now)
-            rec = await self.store.key_record(k.name)
+            rec = await self._key_record(k.name)
             out.append({"name": k.name, "tenant": k.tenant, "priority": k.priority, "state": rec.state,
                         "throttle_tpm": rec.throttle_tpm, "reason": rec.reason, "since_s": rec.since,
                         "by": rec.actor, "limits": vars(k.limits), "used": _used(c, now),
