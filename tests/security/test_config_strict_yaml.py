@@ -33,7 +33,7 @@ LOADERS = [
 def _run(args: list[str], f: Path) -> subprocess.CompletedProcess:
     argv = [a.replace("{f}", str(f)) for a in args]
     return subprocess.run([sys.executable, "-m", "seamguard", *argv], capture_output=True, text=True,
-                          timeout=120, env=subprocess_env(), cwd=f.parent)
+                          timeout=300, env=subprocess_env(), cwd=f.parent)  # a loaded CI host is slow to import
 
 
 def _stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
