@@ -65,6 +65,9 @@ class RuntimeActuatorConfig(_Strict):
                                           "by; default: the NIC's own name")
     avoid_rails: bool = Field(True, description="avoid_link of a NIC's link -> its jobs stay off that rail")
     degraded: bool = Field(True, description="a job held at a shorter checkpoint interval also runs degraded")
+    hint_key_files: dict[str, Path] = Field(
+        default_factory=dict, description="job name -> its hint key file (`seamguard launch --hint-key-file`); "
+                                          "default: <hint dir>/.hint-key, which the job's launcher writes")
 
 
 ActuatorConfig = Annotated[LogActuatorConfig | SlurmActuatorConfig | KubernetesActuatorConfig | RuntimeActuatorConfig,
@@ -231,7 +234,8 @@ def build_actuators(cfg: RunConfig) -> list:
         elif isinstance(a, RuntimeActuatorConfig):
             from seamguard.act.runtime import RuntimeHintActuator
 
-            out.append(RuntimeHintActuator(a.hint_dirs, a.checkpoint_dirs, a.rail_names, a.avoid_rails, a.degraded))
+            out.append(RuntimeHintActuator(a.hint_dirs, a.checkpoint_dirs, a.rail_names, a.avoid_rails, a.degraded,
+                                           a.hint_key_files))
         else:
             from seamguard.act.kubernetes import KubernetesActuator, KubernetesConfig
 
