@@ -3,7 +3,10 @@
 Speaks torchrun's environment contract (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE) so scripts and schedulers (Slurm, Kubernetes) see what they
 expect, plus SEAMGUARD_* variables for the runtime. Node 0 runs the Coordinator and, unless
-the job-wide store is etcd (``--store etcd://…``, runtime/store.py), hosts the TCPStore.
+the job-wide store is etcd (``--store etcd://…``, runtime/store.py), hosts the TCPStore,
+listening on 127.0.0.1 for a one-node job and on ``--master-addr`` (or ``--store-bind``)
+otherwise, never on every interface; it creates the job's hint key and takes only hint
+files signed with it (seamguard/hintauth.py).
 With etcd or several nodes the membership is aggregated per node: workers beat to a
 TCPStore their own launcher hosts on 127.0.0.1, and the launcher writes one record for
 the node to the job-wide store every node beat (docs/runtime.md, "Many nodes"), and mirrors
