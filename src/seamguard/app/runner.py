@@ -289,7 +289,7 @@ class Runner:
         """Take over or step down as the elector's term says; True while this replica leads."""
         assert self.elector is not None
         term = self.elector.term()
-        if term.may_act(time.monotonic()) and term.token != self._token:
+        if term.may_act(self.elector.clock()) and term.token != self._token:
             self._take_over(term.token)
         elif self._token and not self.elector.may_act(self._token):
             self._step_down(f"term {self._token} ended (lease lost or not renewed in time)")
