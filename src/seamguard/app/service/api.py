@@ -59,6 +59,12 @@ def time_range(since: Since = None, until: Until = None) -> timerange.TimeRange:
 Range = Annotated[timerange.TimeRange, Depends(time_range)]
 
 
+# The API docs pages may load only what this service serves: ReDoc's bundle fetches a logo
+# from its vendor's CDN, and nothing should leave an air-gapped (or any) operator's browser.
+DOCS_PATHS = frozenset({"/docs", "/redoc"})
+DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'")
+
 _NO_TOKEN = "this call changes the controller: send 'Authorization: Bearer <token>'"
 
 
@@ -103,6 +109,13 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[
                 return JSONResponse({"detail": "bearer token not accepted"}, status_code=401,
                                     headers={"WWW-Authenticate": "Bearer"})
         return await call_next(request)
+
+    @app.middleware("http")
+    async def _docs_stay_local(request: Request, call_next):
+        response = await call_next(request)
+        if request.url.path in DOCS_PATHS:
+            response.headers["Content-Security-Policy"] = DOCS_CSP
+        return response
 
     @app.exception_handler(ServiceUnavailable)
     def _unavailable(_req: Request, e: ServiceUnavailable) -> JSONResponse:

@@ -2,6 +2,9 @@
 // no library: charts are hand-rolled SVG, the fleet map is canvas.
 // Polls /api/v1/summary; when the controller's tick moves, redraws the map, the fleet
 // and cooling-loop panels, fabric, timeline, throughput, jobs and the selected entity.
+// What is shown (time range or zoom, selected entity, drilled loop, filters) lives in the
+// URL's hash, so a pasted link or a reload reopens the same view. History comes from the
+// API's since/until reads: the ledger's record and state counts, the controller's series.
 // Large fleets are drawn as labelled per-loop tiles and drilled into on click (never one
 // DOM node per GPU).
 "use strict";
@@ -85,6 +88,113 @@ function authed(method, path, body) {
 }
 
 function banner(msg) { const b = $("banner"); b.textContent = msg; b.classList.toggle("hidden", !msg); }
+
+// ---- the view: time range, zoom, entity and filters, kept in the URL -------------------------
+const RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
+const DEFAULT_RANGE = "1h";
+const MIN_ZOOM_S = 10;  // the narrowest window a zoom opens (a few ticks)
+const view = { range: DEFAULT_RANGE, since: null, until: null };  // since/until: a zoom (absolute)
+
+// From the hash: #range=6h&entity=gpu:gpu000/gpu3&loop=loop-002&actions=1&worst=1, or
+// since=..&until=.. (controller seconds) after a zoom. Anything malformed is ignored.
+function readURL() {
+  const q = new URLSearchParams(location.hash.replace(/^#/, ""));
+  const fin = x => x != null && x !== "" && Number.isFinite(+x) ? +x : null;
+  view.range = RANGES[q.get("range")] ? q.get("range") : DEFAULT_RANGE;
+  const a = fin(q.get("since")), b = fin(q.get("until"));
+  [view.since, view.until] = a != null && b != null && a < b ? [a, b] : [null, null];
+  const ent = q.get("entity") || "", k = ent.indexOf(":");
+  st.selected = k > 0 ? { kind: ent.slice(0, k), name: ent.slice(k + 1) } : null;
+  st.loop = q.get("loop") || null;
+  $("actionsonly").checked = q.get("actions") === "1";
+  $("worstfirst").checked = q.get("worst") === "1";
+  $("range").value = view.since == null ? view.range : "zoom";
+}
+
+function viewHash() {
+  const q = new URLSearchParams();
+  if (view.since != null) { q.set("since", String(+view.since.toFixed(3))); q.set("until", String(+view.until.toFixed(3))); }
+  else q.set("range", view.range);
+  if (st.selected) q.set("entity", `${st.selected.kind}:${st.selected.name}`);
+  if (st.loop) q.set("loop", st.loop);
+  if ($("actionsonly").checked) q.set("actions", "1");
+  if ($("worstfirst").checked) q.set("worst", "1");
+  return "#" + q.toString();
+}
+
+function writeURL() {
+  const h = viewHash();
+  if (h !== location.hash) history.replaceState(null, "", h);
+}
+
+const nowT = () => (st.summary ? st.summary.t_s : 0);
+// The window asked for: [since, until]; until = null follows the controller's clock.
+function span() {
+  if (view.since != null) return { since: view.since, until: view.until };
+  return { since: Math.max(0, nowT() - RANGES[view.range]), until: null };
+}
+const rangeQS = () => { const w = span(); return `since=${w.since}` + (w.until != null ? `&until=${w.until}` : ""); };
+// What the charts draw: the window, starting no earlier than the ledger's first tick.
+function chartWindow() {
+  const w = span(), end = w.until != null ? Math.min(w.until, Math.max(nowT(), w.since + 1)) : nowT();
+  const t0 = st.historyStart != null ? Math.max(w.since, Math.min(st.historyStart, end - 1)) : w.since;
+  return [t0, Math.max(end, t0 + 1)];
+}
+
+function renderRange() {
+  const [t0, t1] = chartWindow();
+  $("range").value = view.since == null ? view.range : "zoom";
+  $("zoomopt").hidden = view.since == null;
+  $("zoomreset").disabled = view.since == null;
+  $("rangetext").textContent = `${fmtT(t0)} – ${view.since == null ? "now" : fmtT(t1)}`;
+  $("rangetext").title = `controller time ${t0.toFixed(1)} – ${t1.toFixed(1)} s; drag across any chart to zoom; the URL holds this view`;
+}
+
+function setView(change) {
+  Object.assign(view, change);
+  writeURL(); renderRange();
+  st.dirty = true; poll();
+}
+
+function zoomTo(a, b) {
+  const mid = (a + b) / 2, half = Math.max(b - a, MIN_ZOOM_S) / 2;
+  setView({ since: Math.max(0, mid - half), until: mid + half });
+}
+function zoomBy(factor) {
+  const [t0, t1] = chartWindow(), mid = (t0 + t1) / 2, half = (t1 - t0) * factor / 2;
+  const until = Math.min(mid + half, nowT());
+  zoomTo(Math.max(0, until - 2 * half), until);
+}
+
+// Drag across any time-series chart (svg.chart) to zoom to the times under the drag.
+function bindZoom() {
+  let drag = null;
+  const box = document.createElement("div"); box.className = "zoomsel hidden"; document.body.appendChild(box);
+  document.addEventListener("mousedown", ev => {
+    const svg = ev.target.closest && ev.target.closest("svg.chart");
+    if (!svg || ev.button !== 0) return;
+    const r = svg.getBoundingClientRect(), scale = r.width / (+svg.getAttribute("width") || r.width);
+    const d = svg.dataset, x0 = r.left + d.x0 * scale, x1 = r.left + d.x1 * scale;
+    if (ev.clientX < x0 || ev.clientX > x1) return;
+    drag = { t0: +d.t0, t1: +d.t1, x0, x1, top: r.top, h: r.height, from: ev.clientX };
+    ev.preventDefault();
+  });
+  document.addEventListener("mousemove", ev => {
+    if (!drag) return;
+    const a = Math.max(drag.x0, Math.min(drag.from, ev.clientX)), b = Math.min(drag.x1, Math.max(drag.from, ev.clientX));
+    Object.assign(box.style, { left: a + "px", width: (b - a) + "px", top: drag.top + "px", height: drag.h + "px" });
+    box.classList.remove("hidden");
+  });
+  document.addEventListener("mouseup", ev => {
+    if (!drag) return;
+    const g = drag; drag = null; box.classList.add("hidden");
+    const clamp = x => Math.max(g.x0, Math.min(g.x1, x));
+    const a = clamp(Math.min(g.from, ev.clientX)), b = clamp(Math.max(g.from, ev.clientX));
+    if (b - a < 4) return;  // a click, not a drag
+    const t = x => g.t0 + (g.t1 - g.t0) * (x - g.x0) / (g.x1 - g.x0);
+    zoomTo(t(a), t(b));
+  });
+}
 
 // ---- charts (SVG) ------------------------------------------------------------------------------
 const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
@@ -190,11 +300,11 @@ function tsChart(o) {
   return `<svg class="chart" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" data-t0="${t0}" data-t1="${t1}" data-x0="${L}" data-x1="${L + pw}">${g}</svg>`;
 }
 
-// State segments of one entity from its transitions (newest first) and its state now.
-function segments(history, stateNow, t0, t1) {
+// State segments of one entity from its transitions (newest first) and its state as the window opens.
+function segments(history, stateAtStart, t0, t1) {
   const tr = [...history].sort((a, b) => a.t_s - b.t_s);
   const out = [];
-  let cur = tr.length ? tr[0].from_state : stateNow, from = t0;
+  let cur = stateAtStart, from = t0;
   for (const x of tr) { if (x.t_s > from) out.push({ t0: from, t1: x.t_s, state: cur }); from = Math.max(from, x.t_s); cur = x.to_state; }
   out.push({ t0: from, t1, state: cur });
   return out;
@@ -409,21 +519,30 @@ function bindCanvas(cv, getRects) {
 }
 
 // ---- fleet state and cooling loops over time -------------------------------------------------------
+// State counts over the window, replayed by the API from the ledger (/history/states).
+function renderStateHistory(states) {
+  const [t0, t1] = chartWindow();
+  const acts = st.events.filter(e => e.type === "action" && e.t_s >= t0 && e.t_s <= t1).slice(0, 40).map(e => ({ t: e.t_s, color: "#c9d1d9", label: `${fmtT(e.t_s)}: ${e.text}`, cls: "action" }));
+  for (const sc of states) {
+    const id = sc.kind === "gpu" ? "gpustates" : "nodestates";
+    if (sc.t_s.length < 2) { $(id).innerHTML = `<div class="muted small">no ticks recorded in this window</div>`; continue; }
+    const layers = STATES.slice(1).map(s => ({ state: s, color: COLOR[s], v: sc.counts[s] }));
+    $(id).innerHTML = tsChart({
+      width: widthOf(id), height: 150, t0, t1, unit: sc.kind === "gpu" ? "GPUs" : "nodes",
+      integer: true, stack: { t: sc.t_s, layers }, annotations: acts,
+    }) + (layers.every(l => l.v.every(v => !v)) ? `<div class="muted small">none: every ${sc.kind === "gpu" ? "GPU" : "node"} healthy in this window</div>` : "");
+  }
+}
+
+// Coolant per loop over the window, from the ticks the controller holds in memory.
 function renderFleetHistory(h) {
   const t = h.t_s;
   if (t.length < 2) {
-    for (const id of ["gpustates", "nodestates", "loopflow", "loopsupply"]) $(id).innerHTML = `<div class="muted small">waiting for a second tick…</div>`;
+    const held = h.held_since_t_s != null ? ` (the controller holds coolant from ${fmtT(h.held_since_t_s)} on)` : "";
+    for (const id of ["loopflow", "loopsupply"]) $(id).innerHTML = `<div class="muted small">no coolant samples in this window${esc(held)}</div>`;
     return;
   }
-  const t0 = t[0], t1 = t[t.length - 1];
-  const acts = st.events.filter(e => e.type === "action" && e.t_s >= t0).slice(0, 40).map(e => ({ t: e.t_s, color: "#c9d1d9", label: `${fmtT(e.t_s)}: ${e.text}`, cls: "action" }));
-  for (const sc of h.states) {
-    const layers = STATES.slice(1).map(s => ({ state: s, color: COLOR[s], v: sc.counts[s] }));
-    $(sc.kind === "gpu" ? "gpustates" : "nodestates").innerHTML = tsChart({
-      width: widthOf(sc.kind === "gpu" ? "gpustates" : "nodestates"), height: 150, t0, t1, unit: sc.kind === "gpu" ? "GPUs" : "nodes",
-      integer: true, stack: { t, layers }, annotations: acts,
-    }) + (layers.every(l => l.v.every(v => !v)) ? `<div class="muted small">none: every ${sc.kind === "gpu" ? "GPU" : "node"} healthy in this window</div>` : "");
-  }
+  const [t0, t1] = chartWindow();
   // Coolant: the band of all loops (10th–90th percentile, median dashed), each listed loop a line.
   const band = (b, f = x => x) => ({ t, lo: b.p10.map(v => v == null ? null : f(v)), hi: b.p90.map(v => v == null ? null : f(v)), label: `all ${h.loops_total} loops, 10th–90th percentile` });
   const sel = st.selected && st.selected.kind === "cooling_loop" ? st.selected.name : st.loop;
@@ -507,13 +626,13 @@ function renderTimeline(events, s) {
     const color = e.type === "action" ? (e.status === "failed" ? COLOR.harmful : "#c9d1d9") : COLOR[e.state] || "#888";
     const kind = e.type === "action" ? "action" : e.kind;
     const ek = e.type === "action" ? "" : e.kind;
-    return `<li class="${e.type}" data-kind="${esc(ek)}" data-name="${esc(e.entity)}"><span class="t">${fmtT(e.t_s)}</span><span class="dot" style="background:${color}"></span><span class="kind">${esc(kind)}</span><span class="what">${e.type === "transition" ? "<b>" + esc(e.entity) + "</b> " : ""}${esc(e.text)}</span></li>`;
+    return `<li class="${e.type}" data-t="${e.t_s}" data-kind="${esc(ek)}" data-name="${esc(e.entity)}"><span class="t">${fmtT(e.t_s)}</span><span class="dot" style="background:${color}"></span><span class="kind">${esc(kind)}</span><span class="what">${e.type === "transition" ? "<b>" + esc(e.entity) + "</b> " : ""}${esc(e.text)}</span></li>`;
   }).join("") || `<li class="muted">No transitions or actions yet.</li>`;
-  const svg = $("timestrip"), w = svg.clientWidth || 600, t1 = Math.max(s.t_s, 1);
-  const t0 = st.live && events.length ? Math.min(...events.map(e => e.t_s)) : 0;
+  const svg = $("timestrip"), w = svg.clientWidth || 600, [t0, t1] = chartWindow();
   const x = t => 4 + (w - 8) * (t - t0) / Math.max(t1 - t0, 1);
   let out = `<line x1="4" y1="17" x2="${w - 4}" y2="17" stroke="#2a343f"/>`;
   for (const e of events) {
+    if (e.t_s < t0 || e.t_s > t1) continue;
     const c = e.type === "action" ? "#c9d1d9" : COLOR[e.state] || "#888";
     out += e.type === "action" ? `<rect x="${x(e.t_s) - 2}" y="5" width="4" height="10" fill="${c}"><title>${esc(e.text)}</title></rect>`
       : `<circle cx="${x(e.t_s)}" cy="24" r="3" fill="${c}"><title>${esc(e.entity + " " + e.text)}</title></circle>`;
@@ -524,13 +643,15 @@ function renderTimeline(events, s) {
 
 // ---- throughput ----------------------------------------------------------------------------------
 function renderThroughput(tp) {
-  const pts = tp.series;
-  if (!pts.length) $("tput").innerHTML = `<div class="muted small">this source reports no useful-work figure</div>`;
+  const [t0, t1] = chartWindow();
+  const pts = tp.series.filter(p => p.t_s >= t0 && p.t_s <= t1);
+  if (!tp.series.length) $("tput").innerHTML = `<div class="muted small">this source reports no useful-work figure</div>`;
+  else if (!pts.length) $("tput").innerHTML = `<div class="muted small">no throughput samples in this window (the controller keeps the last ${tp.series.length} ticks)</div>`;
   else {
     const t = pts.map(p => p.t_s);
     const hasWo = pts.some(p => p.without_control != null);
     $("tput").innerHTML = tsChart({
-      width: widthOf("tput"), height: 160, t0: t[0], t1: Math.max(t[t.length - 1], t[0] + 1), unit: "% of ideal", yMax: 100,
+      width: widthOf("tput"), height: 160, t0, t1, unit: "% of ideal", yMax: 100,
       yTick: v => v.toFixed(v % 1 ? 1 : 0) + "%",
       series: [...(hasWo ? [{ t, v: pts.map(p => p.without_control == null ? null : 100 * p.without_control), color: COLOR.quarantine, dash: "5 3", width: 1.5, label: "without control (counterfactual twin)" }] : []),
                { t, v: pts.map(p => 100 * p.with_control), color: LINE, width: 2, label: "with seamguard" }],
@@ -574,8 +695,8 @@ const shortSig = n => n.replace(/^DCGM_FI_DEV_|^node_infiniband_|^seamguard_/, "
 function signalChart(sig, d, opts = {}) {
   const ok = sig.values.filter(v => v != null);
   const head = `<div class="lbl" title="${esc(sig.help)}">${esc(opts.title || shortSig(sig.name))} <b>${fmtVal(ok.length ? ok[ok.length - 1] : null, sig.unit)}</b> <span class="muted">${esc(sig.help)}</span></div>`;
-  if (sig.t_s.length < 2 || !ok.length) return `<div class="sig" data-signal="${esc(sig.name)}">${head}<div class="muted small">no data yet</div></div>`;
-  const t0 = sig.t_s[0], t1 = sig.t_s[sig.t_s.length - 1];
+  if (sig.t_s.length < 2 || !ok.length) return `<div class="sig" data-signal="${esc(sig.name)}">${head}<div class="muted small">no samples in this window</div></div>`;
+  const [t0, t1] = chartWindow();
   const bands = sig.peer_p10.length ? [{ t: sig.t_s, lo: sig.peer_p10, hi: sig.peer_p90, label: "peers: " + sig.peers }] : [];
   const series = [];
   if (sig.peer_p50.length) series.push({ t: sig.t_s, v: sig.peer_p50, color: PEER, dash: "4 3", width: 1, label: "peer median", cls: "median" });
@@ -584,7 +705,7 @@ function signalChart(sig, d, opts = {}) {
   const thresholds = (opts.thresholds || sig.thresholds.map((x, i) => ({ v: x.value, label: x.label, color: sig.thresholds.length === 2 ? [COLOR.degraded, COLOR.harmful][i] : thColors[i % 3] })));
   const chart = tsChart({
     width: opts.width || widthOf("detail"), height: opts.height || 112, t0, t1, unit: unitLabel(sig.unit), yMin: opts.yMin, yMax: opts.yMax,
-    bands, series, thresholds, annotations: transAnnots(d.history), strip: segments(d.history, d.entity.state, t0, t1),
+    bands, series, thresholds, annotations: transAnnots(d.history), strip: segments(d.history, d.state_at_since, t0, t1),
   });
   return `<div class="sig" data-signal="${esc(sig.name)}">${head}${chart}</div>`;
 }
@@ -625,7 +746,9 @@ function renderDetail(d) {
                  { v: th.degrade_enter, label: `degrade ≥ ${th.degrade_enter}`, color: COLOR.degraded },
                  { v: th.degrade_exit, label: `recover < ${th.degrade_exit}`, color: "#7fa393" }],
   });
-  const older = d.entered_by && d.gfs_series.t_s.length && d.entered_by.t_s < d.gfs_series.t_s[0] ? `<div class="muted small">entered ${esc(label(e.state))} at ${fmtT(d.entered_by.t_s)}, before the ticks kept for this view</div>` : "";
+  const [w0, w1] = chartWindow(), gt = d.gfs_series.t_s;
+  const older = d.entered_by && d.entered_by.t_s < w0 ? `<div class="muted small">entered ${esc(label(e.state))} at ${fmtT(d.entered_by.t_s)}, before this window</div>` : "";
+  const ringNote = gt.length && gt[0] > w0 + 1 ? ` Signals are kept for the controller's last ticks (from ${fmtT(gt[0])}); state changes and actions come from the ledger over the whole window.` : "";
   $("detail").className = "detail";
   $("detail").dataset.kind = e.kind; $("detail").dataset.name = e.name; $("detail").dataset.state = e.state;
   $("detail").innerHTML = `
@@ -637,12 +760,12 @@ function renderDetail(d) {
     ${decs}
     ${evidenceTable(d)}
     ${kids ? `<div class="small muted" style="margin-top:6px">${esc(kids)}</div>` : ""}
-    <div class="sub">over time (last ${d.gfs_series.t_s.length} ticks). White: this ${esc(e.kind)}; grey band: ${esc(d.gfs_series.peers || "no peers")}, dashed grey: their median; coloured dashed verticals: its state changes; strip under each axis: its state.</div>
+    <div class="sub">over ${fmtT(w0)} – ${fmtT(w1)} (${gt.length} points). White: this ${esc(e.kind)}; grey band: ${esc(d.gfs_series.peers || "no peers")}, dashed grey: their median; coloured dashed verticals: its state changes; strip under each axis: its state.${esc(ringNote)}</div>
     ${older}
     <div id="tsgfs">${gfs}</div>
     <div id="tssignals">${d.signals.map(s => signalChart(s, d)).join("")}</div>
-    <div class="sub">state history</div>${hist ? `<table class="tbl">${hist}</table>` : `<div class="muted small">no transitions recorded</div>`}
-    <div class="sub">actions</div>${acts ? `<table class="tbl" id="entityactions">${acts}</table>` : `<div class="muted small">no actions on it or its node</div>`}
+    <div class="sub">state history in this window</div>${hist ? `<table class="tbl" id="entityhistory">${hist}</table>` : `<div class="muted small" id="entityhistory">no transitions recorded in this window</div>`}
+    <div class="sub">actions in this window</div>${acts ? `<table class="tbl" id="entityactions">${acts}</table>` : `<div class="muted small">no actions on it or its node in this window</div>`}
     ${pin}`;
   const pb = $("pinbtn"), ub = $("unpin");
   if (pb) pb.onclick = () => authed("PUT", `${API}/pins/${e.kind}/${e.name}`, { state: $("pinstate").value, note: $("pinnote").value || "pinned from the dashboard" }).then(() => refreshDetail()).catch(showErr);
@@ -654,6 +777,7 @@ function select(kind, name) {
   // On a large fleet (tiles, or already drilled into a loop) selecting a loop drills into it.
   if (kind === "cooling_loop" && st.map && (st.map.aggregated || st.loop) && st.loop !== name) { st.loop = name; refreshMap().catch(showErr); }
   st.selected = { kind, name };
+  writeURL();
   refreshDetail().catch(showErr);
   refreshFleet().catch(showErr);
   drawMap();
@@ -662,7 +786,7 @@ function select(kind, name) {
 async function refreshDetail() {
   if (!st.selected) return;
   const { kind, name } = st.selected;
-  const d = await api(`${API}/entities/${kind}/${name.split("/").map(encodeURIComponent).join("/")}?points=120&history=30`);
+  const d = await api(`${API}/entities/${kind}/${name.split("/").map(encodeURIComponent).join("/")}?points=240&history=30&${rangeQS()}`);
   renderDetail(d);
 }
 
@@ -674,16 +798,24 @@ async function refreshMap() {
 
 async function refreshFleet() {
   const sel = st.selected && st.selected.kind === "cooling_loop" ? st.selected.name : st.loop;
-  st.fleetHist = await api(`${API}/history/fleet?points=360` + (sel ? `&loop=${encodeURIComponent(sel)}` : ""));
-  renderFleetHistory(st.fleetHist);
+  const [h, g, n] = await Promise.all([
+    api(`${API}/history/fleet?points=360&${rangeQS()}` + (sel ? `&loop=${encodeURIComponent(sel)}` : "")),
+    api(`${API}/history/states?kind=gpu&points=360&${rangeQS()}`), api(`${API}/history/states?kind=node&points=360&${rangeQS()}`)]);
+  st.fleetHist = h; st.stateHist = [g, n];
+  renderStateHistory(st.stateHist); renderFleetHistory(h);
 }
 
 async function refreshAll(s) {
-  const [tl, tp, jobs] = await Promise.all([api(`${API}/timeline?limit=150`), api(`${API}/throughput`), api(`${API}/jobs`)]);
+  // Where history begins (the ledger's first tick): charts never open before it.
+  const probe = await api(`${API}/history/states?kind=gpu&points=2&${rangeQS()}`);
+  st.historyStart = probe.complete_since_t_s;
+  renderRange();
+  const [tl, tp, jobs] = await Promise.all([api(`${API}/timeline?limit=150&${rangeQS()}`), api(`${API}/throughput`), api(`${API}/jobs`)]);
   renderTimeline(tl, s);
   await refreshMap();
-  renderThroughput(tp); renderJobs(jobs);
+  st.tput = tp; renderThroughput(tp); renderJobs(jobs);
   await Promise.all([refreshGray(), refreshDetail(), refreshFleet()]);
+  document.body.dataset.view = viewHash();
 }
 
 function showErr(e) { if (e && e.message !== "no token") banner("error: " + e.message); }
@@ -694,7 +826,7 @@ async function poll() {
   try {
     const s = await api(`${API}/summary`);
     st.summary = s; renderHeader(s);
-    if (s.tick !== st.tick) { st.tick = s.tick; await refreshAll(s); }
+    if (s.tick !== st.tick || st.dirty) { st.tick = s.tick; st.dirty = false; await refreshAll(s); }
     document.body.dataset.tick = String(s.tick);
   } catch (e) { showErr(e); }
   finally { st.busy = false; }
@@ -705,7 +837,7 @@ document.addEventListener("click", ev => {
   const t = ev.target.closest("[data-name]");
   if (t && t.dataset.kind) { select(t.dataset.kind, t.dataset.name); return; }
   const c = ev.target.closest("[data-loop]");
-  if (c) { st.loop = c.dataset.loop || null; refreshMap().catch(showErr); refreshFleet().catch(showErr); }
+  if (c) { st.loop = c.dataset.loop || null; writeURL(); refreshMap().catch(showErr); refreshFleet().catch(showErr); }
 });
 $("token").value = localStorage.getItem("seamguard.token") || "";
 $("token").addEventListener("change", () => localStorage.setItem("seamguard.token", $("token").value.trim()));
@@ -716,11 +848,18 @@ $("breaker").onclick = () => {
   if (why && why.trim()) authed("POST", `${API}/breaker/reset`, { why: why.trim() }).then(poll).catch(showErr);
 };
 bindCanvas($("fleetmap"), () => st.rects);
-$("actionsonly").addEventListener("change", () => st.events && renderTimeline(st.events, st.eventsSummary));
-$("worstfirst").addEventListener("change", drawMap);
+$("actionsonly").addEventListener("change", () => { writeURL(); if (st.events) renderTimeline(st.events, st.eventsSummary); });
+$("worstfirst").addEventListener("change", () => { writeURL(); drawMap(); });
+$("range").addEventListener("change", () => { if (RANGES[$("range").value]) setView({ range: $("range").value, since: null, until: null }); });
+$("zoomin").onclick = () => zoomBy(0.5);
+$("zoomout").onclick = () => zoomBy(2);
+$("zoomreset").onclick = () => setView({ since: null, until: null });
+// A pasted link, the back button or an edited hash: show what it names.
+window.addEventListener("hashchange", () => { readURL(); renderRange(); st.dirty = true; if (st.selected) refreshDetail().catch(showErr); else $("detail").textContent = "Nothing selected."; poll(); });
+bindZoom();
 bindCanvas($("nicmap"), () => st.fabricRects.nic);
 bindCanvas($("linkmap"), () => st.fabricRects.link);
-window.addEventListener("resize", () => { drawMap(); if (st.map) renderFabric(st.map); if (st.fleetHist) renderFleetHistory(st.fleetHist); });
+window.addEventListener("resize", () => { drawMap(); if (st.map) renderFabric(st.map); if (st.stateHist) renderStateHistory(st.stateHist); if (st.fleetHist) renderFleetHistory(st.fleetHist); });
 legend();
 $("graygloss").innerHTML = `<b>GFS</b> ${esc(GLOSS.GFS)}. <b>FAE</b> ${esc(GLOSS.FAE)}.`;
 
@@ -732,6 +871,9 @@ window.seamguard = {
   gpuCellsOf(node) { return st.rects.filter(x => x.kind === "gpu" && x.name.startsWith(node + "/")).map(x => ({ name: x.name, state: x.state, ...toPage(x) })); },
   tiles() { return st.tiles.map(t => ({ ...t })); },
   colors: COLOR, states: STATES, get tick() { return st.tick; },
+  view() { const [t0, t1] = chartWindow(); return { ...view, hash: viewHash(), t0, t1, selected: st.selected, loop: st.loop }; },
 };
+readURL();
+writeURL();
 poll();
 setInterval(poll, POLL_MS);
