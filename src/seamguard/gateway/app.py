@@ -137,6 +137,7 @@ class _Flight:
     usage: Any = None  # the backend's usage as it sent it (validated by admission.charge); None: none yet
     gone: asyncio.Future | None = None  # completes when the client disconnects
     charged: Charge | None = None  # set when the charge is not the usage's (a client gone before its answer)
+    gateway_fault: bool = False  # failed by the gateway or its backend (502, 504): nothing counts against the key
     done: bool = False
 
     def charge(self) -> Charge:
@@ -190,7 +191,7 @@ class _Flight:
             gw.router.finished(r, Outcome(ok, ttft, tpot, dft, completion, cancelled=cancelled))
         finally:
             if self.owns_ticket:
-                await gw.gatekeeper.settle(self.ticket, ok, c)
+                await gw.gatekeeper.settle(self.ticket, ok, c, gateway_fault=self.gateway_fault)
 
     async def drop(self, task: asyncio.Task | None, cancelled: bool) -> None:
         """Stop this flight (the other copy of its request answered first): its read, its stream."""
@@ -263,7 +264,7 @@ async def _answer(gw: Gateway, request: Request, endpoint: str, path: str, key: 
         return error(503, f"deferred by the router: {e.reason}", "server_error", "shed",
                      retry_after_s=max(1, math.ceil(e.retry_after_s)))
     except Exception as e:  # a router bug must not leak the reservation
-        await gw.gatekeeper.finish(ticket, False, None, 0)
+        await gw.gatekeeper.finish(ticket, False, None, 0, gateway_fault=True)
         gw.metrics.requests.labels(endpoint, "503").inc()
         return error(503, f"no route: {e}", "server_error", "no_route")
     flight = _Flight(gw, ticket, route, t_recv, gone=gone)
@@ -284,6 +285,7 @@ async def _answer(gw: Gateway, request: Request, endpoint: str, path: str, key: 
     except (UpstreamError, TimeoutError) as e:
         up = e if isinstance(e, UpstreamError) else UpstreamError(504, "backend took longer than total_s", "timeout")
         gw.metrics.upstream_errors.labels(route.decode.name, up.kind).inc()
+        flight.gateway_fault = up.status >= 500  # a backend's 4xx is the request's own fault
         await flight.end(False)
         gw.metrics.requests.labels(endpoint, str(up.status)).inc()
         if up.body is not None:
@@ -491,6 +493,7 @@ async def _relay(flight: _Flight, lines: AsyncIterator[str], want_usage: bool, e
             ok = True  # a backend that ends its stream without [DONE]
     except UpstreamError as e:
         gw.metrics.upstream_errors.labels(decode, e.kind).inc()
+        flight.gateway_fault = e.status >= 500
         yield _sse({"error": {"message": e.message, "type": "server_error", "param": None,
                               "code": "upstream_" + e.kind}})
     except ClientGone:

@@ -10,15 +10,16 @@ the injected ``clock`` (wall seconds), so a benchmark may run it in simulated ti
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from seamguard.gateway.admission import (
+    Charge,
     Counters,
     Limits,
     Priority,
-    Charge,
     Reserved,
     charge,
     minute_used,
@@ -35,10 +36,10 @@ from seamguard.gateway.store import KeyRecord, Reservation, Scope, Store, StoreE
 from seamguard.gateway.zombie import KeyState, Step, ZombieDetector
 
 TICK_EVERY_S = 10.0  # how often throttles of keys gone quiet are lifted
-
 # who sets a key's state on its own; any other actor is a person (an admin token's name), whose
 # unsuspend holds the detector off for override_s on every replica
 AUTOMATIC_ACTORS = frozenset({"", "zombie-detector"})
+
 
 @dataclass(frozen=True)
 class KeyInfo:
@@ -64,6 +65,7 @@ class Ticket:
     reserved: Reserved  # what the reservation is made of, and the caps the forwarded body carries
     fingerprint: str
     finished: bool = field(default=False)
+    request: int = 0  # the detector's id for it (to withdraw it if the gateway fails it)
 
     @property
     def prompt_estimate(self) -> int:
@@ -85,6 +87,7 @@ class Gatekeeper:
                 self.by_digest[k.digest()] = info
                 metrics.set_key_state(k.name, "ok", None)
         self._last_tick = -1e18
+        self._requests = itertools.count(1)
 
     def authenticate(self, secret: str | None) -> KeyInfo | None:
         if not secret:
@@ -132,8 +135,9 @@ class Gatekeeper:
         if why is not None:
             self.metrics.refused.labels(key.tenant, key.name, "never_fits").inc()
             raise Refusal(400, f"{why}; lower max_tokens or the prompt", "invalid_request_error", "request_too_large")
+        rid = next(self._requests)
         if rec.state != "suspended":
-            await self._apply(self.detector.observe_request(key.name, now, amount, source), now)
+            await self._apply(self.detector.observe_request(key.name, now, amount, source, request=rid), now)
         state, throttle_tpm = self.detector.state(key.name)
         if state == "suspended":
             self.metrics.refused.labels(key.tenant, key.name, "suspended").inc()
@@ -153,22 +157,25 @@ class Gatekeeper:
             raise Refusal(429, f"rate limit: {reason} for key {key.name!r} ({amount} tokens reserved); "
                                f"retry after {verdict.retry_after_s} s", "rate_limit_exceeded",
                           verdict.reason.replace(" ", "_"), verdict.retry_after_s)
-        self.detector.admitted(key.name, now, amount)
-        return Ticket(key, res, reserved, hashlib.blake2b(raw, digest_size=8).hexdigest())
+        self.detector.admitted(key.name, now, amount, request=rid)
+        return Ticket(key, res, reserved, hashlib.blake2b(raw, digest_size=8).hexdigest(), request=rid)
 
-    async def finish(self, t: Ticket, ok: bool, prompt_tokens: object, completion_tokens: object) -> Charge:
+    async def finish(self, t: Ticket, ok: bool, prompt_tokens: object, completion_tokens: object,
+                     gateway_fault: bool = False) -> Charge:
         """`settle` with the counts as the backend reported them (``prompt_tokens`` None: it sent no
         usage, and ``completion_tokens`` is what was relayed); they are validated (admission.charge)."""
         if prompt_tokens is None:
             relayed = completion_tokens if isinstance(completion_tokens, int) else 0
-            return await self.settle(t, ok, charge(t.reserved, None, relayed))
+            return await self.settle(t, ok, charge(t.reserved, None, relayed), gateway_fault)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
-        return await self.settle(t, ok, charge(t.reserved, usage, 0))
+        return await self.settle(t, ok, charge(t.reserved, usage, 0), gateway_fault)
 
-    async def settle(self, t: Ticket, ok: bool, c: Charge) -> Charge:
+    async def settle(self, t: Ticket, ok: bool, c: Charge, gateway_fault: bool = False) -> Charge:
         """Reconcile the reservation with the request's charge (a failed request that generated
         nothing is charged nothing); feed the result to the detector. Idempotent. A charge is never
-        negative, so the reconcile never gives back more than was reserved."""
+        negative, so the reconcile never gives back more than was reserved. ``gateway_fault``: the
+        gateway or its backend failed it (502, 504, a timeout): nothing counts against the key (no
+        tokens unless some were relayed, no failure, no demand for the detector)."""
         if t.finished:
             return c
         t.finished = True
@@ -181,7 +188,8 @@ class Gatekeeper:
         if used:
             self.metrics.tokens.labels(t.key.tenant, t.key.name, "prompt").inc(c.prompt)
             self.metrics.tokens.labels(t.key.tenant, t.key.name, "completion").inc(c.completion)
-        await self._apply(self.detector.observe_result(t.key.name, now, ok, t.fingerprint), now)
+        await self._apply(self.detector.observe_result(t.key.name, now, ok, t.fingerprint, gateway_fault=gateway_fault,
+                                                       request=t.request), now)
         return c
 
     async def release(self, t: Ticket) -> None:
@@ -190,10 +198,14 @@ class Gatekeeper:
         if t.finished:
             return
         t.finished = True
+        now = self.clock()
         try:
-            await self.store.reconcile(t.reservation, 0, self.clock())
+            await self.store.reconcile(t.reservation, 0, now)
         except StoreError:
             self.metrics.store_errors.labels("reconcile").inc()
+        # the gateway's own refusal: its demand withdrawn, like a 502's
+        await self._apply(self.detector.observe_result(t.key.name, now, False, t.fingerprint, gateway_fault=True,
+                                                       request=t.request), now)
 
     async def override(self, key: str, to: KeyState, actor: str, note: str) -> KeyRecord:
         now = self.clock()
