@@ -19,7 +19,7 @@ from seamguard.app.service.server import Server
 from seamguard.app.sources import TwinSource
 
 from .conftest import TOKEN
-from .test_browser import WAIT_MS, _page, browser  # noqa: F401  (browser is a fixture)
+from .test_browser import ARTIFACTS, WAIT_MS, _page, browser  # noqa: F401  (browser is a fixture)
 
 TICKS = 250  # x 5 simulated seconds: 20.8 minutes, longer than the shortest range
 EVENTS = "#timeline li.transition, #timeline li.action"
@@ -113,8 +113,9 @@ def test_range_and_zoom_move_every_series_and_table(browser, served):
     assert all(v["since"] <= t <= v["until"] for t in ev_t)
     assert page.locator(EVENTS).count() == \
         _timeline_times(runner, v["since"], v["until"])
-    sig_t = page.evaluate("""() => [...document.querySelectorAll('#tsgfs svg.chart path.line')].length""")
-    assert sig_t >= 1
+    assert page.locator("#tsgfs svg.chart path.line").count() >= 1
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard_zoomed.png"), full_page=False)
 
     # Zoom out doubles the window (ending no later than now); reset returns to the range.
     page.click("#zoomout")
