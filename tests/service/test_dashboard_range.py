@@ -17,6 +17,7 @@ import pytest
 from seamguard.app.runner import Runner
 from seamguard.app.service.server import Server
 from seamguard.app.sources import TwinSource
+from seamguard.fleet.model import Kind
 
 from .conftest import TOKEN
 from .test_browser import ARTIFACTS, WAIT_MS, _page, browser  # noqa: F401  (browser is a fixture)
@@ -201,3 +202,27 @@ def test_api_docs_render_air_gapped(browser, served, path, ready):
     assert "/openapi.json" in served_here and any(p.startswith("/static-offline-docs/") for p in served_here)
     assert not broken, broken
     ctx.close()
+
+
+def test_a_malformed_link_opens_the_default_view_and_a_loop_link_drills_in(browser, served):
+    runner, server = served
+    now = runner.snapshot().t_s
+    fleet = runner.snapshot().fleet
+    loop = fleet.loop_names[1]
+    in_loop = int((fleet.gpu_loop == 1).sum())
+    assert 0 < in_loop < fleet.count(Kind.GPU)
+    errors: list[str] = []
+    page = _page(browser, errors)
+    page.goto(f"{server.url}/#range=2y&since=900&until=100&entity=gpu&actions=yes")
+    v = _rendered(page)
+    assert (v["range"], v["since"], v["selected"]) == ("1h", None, None)
+    assert v["hash"] == "#range=1h" and v["t1"] == now and not page.is_checked("#actionsonly")
+    page.goto(f"{server.url}/#range=24h&loop={loop}")
+    page.reload()
+    v = _rendered(page)
+    assert v["loop"] == loop and page.input_value("#range") == "24h"
+    assert loop in page.inner_text("#crumbs")
+    assert page.evaluate("window.seamguard.tiles().length") == 0 and \
+        page.get_attribute("#fleetmap", "aria-label") == f"fleet map: {in_loop} GPUs"
+    assert not errors, errors
+    page.close()
