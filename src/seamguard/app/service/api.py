@@ -221,7 +221,8 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[
         return [m.TransitionOut(**r) for r in rows]
 
     @app.get(f"{API}/decisions", response_model=list[m.DecisionOut], tags=["record"], responses=_ERANGE)
-    def decisions(rng: Range, entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
+    def decisions(rng: Range,
+                  entity: Annotated[str | None, Query(max_length=256, description="target or cause")] = None,
                   event: Annotated[str | None, Query(pattern="^(decided|withdrawn|held_by_breaker)$")] = None,
                   limit: Limit = 100, offset: Offset = 0) -> list[m.DecisionOut]:
         rows = reader.decisions(upto_tick=runner.snapshot().tick, entity=entity, event=event, limit=limit,
