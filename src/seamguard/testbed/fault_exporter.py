@@ -18,10 +18,11 @@ import signal
 import sys
 from pathlib import Path
 
+from seamguard.fleet.model import Fleet
 from seamguard.twin.faults import ENTITY_KIND, FaultKind, FaultSpec
 
 
-def fault_spec(fleet, kind_entity: str, start_s: float, magnitude: float | None, ramp_s: float) -> FaultSpec:
+def fault_spec(fleet: Fleet, kind_entity: str, start_s: float, magnitude: float | None, ramp_s: float) -> FaultSpec:
     """``KIND:ENTITY`` -> a FaultSpec on that entity of ``fleet``; one-line ValueError if unknown."""
     kind_name, sep, entity = kind_entity.partition(":")
     if not sep or not entity:
@@ -35,10 +36,9 @@ def fault_spec(fleet, kind_entity: str, start_s: float, magnitude: float | None,
         index = fleet.index_of(ENTITY_KIND[kind], entity)
     except KeyError:
         raise ValueError(f"--fault {kind_entity!r}: no {ENTITY_KIND[kind].label} {entity!r} in the topology") from None
-    if index < 0:
-        raise ValueError(f"--fault {kind_entity!r}: no {ENTITY_KIND[kind].label} {entity!r} in the topology")
-    spec = FaultSpec(kind, index, start_s, ramp_s=ramp_s)
-    return spec if magnitude is None else FaultSpec(kind, index, start_s, magnitude=magnitude, ramp_s=ramp_s)
+    if magnitude is None:
+        return FaultSpec(kind, index, start_s, ramp_s=ramp_s)
+    return FaultSpec(kind, index, start_s, magnitude=magnitude, ramp_s=ramp_s)
 
 
 def main(argv: list[str]) -> None:
@@ -52,7 +52,6 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--speed", type=float, default=1.0)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--port-file", type=Path, default=None, help="write the port listened on here")
     ap.add_argument("--truth-out", type=Path, default=None)
     a = ap.parse_args(argv)
 
@@ -67,8 +66,6 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"error: {e}") from None
     exp = TwinExporter(fleet, [spec], TwinConfig(tick_s=a.tick_s), 0,
                        ServeOptions(host=a.host, port=a.port, speed=a.speed, truth_out=a.truth_out))
-    if a.port_file is not None:
-        a.port_file.write_text(str(exp.port))
     signal.signal(signal.SIGTERM, lambda *_: exp.stop())
     exp.run()
 
