@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from seamguard import hintauth
 from seamguard.act.runtime import RuntimeHintActuator
 from seamguard.act.slurm import SlurmActuator, SlurmConfig
 from seamguard.control import Controller
@@ -75,6 +76,8 @@ def test_flow_loss_moves_sheds_and_keeps_new_work_off_through_the_controller(tmp
         slurm = SlurmActuator(SlurmConfig(scontrol=sc.bin("scontrol"), sinfo=sc.bin("sinfo"),
                                           squeue=sc.bin("squeue"), scancel=sc.bin("scancel"), timeout_s=20,
                                           checkpoint_grace_s=0.0))
+        (tmp_path / "hints").mkdir()
+        hintauth.create_key(hintauth.key_file_for(tmp_path / "hints"))  # as the job's launcher does
         hints = RuntimeHintActuator({"pretrain": tmp_path / "hints"})
         ledger = Ledger(tmp_path / "ledger.db")
         try:
