@@ -426,7 +426,7 @@ def run(
     logging.getLogger("seamguard.runner").info(
         "controller started: %s, every %g s from %s, mode %s, ledger %s; state changes and actions are logged "
         "as they happen, SIGTERM or Ctrl-C stops after the tick in progress", _fleet_size(fleet), runner.tick_s,
-        runner.source.name, runner.controller.mode, cfg.ledger)
+        runner.source.name, runner.controller.mode, runner.ledger.where)
     # Finish the tick in progress, then close the ledger (Runner.run's finally).
     signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
     signal.signal(signal.SIGINT, lambda *_: runner.request_stop())
@@ -434,7 +434,7 @@ def run(
         ticks = runner.run()
     except RuntimeError as e:
         fail(f"the controller loop died: {e}", code=1)
-    emit({"ticks": ticks, "mode": runner.controller.mode, "ledger": str(cfg.ledger)}, wants_json(output, json_flag))
+    emit({"ticks": ticks, "mode": runner.controller.mode, "ledger": runner.ledger.where}, wants_json(output, json_flag))
 
 
 def _fleet_size(fleet) -> str:
@@ -513,7 +513,7 @@ def serve(
     server = Server(runner, tokens, host=host, port=port, log_level="warning", extra_hosts=allowed_host)
     sizes = runner.snapshot().fleet.summary()
     info = {"source": runner.source.name, "gpus": sizes["gpu"], "cooling_loops": sizes["cooling_loop"],
-            "mode": runner.controller.mode, "speed": runner.speed, "ledger": str(runner.ledger_path),
+            "mode": runner.controller.mode, "speed": runner.speed, "ledger": runner.ledger.where,
             "dashboard": f"{server.url}/", "api_docs": f"{server.url}/docs", "metrics": f"{server.url}/metrics",
             "token": shown, "operators": sorted(tokens)}
     emit(info, wants_json(output, json_flag), _serve_banner)
