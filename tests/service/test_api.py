@@ -141,6 +141,19 @@ def test_metrics_render_the_snapshot(http, runner):
     count = next(s for s in fams["seamguard_tick_duration_seconds"].samples if s.name.endswith("_count"))
     assert count.value == snap.counters.ticks
     assert len(text.splitlines()) < 400  # bounded: no per-entity series
+    assert fams["seamguard_leader"].samples[0].value == 1  # no ha: this replica acts
+
+
+def test_leader_gauge_follows_the_term(runner):
+    from seamguard.app.service.metrics import make_registry, render
+    term = {"leading": True}
+    reg = make_registry(runner.snapshot, lambda: term["leading"])
+    def leader() -> float:
+        fams = {f.name: f for f in text_string_to_metric_families(render(reg).decode())}
+        return fams["seamguard_leader"].samples[0].value
+    assert leader() == 1
+    term["leading"] = False  # deposed: a follower exports 0, so sum() over replicas counts leaders
+    assert leader() == 0
 
 
 def test_mutations_need_the_token(http, auth):

@@ -80,7 +80,7 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[
                   description="Gray-failure control plane: fleet state, evidence, decisions and operator controls. "
                               "Every read renders one immutable snapshot published after a controller tick.")
     reader = open_reader(runner.ledger_path)
-    registry = make_registry(runner.snapshot)
+    registry = make_registry(runner.snapshot, lambda: runner.leading)
     breaker_cfg = runner.controller.policy.breaker
     assess_cfg = runner.controller.policy.assess
 

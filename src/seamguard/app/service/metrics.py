@@ -29,11 +29,15 @@ def _hist(values: np.ndarray, bounds: tuple[float, ...]) -> tuple[list[tuple[str
 
 
 class SnapshotCollector:
-    def __init__(self, get: Callable[[], Snapshot]) -> None:
+    def __init__(self, get: Callable[[], Snapshot], leading: Callable[[], bool] | None = None) -> None:
         self._get = get
+        self._leading = leading
 
     def collect(self) -> Iterator[Metric]:
         s = self._get()
+        if self._leading is not None:
+            yield GaugeMetricFamily("seamguard_leader", "1 while this replica acts (it leads, or runs without ha:)",
+                                    value=float(self._leading()))
         info = GaugeMetricFamily("seamguard_info", "Which source the controller runs against and its mode",
                                  labels=["source", "mode"])
         info.add_metric([s.source, s.mode], 1.0)
@@ -117,9 +121,9 @@ class SnapshotCollector:
             yield ut
 
 
-def make_registry(get: Callable[[], Snapshot]) -> CollectorRegistry:
+def make_registry(get: Callable[[], Snapshot], leading: Callable[[], bool] | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(SnapshotCollector(get))
+    reg.register(SnapshotCollector(get, leading))
     return reg
 
 
