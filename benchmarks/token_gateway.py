@@ -20,6 +20,22 @@ for seamguard), ``time_to_suspend_s`` (seamguard; static never stops the key),
 other keys) and, apart, ``owner_requests_rejected`` (the leaked key's own legitimate user,
 cut off with the leak by any system that stops the key).
 
+Two more scenarios on the same keys and history, in simulated time (``leaks`` in the JSON), each
+from 12:00 against what a LiteLLM operator runs: **static+alert** — the static caps above plus a
+spend alert per key (a daily soft budget) at 1.25x the key's largest day in the history (no day of
+the history would have alerted):
+
+- ramp: the leaked key's own client in a loop that feeds on itself, from the key's usual rate
+  growing 3.5x every 2 minutes (capped at 5 requests/s; refused anyway), from one of its own
+  sources; 30 minutes (--quick) or 1 h;
+- stealth: a second client following the key's own daily shape at 1.5x its rate, from a source
+  that tried the key once two days before (not new); 2 h (--quick) or to midnight.
+
+Per system: ``time_to_detect_s`` (seamguard: the detector's first step on the key; static+alert:
+the alert), ``time_to_first_refusal_s`` (a leak request refused by a cap or a step),
+``leak_tokens_before_detect``, ``leak_tokens`` (served to the leak in all),
+``healthy_keys_flagged`` (other keys stepped or alerted), ``legit_requests_rejected``.
+
 Two modes, both printed:
 
 - simulated (``sim``): the gateway's own admission code (Gatekeeper, SqliteStore in memory,
@@ -83,14 +99,18 @@ PROFILES = {
 }
 
 
-def legit_trace(t0: float, t1: float, rng: random.Random) -> list[Req]:
+def legit_trace(t0: float, t1: float, rng: random.Random, only: str | None = None, scale: float = 1.0,
+                source: str | None = None) -> list[Req]:
     """Every legitimate request in [t0, t1): per 5-minute block, a Poisson count at the key's rate for
     that hour of day (a sine over its active hours) times a lognormal burst factor, at uniform times;
     eval-ci instead sends 40 requests within a minute at :30 of every other hour of its day."""
     out: list[Req] = []
     g = np.random.default_rng(rng.randrange(2**32))
     for ki, (key, (hours, peak, (pm, ps), (om, os_), mt, _)) in enumerate(PROFILES.items()):
-        sources = [f"10.1.{ki}.{i}|openai-python/1.{i}" for i in range(3)]
+        if only is not None and key != only:
+            continue
+        peak *= scale
+        sources = [source] if source else [f"10.1.{ki}.{i}|openai-python/1.{i}" for i in range(3)]
         times: list[float] = []
         if key == "eval-ci":
             for h in range(int(t0 // HOUR), int(math.ceil(t1 / HOUR))):
@@ -108,7 +128,8 @@ def legit_trace(t0: float, t1: float, rng: random.Random) -> list[Req]:
         prompts = np.maximum(1, g.lognormal(math.log(pm), ps, n)).astype(int)
         outs = np.minimum(mt, np.maximum(1, g.lognormal(math.log(om), os_, n))).astype(int)
         srcs = g.integers(0, len(sources), n)
-        out += [Req(float(t), key, int(p), mt, int(o), sources[si]) for t, p, o, si in zip(times, prompts, outs, srcs)]
+        out += [Req(float(t), key, int(p), mt, int(o), sources[si], zombie=source is not None)
+                for t, p, o, si in zip(times, prompts, outs, srcs)]
     out.sort(key=lambda r: r.t)
     return out
 
@@ -297,6 +318,170 @@ def summarize(tallies: list[Tally]) -> dict:
         out[f + "_spread"] = [min(vals), max(vals)] if vals else None
     return out
 
+# ---- ramps and stealthy leaks: seamguard vs a static cap plus a spend alert -------------------------------
+RAMP_FACTOR, RAMP_PERIOD_S, RAMP_MAX_RPS = 3.5, 120.0, 5.0
+STEALTH_SCALE = 1.5
+STEALTH_SOURCE = "203.0.113.44|openai-python/1.2"
+ALERT_MARGIN = 1.25
+
+
+def ramp_trace(t0: float, t1: float, rng: random.Random) -> list[Req]:
+    """The leaked key's own client in a loop that feeds on itself: from the key's usual rate at that hour,
+    3.5x every 2 minutes (capped at 5 requests a second: refused anyway), from one of the key's own sources."""
+    hours, peak, (pm, ps), (om, os_), mt, _ = PROFILES[LEAKED]
+    out, t = [], t0
+    while t < t1:
+        rps = min(RAMP_MAX_RPS, 0.75 * peak * RAMP_FACTOR ** ((t - t0) / RAMP_PERIOD_S))
+        out.append(Req(t, LEAKED, max(1, int(rng.lognormvariate(math.log(pm), ps))), mt,
+                       min(mt, max(1, int(rng.lognormvariate(math.log(om), os_)))), "10.1.1.0|openai-python/1.0",
+                       zombie=True))
+        t += rng.expovariate(rps)
+    return out
+
+
+def stealth_trace(t0: float, t1: float, rng: random.Random) -> list[Req]:
+    """A second client on the leaked key following the key's own daily shape at 1.5x its rate, from a source
+    it tried once two days before (so the new-source rule does not apply: the history rule must see it)."""
+    return legit_trace(t0, t1, rng, only=LEAKED, scale=STEALTH_SCALE, source=STEALTH_SOURCE)
+
+
+def alert_lines(history: list[Req]) -> dict[str, float]:
+    """The spend alert a LiteLLM operator sets per key (a soft budget per day): today's spend over 1.25x
+    the key's largest day in the history (no day of the history would have alerted)."""
+    _, pd, _, _ = peaks(history)
+    return {k: ALERT_MARGIN * pd[k] for k in PROFILES}
+
+
+def first_alerts(results: list[tuple[Req, int, str, int]], spent_before: dict[str, float],
+                 lines: dict[str, float]) -> dict[str, float]:
+    """key -> when its spend today (served tokens) first crossed its alert line."""
+    spent = dict(spent_before)
+    out: dict[str, float] = {}
+    for r, _, _, tokens in sorted(results, key=lambda x: x[0].t):
+        spent[r.key] = spent.get(r.key, 0.0) + tokens
+        if r.key not in out and spent[r.key] > lines[r.key]:
+            out[r.key] = r.t
+    return out
+
+
+def score_leak(results, leak_t: float, system: str, steps: list, alerts: dict[str, float]) -> dict:
+    """Detection (seamguard: the detector's first step on the leaked key; static+alert: its alert),
+    the first refusal of a leak request by a cap or a step, the leak's tokens before each and in all,
+    false flags on the healthy keys."""
+    on_leaked = [s for s in steps if s["key"] == LEAKED and s["to"] != "ok"]
+    detect = (on_leaked[0]["t"] if on_leaked else None) if system == "seamguard" else alerts.get(LEAKED)
+    leak = [(r.t, status, tokens) for r, status, _, tokens in results if r.zombie]
+    refused = next((t for t, status, _ in leak if status != 200), None)
+    flagged = ({s["key"] for s in steps if s["key"] != LEAKED} if system == "seamguard"
+               else {k for k in alerts if k != LEAKED})
+    return {"time_to_detect_s": None if detect is None else round(detect - leak_t, 1),
+            "detected_by": (on_leaked[0]["reason"] if on_leaked else None) if system == "seamguard"
+            else ("spend alert" if detect is not None else None),
+            "time_to_first_refusal_s": None if refused is None else round(refused - leak_t, 1),
+            "leak_tokens_before_detect": sum(n for t, _, n in leak if detect is None or t < detect),
+            "leak_tokens": sum(n for _, _, n in leak),
+            "healthy_keys_flagged": len(flagged),
+            "legit_requests_rejected": sum(1 for r, st, _, _ in results if not r.zombie and r.key != LEAKED
+                                           and st != 200)}
+
+
+async def simulate_leak(system: str, history: list[Req], live: list[Req]) -> tuple[list, list]:
+    """The gatekeeper in simulated time: (results, key-state steps); the static+alert system is the
+    static one (its alert is read off the results)."""
+    from seamguard.gateway.config import parse_gateway_config
+    from seamguard.gateway.gatekeeper import Gatekeeper, Refusal
+    from seamguard.gateway.ledger import GatewayLedger
+    from seamguard.gateway.metrics import GatewayMetrics
+    from seamguard.gateway.store import SqliteStore
+
+    cfg = parse_gateway_config(config(system, history, {"type": "sqlite", "path": ":memory:"}), "bench")
+    now = [live[0].t]
+    gk = Gatekeeper(cfg, SqliteStore(":memory:"), GatewayLedger(":memory:"), GatewayMetrics(), clock=lambda: now[0])
+    seed_detector(gk.detector, history)
+    heap: list = [(r.t, 1, i, r, None) for i, r in enumerate(live)]
+    heapq.heapify(heap)
+    results: list[tuple[Req, int, str, int]] = []
+    seq = len(live)
+    while heap:
+        t, kind, _, r, ticket = heapq.heappop(heap)
+        now[0] = t
+        if kind == 0:
+            await gk.finish(ticket, True, r.prompt, r.output)
+            continue
+        try:
+            ticket = await gk.admit(gk.keys[r.key], body(r), str(seq).encode(), r.source)
+        except Refusal as e:
+            results.append((r, e.status, e.code, 0))
+            continue
+        results.append((r, 200, "", r.prompt + r.output))
+        seq += 1
+        heapq.heappush(heap, (t + r.duration_s, 0, seq, r, ticket))
+    steps = [{"t": e["wall_s"], "key": e["key"], "to": e["to"], "reason": e["reason"]}
+             for e in reversed(gk.ledger.events(limit=10_000))]
+    return results, steps
+
+
+def run_leaks(seeds: int, quick: bool) -> dict:
+    """The ramp and the stealthy leak, each from 12:00 on day 3, seamguard and static+alert interleaved per seed."""
+    leak_t = 3 * DAY + 12 * HOUR
+    after = {"ramp": 0.5 if quick else 1.0, "stealth": 2.0 if quick else 12.0}
+    out: dict = {}
+    for scenario, make in (("ramp", ramp_trace), ("stealth", stealth_trace)):
+        runs: dict[str, list[dict]] = {"static+alert": [], "seamguard": []}
+        for s in range(seeds):
+            rng = random.Random(s)
+            history = legit_trace(0.0, 3 * DAY, rng)
+            before = legit_trace(3 * DAY, leak_t - HOUR, rng)   # today's spend before the run, served by both
+            spent_before = {k: float(sum(r.prompt + r.output for r in before if r.key == k)) for k in PROFILES}
+            live = sorted(legit_trace(leak_t - HOUR, leak_t + after[scenario] * HOUR, rng)
+                          + make(leak_t, leak_t + after[scenario] * HOUR, rng), key=lambda r: r.t)
+            if scenario == "stealth":  # the leak's client tried the key once two days ago: its source is not new
+                history = sorted(history + [Req(DAY + 12 * HOUR, LEAKED, 20, 16, 16, STEALTH_SOURCE)], key=lambda r: r.t)
+            lines = alert_lines(history)
+            order = ("static+alert", "seamguard") if s % 2 == 0 else ("seamguard", "static+alert")
+            for system in order:
+                results, steps = asyncio.run(simulate_leak("static" if system != "seamguard" else system,
+                                                           history, live))
+                alerts = first_alerts(results, spent_before, lines)
+                runs[system].append(score_leak(results, leak_t, system, steps, alerts))
+            print(f"{scenario} seed {s}: " + ", ".join(f"{k} {v[-1]}" for k, v in runs.items()), file=sys.stderr)
+        out[scenario] = {"hours_after": after[scenario],
+                         **{k: summarize_dicts(v) for k, v in runs.items()}}
+    return out
+
+
+def summarize_dicts(rows: list[dict]) -> dict:
+    """Median [min, max] of each numeric figure over seeds (None where any seed had none), and the
+    reasons seen."""
+    out: dict = {}
+    for f in rows[0]:
+        xs = [r[f] for r in rows]
+        if f == "detected_by":
+            out[f] = sorted({str(x) for x in xs})
+            continue
+        vals = [x for x in xs if x is not None]
+        out[f] = float(np.median(vals)) if len(vals) == len(xs) else None
+        out[f + "_spread"] = [min(vals), max(vals)] if vals else None
+        out[f + "_missing"] = len(xs) - len(vals)
+    return out
+
+
+def print_leaks(res: dict) -> None:
+    for scenario, r in res.items():
+        print(f"\n{scenario} (from 12:00 for {r['hours_after']:g} h; median [min-max]; '-' none in some seed)")
+        print(f"{'':28} {'static+alert':>28} {'seamguard':>28}")
+        for f in ("time_to_detect_s", "time_to_first_refusal_s", "leak_tokens_before_detect", "leak_tokens",
+                  "healthy_keys_flagged", "legit_requests_rejected"):
+            cells = []
+            for k in ("static+alert", "seamguard"):
+                v, sp, miss = r[k][f], r[k][f + "_spread"], r[k][f + "_missing"]
+                cells.append(("-" if v is None else f"{v:g}") + ("" if sp is None else f" [{sp[0]:g}-{sp[1]:g}]")
+                             + (f" ({miss} none)" if miss else ""))
+            print(f"{f:28} {cells[0]:>28} {cells[1]:>28}")
+        print(f"{'detected_by':28} {','.join(r['static+alert']['detected_by']):>28} "
+              f"{','.join(r['seamguard']['detected_by']):>28}")
+
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -304,8 +489,14 @@ def main() -> None:
                                                          "midnight); 75 s over HTTP (full: 120 s)")
     ap.add_argument("--seeds", type=int)
     ap.add_argument("--no-http", action="store_true", help="simulated time only")
+    ap.add_argument("--leaks-only", action="store_true", help="only the ramp and stealthy-leak scenarios")
     args = ap.parse_args()
     seeds = args.seeds or 3
+    if args.leaks_only:
+        leaks = run_leaks(seeds, args.quick)
+        print_leaks(leaks)
+        print(json.dumps({"quick": args.quick, "seeds": seeds, "leaks": leaks}))
+        return
     # the full run lets the leak go on until midnight: long enough for a static limit to run the
     # tenant's day out; --quick stops an hour after the leak
     before_h, after_h = (1.0, 1.0) if args.quick else (2.0, 12.0)
@@ -356,6 +547,10 @@ def main() -> None:
               f"{tl.time_to_suspend_s} s, {tl.tokens_lost_to_zombie} tokens to the leak, "
               f"{tl.legit_requests_rejected} of {tl.legit_requests} legit requests rejected "
               f"(owner {tl.owner_requests_rejected} of {tl.owner_requests}), {tl.legit_keys_flagged} legit keys flagged")
+    t_leaks = time.perf_counter()
+    out["leaks"] = run_leaks(seeds, args.quick)
+    out["leaks_wall_s"] = round(time.perf_counter() - t_leaks, 1)
+    print_leaks(out["leaks"])
     g = sim["seamguard"]
     out["goal_throttled_within_30s"] = bool(g["time_to_throttle_s_spread"] and g["time_to_throttle_s_spread"][1] <= 30
                                            and (args.no_http or (out["http"]["time_to_throttle_s"] or 1e9) <= 30))
