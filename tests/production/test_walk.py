@@ -116,14 +116,22 @@ def _node_state(sc: SlurmCluster, node: str) -> str:
     return m.group(1) if m else ""
 
 
-def _drains(ledger_url: str) -> list[tuple]:
-    """(actuator, key, op, status, fence) of every drain in the ledger: one row per actuator."""
+def _drains(ledger_url: str, dry_run: bool = True) -> list[tuple]:
+    """(actuator, key, op, status, fence) of every drain in the ledger (one row per actuator), the
+    dry run's rows (status dry_run) only with ``dry_run``."""
     with psycopg.connect(ledger_url, connect_timeout=10) as conn:
-        return conn.execute("SELECT actuator, key, op, status, fence FROM actions WHERE verb = 'drain' "
+        rows = conn.execute("SELECT actuator, key, op, status, fence FROM actions WHERE verb = 'drain' "
                             "ORDER BY actuator, id").fetchall()
+    return [r for r in rows if dry_run or r[3] != "dry_run"]
 
 
 ONE_DRAIN = [(a, f"drain:{FAULTY_NODE}", "apply", "done") for a in ("log", "slurm")]
+
+
+def _decided(ledger_url: str, key: str) -> bool:
+    with psycopg.connect(ledger_url, connect_timeout=10) as conn:
+        return conn.execute("SELECT 1 FROM decisions WHERE key = %s AND event = 'decided' LIMIT 1",
+                            (key,)).fetchone() is not None
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -195,30 +203,45 @@ def test_the_walk_from_slurm_to_an_ha_controller_draining_a_failing_node(tmp_pat
         assert incident["actions"] >= 1 and incident["delay_s"] is not None, incident
         assert "DRAIN" not in _node_state(sc, FAULTY_NODE)  # the dry run touched nothing
 
-        # 6.-7. two replicas in enforce, sharing a PostgreSQL ledger, leading by an etcd lease
+        # 6. two replicas, dry run, sharing a PostgreSQL ledger, leading by an etcd lease
         pg = stack.enter_context(PostgresServer())
         ledger_url = pg.create_database("walk_ledger")
         etcd = stack.enter_context(EtcdServer.loopback(tmp_path / "etcd"))
         watch = KeyWatch(etcd.address).start()
         stack.callback(watch.stop)
-        base_cfg = yaml.safe_load(files["controller-a.yaml"])
-        assert base_cfg["ha"]["name"] == "ctl-a" and base_cfg["mode"] == "dry_run"
+        doc_cfg = yaml.safe_load(files["controller-a.yaml"])
+        assert doc_cfg["ha"]["name"] == "ctl-a" and doc_cfg["mode"] == "dry_run"
         replicas: dict[str, subprocess.Popen] = {}
-        for name in ("ctl-a", "ctl-b"):
-            cfg = _test_config(base_cfg, name, ledger_url, etcd.address, prom.url)
+        stack.callback(lambda: [_stop(p) for p in replicas.values()])
+
+        def launch(name: str, mode: str) -> None:
+            cfg = _test_config(doc_cfg, name, mode, ledger_url, etcd.address, prom.url)
             (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
             run = argv(command(cmds, "seamguard run"), {})
             run[run.index("--config") + 1] = f"{name}.yaml"
             replicas[name] = subprocess.Popen(run, cwd=work, env=env, stdout=subprocess.DEVNULL,
-                                              stderr=open(work / f"{name}.log", "wb"))
-            stack.callback(_stop, replicas[name])
+                                              stderr=open(work / f"{name}.log", "ab"))
 
         def logs() -> str:
             return "".join(f"\n--- {n}\n" + (work / f"{n}.log").read_text()[-1500:] for n in replicas)
 
+        for name in ("ctl-a", "ctl-b"):
+            launch(name, doc_cfg["mode"])
         _wait("a leader", lambda: watch.holder() is not None, 90, logs)
+        _wait(f"the dry run deciding to drain {FAULTY_NODE}", lambda: _decided(ledger_url, f"drain:{FAULTY_NODE}"),
+              120, logs)
+        time.sleep(3 * TICK_S)
+        assert "DRAIN" not in _node_state(sc, FAULTY_NODE)
+        assert {r[3] for r in _drains(ledger_url)} == {"dry_run"}  # recorded as what it would do, not done
+
+        # 7. enforce: both configs say so, restarted one at a time, the follower first
+        dry_leader = watch.holder()
+        assert dry_leader is not None
+        for name in sorted(replicas, key=lambda n: n == dry_leader.holder):
+            _stop(replicas[name])
+            launch(name, "enforce")
         _wait(f"{FAULTY_NODE} drained in Slurm", lambda: "DRAIN" in _node_state(sc, FAULTY_NODE), 120, logs)
-        rows = _drains(ledger_url)
+        rows = _drains(ledger_url, dry_run=False)
         assert [r[:4] for r in rows] == ONE_DRAIN, rows
         (fence,) = {r[4] for r in rows}
         assert fence in {e.revision for e in watch.snapshot() if e.kind == "put"}  # a leader's fencing token
@@ -240,7 +263,7 @@ def test_the_walk_from_slurm_to_an_ha_controller_draining_a_failing_node(tmp_pat
                                                            for t in takeovers(ledger_url)), 60, logs)
         time.sleep(5 * TICK_S)
         assert "DRAIN" in _node_state(sc, FAULTY_NODE)
-        assert [r[:4] for r in _drains(ledger_url)] == ONE_DRAIN
+        assert [r[:4] for r in _drains(ledger_url, dry_run=False)] == ONE_DRAIN
         # the log actuator's record is the world's: one drain, ever; every ledger row inside its term's lease
         assert [(r["op"], r["key"]) for r in world_records(work / "actions.jsonl")] == [("apply", f"drain:{FAULTY_NODE}")]
         a = audit(ledger_url, work / "actions.jsonl", watch.snapshot())  # counts one actuator: "lost" is the slurm row
@@ -258,10 +281,10 @@ def _fault_start_wall(work: Path) -> float | None:
     return truth["wall_start"] + truth["faults"][0]["start_s"] / truth["speed"]
 
 
-def _test_config(doc_cfg: dict, name: str, ledger_url: str, etcd: str, prom_url: str) -> dict:
+def _test_config(doc_cfg: dict, name: str, mode: str, ledger_url: str, etcd: str, prom_url: str) -> dict:
     """The doc's controller config with this test's addresses and timings (docs/production.md §9)."""
     cfg = json.loads(json.dumps(doc_cfg))
-    cfg.update(mode="enforce", tick_s=TICK_S, ledger=ledger_url)
+    cfg.update(mode=mode, tick_s=TICK_S, ledger=ledger_url)
     cfg["ha"].update(etcd=[etcd], lease_s=2, name=name, key=LEADER_KEY)
     cfg["prometheus"]["url"] = prom_url
     cfg["prometheus"]["timeout_s"] = 1.0
