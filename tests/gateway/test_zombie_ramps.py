@@ -65,7 +65,8 @@ def random_key_day(rng: random.Random, day: int, growth_per_day: float, shape: t
     out = []
     for b in range(int(hours * 12)):
         h = b / 12
-        tpm = peak_tpm * day_level * (0.35 + 0.65 * math.sin(math.pi * (h + 1 / 24) / hours)) * rng.lognormvariate(0, 0.3)
+        shape_now = 0.35 + 0.65 * math.sin(math.pi * (h + 1 / 24) / hours)
+        tpm = peak_tpm * day_level * shape_now * rng.lognormvariate(0, 0.3)
         t0 = day * DAY + start_h * HOUR + b * 300.0
         size = peak_tpm / per_minute  # requests a minute at its peak
         n = max(0, round(tpm * 5 / size + rng.gauss(0, 1)))
