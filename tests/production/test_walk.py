@@ -87,7 +87,7 @@ def argv(cmd: str, values: dict[str, str]) -> list[str]:
 
 def test_the_document_lists_the_walk_in_order() -> None:
     cmds = doc_commands(DOC.read_text())
-    order = ["seamguard fleet import", "seamguard agent config", "seamguard replay", "seamguard eval",
+    order = ["seamguard fleet import", "seamguard agent config", "seamguard agent --config", "seamguard replay", "seamguard eval",
              "seamguard policy validate", "seamguard run"]
     firsts = [next(i for i, c in enumerate(cmds) if c.startswith(p)) for p in order]
     assert firsts == sorted(firsts), cmds
@@ -166,7 +166,8 @@ def test_the_walk_from_slurm_to_an_ha_controller_draining_a_failing_node(tmp_pat
         for node in NODES:
             _run(argv(command(cmds, "seamguard agent config"), {"NODE": node}), work, env)
             agent = parse_agent_config((work / f"agent-{node}.yaml").read_text(), f"agent-{node}.yaml")
-            assert agent is not None
+            assert agent.node == node, agent
+            _run(argv(command(cmds, "seamguard agent --config"), {"NODE": node}), work, env)
 
         # telemetry: the twin for the imported topology, one GPU escalating to a fatal XID. Prometheus
         # first, so the history holds the exporter's whole life (replay's window starts with it).
