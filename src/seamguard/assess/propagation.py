@@ -44,6 +44,8 @@ def dependents(fleet: Fleet, gpu_entity: np.ndarray, n_entities: int) -> np.ndar
     key = gpu_entity[ok] * (n_jobs + 1) + (job[ok] + 1)
     uniq, own = np.unique(key, return_counts=True)
     ent, j = uniq // (n_jobs + 1), uniq % (n_jobs + 1) - 1
+    if n_jobs == 0:  # a fleet with no jobs (imported from Slurm alone): every GPU counts itself
+        return np.bincount(ent, weights=own.astype(float), minlength=n_entities)
     placed = j >= 0
     jj = np.maximum(j, 0)
     w = np.where(placed, sync[jj] * size[jj] + (1.0 - sync[jj]) * own, own)
