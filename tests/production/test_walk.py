@@ -49,7 +49,7 @@ TOPOLOGY_CONF = ("SwitchName=leaf0 Nodes=gpu[000-001]\nSwitchName=leaf1 Nodes=gp
                  "SwitchName=spine0 Switches=leaf[0-1]\n")
 TICK_S = 1.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (ip netns)")]
+RULES = ROOT / "deploy" / "prometheus" / "seamguard-rules.yml"
 
 
 # ---- the document -------------------------------------------------------------------------------
@@ -95,6 +95,17 @@ def test_the_document_lists_the_walk_in_order() -> None:
     firsts = [next(i for i, c in enumerate(cmds) if c.startswith(p)) for p in order]
     assert firsts == sorted(firsts), cmds
     assert set(doc_files(DOC.read_text())) == {"facility.yaml", "policy.yaml", "controller-a.yaml"}
+
+
+def test_what_the_document_points_to_exists() -> None:
+    """Alerts, files under deploy/ and docs/ that the walk names are there."""
+    text = DOC.read_text()
+    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    named = set(re.findall(r"`(Seamguard\w+)`", text))
+    assert named and named <= alerts, named - alerts
+    paths = set(re.findall(r"\b((?:deploy|docs)/[\w./-]*\w)", text))
+    assert paths and not [p for p in paths if not (ROOT / p).exists()], paths
+    assert "docs/production.md" in (ROOT / "README.md").read_text()
 
 
 # ---- the walk --------------------------------------------------------------------------------------
@@ -168,6 +179,8 @@ class Walk:
         return _node_state(self.sc, node)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (ip netns)")
 def test_the_walk_from_slurm_to_an_ha_controller_draining_a_failing_node(tmp_path: Path) -> None:
     text = DOC.read_text()
     work = tmp_path / "walk"
