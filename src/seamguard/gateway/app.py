@@ -46,7 +46,7 @@ from seamguard.gateway.relay import ClientGone, OutputCap, bounded, client_gone,
 from seamguard.gateway.routing import Outcome, Route, Router, Shed, place_kv, route_label
 from seamguard.gateway.routing_feeds import feed_router
 from seamguard.gateway.store import RedisStore, SqliteStore, Store, StoreError
-from seamguard.gateway.surface import BodyTooLarge, Bearers, HostRule, InFlight, SurfaceGuard
+from seamguard.gateway.surface import BodyTooLarge, Bearers, InFlight, SurfaceGuard, gateway_hosts
 
 ROUTE_HEADER = "x-seamguard-route"  # the path that served a request (routing.route_label)
 CLIENT_GONE = 499  # the status recorded for a request whose client left (nginx's convention; never sent)
@@ -555,7 +555,7 @@ def create_app(gw: Gateway, admin_token: str | Bearers | None, metrics_tokens: B
         await gw.close()  # on the server's own event loop, where the clients were used
 
     app = FastAPI(title="seamguard gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.add_middleware(SurfaceGuard, hosts=HostRule.of(gw.cfg.host, gw.cfg.http.allowed_hosts),
+    app.add_middleware(SurfaceGuard, hosts=gateway_hosts(gw.cfg.host, gw.cfg.http.allowed_hosts),
                        max_body_bytes=gw.cfg.http.max_body_bytes, in_flight=in_flight)
 
     @app.exception_handler(Exception)

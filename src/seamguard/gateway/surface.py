@@ -10,28 +10,27 @@ and hands the routes a ``receive`` that counts, so a chunked body is cut at the 
 (`BodyTooLarge`, answered 413 by the app). It also counts the requests in flight, so the
 app's shutdown can wait (bounded) for the ones the server cut to reconcile.
 
-`Bearers` holds named tokens (admin, metrics) as sha256 digests and matches a presented one
-in constant time; its name is who the ledger says acted. Pure apart from the ASGI calls.
+The Host rule (`HostRule`) and the named tokens (`Bearers`: admin, metrics; the name is who
+the ledger says acted) are seamguard.http_access's, shared with the controller's API; this
+port answers a request without ``Host`` (HTTP/1.0 carries none, and no browser omits it), so
+the gateway builds its rule with `gateway_hosts`. Pure apart from the ASGI calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import ipaddress
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
+
+from seamguard.http_access import Bearers, HostRule
+
+__all__ = ["Bearers", "BodyTooLarge", "HostRule", "InFlight", "SurfaceGuard", "capped", "gateway_hosts"]
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-WILDCARD_BINDS = ("", "0.0.0.0", "::", "[::]")
 
 
 class BodyTooLarge(Exception):
@@ -42,86 +41,10 @@ class BodyTooLarge(Exception):
         self.cap_bytes = cap_bytes
 
 
-# ---- Host (DNS rebinding) ----------------------------------------------------------------------
-def host_name(header: str) -> str:
-    """The name in a ``Host`` header: no port, no IPv6 brackets, no trailing dot, lower case."""
-    h = header.strip().lower()
-    if h.startswith("["):
-        h = h[1:h.find("]")] if "]" in h else h[1:]
-    elif h.count(":") == 1:
-        h = h.split(":", 1)[0]
-    return h.rstrip(".")
-
-
-@dataclass(frozen=True)
-class HostRule:
-    """The Host names this gateway answers: the loopback names, the address it binds (unless a
-    wildcard), and the configured ones (``*.example.com`` a suffix, ``*`` any)."""
-
-    names: frozenset[str]
-    suffixes: tuple[str, ...] = ()
-    any_host: bool = False
-
-    @classmethod
-    def of(cls, bind_host: str, allowed: Iterable[str]) -> HostRule:
-        names = set(LOOPBACK_NAMES)
-        if bind_host.strip().lower() not in WILDCARD_BINDS:
-            names.add(host_name(bind_host))
-        extra = [a.strip().lower().rstrip(".") for a in allowed]
-        names.update(host_name(a) for a in extra if not a.startswith("*"))
-        return cls(frozenset(names), tuple(a[1:] for a in extra if a.startswith("*.")), "*" in extra)
-
-    def allows(self, header: str | None) -> bool:
-        """Rebinding needs a name the attacker controls: a request without Host (HTTP/1.0) or with
-        an IP address for one is no rebound browser's (its page's origin is that address)."""
-        if header is None or self.any_host:
-            return True
-        name = host_name(header)
-        return (name in self.names or any(name.endswith(s) for s in self.suffixes) or _is_address(name))
-
-
-def _is_address(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-# ---- tokens ------------------------------------------------------------------------------------
-def token_digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
-
-
-@dataclass(frozen=True)
-class Bearers:
-    """Named bearer tokens held as sha256 digests; `who` matches one in constant time."""
-
-    named: tuple[tuple[str, bytes], ...] = ()
-
-    @classmethod
-    def of(cls, tokens: Mapping[str, str] | None = None, digests: Mapping[str, str] | None = None) -> Bearers:
-        """From plain tokens (name -> token) and sha256 hex digests (name -> hex)."""
-        named = [(n, token_digest(t)) for n, t in (tokens or {}).items()]
-        named += [(n, bytes.fromhex(h)) for n, h in (digests or {}).items()]
-        return cls(tuple(named))
-
-    def __bool__(self) -> bool:
-        return bool(self.named)
-
-    def __add__(self, other: Bearers) -> Bearers:
-        return Bearers(self.named + other.named)
-
-    def who(self, presented: str | None) -> str | None:
-        """The name of the token presented, or None. Every digest is compared, matched or not."""
-        if not presented:
-            return None
-        got = hashlib.sha256(presented.encode("latin-1", "replace")).digest()  # header bytes, as sent
-        found = None
-        for name, want in self.named:
-            if hmac.compare_digest(got, want) and found is None:
-                found = name
-        return found
+def gateway_hosts(bind_host: str, allowed: Iterable[str]) -> HostRule:
+    """The Host rule of a gateway bound to ``bind_host`` with ``http.allowed_hosts``: a request
+    without Host is answered, since rebinding needs a browser and a browser always sends one."""
+    return HostRule.of(bind_host, allowed, answer_missing=True)
 
 
 # ---- the middleware ----------------------------------------------------------------------------
@@ -211,7 +134,7 @@ class SurfaceGuard:
             return
         host = _header(scope, b"host")
         if not self.hosts.allows(host):
-            await _refuse(send, 421, f"Host {host_name(host or '')[:100]!r} is not a name this gateway answers "
+            await _refuse(send, 421, f"Host {(host or '')[:100]!r} is not a name this gateway answers "
                                      "(http.allowed_hosts)", "misdirected_request")
             return
         length = _content_length(_header(scope, b"content-length"))

@@ -1,34 +1,40 @@
 """Who may talk to `seamguard serve`: the operators' bearer tokens and the `Host` names it answers to.
 
 Pure: tokens and names in, a decision out; the API's middleware (``api.py``) applies them
-and the CLI reads the tokens file. A token stands for a person: the audit trail (breaker
-resets, pins) records the name the token was given, so each operator gets their own; a
-single unnamed token (``--token`` / ``SEAMGUARD_TOKEN``) acts as ``operator``.
+and the CLI reads the tokens file. The `Host` rule and the token match themselves are
+``seamguard.http_access``'s, shared with the inference gateway; this module holds what is
+the service's own: the tokens file, the unnamed token, and refusing a request without `Host`.
+
+A token stands for a person: the audit trail (breaker resets, pins) records the name the
+token was given, so each operator gets their own; a single unnamed token (``--token`` /
+``SEAMGUARD_TOKEN``) acts as ``operator``.
 
 The `Host` check stops DNS rebinding: a web page on an attacker's domain that resolves
 that domain to 127.0.0.1 makes the victim's browser send its requests here with
 ``Host: attacker.example``; a service answering only to its own names gives that page
 nothing. By default those names are loopback's (``localhost``) and the address it is bound
 to; an address written as such (``127.0.0.1``, ``[::1]``, the pod's IP a kubelet probe
-uses) is always answered, since rebinding needs a name the attacker controls.
+uses) is always answered, since rebinding needs a name the attacker controls; a malformed
+`Host` is refused.
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from seamguard.config import parse_yaml
+from seamguard.http_access import ANY_HOST, LOOPBACK_NAMES, Bearers, HostRule, host_of
+
+__all__ = ["ANY_HOST", "LOOPBACK_HOSTS", "MIN_TOKEN_CHARS", "UNNAMED", "AccessConfigError", "HostRule",
+           "allowed_hosts", "host_allowed", "host_of", "named_tokens", "parse_tokens_file", "token_owner",
+           "tokens_from"]
 
 UNNAMED = "operator"  # the audit name of a single unnamed token
 MIN_TOKEN_CHARS = 16
-ANY_HOST = "*"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_HOSTS = LOOPBACK_NAMES
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
-_WILDCARD_BINDS = ("0.0.0.0", "::", "")
 
 
 class AccessConfigError(ValueError):
@@ -76,61 +82,18 @@ def tokens_from(data: Any, source: str) -> dict[str, str]:
 
 
 def token_owner(presented: str, tokens: Mapping[str, str]) -> str | None:
-    """The name whose token was presented, or None. Every token is compared, in constant time each."""
-    got = presented.encode()
-    owner = None
-    for name, tok in tokens.items():
-        if hmac.compare_digest(got, tok.encode()):
-            owner = name
-    return owner
+    """The name whose token was presented, or None. Every token is compared, in constant time each
+    (``http_access.Bearers``, shared with the gateway)."""
+    return Bearers.of(tokens).who(presented)
 
 
-def _norm(host: str) -> str:
-    host = host.strip().lower().rstrip(".")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host
+def allowed_hosts(bind_host: str, extra: Iterable[str] = ()) -> HostRule:
+    """Loopback's names, the bound address (unless a wildcard) and ``extra`` (``*.example.com`` a
+    suffix, ``*`` any). IP addresses need not be listed: every address is answered. A request
+    without `Host` is refused (every HTTP/1.1 client sends one); the gateway answers it."""
+    return HostRule.of(bind_host, extra, answer_missing=False)
 
 
-def allowed_hosts(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
-    """Loopback's names, the bound address (unless a wildcard) and ``extra`` (``*``: any).
-    IP addresses need not be listed: ``host_allowed`` answers every address."""
-    names = {*LOOPBACK_HOSTS, *extra}
-    if bind_host not in _WILDCARD_BINDS:
-        names.add(bind_host)
-    return frozenset(n if n == ANY_HOST else _norm(n) for n in names)
-
-
-def host_of(header: str | None) -> str | None:
-    """The name in a `Host` header, port taken off (``[::1]:8642`` -> ``::1``); None when absent or malformed."""
-    if not header:
-        return None
-    h = header.strip()
-    if h.startswith("["):
-        end = h.find("]")
-        if end < 0 or (h[end + 1:] and not re.fullmatch(r":\d{1,5}", h[end + 1:])):
-            return None
-        return _norm(h[:end + 1])
-    name, _, port = h.partition(":")
-    if not name or (port and not port.isdigit()) or ":" in port:
-        return None
-    return _norm(name)
-
-
-def _is_address(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-def host_allowed(header: str | None, allowed: frozenset[str]) -> bool:
-    """Whether a request naming ``header`` in `Host` is answered: an IP address, or a name in ``allowed``."""
-    if ANY_HOST in allowed:
-        return True
-    name = host_of(header)
-    return name is not None and (name in allowed or _is_address(name))
+def host_allowed(header: str | None, allowed: HostRule) -> bool:
+    """Whether a request naming ``header`` in `Host` is answered (``http_access.HostRule.allows``)."""
+    return allowed.allows(header)

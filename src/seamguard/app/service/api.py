@@ -25,7 +25,7 @@ from seamguard.fleet.model import KIND_BY_LABEL, Kind
 from seamguard.ledger import open_reader
 from seamguard.app.service import models as m
 from seamguard.app.service import render, timerange
-from seamguard.app.service.access import UNNAMED, allowed_hosts, host_allowed, token_owner
+from seamguard.app.service.access import UNNAMED, HostRule, allowed_hosts, host_allowed, token_owner
 from seamguard.app.service.metrics import make_registry
 from seamguard.app.service.metrics import render as render_metrics
 from seamguard.app.runner import Runner, ServiceUnavailable
@@ -68,7 +68,7 @@ DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 's
 _NO_TOKEN = "this call changes the controller: send 'Authorization: Bearer <token>'"
 
 
-def create_app(runner: Runner, token: str | Mapping[str, str], hosts: frozenset[str] | None = None) -> FastAPI:
+def create_app(runner: Runner, token: str | Mapping[str, str], hosts: HostRule | None = None) -> FastAPI:
     """The app. ``token``: one unnamed token (acting as "operator") or {operator name: token};
     ``hosts``: the `Host` names answered (default: loopback's, ``access.allowed_hosts``)."""
     tokens = {UNNAMED: token} if isinstance(token, str) else dict(token)
