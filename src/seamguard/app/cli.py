@@ -485,8 +485,9 @@ def serve(
                                             help="YAML mapping each operator's name to their bearer token; the "
                                                  "audit trail records the name."),
     allowed_host: list[str] = typer.Option([], "--allowed-host",
-                                           help="A name clients use in Host (repeatable; '*' turns the "
-                                                "DNS-rebinding check off). localhost and addresses always work."),
+                                           help="A name clients use in Host (repeatable; '*.example.com' a "
+                                                "suffix, '*' turns the DNS-rebinding check off). localhost and "
+                                                "addresses always work."),
     ledger: Path | None = typer.Option(None, "--ledger",
                                        help="Keep the controller's SQLite ledger here (twin; default: "
                                             "temporary). With --config the config's ledger is used."),
