@@ -85,6 +85,17 @@ class HostRule:
     any_host: bool = False
     answer_missing: bool = False
 
+    @staticmethod
+    def pattern_problem(pattern: str) -> str | None:
+        """Why ``pattern`` is no allowed-host entry (a name, an address, ``*.suffix`` or ``*``), or None."""
+        p = pattern.strip().lower()
+        if p == ANY_HOST:
+            return None
+        name = (p[2:] if p.startswith("*.") else p).rstrip(".")
+        if not name or "*" in name or host_of(name) is None:
+            return f"{pattern!r} is not a host name, an address, '*.suffix' or '*'"
+        return None
+
     @classmethod
     def of(cls, bind_host: str, allowed: Iterable[str] = (), *, answer_missing: bool) -> HostRule:
         """Loopback's names, ``bind_host`` (unless a wildcard) and ``allowed`` (``*.example.com``

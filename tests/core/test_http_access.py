@@ -60,3 +60,10 @@ def test_a_non_ascii_token_matches_the_header_bytes_as_sent():
     token = "p\u00e4sswort-\u20ac-0123456789"
     as_header = token.encode("utf-8").decode("latin-1")  # how an ASGI server hands the header over
     assert Bearers.of({"alice": token}).who(as_header) == "alice"
+
+
+@pytest.mark.parametrize("pattern,ok", [("*", True), ("*.example.com", True), ("gw.example.com", True),
+                                        ("10.0.0.1", True), ("[::1]", True), ("*foo", False), ("a*.b", False),
+                                        ("*.", False), ("host:port", False), ("", False)])
+def test_allowed_host_patterns(pattern: str, ok: bool) -> None:
+    assert (HostRule.pattern_problem(pattern) is None) == ok

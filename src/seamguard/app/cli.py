@@ -504,6 +504,10 @@ def serve(
     except ImportError as e:
         fail(f"`seamguard serve` needs the service extra ({e.name} is missing): pip install 'seamguard[service]'")
     tokens, shown = _serve_tokens(token, tokens_file)  # before anything is built: a bad file costs nothing
+    from seamguard.http_access import HostRule
+    for pattern in allowed_host:
+        if (why := HostRule.pattern_problem(pattern)) is not None:
+            fail(f"--allowed-host: {why}")
     if config is not None:  # a real cluster: the config decides policy, mode, ledger and time
         cfg = _run_config(config)
         runner = _or_fail(lambda: Runner.from_config(cfg, max_ticks=None))

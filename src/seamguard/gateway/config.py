@@ -15,12 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from seamguard.config import MAX_CONFIG_BYTES, field_path, parse_yaml
 from seamguard.gateway.admission import Limits, Priority
 from seamguard.gateway.routing import ROUTERS, Instance, Router, make_router
 from seamguard.gateway.zombie import ZombieThresholds
+from seamguard.http_access import HostRule
 
 RouterFactory = Callable[..., Router]  # (instances, clock=..., **router_options) -> Router
 
@@ -153,6 +154,14 @@ class HttpConfig(_Strict):
                                                  "address (DNS rebinding); '*.example.com' a suffix, '*' any")
     drain_s: float = Field(20.0, ge=0, le=3600, description="on SIGTERM, requests in flight get this long to "
                                                             "finish before they are cut")
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if (why := HostRule.pattern_problem(p)) is not None:
+                raise ValueError(why)
+        return v
 
 
 class GatewayConfig(_Strict):
