@@ -91,7 +91,10 @@ def test_runtime_etcd_lost_mid_run(tmp_path, observed):
              f"checkpoints before {persisted[:3]}, after {sorted(p.name for p in ckpt.glob('step_*'))[:3]}")
     assert code != 0 and len(errors) == 1 and "store" in errors[0]
     assert "Traceback" not in stderr
-    assert persisted and all((ckpt / name).exists() for name in persisted)
+    # kept: the resume point is not lost (ranks may persist a few more steps before they see the
+    # loss, and retention keeps the newest keep_checkpoints=2, so step 5 itself may be pruned)
+    after = sorted(p.name for p in ckpt.glob("step_*"))
+    assert persisted and after and after[-1] >= persisted[-1]
 
 
 def test_runtime_hint_key_file_readable_by_others(tmp_path, observed):
