@@ -15,12 +15,11 @@ the old leader is refused, so the ledger's order of terms is the order of their 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from seamguard.ledger.sqlite import FENCE_COLUMNS, SCHEMA, Ledger, LedgerError, _Reads
+from seamguard.ledger.sqlite import FENCE_COLUMNS, SCHEMA, Ledger, LedgerError, PerThreadReads
 
 URL_SCHEMES = ("postgresql", "postgres")
 CONNECT_TIMEOUT_S = 10
@@ -113,28 +112,13 @@ class PgLedger(Ledger):
         return redact(self.path)
 
 
-class PgLedgerReader(_Reads):
+class PgLedgerReader(PerThreadReads):
     """The record, read-only, from any thread: one read-only connection per thread
     (`LedgerReader`'s contract, on PostgreSQL)."""
 
     def __init__(self, url: str) -> None:
         self.path = url
-        self._local = threading.local()
-        self._all: list[_PgConnection] = []
-        self._lock = threading.Lock()
+        super().__init__()
 
-    def _read_db(self) -> Any:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = _connect(self.path, read_only=True)
-            self._local.db = db
-            with self._lock:
-                self._all.append(db)
-        return db
-
-    def close(self) -> None:
-        with self._lock:
-            dbs, self._all = self._all, []
-        self._local = threading.local()
-        for db in dbs:
-            db.close()
+    def _open(self) -> Any:
+        return _connect(self.path, read_only=True)

@@ -589,7 +589,36 @@ class Ledger(_Reads):
                         "VALUES(?,?,?,?,?,?,?,?,?)", (tick, time.time(), event, kind, name, state, note, by, detail))
 
 
-class LedgerReader(_Reads):
+class PerThreadReads(_Reads):
+    """`_Reads` over one connection per reading thread, opened by `_open` on first use;
+    `close` closes every thread's (a thread that reads again gets a new one)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+
+    def _open(self) -> Any:
+        raise NotImplementedError
+
+    def _read_db(self) -> Any:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._open()
+            self._local.db = db
+            with self._lock:
+                self._all.append(db)
+        return db
+
+    def close(self) -> None:
+        with self._lock:
+            dbs, self._all = self._all, []
+        self._local = threading.local()
+        for db in dbs:
+            db.close()
+
+
+class LedgerReader(PerThreadReads):
     """The record, read-only, from any thread: one read-only connection per thread.
 
     WAL lets these connections read beside the controller's writes; a query sees the
@@ -600,23 +629,7 @@ class LedgerReader(_Reads):
         self.path = str(path)
         self.timeout_s = timeout_s
         self._uri = Path(self.path).absolute().as_uri() + "?mode=ro"
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        super().__init__()
 
-    def _read_db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self._uri, uri=True, timeout=self.timeout_s, check_same_thread=False)
-            self._local.db = db
-            with self._lock:
-                self._all.append(db)
-        return db
-
-    def close(self) -> None:
-        """Close every thread's connection (a thread that reads again gets a new one)."""
-        with self._lock:
-            dbs, self._all = self._all, []
-        self._local = threading.local()
-        for db in dbs:
-            db.close()
+    def _open(self) -> sqlite3.Connection:
+        return sqlite3.connect(self._uri, uri=True, timeout=self.timeout_s, check_same_thread=False)
