@@ -235,36 +235,7 @@ def score(results: list[tuple[Req, int, str, int]], leak_t: float, system: str, 
 
 # ---- simulated time ---------------------------------------------------------------------------------
 async def simulate(system: str, history: list[Req], live: list[Req], leak_t: float) -> Tally:
-    from seamguard.gateway.config import parse_gateway_config
-    from seamguard.gateway.gatekeeper import Gatekeeper, Refusal
-    from seamguard.gateway.ledger import GatewayLedger
-    from seamguard.gateway.metrics import GatewayMetrics
-    from seamguard.gateway.store import SqliteStore
-
-    cfg = parse_gateway_config(config(system, history, {"type": "sqlite", "path": ":memory:"}), "bench")
-    now = [live[0].t]
-    gk = Gatekeeper(cfg, SqliteStore(":memory:"), GatewayLedger(":memory:"), GatewayMetrics(), clock=lambda: now[0])
-    seed_detector(gk.detector, history)
-    heap: list = [(r.t, 1, i, r, None) for i, r in enumerate(live)]
-    heapq.heapify(heap)
-    results: list[tuple[Req, int, str, int]] = []
-    seq = len(live)
-    while heap:
-        t, kind, _, r, ticket = heapq.heappop(heap)
-        now[0] = t
-        if kind == 0:  # a request ends: usage reconciled
-            await gk.finish(ticket, True, r.prompt, r.output)
-            continue
-        b = body(r)
-        try:
-            ticket = await gk.admit(gk.keys[r.key], b, str(seq).encode(), r.source)
-        except Refusal as e:
-            results.append((r, e.status, e.code + (" throttled" if "throttled" in e.message else ""), 0))
-            continue
-        results.append((r, 200, "", r.prompt + r.output))
-        seq += 1
-        heapq.heappush(heap, (t + r.duration_s, 0, seq, r, ticket))
-    steps = [{"t": e["wall_s"], "key": e["key"], "to": e["to"]} for e in reversed(gk.ledger.events(limit=10_000))]
+    results, steps = await simulate_leak(system, history, live)
     return score(results, leak_t, system, steps)
 
 
@@ -386,8 +357,9 @@ def score_leak(results, leak_t: float, system: str, steps: list, alerts: dict[st
 
 
 async def simulate_leak(system: str, history: list[Req], live: list[Req]) -> tuple[list, list]:
-    """The gatekeeper in simulated time: (results, key-state steps); the static+alert system is the
-    static one (its alert is read off the results)."""
+    """The gatekeeper in simulated time: (results, key-state steps); a refusal's code says
+    " throttled" when the detector's throttle refused it. The static+alert system is the static
+    one (its alert is read off the results)."""
     from seamguard.gateway.config import parse_gateway_config
     from seamguard.gateway.gatekeeper import Gatekeeper, Refusal
     from seamguard.gateway.ledger import GatewayLedger
@@ -411,7 +383,7 @@ async def simulate_leak(system: str, history: list[Req], live: list[Req]) -> tup
         try:
             ticket = await gk.admit(gk.keys[r.key], body(r), str(seq).encode(), r.source)
         except Refusal as e:
-            results.append((r, e.status, e.code, 0))
+            results.append((r, e.status, e.code + (" throttled" if "throttled" in e.message else ""), 0))
             continue
         results.append((r, 200, "", r.prompt + r.output))
         seq += 1
