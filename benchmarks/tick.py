@@ -11,7 +11,9 @@ checks with peer medians — for the GPU evidence alone, with the ratio.
     python benchmarks/tick.py            # 100k and 10k GPUs
     python benchmarks/tick.py --quick    # 20k and 2k GPUs, fewer repeats
 
-Last line: one JSON object with gpus, tick_s, tick_s_10k, peak_rss_mib, baseline figures.
+Last line: one JSON object with gpus, tick_s, tick_s_10k, peak_rss_mib, baseline figures;
+the same object, with the commit and machine load, goes to benchmarks/results/tick.json
+(tick_quick.json with --quick; ``--out`` names another file).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import os
 import resource
 import statistics
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
+from _record import RESULTS_DIR, write_result  # noqa: E402
 
 from seamguard.assess import assess, initial_states  # noqa: E402
 from seamguard.assess.propagation import all_dependents  # noqa: E402
@@ -98,7 +102,11 @@ def baseline_gpu_checks(fleet, frame) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller fleets, about a minute")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="result file (default: benchmarks/results/tick.json, tick_quick.json with --quick)")
     args = ap.parse_args()
+    out = args.out or RESULTS_DIR / ("tick_quick.json" if args.quick else "tick.json")
+    load_start = round(os.getloadavg()[0], 2)
     big, small = (20_000, 2_000) if args.quick else (100_000, 10_000)
     w = default_policy().assess.baselines.warm_samples
     warm, timed = (w + 2, 5) if args.quick else (w + 3, 8)
@@ -121,12 +129,14 @@ def main() -> None:
           f"seamguard vectorized (more evidence) {ours_gpu_s * 1000:.1f} ms, ratio {base_s / ours_gpu_s:.1f}x")
     print(f"warm baselines: {b['warm_gpus']} of {b['gpus']} GPUs, {b['baseline_mib']:.1f} MiB of baseline state")
     print(f"peak RSS {peak_mib:.0f} MiB; growth {b['tick_s'] / s['tick_s']:.1f}x for {b['gpus'] / s['gpus']:.0f}x GPUs")
-    print(json.dumps({"gpus": b["gpus"], "tick_s": round(b["tick_s"], 4),
+    result = {"gpus": b["gpus"], "tick_s": round(b["tick_s"], 4),
                       "tick_s_10k" if not args.quick else "tick_s_small": round(s["tick_s"], 4),
                       "small_gpus": s["gpus"], "peak_rss_mib": round(peak_mib, 1), "warm_gpus": b["warm_gpus"],
                       "baseline_mib": round(b["baseline_mib"], 2),
                       "baseline_gpu_loop_s": round(base_s, 4), "seamguard_gpu_evidence_s": round(ours_gpu_s, 4),
-                      "baseline_ratio": round(base_s / ours_gpu_s, 2), "quick": args.quick}))
+                      "baseline_ratio": round(base_s / ours_gpu_s, 2), "quick": args.quick}
+    write_result(out, result, load_start)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ and issue 18's: ETTR at 100k GPUs of seamguard beside the baselines a team would
 2.34e-3 ... 6.5e-3 range of Meta's two clusters shown (Kokolis et al., HPCA 2025,
 docs/sources.md §3). Goal: seamguard >= 0.97; when it misses, the output says by how much
 and which measured runtime figure, made free, would close the gap. The last line printed
-is one JSON object.
+is one JSON object; the same object, with the commit and machine load, goes to
+benchmarks/results/twin_scale.json (twin_scale_quick.json with --quick; ``--out`` names
+another file).
 
     python benchmarks/twin_scale.py --quick   # about a minute
     python benchmarks/twin_scale.py           # more seeds and sizes
@@ -34,6 +36,8 @@ from seamguard.twin.events.config import POLICIES, ClusterConfig, PolicyParams  
 from seamguard.twin.events.measured import load_runtime_figures  # noqa: E402
 from seamguard.twin.events.montecarlo import Summary, run_monte_carlo  # noqa: E402
 from seamguard.twin.events.simulator import simulate_run  # noqa: E402
+
+from _record import RESULTS_DIR, write_result  # noqa: E402
 
 GOAL = 0.97
 
@@ -86,7 +90,12 @@ def main() -> None:
                     help="runtime results file (default: results/failover_training.json "
                          "beside this script, found from the script's own path; without "
                          "it the built-in defaults of docs/twin-events.md)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="result file (default: benchmarks/results/twin_scale.json, "
+                         "twin_scale_quick.json with --quick)")
     args = ap.parse_args()
+    out = args.out or RESULTS_DIR / ("twin_scale_quick.json" if args.quick else "twin_scale.json")
+    load_start = round(os.getloadavg()[0], 2)
     if args.gpus <= 0 or args.days <= 0 or args.node_failure_rate <= 0:
         raise SystemExit("--gpus, --days and --node-failure-rate must be > 0")
 
@@ -194,8 +203,8 @@ def main() -> None:
               + ", ".join(f"{k}=0 -> {v:.4f}" for k, v in closers.items())
               + (f"; closes the gap alone: {', '.join(closing)}" if closing
                  else "; none closes the gap alone"))
-    print(json.dumps({
-        "gpus": args.gpus, "days": args.days, "wall_s": round(timing[args.gpus], 4),
+    result = {
+        "quick": args.quick, "gpus": args.gpus, "days": args.days, "wall_s": round(timing[args.gpus], 4),
         "gpus_small": small, "wall_s_small": round(timing[small], 4),
         "cost_per_gpu_day_ratio_large_vs_small": round(ratio, 3),
         "wall_s_by_gpus": {str(k): round(v, 4) for k, v in timing.items()},
@@ -213,7 +222,9 @@ def main() -> None:
         "job_wide_crash_fraction": sg.job_wide_crash_fraction,
         "crash_capture_fraction": sg.crash_capture_fraction,
         "detection_delay_s": args.detection_delay_s, "measured_source": figs.source,
-        "mc_wall_s": round(mc_wall, 2)}))
+        "mc_wall_s": round(mc_wall, 2)}
+    write_result(out, result, load_start)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
