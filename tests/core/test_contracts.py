@@ -20,3 +20,12 @@ def test_control_plane_and_twin_do_not_load_torch():
     code = ("import sys, seamguard.app.cli, seamguard.twin.closedloop, seamguard.control, seamguard.twin.telemetry;"
             "seamguard.app.cli.app; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_importing_the_runtime_loads_neither_the_twin_nor_the_decide_layer():
+    """The runtime shares Daly's formula and the failure figures through seamguard/reliability.py,
+    not by importing the planner or the twin's calibration (48 modules, the simulator among them)."""
+    code = ("import sys, seamguard.runtime, seamguard.runtime.cadence, seamguard.runtime.settings;"
+            "bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['seamguard', 'twin'], ['seamguard', 'decide']));"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

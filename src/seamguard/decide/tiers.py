@@ -8,7 +8,8 @@ twin/runtime/act. Its early-checkpoint decision is priced like the controller's
 
 The model
 ---------
-* Interval: Daly's higher-order formula (Daly, FGCS 2006; docs/sources.md §4)
+* Interval: Daly's higher-order formula (Daly, FGCS 2006; docs/sources.md §4; defined
+  with Young's and the failure ``Scope`` in seamguard/reliability.py, which the runtime shares)
   ``tau = sqrt(2 d M) * [1 + 1/3 sqrt(d / 2M) + 1/9 (d / 2M)] - d`` for ``d < 2M``, else
   ``M``; ``d`` is the measured checkpoint stall of the chosen tier and ``M`` the MTTF of
   the failures that tier has to protect against.
@@ -37,6 +38,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from seamguard.reliability import Scope, daly_interval_s, young_interval_s
+
 __all__ = [
     "Scope",
     "Mode",
@@ -53,15 +56,6 @@ __all__ = [
     "plan_checkpoint",
     "UNSAFE_STORAGE_STATES",
 ]
-
-
-class Scope(str, Enum):
-    """What a failure destroys, which decides which checkpoint tiers survive it."""
-
-    PROCESS = "process"   # a crash of the training processes (software bug, NCCL timeout)
-    NODE = "node"         # one node and its host RAM lost (GPU, HBM, PSU, NIC ...)
-    DOMAIN = "domain"     # several nodes sharing a rack / cooling loop / power feed
-    PERSISTED = "persisted"  # in-memory state is wrong or gone (silent data corruption)
 
 
 class Mode(str, Enum):
@@ -201,26 +195,7 @@ class CheckpointPlan:
 
 
 # --------------------------------------------------------------------------- formulas
-
-
-def young_interval_s(delta_s: float, mttf_s: float) -> float:
-    """Young's first-order optimum ``sqrt(2 d M)`` (Young, CACM 1974; docs/sources.md §4)."""
-    _check_positive(delta_s=delta_s, mttf_s=mttf_s)
-    return math.sqrt(2.0 * delta_s * mttf_s)
-
-
-def daly_interval_s(delta_s: float, mttf_s: float) -> float:
-    """Daly's higher-order optimum (Daly, FGCS 2006; docs/sources.md §4).
-
-    ``sqrt(2dM) [1 + (1/3) sqrt(d/2M) + (1/9)(d/2M)] - d`` for ``d < 2M``, else ``M``.
-    """
-    _check_positive(delta_s=delta_s, mttf_s=mttf_s)
-    if math.isinf(mttf_s):
-        return math.inf
-    if delta_s >= 2.0 * mttf_s:
-        return mttf_s
-    x = delta_s / (2.0 * mttf_s)
-    return math.sqrt(2.0 * delta_s * mttf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta_s
+# (young_interval_s, daly_interval_s: seamguard/reliability.py, re-exported here)
 
 
 def hazard_multipliers_from_gfs(gfs: np.ndarray, max_multiplier: float = 20.0) -> np.ndarray:
@@ -382,9 +357,3 @@ def _normalised(fractions: Mapping[Scope, float]) -> dict[Scope, float]:
     if total <= 0:
         raise ValueError("scope fractions must sum to > 0")
     return {k: v / total for k, v in items.items()}
-
-
-def _check_positive(**values: float) -> None:
-    for name, v in values.items():
-        if not (v > 0):
-            raise ValueError(f"{name} must be > 0, got {v!r}")

@@ -13,7 +13,7 @@ moving a job's checkpoints off a slow storage path) becomes an entry ``[start, r
 from which every rank writes there; restores look in every directory the job used.
 The in-memory snapshot interval follows the same entries when the job runs with
 ``--snapshot-every auto``: the coordinator turns the snapshot's measured cost and the job's
-failure rate into Daly's interval (the checkpoint planner's formula, decide/tiers.py) and
+failure rate into Daly's interval (the checkpoint planner's formula, seamguard/reliability.py) and
 publishes it as ``[start, every]`` entries, so every rank snapshots the same steps
 (:func:`snapshot_due`). Each rank measures the cost as what a snapshot adds to the step it
 is taken in and to the next one (:class:`SnapshotCost`).
@@ -29,19 +29,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seamguard.decide.tiers import daly_interval_s
-from seamguard.twin.events.calibration import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_UNEXPECTED
+from seamguard.reliability import GPU_MTTF_H, daly_interval_s  # noqa: F401 (GPU_MTTF_H: re-exported for settings.py)
 
 KEEP_ENTRIES = 4
 
 AUTO_START_EVERY = 10
 """``--snapshot-every auto``: the interval until the coordinator has measured a snapshot's
 cost (it needs steps with and without one)."""
-
-GPU_MTTF_H = LLAMA3_GPUS * LLAMA3_DAYS * 24 / sum(n for n, _, _ in LLAMA3_UNEXPECTED.values())
-"""Hours between unexpected interruptions per GPU, from Llama 3's pre-training: 419 on
-16,384 H100s in 54 days (about 50,700 GPU-hours; docs/sources.md). The default rank
-failure rate of ``--snapshot-every auto`` (``--rank-mttf-hours``)."""
 
 
 @dataclass(frozen=True)

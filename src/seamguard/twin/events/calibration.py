@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from seamguard.decide.tiers import Scope
+from seamguard.reliability import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_PLANNED, LLAMA3_UNEXPECTED, Scope
 
 __all__ = [
     "COMPONENTS_PER_NODE",
@@ -49,33 +49,8 @@ COMPONENTS_PER_NODE: dict[str, float] = {
     "gpu": 8.0, "nic": 8.0, "link": 8.0, "node": 1.0, "switch": 1.0 / 16.0,
 }
 
-# Llama 3 (arXiv 2407.21783, docs/sources.md §3): 16,384 GPUs, 54 days, 419 unexpected + 47 planned interruptions.
-LLAMA3_GPUS = 16_384
-LLAMA3_DAYS = 54.0
-LLAMA3_PLANNED = 47
-
-#: Llama 3 Table 5 counts (use the counts, not the printed percentages), with the
-#: component that carries each cause and the scope of what it destroys.
-LLAMA3_UNEXPECTED: dict[str, tuple[int, str, Scope]] = {
-    "faulty_gpu": (148, "gpu", Scope.NODE),
-    "gpu_hbm3": (72, "gpu", Scope.NODE),
-    "software_bug": (54, "node", Scope.PROCESS),
-    "network_switch_cable": (35, "link", Scope.NODE),
-    "host_maintenance": (32, "node", Scope.NODE),
-    "gpu_sram": (19, "gpu", Scope.NODE),
-    "gpu_system_processor": (17, "gpu", Scope.NODE),
-    "nic": (7, "nic", Scope.NODE),
-    "nccl_watchdog_timeout": (7, "node", Scope.PROCESS),
-    "silent_data_corruption": (6, "gpu", Scope.PERSISTED),
-    "gpu_thermal_interface_sensor": (6, "gpu", Scope.NODE),
-    "ssd": (3, "node", Scope.NODE),
-    "psu": (3, "node", Scope.NODE),
-    "server_chassis": (2, "node", Scope.NODE),
-    "io_expansion_board": (2, "node", Scope.NODE),
-    "dependency": (2, "node", Scope.PROCESS),
-    "cpu": (2, "node", Scope.NODE),
-    "system_memory": (2, "node", Scope.NODE),
-}
+# Llama 3 (arXiv 2407.21783, docs/sources.md §3): LLAMA3_GPUS, LLAMA3_DAYS, LLAMA3_PLANNED and
+# the Table 5 counts LLAMA3_UNEXPECTED live in seamguard/reliability.py (the runtime uses them too).
 
 #: Causes that surface as a hang (every rank blocked in a collective, no process exits):
 #: they cost a detection timeout before any recovery can start.

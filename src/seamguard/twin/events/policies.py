@@ -37,12 +37,11 @@ from seamguard.decide.economics import (
 from seamguard.decide.tiers import (
     Mode,
     PlannerInput,
-    Scope,
     StoragePath,
     TierCosts,
-    daly_interval_s,
     plan_checkpoint,
 )
+from seamguard.reliability import Scope, daly_interval_s
 from seamguard.twin.events.calibration import HANG_CAUSES, FailureModel
 from seamguard.twin.events.config import ClusterConfig, CostModel, PolicyParams
 
