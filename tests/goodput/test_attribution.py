@@ -1,0 +1,172 @@
+"""The pure attribution core as decision tables: every second of wall time to one cause.
+
+Each case builds a job's step series (a job stepping at 1 s per step, sampled every 5 s),
+the scheduler's runs and the ledger's episodes, and checks where the time went, which
+entity and seam were named, and that the causes add up to wall time exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from seamguard.goodput import CAUSES, Cause, Episode, JobSeries, Run, attribute, ettr_over_time, fleet
+
+P, S, RB, RS, ST, DG, UN = (c.value for c in (Cause.PRODUCTIVE, Cause.CHECKPOINT_STALL, Cause.ROLLBACK,
+                                                Cause.RESTART, Cause.STRAGGLER, Cause.DEGRADED,
+                                                Cause.UNATTRIBUTED))
+
+
+def stepping(t_end: float, rate=lambda t: 1.0, dt: float = 5.0, t0: float = 0.0, down=(), back=None):
+    """Samples every ``dt`` of a job doing ``rate(t)`` steps per second; NaN inside ``down``
+    intervals; ``back=(t, step)`` sets the counter back to ``step`` at ``t`` (a restore)."""
+    t = np.arange(t0, t_end + 1e-9, dt)
+    step = np.zeros_like(t)
+    s = 0.0
+    for i in range(1, t.size):
+        if back is not None and t[i - 1] < back[0] <= t[i]:
+            s = back[1]
+        elif not any(a <= t[i - 1] < b for a, b in down):
+            s += rate(t[i - 1]) * dt
+        step[i] = s
+    for a, b in down:
+        step[(t > a) & (t < b)] = np.nan
+    return t, step
+
+
+def check_tiles(g) -> None:
+    assert sum(g.by_cause_s.values()) == pytest.approx(g.wall_s, abs=1e-6)
+    assert sum(s.seconds for s in g.spans) == pytest.approx(g.wall_s, abs=1e-6)
+    for a, b in zip(g.spans, g.spans[1:]):
+        assert a.end_s == pytest.approx(b.start_s, abs=1e-9)
+
+
+def test_steady_job_is_all_productive() -> None:
+    t, step = stepping(600)
+    g = attribute("j", 0, 600, JobSeries.of(t, step))
+    check_tiles(g)
+    assert g.wall_s == 600 and g.by_cause_s[P] == pytest.approx(600) and g.ettr == pytest.approx(1.0)
+    assert g.steps_new == 600 and g.steps_redone == 0 and g.step_clean_s == pytest.approx(1.0)
+
+
+def test_checkpoint_stall_is_the_stalled_share_of_step_time() -> None:
+    t, step = stepping(600)
+    stall = np.where(t > 300, 0.25, 0.0)  # from 300 s on, a quarter of each step waits on its snapshot
+    g = attribute("j", 0, 600, JobSeries.of(t, step, np.ones_like(t), stall))
+    check_tiles(g)
+    assert g.by_cause_s[S] == pytest.approx(0.25 * 300, abs=0.3)
+    assert {s.seam for s in g.spans if s.cause == S} == {"checkpoint"}
+
+
+def test_requeue_gap_is_restart_and_recomputation_is_rollback_named_after_the_move() -> None:
+    # runs 0-300 and 360-600; checkpoint at step 240, so steps 241..300 are done twice
+    t, step = stepping(600, down=[(300, 360)], back=(360, 240))
+    step[(t >= 360)] = 240 + (t[t >= 360] - 360)
+    runs = [Run(0, 300, "REQUEUED", "n1"), Run(360, math.inf, "RUNNING", "n2")]
+    eps = [Episode(290, 290, Cause.RESTART, "loop-a", "coolant_flow", "move_job j (loop-a flow low)")]
+    g = attribute("j", 0, 600, JobSeries.of(t, step), runs, eps)
+    check_tiles(g)
+    assert g.by_cause_s[RS] == pytest.approx(60)
+    assert g.by_cause_s[RB] == pytest.approx(60, abs=0.5)
+    assert g.by_cause_s[P] == pytest.approx(480, abs=0.5)
+    lost = {(s.cause, s.entity, s.seam) for s in g.spans if s.cause in (RS, RB)}
+    assert lost == {(RS, "loop-a", "coolant_flow"), (RB, "loop-a", "coolant_flow")}
+    assert g.steps_redone == 60
+
+
+def test_requeue_without_a_ledger_action_names_the_scheduler() -> None:
+    t, step = stepping(400, down=[(200, 260)])
+    runs = [Run(0, 200, "NODE_FAIL", "n7"), Run(260, math.inf, "RUNNING", "n8")]
+    g = attribute("j", 0, 400, JobSeries.of(t, step), runs)
+    check_tiles(g)
+    gap = [s for s in g.spans if s.cause == RS]
+    assert [(s.entity, s.seam) for s in gap] == [("n7", "scheduler")] and "NODE_FAIL" in gap[0].why
+
+
+def test_in_job_recovery_without_the_scheduler_is_restart_then_rollback() -> None:
+    t, step = stepping(600, back=(302, 250))  # the runtime restored step 250 between 300 and 305
+    g = attribute("j", 0, 600, JobSeries.of(t, step))
+    check_tiles(g)
+    assert g.by_cause_s[RS] == pytest.approx(5)
+    assert g.by_cause_s[RB] == pytest.approx(50, abs=1)
+    assert any("went back from 300 to 250" in s.why for s in g.spans if s.cause == RS)
+
+
+@pytest.mark.parametrize("episodes, cause, entity, seam", [
+    ([Episode(200, 400, Cause.STRAGGLER, "h1/mlx5_0-leaf1", "link_latency", "link degraded", 1)],
+     ST, "h1/mlx5_0-leaf1", "link_latency"),
+    ([Episode(200, 400, Cause.DEGRADED, "h1/mlx5_0-leaf1", "avoid_link", "avoid_link in effect")],
+     DG, "h1/mlx5_0-leaf1", "avoid_link"),
+    # both: the unhealthy entity wins over the action taken about it
+    ([Episode(200, 400, Cause.DEGRADED, "rail1", "avoid_link", "avoid_link in effect"),
+      Episode(250, 400, Cause.STRAGGLER, "gpu3", "compute", "gpu degraded", 1)], ST, "gpu3", "compute"),
+    ([], P, "j", "none"),  # slower steps that nothing explains stay productive: the job progressed
+])
+def test_slow_steps_go_to_what_explains_them(episodes, cause, entity, seam) -> None:
+    t, step = stepping(600, rate=lambda x: 0.5 if 250 <= x < 350 else 1.0)  # half speed for 100 s
+    g = attribute("j", 0, 600, JobSeries.of(t, step), (), episodes)
+    check_tiles(g)
+    slow = [s for s in g.spans if 250 <= s.start_s < 350 and s.cause != P]
+    if cause == P:
+        assert not slow and g.by_cause_s[P] == pytest.approx(600)
+    else:
+        assert g.by_cause_s[cause] == pytest.approx(50, abs=0.5)  # 100 s at half speed: 50 s lost
+        assert {(s.cause, s.entity, s.seam) for s in slow} == {(cause, entity, seam)}
+
+
+@pytest.mark.parametrize("episodes, cause", [
+    ((), UN),
+    ((Episode(0, math.inf, Cause.STRAGGLER, "gpu1", "xid", "gpu failed", 5),), ST),
+])
+def test_no_progress_is_straggler_when_explained_else_unattributed(episodes, cause) -> None:
+    t, step = stepping(300, rate=lambda x: 0.0 if 100 <= x < 200 else 1.0)
+    g = attribute("j", 0, 300, JobSeries.of(t, step), (), episodes)
+    check_tiles(g)
+    assert g.by_cause_s[cause] == pytest.approx(100)
+
+
+def test_scheduler_down_wins_over_an_unhealthy_entity() -> None:
+    t, step = stepping(300, down=[(100, 160)])
+    eps = [Episode(50, 250, Cause.STRAGGLER, "link9", "latency", "link degraded", 1)]
+    g = attribute("j", 0, 300, JobSeries.of(t, step), [Run(0, 100, "REQUEUED"), Run(160, 400, "RUNNING")], eps)
+    check_tiles(g)
+    assert g.by_cause_s[RS] == pytest.approx(60) and g.by_cause_s[ST] == pytest.approx(0)
+    assert {s.entity for s in g.spans if s.cause == RS} == {"link9"}  # open when the job stopped
+
+
+def test_wall_time_starts_at_the_first_start_and_ends_at_the_last_end() -> None:
+    t, step = stepping(500, t0=100)
+    g = attribute("j", 0, 1000, JobSeries.of(t, step), [Run(100, 500, "COMPLETED")])
+    check_tiles(g)
+    assert g.wall_s == 400
+
+
+def test_no_series_leaves_running_time_unattributed() -> None:
+    t = np.arange(0, 101, 5.0)
+    g = attribute("j", 0, 100, JobSeries.of(t, np.full(t.shape, np.nan)), [Run(0, 100, "COMPLETED")])
+    check_tiles(g)
+    assert g.by_cause_s[UN] == pytest.approx(100) and g.notes
+
+
+def test_fleet_sums_jobs_and_ettr_over_time_per_bucket() -> None:
+    t, step = stepping(600)
+    a = attribute("a", 0, 600, JobSeries.of(t, step))
+    t2, step2 = stepping(600, rate=lambda x: 0.0 if x >= 300 else 1.0)
+    b = attribute("b", 0, 600, JobSeries.of(t2, step2))
+    f = fleet([a, b], 0, 600)
+    assert f.wall_s == 1200 and f.by_cause_s[UN] == pytest.approx(300) and f.ettr == pytest.approx(0.75)
+    pts = ettr_over_time([a, b], [0, 300, 600])
+    assert [p["ettr"] for p in pts] == [pytest.approx(1.0), pytest.approx(0.5)]
+    assert set(pts[0]["by_cause_s"]) == set(CAUSES)
+
+
+@pytest.mark.parametrize("build, msg", [
+    (lambda: JobSeries.of([0, 1], [0, 1, 2]), "different lengths"),
+    (lambda: JobSeries.of([0, 2, 1], [0, 1, 2]), "increase strictly"),
+    (lambda: attribute("j", 5, 5, JobSeries.of([0, 1], [0, 1])), "must be after"),
+])
+def test_bad_input_is_one_line_error(build, msg) -> None:
+    with pytest.raises(ValueError, match=msg):
+        build()
