@@ -2,8 +2,8 @@
 
 A committed result is only evidence when it says which code produced it and how busy the
 machine was: `benchmarks/claims.py` reads these fields into the headline table and prints
-"not recorded" where an older result lacks them. Benchmarks call `write_result` at their
-edge, after the figures are computed.
+"not recorded" where an older result lacks them. Benchmarks take `provenance()` when
+they start and pass it to `write_result` with their figures at the end.
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ def provenance() -> dict:
             "cpus": os.cpu_count(), "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def write_result(path: Path, result: dict, load_start: float | None = None) -> Path:
-    """Write ``result`` plus its provenance as JSON to ``path``; returns the path.
-
-    ``load_start`` is the 1-minute load average when the run began (the figure at the end
-    is taken here)."""
-    rec = dict(result, provenance=dict(provenance(), loadavg_1m_start=load_start))
+def write_result(path: Path, result: dict, started: dict) -> Path:
+    """Write ``result`` plus ``started`` (`provenance()` taken when the run began: the code
+    it ran is the code of that moment) and the load average at the end as JSON to ``path``;
+    returns the path."""
+    rec = dict(result, provenance=dict(started, loadavg_1m_end=round(os.getloadavg()[0], 2)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec, indent=1) + "\n")
     return path

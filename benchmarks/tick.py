@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-from _record import RESULTS_DIR, write_result  # noqa: E402
+from _record import RESULTS_DIR, provenance, write_result  # noqa: E402
 
 from seamguard.assess import assess, initial_states  # noqa: E402
 from seamguard.assess.propagation import all_dependents  # noqa: E402
@@ -106,7 +106,7 @@ def main() -> None:
                     help="result file (default: benchmarks/results/tick.json, tick_quick.json with --quick)")
     args = ap.parse_args()
     out = args.out or RESULTS_DIR / ("tick_quick.json" if args.quick else "tick.json")
-    load_start = round(os.getloadavg()[0], 2)
+    started = provenance()
     big, small = (20_000, 2_000) if args.quick else (100_000, 10_000)
     w = default_policy().assess.baselines.warm_samples
     warm, timed = (w + 2, 5) if args.quick else (w + 3, 8)
@@ -135,7 +135,7 @@ def main() -> None:
                       "baseline_mib": round(b["baseline_mib"], 2),
                       "baseline_gpu_loop_s": round(base_s, 4), "seamguard_gpu_evidence_s": round(ours_gpu_s, 4),
                       "baseline_ratio": round(base_s / ours_gpu_s, 2), "quick": args.quick}
-    write_result(out, result, load_start)
+    write_result(out, result, started)
     print(json.dumps(result))
 
 

@@ -37,7 +37,7 @@ from seamguard.twin.events.measured import load_runtime_figures  # noqa: E402
 from seamguard.twin.events.montecarlo import Summary, run_monte_carlo  # noqa: E402
 from seamguard.twin.events.simulator import simulate_run  # noqa: E402
 
-from _record import RESULTS_DIR, write_result  # noqa: E402
+from _record import RESULTS_DIR, provenance, write_result  # noqa: E402
 
 GOAL = 0.97
 
@@ -95,7 +95,7 @@ def main() -> None:
                          "twin_scale_quick.json with --quick)")
     args = ap.parse_args()
     out = args.out or RESULTS_DIR / ("twin_scale_quick.json" if args.quick else "twin_scale.json")
-    load_start = round(os.getloadavg()[0], 2)
+    started = provenance()
     if args.gpus <= 0 or args.days <= 0 or args.node_failure_rate <= 0:
         raise SystemExit("--gpus, --days and --node-failure-rate must be > 0")
 
@@ -223,7 +223,7 @@ def main() -> None:
         "crash_capture_fraction": sg.crash_capture_fraction,
         "detection_delay_s": args.detection_delay_s, "measured_source": figs.source,
         "mc_wall_s": round(mc_wall, 2)}
-    write_result(out, result, load_start)
+    write_result(out, result, started)
     print(json.dumps(result))
 
 
