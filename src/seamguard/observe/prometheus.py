@@ -426,6 +426,16 @@ class PrometheusSource:
                 vals = {sig: arr[i] for sig, arr in block.items()}
                 yield make_frame(self.fleet, t0 + i * step, vals, tuple(flags))
 
+    def range_series(self, query: str, start: float, end: float, step: float) -> list[tuple[dict, np.ndarray]]:
+        """One PromQL range query as it is, not aligned to the fleet: (labels, (m, 2) array of
+        [t, value]) per series; malformed series dropped. Bounded by ``range_deadline_s``;
+        raises PromError. For readers of series no signal maps (live goodput)."""
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        result = self._request("query_range", params, IngestTiming(), time.monotonic() + self.cfg.range_deadline_s,
+                               "matrix")
+        return [(s["metric"], _points(s["values"])[0]) for s in result
+                if type(s) is dict and type(s.get("metric")) is dict and type(s.get("values")) is list]
+
     def _range_block(self, t0: float, t1: float, step: float, k: int) -> tuple[dict[str, np.ndarray], list[str]]:
         params = {"start": f"{t0:.3f}", "end": f"{t1:.3f}", "step": f"{step:g}"}
         deadline = time.monotonic() + self.cfg.range_deadline_s
