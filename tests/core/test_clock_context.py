@@ -59,9 +59,10 @@ CASES = [
     (["h1", "h2"], [BOOST, BOOST, IDLE], [97, 97, 0], set(), {"h0", "h1", "h2"}),
     # a spare idling beside a running job: no verdict on it
     (["h0", "h1"], [BOOST, BOOST, IDLE], [97, 97, 0], set(), {"h0", "h1", "h2"}),
-    # a real deficit at load among job peers is still seen
-    (["h0", "h1"], [BOOST, 1500.0, IDLE], [97, 97, 0], {"h1"}, {"h0", "h2"}),
-    (["h1", "h2"], [IDLE, BOOST, 1500.0], [0, 97, 97], {"h2"}, {"h0", "h1"}),
+    # a job of two GPUs: each has one peer, too few to say what normal is (issue 37: a group
+    # smaller than 3 falls back to the GPU's own clock history, which this single frame lacks)
+    (["h0", "h1"], [BOOST, 1500.0, IDLE], [97, 97, 0], set(), {"h0", "h1", "h2"}),
+    (["h1", "h2"], [IDLE, BOOST, 1500.0], [0, 97, 97], set(), {"h0", "h1"}),
 ]
 
 

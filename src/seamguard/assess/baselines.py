@@ -19,7 +19,8 @@ What is learned (docs/evidence.md):
   (per-GPU intercept and slope; the slope is a ridge estimate pulled towards the
   fleet's own slope, which is itself learned across GPUs), and the noise of what is
   left once the rack's common mode is removed; plus the drift's rate of change.
-- GPU clock: its clock relative to its job peers at load.
+- GPU clock: its clock relative to its job peers at load, and its own clock at load (what
+  it is judged by when its job has fewer than 3 other GPUs at load).
 - GPU and NIC error counters: each one's floor rate (errors per hour when healthy).
 - NIC congestion: its transmit-wait rate.
 - Links and storage paths: log latency (their latency floor).
@@ -109,12 +110,17 @@ class GpuBaseline:
     pcie_floor: np.ndarray  # /h
     nvlink_floor: np.ndarray  # /h
     power_viol_floor: np.ndarray  # fraction of time power-capped
+    clock_own_n: np.ndarray  # int32 own-clock samples learned (at load)
+    clock_own: np.ndarray  # MHz at load, EW: the GPU's own clock when it has too few job peers
+    pcie_gen_max: np.ndarray  # highest PCIe generation seen at load (NaN: never seen)
+    pcie_width_max: np.ndarray  # most PCIe lanes seen at load (NaN: never seen)
+    edac_floor: np.ndarray  # /h, the host memory correctable-error floor of the GPU's node
 
     @classmethod
     def initial(cls, n: int) -> GpuBaseline:
         zi = np.zeros(n, dtype=np.int32)
         return cls(zi, _nan(n), _nan(n), _nan(n), _z(n), _z(n), _z(n), _nan(n), _z(n), zi.copy(), _nan(n), zi.copy(),
-                   _z(n), _z(n), _z(n), _z(n))
+                   _z(n), _z(n), _z(n), _z(n), zi.copy(), _nan(n), _nan(n), _nan(n), _z(n))
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,8 +197,9 @@ class Baselines:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], fleet: Fleet, cfg: BaselineConfig,
                     prefix: str = "baseline") -> tuple[Baselines, list[str]]:
-        """Restore what matches this fleet; a part whose arrays are missing or the wrong size
-        starts fresh (its label is returned, so the caller can say so)."""
+        """Restore what matches this fleet; a part whose arrays are the wrong size (or all
+        missing) starts fresh (its label is returned, so the caller can say so). A field an
+        older snapshot lacks starts fresh on its own, so an upgrade keeps the rest."""
         fresh = cls.initial(fleet, cfg)
         parts, stale = {}, []
         for part in cls._PARTS:
@@ -201,10 +208,12 @@ class Baselines:
             for f in fields(init):
                 a = arrays.get(f"{prefix}.{part}.{f.name}")
                 ref = getattr(init, f.name)
-                if a is None or a.shape != ref.shape:
+                if a is not None and a.shape != ref.shape:
                     vals = None
                     break
-                vals[f.name] = a.astype(ref.dtype)
+                vals[f.name] = ref if a is None else a.astype(ref.dtype)
+            if vals is not None and all(arrays.get(f"{prefix}.{part}.{f.name}") is None for f in fields(init)):
+                vals = None
             if vals is None:
                 stale.append(part)
                 parts[part] = init

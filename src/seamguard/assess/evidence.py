@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.assess.baselines import (Baselines, BaselineConfig, GpuBaseline, NicBaseline, alpha, count_up, ew,
                                         floor_step, latency_step, offset_step)
-from seamguard.assess.stats import group_median, noisy_or, ramp, robust_z
+from seamguard.assess.stats import loo_median, loo_robust_z, noisy_or, ramp
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
@@ -209,15 +209,16 @@ def _thermal(fleet: Fleet, frame: Frame, hist: History, base: Baselines, bcfg: B
     e = x - (a + b * p_eff)
     warm = (g.n >= bcfg.warm_samples) & np.isfinite(g.x_mean)
     # Common mode of the GPU's rack (same coolant, same rack heat): removed, so a
-    # coolant swing or a rack-wide load change is nobody's drift. A rack with fewer
-    # than 3 warm GPUs borrows its loop's.
+    # coolant swing or a rack-wide load change is nobody's drift. The common mode is the
+    # *other* warm GPUs' (a GPU is never its own peer); fewer than 3 of them in the rack:
+    # the loop's; fewer than 3 there too: none (its own baseline alone).
     ew_ = np.where(warm & ok, e, np.nan)
     n_r, n_l = fleet.count(Kind.RACK), fleet.count(Kind.COOLING_LOOP)
-    c_rack = group_median(ew_, fleet.gpu_rack, n_r) if n_r else np.zeros(0)
-    cnt_rack = np.bincount(fleet.gpu_rack, weights=np.isfinite(ew_), minlength=n_r) if n_r else np.zeros(0)
-    c_loop = group_median(ew_, fleet.gpu_loop, n_l) if n_l else np.zeros(0)
-    c = np.where(cnt_rack[fleet.gpu_rack] >= 3, c_rack[fleet.gpu_rack], c_loop[fleet.gpu_loop]) \
-        if n_r and n_l else np.zeros(len(e))
+    c = np.zeros(len(e))
+    if n_r and n_l:
+        c_rack, k_rack = loo_median(ew_, fleet.gpu_rack, n_r)
+        c_loop, k_loop = loo_median(ew_, fleet.gpu_loop, n_l)
+        c = np.where(k_rack >= 3, c_rack, np.where(k_loop >= 3, c_loop, 0.0))
     c = np.nan_to_num(c, nan=0.0)
     d = e - c
     sb = bcfg.slope_spread * b0 * np.sqrt(lam / (g.p_var + lam))
@@ -307,9 +308,13 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     util = frame.get("DCGM_FI_DEV_GPU_UTIL")
     at_load = (fleet.gpu_job >= 0) & np.where(np.isfinite(util), util >= bcfg.busy_util_pct, True)
     clock = np.where(at_load, clock, np.nan)
-    _, clock_med = robust_z(clock, job_group, n_jobs, floor=5.0)
+    # The other GPUs of the job at load (never itself); fewer than 3: no peer verdict.
+    clock_med, clock_peers = loo_median(clock, job_group, n_jobs)
+    clock_med = np.where(clock_peers >= 3, clock_med, np.nan)
     rel = clock / clock_med
-    raw_deficit = 1.0 - rel
+    # Too few job peers: its own clock at load once learned (its own history).
+    own_cw = g.clock_own_n >= bcfg.warm_samples
+    raw_deficit = np.where(np.isfinite(rel), 1.0 - rel, np.where(own_cw, 1.0 - clock / g.clock_own, np.nan))
 
     # Thermal throttling that happens: the violation counter runs and the clock is down.
     viol = _time_fraction(hist, "DCGM_FI_DEV_THERMAL_VIOLATION", frame, cfg.rate_window_s)
@@ -336,25 +341,30 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     # history a GPU that always runs hot cannot be told from one that just got hot; its own
     # baseline (which knows its spread) and throttling that happens are what count.
     residual = temp - cfg.gpu_r_th_c_per_w * np.nan_to_num(power, nan=0.0)
-    z_temp, _ = robust_z(residual, fleet.gpu_rack, fleet.count(Kind.RACK), floor=cfg.peer_z_floor_c)
+    z_temp, _, _ = loo_robust_z(residual, fleet.gpu_rack, fleet.count(Kind.RACK), floor=cfg.peer_z_floor_c)
     s_temp_peer = np.zeros(n)
 
     # Clocks against job peers, less the GPU's own steady offset (silicon spread) once learned.
     busy = (fleet.gpu_job >= 0) & np.isfinite(rel)
     cw = g.clock_n >= bcfg.warm_samples
-    offset = np.where(cw, np.clip(1.0 - np.nan_to_num(g.clock_rel, nan=1.0), 0.0, cfg.clock_offset_cap), 0.0)
+    offset = np.where(cw & np.isfinite(rel), np.clip(1.0 - np.nan_to_num(g.clock_rel, nan=1.0), 0.0, cfg.clock_offset_cap), 0.0)
     deficit = raw_deficit - offset
     s_clock = ramp(deficit, *cfg.clock_deficit)
     clearn = learn & busy & ~throttling & ~explained & (s_clock < 0.2)
     c_sample = np.where(cw, np.clip(rel, g.clock_rel - bcfg.clock_clip, g.clock_rel + bcfg.clock_clip), rel)
     clock_rel_new = ew(g.clock_rel, c_sample, alpha(g.clock_n, dt_s, bcfg.half_life_s, bcfg.warm_samples), clearn)
     clock_n_new = count_up(g.clock_n, clearn & np.isfinite(rel))
+    olearn = learn & at_load & np.isfinite(clock) & ~throttling & ~explained & (s_clock < 0.2)
+    o_sample = np.where(own_cw, np.clip(clock, g.clock_own * (1 - bcfg.clock_clip), g.clock_own * (1 + bcfg.clock_clip)),
+                        clock)
+    clock_own_new = ew(g.clock_own, o_sample, alpha(g.clock_own_n, dt_s, bcfg.half_life_s, bcfg.warm_samples), olearn)
+    clock_own_n_new = count_up(g.clock_own_n, olearn)
 
     # Normalise compute time by the GPU's clock against its peers': a throttled GPU is
     # slow because of its clock (thermal evidence covers it); a fail-slow GPU is slow at
     # full clock, which is what this channel is for.
     compute = compute * (clock / clock_med)
-    z_comp, comp_med = robust_z(compute, job_group, n_jobs, floor=1e-3)
+    z_comp, comp_med, _ = loo_robust_z(compute, job_group, n_jobs, floor=1e-3)
     excess = compute / comp_med - 1.0
     s_compute = np.where(z_comp >= 4.0, ramp(excess, *cfg.compute_excess), 0.0)
 
@@ -367,7 +377,8 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     # power brake. A job-wide cap (an operator's power limit) moves the peers too.
     cnt_warm = g.counter_n >= bcfg.warm_samples
     pv = _time_fraction(hist, "DCGM_FI_DEV_POWER_VIOLATION", frame, cfg.rate_window_s)
-    pv_med = group_median(pv, job_group, n_jobs)[job_group]
+    pv_med, pv_peers = loo_median(pv, job_group, n_jobs)
+    pv_med = np.where(pv_peers >= 3, pv_med, np.nan)  # too few peers: its own floor alone
     pv_excess = np.minimum(pv - g.power_viol_floor, pv - np.nan_to_num(pv_med, nan=0.0))
     s_power = np.where(cnt_warm & clock_down, w * ramp(pv_excess, *cfg.power_violation), 0.0)
 
@@ -429,7 +440,8 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
                           m * cfg.power_violation[0])
     counter_n = count_up(g.counter_n, clearn_cnt)
 
-    new = GpuBaseline(clock_n=clock_n_new, clock_rel=clock_rel_new, counter_n=counter_n, sbe_floor=sbe_floor,
+    new = GpuBaseline(clock_n=clock_n_new, clock_rel=clock_rel_new, clock_own_n=clock_own_n_new,
+                      clock_own=clock_own_new, counter_n=counter_n, sbe_floor=sbe_floor,
                       pcie_floor=pcie_floor, nvlink_floor=nvlink_floor, power_viol_floor=pv_floor, **tfields)
     warming = (~warm).astype(float)
     cols = [
@@ -549,14 +561,17 @@ def link_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
     lat = frame.get("seamguard_fabric_link_latency_us")
     n = len(lat)
     tier = (fleet.link_nic < 0).astype(np.int64)  # 0: NIC-leaf, 1: leaf-spine
-    z, med = robust_z(lat, tier, 2, floor=0.05)
+    z, med, _ = loo_robust_z(lat, tier, 2, floor=0.05)
     ratio = lat / med
+    peered = np.isfinite(med)
     s_peer = np.where(z >= cfg.latency_z_min, ramp(ratio, *cfg.latency_ratio), 0.0)
     learn = np.ones(n, dtype=bool) if learn is None else learn
     new, own, warm = latency_step(base.link, lat, learn & (s_peer < 0.2), dt_s, bcfg)
     # Slower than its tier *and* than its own floor: a link that was always a little
-    # slower (longer cable, other optics) is its own normal.
-    s = np.where(warm, np.minimum(s_peer, ramp(own, *cfg.latency_ratio)), s_peer)
+    # slower (longer cable, other optics) is its own normal. Fewer than 3 other links in
+    # its tier: its own floor alone (no verdict until that is learned).
+    s_own = ramp(own, *cfg.latency_ratio)
+    s = np.where(warm, np.where(peered, np.minimum(s_peer, s_own), s_own), s_peer)
     none = np.zeros(n, dtype=bool)
     return Evidence(Kind.LINK, ("latency", "latency_own", "warming"), ("ratio", "ratio", "bool"),
                     _stack([s, np.zeros(n), np.zeros(n)]), _stack([ratio, own, (~warm).astype(float)]),
@@ -582,8 +597,8 @@ def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
     hi, lo = cfg.flow_ratio
     s_flow = ramp(hi - ratio, 0.0, hi - lo)
     n = len(flow)
-    med = np.nanmedian(supply) if np.isfinite(supply).any() else np.nan
-    excess = supply - med
+    med, peers = loo_median(supply, np.zeros(n, dtype=np.int64), 1)
+    excess = np.where(peers >= 3, supply - med, np.nan)  # the other loops' median; too few: no peer verdict
     gone = np.isnan(flow)
     s_missing = np.where(gone, cfg.missing_node_score, 0.0)
     learn = np.ones(n, dtype=bool) if learn is None else learn
@@ -598,7 +613,7 @@ def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
     with np.errstate(invalid="ignore"):
         calm = (base.loop_supply.n < bcfg.warm_samples) | ~(excess - base.loop_supply.mean >= cfg.supply_excess_c[0])
     new_supply, rise, s_warm = offset_step(base.loop_supply, excess, learn & calm, dt_s, bcfg)
-    s_supply = ramp(np.where(s_warm, rise, 0.0), *cfg.supply_excess_c) if n >= 3 else np.zeros(n)
+    s_supply = ramp(np.where(s_warm, rise, 0.0), *cfg.supply_excess_c)
     none = np.zeros(n, dtype=bool)
     return Evidence(Kind.COOLING_LOOP, ("flow_ratio", "flow_own", "supply_excess", "missing"),
                     ("ratio", "ratio", "celsius", "bool"),
@@ -609,8 +624,8 @@ def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
 def rack_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
     inlet = frame.get("seamguard_rack_inlet_temp_c")
     n = len(inlet)
-    z, _ = robust_z(inlet, np.zeros(n, dtype=np.int64), 1, floor=cfg.peer_z_floor_c)
-    s = ramp(z, *cfg.peer_z)
+    z, _, _ = loo_robust_z(inlet, np.zeros(n, dtype=np.int64), 1, floor=cfg.peer_z_floor_c)
+    s = ramp(z, *cfg.peer_z)  # fewer than 3 other racks: no verdict (NaN scores 0)
     none = np.zeros(n, dtype=bool)
     return Evidence(Kind.RACK, ("inlet_peer_z",), ("z",), _stack([s]), _stack([z]), none, none)
 
@@ -622,16 +637,17 @@ def storage_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Base
     base = base or Baselines.initial(fleet, bcfg)
     lat = frame.get("seamguard_storage_write_latency_ms")
     n = len(lat)
-    med = np.nanmedian(lat) if np.isfinite(lat).any() else np.nan
-    ratio = lat / med
-    s_peer = ramp(ratio, *cfg.storage_latency_ratio) if n >= 3 else np.zeros(n)
+    med, peers = loo_median(lat, np.zeros(n, dtype=np.int64), 1)
+    peered = peers >= 3
+    ratio = np.where(peered, lat / med, np.nan)  # over the other paths' median
+    s_peer = ramp(ratio, *cfg.storage_latency_ratio)
     s_abs = ramp(lat, *cfg.storage_latency_ms)
     learn = np.ones(n, dtype=bool) if learn is None else learn
     new, own, warm = latency_step(base.storage, lat, learn & (s_peer < 0.2) & (s_abs < 0.2), dt_s, bcfg)
     # Slower than the other paths *and* than its own floor (a path on slower hardware is
-    # its own normal); with fewer than 3 paths there are no peers, so its own floor alone.
+    # its own normal); with fewer than 3 other paths there are no peers, so its own floor alone.
     s_own = ramp(own, *cfg.storage_latency_ratio)
-    s_rel = np.where(warm, np.minimum(s_peer, s_own) if n >= 3 else s_own, s_peer)
+    s_rel = np.where(warm, np.where(peered, np.minimum(s_peer, s_own), s_own), s_peer)
     none = np.zeros(n, dtype=bool)
     return Evidence(Kind.STORAGE, ("latency_ratio", "latency_ms", "latency_own", "warming"),
                     ("ratio", "milliseconds", "ratio", "bool"),
