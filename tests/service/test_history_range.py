@@ -66,8 +66,16 @@ def test_fleet_series_in_a_range_holds_only_its_ticks(http, runner):
     h = http.get(f"/api/v1/history/fleet?since={since}&until={until}").json()
     assert h["t_s"] == t_all[10:31]
     assert h["held_since_t_s"] == t_all[0]
+    # Thinned: each point is the last tick of one of 5 equal spans, its coolant their mean.
     thinned = http.get(f"/api/v1/history/fleet?since={since}&until={until}&points=5").json()
-    assert len(thinned["t_s"]) == 5 and thinned["t_s"][0] == since and thinned["t_s"][-1] == until
+    t = thinned["t_s"]
+    assert len(t) == 5 and since < t[0] and t[-1] == until and t == sorted(t)
+    flow = {p.t_s: float(p.coolant[0, 0]) for p in s.fleet_history}
+    prev = since - 1e-9
+    for k, tk in enumerate(t):
+        span = [flow[x] for x in t_all if prev < x <= tk]
+        assert thinned["loops"][0]["flow_lpm"][k] == pytest.approx(np.mean(span), abs=1e-3), tk
+        prev = tk
 
 
 def test_state_counts_replayed_from_the_ledger_match_the_controller_at_every_tick(http, runner):

@@ -40,6 +40,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from seamguard.app.config import RunConfig, load_policy
 from seamguard.app.leader import Elector, LeaseSettings
 from seamguard.app.replay import EventStream, dumps
@@ -64,7 +66,9 @@ from seamguard.control import Controller, TickReport
 from seamguard.decide.policy import Policy, default_policy
 from seamguard.fleet.model import Kind
 from seamguard.ledger import Fence, Fenced, open_ledger
+from seamguard.ledger.series import SeriesTick, SeriesWriter, encode_fleet, watched
 from seamguard.observe.frame import Frame, make_frame
+from seamguard.observe.signals import signals_for
 
 log = logging.getLogger("seamguard.runner")
 
@@ -119,6 +123,26 @@ def tick_line(rep: TickReport, named: int = 3) -> str:
     return f"tick {rep.tick}: " + "; ".join(parts) if parts else ""
 
 
+def series_tick(s: Snapshot, frame: Frame) -> SeriesTick | None:
+    """What the ledger keeps of the tick ``s`` was built from: its fleet point, useful throughput,
+    and the signals and GFS of the entities `watched` picks (None before any tick)."""
+    if not s.fleet_history or s.tick < 0:
+        return None
+    p = s.fleet_history[-1]
+    tp = s.throughput[-1] if s.throughput and s.throughput[-1].t_s == p.t_s else None
+    fleet = encode_fleet(p.gpu_counts, p.node_counts, tp.useful_with if tp else None,
+                         tp.useful_without if tp else None, p.loop_state, p.coolant)
+    kinds = {k.label: k for k in ENTITY_KINDS}
+    picks = watched({x: s.kinds[k].gfs for x, k in kinds.items()}, {x: s.kinds[k].state for x, k in kinds.items()})
+    ents = []
+    for label, i in picks:
+        k = kinds[label]
+        row = [frame.values.get(sig.name) for sig in signals_for(k)]
+        vals = np.array([v[i] if v is not None and i < v.shape[0] else np.nan for v in row], dtype=np.float32)
+        ents.append((label, s.kinds[k].names[i], float(np.nan_to_num(s.kinds[k].gfs[i])), vals))
+    return SeriesTick(s.tick, p.t_s, p.wall_s, fleet, tuple(ents))
+
+
 class Runner:
     def __init__(self, source: Source, *, policy: Policy | None = None, mode: str = "enforce",
                  speed: float = 10.0, ledger_path: str | Path | None = None, events_out: Path | None = None,
@@ -149,6 +173,8 @@ class Runner:
         self._events_fh: IO[str] | None = open(events_out, "a", encoding="utf-8") if events_out else None
         self._throughput: deque[ThroughputPoint] = deque(maxlen=throughput_points)
         self._fleet_history: deque[FleetPoint] = deque(maxlen=throughput_points)  # dashboard's fleet panels
+        # The same panels persisted (ledger/series.py), by a thread of their own: never on the tick's path.
+        self.series = SeriesWriter(lambda: open_ledger(self.ledger_path))
         self._tally = _TickTally()
         self._schedule: Schedule | None = None
         self._last_t_s: float | None = None
@@ -241,6 +267,7 @@ class Runner:
         self._closed = True
         if self.elector is not None:
             self.elector.stop()  # resigns: a follower takes over without waiting for the lease to expire
+        self.series.close()
         if self._events_fh is not None:
             self._events_fh.close()
         close = getattr(self.source, "close", None)
@@ -403,8 +430,20 @@ class Runner:
             for ev in self._events.events(rep, extra):
                 self._events_fh.write(dumps(ev) + "\n")
             self._events_fh.flush()
-        self._publish(self._build_snapshot(rep))
+        snap = self._build_snapshot(rep)
+        self._publish(snap)
+        self._persist_series(snap, frame)
         return rep
+
+    def _persist_series(self, snap: Snapshot, frame: Frame) -> None:
+        """Hand the tick's series to the writer thread; nothing here may fail the tick."""
+        try:
+            st = series_tick(snap, frame)
+            if st is not None:
+                self.series.put(st)
+        except Exception as e:
+            self.series.failed += 1
+            log.error("tick %d: series not persisted: %s: %s", snap.tick, type(e).__name__, e)
 
     def _build_snapshot(self, rep: TickReport | None) -> Snapshot:
         ctl = self.controller

@@ -8,7 +8,9 @@ controller killed mid-tick resumes without repeating or losing actions or pins.
 `Ledger` is the one writer (the controller's connection). `LedgerReader` opens the same
 file read-only, one connection per thread, so an API thread can query while the
 controller writes (WAL lets readers run beside the writer). Both read through the same
-queries (`_Reads`): the SQL that reads the record lives in this module only.
+queries (`_Reads`): the SQL that reads the record lives in this module, and, for the
+dashboard's persisted series (fleet figures per tick, the gray entities' signals), in
+ledger/series.py, whose tables and queries both classes take in.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from seamguard.decide.actions import ActionKey
+from seamguard.ledger.series import SERIES_SCHEMA, SeriesReads, SeriesWrites
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -64,7 +67,7 @@ CREATE TABLE IF NOT EXISTS fence (id INTEGER PRIMARY KEY CHECK (id = 1), token I
   wall_time REAL);
 CREATE TABLE IF NOT EXISTS leader_events (
   id INTEGER PRIMARY KEY, token INTEGER, holder TEXT, wall_time REAL, event TEXT);
-"""
+""" + SERIES_SCHEMA
 
 # The leader's fencing token on every tick and action it recorded (NULL: unfenced, one controller).
 # Added by ALTER TABLE, so a ledger written before fencing existed opens unchanged.
@@ -112,7 +115,7 @@ def _between(column: str, since: float | None, until: float | None) -> tuple[tup
             (f"{column} <= ?", [until]) if until is not None else None)
 
 
-class _Reads:
+class _Reads(SeriesReads):
     """The queries over the record, shared by the writer (`Ledger`) and `LedgerReader`.
 
     Every list is newest first and paged (``limit``/``offset``); ``upto_tick`` bounds it
@@ -247,7 +250,7 @@ def _never() -> bool:
     return False
 
 
-class Ledger(_Reads):
+class Ledger(SeriesWrites, _Reads):
     """The writer: the controller's connection. Reads (`_Reads`) go through the same connection.
 
     Unfenced (the default, one controller) every write is its own statement. Fenced
@@ -262,6 +265,7 @@ class Ledger(_Reads):
         self.path = str(path)
         self.fence: Fence | None = None
         self._depth = 0
+        self._rolled: dict[int, float] = {}  # series level -> start of the newest bucket rolled up
         self.db = self._connect()
 
     def _connect(self) -> Any:

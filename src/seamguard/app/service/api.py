@@ -148,11 +148,15 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: HostRule |
         return render.summary(runner.snapshot(), breaker_cfg)
 
     @app.get(f"{API}/history/fleet", response_model=m.FleetHistory, tags=["fleet"], responses={**_E404, **_ERANGE})
-    def fleet_history(rng: Range, points: Annotated[int, Query(ge=1, le=2000, description="ticks to return, "
+    def fleet_history(rng: Range, points: Annotated[int, Query(ge=1, le=2000, description="points to return, "
                                                                                           "newest last")] = 360,
                       loop: LoopName = None) -> m.FleetHistory:
+        """Fleet figures per tick (state counts, coolant per loop, useful throughput). With
+        ``since``, the part older than the ticks in memory comes from the ledger's persisted
+        rows (`persisted`), so a restart or a week still charts; a range holding more than
+        ``points`` ticks is rolled up to ``points`` equal spans of time."""
         try:
-            return render.fleet_history(runner.snapshot(), points, loop, assess_cfg.evidence, rng)
+            return render.fleet_history(runner.snapshot(), points, loop, assess_cfg.evidence, rng, reader)
         except KeyError as e:
             raise _not_found(e) from None
 

@@ -263,6 +263,9 @@ class EntityDetail(_M):
     until_t_s: float | None = Field(None, description="the range asked for (controller seconds); null = open")
     state_at_since: str = Field("healthy", description="its state as the range (or its oldest signal point) opens, "
                                                        "from the ledger")
+    persisted: Persisted | None = Field(None, description="where the signal and GFS points older than the signal "
+                                                          "ring's came from (null: no range); the peer band is "
+                                                          "the ring's only")
 
 
 class AdmissibleNodes(_M):
@@ -388,9 +391,23 @@ class LoopCoolant(_M):
     states: str = Field(description="one digit per point: the loop's state code then")
 
 
+class Persisted(_M):
+    """Where a series' older points came from: the ledger's persisted rows (ledger/series.py),
+    read for the part of a range before what the controller holds in memory (after a restart,
+    or a range longer than its last ticks)."""
+
+    until_t_s: float | None = Field(description="points before this time are the ledger's; null: none are")
+    resolution_s: float | None = Field(description="the ledger rows read: 0 = one per tick, 60 or 900 = rolled up "
+                                                   "per minute / 15 minutes (states and scores: the worst in it, "
+                                                   "counts: the last, values: the mean)")
+    rule: str = Field(description="what the ledger keeps of this series, and for how long")
+
+
 class FleetHistory(_M):
-    t_s: list[float] = Field(description="controller time of each point (one per tick, oldest first)")
-    wall_s: list[float]
+    t_s: list[float] = Field(description="controller time of each point, oldest first: one per tick, or, when a "
+                                         "range holds more than `points`, the last tick of each of `points` "
+                                         "equal spans (values rolled up as in `persisted.resolution_s`)")
+    wall_s: list[float | None] = Field(description="wall clock when each point's tick finished")
     state_codes: list[str] = Field(description="state name per digit used in the code strings")
     states: list[StateCountSeries] = Field(description="GPUs and nodes per state over time")
     loops_total: int
@@ -401,8 +418,14 @@ class FleetHistory(_M):
     flow_ratio_concern: float = Field(description="flow / rated below which loop evidence starts")
     flow_ratio_saturation: float = Field(description="flow / rated at which loop evidence saturates")
     held_since_t_s: float | None = Field(None, description="the oldest tick the controller still holds in memory; "
-                                                           "older coolant is not kept (state counts are: "
-                                                           "/history/states)")
+                                                           "a range starting before it reads the ledger's "
+                                                           "persisted rows for the older part")
+    useful_with: list[float | None] = Field(default_factory=list, description="useful throughput with control per "
+                                                                             "point (share of ideal); null: none "
+                                                                             "reported")
+    useful_without: list[float | None] = Field(default_factory=list, description="the same without control (the "
+                                                                                "counterfactual twin)")
+    persisted: Persisted | None = Field(None, description="where the older points came from (null: no range)")
 
 
 class StateHistory(_M):

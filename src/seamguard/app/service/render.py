@@ -18,8 +18,10 @@ from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import ActionKey, Verb
 from seamguard.fleet.model import JobClass, Kind
 from seamguard.observe.signals import signals_for
+from seamguard.ledger.series import decode_fleet
 from seamguard.app.service import models as m
-from seamguard.app.service.timerange import ALL, TimeRange, window
+from seamguard.app.service import persisted
+from seamguard.app.service.timerange import ALL, TimeRange
 from seamguard.app.signal_ring import score_row
 from seamguard.app.snapshot import ENTITY_KINDS, KIND_DOMAIN, Snapshot
 
@@ -270,20 +272,31 @@ def _opt(a: np.ndarray) -> list[float | None]:
 
 
 def _series(s: Snapshot, ring, name: str, unit: str, help_: str, i: int, peer_idx: np.ndarray, who: str,
-            last: int | None, thresholds: list[m.ThresholdLine], rng: TimeRange = ALL) -> m.SignalSeries:
+            last: int | None, thresholds: list[m.ThresholdLine], rng: TimeRange = ALL,
+            older: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, how: str = "mean") -> m.SignalSeries:
     """One signal of one entity with its peers' band: the last ``last`` ticks, or, given a
-    range, the ring's ticks inside it thinned to ``last`` points."""
+    range, the ring's ticks inside it after the ledger's ``older`` points (times, values, ticks
+    per point), rolled up (``how``: mean, or max for a score) to at most ``last`` points."""
     t, vals = ring.series(name, i, s.ring_upto, last if rng == ALL else None)
-    keep = list(range(len(t))) if rng == ALL else window(t, rng, last)
+    keep = list(range(len(t))) if rng == ALL else [k for k, x in enumerate(t) if rng.holds(x)]
     band: dict = {}
+    cols = {"values": np.array([np.nan if vals[k] is None else vals[k] for k in keep], dtype=np.float64)}
     if peer_idx.size >= 3 and keep:
         _, mat = ring.matrix(name, peer_idx, s.ring_upto, len(t))
         if mat.size:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN points stay NaN
-                p10, p50, p90 = np.nanpercentile(mat[keep], [10, 50, 90], axis=1)
-            band = dict(peers=who, peer_p10=_opt(p10), peer_p50=_opt(p50), peer_p90=_opt(p90))
-    return m.SignalSeries(name=name, unit=unit, help=help_, t_s=[t[k] for k in keep], values=[vals[k] for k in keep],
+                cols.update(zip(("peer_p10", "peer_p50", "peer_p90"), np.nanpercentile(mat[keep], [10, 50, 90], axis=1)))
+            band = dict(peers=who)
+    times = np.array([t[k] for k in keep], dtype=np.float64)
+    n = np.ones(times.size)
+    if rng != ALL:
+        if older is not None and older[0].size:
+            times, n = np.r_[older[0], times], np.r_[older[2], n]
+            cols = {k: np.r_[older[1] if k == "values" else np.full(older[0].size, np.nan), v] for k, v in cols.items()}
+        times, cols = persisted.thin_series(times, cols, {"values": how}, n, last or persisted.RANGE_POINTS_MAX)
+    band.update({k: _opt(v) for k, v in cols.items() if k != "values"})
+    return m.SignalSeries(name=name, unit=unit, help=help_, t_s=times.tolist(), values=_opt(cols["values"]),
                           thresholds=thresholds, **band)
 
 
@@ -303,10 +316,12 @@ def signal_thresholds(s: Snapshot, kind: Kind, i: int, name: str, ev_cfg) -> lis
 
 
 def signals(s: Snapshot, ring, kind: Kind, i: int, last: int | None = None, ev_cfg=None,
-            rng: TimeRange = ALL) -> list[m.SignalSeries]:
+            rng: TimeRange = ALL, older: persisted.EntityOlder | None = None) -> list[m.SignalSeries]:
     peer_idx, who = peers(s, kind, i)
     return [_series(s, ring, sig.name, sig.unit, sig.help, i, peer_idx, who, last,
-                    signal_thresholds(s, kind, i, sig.name, ev_cfg), rng) for sig in signals_for(kind)]
+                    signal_thresholds(s, kind, i, sig.name, ev_cfg), rng,
+                    None if older is None else (older.t_s, older.values[:, j], older.n))
+            for j, sig in enumerate(signals_for(kind))]
 
 
 def score_thresholds(assess_cfg, kind: Kind) -> m.ScoreThresholds:
@@ -317,13 +332,14 @@ def score_thresholds(assess_cfg, kind: Kind) -> m.ScoreThresholds:
 
 
 def gfs_series(s: Snapshot, ring, kind: Kind, i: int, last: int | None, th: m.ScoreThresholds,
-               rng: TimeRange = ALL) -> m.SignalSeries:
+               rng: TimeRange = ALL, older: persisted.EntityOlder | None = None) -> m.SignalSeries:
     peer_idx, who = peers(s, kind, i)
     lines = [m.ThresholdLine(value=th.quarantine_enter, label=f"quarantine (GFS >= {th.quarantine_enter:g})"),
              m.ThresholdLine(value=th.degrade_enter, label=f"degrade (GFS >= {th.degrade_enter:g})"),
              m.ThresholdLine(value=th.degrade_exit, label=f"recover (GFS < {th.degrade_exit:g})")]
     return _series(s, ring, score_row(kind.label), "score",
-                   "gray-failure score: noisy-OR of the evidence channels, 0 to 1", i, peer_idx, who, last, lines, rng)
+                   "gray-failure score: noisy-OR of the evidence channels, 0 to 1", i, peer_idx, who, last, lines, rng,
+                   None if older is None else (older.t_s, older.gfs, older.n), how="max")
 
 
 def pin_out(p: Pin) -> m.PinOut:
@@ -363,6 +379,9 @@ def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limi
         assess_cfg = AssessConfig()
     th = score_thresholds(assess_cfg, kind)
     node = parents(s, kind, i).get("node")
+    ring_t, _ = ring.series(score_row(kind.label), i, s.ring_upto)
+    older = persisted.entity_older(s, reader, kind.label, name, rng, ring_t[0] if ring_t else None,
+                                   len(signals_for(kind)))
     decisions = reader.decisions(upto_tick=s.tick, entity=name, limit=50, **span)
     actions = reader.actions(upto_tick=s.tick, entity=name, limit=50, **span)
     if node is not None and not decisions:
@@ -375,12 +394,12 @@ def entity_detail(s: Snapshot, ring, reader, kind: Kind, name: str, history_limi
         why=why(row, ev, entered, pin),
         entered_by=m.TransitionOut(**entered) if entered else None,
         history=[m.TransitionOut(**h) for h in hist],
-        signals=signals(s, ring, kind, i, signal_points, assess_cfg.evidence, rng),
-        gfs_series=gfs_series(s, ring, kind, i, signal_points, th, rng), thresholds=th,
+        signals=signals(s, ring, kind, i, signal_points, assess_cfg.evidence, rng, older),
+        gfs_series=gfs_series(s, ring, kind, i, signal_points, th, rng, older), thresholds=th,
         since_t_s=rng.since_t_s, until_t_s=rng.until_t_s,
         state_at_since=_state_before(reader, s, name, rng, hist, row.state, history_limit),
         decisions=[m.DecisionOut(**d) for d in decisions], actions=[m.ActionOut(**a) for a in actions],
-        pin=pin_out(pin) if pin else None)
+        pin=pin_out(pin) if pin else None, persisted=older.persisted if older is not None else None)
 
 
 def admissible(s: Snapshot, job_class: str, limit: int, offset: int, loop: str | None = None) -> m.AdmissibleNodes:
@@ -558,30 +577,27 @@ def _band(a: np.ndarray) -> m.Band:
 
 
 def fleet_history(s: Snapshot, points: int = 360, loop: str | None = None, ev_cfg=None,
-                  rng: TimeRange = ALL) -> m.FleetHistory:
-    """State counts and per-loop coolant over the last ``points`` ticks, or over the ticks the
-    controller still holds inside ``rng`` thinned to ``points``. KeyError on an unknown loop."""
+                  rng: TimeRange = ALL, reader=None) -> m.FleetHistory:
+    """State counts, per-loop coolant and useful throughput over the last ``points`` ticks, or
+    over ``rng`` rolled up to at most ``points``: memory's ticks, and before the oldest of
+    them the ledger's persisted rows (`persisted.fleet_rows`). KeyError on an unknown loop."""
     f = s.fleet
     want = f.index_of(Kind.COOLING_LOOP, loop) if loop is not None else None
-    if rng == ALL:
-        h = s.fleet_history[-points:]
-    else:
-        h = tuple(s.fleet_history[k] for k in window([p.t_s for p in s.fleet_history], rng, points))
+    src = persisted.fleet_rows(s, reader, rng, points)
+    d = decode_fleet(src.rows)
     n_loops = f.count(Kind.COOLING_LOOP)
-    t = [p.t_s for p in h]
-    states = []
-    for kind, attr in (("gpu", "gpu_counts"), ("node", "node_counts")):
-        rows = np.array([getattr(p, attr) for p in h], dtype=np.int64).reshape(len(h), len(State))
-        states.append(m.StateCountSeries(kind=kind, counts={STATE_LABELS[j]: rows[:, j].tolist()
-                                                           for j in range(len(State))}))
-    ls = np.array([p.loop_state for p in h], dtype=np.int8).reshape(len(h), n_loops)
-    cool = np.array([p.coolant for p in h], dtype=float).reshape(len(h), n_loops, 3)
+    t = src.t_s.tolist()
+    states = [m.StateCountSeries(kind=kind, counts={STATE_LABELS[j]: d[col][:, j].round().astype(np.int64).tolist()
+                                                    for j in range(len(State))})
+              for kind, col in (("gpu", "gpu_counts"), ("node", "node_counts"))]
+    ls = d["loop_state"].round().astype(np.int8)
+    cool = d["coolant"]
     rated = f.loop_rated_flow_lpm.astype(float)
     now = s.kinds[Kind.COOLING_LOOP].state
     if n_loops <= LOOPS_ALL_MAX:
         chosen = list(range(n_loops))
     else:
-        worst = ls.max(axis=0) if len(h) else np.zeros(n_loops, dtype=np.int8)
+        worst = ls.max(axis=0) if len(t) else np.zeros(n_loops, dtype=np.int8)
         worst = np.maximum(worst, now)
         bad = np.flatnonzero(worst > 0)
         chosen = bad[np.argsort(-worst[bad], kind="stable")][:LOOPS_ALL_MAX].tolist()
@@ -592,10 +608,12 @@ def fleet_history(s: Snapshot, points: int = 360, loop: str | None = None, ev_cf
                            states=(ls[:, i].astype(np.uint8) + 48).tobytes().decode("ascii"))
              for i in chosen]
     hi, lo = ev_cfg.flow_ratio if ev_cfg is not None else (0.92, 0.80)
-    return m.FleetHistory(t_s=t, wall_s=[p.wall_s for p in h], state_codes=STATE_LABELS, states=states,
+    return m.FleetHistory(t_s=t, wall_s=_opt(src.wall_s), state_codes=STATE_LABELS, states=states,
                           held_since_t_s=s.fleet_history[0].t_s if s.fleet_history else None,
                           loops_total=n_loops, loops=loops, flow_ratio_band=_band(cool[:, :, 0] / rated),
-                          supply_c_band=_band(cool[:, :, 1]), flow_ratio_concern=hi, flow_ratio_saturation=lo)
+                          supply_c_band=_band(cool[:, :, 1]), flow_ratio_concern=hi, flow_ratio_saturation=lo,
+                          useful_with=_opt(d["useful_with"]), useful_without=_opt(d["useful_without"]),
+                          persisted=src.persisted)
 
 
 # ---- state counts replayed from the ledger -------------------------------------------------------

@@ -4,13 +4,17 @@ Every history endpoint (`/history/*`, `/timeline`, `/transitions`, `/decisions`,
 `/actions`, an entity's detail) takes ``since`` and ``until`` in the controller's clock
 (`Snapshot.t_s`: simulated seconds for the twin, Unix seconds for a live source). Both
 arrive as text so that a bad value gets one line saying which parameter and why, not a
-validation tree. Pure functions: no clock, no I/O; the handlers pass the snapshot's time.
+validation tree. A range's series are thinned by `groups` (equal spans of time, each
+rolled up whole) so a week never comes back as one point per tick. Pure functions: no
+clock, no I/O; the handlers pass the snapshot's time.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 MAX_SPAN_S = 31 * 86400.0  # the picker's longest range is 7 days; a month is the most one request reads
 MAX_T_S = 1e11  # beyond year 5000 in Unix seconds: a typo, not a time
@@ -73,3 +77,17 @@ def window(t_s: list[float], r: TimeRange, points: int | None) -> list[int]:
     if points is None:
         return inside
     return [inside[k] for k in thin(len(inside), points)]
+
+
+def groups(t_s, points: int) -> np.ndarray:
+    """First index of each group of consecutive samples (oldest first) when ``t_s`` is cut into
+    ``points`` equal spans of time from its first to its last sample; every sample is in one
+    group, and there are at most ``points`` (one per sample when they are no more)."""
+    t = np.asarray(t_s, dtype=np.float64)
+    if t.size <= max(points, 1):
+        return np.arange(t.size)
+    span = t[-1] - t[0]
+    if points <= 1 or span <= 0:
+        return np.array([0])
+    b = np.minimum(((t - t[0]) / span * points).astype(np.int64), points - 1)
+    return np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
