@@ -15,13 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from seamguard.assess import evidence as ev
 from seamguard.assess.baselines import BaselineConfig, Baselines
 from seamguard.assess.admissibility import AdmissibilityConfig, node_admissibility, node_domain_states
+from seamguard.assess.parents import ParentConfig, fabric_parents
 from seamguard.assess.propagation import PropagationConfig, all_dependents, fae, prs
 from seamguard.assess.states import Hysteresis, State, StateVector, step_states
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
 
-ASSESSED_KINDS = (Kind.COOLING_LOOP, Kind.RACK, Kind.GPU, Kind.NIC, Kind.LINK, Kind.STORAGE)
+ASSESSED_KINDS = (Kind.COOLING_LOOP, Kind.RACK, Kind.GPU, Kind.NIC, Kind.LINK, Kind.STORAGE, Kind.SWITCH)
 
 
 def _default_hysteresis() -> dict[str, Hysteresis]:
@@ -47,6 +48,7 @@ class AssessConfig(BaseModel):
     propagation: PropagationConfig = Field(default_factory=PropagationConfig)
     hysteresis: dict[str, Hysteresis] = Field(default_factory=_default_hysteresis)
     admissibility: AdmissibilityConfig = Field(default_factory=AdmissibilityConfig)
+    parents: ParentConfig = Field(default_factory=ParentConfig)
 
     def hysteresis_for(self, kind: Kind) -> Hysteresis:
         return self.hysteresis.get(kind.label) or Hysteresis()
@@ -182,7 +184,10 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
                                                       base, b_cfg, learn(Kind.GPU), dt_s)
     evid[Kind.NIC], nic_b = ev.nic_evidence(fleet, frame, hist, e_cfg, base, b_cfg, learn(Kind.NIC), dt_s)
     evid[Kind.LINK], link_b = ev.link_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.LINK), dt_s)
-    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s)
+    # Links that move together with their switch are the switch's: one alarm, on it.
+    evid[Kind.SWITCH], evid[Kind.LINK] = fabric_parents(fleet, evid[Kind.LINK], e_cfg, cfg.parents)
+    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s,
+                                                    hist=hist)
     new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, supply_b, r_th, r_n, frame.t_s)
 
     kinds: dict[Kind, KindAssessment] = {}
