@@ -53,14 +53,15 @@ from pathlib import Path
 from seamguard.act.base import ActionResult, verb_of
 from seamguard.assess.states import STATE_BY_LABEL
 from seamguard.decide.actions import Action, ActionKey, Verb
-from seamguard import hintauth
+from seamguard import hintauth, hintfiles
 
 APPLIED_LOG = ".seamguard-hints.jsonl"
-_FILE = {Verb.CHECKPOINT_NOW: "checkpoint_now", Verb.CHECKPOINT_INTERVAL: "checkpoint_interval_s",
-         Verb.AVOID_STORAGE: "checkpoint_dir"}
-PLACEMENT_FILE = ".placement.json"  # written by `seamguard launch` (runtime/launcher.py)
-AVOID_RAILS_FILE, DEGRADED_FILE = "avoid_rails", "degraded"
-SEVERITY_UNKNOWN = 99  # an avoid_link whose reason names no state: the worst (runtime/stepmodes.py)
+# the hint-file protocol, shared with the job's launcher: seamguard/hintfiles.py
+_FILE = {Verb.CHECKPOINT_NOW: hintfiles.CHECKPOINT_NOW, Verb.CHECKPOINT_INTERVAL: hintfiles.CHECKPOINT_INTERVAL,
+         Verb.AVOID_STORAGE: hintfiles.CHECKPOINT_DIR}
+PLACEMENT_FILE = hintfiles.PLACEMENT_FILE  # written by `seamguard launch`
+AVOID_RAILS_FILE, DEGRADED_FILE = hintfiles.AVOID_RAILS, hintfiles.DEGRADED
+SEVERITY_UNKNOWN = hintfiles.SEVERITY_UNKNOWN  # an avoid_link whose reason names no state: the worst
 
 
 def nic_of_link(entity: str) -> str | None:
@@ -81,9 +82,8 @@ def severity_of(reason: str) -> int:
 def ranks_on(d: Path, node: str) -> list[int]:
     """The job's ranks on ``node``, from the placement its launcher publishes (none if unknown)."""
     try:
-        placement = json.loads((d / PLACEMENT_FILE).read_text(encoding="utf-8"))
-        return sorted(int(r) for r, host in placement["ranks"].items() if host == node)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return hintfiles.ranks_on((d / PLACEMENT_FILE).read_text(encoding="utf-8"), node)
+    except (OSError, UnicodeDecodeError):
         return []
 
 
@@ -173,7 +173,7 @@ class RuntimeHintActuator:
             text = action.reason
         res = self._deliver(d, _FILE[action.verb], text + "\n", {"key": action.key, "reason": action.reason})
         if res.ok and action.verb == Verb.CHECKPOINT_INTERVAL and self.degraded:
-            return self._deliver(d, DEGRADED_FILE, "on\n", None)
+            return self._deliver(d, DEGRADED_FILE, hintfiles.degraded_text(True), None)
         return res
 
     def _avoid_rail(self, action: Action) -> ActionResult:
@@ -218,8 +218,7 @@ class RuntimeHintActuator:
         return out
 
     def _write_avoid_file(self, d: Path, rails: dict[str, int]) -> ActionResult:
-        text = "".join(f"{r} {s}\n" for r, s in sorted(rails.items())) or "default\n"
-        return self._deliver(d, AVOID_RAILS_FILE, text, None)
+        return self._deliver(d, AVOID_RAILS_FILE, hintfiles.avoid_rails_text(rails), None)
 
     def _evacuate(self, action: Action) -> ActionResult:
         moved = []
@@ -228,7 +227,7 @@ class RuntimeHintActuator:
             if not ranks:
                 continue
             for r in ranks:
-                res = self._deliver(d, f"evacuate_rank_{r}", action.reason + "\n", None)
+                res = self._deliver(d, hintfiles.evacuate_file(r), action.reason + "\n", None)
                 if not res.ok:
                     return res
             res = self._deliver_record(d, {"key": action.key, "job": job, "ranks": ranks, "reason": action.reason})
@@ -251,7 +250,7 @@ class RuntimeHintActuator:
             if d is None or not candidates:
                 continue
             ok = [name for name in candidates if name not in avoided]
-            want = None if not ok else "default" if ok[0] == next(iter(candidates)) else str(candidates[ok[0]])
+            want = None if not ok else hintfiles.DEFAULT if ok[0] == next(iter(candidates)) else str(candidates[ok[0]])
             rec = {"key": key, **({"op": "revert"} if revert else {})}
             if want is None:
                 notes.append(f"{job}: every checkpoint path is avoided; its checkpoints stay where they are")
@@ -268,7 +267,7 @@ class RuntimeHintActuator:
 
     def _target_of(self, d: Path) -> str:
         """The checkpoint target last written for the job (``default`` if none)."""
-        target = "default"
+        target = hintfiles.DEFAULT
         for rec in self._records(d):
             target = rec.get("target", target)
         return target
@@ -295,9 +294,10 @@ class RuntimeHintActuator:
             # a newer interval replaced it (or it was never delivered): the job keeps that one
             res = self._deliver_record(d, {"key": key, "op": "revert"})
             return ActionResult(True, "a newer interval is in effect: the job keeps it") if res.ok else res
-        res = self._deliver(d, _FILE[Verb.CHECKPOINT_INTERVAL], "default\n", {"key": key, "op": "revert"})
+        res = self._deliver(d, _FILE[Verb.CHECKPOINT_INTERVAL], hintfiles.interval_text(None),
+                            {"key": key, "op": "revert"})
         if res.ok and self.degraded:
-            return self._deliver(d, DEGRADED_FILE, "off\n", None)
+            return self._deliver(d, DEGRADED_FILE, hintfiles.degraded_text(False), None)
         return res
 
     def _unavoid_rail(self, key: str) -> ActionResult:

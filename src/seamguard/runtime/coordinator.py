@@ -27,7 +27,7 @@ from seamguard.runtime.detect import Beat, HeartbeatTracker, NodeTracker
 from seamguard.runtime.manifest import complete_steps, latest_verified
 from seamguard.runtime.membership import Plan, initial_plan, next_plan, resume_step
 from seamguard.runtime.metrics import JobView, RankView, StepClock
-from seamguard.runtime.settings import LaunchSettings, checkpoint_roots, under_roots
+from seamguard.runtime.settings import LaunchSettings, RuntimeSettings, checkpoint_roots, under_roots
 
 
 # Each pass reads what may have changed, cheaply: the hint keys in one request (HINT_KEYS,
@@ -209,7 +209,7 @@ class Coordinator:
 
     def _roots(self) -> tuple[Path, ...]:
         """Where the job's checkpoint directories may be (settings.checkpoint_roots)."""
-        return checkpoint_roots(self.checkpoint_dir, tuple(self._job_setting("checkpoint_roots", ())))
+        return checkpoint_roots(self.checkpoint_dir, tuple(self._job_setting("checkpoint_roots")))
 
     def _read_hints(self) -> dict[str, bytes]:
         """This pass's hint keys (HINT_KEYS, all created at start): in one request, or from
@@ -407,7 +407,7 @@ class Coordinator:
         step_s = min((b["compute_s"] for b in beats if b["compute_s"] > 0), default=0.0)
         if step_s <= 0:
             return None
-        stale_s = self._job_setting("heartbeat_interval_s", 0.2) + (
+        stale_s = self._job_setting("heartbeat_interval_s") + (
             self.settings.node_beat_s if self.settings.aggregate else 0.0)
         margin = 3 + min(1000, math.ceil((max(0.5, stale_s) + stale_s) / step_s))
         return max(b["step"] for b in beats) + margin
@@ -490,15 +490,15 @@ class Coordinator:
         self.store.add(keys.CONTROL_N, 1)
 
     @cached_property
-    def _job_settings(self) -> dict:
+    def _job_settings(self) -> RuntimeSettings:
         """The workers' RuntimeSettings, as the launch passed them (read once)."""
-        return json.loads(self.settings.env.get("SEAMGUARD_SETTINGS", "{}"))
+        return RuntimeSettings.from_env(self.settings.env)
 
-    def _job_setting(self, name: str, default: Any) -> Any:
-        return self._job_settings.get(name, default)
+    def _job_setting(self, name: str) -> Any:
+        return getattr(self._job_settings, name)
 
     def _job_rails(self) -> tuple[str, ...]:
-        return tuple(self._job_setting("rails", ()))
+        return tuple(self._job_setting("rails"))
 
     def _tune_snapshot_interval(self) -> None:
         """``--snapshot-every auto``: Daly's interval (cadence.auto_every_steps) for the
@@ -506,19 +506,19 @@ class Coordinator:
         the job's failure rate (one rank's, ``rank_mttf_h``, times the ranks), in steps at
         the job's pace; published from a step every rank agrees on when it moves by more
         than cadence.retune allows."""
-        if self.phase != "running" or not self._job_setting("snapshot_auto", False):
+        if self.phase != "running" or not self._job_setting("snapshot_auto"):
             return
         costs = [self._beats[w].get("snap_cost_s") for w in self.plan.ranks if w in self._beats]
         known = [c for c in costs if c is not None]
         step_s = self._steps.seconds_per_step()
         if not known or not step_s:
             return
-        mttf_h = float(self._job_setting("rank_mttf_h", cadence.GPU_MTTF_H))
+        mttf_h = float(self._job_setting("rank_mttf_h"))
         copies = min(int(self._beats[w].get("copies", 1)) for w in self.plan.ranks if w in self._beats)
         mttf_s = cadence.uncovered_mttf_s(mttf_h * 3600.0, self.plan.world_size, copies, self._exposed_s())
         every = cadence.auto_every_steps(max(known), step_s, mttf_s)
         current = self._snap_entries[-1].every_steps if self._snap_entries else int(
-            self._job_setting("snapshot_every_steps", cadence.AUTO_START_EVERY))
+            self._job_setting("snapshot_every_steps"))
         if not cadence.retune(current, every) or (ahead := self._ahead_step()) is None:
             return
         start = max(ahead, self._snap_entries[-1].start_step + 1 if self._snap_entries else 0)
@@ -535,7 +535,7 @@ class Coordinator:
         replacement holds the state again, which is the hang timeout (a loss can go unseen
         that long) plus the slowest recovery this job has had from detection to resumed,
         or, before any, the bound on one (recovery_timeout_s)."""
-        recovery_s = self._slowest_recovery_s or float(self._job_setting("recovery_timeout_s", 60.0))
+        recovery_s = self._slowest_recovery_s or float(self._job_setting("recovery_timeout_s"))
         return self.settings.hang_timeout_s + recovery_s
 
     def _read_step_mode_hints(self) -> None:

@@ -37,8 +37,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from seamguard.ports import free_port
-from seamguard import hintauth
-from seamguard.runtime import keys, shm, stepmodes
+from seamguard import hintauth, hintfiles
+from seamguard.runtime import keys, shm
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.eventlog import (
@@ -49,7 +49,7 @@ from seamguard.runtime.eventlog import (
 )
 from seamguard.runtime.metrics import render
 from seamguard.runtime.nodelink import LinkClient, LinkServer
-from seamguard.runtime.settings import LaunchSettings
+from seamguard.runtime.settings import LaunchSettings, RuntimeSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
 
 POLL_S = 0.005
@@ -133,50 +133,14 @@ def _worker_env(s: LaunchSettings, port: int, wid: int, local: int,
     return env
 
 
-def _positive_number(text: str) -> bool:
-    try:
-        return float(text) > 0 and float(text) != float("inf")
-    except ValueError:
-        return False
-
-
-def _interval_error(text: str) -> str | None:
-    want = text.strip()
-    return None if want == "default" or _positive_number(want) else \
-        f"expected seconds > 0 or 'default', got {want[:40]!r}"
-
-
-def _target_error(text: str) -> str | None:
-    want = text.strip()
-    return None if want == "default" or Path(want).is_absolute() else \
-        f"expected an absolute directory or 'default', got {want[:80]!r}"
-
-
-def _avoid_error(text: str) -> str | None:
-    try:
-        stepmodes.parse_avoid_file(text)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def _degraded_error(text: str) -> str | None:
-    return None if text.strip() in ("on", "off") else f"expected 'on' or 'off', got {text.strip()[:40]!r}"
-
-
-# hint files with a value: file name -> (what is wrong with its text or None, value key, counter key);
-# the value is published as written (stripped unless it is a multi-line avoid_rails list)
+# hint files with a value (hintfiles.VALUE_ERRORS checks the text): file name -> (value key,
+# counter key); the value is published as written (stripped unless it is a multi-line avoid_rails list)
 _VALUED_HINTS = {
-    "checkpoint_interval_s": (_interval_error, keys.HINT_INTERVAL_S, keys.HINT_INTERVAL_N),
-    "checkpoint_dir": (_target_error, keys.HINT_TARGET, keys.HINT_TARGET_N),
-    "avoid_rails": (_avoid_error, keys.HINT_AVOID_RAILS, keys.HINT_AVOID_RAILS_N),
-    "degraded": (_degraded_error, keys.HINT_DEGRADED, keys.HINT_DEGRADED_N),
+    hintfiles.CHECKPOINT_INTERVAL: (keys.HINT_INTERVAL_S, keys.HINT_INTERVAL_N),
+    hintfiles.CHECKPOINT_DIR: (keys.HINT_TARGET, keys.HINT_TARGET_N),
+    hintfiles.AVOID_RAILS: (keys.HINT_AVOID_RAILS, keys.HINT_AVOID_RAILS_N),
+    hintfiles.DEGRADED: (keys.HINT_DEGRADED, keys.HINT_DEGRADED_N),
 }
-
-
-def _is_hint_file(name: str) -> bool:
-    return name in ("checkpoint_now", "rollback") or name in _VALUED_HINTS or \
-        name.startswith(("evacuate_rank_", "rollback_to_step_"))
 
 
 def _hint_files(store, hint_dir: Path | None, gate: hintauth.HintGate, log=None) -> None:
@@ -193,7 +157,7 @@ def _hint_files(store, hint_dir: Path | None, gate: hintauth.HintGate, log=None)
         return
     evacuate: list[str] = []
     for p in sorted(hint_dir.iterdir()):
-        if not _is_hint_file(p.name):
+        if not hintfiles.is_hint_file(p.name):
             continue
         try:
             text = gate.admit(p.name, p.read_text(encoding="utf-8"))
@@ -203,20 +167,20 @@ def _hint_files(store, hint_dir: Path | None, gate: hintauth.HintGate, log=None)
             _refused(log, "file", p.name, exc)
             p.unlink(missing_ok=True)
             continue
-        if p.name == "checkpoint_now":
+        if p.name == hintfiles.CHECKPOINT_NOW:
             hintauth.send(store, keys.HINT_CHECKPOINT_REQ, "now", gate.key, keys.HINT_CHECKPOINT)
-        elif p.name.startswith("evacuate_rank_"):
+        elif p.name.startswith(hintfiles.EVACUATE_PREFIX):
             evacuate.append(p.name.rsplit("_", 1)[1])
         elif p.name in _VALUED_HINTS:
-            error, value_key, counter_key = _VALUED_HINTS[p.name]
-            why = error(text)
+            value_key, counter_key = _VALUED_HINTS[p.name]
+            why = hintfiles.VALUE_ERRORS[p.name](text)
             if why is not None:
                 print(f"seamguard launcher: ignoring hint file {p}: {why}", file=sys.stderr)
             else:
-                hintauth.send(store, value_key, text if p.name == "avoid_rails" else text.strip(), gate.key,
+                hintauth.send(store, value_key, text if p.name == hintfiles.AVOID_RAILS else text.strip(), gate.key,
                               counter_key)
         else:
-            to = p.name.rsplit("_", 1)[1] if p.name != "rollback" else "-1"
+            to = p.name.rsplit("_", 1)[1] if p.name != hintfiles.ROLLBACK else "-1"
             if not to.lstrip("-").isdigit():
                 print(f"seamguard launcher: ignoring hint file {p}: bad step {to!r}", file=sys.stderr)
             else:
@@ -246,7 +210,7 @@ def _refused(log, channel: str, name: str, exc: Exception) -> None:
         print(f"seamguard launcher: refused hint {name}: {event['detail']}", file=sys.stderr)
 
 
-PLACEMENT_FILE = ".placement.json"
+PLACEMENT_FILE = hintfiles.PLACEMENT_FILE
 
 
 def _publish_placement(hint_dir: Path | None, view, last: str) -> str:
@@ -255,8 +219,7 @@ def _publish_placement(hint_dir: Path | None, view, last: str) -> str:
     evacuate first. Returns what is written now."""
     if hint_dir is None or not view.ranks:
         return last
-    text = json.dumps({"job": view.job, "gen": view.generation,
-                       "ranks": {str(r.rank): r.host for r in sorted(view.ranks, key=lambda r: r.rank)}})
+    text = hintfiles.placement_text(view.job, view.generation, {r.rank: r.host for r in view.ranks})
     if text != last and hint_dir.is_dir():
         tmp = hint_dir / f"{PLACEMENT_FILE}.tmp"
         try:
@@ -356,7 +319,7 @@ def _run(s: LaunchSettings, store, port: int, hint_key: bytes) -> int:
     if swept:
         log({"event": "stale_slots_removed", "files": swept, "mib": round(swept_bytes / 2**20, 1)})
     per_node = s.nproc + s.spares
-    settings_env = json.loads(s.env.get("SEAMGUARD_SETTINGS", "{}"))
+    job = RuntimeSettings.from_env(s.env)
     server = ForkServer(s.preload) if s.fork_server and s.script[0].endswith(".py") else None
     children = []
     for local in range(per_node):
@@ -367,9 +330,8 @@ def _run(s: LaunchSettings, store, port: int, hint_key: bytes) -> int:
     if master:
         trainers = [n * per_node + i for n in range(s.nnodes) for i in range(s.nproc)]
         spares = [n * per_node + s.nproc + i for n in range(s.nnodes) for i in range(s.spares)]
-        ckpt = settings_env.get("checkpoint_dir")
-        coord = Coordinator(store, s, trainers, spares, Path(ckpt) if ckpt else None,
-                            float(settings_env.get("recovery_timeout_s", 60.0)), log, hint_key=hint_key)
+        coord = Coordinator(store, s, trainers, spares, job.checkpoint_dir, job.recovery_timeout_s,
+                            log, hint_key=hint_key)
         if s.nnodes > 1:
             links = LinkServer(s.run_id, s.store_host)
             store.set(keys.LINK, f"{s.master_addr}:{links.port}")

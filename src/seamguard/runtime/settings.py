@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import json
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -107,6 +109,11 @@ def parse_store_url(text: str, run_id: str) -> StoreUrl:
     return StoreUrl("etcd", tuple(endpoints), f"/seamguard/{run_id}/")
 
 
+SETTINGS_ENV = "SEAMGUARD_SETTINGS"
+"""The environment variable that carries a job's RuntimeSettings from the launch to its
+workers and coordinator (JSON: RuntimeSettings.to_env / from_env)."""
+
+
 @dataclass(frozen=True)
 class RuntimeSettings:
     """How a training process snapshots, replicates, persists and waits."""
@@ -161,6 +168,34 @@ class RuntimeSettings:
     def roots(self) -> tuple[Path, ...]:
         """The checkpoint roots in force (settings.checkpoint_roots)."""
         return checkpoint_roots(self.checkpoint_dir, self.checkpoint_roots)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that carries these settings to the workers (``from_env`` reads it)."""
+        return {SETTINGS_ENV: json.dumps({k: (str(v) if isinstance(v, Path) else v)
+                                          for k, v in asdict(self).items()})}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "RuntimeSettings":
+        """The settings ``to_env`` wrote into ``env`` (the defaults where it wrote none);
+        ValueError, one line, names what is wrong."""
+        text = env.get(SETTINGS_ENV, "")
+        try:
+            raw = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{SETTINGS_ENV}: not JSON ({exc.msg} at {exc.pos})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{SETTINGS_ENV}: expected a JSON object, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"{SETTINGS_ENV}: unknown settings {', '.join(unknown)[:200]}")
+        if raw.get("checkpoint_dir"):
+            raw["checkpoint_dir"] = Path(raw["checkpoint_dir"])
+        else:
+            raw.pop("checkpoint_dir", None)
+        try:
+            return cls(**raw)
+        except TypeError as exc:   # e.g. a number where a list belongs
+            raise ValueError(f"{SETTINGS_ENV}: {exc}") from None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rails", tuple(self.rails))  # JSON gives a list

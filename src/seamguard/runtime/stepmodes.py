@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from seamguard import hintfiles
+
 KEEP_ENTRIES = 4
-SEVERITY_UNKNOWN = 99  # a rail asked to be avoided without a state: the worst
+SEVERITY_UNKNOWN = hintfiles.SEVERITY_UNKNOWN  # a rail asked to be avoided without a state: the worst
 DEGRADED_PERSIST_DIVISOR = 2  # degraded: persist points of the rule in force, twice as often
 
 
@@ -66,18 +68,7 @@ def mode_at(step: int, entries: tuple[StepMode, ...]) -> StepMode:
     return now
 
 
-def parse_avoid_file(text: str) -> dict[str, int]:
-    """An ``avoid_rails`` hint file -> {rail: severity}. One rail a line, ``<rail> [severity]``;
-    ``default`` (or nothing) avoids none. Raises ValueError naming the bad line."""
-    out: dict[str, int] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        parts = line.split()
-        if not parts or parts == ["default"]:
-            continue
-        if len(parts) > 2 or "," in parts[0] or (len(parts) == 2 and not parts[1].isdigit()):
-            raise ValueError(f"line {n}: expected '<rail> [severity]', got {line[:60]!r}")
-        out[parts[0]] = int(parts[1]) if len(parts) == 2 else SEVERITY_UNKNOWN
-    return out
+parse_avoid_file = hintfiles.parse_avoid_rails   # the avoid_rails hint file (hintfiles.py)
 
 
 def rails_to_avoid(job_rails: tuple[str, ...], asked: dict[str, int]) -> tuple[tuple[str, ...], str]:

@@ -205,10 +205,7 @@ class Runtime:
             raise RuntimeError("seamguard.runtime.init() must run under `seamguard launch` "
                                "(SEAMGUARD_WORKER_ID is not set)")
         if settings is None:
-            raw = json.loads(env.get("SEAMGUARD_SETTINGS", "{}"))
-            if raw.get("checkpoint_dir"):
-                raw["checkpoint_dir"] = Path(raw["checkpoint_dir"])
-            settings = RuntimeSettings(**raw)
+            settings = RuntimeSettings.from_env(env)
         rt = cls(int(env["SEAMGUARD_WORKER_ID"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]),
                    int(env.get("SEAMGUARD_RANKS_PER_NODE", env.get("LOCAL_WORLD_SIZE", "1"))),
                    settings, env.get("SEAMGUARD_RUN_ID", "seamguard"),
