@@ -170,3 +170,18 @@ def test_fleet_sums_jobs_and_ettr_over_time_per_bucket() -> None:
 def test_bad_input_is_one_line_error(build, msg) -> None:
     with pytest.raises(ValueError, match=msg):
         build()
+
+
+@pytest.mark.parametrize("episodes, entity, seam", [
+    ([Episode(280, 280, Cause.RESTART, "cdu-a", "coolant_flow", "move_job train (cdu-a flow low)")],
+     "cdu-a", "coolant_flow"),
+    ([Episode(-400, -400, Cause.RESTART, "cdu-a", "coolant_flow", "long before: explains nothing")], "j", "runtime"),
+])
+def test_a_gap_in_the_series_is_restart_named_after_an_action_just_before(episodes, entity, seam) -> None:
+    t, step = stepping(600, down=[(300, 360)])
+    step[t >= 360] = 250 + (t[t >= 360] - 360)  # back at step 250 after the gap: 50 steps redone
+    g = attribute("j", 0, 600, JobSeries.of(t, step), (), episodes)
+    check_tiles(g)
+    assert g.by_cause_s[RS] == pytest.approx(60)  # from the last sample before the gap (300) to the first after
+    assert g.by_cause_s[RB] == pytest.approx(50, abs=1)
+    assert {(s.entity, s.seam) for s in g.spans if s.cause in (RS, RB)} == {(entity, seam)}

@@ -40,6 +40,9 @@ class Cause(str, Enum):
 
 CAUSES = tuple(c.value for c in Cause)
 LOST_CAUSES = tuple(c for c in CAUSES if c != Cause.PRODUCTIVE.value)
+# How long before a job stops stepping an action or failure that stops it may lie: Slurm's
+# checkpoint grace and KillWait, the runtime's heartbeat timeout, one scrape interval.
+RESTART_LOOKBACK_S = 300.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,7 +235,7 @@ def _overlapping(episodes: Sequence[Episode], u: float, v: float, cause: Cause) 
 
 
 def _restart_reason(episodes: Sequence[Episode], lo: float, hi: float, job: str,
-                    fallback: tuple[str, str, str]) -> tuple[str, str, str]:
+                    fallback: tuple[str, str, str] | None) -> tuple[str, str, str] | None:
     """(entity, seam, why) of a restart whose cause lies in [lo, hi]: the latest restarting
     action or hard failure there, else the most severe unhealthy entity open at ``hi``."""
     acts = [e for e in episodes if e.cause == Cause.RESTART and lo <= e.start_s <= hi]
@@ -327,10 +330,18 @@ def attribute(job: str, since_s: float, until_s: float, series: JobSeries, runs:
                 (job, "scheduler", "pending after a requeue before the window")
             restart = _restart_reason(episodes, last.start_s if last else -math.inf, last.end_s if last else u,
                                       job, fb)
-        elif iv is not None and iv.kind == "back":
-            restart = _restart_reason(episodes, t[i], t[i + 1], job, (
-                job, "runtime", f"the step went back from {iv.step_from:.0f} to {iv.step_to:.0f} (the runtime "
-                                "restored a snapshot)"))
+        elif iv is None or iv.kind in ("gap", "back"):
+            # the job stopped stepping while it held its allocation: a restarting action or a
+            # hard failure shortly before explains it; else the runtime did (or its exporter)
+            lo = (t[i] if 0 <= i < t.size else u) - RESTART_LOOKBACK_S
+            if iv is not None and iv.kind == "back":
+                fb = (job, "runtime", f"the step went back from {iv.step_from:.0f} to {iv.step_to:.0f} "
+                                      "(the runtime restored a snapshot)")
+            else:
+                fb = (job, "runtime", "the job reported no step (starting, restarting, or its exporter down)")
+            was_restart = bool(spans) and spans[-1].cause == Cause.RESTART.value
+            found = _restart_reason(episodes, lo, v, job, None)
+            restart = found if found is not None else (restart if was_restart else fb)
         if no_series and run is not None:
             pieces = [(Cause.UNATTRIBUTED.value, v - u, job, "none", "no step series for the job")]
         else:

@@ -184,3 +184,11 @@ def episodes_from_ledger(transitions: Iterable[dict], actions: Iterable[dict], j
     mine = [a for a in actions if a.get("target") == job or entities is None or a.get("target") in entities
             or ActionKey.parse(a["key"]).entity == job]
     return states + _action_episodes(mine, seams)
+
+
+def goodput_of(job: str, since_s: float, until_s: float, series, runs: Sequence[Run], transitions: Iterable[dict],
+               actions: Iterable[dict], entities: set[str] | None):
+    """`attribute` over what the sources read: the ledger's rows become episodes first."""
+    from seamguard.goodput.attribution import attribute
+
+    return attribute(job, since_s, until_s, series, runs, episodes_from_ledger(transitions, actions, job, entities))
