@@ -14,7 +14,10 @@ from seamguard import hintauth
 from seamguard.runtime import keys
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.settings import LaunchSettings
-from seamguard.runtime.worker import Runtime
+from seamguard.runtime.clock import SYSTEM_CLOCK
+from seamguard.runtime.follower import ControlKeys, MembershipFollower
+from seamguard.runtime.profile import PhaseClock
+from seamguard.runtime.records import Board, Controls, Progress
 from tests.runtime.coordinator_helpers import run_first_generation
 
 
@@ -132,56 +135,74 @@ class ControlStore:
         return self.d[k]
 
 
-def _rank(store, beat, last_step_s, mirror_lag_s=0.0):
-    """The part of a Runtime that `_controls` uses."""
-    return SimpleNamespace(store=store, _control_beat=beat, _control=(None, {}),
-                           _last_step_s=last_step_s, _mirror_lag_s=mirror_lag_s,
-                           settings=SimpleNamespace(heartbeat_interval_s=0.2))
+class _Rank:
+    """The part of a Runtime that reads the control keys at a step boundary: its
+    ControlKeys, on the Controls record its heartbeat publishes and a clock of the test's."""
+
+    def __init__(self, store, beat, last_step_s, now, mirror_lag_s=0.0):
+        self.controls = Board(Controls())
+        clock = SimpleNamespace(monotonic=lambda: now[0])
+        self.keys = ControlKeys(store, self.controls, 0.2, mirror_lag_s, clock)
+        self._control_beat, self._last_step_s = beat, last_step_s
+
+    @property
+    def _control_beat(self):
+        return self.controls.current.control_n, self.controls.current.control_read_s
+
+    @_control_beat.setter
+    def _control_beat(self, beat):   # what the heartbeat read: (counter, when)
+        self.controls.update(control_n=beat[0], control_read_s=beat[1])
+
+    @property
+    def _mirror_lag_s(self):
+        return self.keys.mirror_lag_s
+
+    @_mirror_lag_s.setter
+    def _mirror_lag_s(self, lag_s):
+        self.keys.mirror_lag_s = lag_s
+
+    def at_boundary(self):
+        return self.keys.at_boundary(self._last_step_s)
 
 
-def test_a_rank_reads_the_control_keys_only_when_the_counter_moves(monkeypatch):
+def test_a_rank_reads_the_control_keys_only_when_the_counter_moves():
     now = [100.0]
-    monkeypatch.setattr("seamguard.runtime.worker.time.monotonic", lambda: now[0])
     store = ControlStore(3)
-    rank = _rank(store, (3, 99.95), last_step_s=0.2)
-    assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on"
+    rank = _Rank(store, (3, 99.95), last_step_s=0.2, now=now)
+    assert rank.at_boundary()[keys.STEP_MODES] == b"40 - on"
     first = store.reads
-    assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on"
+    assert rank.at_boundary()[keys.STEP_MODES] == b"40 - on"
     assert store.reads == first   # fresh heartbeat reading, same counter: no request
     store.d[keys.STEP_MODES] = b"40 - on\n55 - off"
     store.d[keys.CONTROL_N] = b"4"
     rank._control_beat = (4, 99.99)
-    assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on\n55 - off"
+    assert rank.at_boundary()[keys.STEP_MODES] == b"40 - on\n55 - off"
 
 
-def test_a_heartbeat_reading_older_than_a_heartbeat_and_a_step_is_not_relied_on(monkeypatch):
+def test_a_heartbeat_reading_older_than_a_heartbeat_and_a_step_is_not_relied_on():
     now = [100.0]
-    monkeypatch.setattr("seamguard.runtime.worker.time.monotonic", lambda: now[0])
     store = ControlStore(3)
-    rank = _rank(store, (3, 99.9), last_step_s=0.2)
-    Runtime._controls(rank)
+    rank = _Rank(store, (3, 99.9), last_step_s=0.2, now=now)
+    rank.at_boundary()
     store.d[keys.STEP_MODES] = b"70 - off"
     store.d[keys.CONTROL_N] = b"4"   # changed after the heartbeat's reading (counter 3) ...
     rank._last_step_s = 0.05         # ... which is 0.1 s old: within a heartbeat interval
-    assert Runtime._controls(rank)[keys.STEP_MODES] == b"40 - on"
+    assert rank.at_boundary()[keys.STEP_MODES] == b"40 - on"
     now[0] = 100.15                  # 0.25 s: older than a heartbeat interval and a step: read now
-    assert Runtime._controls(rank)[keys.STEP_MODES] == b"70 - off"
+    assert rank.at_boundary()[keys.STEP_MODES] == b"70 - off"
     # slow steps: a reading up to a step old, less the node beat its mirror may lag by
     store.d[keys.STEP_MODES], store.d[keys.CONTROL_N] = b"80 - on", b"5"
     rank._control_beat, rank._last_step_s, rank._mirror_lag_s = (4, 99.81), 0.6, 0.25
-    assert Runtime._controls(rank)[keys.STEP_MODES] == b"70 - off"   # 0.34 s <= 0.6 - 0.25
+    assert rank.at_boundary()[keys.STEP_MODES] == b"70 - off"   # 0.34 s <= 0.6 - 0.25
     now[0] = 100.17                                                  # 0.36 s
-    assert Runtime._controls(rank)[keys.STEP_MODES] == b"80 - on"
+    assert rank.at_boundary()[keys.STEP_MODES] == b"80 - on"
 
 
-def _follower(server: dist.TCPStore) -> SimpleNamespace:
-    """The part of a Runtime that `_follow_generations` uses, on its own client of ``server``."""
-    rank = SimpleNamespace(_stop=threading.Event(), _gen_seen=-1, _gen_lock=threading.Lock(),
-                           settings=SimpleNamespace(heartbeat_interval_s=0.2))
-    rank._beat_store = lambda: dist.TCPStore("127.0.0.1", server.port, None, False,
-                                             timeout=datetime.timedelta(seconds=5))
-    rank._see_generation = lambda gen: Runtime._see_generation(rank, gen)
-    return rank
+def _follower(server: dist.TCPStore) -> MembershipFollower:
+    """A Runtime's membership follower, on its own client of ``server`` (not started)."""
+    return MembershipFollower(
+        0, lambda: dist.TCPStore("127.0.0.1", server.port, None, False, timeout=datetime.timedelta(seconds=5)),
+        0.2, Board(Progress()), Board(Controls()), ("node0", 0), SYSTEM_CLOCK, PhaseClock(False))
 
 
 def _until(predicate, what: str, timeout_s: float = 10.0) -> None:
@@ -198,16 +219,16 @@ def test_a_rank_learns_each_generation_from_its_wake_key_without_a_heartbeat():
     server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=5))
     rank = _follower(server)
-    follower = threading.Thread(target=Runtime._follow_generations, args=(rank,), daemon=True)
+    follower = threading.Thread(target=rank.follow_generations, daemon=True)
     follower.start()
     server.set(keys.GENERATION, "0")
     server.set(keys.wake(0), "1")
-    _until(lambda: rank._gen_seen == 0, "generation 0 not seen")
+    _until(lambda: rank.controls.current.gen_seen == 0, "generation 0 not seen")
     server.set(keys.GENERATION, "3")
     server.set(keys.wake(1), "1")
-    _until(lambda: rank._gen_seen == 3, "generation 3 not seen")
+    _until(lambda: rank.controls.current.gen_seen == 3, "generation 3 not seen")
     server.set(keys.wake(4), "done")   # JOB_DONE's wake key: the generation stays 3
     follower.join(timeout=10)
-    assert not follower.is_alive() and rank._gen_seen == 3
-    rank._see_generation(2)   # the heartbeat's older reading never moves it back
-    assert rank._gen_seen == 3
+    assert not follower.is_alive() and rank.controls.current.gen_seen == 3
+    rank.see_generation(2)   # the heartbeat's older reading never moves it back
+    assert rank.controls.current.gen_seen == 3

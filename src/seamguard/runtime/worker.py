@@ -34,21 +34,21 @@ import torch.distributed as dist
 from seamguard.runtime import cadence, chaos, fsdp, keys, replica, shm, stepmodes
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.data import GlobalBatchSampler
+from seamguard.runtime.clock import SYSTEM_CLOCK, Clock
 from seamguard.runtime.eventlog import EventLog, name_threads_in_os, set_title
+from seamguard.runtime.follower import ControlKeys, MembershipFollower
 from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, identical_ranks, replica_holder
 from seamguard.runtime.profile import PhaseClock
 from seamguard.runtime.rail_sync import RailSync
+from seamguard.runtime.records import Board, Controls, Progress
 from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url, under_roots
 from seamguard.runtime.shm import LAUNCHER_PID_ENV
 from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_orphans,
                                         read_orphan, state_checksum, tensors_of)
 
 _QUEUED = "queued"   # a snapshot in flight that is already in the pipeline's queue
-
-SPARE_BEAT_EVERY = 4
-"""An idle spare's heartbeat period, in heartbeat intervals."""
 
 EXIT_SUSPECT = 75
 """Exit status of a rank that left because its gradient stayed anomalous on recompute."""
@@ -99,8 +99,11 @@ class Runtime:
     def __init__(self, wid: int, master_addr: str, master_port: int, ranks_per_node: int,
                  settings: RuntimeSettings, run_id: str, advertise_host: str = "127.0.0.1",
                  store_url: StoreUrl = TCP_STORE, node_store: tuple[str, int] | None = None,
-                 launcher_pid: int | None = None):
+                 launcher_pid: int | None = None, mirror_lag_s: float = 0.0, clock: Clock = SYSTEM_CLOCK):
+        """``mirror_lag_s``: how much older the node's mirror of the control counter may be
+        (a node beat, when aggregated); ``clock``: where every part reads the time."""
         self.wid = wid
+        self.time = clock
         self._store_url = store_url
         self._node_store = node_store  # heartbeats go to the node's launcher (multi-node/etcd)
         self.settings = settings
@@ -125,10 +128,12 @@ class Runtime:
         self.group: dist.ProcessGroupGloo | None = None
         self._rails: RailSync | None = None  # the gradient all-reduce over rails (--rails)
         self._mode = stepmodes.NORMAL  # rails avoided, degraded: the control plane's, at this step
-        self._control_beat: tuple[int, float] | None = None  # (keys.CONTROL_N, when) the heartbeat read
-        self._control: tuple[int | None, dict[str, bytes | None]] = (None, {})  # (counter, CONTROL_KEYS)
+        # the records this thread shares with the membership follower's (records.py)
+        self.progress: Board[Progress] = Board(Progress())
+        self.controls: Board[Controls] = Board(Controls())
+        self._control_keys = ControlKeys(self.store, self.controls, settings.heartbeat_interval_s,
+                                         mirror_lag_s, clock)
         self._last_step_s = 0.0   # wall time between the last two step boundaries
-        self._mirror_lag_s = 0.0  # how much older the node's mirror of the counter may be
         self._mesh = None         # FSDP2: the DeviceMesh over a fsdp.ResilientGroup
         self._mesh_rank = -1      # FSDP2: the rank this process's shards were laid out for
         self._replicas = 1        # HSDP: replica groups of the mesh (1: plain FSDP2)
@@ -147,15 +152,10 @@ class Runtime:
         self._meta_target: tuple[int, str, int] = (-1, "", -1)  # (gen, holder address, role)
         self._part: tuple[int, int, dict[str, bytes]] | None = None  # (gen, step, rank_private()) sent
         self._part_ok: bool | None = None   # the parts sent so far held (None: none checked yet)
-        self._gen_seen = -1       # newest generation announced (written by `_see_generation`)
-        self._gen_lock = threading.Lock()
-        self._phase = "start"
         self._compute_s = 0.0   # the last step's split, for the job's metrics: compute before the
         self._comm_s = 0.0      # gradient collective, the collective itself, and the time the step
-        self._stall_s = 0.0     # waited for its snapshot copy
+        self._stall_s = 0.0     # waited for its snapshot copy (published at each step boundary)
         self._t_compute = 0.0
-        self._snap_step = -1       # newest step whose snapshot is complete in host memory
-        self._persisted_step = -1  # newest step this rank committed to the checkpoint directory
         self._local_n = 0
         self._persist_at = -1
         self._hint_persisted = -1
@@ -165,7 +165,7 @@ class Runtime:
         self._snap_begun = -1   # step of the last snapshot begun
         self._timed: int | None = None   # step whose boundary was the last one passed (None: none since a recovery)
         self._snap_cost = cadence.SnapshotCost()   # --snapshot-every auto: what a snapshot costs
-        self._snap_cost_s: float | None = None     # its estimate, for the heartbeat (made as samples come)
+        self._snap_cost_s: float | None = None     # its estimate, published (made as samples come)
         self._made_seen = 0   # slots.made at the last step boundary
         self._applied = -1  # newest step the optimizer began to apply
         self._at_step_start = False  # between steps: live state = start of self.step
@@ -185,16 +185,16 @@ class Runtime:
                       "steps_rejected": 0}
         self.events: list[dict] = []
         self.log = EventLog.from_environment()
-        # where this worker runs, for the job's metrics: the node as the topology names it, its GPU slot
-        self._host = os.environ.get("SEAMGUARD_NODE_NAME") or socket.gethostname().split(".")[0]
-        self._local = int(os.environ.get("LOCAL_RANK", "0"))
         self.store.set(keys.worker_addr(wid), self.server.address)
         self.store.set(keys.worker_pid(wid), str(os.getpid()))
         self.store.set(keys.worker_slots(wid), self.slots.prefix)
-        self._stop = threading.Event()
         name_threads_in_os()   # top -H, perf and /proc tell the runtime's threads apart
-        threading.Thread(target=self._heartbeat_loop, name="sg-heartbeat", daemon=True).start()
-        threading.Thread(target=self._follow_generations, name="sg-generations", daemon=True).start()
+        self.follower = MembershipFollower(
+            wid, self._beat_store, settings.heartbeat_interval_s, self.progress, self.controls,
+            (os.environ.get("SEAMGUARD_NODE_NAME") or socket.gethostname().split(".")[0],
+             int(os.environ.get("LOCAL_RANK", "0"))),
+            clock, self.clock, settings.snapshot_auto, self._prepare_spare_slot)
+        self.follower.start()
         threading.Thread(target=self._pipeline_loop, name="sg-snapshot-pipeline", daemon=True).start()
 
     # ------------------------------------------------------------------ setup
@@ -212,9 +212,8 @@ class Runtime:
                    env.get("SEAMGUARD_ADVERTISE_HOST", "127.0.0.1"),
                    parse_store_url(env.get("SEAMGUARD_STORE", ""), env.get("SEAMGUARD_RUN_ID", "seamguard")),
                    _host_port(env.get("SEAMGUARD_NODE_STORE", "")),
-                   int(env.get(LAUNCHER_PID_ENV, "0")) or None)
+                   int(env.get(LAUNCHER_PID_ENV, "0")) or None, float(env.get("SEAMGUARD_NODE_BEAT_S", "0")))
         rt.clock.enabled = env.get("SEAMGUARD_PROFILE") == "1"
-        rt._mirror_lag_s = float(env.get("SEAMGUARD_NODE_BEAT_S", "0"))
         return rt
 
     def register(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -248,10 +247,11 @@ class Runtime:
         failed step instead of at the last periodic snapshot). The exception is then
         reported as usual and the process exits non-zero."""
         try:
-            captured = (self._phase not in ("recover", "done", "start")
+            phase = self.progress.current.phase
+            captured = (phase not in ("recover", "done", "start")
                         and self._applied != self.step and self._capture_step_start(timeout_s=5.0))
             self._note("crash_captured" if captured else "crash_not_captured", step=self.step,
-                       phase=self._phase, error=f"{exc_type.__name__}: {exc}"[:300])
+                       phase=phase, error=f"{exc_type.__name__}: {exc}"[:300])
         except BaseException as err:  # noqa: BLE001 - the original error must still be shown
             self._note("crash_capture_failed", step=self.step, error=str(err)[:300])
         finally:
@@ -362,7 +362,7 @@ class Runtime:
             return
         t_last = time.perf_counter()
         while True:
-            if self._failed or self._gen_seen > self.gen:
+            if self._failed or self._overtaken_gen():
                 try:
                     self._recover()
                 except JobFinished:
@@ -389,21 +389,22 @@ class Runtime:
             self._maybe_save_dcp()
             self.injector.maybe_fire("step", self.rank, self.step, forget_memory=self.slots.close)
             self.clock.add("step_boundary", time.perf_counter() - t_boundary)
-            self._phase, self._t_compute = "compute", time.perf_counter()
+            self._publish_boundary()
+            self._t_compute = time.perf_counter()
             self._at_step_start = False
             idx = self.sampler.indices(self.step, self.rank, self.world_size)
             self._local_n = len(idx)
             t_yield = time.perf_counter()
             yield self.step, idx
             self.clock.add("step_body", time.perf_counter() - t_yield)
-            self._stall_s = self.stats["snapshot_stall_s"] - stall_before_s
+            self._stall_s = self.stats["snapshot_stall_s"] - stall_before_s   # published at the next boundary
             if self._redo:   # rejected by the step guard: the same step again, from its start
                 self._redo = False
                 self.state.restore_private(self._private[1])
             elif not self._failed:
                 self.step += 1
                 self._at_step_start = True
-        self._phase = "done"
+        self._set_phase("done")
         self._persist_final()
         self.store.set(keys.done(self.wid), str(self.step))
 
@@ -425,7 +426,7 @@ class Runtime:
     def _sync_gradients(self) -> bool:
         assert self.sampler is not None and self.plan is not None
         self._compute_s = time.perf_counter() - self._t_compute
-        if self._failed or self._gen_seen > self.gen:
+        if self._failed or self._overtaken_gen():
             self._failed = True
             return False
         if self.sharded:   # FSDP2 reduce-scattered the gradients in backward, on our group
@@ -503,7 +504,7 @@ class Runtime:
         nap_s = 0.0002
         try:
             while self._pipeline.unfinished_tasks:
-                if self._failed or self._gen_seen > self.gen:
+                if self._failed or self._overtaken_gen():
                     self._failed = True
                     return False
                 time.sleep(nap_s)
@@ -554,7 +555,7 @@ class Runtime:
 
     def finish(self) -> None:
         """Stop background threads, the persister, and free the shared-memory slots."""
-        self._stop.set()
+        self.follower.stop()
         self._finish_snapshot()
         if self.rank >= 0:
             self._note("finished", step=self.step,
@@ -586,12 +587,12 @@ class Runtime:
     def _rail_allreduce(self) -> bool:
         """The gradient all-reduce over the rails: a rail flap is handled inside (chunks
         re-run elsewhere); a new generation or the timeout ends it as a failed step."""
-        self._phase = "collective"
+        self._set_phase("collective")
         try:
-            why = self._rails.allreduce(self._flat, self.step, lambda: self._gen_seen > self.gen,
+            why = self._rails.allreduce(self._flat, self.step, lambda: self._overtaken_gen(),
                                         self.settings.collective_timeout_s, self._mode.avoid)
         finally:
-            self._phase = "idle"
+            self._set_phase("idle")
         for e in self._rails.new_events():
             self._note(f"rail_{e['event']}", step=e["step"], rail=e["rail"], reason=e.get("reason", ""),
                        **({"rails_used": e["rails_used"]} if "rails_used" in e else {}))
@@ -609,13 +610,14 @@ class Runtime:
         ``wait(timeout)`` (C++, no GIL held), _WAKE_S at a time so that a new generation
         can cancel it; a future callback did this before, but it ran Python on gloo's
         thread, which then waited for the GIL before it went on with the next collective."""
-        phase, self._phase = self._phase, "collective"
+        phase = self.progress.current.phase
+        self._set_phase("collective")
         deadline = time.monotonic() + self.settings.collective_timeout_s
         t0 = time.perf_counter()
         try:
             if not self._wait_in_gloo(work, deadline):
                 self._note("collective_cancelled", reason="new generation"
-                           if self._gen_seen > self.gen else "timeout")
+                           if self._overtaken_gen() else "timeout")
                 self._failed = True
                 return False
             self.clock.add("collective_wait", time.perf_counter() - t0)
@@ -626,10 +628,10 @@ class Runtime:
             return False
         finally:
             # FSDP2's collectives run inside the forward and backward: back to computing
-            self._phase = phase if self.sharded and phase != "collective" else "idle"
+            self._set_phase(phase if self.sharded and phase != "collective" else "idle")
 
     def _overtaken(self, deadline: float) -> bool:
-        return self._gen_seen > self.gen or time.monotonic() > deadline
+        return self._overtaken_gen() or time.monotonic() > deadline
 
     def _wait_in_gloo(self, work, deadline: float) -> bool:
         """Wait for ``work`` in its own ``wait(timeout)``; False if overtaken. A failed
@@ -648,7 +650,7 @@ class Runtime:
     def _collective_allowed(self) -> bool:
         """May a collective of FSDP2's run now? Not once this step failed or a new
         generation exists (it would only wait for a peer that is gone)."""
-        if self._failed or self._gen_seen > self.gen or self.group is None:
+        if self._failed or self._overtaken_gen() or self.group is None:
             self._failed = True
             return False
         return True
@@ -807,14 +809,14 @@ class Runtime:
         new_layout = len(self.state.optimizer.state) != self._snap_opt_entries
         due = self._mode.degraded or self._force_persist or new_layout or cadence.snapshot_due(
             self.step, self.settings.snapshot_every_steps,
-            cadence.parse((self._controls()[keys.SNAPSHOT_CADENCE] or b"").decode()))
+            cadence.parse((self._control_keys.at_boundary(self._last_step_s)[keys.SNAPSHOT_CADENCE] or b"").decode()))
         # under auto, a persist point is snapshotted whatever the interval (the window is 1)
         due = due or (self.settings.snapshot_auto and self._persist_due(self.step, consume=False))
         latest = self.slots.find(self.step)
         if not due or (latest is not None and latest.index == self.slots.latest):
             return
         self._snap_opt_entries = len(self.state.optimizer.state)
-        self._phase = "snapshot"
+        self._set_phase("snapshot")
         overlap = self.settings.overlap_snapshots and not self._force_persist and not self._mode.degraded
         t0 = time.perf_counter()
         try:
@@ -857,7 +859,7 @@ class Runtime:
             self.stats["snapshot_stall_s"] += time.perf_counter() - t0
             self.clock.add("snapshot_copy_wait", time.perf_counter() - t0)
         self.stats["snapshots"] += 1
-        self._snap_step = max(self._snap_step, cap.step)
+        self._snapshot_done(cap.step)
         if persist is _QUEUED:   # handed to the pipeline when it began
             return
         with self.slots.cond:
@@ -871,7 +873,7 @@ class Runtime:
         s = self.settings
         if not self.sharded or s.checkpoint_dir is None or self.step <= self._dcp_step:
             return
-        controls = self._controls()
+        controls = self._control_keys.at_boundary(self._last_step_s)
         hinted = (controls[keys.HINT_PERSIST_AT] is not None
                   and int(controls[keys.HINT_PERSIST_AT]) == self.step)
         raw = controls[keys.PERSIST_CADENCE] or b""
@@ -896,7 +898,8 @@ class Runtime:
         if not self._collective_allowed():
             return
         t0 = time.perf_counter()
-        phase, self._phase = self._phase, "persist"
+        phase = self.progress.current.phase
+        self._set_phase("persist")
         try:
             model_sd, optim_sd = get_state_dict(self.state.model, self.state.optimizer)
             # overwrite: a recovery writes the resumed step again (a loss may have cut it short)
@@ -908,14 +911,14 @@ class Runtime:
             self._note("dcp_save_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:300])
             self._failed = True
         finally:
-            self._phase = phase
+            self._set_phase(phase)
             self.stats["dcp_save_s"] = self.stats.get("dcp_save_s", 0.0) + time.perf_counter() - t0
             self.stats["snapshot_stall_s"] += time.perf_counter() - t0
 
     def _persist_root(self, step: int) -> Path:
         """Where the snapshot of ``step`` is persisted: the job's own directory, or the one the
         control plane moved it to (read on the training thread, from a step every rank agrees on)."""
-        raw = self._controls()[keys.PERSIST_TARGETS] or b""
+        raw = self._control_keys.at_boundary(self._last_step_s)[keys.PERSIST_TARGETS] or b""
         root = cadence.target_for(step, self.settings.checkpoint_dir, cadence.parse_targets(raw.decode()))
         if root != self.settings.checkpoint_dir and not under_roots(root, self.settings.roots):
             # the coordinator never publishes such a target: someone else wrote the key
@@ -929,7 +932,7 @@ class Runtime:
         s = self.settings
         if s.checkpoint_dir is None:
             return False
-        controls = self._controls()
+        controls = self._control_keys.at_boundary(self._last_step_s)
         if controls[keys.HINT_PERSIST_AT] is not None:
             self._persist_at = int(controls[keys.HINT_PERSIST_AT])
         if self._force_persist:
@@ -950,37 +953,10 @@ class Runtime:
         which snapshots every persist point."""
         return 1 if self.settings.snapshot_auto else self.settings.snapshot_every_steps
 
-    def _controls(self) -> dict[str, bytes | None]:
-        """The keys ranks obey from a step (keys.CONTROL_KEYS: step modes, persist point,
-        cadence and targets) as they stand at this step boundary, read from the store only
-        when keys.CONTROL_N moved, not every step.
-
-        Every rank must see a change before the step it takes effect at. The coordinator
-        writes a change, then bumps the counter, and fixes its start 3 steps beyond the
-        furthest step any rank reported, plus the time the reports and a rank's reading may
-        lag (Coordinator._ahead_step). The counter comes from this worker's heartbeat (read
-        with the generation; through the node's mirror, up to a node beat older, when
-        aggregated) when that reading is from the last heartbeat interval or younger than
-        the last step took, else from the store now. The coordinator's margin covers a
-        reading that old, so a rank sees every change as surely as it did reading the keys
-        at every step boundary; steps shorter than a heartbeat interval no longer cost a
-        request each (two per rank per step on etcd: 47-68 requests/s for 4 ranks of 0.18 s
-        steps, docs/benchmarks.md)."""
-        beat = self._control_beat
-        if beat is not None and time.monotonic() - beat[1] <= max(
-                self.settings.heartbeat_interval_s, self._last_step_s - self._mirror_lag_s):
-            counter: int | None = beat[0]
-        else:
-            raw = keys.peek(self.store, keys.CONTROL_N)
-            counter = None if raw is None else int(raw)   # None: no counter, read every time
-        if counter is None or counter != self._control[0]:
-            self._control = (counter, {k: keys.peek(self.store, k) for k in keys.CONTROL_KEYS})
-        return self._control[1]
-
     def _read_step_mode(self) -> None:
         """The rails to stay off and degraded mode in force at this step (the coordinator
         fixes each change from a step every rank reads first: runtime/stepmodes.py)."""
-        raw = self._controls()[keys.STEP_MODES] or b""
+        raw = self._control_keys.at_boundary(self._last_step_s)[keys.STEP_MODES] or b""
         mode = stepmodes.mode_at(self.step, stepmodes.parse(raw.decode()))
         if (mode.avoid, mode.degraded) != (self._mode.avoid, self._mode.degraded):
             self._note("step_mode", step=self.step, avoid=list(mode.avoid), degraded=mode.degraded)
@@ -995,7 +971,7 @@ class Runtime:
         nap_s = 0.0002
         try:
             while self._pipeline.unfinished_tasks or self._persist_pending:
-                if self._failed or self._gen_seen > self.gen:
+                if self._failed or self._overtaken_gen():
                     self._failed = True
                     return False
                 if self._persister is not None and self._persister.poll() is not None:
@@ -1096,7 +1072,8 @@ class Runtime:
                 self.slots.cond.notify_all()
             if reply["ok"]:
                 self.stats["persisted"] += 1
-                self._persisted_step = max(self._persisted_step, int(reply["step"]))
+                self.progress.swap(lambda p: dataclasses.replace(
+                    p, persisted_step=max(p.persisted_step, int(reply["step"]))))
             else:
                 self.stats["persist_errors"] += 1
                 self._note("persist_failed", step=reply["step"], error=reply["error"])
@@ -1121,67 +1098,6 @@ class Runtime:
         return (_connect(*self._node_store, self.settings.recovery_timeout_s) if self._node_store
                 else _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url))
 
-    def _see_generation(self, gen: int) -> None:
-        """Record that generation ``gen`` was announced (two threads learn of them)."""
-        with self._gen_lock:
-            self._gen_seen = max(self._gen_seen, gen)
-
-    def _follow_generations(self) -> None:
-        """Learn of each new generation the moment it is announced: block on its wake key
-        (the coordinator sets it, and a node's launcher mirrors it for its workers, after
-        the generation key) in the store this worker beats to, which pushes the key when
-        it appears. A rank waiting on a collective a new generation overtook is thereby
-        released within one collective wake-up (``_WAKE_S``), not a heartbeat (and a node
-        beat) later, so heartbeats can be slow: they only prove liveness and progress."""
-        store = None
-        while not self._stop.is_set():
-            try:
-                store = store or self._beat_store()
-                nxt = self._gen_seen + 1
-                store.wait([keys.wake(nxt)], datetime.timedelta(seconds=keys.WAKE_WAIT_S))
-                gen = int(store.get(keys.GENERATION))
-            except dist.DistStoreError:
-                continue   # no new generation within keys.WAKE_WAIT_S
-            except (RuntimeError, ValueError, OSError):
-                store = None   # the store went away (launcher restarting, job ending): retry
-                self._stop.wait(self.settings.heartbeat_interval_s)
-                continue
-            if gen < nxt:
-                return   # the wake key without a generation: the job's end (JOB_DONE)
-            self._see_generation(gen)
-
-    def _heartbeat_loop(self) -> None:
-        store = self._beat_store()
-        counter, both = 0, False   # both: the generation and the control counter exist
-        watched = [keys.GENERATION, keys.CONTROL_N]
-        while not self._stop.is_set():
-            counter += 1
-            w0, c0 = time.perf_counter(), time.thread_time()
-            try:
-                store.set(keys.heartbeat(self.wid), json.dumps(
-                    {"n": counter, "step": self.step, "phase": self._phase,
-                     "compute_s": self._compute_s, "comm_s": self._comm_s, "stall_s": self._stall_s,
-                     "snap_step": self._snap_step, "persisted_step": self._persisted_step,
-                     "gen": self.gen, "host": self._host, "local": self._local,
-                     **({"snap_cost_s": self._snap_cost_s, "copies": self._live_copies()}
-                        if self.settings.snapshot_auto else {})}))
-                t_read = time.monotonic()
-                both = both or store.check(watched)   # keys are never deleted: checked until seen
-                if both:
-                    gen, control = keys.read_existing(store, watched)
-                    self._see_generation(int(gen))
-                    self._control_beat = (int(control), t_read)
-                elif store.check([keys.GENERATION]):
-                    self._see_generation(int(store.get(keys.GENERATION)))
-            except (RuntimeError, ValueError, OSError):
-                pass  # store unreachable: the launcher is gone or restarting; keep beating
-            self.clock.add("bg_heartbeat", time.perf_counter() - w0, time.thread_time() - c0)
-            if self.rank < 0:
-                self._prepare_spare_slot()
-            # an idle spare is not judged by its heartbeat (only ranks are) and waits for its
-            # rank on a store key, not on the generation seen here: it beats less often
-            self._stop.wait(self.settings.heartbeat_interval_s * (1 if self.rank >= 0 else SPARE_BEAT_EVERY))
-
     def _prepare_spare_slot(self) -> None:
         """An idle hot spare whose model is on a GPU keeps one page-locked snapshot slot of
         the size of its node's ranks' snapshots made ahead (`SlotStore.prepare`): the
@@ -1204,6 +1120,26 @@ class Runtime:
         if sizes:
             self.slots.prepare(max(sizes))
 
+    # ------------------------------------------------------------------ published records
+    def _overtaken_gen(self) -> bool:
+        """A generation newer than this worker's was announced (the follower's Controls)."""
+        return self.controls.current.gen_seen > self.gen
+
+    def _set_phase(self, phase: str) -> None:
+        """Publish where this worker is (the heartbeat sends it: runtime/records.py)."""
+        self.progress.update(phase=phase, step=self.step, gen=self.gen, rank=self.rank)
+
+    def _publish_boundary(self) -> None:
+        """At a step boundary: the step begins computing; the last step's split with it."""
+        auto = {"snap_cost_s": self._snap_cost_s, "copies": self._live_copies()} \
+            if self.settings.snapshot_auto else {}
+        self.progress.update(phase="compute", step=self.step, gen=self.gen, rank=self.rank,
+                             compute_s=self._compute_s, comm_s=self._comm_s, stall_s=self._stall_s, **auto)
+
+    def _snapshot_done(self, step: int) -> None:
+        """The snapshot of ``step`` is complete in host memory."""
+        self.progress.swap(lambda p: dataclasses.replace(p, snap_step=max(p.snap_step, step)))
+
     def _note(self, kind: str, **fields) -> None:
         """Record a worker-side event: on stderr (the node launcher's log) in the launch's
         log format, and in its events file, so recoveries can be explained from the logs."""
@@ -1225,7 +1161,7 @@ class Runtime:
         while True:
             if self.store.check([key]):
                 return self.store.get(key)
-            if self._gen_seen > gen:
+            if self.controls.current.gen_seen > gen:
                 raise GenerationChanged(key)
             self._check_job_done()
             if not spare and time.monotonic() > deadline:
@@ -1234,7 +1170,7 @@ class Runtime:
 
     def _recover(self) -> None:
         """Follow the coordinator's generations until one recovers cleanly."""
-        self._phase = "recover"
+        self._set_phase("recover")
         t0 = time.monotonic()
         self._finish_snapshot()
         self._abandon_group()
@@ -1366,7 +1302,7 @@ class Runtime:
         self.replicas.forget_after(step)
         if source != "memory":
             self.replicas.clear()
-        self._phase = "idle"
+        self._set_phase("idle")
         # re-replicate the restored step to the new ring successor before moving on
         slot = self.slots.find(step)
         if slot is not None and slot.manifest is not None:
@@ -1446,7 +1382,7 @@ class Runtime:
         if slot is not None:
             self.slots.kept(slot, manifest, role, self.rank, plan.world_size)
             self._snap_opt_entries = len(self.state.optimizer.state)
-            self._snap_step = max(self._snap_step, step)
+            self._snapshot_done(step)
 
     def _restore_disk(self, step: int, ckpt_world: int, rank: int, root: Path | None) -> None:
         root = root or self.settings.checkpoint_dir
