@@ -267,8 +267,8 @@ def peers(s: Snapshot, kind: Kind, i: int) -> tuple[np.ndarray, str]:
     return idx, f"{who} ({idx.size}), 10th–90th percentile"
 
 
-def _opt(a: np.ndarray) -> list[float | None]:
-    return [None if x != x else round(float(x), 4) for x in a]
+def _opt(a: np.ndarray, digits: int = 4) -> list[float | None]:
+    return [None if x != x else round(float(x), digits) for x in a]
 
 
 def _series(s: Snapshot, ring, name: str, unit: str, help_: str, i: int, peer_idx: np.ndarray, who: str,
@@ -310,8 +310,9 @@ def signal_thresholds(s: Snapshot, kind: Kind, i: int, name: str, ev_cfg) -> lis
         return [m.ThresholdLine(value=round(rated * hi, 2), label=f"evidence starts ({hi:.0%} of rated)"),
                 m.ThresholdLine(value=round(rated * lo, 2), label=f"evidence saturates ({lo:.0%} of rated)")]
     if name == "seamguard_storage_write_latency_ms":
-        lo, hi = ev_cfg.storage_latency_ms
-        return [m.ThresholdLine(value=lo, label="evidence starts"), m.ThresholdLine(value=hi, label="evidence saturates")]
+        lo, hi = (float(s.fleet.storage_budget[i]) * r for r in ev_cfg.storage_budget_ratio)
+        return [m.ThresholdLine(value=lo, label="evidence starts (the path's budget)"),
+                m.ThresholdLine(value=hi, label="evidence saturates")]
     return []
 
 
@@ -612,7 +613,7 @@ def fleet_history(s: Snapshot, points: int = 360, loop: str | None = None, ev_cf
                           held_since_t_s=s.fleet_history[0].t_s if s.fleet_history else None,
                           loops_total=n_loops, loops=loops, flow_ratio_band=_band(cool[:, :, 0] / rated),
                           supply_c_band=_band(cool[:, :, 1]), flow_ratio_concern=hi, flow_ratio_saturation=lo,
-                          useful_with=_opt(d["useful_with"]), useful_without=_opt(d["useful_without"]),
+                          useful_with=_opt(d["useful_with"], 5), useful_without=_opt(d["useful_without"], 5),
                           persisted=src.persisted)
 
 

@@ -280,7 +280,8 @@ function tsChart(o) {
   }
   for (const s of o.series || []) {
     const d = path(s.t, s.v);
-    if (d) g += `<path class="${s.cls || "line"}" d="${d}" fill="none" stroke="${s.color}" stroke-width="${s.width || 1.6}"${s.dash ? ` stroke-dasharray="${s.dash}"` : ""}><title>${esc(s.label || "")}</title></path>`;
+    const drawn = s.t.filter((t, i) => s.v[i] != null && t >= t0);
+    if (d) g += `<path class="${s.cls || "line"}" data-first="${drawn[0]}" data-points="${drawn.length}" d="${d}" fill="none" stroke="${s.color}" stroke-width="${s.width || 1.6}"${s.dash ? ` stroke-dasharray="${s.dash}"` : ""}><title>${esc(s.label || "")}</title></path>`;
   }
   if (o.strip) {
     // State timeline under the plot: one coloured run per state segment.
@@ -534,11 +535,19 @@ function renderStateHistory(states) {
   }
 }
 
-// Coolant per loop over the window, from the ticks the controller holds in memory.
+// Where a series' older points came from: the ledger's persisted rows, before what memory holds.
+function persistedNote(p, t) {
+  if (!p || p.until_t_s == null || !t.length || t[0] >= p.until_t_s) return "";
+  const res = p.resolution_s ? `rolled up per ${p.resolution_s >= 60 ? p.resolution_s / 60 + " min" : p.resolution_s + " s"}` : "per tick";
+  return ` · before ${fmtT(p.until_t_s)} from the ledger (${res})`;
+}
+
+// Coolant per loop over the window: the controller's last ticks, the ledger's persisted rows before them.
 function renderFleetHistory(h) {
+  renderTputChart(h);
   const t = h.t_s;
   if (t.length < 2) {
-    const held = h.held_since_t_s != null ? ` (the controller holds coolant from ${fmtT(h.held_since_t_s)} on)` : "";
+    const held = h.persisted ? " (none in memory or in the ledger)" : h.held_since_t_s != null ? ` (the controller holds coolant from ${fmtT(h.held_since_t_s)} on)` : "";
     for (const id of ["loopflow", "loopsupply"]) $(id).innerHTML = `<div class="muted small">no coolant samples in this window${esc(held)}</div>`;
     return;
   }
@@ -567,7 +576,7 @@ function renderFleetHistory(h) {
     bands: [band(h.supply_c_band)], series: [med(h.supply_c_band), ...supply], annotations: loopAnnots,
   });
   const few = h.loops.length === h.loops_total;
-  $("loopnote").textContent = few ? `all ${h.loops_total} loops` : `${h.loops_total} loops: band = all loops; lines = ${h.loops.length ? h.loops.map(l => l.name).join(", ") : "none (every loop healthy in this window)"}`;
+  $("loopnote").textContent = (few ? `all ${h.loops_total} loops` : `${h.loops_total} loops: band = all loops; lines = ${h.loops.length ? h.loops.map(l => l.name).join(", ") : "none (every loop healthy in this window)"}`) + persistedNote(h.persisted, t);
   $("looplegend").innerHTML = h.loops.map(lp => `<span class="ent" data-kind="cooling_loop" data-name="${esc(lp.name)}" style="cursor:pointer"><i class="sw" style="background:${lineColor(lp)};height:3px;vertical-align:3px"></i>${esc(lp.name)} ${lp.state !== "healthy" ? stateBadge(lp.state) : ""}</span>`).join("") +
     `<span><i class="sw" style="background:${PEER};opacity:.4"></i>all loops 10th–90th pct</span>`;
 }
@@ -642,11 +651,11 @@ function renderTimeline(events, s) {
 }
 
 // ---- throughput ----------------------------------------------------------------------------------
-function renderThroughput(tp) {
+// Useful throughput over the window, from /history/fleet (memory, and the ledger before it).
+function renderTputChart(h) {
   const [t0, t1] = chartWindow();
-  const pts = tp.series.filter(p => p.t_s >= t0 && p.t_s <= t1);
-  if (!tp.series.length) $("tput").innerHTML = `<div class="muted small">this source reports no useful-work figure</div>`;
-  else if (!pts.length) $("tput").innerHTML = `<div class="muted small">no throughput samples in this window (the controller keeps the last ${tp.series.length} ticks)</div>`;
+  const pts = h.t_s.map((t, i) => ({ t_s: t, with_control: h.useful_with[i], without_control: h.useful_without[i] })).filter(p => p.with_control != null && p.t_s >= t0 && p.t_s <= t1);
+  if (!pts.length) $("tput").innerHTML = `<div class="muted small">${st.tput && !st.tput.series.length ? "this source reports no useful-work figure" : "no throughput samples in this window"}</div>`;
   else {
     const t = pts.map(p => p.t_s);
     const hasWo = pts.some(p => p.without_control != null);
@@ -655,8 +664,11 @@ function renderThroughput(tp) {
       yTick: v => v.toFixed(v % 1 ? 1 : 0) + "%",
       series: [...(hasWo ? [{ t, v: pts.map(p => p.without_control == null ? null : 100 * p.without_control), color: COLOR.quarantine, dash: "5 3", width: 1.5, label: "without control (counterfactual twin)" }] : []),
                { t, v: pts.map(p => 100 * p.with_control), color: LINE, width: 2, label: "with seamguard" }],
-    }) + `<div class="legend small"><span><i class="sw" style="background:${LINE};height:3px;vertical-align:3px"></i>with seamguard</span>${hasWo ? `<span><i class="sw" style="background:${COLOR.quarantine};height:3px;vertical-align:3px"></i>without (counterfactual, dashed)</span>` : ""}</div>`;
+    }) + `<div class="legend small"><span><i class="sw" style="background:${LINE};height:3px;vertical-align:3px"></i>with seamguard</span>${hasWo ? `<span><i class="sw" style="background:${COLOR.quarantine};height:3px;vertical-align:3px"></i>without (counterfactual, dashed)</span>` : ""}<span class="muted">${esc(persistedNote(h.persisted, t))}</span></div>`;
   }
+}
+
+function renderThroughput(tp) {
   const d = tp.useful_with_control != null && tp.useful_without_control != null ? tp.useful_with_control - tp.useful_without_control : null;
   $("tputstats").innerHTML = [
     ["useful throughput with control", `<b>${pct(tp.useful_with_control)}</b>`],
@@ -748,7 +760,9 @@ function renderDetail(d) {
   });
   const [w0, w1] = chartWindow(), gt = d.gfs_series.t_s;
   const older = d.entered_by && d.entered_by.t_s < w0 ? `<div class="muted small">entered ${esc(label(e.state))} at ${fmtT(d.entered_by.t_s)}, before this window</div>` : "";
-  const ringNote = gt.length && gt[0] > w0 + 1 ? ` Signals are kept for the controller's last ticks (from ${fmtT(gt[0])}); state changes and actions come from the ledger over the whole window.` : "";
+  const fromLedger = persistedNote(d.persisted, gt);
+  const ringNote = fromLedger ? ` GFS and signals${fromLedger}: ${d.persisted.rule}; the peer band covers the controller's last ticks only.`
+    : gt.length && gt[0] > w0 + 1 ? ` Signals are kept for the controller's last ticks (from ${fmtT(gt[0])}); state changes and actions come from the ledger over the whole window.` : "";
   $("detail").className = "detail";
   $("detail").dataset.kind = e.kind; $("detail").dataset.name = e.name; $("detail").dataset.state = e.state;
   $("detail").innerHTML = `
