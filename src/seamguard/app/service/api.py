@@ -25,6 +25,8 @@ from seamguard.fleet.model import KIND_BY_LABEL, Kind
 from seamguard.ledger import open_reader
 from seamguard.app.service import models as m
 from seamguard.app.service import render, timerange
+from seamguard.app.service.goodput import GoodputCollector, GoodputService
+from seamguard.app.service.goodput import router as goodput_router
 from seamguard.app.service.access import UNNAMED, HostRule, allowed_hosts, host_allowed, token_owner
 from seamguard.app.service.metrics import make_registry
 from seamguard.app.service.metrics import render as render_metrics
@@ -81,6 +83,9 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: HostRule |
                               "Every read renders one immutable snapshot published after a controller tick.")
     reader = open_reader(runner.ledger_path)
     registry = make_registry(runner.snapshot, lambda: runner.leading)
+    goodput = GoodputService(runner, reader)  # /api/v1/goodput and its /metrics gauges (goodput.py)
+    registry.register(GoodputCollector(goodput))
+    app.include_router(goodput_router(goodput, API))
     breaker_cfg = runner.controller.policy.breaker
     assess_cfg = runner.controller.policy.assess
 
