@@ -70,6 +70,16 @@ class Claim:
 
 
 CLAIMS: tuple[Claim, ...] = (
+    Claim("demo_detected", "demo", "faults detected of the 6 injected, 2,048 GPUs, 30 min, per seed",
+          "demo.json", "seeds/*/detected", better="higher", simulated=("twin-telemetry",)),
+    Claim("demo_false_actions", "demo", "actions on entities no fault touched, per seed", "demo.json",
+          "seeds/*/false_actions", goal=("<=", 0), simulated=("twin-telemetry",)),
+    Claim("demo_delay", "demo", "median detection delay, per seed, s", "demo.json",
+          "seeds/*/median_detection_delay_s", simulated=("twin-telemetry",)),
+    Claim("demo_throughput", "demo", "useful throughput (share of GPU time), per seed", "demo.json",
+          "seeds/*/useful_throughput_with_control",
+          {"the same seed without the controller": "seeds/*/useful_throughput_without_control"},
+          better="higher", simulated=("twin-telemetry",)),
     Claim("tick_100k", "tick", "controller tick (assess + decide) at 100k GPUs, s", "tick.json",
           "tick_s", goal=("<=", 1.0), simulated=("twin-telemetry",)),
     Claim("tick_evidence", "tick", "GPU evidence on 10k GPUs (16 channels vs 3 checks), s",
