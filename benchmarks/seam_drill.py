@@ -245,7 +245,7 @@ class Rep:
         for h in range(lay.hosts):
             self.procs.start(f"agent{h}", h, [sys.executable, "-m", "seamguard", "agent", "--config",
                                               str(w / f"agent-h{h}.yaml")], w / f"agent-h{h}.log")
-        self.procs.start("twin", self.ctl, [sys.executable, "-m", "seamguard.testbed.drill", "twin", "--topology",
+        self.procs.start("twin", self.ctl, [sys.executable, "-m", "seamguard.app.fault_twin", "cooling", "--topology",
                                             str(w / "fleet.yaml"), "--port", str(TWIN_PORT), "--loop",
                                             lay.loop_of_host[0], "--start-epoch", f"{cooling_at:.3f}",
                                             "--duration-s", str(self.timing.fault_s), "--tick-s",

@@ -243,7 +243,7 @@ def test_twin_serve_startup_line_json_and_table():
 
 
 def test_progress_only_on_a_terminal(monkeypatch, capsys):
-    from seamguard.app import clikit
+    from seamguard import clikit
 
     monkeypatch.setattr(clikit, "interactive", lambda: False)
     with clikit.phase("reading topo.yaml (8.6 MB)"):

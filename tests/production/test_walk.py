@@ -226,7 +226,7 @@ def serve_telemetry(w: Walk, stack: ExitStack, tmp_path: Path) -> tuple[Promethe
                                                 scrape_interval="1s"))
     start = time.time()
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "seamguard.testbed.fault_exporter", "--topology", str(w.work / "topology.yaml"),
+        [sys.executable, "-m", "seamguard.app.fault_twin", "fault", "--topology", str(w.work / "topology.yaml"),
          "--fault", f"gpu_ecc_escalation:{FAULTY_GPU}", "--start-s", "5", "--magnitude", "2",
          "--tick-s", str(TICK_S), "--port", str(port), "--truth-out", str(w.work / "truth.json")],
         env=w.env, stdout=subprocess.DEVNULL, stderr=open(w.work / "exporter.log", "wb"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from seamguard.app.clikit import fail
+from seamguard.clikit import fail
 
 
 agent_app = typer.Typer(invoke_without_command=True, no_args_is_help=False)

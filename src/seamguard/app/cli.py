@@ -1,7 +1,7 @@
 """The `seamguard` command line: the edge where files, environment and flags are read.
 
 Every subcommand is a thin shell over library code; nothing here holds logic that a
-test of the core would need. Conventions (seamguard.app.clikit): a user error is one
+test of the core would need. Conventions (seamguard.clikit): a user error is one
 ``error: ...`` line and exit status 2; every command that reports takes ``-o table|json``
 (``--json`` for short); output files are ``--out``, a policy file is ``--policy``; long
 work shows progress on stderr, live only on a terminal.
@@ -19,7 +19,7 @@ import typer
 
 from seamguard.app import agent_cli, eval_cli, fleet_cli, gateway_cli
 from seamguard.app import twin_cli as twin_events_cli
-from seamguard.app.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
+from seamguard.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
                                   phase, wants_json)
 from seamguard.decide.policy import Mode
 from seamguard.runtime import cli as runtime_cli

@@ -1,5 +1,5 @@
 """`seamguard eval` and `seamguard scenarios generate`: the shell over seamguard.app.eval and
-seamguard.scenarios (registered in seamguard.app.cli). Conventions: seamguard.app.clikit."""
+seamguard.scenarios (registered in seamguard.app.cli). Conventions: seamguard.clikit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from seamguard.app.clikit import HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, phase, wants_json
+from seamguard.clikit import HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, phase, wants_json
 
 scenarios_app = typer.Typer(help="Fleet histories with labelled faults, for `seamguard replay` and `seamguard eval`.",
                             no_args_is_help=True, rich_markup_mode=HELP_STYLE)

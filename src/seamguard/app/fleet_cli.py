@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from seamguard.app.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, wants_json
+from seamguard.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, wants_json
 
 SCONTROL_TIMEOUT_S = 30.0
 

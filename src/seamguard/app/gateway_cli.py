@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
-from seamguard.app.clikit import (
+from seamguard.clikit import (
     JSON_OPTION,
     OUTPUT_OPTION,
     Output,

@@ -3,7 +3,7 @@
 Why this file exists: it is the only place of the event twin that reads files (the
 runtime's measured results, named with ``--measured FILE``) and flags; it validates them
 with messages that name the option (``error: ...``, exit status 2, as every seamguard
-command, see :mod:`seamguard.app.clikit`), builds the frozen settings, and hands over to
+command, see :mod:`seamguard.clikit`), builds the frozen settings, and hands over to
 the library. Registered in ``seamguard.app.cli`` as ``twin_app.command("simulate")(simulate)``
 and ``...("report")``.
 """
@@ -20,7 +20,7 @@ from typing import Optional
 
 import typer
 
-from seamguard.app.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, phase, wants_json
+from seamguard.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, phase, wants_json
 from seamguard.twin.events.calibration import link_profile, llama3_failure_model
 from seamguard.twin.events.config import POLICIES, ClusterConfig, CostModel, PolicyParams
 from seamguard.twin.events.measured import (DEFAULT_FIGURES, RuntimeFigures, describe_defaults,

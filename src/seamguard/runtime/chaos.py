@@ -25,9 +25,11 @@ Two `sdc` triggers at the same rank and step corrupt the step and its recompute.
 
 Each trigger fires once per job, not once per process: a spare that replays the step
 after a rollback must not die again. The claim is an O_EXCL file in SEAMGUARD_CHAOS_DIR
-(shared by all processes of a node; a shared directory for multi-node chaos). Every
-firing appends a line with the wall time to `kills.jsonl` in that directory, so a
-benchmark can measure from the moment of the fault.
+(shared by all processes of a node; a shared directory for multi-node chaos), which the
+launcher always sets: `--chaos-dir`, or without one a directory it keeps for the launch's
+life (runtime/cli.py). Every firing appends a line with the wall time to `kills.jsonl` in
+that directory, so a benchmark can measure from the moment of the fault. (An `Injector`
+built without a directory, as unit tests do, claims nothing and fires every time.)
 """
 
 from __future__ import annotations
@@ -87,8 +89,11 @@ def parse_plan(text: str) -> list[Trigger]:
             out.append(Trigger(action, int(fields["rank"]), int(fields["step"]),
                                fields.get("phase", "grad" if action == "sdc" else "step").strip(),
                                float(fields.get("seconds", 2.0 if action == "delay" else 0.0))))
-        except (KeyError, ValueError) as exc:
-            raise ValueError(f"bad chaos trigger {part!r}: {exc}") from exc
+        except KeyError as exc:
+            raise ValueError(f"--chaos: bad chaos trigger {part!r}: it needs rank= and step=, has no {exc.args[0]}=") \
+                from None
+        except ValueError as exc:
+            raise ValueError(f"--chaos: bad chaos trigger {part!r}: {exc}") from exc
     return out
 
 

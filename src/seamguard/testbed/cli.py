@@ -1,7 +1,7 @@
 """`seamguard testbed up|down|clean|demo`: the namespaced multi-rail cluster from the shell.
 
 A thin shell over `seamguard.testbed.net` and `seamguard.testbed.demo`; needs root.
-Same conventions as every `seamguard` command (seamguard.app.clikit): ``-o table|json``,
+Same conventions as every `seamguard` command (seamguard.clikit): ``-o table|json``,
 ``error: ...`` and exit status 2 for a user error.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from seamguard.app.clikit import HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, wants_json
+from seamguard.clikit import HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, wants_json
 from seamguard.testbed.job import EXAMPLE_JOB
 
 app = typer.Typer(help="Namespaced multi-rail test cluster: build, tear down, clean, demo.",

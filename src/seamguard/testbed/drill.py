@@ -9,7 +9,8 @@ a `seamguard launch` job across two hosts with a spare on each, submitted with `
 a Slurm cluster of the three hosts (`seamguard.testbed.slurm`). This module holds the
 pieces: the files (topology, agent configs, Prometheus and run configs, the job's batch
 script, all pure text from a `Layout`), processes started inside a host's namespace, the
-slow checkpoint device, and the twin driver (`python -m seamguard.testbed.drill twin ...`).
+slow checkpoint device. The twin exporter with the drill's cooling-loop fault is the shell's
+(`python -m seamguard.app.fault_twin cooling ...`): the test bed never imports the shell.
 
 Hosts (`seamguard.testbed.net.Testbed`, 3 hosts, 2 rails), each a Slurm node:
 
@@ -26,7 +27,6 @@ but for a few milliseconds every 500 ms, without touching the machine's other fi
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
@@ -633,52 +633,3 @@ def fsync_ms(path: Path, size_bytes: int = 4096) -> float:
     dt = (time.perf_counter() - t0) * 1000.0
     f.unlink(missing_ok=True)
     return dt
-
-
-# ---- the twin driver (facilities series) ---------------------------------------------------------------------
-def twin_main(argv: list[str]) -> None:
-    """Serve the twin for the drill's topology with one cooling-loop flow loss starting at a
-    wall-clock time (the drill's schedule), until SIGTERM."""
-    ap = argparse.ArgumentParser(prog="python -m seamguard.testbed.drill twin")
-    ap.add_argument("--topology", type=Path, required=True)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=TWIN_PORT)
-    ap.add_argument("--loop", required=True)
-    ap.add_argument("--start-epoch", type=float, required=True, help="wall time (s since epoch) the flow loss starts")
-    ap.add_argument("--duration-s", type=float, required=True)
-    ap.add_argument("--flow-fraction", type=float, default=0.5)
-    ap.add_argument("--ramp-s", type=float, default=4.0)
-    ap.add_argument("--tick-s", type=float, default=1.0)
-    ap.add_argument("--slowdown-clock-dir", type=Path, default=None,
-                    help="put the loop's GPUs into HW slowdown once they overheat (testbed/hw_slowdown.py) and "
-                         "write each node's GPU clock fraction here (the job's emulated GPU reads it)")
-    a = ap.parse_args(argv)
-
-    from seamguard.app.config import load_topology
-    from seamguard.app.twin_exporter import ServeOptions, TwinExporter
-    from seamguard.fleet.model import Kind
-    from seamguard.twin.faults import FaultKind, FaultSpec
-    from seamguard.twin.telemetry import TwinConfig
-
-    fleet = load_topology(a.topology)
-    loop = fleet.index_of(Kind.COOLING_LOOP, a.loop)
-    if loop < 0:
-        raise SystemExit(f"error: --loop {a.loop!r}: not a cooling loop of {a.topology}")
-    start_s = max(0.0, a.start_epoch - time.time())  # simulated t=0 is now (speed 1)
-    fault = FaultSpec(FaultKind.COOLING_FLOW_LOSS, loop, start_s, a.duration_s, a.flow_fraction, a.ramp_s)
-    exp = TwinExporter(fleet, [fault], TwinConfig(tick_s=a.tick_s), 0, ServeOptions(host=a.host, port=a.port))
-    if a.slowdown_clock_dir is not None:
-        from seamguard.testbed.hw_slowdown import SlowdownTwin
-
-        exp.twin = SlowdownTwin(exp.twin, loop, start_s, a.duration_s, a.flow_fraction, a.ramp_s,
-                                a.slowdown_clock_dir)
-    signal.signal(signal.SIGTERM, lambda *_: exp.stop())
-    exp.run()
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "twin":
-        twin_main(sys.argv[2:])
-    else:
-        raise SystemExit("usage: python -m seamguard.testbed.drill twin --topology F --loop L --start-epoch E "
-                         "--duration-s D")

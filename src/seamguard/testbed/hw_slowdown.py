@@ -19,7 +19,7 @@ drill that consequence, the same in enforce and dry-run:
   slowed. The job reads the file of the node it runs on, so the slowdown ends for the work
   the moment the work leaves the loop; for the node it ends when the flow returns.
 
-Called by the drill's twin driver (`python -m seamguard.testbed.drill twin --slowdown-clock-dir`).
+Called by the drill's twin driver (`python -m seamguard.app.fault_twin cooling --slowdown-clock-dir`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """What every `seamguard` command shares: one error style, one output switch, one progress line.
 
+It sits below every layer (beside config.py) because commands live in more than the shell:
+``seamguard launch`` (runtime/cli.py) and ``seamguard testbed`` (testbed/cli.py) use it as
+the shell's own commands (app/) do, and neither may import the shell.
+
 - Errors: ``error: <what was wrong, and where>`` on stderr, exit status 2 — for every user
   error (a bad flag value, file, field), including the ones click finds while parsing
   flags (``Group`` renders those). No tracebacks for user errors.
