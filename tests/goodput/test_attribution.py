@@ -185,3 +185,16 @@ def test_a_gap_in_the_series_is_restart_named_after_an_action_just_before(episod
     assert g.by_cause_s[RS] == pytest.approx(60)  # from the last sample before the gap (300) to the first after
     assert g.by_cause_s[RB] == pytest.approx(50, abs=1)
     assert {(s.entity, s.seam) for s in g.spans if s.cause in (RS, RB)} == {(entity, seam)}
+
+
+@pytest.mark.parametrize("bump, cause", [(True, RS), (False, UN)])
+def test_stepless_time_around_a_generation_bump_is_restart(bump, cause) -> None:
+    # 20 s without a step (a worker lost, noticed, replaced); the generation advances mid-way
+    t, step = stepping(300, rate=lambda x: 0.0 if 100 <= x < 120 else 1.0)
+    gen = np.where(t >= 110, 1.0, 0.0) if bump else np.zeros_like(t)
+    g = attribute("j", 0, 300, JobSeries.of(t, step, generation=gen))
+    check_tiles(g)
+    assert g.by_cause_s[cause] == pytest.approx(20)
+    if bump:
+        assert {(s.entity, s.seam) for s in g.spans if s.cause == RS} == {("j", "runtime")}
+        assert any("generation advanced" in s.why for s in g.spans if s.cause == RS)

@@ -8,7 +8,8 @@ API and `/metrics` render the same record. The rules and their order are in docs
 
 Precedence where explanations overlap (first match wins for each piece of time):
 1. the scheduler says the job is not running            -> restart
-2. running, but the step series is absent or went back   -> restart (start-up, in-job recovery)
+2. running, but the step series is absent or went back, or the runtime replaced workers
+   (its generation advanced; the stepless time around it) -> restart (start-up, in-job recovery)
 3. steps at or below the highest step reached before     -> rollback (recomputed steps)
 4. the slowest rank's wait on its snapshot copy          -> checkpoint_stall (share of step time)
 5. time beyond the job's own clean per-step time, or no progress at all, while an entity of
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import numpy as np
@@ -56,14 +57,15 @@ class JobSeries:
     step: np.ndarray  # seamguard_job_step: the furthest step any rank reached
     step_s: np.ndarray  # seamguard_job_step_seconds: wall seconds per step, recent steps
     stall_s: np.ndarray  # the slowest rank's wait on its snapshot copy in its last step
+    generation: np.ndarray  # seamguard_job_generation: one more per in-job recovery
 
     @classmethod
-    def of(cls, t_s, step, step_s=None, stall_s=None) -> JobSeries:
+    def of(cls, t_s, step, step_s=None, stall_s=None, generation=None) -> JobSeries:
         t = np.asarray(t_s, dtype=float)
         nan = np.full(t.shape, np.nan)
-        arrs = [np.asarray(a, dtype=float) if a is not None else nan for a in (step, step_s, stall_s)]
+        arrs = [np.asarray(a, dtype=float) if a is not None else nan for a in (step, step_s, stall_s, generation)]
         if any(a.shape != t.shape for a in arrs):
-            raise ValueError(f"series of different lengths: t_s {t.shape}, step/step_s/stall_s "
+            raise ValueError(f"series of different lengths: t_s {t.shape}, step/step_s/stall_s/generation "
                              f"{[a.shape for a in arrs]}")
         if t.size > 1 and not bool(np.all(np.diff(t) > 0)):
             raise ValueError("series t_s must increase strictly")
@@ -189,12 +191,15 @@ class _Interval:
     redone: int = 0
     step_from: float = math.nan
     step_to: float = math.nan
+    recovery: bool = False  # the runtime replaced workers in or around it (its generation advanced)
 
 
 def _intervals(s: JobSeries) -> tuple[list[_Interval], float | None]:
     """What each interval between consecutive samples held, and the clean per-step time used."""
     n = s.t_s.size
     hw = np.fmax.accumulate(np.where(np.isfinite(s.step), s.step, -np.inf)) if n else np.array([])
+    gen = s.generation
+    bumped = [bool(gen[i + 1] > gen[i]) for i in range(n - 1)]  # NaN compares False
     raw: list[tuple] = []
     for i in range(n - 1):
         a, b, dt = s.step[i], s.step[i + 1], s.t_s[i + 1] - s.t_s[i]
@@ -212,7 +217,8 @@ def _intervals(s: JobSeries) -> tuple[list[_Interval], float | None]:
             fresh = d - redo
             per_step = dt * (fresh / d) * (1 - sigma) / fresh if fresh > 0 else math.nan
             raw.append(("progress", a, b, redo / d, sigma, fresh, per_step, redo))
-    clean = [r[6] for r in raw if r[0] == "progress" and r[3] == 0 and math.isfinite(r[6])]
+    clean = [r[6] for r, b in zip(raw, bumped) if r[0] == "progress" and r[3] == 0 and not b
+             and math.isfinite(r[6])]
     base = float(np.median(clean)) if clean else None
     out: list[_Interval] = []
     for r in raw:
@@ -225,7 +231,24 @@ def _intervals(s: JobSeries) -> tuple[list[_Interval], float | None]:
             # the share of the interval beyond fresh x clean step time (after rollback and stall)
             slow = (1 - redo) * (1 - sigma) * (1 - base / per_step)
         out.append(_Interval("progress", redo, (1 - redo) * sigma, slow, int(round(fresh)), int(round(redone)), a, b))
-    return out, base
+    return _recoveries(out, bumped), base
+
+
+def _recoveries(ivs: list[_Interval], bumped: list[bool]) -> list[_Interval]:
+    """Mark the intervals of each in-job recovery: the one where the generation advanced and
+    the intervals without a step just before it (losing a worker, noticing) and just after
+    (restoring, re-forming the group)."""
+    mark = [False] * len(ivs)
+    for i, b in enumerate(bumped):
+        if not b or ivs[i].kind not in ("stalled", "progress"):
+            continue
+        mark[i] = True
+        for rng in (range(i - 1, -1, -1), range(i + 1, len(ivs))):
+            for k in rng:
+                if ivs[k].kind != "stalled":
+                    break
+                mark[k] = True
+    return [replace(iv, recovery=True) if m else iv for iv, m in zip(ivs, mark, strict=True)]
 
 
 # ---- explanations from the ledger -------------------------------------------------------------------
@@ -256,7 +279,7 @@ def _pieces(iv: _Interval | None, run_ok: bool, dur: float, u: float, v: float, 
         return [(Cause.RESTART.value, dur, *restart)]
     if iv is None or iv.kind == "gap":
         return [(Cause.RESTART.value, dur, *restart)]
-    if iv.kind == "back":
+    if iv.kind == "back" or (iv.kind == "stalled" and iv.recovery):
         return [(Cause.RESTART.value, dur, *restart)]
     strag = _overlapping(episodes, u, v, Cause.STRAGGLER)
     degr = _overlapping(episodes, u, v, Cause.DEGRADED)
@@ -273,7 +296,9 @@ def _pieces(iv: _Interval | None, run_ok: bool, dur: float, u: float, v: float, 
     if iv.stall > 0:
         out.append((Cause.CHECKPOINT_STALL.value, dur * iv.stall, job, "checkpoint",
                     "the slowest rank waited on its snapshot copy"))
-    if iv.slow > 0 and expl is not None:
+    if iv.slow > 0 and iv.recovery:
+        out.append((Cause.RESTART.value, dur * iv.slow, *restart))
+    elif iv.slow > 0 and expl is not None:
         out.append((expl.cause.value, dur * iv.slow, expl.entity, expl.seam,
                     f"steps slower than the job's clean step time: {expl.why}"))
     used = sum(p[1] for p in out)
@@ -330,13 +355,15 @@ def attribute(job: str, since_s: float, until_s: float, series: JobSeries, runs:
                 (job, "scheduler", "pending after a requeue before the window")
             restart = _restart_reason(episodes, last.start_s if last else -math.inf, last.end_s if last else u,
                                       job, fb)
-        elif iv is None or iv.kind in ("gap", "back"):
+        elif iv is None or iv.kind in ("gap", "back") or iv.recovery:
             # the job stopped stepping while it held its allocation: a restarting action or a
             # hard failure shortly before explains it; else the runtime did (or its exporter)
             lo = (t[i] if 0 <= i < t.size else u) - RESTART_LOOKBACK_S
             if iv is not None and iv.kind == "back":
                 fb = (job, "runtime", f"the step went back from {iv.step_from:.0f} to {iv.step_to:.0f} "
                                       "(the runtime restored a snapshot)")
+            elif iv is not None and iv.recovery:
+                fb = (job, "runtime", "the runtime replaced lost workers (its membership generation advanced)")
             else:
                 fb = (job, "runtime", "the job reported no step (starting, restarting, or its exporter down)")
             was_restart = bool(spans) and spans[-1].cause == Cause.RESTART.value

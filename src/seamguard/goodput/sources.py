@@ -26,7 +26,8 @@ MAX_LEDGER_ROWS = 200_000  # per table and window: a week of a large fleet's tra
 PAGE_ROWS = 5_000
 # The job series the attribution reads, and how several series of one job fold into one.
 JOB_QUERIES = (("step", "max", "seamguard_job_step"), ("step_s", "max", "seamguard_job_step_seconds"),
-               ("stall_s", "max", "seamguard_rank_checkpoint_stall_seconds"))
+               ("stall_s", "max", "seamguard_rank_checkpoint_stall_seconds"),
+               ("generation", "max", "seamguard_job_generation"))
 
 
 class SourceError(RuntimeError):
@@ -51,7 +52,7 @@ def read_series(src: PrometheusSource, jobs: list[str] | None, start_s: float, e
     (every job that reported when ``jobs`` is None; a named job that never reported gets NaNs).
 
     One query per series for all jobs, in blocks under Prometheus' points-per-series limit.
-    The stall series is optional (NaN when absent); a failed step query raises SourceError."""
+    The stall and generation series are optional (NaN when absent); a failed step query raises SourceError."""
     n = int(math.floor((end_s - start_s) / step_s + 1e-9)) + 1
     t = start_s + step_s * np.arange(n)
     cols: dict[str, dict[str, np.ndarray]] = {j: {} for j in jobs or []}
@@ -75,7 +76,8 @@ def read_series(src: PrometheusSource, jobs: list[str] | None, start_s: float, e
                 rows = np.rint((pts[:, 0] - start_s) / step_s).astype(np.int64)
                 ok = (rows >= 0) & (rows < n) & np.isfinite(pts[:, 1])
                 arr[rows[ok]] = pts[ok, 1]
-    return {j: JobSeries.of(t, c.get("step"), c.get("step_s"), c.get("stall_s")) for j, c in cols.items()}
+    return {j: JobSeries.of(t, c.get("step"), c.get("step_s"), c.get("stall_s"), c.get("generation"))
+            for j, c in cols.items()}
 
 
 def _call(cmd: list[str], timeout_s: float, env: dict[str, str] | None) -> str:
