@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import re
 import statistics
 import sys
@@ -251,11 +252,13 @@ def _summary(found: list) -> Figure | None:
     return Figure(statistics.median(vals), min(vals), max(vals), len(vals), tuple(vals))
 
 
-def _at(docs: list[dict], spec: Path_) -> list:
+def _at(docs: list[dict], spec: Path_, key: str) -> list:
+    """What ``spec`` finds in every result file, in file order."""
     if isinstance(spec, tuple):
         num, den = (_numbers([x for d in docs for x in _walk(d, p.split("/"))]) for p in spec)
         if len(num) != len(den):
-            raise ClaimError(f"{spec[0]} and {spec[1]}: {len(num)} and {len(den)} values, not paired")
+            raise ClaimError(f"claim {key}: {spec[0]} and {spec[1]} give {len(num)} and {len(den)} "
+                             "values, not pairs")
         return [a / b for a, b in zip(num, den) if b]
     found = [x for d in docs for x in _walk(d, spec.split("/"))]
     return found
@@ -295,8 +298,7 @@ class Row:
 
 
 def _figure(docs: list[dict], spec: Path_, key: str) -> Figure:
-    found = _at(docs, spec)
-    fig = _summary(found)
+    fig = _summary(_at(docs, spec, key))
     if fig is None:
         raise ClaimError(f"claim {key}: no number at {spec!r}")
     if isinstance(spec, str) and fig.n == 1:
@@ -380,6 +382,8 @@ def build_table(claims=CLAIMS, results_dir: Path = RESULTS_DIR) -> list[Row]:
 def fmt(x: float) -> str:
     """Three significant figures, thousands separated, never scientific."""
     a = abs(x)
+    if not math.isfinite(x):
+        return str(x)
     if x == int(x) and a < 1e9:
         return f"{int(x):,}"
     if a >= 1000:
