@@ -186,7 +186,8 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     evid[Kind.LINK], link_b = ev.link_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.LINK), dt_s)
     # Links that move together with their switch are the switch's: one alarm, on it.
     evid[Kind.SWITCH], evid[Kind.LINK] = fabric_parents(fleet, evid[Kind.LINK], e_cfg, cfg.parents)
-    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s)
+    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s,
+                                                    hist=hist)
     new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, supply_b, r_th, r_n, frame.t_s)
 
     kinds: dict[Kind, KindAssessment] = {}

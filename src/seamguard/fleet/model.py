@@ -64,6 +64,12 @@ class SwitchTier(IntEnum):
 
 NO_INDEX = -1
 
+# Design envelopes when the topology gives none (docs/topology.md, "Design envelopes"):
+# the top of ASHRAE's highest bounded liquid-cooling class (W45: supply water up to 45 °C),
+# and the p99 of the storage probe's create+write+fsync a checkpoint path must stay under.
+DEFAULT_SUPPLY_TEMP_MAX_C = 45.0
+DEFAULT_STORAGE_BUDGET_MS = 100.0
+
 
 @dataclass(frozen=True, eq=False)
 class Fleet:
@@ -104,6 +110,10 @@ class Fleet:
     job_deadline_s: np.ndarray | None = None  # Unix seconds by which the job should finish
     job_total_steps: np.ndarray | None = None  # steps the job runs in all (its progress is the runtime's step)
     job_step_s: np.ndarray | None = None  # configured wall time of one step, s (the runtime's measured one wins)
+    # Design envelopes and the NVLink domain; None (or NaN / -1 in an entry) = the default.
+    loop_supply_temp_max_c: np.ndarray | None = None  # per loop: the highest coolant supply it is designed for
+    storage_budget_ms: np.ndarray | None = None  # per storage path: p99 probe write latency it must stay under
+    node_nvlink_domain: np.ndarray | None = None  # per node: index of its NVLink domain (default: itself)
     _index: dict = field(default_factory=dict, repr=False)
 
     # ---- sizes -------------------------------------------------------------
@@ -182,6 +192,27 @@ class Fleet:
         return filled(self.job_deadline_s), filled(self.job_total_steps), filled(self.job_step_s)
 
     @cached_property
+    def supply_temp_max_c(self) -> np.ndarray:
+        """Per cooling loop, the supply temperature it is designed for (°C), defaults filled in."""
+        return _filled(self.loop_supply_temp_max_c, len(self.loop_names), DEFAULT_SUPPLY_TEMP_MAX_C)
+
+    @cached_property
+    def storage_budget(self) -> np.ndarray:
+        """Per storage path, its p99 write-latency budget (ms), defaults filled in."""
+        return _filled(self.storage_budget_ms, len(self.storage_names), DEFAULT_STORAGE_BUDGET_MS)
+
+    @cached_property
+    def node_domain(self) -> np.ndarray:
+        """Per node, its NVLink domain (a node whose GPUs share NVSwitches with no other is its own)."""
+        own = np.arange(len(self.node_names), dtype=np.int64)
+        d = self.node_nvlink_domain
+        if d is None:
+            return own
+        d = np.asarray(d, dtype=np.int64)
+        # Nodes left out of every named domain get numbers past the named ones: never shared.
+        return np.where(d >= 0, d, own + (int(d.max()) + 1 if d.size else 0))
+
+    @cached_property
     def node_gpu_count(self) -> np.ndarray:
         return np.bincount(self.gpu_node, minlength=len(self.node_names)).astype(np.int64)
 
@@ -199,3 +230,10 @@ class Fleet:
 
     def summary(self) -> dict[str, int]:
         return {k.label: self.count(k) for k in Kind}
+
+
+def _filled(a: np.ndarray | None, n: int, default: float) -> np.ndarray:
+    if a is None:
+        return np.full(n, default)
+    a = np.asarray(a, dtype=float)
+    return np.where(np.isfinite(a), a, default)

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from seamguard.fleet.model import JOB_CLASS_BY_LABEL, Fleet, JobClass, SwitchTier
+from seamguard.fleet.model import (DEFAULT_STORAGE_BUDGET_MS, DEFAULT_SUPPLY_TEMP_MAX_C, JOB_CLASS_BY_LABEL, Fleet,
+                                   JobClass, SwitchTier)
 from seamguard.config import format_validation_error
 
 TOPOLOGY_VERSION = 1
@@ -28,6 +29,14 @@ class _Strict(BaseModel):
 class LoopSpec(_Strict):
     name: str = Field(min_length=1, description="Unique cooling-loop (CDU) name.")
     rated_flow_lpm: float = Field(gt=0, description="Rated coolant flow in litres per minute.")
+    supply_temp_max_c: float | None = Field(default=None, gt=0, lt=100, description=(
+        "Highest coolant supply temperature the loop is designed for (its ASHRAE class); default: defaults'."))
+
+
+class StoragePathSpec(_Strict):
+    name: str = Field(min_length=1)
+    budget_ms: float | None = Field(default=None, gt=0, le=600_000, description=(
+        "p99 of the storage probe's write (create + write + fsync) the path must stay under; default: defaults'."))
 
 
 class RackSpec(_Strict):
@@ -60,6 +69,8 @@ class NodeSpec(_Strict):
     nics: list[NicSpec] = Field(default_factory=list)
     gpu_throttle_temp_c: float | None = Field(default=None, gt=0, lt=150)
     gpu_tdp_w: float | None = Field(default=None, gt=0)
+    nvlink_domain: str | None = Field(default=None, min_length=1, description=(
+        "NVLink domain (nodes whose GPUs share NVSwitches, e.g. one NVL72 rack); default: the node alone."))
 
 
 class JobSpec(_Strict):
@@ -73,6 +84,8 @@ class JobSpec(_Strict):
 class Defaults(_Strict):
     gpu_throttle_temp_c: float = Field(default=87.0, gt=0, lt=150)
     gpu_tdp_w: float = Field(default=700.0, gt=0)
+    supply_temp_max_c: float = Field(default=DEFAULT_SUPPLY_TEMP_MAX_C, gt=0, lt=100)
+    storage_budget_ms: float = Field(default=DEFAULT_STORAGE_BUDGET_MS, gt=0, le=600_000)
 
 
 class TopologySpec(_Strict):
@@ -83,9 +96,14 @@ class TopologySpec(_Strict):
     racks: list[RackSpec] = Field(min_length=1)
     switches: list[SwitchSpec] = Field(default_factory=list)
     uplinks: list[UplinkSpec] = Field(default_factory=list)
-    storage_paths: list[str] = Field(min_length=1)
+    storage_paths: list[StoragePathSpec] = Field(min_length=1, description="names, or {name, budget_ms}")
     nodes: list[NodeSpec] = Field(min_length=1)
     jobs: list[JobSpec] = Field(default_factory=list)
+
+    @field_validator("storage_paths", mode="before")
+    @classmethod
+    def _path_names(cls, v: Any) -> Any:
+        return [{"name": p} if isinstance(p, str) else p for p in v] if isinstance(v, list) else v
 
 
 def _check_names(source: str, kind: str, names: list[str]) -> dict[str, int]:
@@ -111,7 +129,8 @@ def fleet_from_spec(spec: TopologySpec, source: str = "<topology>") -> Fleet:
     loops = _check_names(source, "cooling_loops", [lp.name for lp in spec.cooling_loops])
     racks = _check_names(source, "racks", [r.name for r in spec.racks])
     switches = _check_names(source, "switches", [s.name for s in spec.switches])
-    storage = _check_names(source, "storage_paths", list(spec.storage_paths))
+    paths = spec.storage_paths
+    storage = _check_names(source, "storage_paths", [p.name for p in paths])
     nodes = _check_names(source, "nodes", [n.name for n in spec.nodes])
     _check_names(source, "jobs", [j.name for j in spec.jobs])
     tier = {s.name: s.tier for s in spec.switches}
@@ -167,6 +186,7 @@ def fleet_from_spec(spec: TopologySpec, source: str = "<topology>") -> Fleet:
 
     n_nic = len(nic_names)
     switch_names = [s.name for s in spec.switches]
+    domains = {d: i for i, d in enumerate(dict.fromkeys(n.nvlink_domain for n in spec.nodes if n.nvlink_domain))}
     return Fleet(
         loop_names=[lp.name for lp in spec.cooling_loops],
         loop_rated_flow_lpm=np.array([lp.rated_flow_lpm for lp in spec.cooling_loops], dtype=float),
@@ -191,12 +211,17 @@ def fleet_from_spec(spec: TopologySpec, source: str = "<topology>") -> Fleet:
         link_nic=np.concatenate([np.arange(n_nic), np.full(len(up_leaf), -1)]).astype(np.int64),
         link_leaf=np.array(nic_leaf + up_leaf, dtype=np.int64),
         link_spine=np.array([-1] * n_nic + up_spine, dtype=np.int64),
-        storage_names=list(spec.storage_paths),
+        storage_names=[p.name for p in paths],
         job_names=[j.name for j in spec.jobs],
         job_class=np.array([int(JOB_CLASS_BY_LABEL[j.job_class]) for j in spec.jobs], dtype=np.int64),
         job_criticality=np.array([j.criticality for j in spec.jobs], dtype=float),
         gpu_job=gpu_job,
         name=spec.name,
+        loop_supply_temp_max_c=np.array([lp.supply_temp_max_c or spec.defaults.supply_temp_max_c
+                                         for lp in spec.cooling_loops], dtype=float),
+        storage_budget_ms=np.array([p.budget_ms or spec.defaults.storage_budget_ms for p in paths], dtype=float),
+        node_nvlink_domain=np.array([domains.get(n.nvlink_domain, -1) if n.nvlink_domain else -1
+                                     for n in spec.nodes], dtype=np.int64) if domains else None,
     )
 
 
@@ -226,6 +251,8 @@ def fleet_to_topology(fleet: Fleet) -> dict[str, Any]:
             {"name": fleet.nic_names[i], "rail": r, "leaf": fleet.switch_names[leaf]})
     gpus = fleet.node_gpu_count
     uplink = fleet.link_nic < 0
+    domain = fleet.node_domain
+    shared = np.bincount(domain)[domain] > 1  # only domains of several nodes are written
     nodes_by_job: dict[int, list[str]] = {}
     for n, j in enumerate(fleet.node_job.tolist()):
         if j >= 0:
@@ -235,18 +262,19 @@ def fleet_to_topology(fleet: Fleet) -> dict[str, Any]:
         "name": fleet.name,
         "defaults": {"gpu_throttle_temp_c": float(np.median(fleet.gpu_throttle_temp_c)),
                      "gpu_tdp_w": float(np.median(fleet.gpu_tdp_w))},
-        "cooling_loops": [{"name": n, "rated_flow_lpm": round(float(f), 3)}
-                          for n, f in zip(fleet.loop_names, fleet.loop_rated_flow_lpm)],
+        "cooling_loops": [{"name": n, "rated_flow_lpm": round(float(f), 3), "supply_temp_max_c": float(t)}
+                          for n, f, t in zip(fleet.loop_names, fleet.loop_rated_flow_lpm, fleet.supply_temp_max_c)],
         "racks": [{"name": n, "cooling_loop": fleet.loop_names[lp]}
                   for n, lp in zip(fleet.rack_names, fleet.rack_loop.tolist())],
         "switches": [{"name": n, "tier": "leaf" if t == SwitchTier.LEAF else "spine"}
                      for n, t in zip(fleet.switch_names, fleet.switch_tier.tolist())],
         "uplinks": [{"leaf": fleet.switch_names[a], "spine": fleet.switch_names[b]}
                     for a, b in zip(fleet.link_leaf[uplink].tolist(), fleet.link_spine[uplink].tolist())],
-        "storage_paths": list(fleet.storage_names),
+        "storage_paths": [{"name": n, "budget_ms": float(b)} for n, b in zip(fleet.storage_names, fleet.storage_budget)],
         "nodes": [{"name": n, "rack": fleet.rack_names[fleet.node_rack[i]],
                    "storage": fleet.storage_names[fleet.node_storage[i]], "gpus": int(gpus[i]),
-                   "spare": bool(fleet.node_spare[i]), "nics": nics_by_node.get(i, [])}
+                   "spare": bool(fleet.node_spare[i]), "nics": nics_by_node.get(i, []),
+                   **({"nvlink_domain": f"nvl{int(domain[i])}"} if shared[i] else {})}
                   for i, n in enumerate(fleet.node_names)],
         "jobs": [{"name": n, "class": JobClass(int(c)).label, "criticality": float(k),
                   "nodes": nodes_by_job.get(j, [])}

@@ -8,7 +8,11 @@ Defaults follow the exporters operators run (docs/sources.md §1): dcgm-exporter
 names the host ``Hostname`` (older releases) or ``hostname`` (newer) and the GPU
 ``gpu="0"``; node_exporter's infiniband collector labels ``{device,port}`` and the node
 comes from ``instance`` (``host:9100``) or a relabelled ``node`` label. Facilities,
-storage, fabric probes and runtime series use seamguard's own documented labels.
+storage, fabric probes and runtime series use seamguard's own documented labels; the
+node agent's host series name their node with `node` (node_exporter's with `instance`),
+and a signal that aggregates an exporter's series has its default PromQL in the registry
+(``Signal.query``: per-controller EDAC counts summed per node, kernel-log XIDs joined
+onto their GPU by PCI address).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import zlib
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from seamguard.fleet.model import KIND_BY_LABEL, Fleet, Kind
-from seamguard.observe.signals import REGISTRY, SIGNALS
+from seamguard.observe.signals import REGISTRY, SIGNALS, default_query
 
 
 class _Strict(BaseModel):
@@ -48,6 +52,8 @@ def _default_keys() -> dict[str, EntityKey]:
                          strip_domain=True),
         "nic": EntityKey(labels=["node", "instance"], strip_port=True, strip_domain=True, sub_label="device",
                          template="{name}/{sub}"),
+        # node-level series: the agent's `node` label, node_exporter's `instance` (host:port)
+        "node": EntityKey(labels=["node", "instance"], strip_port=True, strip_domain=True),
         "link": EntityKey(labels=["link"]),
         "cooling_loop": EntityKey(labels=["cooling_loop"]),
         "rack": EntityKey(labels=["rack"]),
@@ -97,10 +103,7 @@ class Mapping(_Strict):
             sq = self.signals.get(sig.name)
             if sq is not None and not sq.enabled:
                 continue
-            if sq is not None and sq.query:
-                out[sig.name] = sq.query
-            else:
-                out[sig.name] = f"{sig.name}{{{self.selector}}}" if self.selector else sig.name
+            out[sig.name] = sq.query if sq is not None and sq.query else default_query(sig, self.selector)
         return out
 
 

@@ -3,7 +3,10 @@
 Names are the real exporter names (dcgm-exporter, node_exporter's infiniband collector)
 where a standard exists (docs/sources.md §1) and seamguard's own documented names
 (`seamguard_*`) where none does (facilities, storage paths, runtime progress), so a
-Prometheus source and the twin fill the same frame.
+Prometheus source and the twin fill the same frame. A signal that is an aggregate of an
+exporter's series (the node agent's per-controller EDAC counts summed per node, its
+kernel-log XID counts joined onto their GPU) carries its default PromQL in ``query``;
+what each one means and how it is judged: docs/evidence.md.
 """
 
 from __future__ import annotations
@@ -34,9 +37,40 @@ class Signal:
     direction: int  # +1: higher is worse, -1: lower is worse, 0: context only
     counter: bool = False  # monotonically increasing; assess uses rates, never levels
     help: str = ""
+    query: str = ""  # default PromQL when the signal is not one series per entity; "{sel}" takes the selector
+
+
+# NVIDIA's XID catalogue (docs/sources.md §1): fatal XIDs end the GPU's usefulness until a
+# reset; warning ones announce that a fatal one is coming. Shared by the default queries
+# below (kernel-log XIDs by class) and the assessment (DCGM's last-XID gauge).
+FATAL_XIDS = (48, 74, 79, 94, 95, 119, 120)
+WARNING_XIDS = (63, 64, 92)
+
+
+def _codes(codes: tuple[int, ...]) -> str:
+    return "|".join(str(c) for c in codes)
+
+
+# The agent's kernel-log counters carry `node` and the GPU's PCI address; its
+# DCGM_FI_DEV_XID_ERRORS gauge carries `Hostname`, `gpu` and the same address (kernel
+# form, lower case, 4-digit domain; dcgm-exporter's own gauge writes 8 digits and never
+# matches). The join puts each kernel-log count on its GPU; `or ... 0 *` reports 0 for
+# every GPU the agent maps, so a first event is an increase from 0, not a series appearing.
+_AGENT_GPUS = 'DCGM_FI_DEV_XID_ERRORS{pci_bus_id=~"[0-9a-f]{4}:.+"{sel}}'
+
+
+def _per_gpu(counts: str) -> str:
+    return (f'(sum by (Hostname, gpu) (label_replace({counts}, "Hostname", "$1", "node", "(.+)") '
+            f'* on (Hostname, pci_bus_id) group_left (gpu) group by (Hostname, pci_bus_id, gpu) ({_AGENT_GPUS}))) '
+            f'or (0 * group by (Hostname, gpu) ({_AGENT_GPUS}))')
+
+
+def _per_node(counts: str, agg: str = "sum") -> str:
+    return f'({agg} by (node) ({counts})) or (0 * group by (node) (seamguard_agent_info{{node!=""{{sel}}}}))'
 
 
 _G, _N, _L, _C, _R, _S, _J = Kind.GPU, Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK, Kind.STORAGE, Kind.JOB
+_NO = Kind.NODE
 F, C, FB, ST, RT = Domain.FACILITIES, Domain.COMPUTE, Domain.FABRIC, Domain.STORAGE, Domain.RUNTIME
 
 SIGNALS: tuple[Signal, ...] = (
@@ -81,6 +115,19 @@ SIGNALS: tuple[Signal, ...] = (
            help="a row remap failed (no spare rows left)"),
     Signal("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", _G, "ratio", C, 0,
            help="share of cycles the tensor pipe is active (context: load, not health)"),
+    Signal("DCGM_FI_DEV_PCIE_LINK_GEN", _G, "generation", C, -1,
+           help="PCIe generation the GPU's link runs at now (downtrains at idle by design)"),
+    Signal("DCGM_FI_DEV_PCIE_LINK_WIDTH", _G, "lanes", C, -1, help="PCIe lanes the GPU's link runs with now"),
+    Signal("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", _G, "bitmask", C, 0,
+           help="why the clocks are held down now (NVML clocks-event reasons; context for a clock deficit)"),
+    # the node agent's kernel log, per GPU (joined on the PCI address; docs/agent.md)
+    Signal("seamguard_xid_fatal_total", _G, "events", C, +1, counter=True,
+           help="kernel-log fatal XIDs and 'fallen off the bus' messages of the GPU",
+           query=_per_gpu(f'(seamguard_xid_errors_total{{xid=~"{_codes(FATAL_XIDS)}"{{sel}}}} '
+                          'or seamguard_gpu_fallen_off_bus_total{pci_bus_id!=""{sel}})')),
+    Signal("seamguard_xid_warning_total", _G, "events", C, +1, counter=True,
+           help="kernel-log warning XIDs of the GPU",
+           query=_per_gpu(f'seamguard_xid_errors_total{{xid=~"{_codes(WARNING_XIDS)}"{{sel}}}}')),
     # runtime progress, per rank (one rank per GPU)
     Signal("seamguard_rank_compute_seconds", _G, "seconds", RT, +1,
            help="compute time of the rank's last step before its collective"),
@@ -112,6 +159,34 @@ SIGNALS: tuple[Signal, ...] = (
     # storage paths
     Signal("seamguard_storage_write_latency_ms", _S, "milliseconds", ST, +1,
            help="p99 write latency of the path as seen by checkpoint writers"),
+    # the node agent's host and NVSwitch series, per node (docs/agent.md)
+    Signal("node_edac_correctable_errors_total", _NO, "errors", C, +1, counter=True,
+           help="host memory correctable errors, all memory controllers (Linux EDAC ce_count)",
+           query=_per_node('node_edac_correctable_errors_total{node!=""{sel}}')),
+    Signal("node_edac_uncorrectable_errors_total", _NO, "errors", C, +1, counter=True,
+           help="host memory uncorrectable errors, all memory controllers (Linux EDAC ue_count)",
+           query=_per_node('node_edac_uncorrectable_errors_total{node!=""{sel}}')),
+    Signal("seamguard_sxid_fatal_total", _NO, "events", C, +1, counter=True,
+           help="kernel-log fatal NVSwitch SXids on the node",
+           query=_per_node('seamguard_sxid_errors_total{severity="fatal"{sel}}')),
+    Signal("seamguard_sxid_nonfatal_total", _NO, "events", C, +1, counter=True,
+           help="kernel-log non-fatal (or unstated) NVSwitch SXids on the node",
+           query=_per_node('seamguard_sxid_errors_total{severity!="fatal"{sel}}')),
+    Signal("node_vmstat_oom_kill", _NO, "kills", C, 0, counter=True,
+           help="OOM-killer invocations since boot (context: host pressure, never a fault)"),
+    Signal("node_pressure_memory_stalled_seconds_total", _NO, "seconds", C, 0, counter=True,
+           help="PSI memory 'full': time every task stalled on memory (context)"),
+    Signal("node_pressure_io_stalled_seconds_total", _NO, "seconds", C, 0, counter=True,
+           help="PSI io 'full': time every task stalled on I/O (context)"),
+    Signal("node_pressure_cpu_waiting_seconds_total", _NO, "seconds", C, 0, counter=True,
+           help="PSI cpu 'some': time some task waited for a CPU (context)"),
+    # the node agent's storage probe, per path (several nodes may probe one path)
+    Signal("seamguard_storage_probe_up", _S, "share", ST, -1,
+           help="share of the path's probers whose last probe answered within the timeout",
+           query='avg by (storage) (seamguard_storage_probe_up{storage!=""{sel}})'),
+    Signal("seamguard_storage_probe_failures_total", _S, "probes", ST, +1, counter=True,
+           help="storage probes that failed (error) or hung past the timeout, all probers",
+           query='sum by (storage) (seamguard_storage_probe_failures_total{storage!=""{sel}})'),
     # jobs
     Signal("seamguard_job_step_seconds", _J, "seconds", RT, +1, help="wall time of the job's last step"),
     Signal("seamguard_job_uncommitted_seconds", _J, "seconds", RT, +1,
@@ -121,6 +196,13 @@ SIGNALS: tuple[Signal, ...] = (
 )
 
 REGISTRY: dict[str, Signal] = {s.name: s for s in SIGNALS}
+
+
+def default_query(sig: Signal, selector: str = "") -> str:
+    """The PromQL the Prometheus source sends for ``sig`` unless the run config overrides it."""
+    if sig.query:
+        return sig.query.replace("{sel}", f",{selector}" if selector else "")
+    return f"{sig.name}{{{selector}}}" if selector else sig.name
 
 
 def signals_for(kind: Kind) -> list[Signal]:
