@@ -16,10 +16,8 @@ import dataclasses
 import datetime
 import json
 import os
-import queue
 import resource
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -40,12 +38,13 @@ from seamguard.runtime.follower import ControlKeys, MembershipFollower
 from seamguard.runtime.guard import GuardSettings, judge_gradients
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, identical_ranks, replica_holder
+from seamguard.runtime.pipeline import Handoff, SnapshotPipeline
 from seamguard.runtime.profile import PhaseClock
 from seamguard.runtime.rail_sync import RailSync
 from seamguard.runtime.records import Board, Controls, Progress
 from seamguard.runtime.settings import RuntimeSettings, StoreUrl, parse_store_url, under_roots
 from seamguard.runtime.shm import LAUNCHER_PID_ENV
-from seamguard.runtime.snapshot import (Capture, SlotStore, TrainingState, find_orphans,
+from seamguard.runtime.snapshot import (SlotStore, TrainingState, find_orphans,
                                         read_orphan, state_checksum, tensors_of)
 
 _QUEUED = "queued"   # a snapshot in flight that is already in the pipeline's queue
@@ -174,28 +173,24 @@ class Runtime:
         self._norm_history: list[float] = []  # median gradient norm of recent accepted steps
         self._rejected: tuple[int, np.ndarray] | None = None  # (step, norms) awaiting recompute
         self._redo = False
-        self._pipeline: queue.Queue = queue.Queue()
-        self._side_store: dist.TCPStore | None = None
-        self._push_target: tuple[int, int, str] = (-1, -1, "")  # (gen, holder, its address)
-        self._persist_lock = threading.Lock()
-        self._persister: subprocess.Popen | None = None
-        self._persist_pending: dict[int, int] = {}  # slot index -> step
         self.stats = {"snapshots": 0, "snapshot_stall_s": 0.0, "recoveries": 0, "live_captures": 0,
-                      "replica_bytes_sent": 0, "persisted": 0, "persist_errors": 0,
-                      "steps_rejected": 0}
+                      "steps_rejected": 0}   # the training thread's; the pipeline counts its own
         self.events: list[dict] = []
         self.log = EventLog.from_environment()
         self.store.set(keys.worker_addr(wid), self.server.address)
         self.store.set(keys.worker_pid(wid), str(os.getpid()))
         self.store.set(keys.worker_slots(wid), self.slots.prefix)
         name_threads_in_os()   # top -H, perf and /proc tell the runtime's threads apart
+        self.pipeline = SnapshotPipeline(
+            self.slots, settings, self.progress,
+            lambda: _connect(*self._addr, settings.recovery_timeout_s, store_url),
+            self.server.host, self.injector, self._note, self.clock, run_id)
         self.follower = MembershipFollower(
             wid, self._beat_store, settings.heartbeat_interval_s, self.progress, self.controls,
             (os.environ.get("SEAMGUARD_NODE_NAME") or socket.gethostname().split(".")[0],
              int(os.environ.get("LOCAL_RANK", "0"))),
-            clock, self.clock, settings.snapshot_auto, self._prepare_spare_slot)
+            clock, self.clock, settings.snapshot_auto, self.pipeline.prepare_spare_slot)
         self.follower.start()
-        threading.Thread(target=self._pipeline_loop, name="sg-snapshot-pipeline", daemon=True).start()
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -229,8 +224,10 @@ class Runtime:
         self._params = params
         self._n_grad = sum(p.numel() for p in params)
         self._flat = None   # sized per generation: gradients + one guard lane per rank
+        if any(p.is_cuda for p in model.parameters()):
+            self.pipeline.spare_model_on_gpu.set()   # an idle spare keeps a page-locked slot ready
         if self.settings.checkpoint_dir is not None:
-            self._ensure_persister()  # start it now, not at the first persist
+            self.pipeline.start_persister()  # start it now, not at the first persist
         if self.settings.crash_capture and self._prev_excepthook is None:
             self._prev_excepthook = sys.excepthook
             sys.excepthook = self._on_uncaught_exception
@@ -339,6 +336,7 @@ class Runtime:
             if self.wid in plan.ranks:
                 return plan.ranks.index(self.wid), plan.world_size
             self.gen = gen   # not in this one: wait for a newer generation
+            self.progress.update(gen=gen)
 
     # ------------------------------------------------------------------ the loop
     def steps(self, total_steps: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -503,7 +501,7 @@ class Runtime:
         t0 = time.perf_counter()
         nap_s = 0.0002
         try:
-            while self._pipeline.unfinished_tasks:
+            while self.pipeline.busy():
                 if self._failed or self._overtaken_gen():
                     self._failed = True
                     return False
@@ -558,19 +556,13 @@ class Runtime:
         self.follower.stop()
         self._finish_snapshot()
         if self.rank >= 0:
-            self._note("finished", step=self.step,
-                       **{k: round(v, 3) if isinstance(v, float) else v for k, v in self.stats.items()})
+            self._note("finished", step=self.step, **{k: round(v, 3) if isinstance(v, float) else v
+                                                      for k, v in {**self.stats, **self.pipeline.counts()}.items()})
         if self.clock.enabled:
             use = resource.getrusage(resource.RUSAGE_SELF)
             self._note("profile", steps=self.step, process_cpu_s=round(use.ru_utime + use.ru_stime, 3),
                        phases=self.clock.report(self.step))
-        self._pipeline.put(None)
-        if self._persister is not None and self._persister.poll() is None:
-            self._persister.stdin.close()
-            try:
-                self._persister.wait(timeout=self.settings.recovery_timeout_s)
-            except subprocess.TimeoutExpired:
-                self._persister.kill()
+        self.pipeline.close(self.settings.recovery_timeout_s)
         self.server.close()
         self.slots.close()
 
@@ -839,7 +831,7 @@ class Runtime:
             # the step's commit waits for the replica (_await_replica)
             with self.slots.cond:
                 cap.slot.readers += 1
-            self._pipeline.put((cap, cap.step, self.gen, self._inflight[1]))
+            self.pipeline.put(self._handoff(cap, cap.step, self._inflight[1]))
             self._inflight = (cap, _QUEUED)
         if not overlap:
             self._finish_snapshot()
@@ -864,7 +856,7 @@ class Runtime:
             return
         with self.slots.cond:
             slot.readers += 1
-        self._pipeline.put((slot, cap.step, self.gen, persist))
+        self.pipeline.put(self._handoff(slot, cap.step, persist))
 
     def _maybe_save_dcp(self) -> None:
         """Sharded state: a DCP checkpoint at the persist cadence, at a `checkpoint_now`
@@ -970,114 +962,17 @@ class Runtime:
         t0 = time.perf_counter()
         nap_s = 0.0002
         try:
-            while self._pipeline.unfinished_tasks or self._persist_pending:
+            while self.pipeline.unsettled():
                 if self._failed or self._overtaken_gen():
                     self._failed = True
                     return False
-                if self._persister is not None and self._persister.poll() is not None:
-                    break  # the persister died: its failure is noted, training goes on
                 time.sleep(nap_s)
                 nap_s = min(0.005, nap_s * 1.5)
         finally:
             self.stats["snapshot_stall_s"] += time.perf_counter() - t0
         return True
 
-    def _pipeline_loop(self) -> None:
-        """Off the training thread: hash, replicate to the holder, hand to the persister."""
-        while True:
-            item = self._pipeline.get()
-            if item is None:
-                return
-            slot, step, gen, persist = item
-            cap = None
-            if isinstance(slot, Capture):   # handed over while still copying
-                cap, slot = slot, slot.slot
-            try:
-                if cap is not None:
-                    cap.wait()
-                if slot.step != step:
-                    continue
-                with self.clock.phase("bg_hash"):
-                    manifest = self.slots.build_manifest(slot, self.rank, self.world_size)
-                self.slots.publish_manifest(slot, manifest, self.role)
-                with self.clock.phase("bg_push"):
-                    self._replicate(slot, manifest, gen)
-                if persist is not None and slot.step == step:
-                    self._persist(slot, manifest, persist)
-            except (OSError, replica.ReplicaError, ValueError, RuntimeError) as exc:
-                self._note("replication_failed", step=step, error=str(exc)[:200])
-            finally:
-                with self.slots.cond:
-                    slot.readers -= 1
-                    self.slots.cond.notify_all()
-                self._pipeline.task_done()
-
-    def _replicate(self, slot, manifest, gen: int) -> None:
-        plan = self.plan
-        if plan is None or gen != self.gen or plan.world_size < 2:
-            return
-        holder = self._holder(plan)
-        if self._push_target[:2] != (gen, holder):   # looked up once per generation, not per push
-            if self._side_store is None:  # the pipeline thread's own store connection
-                self._side_store = _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url)
-            self._push_target = (gen, holder, self._side_store.get(keys.worker_addr(holder)).decode())
-        addr = self._push_target[2]
-        role = plan.roles[self.rank]
-        sent = replica.push(addr, role, manifest, slot.array, self.settings.replica_timeout_s,
-                            midway=lambda: self.injector.maybe_fire("replicate", self.rank,
-                                                                    manifest.step),
-                            local=(self.server.host, str(slot.path)))
-        self.stats["replica_bytes_sent"] += sent
-
     # ------------------------------------------------------------------ persistence
-    def _ensure_persister(self) -> subprocess.Popen:
-        if self._persister is None or self._persister.poll() is not None:
-            if self._persister is not None:
-                self._note("persister_restarted", code=self._persister.returncode)
-                with self.slots.cond:
-                    for idx in self._persist_pending:
-                        self.slots.slots[idx].pinned = False
-                    self._persist_pending.clear()
-                    self.slots.cond.notify_all()
-            self._persister = subprocess.Popen(
-                [sys.executable, "-m", "seamguard.runtime.persist"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, text=True, bufsize=1)
-            threading.Thread(target=self._persist_replies, args=(self._persister,),
-                             daemon=True).start()
-        return self._persister
-
-    def _persist(self, slot, manifest, root: Path) -> None:
-        proc = self._ensure_persister()
-        with self.slots.cond:
-            slot.pinned = True
-            self._persist_pending[slot.index] = manifest.step
-        req = {"slot": slot.index, "slot_path": str(slot.path), "manifest": manifest.to_json(),
-               "dir": str(root), "keep": self.settings.keep_checkpoints}
-        try:
-            proc.stdin.write(json.dumps(req) + "\n")
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            with self.slots.cond:
-                slot.pinned = False
-                self._persist_pending.pop(slot.index, None)
-
-    def _persist_replies(self, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            reply = json.loads(line)
-            with self.slots.cond:   # retained before a capture can pick the unpinned slot
-                self.slots.slots[reply["slot"]].pinned = False
-                self._persist_pending.pop(reply["slot"], None)
-                if reply["ok"]:
-                    self.slots.retain(reply["slot"], reply["step"])
-                self.slots.cond.notify_all()
-            if reply["ok"]:
-                self.stats["persisted"] += 1
-                self.progress.swap(lambda p: dataclasses.replace(
-                    p, persisted_step=max(p.persisted_step, int(reply["step"]))))
-            else:
-                self.stats["persist_errors"] += 1
-                self._note("persist_failed", step=reply["step"], error=reply["error"])
-
     def _persist_final(self) -> None:
         """Persist the final state (every rank, same step) and wait, bounded, for it."""
         if self.settings.checkpoint_dir is None:
@@ -1087,7 +982,7 @@ class Runtime:
         self._maybe_save_dcp()
         self._force_persist = False
         deadline = time.monotonic() + self.settings.recovery_timeout_s
-        while time.monotonic() < deadline and (self._pipeline.unfinished_tasks or any(
+        while time.monotonic() < deadline and (self.pipeline.busy() or any(
                 s.readers or s.pinned for s in self.slots.slots)):
             time.sleep(0.01)
 
@@ -1097,28 +992,6 @@ class Runtime:
         (multi-node, etcd), else the job's."""
         return (_connect(*self._node_store, self.settings.recovery_timeout_s) if self._node_store
                 else _connect(*self._addr, self.settings.recovery_timeout_s, self._store_url))
-
-    def _prepare_spare_slot(self) -> None:
-        """An idle hot spare whose model is on a GPU keeps one page-locked snapshot slot of
-        the size of its node's ranks' snapshots made ahead (`SlotStore.prepare`): the
-        first snapshot after it takes over a rank then does not stall that step for the
-        seconds page-locking takes. The sizes are read from the ranks' published slots in
-        /dev/shm (a file with a manifest beside it); a spare without a model yet (FSDP2's
-        spares build theirs once they know their rank) or on the CPU makes none."""
-        state = self.state
-        if state is None or not any(t.is_cuda for t in state.model.parameters()):
-            return
-        own = self.slots.prefix + "-slot"
-        sizes = []
-        for side in Path("/dev/shm").glob(f"seamguard-{self._run_id}-*-slot*.json"):
-            slot = side.with_name(side.name[:-len(".json")])
-            if not slot.name.startswith(own):
-                try:
-                    sizes.append(slot.stat().st_size)
-                except OSError:
-                    continue   # freed meanwhile
-        if sizes:
-            self.slots.prepare(max(sizes))
 
     # ------------------------------------------------------------------ published records
     def _overtaken_gen(self) -> bool:
@@ -1136,6 +1009,12 @@ class Runtime:
         self.progress.update(phase="compute", step=self.step, gen=self.gen, rank=self.rank,
                              compute_s=self._compute_s, comm_s=self._comm_s, stall_s=self._stall_s, **auto)
 
+    def _handoff(self, source, step: int, persist: Path | None = None) -> Handoff:
+        """A snapshot for the pipeline, with where this rank stands now."""
+        plan = self.plan
+        holder = self._holder(plan) if plan is not None and plan.world_size > 1 else -1
+        return Handoff(source, step, self.gen, self.rank, self.role, self.world_size, holder, persist)
+
     def _snapshot_done(self, step: int) -> None:
         """The snapshot of ``step`` is complete in host memory."""
         self.progress.swap(lambda p: dataclasses.replace(p, snap_step=max(p.snap_step, step)))
@@ -1143,9 +1022,9 @@ class Runtime:
     def _note(self, kind: str, **fields) -> None:
         """Record a worker-side event: on stderr (the node launcher's log) in the launch's
         log format, and in its events file, so recoveries can be explained from the logs."""
-        event = {"event": "worker", "kind": kind, "wid": self.wid, "pid": os.getpid(), "rank": self.rank,
-                 **fields}
-        who = f"worker w{self.wid}" + (f" rank {self.rank}" if self.rank >= 0 else " (spare)") + f" pid {os.getpid()}"
+        rank = self.progress.current.rank   # the published rank: the pipeline thread notes too
+        event = {"event": "worker", "kind": kind, "wid": self.wid, "pid": os.getpid(), "rank": rank, **fields}
+        who = f"worker w{self.wid}" + (f" rank {rank}" if rank >= 0 else " (spare)") + f" pid {os.getpid()}"
         self.events.append(self.log.emit(event, who))
 
     def _title(self) -> None:
@@ -1184,6 +1063,7 @@ class Runtime:
                 # a spare, or a replacement spare the plan does not list yet: keep waiting
                 if self.wid in plan.spares or self.rank < 0:
                     self.gen, self.plan = gen, None
+                    self.progress.update(gen=gen)
                     self._title()
                     continue
                 self._note("evacuated", gen=gen)
@@ -1208,6 +1088,7 @@ class Runtime:
                     pass
                 self._abandon_group()
                 self.gen = gen
+                self.progress.update(gen=gen)
 
     def _check_job_done(self) -> None:
         if self.store.check([keys.JOB_DONE]):
@@ -1263,6 +1144,7 @@ class Runtime:
         resume = json.loads(self._wait(keys.resume(gen), gen, timeout))
         lap("wait_resume_decision")
         self.gen, self.plan, self.rank, self.role = gen, plan, rank, role
+        self.progress.update(gen=gen, rank=rank)
         step, source = int(resume["step"]), resume["source"]
         if source == "none":
             raise JobFailed(f"generation {gen}: no consistent state to recover from")
@@ -1308,7 +1190,7 @@ class Runtime:
         if slot is not None and slot.manifest is not None:
             with self.slots.cond:
                 slot.readers += 1
-            self._pipeline.put((slot, step, gen, None))  # replicate, do not persist
+            self.pipeline.put(self._handoff(slot, step))  # replicate, do not persist
         lap("release_and_rereplicate")
         self.store.set(keys.recovered(gen, self.wid),
                        json.dumps({"ok": True, "checksum": checksum, "step": step}))
