@@ -1,5 +1,6 @@
 """Architecture contracts: imports point one way, and the control plane never imports torch."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+THIS_TREE = {**os.environ, "PYTHONPATH": str(ROOT / "src")}   # a subprocess imports this tree's seamguard
 
 
 def test_import_contracts_hold():
@@ -29,7 +31,7 @@ def test_importing_the_runtime_loads_neither_the_twin_nor_the_decide_layer():
     code = ("import sys, seamguard.runtime, seamguard.runtime.cadence, seamguard.runtime.settings;"
             "bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['seamguard', 'twin'], ['seamguard', 'decide']));"
             "assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=THIS_TREE)
 
 
 def _stack() -> list[set[str]]:
