@@ -382,8 +382,9 @@ def test_open_episodes():
 
 
 def test_carried_checkpoint():
-    act = ck.carried_checkpoint(J0, 12.7)
-    assert act.key == f"checkpoint_now:{J0}@t12" and act.cause == J0 and act.target_kind == "job"
+    act = ck.carried_checkpoint(J0, 12.7, "gpu003")
+    # the job is the target, never the cause: the carried ask is for the node it was asked for (issue 37)
+    assert act.key == f"checkpoint_now:{J0}@t12" and act.cause == "gpu003" and act.target_kind == "job"
     assert act.reason == "seamguard: checkpoint asked at t=13s; not repeated while the risk episode lasts"
 
 
@@ -438,7 +439,7 @@ WORSE = replace(EXPOSED, node_state=np.where(np.arange(16) == 3, Q, H).astype(np
 def test_once_per_episode_by_default_even_when_it_worsens():
     asked = [ck.Episode(J0, "gpu003", int(CU))]
     jc = _job(EXPOSED, 0, prior=asked, last=100.0)
-    assert jc.carried and jc.action == ck.carried_checkpoint(J0, 100.0) and jc.issued is None
+    assert jc.carried and jc.action == ck.carried_checkpoint(J0, 100.0, "gpu003") and jc.issued is None
     assert jc.episodes == asked and jc.last_s == 100.0
     jc = _job(WORSE, 0, prior=asked, last=100.0)  # quarantine now, 900 s at stake: still the one ask
     assert jc.carried and jc.action.key.endswith("@t100") and jc.issued is None

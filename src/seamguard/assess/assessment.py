@@ -16,6 +16,7 @@ from seamguard.assess import evidence as ev
 from seamguard.assess.baselines import BaselineConfig, Baselines
 from seamguard.assess.admissibility import AdmissibilityConfig, node_admissibility, node_domain_states
 from seamguard.assess.parents import ParentConfig, fabric_parents
+from seamguard.assess.work import storage_bursts
 from seamguard.assess.propagation import PropagationConfig, all_dependents, fae, prs
 from seamguard.assess.states import Hysteresis, State, StateVector, step_states
 from seamguard.fleet.model import Fleet, Kind
@@ -186,9 +187,12 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     evid[Kind.LINK], link_b = ev.link_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.LINK), dt_s)
     # Links that move together with their switch are the switch's: one alarm, on it.
     evid[Kind.SWITCH], evid[Kind.LINK] = fabric_parents(fleet, evid[Kind.LINK], e_cfg, cfg.parents)
-    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s,
-                                                    hist=hist)
-    new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, supply_b, r_th, r_n, frame.t_s)
+    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s)
+    # A checkpoint's write burst is work: slow no longer than the path's own bursts is not evidence.
+    evid[Kind.STORAGE], burst_b = storage_bursts(evid[Kind.STORAGE], base.bursts(fleet.count(Kind.STORAGE)),
+                                                 learn(Kind.STORAGE) & (prev[Kind.STORAGE].state == State.HEALTHY),
+                                                 dt_s, b_cfg)
+    new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, supply_b, r_th, r_n, frame.t_s, burst_b)
 
     kinds: dict[Kind, KindAssessment] = {}
     transitions: list[Transition] = []

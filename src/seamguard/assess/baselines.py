@@ -3,7 +3,7 @@
 Pure data and pure update rules; the controller holds the state between ticks and
 persists it with the ledger snapshot (``to_arrays`` / ``from_arrays``). Every entity
 keeps a fixed number of floats (no lists, no windows), so memory is bounded at any
-fleet size: 64 bytes per GPU, 20 per NIC, 8 per link and storage path, 16 per cooling loop.
+fleet size: 72 bytes per GPU, 32 per NIC, 8 per link, 20 per storage path, 16 per cooling loop.
 
 Each baseline is an exponentially weighted estimate with a count-based start: the
 first samples are averaged evenly (``alpha = 1 / (n + 1)``), later ones with the
@@ -22,7 +22,9 @@ What is learned (docs/evidence.md):
 - GPU clock: its clock relative to its job peers at load, and its own clock at load (what
   it is judged by when its job has fewer than 3 other GPUs at load).
 - GPU and NIC error counters: each one's floor rate (errors per hour when healthy).
-- NIC congestion: its transmit-wait rate.
+- NIC congestion: its transmit-wait rate, one baseline per load class (its node idle or at
+  work): an idle spare's quiet port is no measure of the same port under a job.
+- Storage paths: the length of the write bursts (checkpoints) they show while healthy.
 - Links and storage paths: log latency (their latency floor).
 - Cooling loops: log coolant flow (the flow this loop holds when healthy) and the loop's
   supply temperature over the peer-loop median (CDUs hold different setpoints).
@@ -35,6 +37,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from seamguard.assess.stats import loo_median
 from seamguard.fleet.model import Fleet, Kind
 
 F32 = np.float32
@@ -64,6 +67,10 @@ class BaselineConfig(BaseModel):
     busy_util_pct: float = Field(10.0, ge=0, le=100, description="utilisation below which a GPU idles (a drained "
                                                                   "node): its thermal fit neither learns nor judges")
     transient_weight: float = Field(0.5, ge=0, description="uncertainty per °C of power change not yet settled")
+    burst_prior_s: float = Field(120.0, ge=0, description="how long a storage path may be slow as work (a checkpoint's "
+                                                          "write burst) before it has shown a burst of its own")
+    burst_margin: float = Field(1.25, ge=1, description="a learned burst length is allowed this many times over")
+    burst_cap_s: float = Field(900.0, gt=0, description="a slow run longer than this is never learned as a burst")
 
 
 def alpha(n: np.ndarray, dt_s: float, half_life_s: float, warm_samples: int = 0) -> np.ndarray:
@@ -112,15 +119,12 @@ class GpuBaseline:
     power_viol_floor: np.ndarray  # fraction of time power-capped
     clock_own_n: np.ndarray  # int32 own-clock samples learned (at load)
     clock_own: np.ndarray  # MHz at load, EW: the GPU's own clock when it has too few job peers
-    pcie_gen_max: np.ndarray  # highest PCIe generation seen at load (NaN: never seen)
-    pcie_width_max: np.ndarray  # most PCIe lanes seen at load (NaN: never seen)
-    edac_floor: np.ndarray  # /h, the host memory correctable-error floor of the GPU's node
 
     @classmethod
     def initial(cls, n: int) -> GpuBaseline:
         zi = np.zeros(n, dtype=np.int32)
         return cls(zi, _nan(n), _nan(n), _nan(n), _z(n), _z(n), _z(n), _nan(n), _z(n), zi.copy(), _nan(n), zi.copy(),
-                   _z(n), _z(n), _z(n), _z(n), zi.copy(), _nan(n), _nan(n), _nan(n), _z(n))
+                   _z(n), _z(n), _z(n), _z(n), zi.copy(), _nan(n))
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,11 +133,28 @@ class NicBaseline:
     symbol_floor: np.ndarray  # /h
     rcv_err_floor: np.ndarray  # /h
     discard_floor: np.ndarray  # /h
-    wait_rate: np.ndarray  # transmit-wait ticks per second, EW
+    wait_rate: np.ndarray  # transmit-wait ticks per second, EW, while its node is at work
+    wait_busy_n: np.ndarray  # int32 samples wait_rate learned from
+    wait_idle: np.ndarray  # transmit-wait ticks per second, EW, while its node idles
+    wait_idle_n: np.ndarray  # int32 samples wait_idle learned from
 
     @classmethod
     def initial(cls, n: int) -> NicBaseline:
-        return cls(np.zeros(n, dtype=np.int32), _z(n), _z(n), _z(n), _nan(n))
+        zi = np.zeros(n, dtype=np.int32)
+        return cls(zi, _z(n), _z(n), _z(n), _nan(n), zi.copy(), _nan(n), zi.copy())
+
+
+@dataclass(frozen=True, eq=False)
+class BurstBaseline:
+    """How long a storage path is slow as work: its checkpoint write bursts (docs/evidence.md)."""
+
+    run_s: np.ndarray  # how long the path has been slow now (0: not slow)
+    burst_s: np.ndarray  # the burst length it has shown while healthy (EW, a longer one at once); NaN: none yet
+    bursts: np.ndarray  # int32 bursts learned
+
+    @classmethod
+    def initial(cls, n: int) -> BurstBaseline:
+        return cls(_z(n), _nan(n), np.zeros(n, dtype=np.int32))
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,6 +190,10 @@ class Baselines:
     r_th: float  # °C/W, the fleet's slope of die rise over power (learned across GPUs)
     r_th_n: int  # ticks it was learned from
     t_s: float  # time of the last update (NaN before the first)
+    storage_burst: BurstBaseline | None = None  # None: fresh (see :meth:`bursts`)
+
+    def bursts(self, n: int) -> BurstBaseline:
+        return self.storage_burst if self.storage_burst is not None else BurstBaseline.initial(n)
 
     @classmethod
     def initial(cls, fleet: Fleet, cfg: BaselineConfig) -> Baselines:
@@ -176,19 +201,19 @@ class Baselines:
                    LatencyBaseline.initial(fleet.count(Kind.LINK)), LatencyBaseline.initial(fleet.count(Kind.STORAGE)),
                    LatencyBaseline.initial(fleet.count(Kind.COOLING_LOOP)),
                    OffsetBaseline.initial(fleet.count(Kind.COOLING_LOOP)), float(cfg.r_th_prior_c_per_w), 0,
-                   float("nan"))
+                   float("nan"), BurstBaseline.initial(fleet.count(Kind.STORAGE)))
 
     def dt(self, t_s: float, default_s: float) -> float:
         """Seconds since the last update (``default_s`` for the first)."""
         return default_s if not np.isfinite(self.t_s) else max(0.0, t_s - self.t_s)
 
     # ---- persistence through the ledger's snapshot arrays -------------------------------
-    _PARTS = ("gpu", "nic", "link", "storage", "loop", "loop_supply")
+    _PARTS = ("gpu", "nic", "link", "storage", "loop", "loop_supply", "storage_burst")
 
     def to_arrays(self, prefix: str = "baseline") -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for part in self._PARTS:
-            obj = getattr(self, part)
+            obj = getattr(self, part) if part != "storage_burst" else self.bursts(len(self.storage.n))
             for f in fields(obj):
                 out[f"{prefix}.{part}.{f.name}"] = getattr(obj, f.name)
         out[f"{prefix}.fleet"] = np.array([self.r_th, float(self.r_th_n), self.t_s])
@@ -223,7 +248,7 @@ class Baselines:
         if fl is None or fl.shape != (3,):
             return replace(fresh, **parts), stale + (["fleet"] if fl is None else [])
         return cls(parts["gpu"], parts["nic"], parts["link"], parts["storage"], parts["loop"], parts["loop_supply"],
-                   float(fl[0]), int(fl[1]), float(fl[2])), stale
+                   float(fl[0]), int(fl[1]), float(fl[2]), parts["storage_burst"]), stale
 
     def warm_counts(self, cfg: BaselineConfig) -> dict[str, int]:
         """How many entities of each kind have a warm baseline (for reports and /metrics)."""
@@ -268,3 +293,77 @@ def offset_step(base: OffsetBaseline, x: np.ndarray, learn: np.ndarray, dt_s: fl
     ok = learn & np.isfinite(x)
     a = alpha(base.n, dt_s, cfg.half_life_s, cfg.warm_samples)
     return OffsetBaseline(count_up(base.n, ok), ew(base.mean, sample, a, ok)), over, warm
+
+
+def node_at_work(fleet: Fleet, util_pct: np.ndarray, busy_util_pct: float) -> np.ndarray:
+    """Per node, whether it is at work (its load class): its GPUs' mean utilisation at or above
+    ``busy_util_pct`` where reported, else whether a job is placed on it. Keys baselines that
+    depend on load, so a node's idle hours never teach what its working hours look like."""
+    n = fleet.count(Kind.NODE)
+    seen = np.isfinite(util_pct)
+    cnt = np.bincount(fleet.gpu_node, weights=seen, minlength=n)
+    tot = np.bincount(fleet.gpu_node, weights=np.where(seen, util_pct, 0.0), minlength=n)
+    mean = np.divide(tot, cnt, out=np.zeros(n), where=cnt > 0)
+    return np.where(cnt > 0, mean >= busy_util_pct, fleet.node_job >= 0)
+
+
+def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s: float,
+               cfg: BaselineConfig) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
+    """One tick of a path's burst length: (new baseline, within its burst allowance now, allowance s).
+
+    A slow run counts up while the path is slow. When it ends by itself, no longer than
+    ``burst_cap_s``, on a path that is healthy, its length is learned: a longer burst at
+    once, a shorter one at the half-life. The allowance is ``burst_margin`` times the
+    learned length (``burst_prior_s`` before one is learned); a path slow no longer than
+    that is doing its work.
+    """
+    run = np.where(slow, base.run_s + max(dt_s, 0.0), 0.0)
+    ended = ~slow & (base.run_s > 0) & healthy & (base.run_s <= cfg.burst_cap_s)
+    a = alpha(base.bursts, dt_s, cfg.half_life_s)
+    longer = np.isfinite(base.burst_s) & (base.run_s > base.burst_s)
+    burst = np.where(longer & ended, base.run_s, ew(base.burst_s, base.run_s, a, ended & ~longer))
+    allow = np.where(np.isfinite(base.burst_s), cfg.burst_margin * base.burst_s, cfg.burst_prior_s)
+    new = BurstBaseline(run.astype(F32), burst.astype(F32), count_up(base.bursts, ended))
+    return new, slow & (run <= allow), allow
+
+
+def wait_ratio(b: NicBaseline, wait: np.ndarray, reporting: np.ndarray, work: np.ndarray, job: np.ndarray,
+               n_jobs: int, cfg: BaselineConfig) -> tuple[np.ndarray, float]:
+    """A port's transmit wait over its normal: (ratio, the smoothing constant used).
+
+    Its normal is the smaller claim of two, each for its node's load class (``work``: at
+    work or idle): its own learned wait in that class, and the median of the *other*
+    reporting ports under the same load: the ports of its job (``job`` per port, -1 none)
+    where it has 3 or more others, else of its load class (3 or more). A port with neither
+    has no verdict (0). A spare that idled for a week and now runs a job is judged against
+    the job's other ports, never against its idle hours.
+    """
+    fleet_med = float(np.median(wait[reporting])) if reporting.any() else 0.0
+    eps = max(fleet_med, 1.0) * 0.1
+    w = np.where(reporting, wait, np.nan)
+    same_job = np.where(work & (job >= 0), job + 1, 0).astype(np.int64)
+    med_job, k_job = loo_median(np.where(same_job > 0, w, np.nan), same_job, n_jobs + 1)
+    med_cls, k_cls = loo_median(w, work.astype(np.int64), 2)
+    use_job = (same_job > 0) & (k_job >= 3)
+    peer_med = np.where(use_job, med_job, np.where(k_cls >= 3, med_cls, np.nan))
+    r_peer = (wait + eps) / (peer_med + eps)
+    own = np.where(work, b.wait_rate, b.wait_idle)
+    own_warm = np.where(work, b.wait_busy_n, b.wait_idle_n) >= cfg.warm_samples
+    r_own = np.where(own_warm & np.isfinite(own), (wait + eps) / (np.nan_to_num(own) + eps), np.nan)
+    ratio = np.fmin(r_peer, r_own)
+    return np.where(reporting, np.nan_to_num(ratio, nan=0.0), 0.0), eps
+
+
+def wait_step(b: NicBaseline, wait: np.ndarray, work: np.ndarray, learn: np.ndarray, dt_s: float, eps: float,
+              clip_ratio: float, cfg: BaselineConfig) -> dict[str, np.ndarray]:
+    """Teach each port's wait baseline of its load class now (the other class is left as it was);
+    a warm baseline takes a sample clipped to ``clip_ratio`` times itself."""
+    out = {}
+    for field_, n_field, mask in (("wait_rate", "wait_busy_n", work), ("wait_idle", "wait_idle_n", ~work)):
+        old, n = getattr(b, field_), getattr(b, n_field)
+        warm = (n >= cfg.warm_samples) & np.isfinite(old)
+        sample = np.where(warm, np.minimum(wait, np.nan_to_num(old) * clip_ratio + eps), wait)
+        ok = learn & mask & np.isfinite(wait)
+        out[field_] = ew(old, sample, alpha(n, dt_s, cfg.half_life_s, cfg.warm_samples), ok)
+        out[n_field] = count_up(n, ok)
+    return out

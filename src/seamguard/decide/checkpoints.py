@@ -141,11 +141,19 @@ def open_episodes(fleet: Fleet, j: int, prior: list[Episode], ex: Exposure, node
     return eps
 
 
-def carried_checkpoint(job: str, t: float) -> Action:
-    """A checkpoint asked earlier in an open episode, carried as it is (not asked again)."""
+def carried_checkpoint(job: str, t: float, cause: str) -> Action:
+    """A checkpoint asked earlier in an open episode, carried as it is (not asked again).
+
+    ``cause`` is what the job was asked for (its exposed node, the moved job's cause): a job
+    is never the cause of an action taken on its behalf (issue 37)."""
     return Action(key=action_key(Verb.CHECKPOINT_NOW, job, f"t{int(t)}"), verb=Verb.CHECKPOINT_NOW, target=job,
                   target_kind="job", reason=f"seamguard: checkpoint asked at t={t:.0f}s; not repeated while "
-                                            "the risk episode lasts", cause=job)
+                                            "the risk episode lasts", cause=cause)
+
+
+def _worst_episode_node(eps) -> str:
+    """The node of the episode asked at the highest exposure level: what a carried checkpoint is for."""
+    return max(eps, key=lambda e: e.level).node
 
 
 def uncommitted_and_horizon_s(a: Assessment, j: int, last: float | None, interval_s: float) -> tuple[float, float]:
@@ -231,7 +239,7 @@ def job_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j:
         last = a.t_s
     carried = act is None and last is not None and any(e.level > 0 for e in eps.values())
     if carried:
-        act = carried_checkpoint(jn, last)
+        act = carried_checkpoint(jn, last, _worst_episode_node(eps.values()))
     return JobCheckpoint(act, carried, issued, [eps[n] for n in sorted(eps)], last)
 
 
@@ -279,7 +287,8 @@ def undo_unasked(plan: CheckpointPlan, desired: dict[str, Action]
         else:
             ckpts[jn] = before
             if any(e.level > 0 for e in eps_before):
-                desired[carried_checkpoint(jn, before).key] = carried_checkpoint(jn, before)
+                carried = carried_checkpoint(jn, before, _worst_episode_node(eps_before))
+                desired[carried.key] = carried
     return desired, episodes, ckpts
 
 
@@ -320,7 +329,7 @@ def plan_move_checkpoints(fleet: Fleet, policy: Policy, desired: dict[str, Actio
                     key=key, verb=Verb.CHECKPOINT_NOW, target=act.target, target_kind="job", cause=act.cause,
                     criticality=act.criticality,
                     reason=f"seamguard: before {k} (a requeue loses everything since the last persisted checkpoint)")
-        carried = carried_checkpoint(act.target, t)
+        carried = carried_checkpoint(act.target, t, act.cause or act.target)
         out.setdefault(carried.key, carried)
         now_asked[k] = t
     return out, now_asked
