@@ -99,3 +99,24 @@ def test_bad_markers_are_one_line_errors_naming_the_doc():
         claims.render_doc("<!-- claims:table begin -->\nno end\n", rows, "doc.md")
     with pytest.raises(claims.ClaimError, match="doc.md: inline marker names unknown claim field nope:value"):
         claims.render_doc("<!-- claim:nope:value -->1<!-- /claim -->", rows, "doc.md")
+
+
+def _record():
+    spec = importlib.util.spec_from_file_location("_record", ROOT / "benchmarks" / "_record.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_record_writes_a_commands_last_line_with_provenance_and_nothing_on_failure(tmp_path):
+    rec = _record()
+    out = tmp_path / "r.json"
+    code = "print('progress'); print('{\"x\": 2}')"
+    assert rec.main(["--out", str(out), "--", sys.executable, "-c", code]) == 0
+    got = json.loads(out.read_text())
+    assert got["x"] == 2 and "-c" in got["command"]
+    assert {"commit", "loadavg_1m", "loadavg_1m_end", "cpus", "utc"} <= set(got["provenance"])
+    bad = tmp_path / "bad.json"
+    assert rec.main(["--out", str(bad), "--", sys.executable, "-c", "print('no json')"]) == 2
+    assert rec.main(["--out", str(bad), "--", sys.executable, "-c", "raise SystemExit(3)"]) == 2
+    assert not bad.exists()
