@@ -342,6 +342,8 @@ def _meta(docs: list[dict]) -> tuple[str, str, str]:
         mode = d.get("quick", (d.get("config") or {}).get("quick"))
         if mode is None and d.get("mode") in ("quick", "full"):
             mode = d["mode"] == "quick"
+        if mode is None and isinstance(d.get("command"), str):   # recorded by _record.py's runner
+            mode = "--quick" in d["command"].split()
         runs.add(None if mode is None else ("quick" if mode else "full"))
         for v in (prov.get("loadavg_1m"), prov.get("loadavg_1m_end"), d.get("loadavg_1m"), d.get("load"),
                   (d.get("loadavg_start") or [None])[0], (d.get("loadavg_end") or [None])[0]):
