@@ -418,10 +418,13 @@ def _spread(f: Figure | None) -> str:
     return f"{fmt(f.lo)} to {fmt(f.hi)}" if f.lo < 0 else f"{fmt(f.lo)}-{fmt(f.hi)}"
 
 
+FIELDS = ("value", "opponent", "opponent_value", "ratio", "ratio_spread", "spread", "n")
+
+
 def fields(r: Row) -> dict[str, str]:
     """The strings a doc may quote of a row (inline markers name these)."""
     if r.problem:
-        return {"value": "missing", "opponent": "—", "ratio": "—", "spread": "—", "n": "—"}
+        return dict.fromkeys(FIELDS, "missing")
     return {"value": fmt(r.value.median), "opponent": r.opponent or "none in this result",
             "opponent_value": fmt(r.opponent_figure.median) if r.opponent_figure else "—",
             "ratio": (f"{fmt(r.ratio.median)}×" if r.ratio else

@@ -69,6 +69,7 @@ def test_fields_a_result_lacks_are_not_recorded_and_missing_paths_say_so(tmp_pat
     assert claims.fields(r)["spread"] == "0.400-0.900"
     gone = claims.build_row(claims.Claim("b", "cap", "y", "a.json", "y"), tmp_path)
     assert gone.problem and "'y'" in gone.problem
+    assert set(claims.fields(gone)) == set(claims.fields(r))   # a doc quoting it reads "missing"
     none = claims.build_row(claims.Claim("c", "cap", "y", "absent.json", "y"), tmp_path)
     assert "absent.json" in none.problem
     _write(tmp_path, "p.json", {"v": 1.0, "provenance": {"commit": "abc1234", "loadavg_1m": 2.0,
