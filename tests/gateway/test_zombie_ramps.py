@@ -130,11 +130,9 @@ def test_a_stealthy_leak_following_the_daily_shape_is_caught_within_an_hour(seed
         steps = [s for s in feed(det, "k", t, n, src) if s.to_state != "ok"]
         if steps:
             assert t >= leak_at, f"flagged {leak_at - t:.0f} s before the leak ({steps[0].reason})"
-            # within the hour once the leak holds most of its window; a key whose spend falls through
-            # that hour (its day ending) takes a few minutes more (docs/gateway.md)
-            assert t - leak_at <= 65 * 60.0, f"caught {t - leak_at:.0f} s after the leak"
-            assert steps[0].reason == "spend over its history at this time of day"
-            assert steps[0].evidence["ratio"] > 2.0
+            assert t - leak_at <= 60 * 60.0, f"caught {t - leak_at:.0f} s after the leak"
+            assert steps[0].reason.startswith("spend over its history")
+            assert steps[0].evidence["ratio"] > 1.5
             return
     pytest.fail("the leak was never caught")
 
@@ -196,3 +194,25 @@ def test_a_suspension_on_the_key_s_own_demand_is_not_lifted_by_a_few_gateway_fai
     for r in range(rid - 5, rid + 1):  # five of them failed by the gateway: the rest is still 30x its peak
         assert det.observe_result("k", t0 + 70.0, False, "x", gateway_fault=True, request=r) is None
     assert det.state("k")[0] == "suspended"
+
+
+def noisy_weeks(det: ZombieDetector, rng: random.Random, weeks: int, growth_per_week: float,
+                weekend_level: float, day_sigma: float) -> list:
+    """Weeks of a random healthy key as real ones look: weekends at ``weekend_level`` of a weekday,
+    each day's level lognormal(0, ``day_sigma``), organic growth; its steps (none expected)."""
+    shape, steps = random_shape(rng), []
+    for d in range(weeks * 7):
+        level = growth_per_week ** (d / 7) * rng.lognormvariate(0, day_sigma) * (weekend_level if d % 7 in (5, 6)
+                                                                                 else 1.0)
+        for t, n in random_key_day(rng, d, 1.0, shape):
+            copies = int(level) + (rng.random() < level - int(level))  # the day's level, request by request
+            for i in range(copies):
+                steps += [s for s in feed(det, "k", t + 0.5 * i, n) if s.to_state != "ok"]
+    return steps
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_healthy_keys_with_weekends_noisy_days_and_growth_are_never_flagged(seed):
+    """Three weeks: weekends at 30 % of a weekday, days varying ~10 %, growing 20 % a week."""
+    steps = noisy_weeks(ZombieDetector(), random.Random(300 + seed), 3, 1.2, 0.3, 0.1)
+    assert steps == [], [(s.reason, s.evidence) for s in steps]

@@ -17,6 +17,11 @@ change. Nothing here reads a clock, a file or the network. Departures:
   ``history_shift_s``) over its last ``history_days`` active days (the median day, but no
   less than 3/4 of the busiest): a leak that follows the key's daily shape, or a ramp slower
   than the volume rule sees, stays above its history;
+- spend over history, bin by bin (``zombie_history.py``): each closed 5-minute bin's demand
+  against the key's usual at that time of day adds to a CUSUM of the evidence for "spend
+  ``history_seq_ratio`` x usual", with the spread learned from the key's own days; over
+  ln(``history_false_alarm_bins``) is a departure (a shape-following leak is seen in ~20-40
+  minutes, sooner than the hour's median moves);
 - error-retry loop: ``error_loop_count`` failures of one identical request in 60 s while most
   results fail (no history needed: a loop is wrong for any key);
 - round-the-clock: active in ``rtc_active_hours`` of the last 24 hours while on no day of
@@ -43,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from seamguard.gateway.zombie_history import Reference, bin_evidence, cusum, learn_reference
 
 KeyState = Literal["ok", "throttled", "suspended"]
 WINDOW_S = 60.0
@@ -77,6 +84,12 @@ class ZombieThresholds(BaseModel):
                                                           "history is not judged")
     history_peak_share: float = Field(0.25, ge=0, description="... nor below this share of the key's peak minute "
                                                               "(off-hours work well under its peak is not a leak)")
+    history_seq_ratio: float = Field(1.5, gt=1, description="spend over history, bin by bin: the departure it "
+                                                            "is designed to catch (this x the usual: a leak adding "
+                                                            "half the key's own spend)")
+    history_false_alarm_bins: float = Field(1e5, gt=1, description="spend over history, bin by bin: the "
+                                           "CUSUM's bar is ln of this, so a key that spends as its history says "
+                                           "crosses it no more than once in this many 5-minute bins on average")
     history_override_s: float = Field(86400.0, ge=0, description="after an operator's unsuspend, spend is not "
                                                                  "judged by history this long (that day is learned)")
     error_loop_count: int = Field(20, ge=2, description="identical failing requests in 60 s")
@@ -147,6 +160,12 @@ class _Key:
     days: dict = field(default_factory=dict)
     bin: int | None = None
     history_departure: tuple[str, dict[str, float]] | None = None
+    # spend over history bin by bin (zombie_history.py): the day's reference, the CUSUM and its run
+    reference: Reference | None = None
+    reference_day: int | None = None
+    cusum: float = 0.0
+    cusum_bins: int = 0
+    cusum_log_ratio: float = 0.0
     # last 60 s, with running sums so that judging a request costs O(1), not O(requests in a minute)
     demand: deque = field(default_factory=deque)  # _Req
     demand_sum: int = 0
@@ -290,6 +309,8 @@ class ZombieDetector:
             while len(k.days) > self.th.history_days + 1:
                 k.days.pop(next(iter(k.days)))
         if n != k.bin:
+            if k.bin is not None:
+                self._close_bins(k, k.bin, n)
             k.bin = n
             k.history_departure = self._history(k, n)
 
@@ -299,16 +320,56 @@ class ZombieDetector:
         cur = _window_level(k.days, n, clean=False) or 0.0
         per_minute = cur / (BIN_S / 60.0)
         if per_minute < max(th.history_floor_tpm, th.history_peak_share * k.peak, 1e-9):
-            return None
+            return self._sequential(k)
         refs = history_reference(k.days, n, int(th.history_shift_s // BIN_S))
         if len(refs) < th.history_min_days:
             return None
         usual = history_usual(refs)
         if cur <= th.history_ratio * usual:
-            return None
+            return self._sequential(k)
         return "spend over its history at this time of day", {
             "level_5min_tokens_last_hour": round(cur, 1), "usual_5min_tokens": round(usual, 1),
             "ratio": round(cur / max(usual, 1.0), 2), "history_days": len(refs)}
+
+    def _close_bins(self, k: _Key, first: int, end: int) -> None:
+        """Bins [first, end) closed: each adds its evidence to the key's CUSUM (a gap of more than
+        an hour starts it again: the key was idle)."""
+        th = self.th
+        if end - first > HISTORY_BINS or (k.history_off_until > -math.inf and k.last_t < k.history_off_until):
+            k.cusum, k.cusum_bins, k.cusum_log_ratio = 0.0, 0, 0.0
+            return
+        gate = max(th.history_floor_tpm, th.history_peak_share * k.peak, 1e-9) * BIN_S / 60.0
+        pseudo = th.history_floor_tpm * BIN_S / 60.0
+        bar = math.log(th.history_false_alarm_bins)
+        for m in range(first, end):
+            day, s = divmod(m, BINS_PER_DAY)
+            if k.reference_day != day:
+                k.reference_day = day
+                k.reference = learn_reference(k.days, day, int(th.history_shift_s // BIN_S), gate, pseudo,
+                                              th.history_min_days)
+            ref = k.reference
+            if ref is None:
+                continue
+            tokens, _ = _bin_of(k.days, m)
+            ev = bin_evidence(tokens, float(ref.usual[s]), ref, th.history_seq_ratio, pseudo, bar)
+            k.cusum = cusum(k.cusum, ev, tokens >= gate)
+            if k.cusum == 0.0:
+                k.cusum_bins, k.cusum_log_ratio = 0, 0.0
+            elif not math.isnan(ref.usual[s]):
+                k.cusum_bins += 1
+                k.cusum_log_ratio += math.log((tokens + pseudo) / (float(ref.usual[s]) + pseudo))
+
+    def _sequential(self, k: _Key) -> tuple[str, dict[str, float]] | None:
+        """Spend over history bin by bin: the CUSUM over its bar."""
+        bar = math.log(self.th.history_false_alarm_bins)
+        if k.cusum < bar or k.reference is None:
+            return None
+        ref = k.reference
+        return "spend over its history, bin by bin", {
+            "evidence_llr": round(k.cusum, 2), "bar_llr": round(bar, 2), "bins": k.cusum_bins,
+            "ratio": round(math.exp(k.cusum_log_ratio / max(k.cusum_bins, 1)), 2),
+            "sigma_log": round(ref.sigma, 3), "allowance_log": round(ref.allowance, 3),
+            "offset_log": round(float(ref.offset), 3), "history_days": ref.days}
 
     def _taint(self, k: _Key) -> None:
         """The current bin holds a departure: never part of the key's history."""
@@ -491,6 +552,7 @@ class ZombieDetector:
         k.override_until = operator_at + self.th.override_s
         k.history_off_until = operator_at + self.th.history_override_s
         k.history_departure = None
+        k.cusum, k.cusum_bins, k.cusum_log_ratio = 0.0, 0, 0.0
         k.demand.clear()
         k.results.clear()
         k.demand_sum = k.new_sum = k.fails = 0
