@@ -262,7 +262,8 @@ def fleet_to_topology(fleet: Fleet) -> dict[str, Any]:
         "name": fleet.name,
         "defaults": {"gpu_throttle_temp_c": float(np.median(fleet.gpu_throttle_temp_c)),
                      "gpu_tdp_w": float(np.median(fleet.gpu_tdp_w))},
-        "cooling_loops": [{"name": n, "rated_flow_lpm": round(float(f), 3), "supply_temp_max_c": float(t)}
+        "cooling_loops": [{"name": n, "rated_flow_lpm": round(float(f), 3),
+                           **({"supply_temp_max_c": float(t)} if t != DEFAULT_SUPPLY_TEMP_MAX_C else {})}
                           for n, f, t in zip(fleet.loop_names, fleet.loop_rated_flow_lpm, fleet.supply_temp_max_c)],
         "racks": [{"name": n, "cooling_loop": fleet.loop_names[lp]}
                   for n, lp in zip(fleet.rack_names, fleet.rack_loop.tolist())],
@@ -270,7 +271,9 @@ def fleet_to_topology(fleet: Fleet) -> dict[str, Any]:
                      for n, t in zip(fleet.switch_names, fleet.switch_tier.tolist())],
         "uplinks": [{"leaf": fleet.switch_names[a], "spine": fleet.switch_names[b]}
                     for a, b in zip(fleet.link_leaf[uplink].tolist(), fleet.link_spine[uplink].tolist())],
-        "storage_paths": [{"name": n, "budget_ms": float(b)} for n, b in zip(fleet.storage_names, fleet.storage_budget)],
+        # Only what differs from the defaults is written: a file without envelopes reads as before.
+        "storage_paths": [n if b == DEFAULT_STORAGE_BUDGET_MS else {"name": n, "budget_ms": float(b)}
+                          for n, b in zip(fleet.storage_names, fleet.storage_budget)],
         "nodes": [{"name": n, "rack": fleet.rack_names[fleet.node_rack[i]],
                    "storage": fleet.storage_names[fleet.node_storage[i]], "gpus": int(gpus[i]),
                    "spare": bool(fleet.node_spare[i]), "nics": nics_by_node.get(i, []),
