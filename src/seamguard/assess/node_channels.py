@@ -160,6 +160,45 @@ def _pcie(frame: Frame, g, at_load: np.ndarray, learn: np.ndarray):
     return np.clip(loss, 0.0, 1.0), gen_max, width_max
 
 
+def _host_memory(fleet: Fleet, frame: Frame, hist: History, cfg, g, learn, cnt_warm, alpha_c, margin):
+    """Correctable errors per hour over the node's own floor, and uncorrectable ones, per GPU."""
+    n_nodes, node = fleet.count(Kind.NODE), fleet.gpu_node
+    ce = _per_h(hist, "node_edac_correctable_errors_total", frame, cfg.flap_window_s, n_nodes)[node]
+    s_mem = cfg.host_memory_weight * ramp(ce - np.where(cnt_warm, g.edac_floor, 0.0), *cfg.edac_ce_per_h)
+    ue_now = (_inc_now(hist, "node_edac_uncorrectable_errors_total", frame, n_nodes) > 0)[node]
+    ue = _count(hist, "node_edac_uncorrectable_errors_total", frame, cfg.flap_window_s, n_nodes)[node]
+    floor = floor_step(g.edac_floor, ce, alpha_c, learn & (s_mem < 0.2), margin * cfg.edac_ce_per_h[0])
+    return s_mem, ce, ue, ue_now, ue > 0, floor
+
+
+def _nvswitch(fleet: Fleet, frame: Frame, hist: History, cfg):
+    """SXids folded over the NVLink domain (its switches serve every GPU in it), per GPU."""
+    n_nodes, node, dom = fleet.count(Kind.NODE), fleet.gpu_node, fleet.node_domain
+    n_dom = int(dom.max()) + 1 if dom.size else 0
+
+    def any_in_domain(per_node: np.ndarray) -> np.ndarray:
+        return (np.bincount(dom, weights=per_node, minlength=n_dom) > 0)[dom][node]
+
+    now = any_in_domain(_inc_now(hist, "seamguard_sxid_fatal_total", frame, n_nodes) > 0)
+    recent = any_in_domain(_count(hist, "seamguard_sxid_fatal_total", frame, cfg.flap_window_s, n_nodes) > 0)
+    nonfatal = np.zeros(n_dom)  # the most any node of the domain logged (each may log the same switch's)
+    np.maximum.at(nonfatal, dom, _count(hist, "seamguard_sxid_nonfatal_total", frame, cfg.flap_window_s, n_nodes))
+    nonfatal = nonfatal[dom][node]
+    return cfg.nvswitch_weight * ramp(nonfatal, *cfg.sxid_nonfatal), nonfatal, now, recent
+
+
+def _host_pressure(fleet: Fleet, frame: Frame, hist: History, cfg):
+    """The node's worst PSI share (full for memory and I/O, some for CPU), 1 after an OOM kill; per GPU."""
+    n_nodes, node = fleet.count(Kind.NODE), fleet.gpu_node
+    psi = np.stack([_share(hist, s, frame, cfg.rate_window_s, n_nodes) for s in (
+        "node_pressure_memory_stalled_seconds_total", "node_pressure_io_stalled_seconds_total",
+        "node_pressure_cpu_waiting_seconds_total")], axis=1)
+    worst = np.max(np.nan_to_num(psi, nan=-1.0), axis=1)
+    pressure = np.where(worst < 0, np.nan, worst)[node]
+    ooms = _count(hist, "node_vmstat_oom_kill", frame, cfg.flap_window_s, n_nodes)[node]
+    return np.where(ooms > 0, np.fmax(pressure, 1.0), pressure), ooms
+
+
 def node_channels(fleet: Fleet, frame: Frame, hist: History, cfg, g, learn: np.ndarray, cnt_warm: np.ndarray,
                   at_load: np.ndarray, deficit: np.ndarray, alpha_c: np.ndarray, margin: float,
                   fatal_xids: tuple[int, ...], warning_xids: tuple[int, ...]) -> NodeChannels:
@@ -169,47 +208,14 @@ def node_channels(fleet: Fleet, frame: Frame, hist: History, cfg, g, learn: np.n
     GPUs whose counter floors are warm, ``at_load`` the GPUs at load, ``deficit`` their clock
     deficit against peers, ``alpha_c`` / ``margin`` how counter floors learn.
     """
-    n_nodes = fleet.count(Kind.NODE)
-    node = fleet.gpu_node
-    n = len(node)
-    xid = frame.get("DCGM_FI_DEV_XID_ERRORS")
-    warn_new, fatal_new, fatal_recent = _kernel_xid(fleet, frame, hist, cfg.rate_window_s, xid,
-                                                    fatal_xids, warning_xids)
-
-    # Host memory (per node): correctable errors over the node's own floor; an uncorrectable one is hard.
-    ce = _per_h(hist, "node_edac_correctable_errors_total", frame, cfg.flap_window_s, n_nodes)[node]
-    ce_over = ce - np.where(cnt_warm, g.edac_floor, 0.0)
-    s_mem = cfg.host_memory_weight * ramp(ce_over, *cfg.edac_ce_per_h)
-    ue_now = (_inc_now(hist, "node_edac_uncorrectable_errors_total", frame, n_nodes) > 0)[node]
-    ue_recent = (_count(hist, "node_edac_uncorrectable_errors_total", frame, cfg.flap_window_s, n_nodes) > 0)[node]
-    ue = _count(hist, "node_edac_uncorrectable_errors_total", frame, cfg.flap_window_s, n_nodes)[node]
-    edac_floor = floor_step(g.edac_floor, ce, alpha_c, learn & (s_mem < 0.2), margin * cfg.edac_ce_per_h[0])
-
-    # NVSwitch SXids, folded over the NVLink domain (the switches serve every GPU in it).
-    dom = fleet.node_domain
-    n_dom = int(dom.max()) + 1 if dom.size else 0
-    fatal_node_now = _inc_now(hist, "seamguard_sxid_fatal_total", frame, n_nodes) > 0
-    fatal_node_recent = _count(hist, "seamguard_sxid_fatal_total", frame, cfg.flap_window_s, n_nodes) > 0
-    sx_now = (np.bincount(dom, weights=fatal_node_now, minlength=n_dom) > 0)[dom][node]
-    sx_recent = (np.bincount(dom, weights=fatal_node_recent, minlength=n_dom) > 0)[dom][node]
-    nonfatal = np.zeros(n_dom)
-    np.maximum.at(nonfatal, dom, _count(hist, "seamguard_sxid_nonfatal_total", frame, cfg.flap_window_s, n_nodes))
-    nonfatal = nonfatal[dom][node]
-    s_sx = cfg.nvswitch_weight * ramp(nonfatal, *cfg.sxid_nonfatal)
-
-    # Host pressure (PSI full for memory and I/O, some for CPU; OOM kills): context only.
-    psi = np.stack([_share(hist, s, frame, cfg.rate_window_s, n_nodes) for s in (
-        "node_pressure_memory_stalled_seconds_total", "node_pressure_io_stalled_seconds_total",
-        "node_pressure_cpu_waiting_seconds_total")], axis=1)
-    pressure = np.where(np.isfinite(psi).any(axis=1), np.nanmax(np.nan_to_num(psi, nan=-1.0), axis=1), np.nan)
-    pressure = np.where(pressure < 0, np.nan, pressure)[node]
-    ooms = _count(hist, "node_vmstat_oom_kill", frame, cfg.flap_window_s, n_nodes)[node]
-    host_pressure = np.where(ooms > 0, np.fmax(pressure, 1.0), pressure)
-
-    # PCIe link against its own maximum at load.
+    n = fleet.count(Kind.GPU)
+    warn_new, fatal_new, fatal_recent = _kernel_xid(fleet, frame, hist, cfg.rate_window_s,
+                                                    frame.get("DCGM_FI_DEV_XID_ERRORS"), fatal_xids, warning_xids)
+    s_mem, ce, ue, ue_now, ue_recent, edac_floor = _host_memory(fleet, frame, hist, cfg, g, learn, cnt_warm,
+                                                                alpha_c, margin)
+    s_sx, nonfatal, sx_now, sx_recent = _nvswitch(fleet, frame, hist, cfg)
+    host_pressure, ooms = _host_pressure(fleet, frame, hist, cfg)
     loss, gen_max, width_max = _pcie(frame, g, at_load, learn)
-    s_pcie = cfg.pcie_link_weight * ramp(loss, *cfg.pcie_bw_loss)
-
     # Why the clocks are held, where a clock deficit needs a why.
     reasons = frame.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
     bits = np.where(np.isfinite(reasons) & (np.nan_to_num(deficit) >= cfg.clock_deficit[0]),
@@ -220,7 +226,7 @@ def node_channels(fleet: Fleet, frame: Frame, hist: History, cfg, g, learn: np.n
         ("host_memory_uncorrectable", "errors", ue_recent.astype(float), ue),
         ("nvswitch", "events", s_sx, nonfatal),
         ("nvswitch_fatal", "bool", sx_recent.astype(float), sx_recent.astype(float)),
-        ("pcie_link", "fraction", s_pcie, loss),
+        ("pcie_link", "fraction", cfg.pcie_link_weight * ramp(loss, *cfg.pcie_bw_loss), loss),
         ("host_pressure", "fraction", zero, host_pressure),
         ("oom_kills", "events", zero, ooms),
         ("clock_thermal", "bool", zero, ((bits & CLOCK_THERMAL) > 0).astype(float)),
