@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.assess.baselines import (Baselines, BaselineConfig, GpuBaseline, NicBaseline, alpha, count_up, ew,
                                         floor_step, latency_step, node_at_work, offset_step, wait_ratio, wait_step)
-from seamguard.assess.stats import loo_median, loo_robust_z, noisy_or, ramp
+from seamguard.assess.stats import group_median, loo_median, loo_robust_z, noisy_or, ramp
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
@@ -209,16 +209,18 @@ def _thermal(fleet: Fleet, frame: Frame, hist: History, base: Baselines, bcfg: B
     e = x - (a + b * p_eff)
     warm = (g.n >= bcfg.warm_samples) & np.isfinite(g.x_mean)
     # Common mode of the GPU's rack (same coolant, same rack heat): removed, so a
-    # coolant swing or a rack-wide load change is nobody's drift. The common mode is the
-    # *other* warm GPUs' (a GPU is never its own peer); fewer than 3 of them in the rack:
-    # the loop's; fewer than 3 there too: none (its own baseline alone).
+    # coolant swing or a rack-wide load change is nobody's drift. A rack with fewer
+    # than 3 warm GPUs borrows its loop's. This is no peer verdict (the verdict is the GPU's
+    # own baseline) and the GPU is one of those the shared cause moves, so it counts in the
+    # median: with it left out, half a rack of GPUs that run warm by design read as drift
+    # whenever their load changed (docs/evidence.md, "Peer groups and parents").
     ew_ = np.where(warm & ok, e, np.nan)
     n_r, n_l = fleet.count(Kind.RACK), fleet.count(Kind.COOLING_LOOP)
-    c = np.zeros(len(e))
-    if n_r and n_l:
-        c_rack, k_rack = loo_median(ew_, fleet.gpu_rack, n_r)
-        c_loop, k_loop = loo_median(ew_, fleet.gpu_loop, n_l)
-        c = np.where(k_rack >= 3, c_rack, np.where(k_loop >= 3, c_loop, 0.0))
+    c_rack = group_median(ew_, fleet.gpu_rack, n_r) if n_r else np.zeros(0)
+    cnt_rack = np.bincount(fleet.gpu_rack, weights=np.isfinite(ew_), minlength=n_r) if n_r else np.zeros(0)
+    c_loop = group_median(ew_, fleet.gpu_loop, n_l) if n_l else np.zeros(0)
+    c = np.where(cnt_rack[fleet.gpu_rack] >= 3, c_rack[fleet.gpu_rack], c_loop[fleet.gpu_loop]) \
+        if n_r and n_l else np.zeros(len(e))
     c = np.nan_to_num(c, nan=0.0)
     d = e - c
     sb = bcfg.slope_spread * b0 * np.sqrt(lam / (g.p_var + lam))
