@@ -762,7 +762,7 @@ function renderDetail(d) {
   const older = d.entered_by && d.entered_by.t_s < w0 ? `<div class="muted small">entered ${esc(label(e.state))} at ${fmtT(d.entered_by.t_s)}, before this window</div>` : "";
   const fromLedger = persistedNote(d.persisted, gt);
   const ringNote = fromLedger ? ` GFS and signals${fromLedger}: ${d.persisted.rule}; the peer band covers the controller's last ticks only.`
-    : gt.length && gt[0] > w0 + 1 ? ` Signals are kept for the controller's last ticks (from ${fmtT(gt[0])}); state changes and actions come from the ledger over the whole window.` : "";
+    : gt.length && gt[0] > w0 + 1 ? ` Signals are kept for the controller's last ticks (from ${fmtT(gt[0])})${d.persisted ? `; before them the ledger has none of this ${esc(e.kind)} (${d.persisted.rule})` : ""}; state changes and actions come from the ledger over the whole window.` : "";
   $("detail").className = "detail";
   $("detail").dataset.kind = e.kind; $("detail").dataset.name = e.name; $("detail").dataset.state = e.state;
   $("detail").innerHTML = `
