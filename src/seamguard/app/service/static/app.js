@@ -689,6 +689,49 @@ function renderJobs(jobs) {
     }).join("");
 }
 
+// ---- goodput (measured): each job's wall time by cause, the fleet's ETTR; /api/v1/goodput ----------
+const GP_COLOR = { productive: "#3fb950", checkpoint_stall: "#8b949e", rollback: "#d29922", restart: "#f85149",
+                   straggler: "#a371f7", degraded: "#58a6ff", unattributed: "#6e7681" };
+const GP_JOBS = 12;  // bars drawn: the jobs with the lowest ETTR first
+const gpLost = j => Object.entries(j.by_cause_s).filter(([c]) => c !== "productive").reduce((a, [, v]) => a + v, 0);
+
+async function refreshGoodput() {
+  const [t0, t1] = chartWindow();
+  const g = await api(`${API}/goodput?since=${t0.toFixed(3)}&until=${t1.toFixed(3)}&buckets=48`);
+  st.goodput = g; renderGoodput(g, t0, t1);
+}
+
+function gpBar(j) {
+  const segs = Object.entries(j.by_cause_s).filter(([, v]) => v > 0).map(([c, v]) =>
+    `<div style="width:${(100 * v / j.wall_s).toFixed(3)}%;background:${GP_COLOR[c] || "#888"}" title="${esc(label(c))}: ${fmtDur(v)} (${pct(v / j.wall_s)})"></div>`).join("");
+  return `<div class="gprow" data-job="${esc(j.job)}"><div class="gpname"><span>${esc(j.job)}</span><span class="muted">ETTR ${pct(j.ettr)} · lost ${fmtDur(gpLost(j))}</span></div><div class="gpbar">${segs}</div></div>`;
+}
+
+const fmtDur = s => s >= 3600 ? (s / 3600).toFixed(1) + " h" : s >= 60 ? (s / 60).toFixed(1) + " min" : s.toFixed(1) + " s";
+
+function renderGoodput(g, t0, t1) {
+  const jobs = g.jobs.filter(j => j.wall_s > 0).sort((a, b) => (a.ettr ?? 1) - (b.ettr ?? 1)).slice(0, GP_JOBS);
+  const f = g.fleet;
+  $("gpsum").textContent = f.ettr == null ? "measured: no job reported its step in this range"
+    : `fleet ETTR ${pct(f.ettr)} over ${g.jobs.filter(j => j.wall_s > 0).length} job(s), ${fmtDur(f.wall_s)} of job time (series: ${g.source})`;
+  $("gpbars").innerHTML = jobs.length ? jobs.map(gpBar).join("")
+    : `<div class="muted">no job reported <code>seamguard_job_step</code> in this range (the runtime exports it: seamguard launch --metrics-port)</div>`;
+  $("gplegend").innerHTML = g.causes.map(c => `<span><i class="sw" style="background:${GP_COLOR[c]}"></i>${esc(label(c))}</span>`).join("");
+  const b = g.ettr_over_time.filter(p => p.ettr != null);
+  $("gpettr").innerHTML = b.length ? tsChart({
+    width: widthOf("gpettr"), height: 120, t0, t1, yMin: 0, yMax: 100, unit: "% ETTR", yTick: v => v.toFixed(0) + "%",
+    series: [{ t: b.map(p => (p.t0_s + p.t1_s) / 2), v: b.map(p => 100 * p.ettr), color: LINE, width: 2, label: "fleet ETTR" }],
+  }) : `<div class="muted small">no job time in this range</div>`;
+  // A live cluster reports no useful-work figure to the twin's panel: show the measured one there.
+  if (st.tput && st.tput.useful_with_control == null) {
+    $("tputsub").textContent = "twin only; measured goodput of this cluster instead";
+    $("tputstats").innerHTML = [
+      ["measured ETTR (goodput) over the range", `<b>${pct(f.ettr)}</b>`],
+      ...g.causes.filter(c => c !== "productive" && f.by_cause_s[c] > 0).map(c => [`lost to ${esc(label(c))}`, `<b>${fmtDur(f.by_cause_s[c])}</b>`]),
+    ].map(([k, v]) => `<div class="muted">${k}</div><div>${v}</div>`).join("");
+  }
+}
+
 async function refreshGray() {
   const bad = STATES.slice(1).map(s => "state=" + s).join("&");
   const [g, n, o] = await Promise.all([
@@ -828,7 +871,7 @@ async function refreshAll(s) {
   renderTimeline(tl, s);
   await refreshMap();
   st.tput = tp; renderThroughput(tp); renderJobs(jobs);
-  await Promise.all([refreshGray(), refreshDetail(), refreshFleet()]);
+  await Promise.all([refreshGray(), refreshDetail(), refreshFleet(), refreshGoodput()]);
   document.body.dataset.view = viewHash();
 }
 
