@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from seamguard.app import agent_cli, eval_cli, fleet_cli, gateway_cli
+from seamguard.app import agent_cli, eval_cli, fleet_cli, gateway_cli, goodput_cli
 from seamguard.app import twin_cli as twin_events_cli
 from seamguard.clikit import (HELP_STYLE, JSON_OPTION, OUTPUT_OPTION, Group, Output, emit, fail, interactive,
                                   phase, wants_json)
@@ -397,6 +397,10 @@ def review(
          wants_json(output, json_flag),
          lambda d: typer.echo("\n".join([rv.render(d["by_verb"], d["calibration"], horizon_s),
                                          *rv.render_slip(d["deadlines"])])))
+
+
+app.command("goodput", short_help="Each job's wall time by cause: live goodput and ETTR.")(
+    goodput_cli.goodput)
 
 
 # ---- evaluation (issue 15): score a timeline against labels; scenario histories ---------------
