@@ -65,6 +65,11 @@ class NodeChannels:
     baseline: dict[str, np.ndarray]  # GpuBaseline fields learned here
 
 
+def _seen(hist: History, frame: Frame, *names: str) -> bool:
+    """Whether any of the signals is in this frame or its history (most fleets report none of some)."""
+    return any(n in frame.values or hist.window(n, 1) is not None for n in names)
+
+
 def _rows(hist: History, name: str, frame: Frame, k: int) -> np.ndarray | None:
     """The last ``k`` past rows and the current one (oldest first), or None if never seen."""
     w = hist.window(name, k)
@@ -129,21 +134,29 @@ def _kernel_xid(fleet: Fleet, frame: Frame, hist: History, window_s: float, xid_
     w = hist.window("DCGM_FI_DEV_XID_ERRORS", 2)
     w = w if w is not None and w.shape[0] == 2 else np.full((2, n), np.nan)
     p2, p1 = w[0], w[1]
+    no = np.zeros(n, dtype=bool)
+    moved_now, moved_prev = (xid_gauge != p1) & ~np.isnan(xid_gauge), (p1 != p2) & ~np.isnan(p1)
+    kernel = _seen(hist, frame, "seamguard_xid_warning_total", "seamguard_xid_fatal_total")
 
-    def changed_to(codes, a, b):  # the gauge moved from a to b, onto a code of the class
-        return (b != a) & ~np.isnan(b) & np.isin(b, codes)
+    def changed_to(codes, moved, b):  # the gauge moved onto a code of the class (a change is rare: test first)
+        return moved & np.isin(b, codes) if moved.any() else no
 
     out = []
     for name, codes in (("seamguard_xid_warning_total", warning), ("seamguard_xid_fatal_total", fatal)):
-        g_now, g_prev = changed_to(codes, p1, xid_gauge), changed_to(codes, p2, p1)
+        g_now, g_prev = changed_to(codes, moved_now, xid_gauge), changed_to(codes, moved_prev, p1)
+        if not kernel:
+            out.append(g_now)
+            continue
         k_now, k_prev = _inc_now(hist, name, frame, n) > 0, _inc_prev(hist, name, n) > 0
         out.append((g_now & ~k_prev) | (k_now & ~g_prev))
-    recent = _count(hist, "seamguard_xid_fatal_total", frame, window_s, n) > 0
+    recent = _count(hist, "seamguard_xid_fatal_total", frame, window_s, n) > 0 if kernel else no
     return out[0], out[1], recent
 
 
 def _pcie(frame: Frame, g, at_load: np.ndarray, learn: np.ndarray):
     """Share of the host link's bandwidth lost against the most the GPU has held at load."""
+    if "DCGM_FI_DEV_PCIE_LINK_GEN" not in frame.values or "DCGM_FI_DEV_PCIE_LINK_WIDTH" not in frame.values:
+        return np.full(len(at_load), np.nan), g.pcie_gen_max, g.pcie_width_max
     gen = frame.get("DCGM_FI_DEV_PCIE_LINK_GEN")
     width = frame.get("DCGM_FI_DEV_PCIE_LINK_WIDTH")
     ok = at_load & np.isfinite(gen) & np.isfinite(width) & (gen >= 1) & (width >= 1)
@@ -163,6 +176,9 @@ def _pcie(frame: Frame, g, at_load: np.ndarray, learn: np.ndarray):
 def _host_memory(fleet: Fleet, frame: Frame, hist: History, cfg, g, learn, cnt_warm, alpha_c, margin):
     """Correctable errors per hour over the node's own floor, and uncorrectable ones, per GPU."""
     n_nodes, node = fleet.count(Kind.NODE), fleet.gpu_node
+    if not _seen(hist, frame, "node_edac_correctable_errors_total", "node_edac_uncorrectable_errors_total"):
+        z = np.zeros(len(node))
+        return z, z, z, z > 0, z > 0, g.edac_floor
     ce = _per_h(hist, "node_edac_correctable_errors_total", frame, cfg.flap_window_s, n_nodes)[node]
     s_mem = cfg.host_memory_weight * ramp(ce - np.where(cnt_warm, g.edac_floor, 0.0), *cfg.edac_ce_per_h)
     ue_now = (_inc_now(hist, "node_edac_uncorrectable_errors_total", frame, n_nodes) > 0)[node]
@@ -174,6 +190,9 @@ def _host_memory(fleet: Fleet, frame: Frame, hist: History, cfg, g, learn, cnt_w
 def _nvswitch(fleet: Fleet, frame: Frame, hist: History, cfg):
     """SXids folded over the NVLink domain (its switches serve every GPU in it), per GPU."""
     n_nodes, node, dom = fleet.count(Kind.NODE), fleet.gpu_node, fleet.node_domain
+    if not _seen(hist, frame, "seamguard_sxid_fatal_total", "seamguard_sxid_nonfatal_total"):
+        z = np.zeros(len(node))
+        return z, z, z > 0, z > 0
     n_dom = int(dom.max()) + 1 if dom.size else 0
 
     def any_in_domain(per_node: np.ndarray) -> np.ndarray:
@@ -190,6 +209,10 @@ def _nvswitch(fleet: Fleet, frame: Frame, hist: History, cfg):
 def _host_pressure(fleet: Fleet, frame: Frame, hist: History, cfg):
     """The node's worst PSI share (full for memory and I/O, some for CPU), 1 after an OOM kill; per GPU."""
     n_nodes, node = fleet.count(Kind.NODE), fleet.gpu_node
+    names = ("node_pressure_memory_stalled_seconds_total", "node_pressure_io_stalled_seconds_total",
+             "node_pressure_cpu_waiting_seconds_total", "node_vmstat_oom_kill")
+    if not _seen(hist, frame, *names):
+        return np.full(len(node), np.nan), np.zeros(len(node))
     psi = np.stack([_share(hist, s, frame, cfg.rate_window_s, n_nodes) for s in (
         "node_pressure_memory_stalled_seconds_total", "node_pressure_io_stalled_seconds_total",
         "node_pressure_cpu_waiting_seconds_total")], axis=1)
@@ -217,21 +240,26 @@ def node_channels(fleet: Fleet, frame: Frame, hist: History, cfg, g, learn: np.n
     host_pressure, ooms = _host_pressure(fleet, frame, hist, cfg)
     loss, gen_max, width_max = _pcie(frame, g, at_load, learn)
     # Why the clocks are held, where a clock deficit needs a why.
-    reasons = frame.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
-    bits = np.where(np.isfinite(reasons) & (np.nan_to_num(deficit) >= cfg.clock_deficit[0]),
-                    np.nan_to_num(reasons), 0).astype(np.int64)
     zero = np.zeros(n)
+    reasons = frame.values.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+    if reasons is None:
+        why = (zero, zero, zero)
+    else:
+        bits = np.where(np.isfinite(reasons) & (np.nan_to_num(deficit) >= cfg.clock_deficit[0]),
+                        np.nan_to_num(reasons), 0).astype(np.int64)
+        why = tuple(((bits & b) > 0).astype(float) for b in (CLOCK_THERMAL, CLOCK_POWER, CLOCK_SYNC_BOOST))
+    s_pcie = cfg.pcie_link_weight * ramp(loss, *cfg.pcie_bw_loss) if np.isfinite(loss).any() else zero
     cols = [
         ("host_memory", "per_hour", s_mem, ce),
         ("host_memory_uncorrectable", "errors", ue_recent.astype(float), ue),
         ("nvswitch", "events", s_sx, nonfatal),
         ("nvswitch_fatal", "bool", sx_recent.astype(float), sx_recent.astype(float)),
-        ("pcie_link", "fraction", cfg.pcie_link_weight * ramp(loss, *cfg.pcie_bw_loss), loss),
+        ("pcie_link", "fraction", s_pcie, loss),
         ("host_pressure", "fraction", zero, host_pressure),
         ("oom_kills", "events", zero, ooms),
-        ("clock_thermal", "bool", zero, ((bits & CLOCK_THERMAL) > 0).astype(float)),
-        ("clock_power", "bool", zero, ((bits & CLOCK_POWER) > 0).astype(float)),
-        ("clock_sync_boost", "bool", zero, ((bits & CLOCK_SYNC_BOOST) > 0).astype(float)),
+        ("clock_thermal", "bool", zero, why[0]),
+        ("clock_power", "bool", zero, why[1]),
+        ("clock_sync_boost", "bool", zero, why[2]),
     ]
     return NodeChannels(
         columns=cols, xid_warning_new=warn_new, xid_fatal_new=fatal_new, xid_fatal_recent=fatal_recent,
