@@ -12,14 +12,14 @@ import numpy as np
 def group_median(x: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
     """Median of the non-NaN values of each group (NaN for an empty group).
 
-    One lexsort for all groups: O(N log N), no Python loop over groups.
+    One sort for all groups: O(N log N), no Python loop over groups.
     """
     ok = ~np.isnan(x)
     xs, gs = x[ok], group[ok]
     out = np.full(n_groups, np.nan)
     if xs.size == 0:
         return out
-    order = np.lexsort((xs, gs))
+    order = _group_sort(xs, gs)
     xs, gs = xs[order], gs[order]
     counts = np.bincount(gs, minlength=n_groups)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -43,27 +43,46 @@ def robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float) -> t
     return (x - m) / scale, m
 
 
+def _group_sort(v: np.ndarray, group: np.ndarray, stable: bool = False) -> np.ndarray:
+    """Order of finite ``v`` by (group, value): one argsort of a combined key (group offsets
+    wider than the values' span), much cheaper than a two-key lexsort. ``stable``: timsort,
+    which merges the presorted runs a deviation array is made of in about linear time.
+    Order is exact up to float rounding of the combined key (1e-11 of the span at 10^5 groups)."""
+    lo = float(v.min()) if v.size else 0.0
+    span = (float(v.max()) - lo) if v.size else 0.0
+    if not np.isfinite(span):  # an infinite value: the two-key sort
+        return np.lexsort((v, group))
+    key = group.astype(np.float64) * (2.0 * span + 1.0) + (v - lo)
+    return np.argsort(key, kind="stable" if stable else "quicksort")
+
+
 def _sorted_groups(x: np.ndarray, group: np.ndarray, n_groups: int):
-    """Finite values sorted by (group, value): (entity of each sorted slot, its group's start, its group's count,
-    counts per group, starts per group)."""
+    """Finite values sorted by (group, value): (entity per sorted slot, counts and starts per group,
+    each entity's rank in its group, -1 without a value)."""
     ok = np.flatnonzero(np.isfinite(x))
-    order = ok[np.lexsort((x[ok], group[ok]))]
+    order = ok[_group_sort(x[ok], group[ok])]
     counts = np.bincount(group[ok], minlength=n_groups)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    return order, counts, starts
+    rank = np.full(len(x), -1, dtype=np.int64)
+    rank[order] = np.arange(len(order)) - starts[group[order]]
+    return order, counts, starts, rank
 
 
 def _loo_pick(xs: np.ndarray, start: np.ndarray, rank: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Median of the ``m`` sorted values of a group other than the one at ``rank`` (NaN where m == 0)."""
+    """Median of the ``m`` sorted values of a group other than the one at ``rank`` (NaN where m == 0).
+    A rank past every slot (an entity without a value) excludes nothing."""
     has = m > 0
     lo, hi = np.maximum(m - 1, 0) // 2, m // 2
     i_lo = start + lo + (lo >= rank)
     i_hi = start + hi + (hi >= rank)
-    top = max(len(xs) - 1, 0)
     out = np.full(len(m), np.nan)
     if len(xs):
+        top = len(xs) - 1
         out[has] = 0.5 * (xs[np.minimum(i_lo, top)] + xs[np.minimum(i_hi, top)])[has]
     return out
+
+
+_NO_RANK = np.iinfo(np.int64).max // 4
 
 
 def loo_median(x: np.ndarray, group: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,18 +90,12 @@ def loo_median(x: np.ndarray, group: np.ndarray, n_groups: int) -> tuple[np.ndar
 
     An entity is never its own peer: with itself in the group a member of two sees half
     its own deviation, a member of three a third of it. An entity without a value is
-    compared with every member that has one. One lexsort, no Python loop over groups.
+    compared with every member that has one. One sort, no Python loop over groups.
     """
-    n = len(x)
-    order, counts, starts = _sorted_groups(x, group, n_groups)
-    xs = x[order]
-    rank = np.full(n, -1, dtype=np.int64)  # -1: not in the sorted set (no value), excluded from nothing
-    rank[order] = np.arange(len(order)) - starts[group[order]]
-    g_start, g_count = starts[group], counts[group]
-    others = np.where(rank >= 0, g_count - 1, g_count)
-    # Ranks above every slot (an entity without a value) shift nothing.
-    eff_rank = np.where(rank >= 0, rank, np.iinfo(np.int64).max // 4)
-    return _loo_pick(xs, g_start, eff_rank, others), others
+    order, counts, starts, rank = _sorted_groups(x, group, n_groups)
+    has = rank >= 0
+    others = np.where(has, counts[group] - 1, counts[group])
+    return _loo_pick(x[order], starts[group], np.where(has, rank, _NO_RANK), others), others
 
 
 def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
@@ -93,27 +106,41 @@ def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
     than ``min_peers`` others have a value (too few to say what normal is: the caller
     falls back to the entity's own history and the design envelope). The MAD is taken
     around the others' own median, over the others only, and floored at ``floor``.
-    Exact: a group's leave-one-out median takes one of at most three values (the entity
-    below, at or above the middle), so the MAD is computed once for each of them.
+    A group's leave-one-out median takes one of three values (the entity below, at or
+    above its middle), so the others' deviations are sorted once for each of them, each a
+    near-linear merge of two presorted runs.
     """
-    med, peers = loo_median(x, group, n_groups)
+    order, counts, starts, rank = _sorted_groups(x, group, n_groups)
+    has = rank >= 0
+    others = np.where(has, counts[group] - 1, counts[group])
+    xs = x[order]
+    med = _loo_pick(xs, starts[group], np.where(has, rank, _NO_RANK), others)
+    # In the sorted layout: each slot's group, start, rank and the group's three centres.
+    gs = group[order]
+    st = starts[gs]
+    r = np.arange(len(order)) - st
+    m = counts[gs] - 1
+    lo, hi = np.maximum(m - 1, 0) // 2, m // 2
+    top = max(len(xs) - 1, 0)
+
+    def at(i: np.ndarray) -> np.ndarray:
+        return xs[np.minimum(st + i, top)] if len(xs) else np.zeros(0)
+    centres = (0.5 * (at(lo) + at(hi)), 0.5 * (at(lo) + at(hi + 1)), 0.5 * (at(lo + 1) + at(hi + 1)))
+    variant = np.where(r > hi, 0, np.where(r > lo, 1, 2))
+    mad_s = np.full(len(order), np.nan)
+    for v, c in enumerate(centres):
+        dv = np.abs(xs - c)
+        o2 = _group_sort(dv, gs, stable=True)
+        pos = np.empty(len(o2), dtype=np.int64)
+        pos[o2] = np.arange(len(o2))
+        pick = _loo_pick(dv[o2], st, pos - st, m)
+        mad_s = np.where(variant == v, pick, mad_s)
     mad = np.full(len(x), np.nan)
-    # Group members share their leave-one-out median by which side of the middle they sit on.
-    finite = np.isfinite(x)
-    side = np.sign(np.nan_to_num(x - group_median(x, group, n_groups)[group]))
-    for s in (-1.0, 0.0, 1.0):
-        sel = (side == s) & finite
-        if not sel.any():
-            continue
-        centre = np.full(n_groups, np.nan)
-        centre[group[sel]] = med[sel]
-        dv = np.abs(x - centre[group])
-        loo_mad, _ = loo_median(dv, group, n_groups)
-        mad = np.where(sel, loo_mad, mad)
-    enough = peers >= min_peers
+    mad[order] = mad_s
+    enough = others >= min_peers
     scale = np.maximum(1.4826 * np.nan_to_num(mad, nan=floor), floor)
     z = np.where(enough, (x - med) / scale, np.nan)
-    return z, np.where(enough, med, np.nan), peers
+    return z, np.where(enough, med, np.nan), others
 
 
 def ramp(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
