@@ -335,3 +335,23 @@ def test_storage_latency_is_judged_against_the_path_budget(lat, flagged):
     a, _ = run([{"seamguard_storage_write_latency_ms": np.full(4, lat)}] * 12, fleet=ENV)  # outlasts a checkpoint burst
     s = a.kinds[Kind.STORAGE].states.state
     assert [bool(x >= State.DEGRADED) for x in s] == flagged, s
+
+
+# ---- partial rollout: the agent runs on some nodes only ---------------------------------------------
+# (share of nodes with an agent, whether the query failed, the scope that must freeze or None)
+ROLLOUT = [
+    (0.25, False, None),  # an agent on a quarter of the nodes: the rest is not missing input
+    (1.0, False, None),
+    (0.25, True, "signal:node_edac_uncorrectable_errors_total"),  # a failed query still freezes
+]
+
+
+@pytest.mark.parametrize("share,failed,frozen", ROLLOUT)
+def test_an_agent_on_some_nodes_is_not_missing_input(share, failed, frozen):
+    from seamguard.assess.quality import FailsafeConfig, bad_scopes
+
+    ue = np.where(np.arange(NODES) < share * NODES, 0.0, np.nan)
+    flags = ("prometheus:node_edac_uncorrectable_errors_total:retryable: timeout",) if failed else ()
+    frame = make_frame(FLEET, 1000.0, {**healthy(), "node_edac_uncorrectable_errors_total": ue}, flags)
+    bad, _ = bad_scopes(FLEET, frame, FailsafeConfig(), ("node_edac_uncorrectable_errors_total",))
+    assert set(bad) == ({frozen} if frozen else set()), bad

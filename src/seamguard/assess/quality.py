@@ -145,7 +145,7 @@ def bad_scopes(fleet: Fleet, frame: Frame, cfg: FailsafeConfig, seen: tuple[str,
             now_seen.add(name)
         if name in flagged:
             bad[f"signal:{name}"] = flagged[name]
-        elif share > cfg.max_signal_missing_fraction:
+        elif share > cfg.max_signal_missing_fraction and sig.coverage_judged:
             bad[f"signal:{name}"] = f"{name} missing for {share:.0%} of {arr.size} {sig.kind.label}s"
     # Dark nodes: none of the series expected of a node reports for it (see dark_nodes).
     n_nodes = fleet.count(Kind.NODE)

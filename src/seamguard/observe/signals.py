@@ -38,6 +38,9 @@ class Signal:
     counter: bool = False  # monotonically increasing; assess uses rates, never levels
     help: str = ""
     query: str = ""  # default PromQL when the signal is not one series per entity; "{sel}" takes the selector
+    # False: only some entities report it by design (the node agent runs where it is deployed;
+    # a path has probers only where an agent probes it), so a share missing is no input failure.
+    coverage_judged: bool = True
 
 
 # NVIDIA's XID catalogue (docs/sources.md §1): fatal XIDs end the GPU's usefulness until a
@@ -122,11 +125,11 @@ SIGNALS: tuple[Signal, ...] = (
            help="why the clocks are held down now (NVML clocks-event reasons; context for a clock deficit)"),
     # the node agent's kernel log, per GPU (joined on the PCI address; docs/agent.md)
     Signal("seamguard_xid_fatal_total", _G, "events", C, +1, counter=True,
-           help="kernel-log fatal XIDs and 'fallen off the bus' messages of the GPU",
+           coverage_judged=False, help="kernel-log fatal XIDs and 'fallen off the bus' messages of the GPU",
            query=_per_gpu(f'(seamguard_xid_errors_total{{xid=~"{_codes(FATAL_XIDS)}"{{sel}}}} '
                           'or seamguard_gpu_fallen_off_bus_total{pci_bus_id!=""{sel}})')),
     Signal("seamguard_xid_warning_total", _G, "events", C, +1, counter=True,
-           help="kernel-log warning XIDs of the GPU",
+           coverage_judged=False, help="kernel-log warning XIDs of the GPU",
            query=_per_gpu(f'seamguard_xid_errors_total{{xid=~"{_codes(WARNING_XIDS)}"{{sel}}}}')),
     # runtime progress, per rank (one rank per GPU)
     Signal("seamguard_rank_compute_seconds", _G, "seconds", RT, +1,
@@ -161,31 +164,31 @@ SIGNALS: tuple[Signal, ...] = (
            help="p99 write latency of the path as seen by checkpoint writers"),
     # the node agent's host and NVSwitch series, per node (docs/agent.md)
     Signal("node_edac_correctable_errors_total", _NO, "errors", C, +1, counter=True,
-           help="host memory correctable errors, all memory controllers (Linux EDAC ce_count)",
+           coverage_judged=False, help="host memory correctable errors, all memory controllers (Linux EDAC ce_count)",
            query=_per_node('node_edac_correctable_errors_total{node!=""{sel}}')),
     Signal("node_edac_uncorrectable_errors_total", _NO, "errors", C, +1, counter=True,
-           help="host memory uncorrectable errors, all memory controllers (Linux EDAC ue_count)",
+           coverage_judged=False, help="host memory uncorrectable errors, all memory controllers (Linux EDAC ue_count)",
            query=_per_node('node_edac_uncorrectable_errors_total{node!=""{sel}}')),
     Signal("seamguard_sxid_fatal_total", _NO, "events", C, +1, counter=True,
-           help="kernel-log fatal NVSwitch SXids on the node",
+           coverage_judged=False, help="kernel-log fatal NVSwitch SXids on the node",
            query=_per_node('seamguard_sxid_errors_total{severity="fatal"{sel}}')),
     Signal("seamguard_sxid_nonfatal_total", _NO, "events", C, +1, counter=True,
-           help="kernel-log non-fatal (or unstated) NVSwitch SXids on the node",
+           coverage_judged=False, help="kernel-log non-fatal (or unstated) NVSwitch SXids on the node",
            query=_per_node('seamguard_sxid_errors_total{severity!="fatal"{sel}}')),
     Signal("node_vmstat_oom_kill", _NO, "kills", C, 0, counter=True,
-           help="OOM-killer invocations since boot (context: host pressure, never a fault)"),
+           coverage_judged=False, help="OOM-killer invocations since boot (context: host pressure, never a fault)"),
     Signal("node_pressure_memory_stalled_seconds_total", _NO, "seconds", C, 0, counter=True,
-           help="PSI memory 'full': time every task stalled on memory (context)"),
+           coverage_judged=False, help="PSI memory 'full': time every task stalled on memory (context)"),
     Signal("node_pressure_io_stalled_seconds_total", _NO, "seconds", C, 0, counter=True,
-           help="PSI io 'full': time every task stalled on I/O (context)"),
+           coverage_judged=False, help="PSI io 'full': time every task stalled on I/O (context)"),
     Signal("node_pressure_cpu_waiting_seconds_total", _NO, "seconds", C, 0, counter=True,
-           help="PSI cpu 'some': time some task waited for a CPU (context)"),
+           coverage_judged=False, help="PSI cpu 'some': time some task waited for a CPU (context)"),
     # the node agent's storage probe, per path (several nodes may probe one path)
     Signal("seamguard_storage_probe_up", _S, "share", ST, -1,
-           help="share of the path's probers whose last probe answered within the timeout",
+           coverage_judged=False, help="share of the path's probers whose last probe answered within the timeout",
            query='avg by (storage) (seamguard_storage_probe_up{storage!=""{sel}})'),
     Signal("seamguard_storage_probe_failures_total", _S, "probes", ST, +1, counter=True,
-           help="storage probes that failed (error) or hung past the timeout, all probers",
+           coverage_judged=False, help="storage probes that failed (error) or hung past the timeout, all probers",
            query='sum by (storage) (seamguard_storage_probe_failures_total{storage!=""{sel}})'),
     # jobs
     Signal("seamguard_job_step_seconds", _J, "seconds", RT, +1, help="wall time of the job's last step"),
