@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import torch
 
 from seamguard.runtime.snapshot import META, TrainingState, with_rank_private
-from seamguard.runtime.worker import Runtime
+from seamguard.runtime.clock import SYSTEM_CLOCK
+from seamguard.runtime.schedule import SnapshotSchedule
 
 
 def _state(lr: float) -> TrainingState:
@@ -35,11 +36,13 @@ def test_the_holder_completes_a_rank_part_with_its_own_settings_and_position():
     assert torch.frombuffer(bytearray(merged["model/1.running_mean"]), dtype=torch.float32).tolist() == [3.0] * 4
 
 
-def _rank(state: TrainingState, part_ok=None) -> SimpleNamespace:
-    """The part of a Runtime that `_rank_part_holds` uses."""
-    r = SimpleNamespace(gen=2, step=9, state=state, _part=None, _part_ok=part_ok, notes=[],
-                        _private=(9, state.step_private(9)))   # taken at step 9's start
-    r._note = lambda kind, **fields: r.notes.append(kind)
+def _rank(state: TrainingState, part_ok=None) -> SnapshotSchedule:
+    """A rank's snapshot schedule, on the part of a Runtime that `_rank_part_holds` uses."""
+    rt = SimpleNamespace(gen=2, step=9, state=state, time=SYSTEM_CLOCK,
+                         _private=(9, state.step_private(9)))   # taken at step 9's start
+    r = SnapshotSchedule(rt, pipeline=None)
+    r._part_ok, r.notes = part_ok, []
+    rt._note = lambda kind, **fields: r.notes.append(kind)
     return r
 
 
@@ -47,13 +50,13 @@ def test_a_part_stands_in_for_the_push_only_once_a_check_has_passed():
     state = _state(lr=0.1)
     r = _rank(state)
     r._part = (2, 9, state.rank_private())           # taken, not sent (no check passed yet)
-    assert Runtime._rank_part_holds(r) is False and r._part_ok is True
+    assert r._rank_part_holds() is False and r._part_ok is True
     r._part = (2, 9, state.rank_private())           # sent, and it holds
-    assert Runtime._rank_part_holds(r) is True and r._part is None
+    assert r._rank_part_holds() is True and r._part is None
     r._part = (1, 9, state.rank_private())           # sent to the previous generation's holder
-    assert Runtime._rank_part_holds(r) is False
+    assert r._rank_part_holds() is False
     r._part = (2, 8, state.rank_private())           # for another step
-    assert Runtime._rank_part_holds(r) is False and r.notes == []
+    assert r._rank_part_holds() is False and r.notes == []
 
 
 def test_random_numbers_drawn_after_sync_gradients_turn_the_parts_off():
@@ -61,8 +64,8 @@ def test_random_numbers_drawn_after_sync_gradients_turn_the_parts_off():
     r = _rank(state, part_ok=True)
     r._part = (2, 9, state.rank_private())
     torch.rand(3)                                     # the loop drew after sync_gradients()
-    assert Runtime._rank_part_holds(r) is False
+    assert r._rank_part_holds() is False
     assert r._part_ok is False and r.notes == ["rank_part_off"]
     r._part = (2, 9, state.rank_private())
-    assert Runtime._rank_part_holds(r) is False and r.notes == ["rank_part_off"]   # noted once
+    assert r._rank_part_holds() is False and r.notes == ["rank_part_off"]   # noted once
     assert r._part_ok is False   # and off for good
