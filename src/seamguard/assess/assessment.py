@@ -187,7 +187,8 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     evid[Kind.LINK], link_b = ev.link_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.LINK), dt_s)
     # Links that move together with their switch are the switch's: one alarm, on it.
     evid[Kind.SWITCH], evid[Kind.LINK] = fabric_parents(fleet, evid[Kind.LINK], e_cfg, cfg.parents)
-    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s)
+    evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s,
+                                                    hist=hist)
     # A checkpoint's write burst is work: slow no longer than the path's own bursts is not evidence.
     evid[Kind.STORAGE], burst_b = storage_bursts(evid[Kind.STORAGE], base.bursts(fleet.count(Kind.STORAGE)),
                                                  learn(Kind.STORAGE) & (prev[Kind.STORAGE].state == State.HEALTHY),

@@ -119,12 +119,15 @@ class GpuBaseline:
     power_viol_floor: np.ndarray  # fraction of time power-capped
     clock_own_n: np.ndarray  # int32 own-clock samples learned (at load)
     clock_own: np.ndarray  # MHz at load, EW: the GPU's own clock when it has too few job peers
+    pcie_gen_max: np.ndarray  # highest PCIe generation seen at load (NaN: never seen)
+    pcie_width_max: np.ndarray  # most PCIe lanes seen at load (NaN: never seen)
+    edac_floor: np.ndarray  # /h, the host memory correctable-error floor of the GPU's node
 
     @classmethod
     def initial(cls, n: int) -> GpuBaseline:
         zi = np.zeros(n, dtype=np.int32)
         return cls(zi, _nan(n), _nan(n), _nan(n), _z(n), _z(n), _z(n), _nan(n), _z(n), zi.copy(), _nan(n), zi.copy(),
-                   _z(n), _z(n), _z(n), _z(n), zi.copy(), _nan(n))
+                   _z(n), _z(n), _z(n), _z(n), zi.copy(), _nan(n), _nan(n), _nan(n), _z(n))
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,26 +24,30 @@ from pydantic import BaseModel, ConfigDict, Field
 from seamguard.assess.baselines import (Baselines, BaselineConfig, GpuBaseline, NicBaseline, alpha, count_up, ew,
                                         floor_step, latency_step, node_at_work, offset_step, wait_ratio, wait_step)
 from seamguard.assess.stats import group_median, loo_median, loo_robust_z, noisy_or, ramp
+from seamguard.assess.node_channels import FLAP as NODE_FLAP_COUNTERS, RATE as NODE_RATE_COUNTERS, node_channels
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
+from seamguard.observe.signals import FATAL_XIDS as _FATAL, WARNING_XIDS as _WARNING
 
 # XIDs (NVIDIA's XID catalogue; meanings in docs/sources.md §1): fatal ones end the GPU's usefulness until reset;
 # warning ones announce that a fatal one is coming.
-FATAL_XIDS = np.array([48, 74, 79, 94, 95, 119, 120])
-WARNING_XIDS = np.array([63, 64, 92])
+FATAL_XIDS = np.array(_FATAL)
+WARNING_XIDS = np.array(_WARNING)
 
 # Counters read as rates over ``rate_window_s`` (and the ones over ``flap_window_s``).
 RATE_COUNTERS = ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
                  "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-                 "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-                 "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                 "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
                  "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
                  "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION",
                  "node_infiniband_symbol_error_total", "node_infiniband_port_errors_received_total",
-                 "node_infiniband_port_discards_transmitted_total", "node_infiniband_port_transmit_wait_total")
+                 "node_infiniband_port_discards_transmitted_total", "node_infiniband_port_transmit_wait_total") \
+    + NODE_RATE_COUNTERS
 FLAP_COUNTERS = ("node_infiniband_link_downed_total", "node_infiniband_link_error_recovery_total",
-                 "node_infiniband_local_link_integrity_errors_total")
+                 "node_infiniband_local_link_integrity_errors_total", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                 "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "seamguard_storage_probe_failures_total") \
+    + NODE_FLAP_COUNTERS
 
 
 class EvidenceConfig(BaseModel):
@@ -71,7 +75,21 @@ class EvidenceConfig(BaseModel):
     pcie_replays_per_h: tuple[float, float] = Field((240.0, 480.0), description="PCIe replays per hour above own floor "
                                                     "(DCGM's limit is 8 per minute: counting starts at half of it)")
     nvlink_crc_per_h: tuple[float, float] = Field((60.0, 600.0), description="NVLink CRC errors per hour above own floor")
-    nvlink_replay_per_h: tuple[float, float] = Field((6.0, 60.0), description="NVLink replays + recoveries per hour")
+    nvlink_recoveries: tuple[float, float] = Field((1.0, 5.0), description="NVLink replays + recoveries within the "
+                                                   "flap window: one is a link that recovered, a run of them is not")
+    edac_ce_per_h: tuple[float, float] = Field((24.0, 240.0), description="host memory correctable errors per hour "
+                                               "over the node's own floor (over the flap window)")
+    host_memory_weight: float = Field(0.65, ge=0, le=1, description="most correctable host memory errors score")
+    sxid_nonfatal: tuple[float, float] = Field((1.0, 4.0), description="non-fatal NVSwitch SXids in the NVLink "
+                                               "domain within the flap window")
+    nvswitch_weight: float = Field(0.65, ge=0, le=1, description="most non-fatal SXids score")
+    pcie_bw_loss: tuple[float, float] = Field((0.1, 0.25), description="share of the PCIe link's bandwidth lost "
+                                              "against its own maximum at load")
+    pcie_link_weight: float = Field(0.65, ge=0, le=1, description="score of a downtrained PCIe link (degraded)")
+    host_pressure_explains: float = Field(0.1, gt=0, le=1, description="PSI share (or any OOM kill) at which host "
+                                          "pressure explains a straggler")
+    straggler_pressure_cap: float = Field(0.65, ge=0, le=1, description="most a straggler explained by its host's "
+                                          "pressure scores (degraded: the host, not the GPU)")
     pending_score: float = Field(0.6, ge=0, le=1, description="score of a pending row remap / page retirement (needs a reset)")
     rate_window_s: float = Field(60.0, gt=0, description="window for error-counter rates")
     flaps: tuple[float, float] = Field((1.0, 3.0), description="link-down events within the flap window")
@@ -92,7 +110,14 @@ class EvidenceConfig(BaseModel):
     supply_excess_c: tuple[float, float] = Field((2.0, 5.0), description="loop supply temp above the peer median, "
                                                                         "over what the loop holds when healthy")
     storage_latency_ratio: tuple[float, float] = Field((2.0, 4.0), description="write latency over path median and own floor")
-    storage_latency_ms: tuple[float, float] = Field((100.0, 400.0), description="absolute p99 write latency")
+    storage_budget_ratio: tuple[float, float] = Field((1.0, 4.0), description="p99 write latency over the path's "
+                                                      "budget (topology storage_budget_ms)")
+    probe_up_min_share: float = Field(0.5, gt=0, le=1, description="share of a path's probers answering below "
+                                      "which it has stopped answering (hard)")
+    probe_failures: tuple[float, float] = Field((0.0, 2.0), description="failed or hung storage probes within the "
+                                                "flap window")
+    supply_over_max_c: tuple[float, float] = Field((-1.0, 3.0), description="loop supply above its design maximum "
+                                                   "(topology supply_temp_max_c), °C")
     facility_weight: float = Field(0.75, ge=0, le=1, description="share of a loop's GFS its GPUs inherit")
     missing_node_score: float = Field(0.6, ge=0, le=1, description="score of an entity that stopped reporting")
 
@@ -397,10 +422,21 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     s_pcie = ramp(above(pcie, g.pcie_floor), *cfg.pcie_replays_per_h)
     crc = (_rate_per_h(hist, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s)
            + _rate_per_h(hist, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s))
-    replay = (_rate_per_h(hist, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s)
-              + _rate_per_h(hist, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s))
-    s_nvlink = noisy_or(np.stack([ramp(above(crc, g.nvlink_floor), *cfg.nvlink_crc_per_h),
-                                  ramp(replay, *cfg.nvlink_replay_per_h)], axis=1))
+    s_nvlink = ramp(above(crc, g.nvlink_floor), *cfg.nvlink_crc_per_h)
+    # Replays and recoveries by persistence: one is a link that recovered (NVLink retrains by
+    # design); several within the flap window are a link that keeps failing.
+    recoveries = (_count(hist, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", frame, cfg.flap_window_s)
+                  + _count(hist, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", frame, cfg.flap_window_s))
+    s_recover = ramp(recoveries, *cfg.nvlink_recoveries)
+
+    # What the node agent sees around the GPU, its PCIe link, why its clock is held.
+    pcie_load = np.isfinite(util) & (util >= bcfg.busy_util_pct)
+    nc = node_channels(fleet, frame, hist, cfg, g, learn & ~np.isnan(temp), cnt_warm, pcie_load, deficit,
+                       alpha(g.counter_n, dt_s, bcfg.half_life_s, bcfg.warm_samples), bcfg.counter_floor_margin,
+                       _FATAL, _WARNING)
+    # A straggler on a host under pressure (PSI, OOM kills) is the host's: degraded at most.
+    pressured = np.nan_to_num(nc.host_pressure) >= cfg.host_pressure_explains
+    s_compute = np.where(pressured, np.minimum(s_compute, cfg.straggler_pressure_cap), s_compute)
 
     # Uncorrectable errors: a double-bit error (or a page retired for one) appearing is hard.
     dbe = _count(hist, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", frame, cfg.rate_window_s) + \
@@ -419,10 +455,10 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     remap_failed_now = remap_failed & ~(np.nan_to_num(rfail_prev, nan=1.0) >= 1)
     s_row = np.where(remap_failed, 1.0, np.where(pending, cfg.pending_score, 0.0))
 
+    # DCGM's last-XID gauge and the kernel log's XID counts, one event where both saw it.
     prev_xid = _prev(hist, "DCGM_FI_DEV_XID_ERRORS", n)
-    changed = (xid != prev_xid) & ~np.isnan(xid)
-    fatal_level = np.isin(xid, FATAL_XIDS)
-    s_xid = np.where(np.isin(xid, WARNING_XIDS) & changed, 0.7, 0.0)
+    fatal_level = np.isin(xid, FATAL_XIDS) | nc.xid_fatal_recent
+    s_xid = np.where(nc.xid_warning_new, 0.7, 0.0)
     s_xid = np.where(fatal_level, 1.0, s_xid)
 
     # A GPU that stops reporting while the rest of its node still does fell off the bus.
@@ -445,7 +481,8 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
 
     new = GpuBaseline(clock_n=clock_n_new, clock_rel=clock_rel_new, clock_own_n=clock_own_n_new,
                       clock_own=clock_own_new, counter_n=counter_n, sbe_floor=sbe_floor,
-                      pcie_floor=pcie_floor, nvlink_floor=nvlink_floor, power_viol_floor=pv_floor, **tfields)
+                      pcie_floor=pcie_floor, nvlink_floor=nvlink_floor, power_viol_floor=pv_floor, **tfields,
+                      **nc.baseline)
     warming = (~warm).astype(float)
     cols = [
         ("thermal_throttle", "fraction", s_throttle, np.nan_to_num(viol, nan=throttling.astype(float))),
@@ -458,19 +495,21 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
         ("sbe_rate", "per_hour", s_sbe, sbe),
         ("remapped_rows", "rows", s_remap, remap),
         ("pcie_replays", "per_hour", s_pcie, pcie),
-        ("nvlink_errors", "per_hour", s_nvlink, crc + replay),
+        ("nvlink_errors", "per_hour", s_nvlink, crc),
+        ("nvlink_recoveries", "events", s_recover, recoveries),
         ("ecc_uncorrectable", "errors", s_dbe, dbe),
         ("row_remap", "state", s_row, pending + 2.0 * remap_failed),
         ("xid", "xid", s_xid, xid),
         ("missing", "bool", s_missing, gone.astype(float)),
         ("headroom", "celsius", np.zeros(n), headroom),
+        *nc.columns,
         ("warming", "bool", np.zeros(n), warming),
     ]
     ev = Evidence(
         kind=Kind.GPU, channels=tuple(c[0] for c in cols), units=tuple(c[1] for c in cols),
         score=_stack([c[2] for c in cols]), value=_stack([np.asarray(c[3], dtype=float) for c in cols]),
-        hard_event=(changed & fatal_level) | (off_bus & went) | dbe_event | remap_failed_now,
-        hard_level=fatal_level | off_bus | dbe_event | remap_failed,
+        hard_event=nc.xid_fatal_new | (off_bus & went) | dbe_event | remap_failed_now | nc.hard_event,
+        hard_level=fatal_level | off_bus | dbe_event | remap_failed | nc.hard_level,
     )
     return ev, new, r_th, r_n
 
@@ -613,11 +652,15 @@ def loop_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselin
         calm = (base.loop_supply.n < bcfg.warm_samples) | ~(excess - base.loop_supply.mean >= cfg.supply_excess_c[0])
     new_supply, rise, s_warm = offset_step(base.loop_supply, excess, learn & calm, dt_s, bcfg)
     s_supply = ramp(np.where(s_warm, rise, 0.0), *cfg.supply_excess_c)
+    # The design envelope: the supply the loop is built for (its ASHRAE class), absolute.
+    over_max = supply - fleet.supply_temp_max_c
+    s_limit = ramp(over_max, *cfg.supply_over_max_c)
     none = np.zeros(n, dtype=bool)
-    return Evidence(Kind.COOLING_LOOP, ("flow_ratio", "flow_own", "supply_excess", "missing"),
-                    ("ratio", "ratio", "celsius", "bool"),
-                    _stack([s_flow, s_own, s_supply, s_missing]),
-                    _stack([ratio, own, np.where(s_warm, rise, np.nan), gone.astype(float)]), none, none), (new, new_supply)
+    return Evidence(Kind.COOLING_LOOP, ("flow_ratio", "flow_own", "supply_excess", "supply_limit", "missing"),
+                    ("ratio", "ratio", "celsius", "celsius", "bool"),
+                    _stack([s_flow, s_own, s_supply, s_limit, s_missing]),
+                    _stack([ratio, own, np.where(s_warm, rise, np.nan), over_max, gone.astype(float)]), none, none), \
+        (new, new_supply)
 
 
 def rack_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
@@ -631,7 +674,13 @@ def rack_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig) -> Evidence:
 
 def storage_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Baselines | None = None,
                      bcfg: BaselineConfig | None = None, learn: np.ndarray | None = None,
-                     dt_s: float = 0.0):
+                     dt_s: float = 0.0, hist: History | None = None):
+    """Write latency against the other paths, the path's own floor and its budget; the probe's answers.
+
+    A path most of whose probers get no answer (a probe that errors or hangs past its
+    timeout) has stopped answering: hard at once, whatever its latency says. Failed probes
+    between scrapes count too. ``hist`` (None: no counter history) feeds the failure count.
+    """
     bcfg = bcfg or BaselineConfig()
     base = base or Baselines.initial(fleet, bcfg)
     lat = frame.get("seamguard_storage_write_latency_ms")
@@ -640,15 +689,25 @@ def storage_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Base
     peered = peers >= 3
     ratio = np.where(peered, lat / med, np.nan)  # over the other paths' median
     s_peer = ramp(ratio, *cfg.storage_latency_ratio)
-    s_abs = ramp(lat, *cfg.storage_latency_ms)
+    over_budget = lat / fleet.storage_budget
+    s_abs = ramp(over_budget, *cfg.storage_budget_ratio)
+    up = frame.get("seamguard_storage_probe_up")
+    down = np.nan_to_num(up, nan=1.0) < cfg.probe_up_min_share
+    failures = np.zeros(n) if hist is None else _count(hist, "seamguard_storage_probe_failures_total", frame,
+                                                       cfg.flap_window_s)
+    s_fail = ramp(failures, *cfg.probe_failures)
+    s_probe = np.maximum(down.astype(float), s_fail)
     learn = np.ones(n, dtype=bool) if learn is None else learn
-    new, own, warm = latency_step(base.storage, lat, learn & (s_peer < 0.2) & (s_abs < 0.2), dt_s, bcfg)
+    new, own, warm = latency_step(base.storage, lat, learn & (s_peer < 0.2) & (s_abs < 0.2) & (s_probe < 0.2), dt_s,
+                                  bcfg)
     # Slower than the other paths *and* than its own floor (a path on slower hardware is
     # its own normal); with fewer than 3 other paths there are no peers, so its own floor alone.
     s_own = ramp(own, *cfg.storage_latency_ratio)
     s_rel = np.where(warm, np.where(peered, np.minimum(s_peer, s_own), s_own), s_peer)
     none = np.zeros(n, dtype=bool)
-    return Evidence(Kind.STORAGE, ("latency_ratio", "latency_ms", "latency_own", "warming"),
-                    ("ratio", "milliseconds", "ratio", "bool"),
-                    _stack([s_rel, s_abs, np.zeros(n), np.zeros(n)]),
-                    _stack([ratio, lat, own, (~warm).astype(float)]), none, none), new
+    return Evidence(Kind.STORAGE, ("latency_ratio", "latency_ms", "latency_own", "probe_down", "probe_failures",
+                                   "warming"),
+                    ("ratio", "milliseconds", "ratio", "share", "probes", "bool"),
+                    _stack([s_rel, s_abs, np.zeros(n), down.astype(float), s_fail, np.zeros(n)]),
+                    _stack([ratio, lat, own, up, failures, (~warm).astype(float)]),
+                    down, down), new
