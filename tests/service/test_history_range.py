@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from seamguard.app.service.render import replay_counts, STATE_LABELS
-from seamguard.app.service.timerange import MAX_SPAN_S, parse, thin
+from seamguard.app.service.timerange import MAX_SPAN_S, groups, parse
 from seamguard.fleet.model import Kind
 
 
@@ -118,9 +118,12 @@ def test_entity_detail_in_a_range(http, runner):
     assert before["history"] == [] and before["state_at_since"] == first["from_state"]
 
 
-def test_parse_and_thin_are_total():
+def test_parse_and_groups_are_total():
     assert parse(None, None).since_t_s is None and parse("", "5").until_t_s == 5.0
-    assert thin(10, 3) == [0, 4, 9] and thin(3, 10) == [0, 1, 2] and thin(5, 1) == [4]
+    # 10 samples in 3 equal spans of [0, 9]: [0, 3), [3, 6), [6, 9]; fewer samples than points: one each
+    assert groups(np.arange(10.0), 3).tolist() == [0, 3, 6] and groups([1.0, 2.0, 3.0], 10).tolist() == [0, 1, 2]
+    assert groups(np.arange(5.0), 1).tolist() == [0] and groups([], 5).tolist() == []
+    assert groups([0.0, 0.1, 0.2, 50.0, 99.0, 100.0], 2).tolist() == [0, 3]  # uneven times: spans, not counts
 
 
 def test_replay_undoes_moves_newest_first():

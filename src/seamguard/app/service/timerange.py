@@ -61,24 +61,6 @@ def parse(since: str | None, until: str | None) -> TimeRange:
     return TimeRange(a, b)
 
 
-def thin(n: int, points: int) -> list[int]:
-    """Indices of at most ``points`` of ``n`` samples, evenly spread, always keeping the last."""
-    if n <= points:
-        return list(range(n))
-    if points <= 1:
-        return [n - 1]
-    step = (n - 1) / (points - 1)
-    return sorted({round(k * step) for k in range(points)})
-
-
-def window(t_s: list[float], r: TimeRange, points: int | None) -> list[int]:
-    """Indices of the samples of ``t_s`` (oldest first) inside ``r``, thinned to ``points``."""
-    inside = [i for i, t in enumerate(t_s) if r.holds(t)]
-    if points is None:
-        return inside
-    return [inside[k] for k in thin(len(inside), points)]
-
-
 def groups(t_s, points: int) -> np.ndarray:
     """First index of each group of consecutive samples (oldest first) when ``t_s`` is cut into
     ``points`` equal spans of time from its first to its last sample; every sample is in one
