@@ -76,3 +76,61 @@ def test_the_heartbeat_body_has_the_fields_the_coordinator_reads():
     assert body == {"n": 17, "step": 9, "phase": "compute", "compute_s": 0.5, "comm_s": 0.0, "stall_s": 0.0,
                     "snap_step": 8, "persisted_step": 5, "gen": 2, "host": "node3", "local": 1}
     assert p.beat(17, "node3", 1, auto=True) == body | {"snap_cost_s": 0.02, "copies": 2}
+
+
+class _FixedClock:
+    """A clock the test sets: every part given it reads this time, not the system's."""
+
+    def __init__(self, now_s: float) -> None:
+        self.now_s = now_s
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+    def thread_time(self) -> float:
+        return 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def test_the_heartbeat_sends_the_published_progress_and_stamps_controls_with_the_injected_clock():
+    import datetime
+    import json
+    import time
+
+    import torch.distributed as dist
+
+    from seamguard.runtime import keys
+    from seamguard.runtime.follower import MembershipFollower
+    from seamguard.runtime.profile import PhaseClock
+
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=5))
+    server.set(keys.GENERATION, "4")
+    server.set(keys.CONTROL_N, "7")
+    progress, controls = Board(Progress(step=3, phase="compute", gen=4, rank=0)), Board(Controls())
+    clock = _FixedClock(5000.0)
+    follower = MembershipFollower(
+        2, lambda: dist.TCPStore("127.0.0.1", server.port, None, False, timeout=datetime.timedelta(seconds=5)),
+        0.02, progress, controls, ("node7", 1), clock, PhaseClock(False))
+    follower.start()
+    try:
+        deadline = time.monotonic() + 20
+        while controls.current.control_n is None:
+            assert time.monotonic() < deadline, "the heartbeat never read the control counter"
+            time.sleep(0.01)
+        assert (controls.current.gen_seen, controls.current.control_n) == (4, 7)
+        assert controls.current.control_read_s == 5000.0   # the injected clock's reading
+        progress.update(step=11, phase="collective")
+        while json.loads(server.get(keys.heartbeat(2)))["step"] != 11:
+            assert time.monotonic() < deadline, "the heartbeat never sent the newly published step"
+            time.sleep(0.01)
+        beat = json.loads(server.get(keys.heartbeat(2)))
+        assert {k: beat[k] for k in ("phase", "gen", "host", "local")} == \
+            {"phase": "collective", "gen": 4, "host": "node7", "local": 1}
+    finally:
+        follower.stop()
