@@ -88,6 +88,10 @@ class Gatekeeper:
                 metrics.set_key_state(k.name, "ok", None)
         self._last_tick = -1e18
         self._requests = itertools.count(1)
+        # per key: steps this replica has begun writing (a read of the store that began before one
+        # ended may be older than the detector's own state, and must not be adopted)
+        self._steps_begun: dict[str, int] = {}
+        self._steps_writing: dict[str, int] = {}
 
     def authenticate(self, secret: str | None) -> KeyInfo | None:
         if not secret:
@@ -98,8 +102,13 @@ class Gatekeeper:
         if step is None:
             return
         k = self.keys[step.key]
-        await self.store.set_key_record(step.key, KeyRecord(step.to_state, step.throttle_tpm, step.reason, now,
-                                                            step.actor))
+        self._steps_begun[step.key] = self._steps_begun.get(step.key, 0) + 1
+        self._steps_writing[step.key] = self._steps_writing.get(step.key, 0) + 1
+        try:
+            await self.store.set_key_record(step.key, KeyRecord(step.to_state, step.throttle_tpm, step.reason, now,
+                                                                step.actor))
+        finally:
+            self._steps_writing[step.key] -= 1
         self.ledger.record(now, step.key, k.tenant, step.from_state, step.to_state, step.reason, step.evidence,
                            step.actor)
         self.metrics.set_key_state(step.key, step.to_state, step.throttle_tpm)
@@ -122,9 +131,13 @@ class Gatekeeper:
             self._last_tick = now
             for st in self.detector.tick(now):
                 await self._apply(st, now)
+        begun = self._steps_begun.get(key.name, 0)
         rec = await self._key_record(key.name)  # another replica or an operator may have changed it
-        self.detector.adopt(key.name, rec.state, rec.throttle_tpm, now,  # type: ignore[arg-type]
-                            rec.since if rec.actor not in AUTOMATIC_ACTORS else None)
+        if begun == self._steps_begun.get(key.name, 0) and not self._steps_writing.get(key.name):
+            # adopted only if no step of ours was written meanwhile: else the read may predate it
+            # (concurrent admissions read "ok" while a throttle's write was in flight, and stepped again)
+            self.detector.adopt(key.name, rec.state, rec.throttle_tpm, now,  # type: ignore[arg-type]
+                                rec.since if rec.actor not in AUTOMATIC_ACTORS else None)
         problem = request_problem(body)
         if problem is not None:
             self.metrics.refused.labels(key.tenant, key.name, "invalid").inc()
