@@ -1,4 +1,4 @@
-"""The training-process side of the runtime: the step as a transaction, and recovery.
+"""The training-process side of the runtime: `Runtime`, the step as a transaction.
 
 A training script creates one `Runtime` (via `seamguard.runtime.init()`), registers its
 model, optimizer and sampler, and iterates `steps()`. Each step is a transaction: the
@@ -8,6 +8,14 @@ out) cancels the step and the next iteration of `steps()` recovers: the broken g
 abandoned, every member restores the same step (own snapshot, a peer replica for a
 spare, or the last verified checkpoint on storage), a new gloo group is formed under a
 new store prefix, parameter checksums are compared, and training goes on.
+
+`Runtime` is the façade and keeps the step transaction itself (the step loop, gradient
+sync, the step guard, collectives); its parts each have one job: the membership follower
+(runtime/follower.py: heartbeat, generations, control keys), the snapshot schedule and
+pipeline (runtime/schedule.py on this thread, runtime/pipeline.py on its own) and
+recovery (runtime/recovery.py). Threads exchange the immutable records of
+runtime/records.py, never attributes; time comes from the injected clock
+(runtime/clock.py). docs/runtime.md opens with the map.
 """
 
 from __future__ import annotations
@@ -84,7 +92,6 @@ class Runtime:
         # named by this process and its launcher: a later launcher sweeps them once both are gone (runtime/shm.py)
         self.slots = SlotStore(shm.slot_prefix(run_id, os.getpid(), wid, launcher_pid, shm.pid_namespace()),
                                settings.snapshot_slots)
-        self._run_id = run_id
         self.replicas = replica.ReplicaStore(self.slots)
         self.server = replica.ReplicaServer(self.replicas, advertise_host,
                                             settings.replica_timeout_s, settings.dedup_replicas)
