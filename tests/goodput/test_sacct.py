@@ -20,6 +20,7 @@ from seamguard.goodput import JobSeries, attribute
 from seamguard.goodput.evidence import parse_sacct
 from seamguard.goodput.sources import SourceError, read_runs
 from seamguard.testbed.slurm import SlurmCluster
+from tests.test_slurm_jobs import wait
 
 
 class AccountedCluster(SlurmCluster):
@@ -29,16 +30,6 @@ class AccountedCluster(SlurmCluster):
         super()._write_conf()
         with open(self.conf, "a") as f:
             f.write(f"JobCompType=jobcomp/filetxt\nJobCompLoc={self.workdir / 'jobcomp.txt'}\n")
-
-
-def wait(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_requeued_job_reads_back_as_two_runs_and_the_gap_is_restart(tmp_path: Path) -> None:

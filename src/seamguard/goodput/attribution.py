@@ -319,6 +319,42 @@ def _merge(spans: list[Span]) -> list[Span]:
     return out
 
 
+def _edges(a0: float, a1: float, t: np.ndarray, runs: Sequence[Run], episodes: Sequence[Episode]) -> list[float]:
+    """Every time in [a0, a1] where something may change: samples, run and episode bounds."""
+    cuts = {a0, a1, *t[(t > a0) & (t < a1)].tolist()}
+    for r in runs:
+        cuts.update(x for x in (r.start_s, r.end_s) if a0 < x < a1)
+    for e in episodes:
+        cuts.update(x for x in (e.start_s, e.end_s) if a0 < x < a1)
+    return sorted(cuts)
+
+
+def _restart_now(iv: _Interval | None, run: Run | None, runs: Sequence[Run], episodes: Sequence[Episode],
+                 lo_sample_s: float, u: float, v: float, job: str, current: tuple[str, str, str],
+                 in_restart: bool) -> tuple[str, str, str]:
+    """What a restart at [u, v] (and the rollback after it) is charged to; ``current`` when
+    the segment is no restart, or continues one that nothing newer explains."""
+    if run is None:  # between allocations: the allocation that ended says why
+        prev = [r for r in runs if r.end_s <= u]
+        last = prev[-1] if prev else None
+        fb = (last.nodes or job, "scheduler", f"Slurm: run ended {last.state}") if last else \
+            (job, "scheduler", "pending after a requeue before the window")
+        return _restart_reason(episodes, last.start_s if last else -math.inf, last.end_s if last else u, job, fb)
+    if iv is not None and iv.kind not in ("gap", "back") and not iv.recovery:
+        return current
+    # the job stopped stepping while it held its allocation: a restarting action or a hard
+    # failure shortly before explains it; else the runtime did (or its exporter)
+    if iv is not None and iv.kind == "back":
+        fb = (job, "runtime", f"the step went back from {iv.step_from:.0f} to {iv.step_to:.0f} "
+                              "(the runtime restored a snapshot)")
+    elif iv is not None and iv.recovery:
+        fb = (job, "runtime", "the runtime replaced lost workers (its membership generation advanced)")
+    else:
+        fb = (job, "runtime", "the job reported no step (starting, restarting, or its exporter down)")
+    found = _restart_reason(episodes, lo_sample_s - RESTART_LOOKBACK_S, v, job, None)
+    return found if found is not None else (current if in_restart else fb)
+
+
 def attribute(job: str, since_s: float, until_s: float, series: JobSeries, runs: Sequence[Run] = (),
               episodes: Sequence[Episode] = ()) -> Goodput:
     """The job's wall time in [since_s, until_s] split by cause; spans tile it exactly."""
@@ -332,51 +368,26 @@ def attribute(job: str, since_s: float, until_s: float, series: JobSeries, runs:
     a0, a1 = life
     ivs, base = _intervals(series)
     t = series.t_s
-    cuts = {a0, a1, *t[(t > a0) & (t < a1)].tolist()}
-    for r in runs:
-        cuts.update(x for x in (r.start_s, r.end_s) if a0 < x < a1)
-    for e in episodes:
-        cuts.update(x for x in (e.start_s, e.end_s) if a0 < x < a1)
-    edges = sorted(cuts)
-    notes = [] if np.isfinite(series.step).any() else [f"no step series for {job}: running time is unattributed"]
     no_series = not np.isfinite(series.step).any()
+    notes = (f"no step series for {job}: running time is unattributed",) if no_series else ()
     spans: list[Span] = []
     restart = (job, "runtime", "the job reported no step (starting or restarting)")
     new = redone = 0
     seen_iv: set[int] = set()
+    edges = _edges(a0, a1, t, runs, episodes)
     for u, v in zip(edges[:-1], edges[1:], strict=True):
         i = int(np.searchsorted(t, u, side="right")) - 1
         iv = ivs[i] if 0 <= i < len(ivs) and t[i + 1] >= v else None
         run = _running(runs, u, v) if runs else Run(-math.inf, math.inf, "RUNNING")
-        if run is None:
-            prev = [r for r in runs if r.end_s <= u]
-            last = prev[-1] if prev else None
-            fb = (last.nodes or job, "scheduler", f"Slurm: run ended {last.state}") if last else \
-                (job, "scheduler", "pending after a requeue before the window")
-            restart = _restart_reason(episodes, last.start_s if last else -math.inf, last.end_s if last else u,
-                                      job, fb)
-        elif iv is None or iv.kind in ("gap", "back") or iv.recovery:
-            # the job stopped stepping while it held its allocation: a restarting action or a
-            # hard failure shortly before explains it; else the runtime did (or its exporter)
-            lo = (t[i] if 0 <= i < t.size else u) - RESTART_LOOKBACK_S
-            if iv is not None and iv.kind == "back":
-                fb = (job, "runtime", f"the step went back from {iv.step_from:.0f} to {iv.step_to:.0f} "
-                                      "(the runtime restored a snapshot)")
-            elif iv is not None and iv.recovery:
-                fb = (job, "runtime", "the runtime replaced lost workers (its membership generation advanced)")
-            else:
-                fb = (job, "runtime", "the job reported no step (starting, restarting, or its exporter down)")
-            was_restart = bool(spans) and spans[-1].cause == Cause.RESTART.value
-            found = _restart_reason(episodes, lo, v, job, None)
-            restart = found if found is not None else (restart if was_restart else fb)
+        restart = _restart_now(iv, run, runs, episodes, t[i] if 0 <= i < t.size else u, u, v, job, restart,
+                               bool(spans) and spans[-1].cause == Cause.RESTART.value)
         if no_series and run is not None:
             pieces = [(Cause.UNATTRIBUTED.value, v - u, job, "none", "no step series for the job")]
         else:
             pieces = _pieces(iv, run is not None, v - u, u, v, episodes, restart, job)
         if iv is not None and iv.kind == "progress" and i not in seen_iv:
             seen_iv.add(i)
-            new += iv.new_steps
-            redone += iv.redone
+            new, redone = new + iv.new_steps, redone + iv.redone
         x = u
         for k, (cause, sec, ent, seam, why) in enumerate(pieces):
             y = v if k == len(pieces) - 1 else x + sec
@@ -384,9 +395,9 @@ def attribute(job: str, since_s: float, until_s: float, series: JobSeries, runs:
             x = y
     merged = _merge(spans)
     by = dict(zero)
-    for s in merged:
-        by[s.cause] += s.seconds
-    return Goodput(job, since_s, until_s, a1 - a0, by, tuple(merged), new, redone, base, tuple(notes))
+    for sp in merged:
+        by[sp.cause] += sp.seconds
+    return Goodput(job, since_s, until_s, a1 - a0, by, tuple(merged), new, redone, base, notes)
 
 
 # ---- the fleet -----------------------------------------------------------------------------------------
