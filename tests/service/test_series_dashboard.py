@@ -13,36 +13,22 @@ import re
 
 import pytest
 
-from seamguard.app.runner import Runner
 from seamguard.app.service.server import Server
-from seamguard.app.sources import TwinSource
 from seamguard.fleet.model import Kind
 
 from .conftest import TOKEN
 from .test_browser import ARTIFACTS, _page, browser  # noqa: F401  (browser is a fixture)
 from .test_dashboard_range import _rendered
+from .test_series_history import restart
 
 TICKS_A, TICKS_B = 250, 10
-SHORT = dict(throughput_points=60, ring_depth=40)
-
-
-def _twin() -> TwinSource:
-    return TwinSource(gpus=512, minutes=30.0, seed=0)
 
 
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory):
-    path = tmp_path_factory.mktemp("series_dash") / "ledger.sqlite"
-    a = Runner(_twin(), speed=0, ledger_path=path, **SHORT)
-    a.advance(TICKS_A)
-    g = a.snapshot().kinds[Kind.GPU]
+    before, _, b = restart(tmp_path_factory.mktemp("series_dash") / "ledger.sqlite", TICKS_A, TICKS_B)
+    g = before.kinds[Kind.GPU]
     gray = sorted((-float(g.gfs[i]), g.names[i]) for i in range(g.count) if g.state[i] != 0)[0][1]
-    a.close()
-    source = _twin()
-    for _ in range(TICKS_A):
-        source.next_frame(0.0)
-    b = Runner(source, speed=0, ledger_path=path, **SHORT)
-    b.advance(TICKS_B)  # B's own ticks are served from its memory
     b.start()
     server = Server(b, TOKEN).start()
     yield b, server, gray

@@ -36,18 +36,24 @@ def _twin() -> TwinSource:
     return TwinSource(gpus=512, minutes=30.0, seed=0)
 
 
-@pytest.fixture(scope="module")
-def restarted(tmp_path_factory):
-    path = tmp_path_factory.mktemp("series") / "ledger.sqlite"
+def restart(path, ticks_a: int, ticks_b: int):
+    """A ticks ``ticks_a`` times and stops; B opens the same ledger on a twin advanced past A's
+    ticks (the fleet kept running) and ticks ``ticks_b`` times. (A's last snapshot, A's ring, B)."""
     a = Runner(_twin(), speed=0, ledger_path=path, **SHORT)
-    a.advance(TICKS_A)
+    a.advance(ticks_a)
     before, ring_a = a.snapshot(), a.ring
     a.close()  # writes what is queued, then stops
     source = _twin()
-    for _ in range(TICKS_A):
+    for _ in range(ticks_a):
         source.next_frame(0.0)
     b = Runner(source, speed=0, ledger_path=path, **SHORT)
-    b.advance(TICKS_B)
+    b.advance(ticks_b)
+    return before, ring_a, b
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory):
+    before, ring_a, b = restart(tmp_path_factory.mktemp("series") / "ledger.sqlite", TICKS_A, TICKS_B)
     assert b.series.flush(30)
     b.start()
     server = Server(b, TOKEN).start()
