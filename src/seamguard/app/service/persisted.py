@@ -76,7 +76,7 @@ def _newest(s: Snapshot, rng: TimeRange) -> float:
     return rng.until_t_s if rng.until_t_s is not None else float(rng.since_t_s or 0.0)
 
 
-def _ledger_span(s: Snapshot, rng: TimeRange, held_since: float | None) -> tuple[float, float] | None:
+def _ledger_span(rng: TimeRange, held_since: float | None) -> tuple[float, float] | None:
     """[since, before) the ledger answers for: the range's part older than what memory holds."""
     if rng.since_t_s is None:
         return None
@@ -84,6 +84,12 @@ def _ledger_span(s: Snapshot, rng: TimeRange, held_since: float | None) -> tuple
     if rng.until_t_s is not None:
         before = min(before, np.nextafter(rng.until_t_s, np.inf))
     return (rng.since_t_s, before) if rng.since_t_s < before else None
+
+
+def _note(span: tuple[float, float], rng: TimeRange, width_s: float, rule: str) -> m.Persisted:
+    """Points before ``until_t_s`` came from the ledger (the range's end when all of them did)."""
+    end = span[1] if rng.until_t_s is None or span[1] <= rng.until_t_s else rng.until_t_s
+    return m.Persisted(until_t_s=float(end) if np.isfinite(end) else None, resolution_s=width_s, rule=rule)
 
 
 def fleet_rows(s: Snapshot, reader, rng: TimeRange, points: int) -> FleetRows:
@@ -98,7 +104,7 @@ def fleet_rows(s: Snapshot, reader, rng: TimeRange, points: int) -> FleetRows:
     mine = tuple(p for p in hist if rng.holds(p.t_s))
     t, wall = np.array([p.t_s for p in mine], dtype=np.float64), np.array([p.wall_s for p in mine], dtype=np.float64)
     rows, n = memory_rows(s, mine).reshape(len(mine), width), np.ones(len(mine))
-    span = _ledger_span(s, rng, hist[0].t_s if hist else None)
+    span = _ledger_span(rng, hist[0].t_s if hist else None)
     persisted = None
     if span is not None and reader is not None:
         got = reader.fleet_series(span[0], min(span[1], _newest(s, rng)), _newest(s, rng))
@@ -106,8 +112,7 @@ def fleet_rows(s: Snapshot, reader, rng: TimeRange, points: int) -> FleetRows:
         if got["rows"].shape[1:] == (width,) and keep.any():
             t, wall = np.r_[got["t_s"][keep], t], np.r_[got["wall_s"][keep], wall]
             rows, n = np.vstack([got["rows"][keep], rows]), np.r_[got["n"][keep], n]
-        persisted = m.Persisted(until_t_s=None if not np.isfinite(span[1]) else float(span[1]),
-                                resolution_s=got["level"].width_s, rule=FLEET_RULE)
+        persisted = _note(span, rng, got["level"].width_s, FLEET_RULE)
     starts = groups(t, min(points, RANGE_POINTS_MAX))
     if starts.size == len(t):
         return FleetRows(t, wall, rows, persisted)
@@ -130,7 +135,7 @@ def entity_older(s: Snapshot, reader, kind: str, name: str, rng: TimeRange, ring
                  signals: int) -> EntityOlder | None:
     """The ledger's points of one entity in ``rng`` before ``ring_since`` (the ring's oldest
     point; None: the ring holds none)."""
-    span = _ledger_span(s, rng, ring_since)
+    span = _ledger_span(rng, ring_since)
     if span is None or reader is None:
         return None
     newest = _newest(s, rng)
@@ -139,8 +144,7 @@ def entity_older(s: Snapshot, reader, kind: str, name: str, rng: TimeRange, ring
     if got["values"].shape[1:] != (signals,):
         keep[:] = False
     return EntityOlder(got["t_s"][keep], got["n"][keep], got["gfs"][keep], got["values"][keep].reshape(-1, signals),
-                       m.Persisted(until_t_s=None if not np.isfinite(span[1]) else float(span[1]),
-                                   resolution_s=got["level"].width_s, rule=ENTITY_RULE))
+                       _note(span, rng, got["level"].width_s, ENTITY_RULE))
 
 
 def thin_series(t: np.ndarray, columns: dict[str, np.ndarray], how: dict[str, str], n: np.ndarray,
