@@ -296,24 +296,25 @@ STEALTH_SOURCE = "203.0.113.44|openai-python/1.2"
 ALERT_MARGIN = 1.25
 
 
-def ramp_trace(t0: float, t1: float, rng: random.Random) -> list[Req]:
+def ramp_trace(t0: float, t1: float, rng: random.Random, leaked: str = LEAKED) -> list[Req]:
     """The leaked key's own client in a loop that feeds on itself: from the key's usual rate at that hour,
     3.5x every 2 minutes (capped at 5 requests a second: refused anyway), from one of the key's own sources."""
-    hours, peak, (pm, ps), (om, os_), mt, _ = PROFILES[LEAKED]
+    hours, peak, (pm, ps), (om, os_), mt, _ = PROFILES[leaked]
+    own_source = f"10.1.{list(PROFILES).index(leaked)}.0|openai-python/1.0"  # legit_trace's first source of the key
     out, t = [], t0
     while t < t1:
         rps = min(RAMP_MAX_RPS, 0.75 * peak * RAMP_FACTOR ** ((t - t0) / RAMP_PERIOD_S))
-        out.append(Req(t, LEAKED, max(1, int(rng.lognormvariate(math.log(pm), ps))), mt,
-                       min(mt, max(1, int(rng.lognormvariate(math.log(om), os_)))), "10.1.1.0|openai-python/1.0",
+        out.append(Req(t, leaked, max(1, int(rng.lognormvariate(math.log(pm), ps))), mt,
+                       min(mt, max(1, int(rng.lognormvariate(math.log(om), os_)))), own_source,
                        zombie=True))
         t += rng.expovariate(rps)
     return out
 
 
-def stealth_trace(t0: float, t1: float, rng: random.Random) -> list[Req]:
+def stealth_trace(t0: float, t1: float, rng: random.Random, leaked: str = LEAKED) -> list[Req]:
     """A second client on the leaked key following the key's own daily shape at 1.5x its rate, from a source
     it tried once two days before (so the new-source rule does not apply: the history rule must see it)."""
-    return legit_trace(t0, t1, rng, only=LEAKED, scale=STEALTH_SCALE, source=STEALTH_SOURCE)
+    return legit_trace(t0, t1, rng, only=leaked, scale=STEALTH_SCALE, source=STEALTH_SOURCE)
 
 
 def alert_lines(history: list[Req]) -> dict[str, float]:
@@ -335,16 +336,17 @@ def first_alerts(results: list[tuple[Req, int, str, int]], spent_before: dict[st
     return out
 
 
-def score_leak(results, leak_t: float, system: str, steps: list, alerts: dict[str, float]) -> dict:
+def score_leak(results, leak_t: float, system: str, steps: list, alerts: dict[str, float],
+               leaked: str = LEAKED) -> dict:
     """Detection (seamguard: the detector's first step on the leaked key; static+alert: its alert),
     the first refusal of a leak request by a cap or a step, the leak's tokens before each and in all,
     false flags on the healthy keys."""
-    on_leaked = [s for s in steps if s["key"] == LEAKED and s["to"] != "ok"]
-    detect = (on_leaked[0]["t"] if on_leaked else None) if system == "seamguard" else alerts.get(LEAKED)
+    on_leaked = [s for s in steps if s["key"] == leaked and s["to"] != "ok"]
+    detect = (on_leaked[0]["t"] if on_leaked else None) if system == "seamguard" else alerts.get(leaked)
     leak = [(r.t, status, tokens) for r, status, _, tokens in results if r.zombie]
     refused = next((t for t, status, _ in leak if status != 200), None)
-    flagged = ({s["key"] for s in steps if s["key"] != LEAKED} if system == "seamguard"
-               else {k for k in alerts if k != LEAKED})
+    flagged = ({s["key"] for s in steps if s["key"] != leaked} if system == "seamguard"
+               else {k for k in alerts if k != leaked})
     return {"time_to_detect_s": None if detect is None else round(detect - leak_t, 1),
             "detected_by": (on_leaked[0]["reason"] if on_leaked else None) if system == "seamguard"
             else ("spend alert" if detect is not None else None),
@@ -352,8 +354,9 @@ def score_leak(results, leak_t: float, system: str, steps: list, alerts: dict[st
             "leak_tokens_before_detect": sum(n for t, _, n in leak if detect is None or t < detect),
             "leak_tokens": sum(n for _, _, n in leak),
             "healthy_keys_flagged": len(flagged),
-            "legit_requests_rejected": sum(1 for r, st, _, _ in results if not r.zombie and r.key != LEAKED
-                                           and st != 200)}
+            "legit_requests_rejected": sum(1 for r, st, _, _ in results if not r.zombie and r.key != leaked
+                                           and st != 200),
+            "leaked_key": leaked}
 
 
 async def simulate_leak(system: str, history: list[Req], live: list[Req]) -> tuple[list, list]:
@@ -393,33 +396,127 @@ async def simulate_leak(system: str, history: list[Req], live: list[Req]) -> tup
     return results, steps
 
 
-def run_leaks(seeds: int, quick: bool) -> dict:
-    """The ramp and the stealthy leak, each from 12:00 on day 3, seamguard and static+alert interleaved per seed."""
+LEAK_KEYS = ("chat-mobile", "chat-web", "rag-backend")  # three daily shapes (6-24 h, 7-23 h, 8-19 h)
+
+
+def run_leaks(seeds: int, quick: bool, seed0: int = 0) -> dict:
+    """The ramp and the stealthy leak, each from 12:00 on day 3, seamguard and static+alert interleaved per
+    seed; seed s leaks key LEAK_KEYS[s % 3] (seeds 0-5 were used while the detector was developed)."""
     leak_t = 3 * DAY + 12 * HOUR
     after = {"ramp": 0.5 if quick else 1.0, "stealth": 2.0 if quick else 12.0}
     out: dict = {}
     for scenario, make in (("ramp", ramp_trace), ("stealth", stealth_trace)):
         runs: dict[str, list[dict]] = {"static+alert": [], "seamguard": []}
-        for s in range(seeds):
+        for s in range(seed0, seed0 + seeds):
             rng = random.Random(s)
+            leaked = LEAK_KEYS[s % len(LEAK_KEYS)]
             history = legit_trace(0.0, 3 * DAY, rng)
             before = legit_trace(3 * DAY, leak_t - HOUR, rng)   # today's spend before the run, served by both
             spent_before = {k: float(sum(r.prompt + r.output for r in before if r.key == k)) for k in PROFILES}
             live = sorted(legit_trace(leak_t - HOUR, leak_t + after[scenario] * HOUR, rng)
-                          + make(leak_t, leak_t + after[scenario] * HOUR, rng), key=lambda r: r.t)
+                          + make(leak_t, leak_t + after[scenario] * HOUR, rng, leaked), key=lambda r: r.t)
             if scenario == "stealth":  # the leak's client tried the key once two days ago: its source is not new
-                history = sorted(history + [Req(DAY + 12 * HOUR, LEAKED, 20, 16, 16, STEALTH_SOURCE)], key=lambda r: r.t)
+                history = sorted(history + [Req(DAY + 12 * HOUR, leaked, 20, 16, 16, STEALTH_SOURCE)], key=lambda r: r.t)
             lines = alert_lines(history)
             order = ("static+alert", "seamguard") if s % 2 == 0 else ("seamguard", "static+alert")
             for system in order:
                 results, steps = asyncio.run(simulate_leak("static" if system != "seamguard" else system,
                                                            history, live))
                 alerts = first_alerts(results, spent_before, lines)
-                runs[system].append(score_leak(results, leak_t, system, steps, alerts))
+                runs[system].append(score_leak(results, leak_t, system, steps, alerts, leaked))
             print(f"{scenario} seed {s}: " + ", ".join(f"{k} {v[-1]}" for k, v in runs.items()), file=sys.stderr)
-        out[scenario] = {"hours_after": after[scenario],
-                         **{k: summarize_dicts(v) for k, v in runs.items()}}
+        out[scenario] = {"hours_after": after[scenario], "seeds": [seed0, seed0 + seeds - 1],
+                         **{k: summarize_dicts(v) for k, v in runs.items()},
+                         "per_seed_time_to_detect_s": {k: [r["time_to_detect_s"] for r in v] for k, v in runs.items()}}
     return out
+
+
+# ---- healthy keys with real variance: false flags and legitimate refusals, both systems --------------------
+HEALTHY_GROWTH_PER_WEEK, HEALTHY_WEEKEND, HEALTHY_DAY_SIGMA = 1.2, 0.3, 0.15
+
+
+def healthy_days(key: str, weeks: int, rng: random.Random) -> list[list[Req]]:
+    """Per day, a key's legitimate requests as real keys vary: weekends at 30 % of a weekday, each day's
+    level lognormal(0, 0.15), growing 20 % a week."""
+    out = []
+    for d in range(weeks * 7):
+        level = (HEALTHY_GROWTH_PER_WEEK ** (d / 7) * rng.lognormvariate(0, HEALTHY_DAY_SIGMA)
+                 * (HEALTHY_WEEKEND if d % 7 in (5, 6) else 1.0))
+        out.append(legit_trace(d * DAY, (d + 1) * DAY, rng, only=key, scale=level))
+    return out
+
+
+def static_refusals(days: list[list[Req]], first_judged: int) -> tuple[int, int, set]:
+    """The operator's caps and alert, set each week from the week before (TPM and TPD at 1.5x its peak
+    minute and day, the alert at 1.25x its largest day): (requests refused by a cap, requests judged,
+    days alerted), from day ``first_judged`` on."""
+    refused = judged = 0
+    alerted: set = set()
+    for d in range(first_judged, len(days)):
+        week = [r for dd in range(max(0, d - d % 7 - 7), d - d % 7) for r in days[dd]]
+        pm, pd, _, _ = peaks(week)
+        key = days[d][0].key if days[d] else None
+        if key is None:
+            continue
+        minute: dict[int, int] = defaultdict(int)
+        spent = 0
+        for r in days[d]:
+            n = r.prompt + r.output
+            judged += 1
+            if minute[int(r.t // 60)] + n > 1.5 * pm[key] or spent + n > 1.5 * pd[key]:
+                refused += 1
+                continue
+            minute[int(r.t // 60)] += n
+            spent += n
+            if spent > ALERT_MARGIN * pd[key]:
+                alerted.add(d)
+    return refused, judged, alerted
+
+
+def run_healthy(seeds: int, quick: bool, seed0: int) -> dict:
+    """Healthy keys only (one per seed, the three daily shapes in turn): the detector fed every request
+    of ``weeks`` weeks; a step on any day is a false flag. Requests while the key stood throttled or
+    suspended count as refused (an upper bound: a throttle still admits up to its cap)."""
+    weeks = 2 if quick else 3
+    rows = []
+    for s in range(seed0, seed0 + seeds):
+        from seamguard.gateway.zombie import ZombieDetector
+
+        key = LEAK_KEYS[s % len(LEAK_KEYS)]
+        days = healthy_days(key, weeks, random.Random(s))
+        det, state, flags, held = ZombieDetector(), "ok", [], 0
+        for d, reqs in enumerate(days):
+            for i, r in enumerate(reqs):
+                n = r.prompt + r.max_tokens
+                steps = [det.observe_request(key, r.t, n, r.source)]
+                det.admitted(key, r.t, n)
+                steps.append(det.observe_result(key, r.t + r.duration_s, True, f"{d}.{i}"))
+                held += d >= 7 and state != "ok"
+                for st in steps:
+                    if st is not None:
+                        state = st.to_state
+                        flags += [(d, round(r.t % DAY / HOUR, 2), st.reason)] if st.to_state != "ok" else []
+        refused, judged, alerted = static_refusals(days, 7)
+        rows.append({"seed": s, "key": key, "days_judged": len(days) - 7, "requests_judged": judged,
+                     "seamguard_flags": len(flags), "seamguard_flagged_at": flags,
+                     "seamguard_requests_refused_upper": refused + held,
+                     "static_alert_days": len(alerted), "static_requests_refused": refused})
+        print(f"healthy seed {s}: {rows[-1]}", file=sys.stderr)
+    return {"weeks": weeks, "growth_per_week": HEALTHY_GROWTH_PER_WEEK, "weekend_level": HEALTHY_WEEKEND,
+            "day_sigma": HEALTHY_DAY_SIGMA, "per_seed": rows,
+            **{f: sum(r[f] for r in rows) for f in ("days_judged", "requests_judged", "seamguard_flags",
+                                                     "seamguard_requests_refused_upper", "static_alert_days",
+                                                     "static_requests_refused")}}
+
+
+def print_healthy(h: dict) -> None:
+    print(f"\nhealthy keys ({h['weeks']} weeks: weekends at {h['weekend_level']:g}, days +-{h['day_sigma']:g}, "
+          f"{h['growth_per_week']:g}x a week; judged from day 7): {h['days_judged']} key-days, "
+          f"{h['requests_judged']} requests")
+    print(f"  static+alert: {h['static_alert_days']} alert-days, {h['static_requests_refused']} requests refused by "
+          f"its caps")
+    print(f"  seamguard:    {h['seamguard_flags']} flags, at most {h['seamguard_requests_refused_upper']} requests "
+          f"refused (its caps, and every request while flagged)")
 
 
 def summarize_dicts(rows: list[dict]) -> dict:
@@ -428,7 +525,7 @@ def summarize_dicts(rows: list[dict]) -> dict:
     out: dict = {}
     for f in rows[0]:
         xs = [r[f] for r in rows]
-        if f == "detected_by":
+        if f in ("detected_by", "leaked_key"):
             out[f] = sorted({str(x) for x in xs})
             continue
         vals = [x for x in xs if x is not None]
@@ -452,6 +549,11 @@ def print_leaks(res: dict) -> None:
             print(f"{f:28} {cells[0]:>28} {cells[1]:>28}")
         print(f"{'detected_by':28} {','.join(r['static+alert']['detected_by']):>28} "
               f"{','.join(r['seamguard']['detected_by']):>28}")
+        for k in ("static+alert", "seamguard"):
+            per = r["per_seed_time_to_detect_s"][k]
+            hit = [x for x in per if x is not None and x <= HOUR]
+            print(f"{k}: detected within the hour in {len(hit)} of {len(per)} seeds "
+                  f"{r['seeds']} (keys {','.join(r[k]['leaked_key'])}); per seed {per}")
 
 
 
@@ -460,14 +562,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 h before and 1 h after the leak (full: 2 h, then to "
                                                          "midnight); 75 s over HTTP (full: 120 s)")
     ap.add_argument("--seeds", type=int)
+    ap.add_argument("--seed0", type=int, default=1000, help="first seed of the ramp and stealthy-leak scenarios "
+                                                            "(seeds 0-5 were used while developing the detector: "
+                                                            "1000 up are held out)")
     ap.add_argument("--no-http", action="store_true", help="simulated time only")
     ap.add_argument("--leaks-only", action="store_true", help="only the ramp and stealthy-leak scenarios")
     args = ap.parse_args()
     seeds = args.seeds or 3
     if args.leaks_only:
-        leaks = run_leaks(seeds, args.quick)
+        leaks = run_leaks(seeds, args.quick, args.seed0)
+        healthy = run_healthy(seeds, args.quick, args.seed0)
         print_leaks(leaks)
-        print(json.dumps({"quick": args.quick, "seeds": seeds, "leaks": leaks}))
+        print_healthy(healthy)
+        print(json.dumps({"quick": args.quick, "seeds": seeds, "seed0": args.seed0, "leaks": leaks,
+                          "healthy": healthy}))
         return
     # the full run lets the leak go on until midnight: long enough for a static limit to run the
     # tenant's day out; --quick stops an hour after the leak
@@ -520,9 +628,11 @@ def main() -> None:
               f"{tl.legit_requests_rejected} of {tl.legit_requests} legit requests rejected "
               f"(owner {tl.owner_requests_rejected} of {tl.owner_requests}), {tl.legit_keys_flagged} legit keys flagged")
     t_leaks = time.perf_counter()
-    out["leaks"] = run_leaks(seeds, args.quick)
+    out["leaks"] = run_leaks(seeds, args.quick, args.seed0)
+    out["healthy"] = run_healthy(seeds, args.quick, args.seed0)
     out["leaks_wall_s"] = round(time.perf_counter() - t_leaks, 1)
     print_leaks(out["leaks"])
+    print_healthy(out["healthy"])
     g = sim["seamguard"]
     out["goal_throttled_within_30s"] = bool(g["time_to_throttle_s_spread"] and g["time_to_throttle_s_spread"][1] <= 30
                                            and (args.no_http or (out["http"]["time_to_throttle_s"] or 1e9) <= 30))
