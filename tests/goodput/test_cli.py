@@ -157,3 +157,30 @@ def test_bad_input_is_one_error_line(args, msg, cluster) -> None:
     assert r.returncode in (1, 2)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], r.stderr
+
+
+def test_the_service_reads_the_same_figures_from_prometheus(cluster) -> None:
+    """`GoodputService` on a live source (its run config's prometheus:) gives what the CLI gives."""
+    from types import SimpleNamespace
+
+    from seamguard.app.service.goodput import GoodputService
+    from seamguard.ledger import open_reader
+    from seamguard.observe.prometheus import PromConfig
+
+    d, T, url, link = cluster
+    fleet = parse_topology(TOPOLOGY)
+    snap = SimpleNamespace(fleet=fleet, tick=10, ring_upto=0, t_s=T + 1800)
+    runner = SimpleNamespace(source=SimpleNamespace(cfg=SimpleNamespace(prometheus=PromConfig(url=url),
+                                                                        time_scale=1.0)),
+                             snapshot=lambda: snap, tick_s=15.0, ring=None)
+    reader = open_reader(d / "ledger.db")
+    svc = GoodputService(runner, reader)
+    try:
+        (g,) = svc.measure(T, T + 1800)
+    finally:
+        svc.close()
+        reader.close()
+    assert svc.source == "prometheus" and g.wall_s == 1800
+    assert {c: round(v) for c, v in g.by_cause_s.items()} == {
+        "productive": 1455, "checkpoint_stall": 60, "rollback": 90, "restart": 120, "straggler": 75, "degraded": 0,
+        "unattributed": 0}
