@@ -82,6 +82,8 @@ def test_a_restarted_controller_charts_the_whole_run_from_the_ledger(restarted):
             assert lp["supply_c"][j] == pytest.approx(float(p.coolant[i, 1]), abs=1e-3)
         assert h["useful_with"][j] == pytest.approx(useful[p.t_s].useful_with, abs=1e-5)
         assert [h["states"][0]["counts"][x][j] for x in h["state_codes"]] == list(p.gpu_counts)
+    empty = http.get(f"/api/v1/history/fleet?since={s.t_s + 10}&until={s.t_s + 20}")  # nothing there yet
+    assert empty.status_code == 200 and empty.json()["t_s"] == [] and empty.json()["useful_with"] == []
 
 
 def test_a_gray_gpus_signals_outlive_the_restart(restarted):

@@ -91,7 +91,7 @@ def loops_of(width: int) -> int:
 def decode_fleet(rows: np.ndarray) -> dict[str, np.ndarray]:
     """Columns of fleet vectors [k, width]: gpu_counts/node_counts [k, states], useful_with/
     useful_without [k], loop_state [k, loops], coolant [k, loops, 3]."""
-    rows = np.asarray(rows, dtype=np.float64).reshape(len(rows), -1)
+    rows = np.atleast_2d(np.asarray(rows, dtype=np.float64))
     k, loops = rows.shape[0], loops_of(rows.shape[1])
     s = N_STATES
     cool = rows[:, FLEET_FIXED + loops:].reshape(k, COOLANT_FIELDS, loops).transpose(0, 2, 1)
