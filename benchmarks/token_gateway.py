@@ -31,6 +31,12 @@ the history would have alerted):
 - stealth: a second client following the key's own daily shape at 1.5x its rate, from a source
   that tried the key once two days before (not new); 2 h (--quick) or to midnight.
 
+Seed s of these leaks the key LEAK_KEYS[s % 3] (three daily shapes); seeds from ``--seed0`` (1000:
+held out — seeds 0-5 were used while developing the detector's bin-by-bin history rule). A third
+scenario, healthy keys (``healthy``), runs the detector alone over 2 (--quick) or 3 weeks of one key
+per seed with weekends at 30 %, days +-15 % and 20 % growth a week: its steps are false flags, beside
+the operator's alert-days and the requests its weekly-reset caps refuse.
+
 Per system: ``time_to_detect_s`` (seamguard: the detector's first step on the key; static+alert:
 the alert), ``time_to_first_refusal_s`` (a leak request refused by a cap or a step),
 ``leak_tokens_before_detect``, ``leak_tokens`` (served to the leak in all),
