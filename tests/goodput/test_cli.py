@@ -177,6 +177,10 @@ def test_the_service_reads_the_same_figures_from_prometheus(cluster) -> None:
     svc = GoodputService(runner, reader)
     try:
         (g,) = svc.measure(T, T + 1800)
+        assert svc.trailing() == []  # /metrics never waits on Prometheus: the first scrape starts a refresh
+        svc._refreshing.join(timeout=60)
+        (h,) = svc.trailing()  # the last hour: from the first sample (T - 600) to T + 1800
+        assert h.wall_s == 2400 and sum(h.by_cause_s.values()) == pytest.approx(2400, abs=1e-6)
     finally:
         svc.close()
         reader.close()

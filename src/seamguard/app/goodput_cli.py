@@ -139,6 +139,7 @@ def goodput(
         fail(f"--since ({since}) must be before --until ({until or 'now'})")
     if t1 - t0 > MAX_WINDOW_S:
         fail(f"--since/--until: {(t1 - t0) / 86400:.1f} days; at most {MAX_WINDOW_S / 86400:.0f} days at once")
+    job = list(dict.fromkeys(job))
     if any(not j.strip() or len(j) > 256 for j in job):
         fail("--job: a job name is 1 to 256 characters")
     pcfg, fleet, led, (scontrol, sacct) = _sources(config, prometheus, topology, ledger)

@@ -92,7 +92,8 @@ class GoodputService:
         self._prom_cfg = getattr(cfg, "prometheus", None) if getattr(cfg, "time_scale", 1.0) == 1.0 else None
         self._prom = None
         self._lock = threading.Lock()
-        self._cached: tuple[float, list[Goodput]] | None = None
+        self._cached: tuple[float, list[Goodput]] | None = None  # (monotonic s, reports), swapped whole
+        self._refreshing: threading.Thread | None = None
 
     @property
     def source(self) -> str:
@@ -126,18 +127,31 @@ class GoodputService:
         return [goodput_of(j, since_s, until_s, series[j], (), *rows, job_entities(fl, j)) for j in names]
 
     def trailing(self) -> list[Goodput]:
-        """Every job over the last `METRICS_WINDOW_S` of controller time, at most `METRICS_TTL_S` old."""
-        now = time.monotonic()
+        """Every job over the last `METRICS_WINDOW_S` of controller time, at most `METRICS_TTL_S` old.
+
+        From the ring it is computed in place (memory only); from Prometheus a scrape never
+        waits on the queries: it gets the last result while a background thread refreshes it."""
         cached = self._cached
-        if cached is not None and now - cached[0] < METRICS_TTL_S:
+        if cached is not None and time.monotonic() - cached[0] < METRICS_TTL_S:
             return cached[1]
+        if self._prom_cfg is None:
+            self._refresh()
+        elif self._lock.acquire(blocking=False):
+            try:
+                if self._refreshing is None or not self._refreshing.is_alive():
+                    self._refreshing = threading.Thread(target=self._refresh, name="goodput-metrics", daemon=True)
+                    self._refreshing.start()
+            finally:
+                self._lock.release()
+        return self._cached[1] if self._cached is not None else []
+
+    def _refresh(self) -> None:
         t1 = self.runner.snapshot().t_s
         try:
             reports = self.measure(t1 - METRICS_WINDOW_S, t1)
         except SourceError:
-            reports = cached[1] if cached is not None else []
-        self._cached = (now, reports)
-        return reports
+            reports = self._cached[1] if self._cached is not None else []
+        self._cached = (time.monotonic(), reports)
 
     def close(self) -> None:
         if self._prom is not None:
