@@ -85,3 +85,19 @@ def test_a_chaos_kill_without_a_chaos_dir_fires_once_and_the_job_completes(tmp_p
     assert (out / "final_checksum.txt").read_text() == clean_checksums(20)
     left = [d for d in Path(tempfile.gettempdir()).iterdir() if d.name.startswith(f"seamguard-chaos-{run_id}-")]
     assert left == [], "the launcher removes the claims it kept for the job"
+
+
+def test_a_launch_that_cannot_start_is_one_line_in_the_shells_style():
+    """The launcher's own refusals (here: --master-port taken by another process) reach the
+    user through the same one-line error as the flags' (runtime/launcher.py LaunchFailed)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "seamguard", "launch", "--nproc-per-node", "1", "--master-port",
+                            str(port), SCRIPT, "--steps", "1"], env=ENV, capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    assert lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port} for the job's store"), lines

@@ -143,7 +143,7 @@ def launch(
     if importlib.util.find_spec("torch") is None:
         fail("torch is not installed: pip install torch, then pip install 'seamguard[runtime]'")
     from seamguard.runtime import chaos as chaos_plan
-    from seamguard.runtime.launcher import launch as run
+    from seamguard.runtime.launcher import LaunchFailed, launch as run
 
     script = list(ctx.args)
     if script and script[0] == "--":
@@ -188,7 +188,10 @@ def launch(
     except ValueError as exc:
         fail(f"{exc} (see 'seamguard launch --help')")
     with _chaos_claims(settings) as settings:
-        code = run(settings)
+        try:
+            code = run(settings)
+        except LaunchFailed as exc:
+            fail(str(exc), exc.code)
     raise typer.Exit(code)
 
 

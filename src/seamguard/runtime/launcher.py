@@ -275,31 +275,38 @@ def _hint_key(s: LaunchSettings) -> bytes:
         raise ValueError(f"hint key file {path}: cannot write it ({exc.strerror or exc})") from None
 
 
+class LaunchFailed(Exception):
+    """What ended a launch, in one line, and the exit status it ends with: the CLI reports
+    it in the shell's one error style (seamguard/clikit.py)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def launch(s: LaunchSettings) -> int:
     """Run one node of a job to completion; returns the exit code for the CLI. What stops
-    it before it starts (a store it cannot reach or bind, a bad key file) and a store lost
-    while it runs are one line on stderr, not a traceback."""
+    it before it starts (a store it cannot reach or bind, a bad key file: exit 2) and a
+    store lost while it runs (exit 1, its workers stopped first) raise LaunchFailed, one
+    line, not a traceback."""
     master = s.node_rank == 0
     try:
         store, port = _open_store(s, master)
         key = _hint_key(s) if master else b""
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise LaunchFailed(str(exc), 2) from None
     try:
         return _run(s, store, port, key)
     except jobstore.StoreError as exc:
-        print(f"error: run {s.run_id!r} lost the job-wide store ({_one_line(exc)}); its workers were "
-              "stopped, its persisted checkpoints are kept: restart it to resume from them", file=sys.stderr)
-        return 1
+        raise LaunchFailed(f"run {s.run_id!r} lost the job-wide store ({_one_line(exc)}); its workers were "
+                           "stopped, its persisted checkpoints are kept: restart it to resume from them", 1) from None
 
 
 def _run(s: LaunchSettings, store, port: int, hint_key: bytes) -> int:
     master = s.node_rank == 0
     if keys.peek(store, keys.JOB_DONE) is not None:
-        print(f"error: the job-wide store already holds a finished run {s.run_id!r}: "
-              "give every job its own --run-id (e.g. the scheduler's job id)", file=sys.stderr)
-        return 2
+        raise LaunchFailed(f"the job-wide store already holds a finished run {s.run_id!r}: "
+                           "give every job its own --run-id (e.g. the scheduler's job id)", 2)
     node = _NodeBeat(store, s) if s.aggregate else None
     if node is not None:
         node.follow_generations(lambda: jobstore.connect(s.store_url, s.master_addr, port, s.startup_timeout_s))
