@@ -198,3 +198,21 @@ def test_stepless_time_around_a_generation_bump_is_restart(bump, cause) -> None:
     if bump:
         assert {(s.entity, s.seam) for s in g.spans if s.cause == RS} == {("j", "runtime")}
         assert any("generation advanced" in s.why for s in g.spans if s.cause == RS)
+
+
+def test_ledger_rows_become_episodes_of_the_jobs_entities_only() -> None:
+    from seamguard.goodput.evidence import episodes_from_ledger
+
+    trs = [{"t_s": 10, "entity": "link1", "kind": "link", "from_state": "healthy", "to_state": "degraded",
+            "reasons": [{"channel": "link_errors", "score": 0.2, "value": 3.0, "unit": "/s"},
+                        {"channel": "link_latency", "score": 0.9, "value": 80.0, "unit": "us"}]},
+           {"t_s": 40, "entity": "link1", "kind": "link", "from_state": "degraded", "to_state": "healthy", "reasons": []},
+           {"t_s": 20, "entity": "gpu9", "kind": "gpu", "from_state": "healthy", "to_state": "failed", "reasons": []}]
+    acts = [{"t_s": 50, "op": "apply", "key": "avoid_link:link1", "status": "done", "target": "link1", "cause": "link1",
+             "reason": "errors"},
+            {"t_s": 90, "op": "revert", "key": "avoid_link:link1", "status": "done", "target": "link1", "cause": ""},
+            {"t_s": 60, "op": "apply", "key": "move_job:j@loop", "status": "failed", "target": "j", "cause": "loop"},
+            {"t_s": 70, "op": "apply", "key": "not a key", "status": "done", "target": "x", "cause": ""}]
+    eps = episodes_from_ledger(trs, acts, "j", {"link1"})
+    assert [(e.cause, e.entity, e.seam, e.start_s, e.end_s) for e in eps] == [
+        (Cause.STRAGGLER, "link1", "link_latency", 10, 40), (Cause.DEGRADED, "link1", "link_latency", 50, 90)]

@@ -25,7 +25,7 @@ from seamguard.act.slurm_jobs import parse_show_job
 from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import ActionKey, Verb
 from seamguard.fleet.model import Fleet, Kind
-from seamguard.goodput.attribution import Cause, Episode, Run
+from seamguard.goodput.attribution import Cause, Episode, Goodput, JobSeries, Run, attribute
 
 SACCT_FORMAT = "JobID,JobName,State,Start,End,NodeList"
 _OPEN = ("Unknown", "None", "", "N/A")
@@ -174,6 +174,13 @@ def _action_episodes(actions: Iterable[dict], seams: dict[str, str]) -> list[Epi
     return out
 
 
+def _key_entity(key: str) -> str | None:
+    try:
+        return ActionKey.parse(key).entity
+    except ValueError:  # a key written by a newer or older seamguard: not ours to read
+        return None
+
+
 def episodes_from_ledger(transitions: Iterable[dict], actions: Iterable[dict], job: str,
                          entities: set[str] | None) -> list[Episode]:
     """Episodes of the job's entities (every entity when ``entities`` is None) and of actions
@@ -182,13 +189,11 @@ def episodes_from_ledger(transitions: Iterable[dict], actions: Iterable[dict], j
     states = _state_episodes(trs)
     seams = {e.entity: e.seam for e in states}
     mine = [a for a in actions if a.get("target") == job or entities is None or a.get("target") in entities
-            or ActionKey.parse(a["key"]).entity == job]
+            or _key_entity(a.get("key", "")) == job]
     return states + _action_episodes(mine, seams)
 
 
-def goodput_of(job: str, since_s: float, until_s: float, series, runs: Sequence[Run], transitions: Iterable[dict],
-               actions: Iterable[dict], entities: set[str] | None):
+def goodput_of(job: str, since_s: float, until_s: float, series: JobSeries, runs: Sequence[Run],
+               transitions: Iterable[dict], actions: Iterable[dict], entities: set[str] | None) -> Goodput:
     """`attribute` over what the sources read: the ledger's rows become episodes first."""
-    from seamguard.goodput.attribution import attribute
-
     return attribute(job, since_s, until_s, series, runs, episodes_from_ledger(transitions, actions, job, entities))
