@@ -44,23 +44,23 @@ def parse_when(text: str, flag: str, now_s: float) -> float:
 
 
 def _table(d: dict) -> None:
-    from seamguard.goodput import CAUSES
-
-    head = f"{'job':<24} {'wall':>9} {'ETTR':>7} " + " ".join(f"{c[:12]:>12}" for c in CAUSES)
-    typer.echo(head)
+    """Per job: wall time and ETTR, seconds and share per cause, then the lost time by cause,
+    entity and seam; the fleet last."""
     for r in [*d["jobs"], d["fleet"]]:
         w = r["wall_s"]
-        cells = " ".join(f"{r['by_cause_s'][c] / w:>11.1%} " if w else f"{'-':>12}" for c in CAUSES)
         ettr = f"{r['ettr']:.3f}" if r["ettr"] is not None else "-"
-        typer.echo(f"{r['job'][:24]:<24} {_dur(w):>9} {ettr:>7} {cells}")
-    for r in d["jobs"]:
+        typer.echo(f"{r['job']}  wall {_dur(w)}  ETTR {ettr}")
+        for c, sec in r["by_cause_s"].items():
+            if sec > 0 or c == "productive":
+                typer.echo(f"  {c:<17} {_dur(sec):>10} {sec / w if w else 0:>7.1%}")
         lost = _lost_by_entity(r)
         if lost:
-            typer.echo(f"\n{r['job']}: lost time by cause, entity and seam")
-            for (cause, ent, seam), sec in lost[:10]:
-                typer.echo(f"  {_dur(sec):>9}  {cause:<16} {ent} [{seam}]")
+            typer.echo("  lost by cause, entity and seam:")
+        for (cause, ent, seam), sec in lost[:10]:
+            typer.echo(f"    {_dur(sec):>10}  {cause:<16} {ent} [{seam}]")
         for n in r["notes"]:
             typer.echo(f"  note: {n}")
+        typer.echo("")
 
 
 def _lost_by_entity(r: dict) -> list[tuple[tuple[str, str, str], float]]:
