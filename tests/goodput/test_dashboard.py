@@ -3,7 +3,8 @@
 A served twin whose jobs report their step (the first one idle for 100 s) and which,
 like a live cluster, reports no useful-work figure: the Goodput panel draws one stacked
 bar per job and the fleet's ETTR over the range, and the throughput panel says it is the
-twin's and shows the measured goodput instead of dashes. Screenshot:
+twin's and shows the measured goodput instead of dashes, as does the Jobs table's
+"useful" column. Screenshot:
 artifacts/screenshots/dashboard_goodput.png.
 """
 
@@ -55,6 +56,8 @@ def test_goodput_panel_draws_bars_and_ettr_and_fills_the_throughput_panel() -> N
             assert page.locator("#gpettr svg").count() == 1
             assert "twin only" in page.inner_text("#tputsub")
             assert "measured ETTR" in page.inner_text("#tputstats")
+            useful = page.inner_text(f"#jobs tr[data-name='{first}'] td:nth-child(5)")
+            assert useful.endswith("%") and float(useful[:-1]) < 100  # measured, not the twin's dash
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.locator("#goodputpanel").screenshot(path=str(ARTIFACTS / "dashboard_goodput.png"))
             b.close()

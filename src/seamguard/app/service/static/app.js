@@ -729,6 +729,12 @@ function renderGoodput(g, t0, t1) {
       ["measured ETTR (goodput) over the range", `<b>${pct(f.ettr)}</b>`],
       ...g.causes.filter(c => c !== "productive" && f.by_cause_s[c] > 0).map(c => [`lost to ${esc(label(c))}`, `<b>${fmtDur(f.by_cause_s[c])}</b>`]),
     ].map(([k, v]) => `<div class="muted">${k}</div><div>${v}</div>`).join("");
+    // and the Jobs table's "useful" column (the twin's figure) shows each job's measured ETTR
+    const byJob = Object.fromEntries(g.jobs.map(j => [j.job, j]));
+    for (const tr of document.querySelectorAll("#jobs tr[data-name]")) {
+      const j = byJob[tr.dataset.name], td = tr.children[4];
+      if (j && td && j.ettr != null) { td.textContent = pct(j.ettr); td.title = "measured ETTR (goodput) over the range"; }
+    }
   }
 }
 
