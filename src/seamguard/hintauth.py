@@ -160,6 +160,24 @@ def read_key(path: Path, private: bool = False) -> bytes:
     return key
 
 
+def job_key(hint_dir: Path | None, key_file: Path | None = None) -> bytes:
+    """A job's hint key as the process that verifies its hints takes it: an operator's
+    existing ``key_file`` (refused if others may read it), else a fresh random key written
+    0600 to ``key_file`` or ``<hint_dir>/.hint-key`` (else held in memory only). Used by
+    `seamguard launch` and by the job hook of a job started without it; ValueError names
+    the file and what is wrong."""
+    if key_file is not None and Path(key_file).exists():
+        return read_key(Path(key_file), private=True)
+    if hint_dir is not None:
+        Path(hint_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = Path(key_file) if key_file is not None else (Path(hint_dir) / KEY_FILE_NAME if hint_dir is not None
+                                                        else None)
+    try:
+        return create_key(path) if path is not None else os.urandom(KEY_BYTES)
+    except OSError as exc:
+        raise ValueError(f"hint key file {path}: cannot write it ({exc.strerror or exc})") from None
+
+
 def key_file_for(hint_dir: Path, key_file: Path | None = None) -> Path:
     """Where a signer finds a job's key: the file named, else the one in its hint directory."""
     return Path(key_file) if key_file is not None else Path(hint_dir) / KEY_FILE_NAME

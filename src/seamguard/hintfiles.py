@@ -4,7 +4,9 @@ the job's launcher reads, defined once for both sides.
 The control plane's actuator (act/runtime.py) writes these files and the runtime's
 launcher (runtime/launcher.py) validates and forwards them; both take the names, the
 value formats and their checks from here, so the two sides cannot drift. Each file is
-signed (hintauth.py); this module is only about names and values. The launcher also
+signed (hintauth.py); this module is about names, values and taking the files out of the
+directory (:func:`take_files`, which the launcher and the job hook of a job started
+without it, runtime/hintclient.py, both read through). The launcher also
 writes ``.placement.json`` (which node each rank runs on) for the actuator to read. It
 sits beside hintauth.py, below every layer, and imports no torch: the control plane uses it.
 
@@ -125,6 +127,32 @@ VALUE_ERRORS: dict[str, Callable[[str], str | None]] = {
     CHECKPOINT_INTERVAL: interval_error, CHECKPOINT_DIR: target_error,
     AVOID_RAILS: avoid_rails_error, DEGRADED: degraded_error}
 """The files that carry a value -> what is wrong with a text (None: nothing)."""
+
+
+def take_files(hint_dir: Path, admit: Callable[[str, str], str],
+               refused: Callable[[str, ValueError], None]) -> list[tuple[str, str]]:
+    """(name, value) of each protocol file in ``hint_dir``, in name order (a directory move
+    before a checkpoint asked in the same poll), each removed once read. ``admit(name, text)``
+    verifies a file's envelope and returns its value (hintauth.HintGate.admit); a file it
+    refuses (a ValueError: unsigned, forged, replayed, stale, not UTF-8) goes to
+    ``refused(name, error)`` and is removed too. A file being replaced is read next time."""
+    if not Path(hint_dir).is_dir():
+        return []
+    out = []
+    for p in sorted(Path(hint_dir).iterdir()):
+        if not is_hint_file(p.name):
+            continue
+        try:
+            value = admit(p.name, p.read_text(encoding="utf-8"))
+        except OSError:
+            continue  # being replaced: read it next poll
+        except ValueError as exc:
+            refused(p.name, exc)
+            p.unlink(missing_ok=True)
+            continue
+        p.unlink(missing_ok=True)
+        out.append((p.name, value))
+    return out
 
 
 def ranks_on(placement_text_: str, node: str) -> list[int]:

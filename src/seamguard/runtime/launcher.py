@@ -47,7 +47,7 @@ from seamguard.runtime.eventlog import (
     EventLog,
     set_title,
 )
-from seamguard.runtime.metrics import render
+from seamguard.runtime.metrics import MetricsServer, render
 from seamguard.runtime.nodelink import LinkClient, LinkServer
 from seamguard.runtime.settings import LaunchSettings, RuntimeSettings
 from seamguard.runtime.zygote import ForkedProcess, ForkServer
@@ -153,20 +153,11 @@ def _hint_files(store, hint_dir: Path | None, gate: hintauth.HintGate, log=None)
     Every file must be signed with the job's key (runtime/hintauth.py): one that is not, is
     forged, replayed or stale is refused (logged as ``hint_refused``) and removed. What is
     taken goes on to the store signed again, where the coordinator verifies it."""
-    if hint_dir is None or not hint_dir.is_dir():
+    if hint_dir is None:
         return
     evacuate: list[str] = []
-    for p in sorted(hint_dir.iterdir()):
-        if not hintfiles.is_hint_file(p.name):
-            continue
-        try:
-            text = gate.admit(p.name, p.read_text(encoding="utf-8"))
-        except OSError:
-            continue  # being replaced: read it next poll
-        except (hintauth.HintRefused, UnicodeDecodeError) as exc:
-            _refused(log, "file", p.name, exc)
-            p.unlink(missing_ok=True)
-            continue
+    for name, text in hintfiles.take_files(hint_dir, gate.admit, lambda n, exc: _refused(log, "file", n, exc)):
+        p = hint_dir / name
         if p.name == hintfiles.CHECKPOINT_NOW:
             hintauth.send(store, keys.HINT_CHECKPOINT_REQ, "now", gate.key, keys.HINT_CHECKPOINT)
         elif p.name.startswith(hintfiles.EVACUATE_PREFIX):
@@ -185,7 +176,6 @@ def _hint_files(store, hint_dir: Path | None, gate: hintauth.HintGate, log=None)
                 print(f"seamguard launcher: ignoring hint file {p}: bad step {to!r}", file=sys.stderr)
             else:
                 hintauth.send(store, keys.HINT_ROLLBACK_TO, to, gate.key, keys.HINT_ROLLBACK_N)
-        p.unlink(missing_ok=True)
     if evacuate:
         _send_evacuations(store, gate.key, evacuate)
 
@@ -264,15 +254,7 @@ def _open_store(s: LaunchSettings, master: bool) -> tuple:
 def _hint_key(s: LaunchSettings) -> bytes:
     """The job's hint key: an operator's existing --hint-key-file, else a fresh random key
     written 0600 to --hint-key-file or <hint-dir>/.hint-key (else held in memory only)."""
-    if s.hint_key_file is not None and s.hint_key_file.exists():
-        return hintauth.read_key(s.hint_key_file, private=True)
-    if s.hint_dir is not None:
-        s.hint_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = s.hint_key_file or (s.hint_dir / hintauth.KEY_FILE_NAME if s.hint_dir is not None else None)
-    try:
-        return hintauth.create_key(path) if path is not None else os.urandom(hintauth.KEY_BYTES)
-    except OSError as exc:
-        raise ValueError(f"hint key file {path}: cannot write it ({exc.strerror or exc})") from None
+    return hintauth.job_key(s.hint_dir, s.hint_key_file)
 
 
 class LaunchFailed(Exception):
@@ -454,46 +436,6 @@ def _idle(server: ForkServer | None, children: list[Child], wait_s: float, links
         select.select(list(links), [], [], POLL_S)
     else:
         time.sleep(POLL_S)
-
-
-class MetricsServer:
-    """``GET /metrics`` on a daemon thread; the supervising loop publishes the text at most
-    twice a second, so a scrape never touches the coordinator's state."""
-
-    def __init__(self, port: int, every_s: float = 0.5) -> None:
-        import http.server
-        import threading
-
-        body = {"text": b""}
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404)
-                    return
-                data = body["text"]
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self._body, self._every_s, self._last = body, every_s, -1e9
-        self._server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="seamguard-metrics", daemon=True).start()
-
-    def publish(self, text) -> None:
-        now = time.monotonic()
-        if now - self._last >= self._every_s:
-            self._body["text"], self._last = text().encode(), now
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 def _remove_shared_memory(run_id: str, children: list[Child]) -> None:

@@ -6,11 +6,13 @@ each rank's compute time of its last step on its GPU (``Hostname``, ``gpu`` labe
 rank per GPU), the job's wall time per step and its progress, recoveries and losses
 (``job_name`` label). These are the live inputs of useful throughput (a rank computing
 slower than its peers) and rollback exposure (steps since the last persisted one).
-Pure: :func:`render` turns a :class:`JobView` into text; the launcher serves it.
+Pure: :func:`render` turns a :class:`JobView` into text; :class:`MetricsServer` serves it
+(the launcher's, and rank 0's of a job started without it: runtime/jobhook.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -130,3 +132,43 @@ def render(v: JobView) -> str:
                 "# TYPE seamguard_job_hints_refused_total counter"]
         out += [f'seamguard_job_hints_refused_total{{{job},reason="{_esc(r)}"}} {n}' for r, n in v.hints_refused]
     return "\n".join(out) + "\n"
+
+
+class MetricsServer:
+    """``GET /metrics`` on a daemon thread; the supervising loop publishes the text at most
+    twice a second, so a scrape never touches the coordinator's state."""
+
+    def __init__(self, port: int, every_s: float = 0.5) -> None:
+        import http.server
+        import threading
+
+        body = {"text": b""}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                data = body["text"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._body, self._every_s, self._last = body, every_s, -1e9
+        self._server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="seamguard-metrics", daemon=True).start()
+
+    def publish(self, text) -> None:
+        now = time.monotonic()
+        if now - self._last >= self._every_s:
+            self._body["text"], self._last = text().encode(), now
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
