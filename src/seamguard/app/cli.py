@@ -53,6 +53,8 @@ app.add_typer(policy_app, name="policy", short_help="Decision policy: show the d
 twin_app.command("simulate", short_help="Discrete-event simulation: seamguard beside three baselines.")(
     twin_events_cli.simulate)
 twin_app.command("report", short_help="ETTR-vs-size and cost plots plus a summary.")(twin_events_cli.report)
+twin_app.command("calibrate", short_help="Measure the twin's rates on your ledger and Slurm history.")(
+    twin_events_cli.calibrate)
 
 
 class Scenario(str, Enum):

@@ -26,8 +26,9 @@ from seamguard.twin.events.config import POLICIES, ClusterConfig, CostModel, Pol
 from seamguard.twin.events.measured import (DEFAULT_FIGURES, RuntimeFigures, describe_defaults,
                                             load_gpu_figures, load_runtime_figures)
 from seamguard.twin.events.montecarlo import run_monte_carlo, summarise
+from seamguard.app.twin_calibrate import calibrate
 
-__all__ = ["simulate", "report", "build_settings", "Compare", "Workload", "LinkProfile",
+__all__ = ["simulate", "report", "calibrate", "build_settings", "Compare", "Workload", "LinkProfile",
            "Executor"]
 
 
@@ -263,8 +264,21 @@ def simulate(
     crash_capture_fraction: float = _CAP, policy_config: Optional[Path] = _PCFG,
     runs: int = _RUNS, seed: int = _SEED, executor: Executor = _EXEC,
     workers: Optional[int] = _WORK,
+    calibrated: Optional[Path] = typer.Option(
+        None, "--calibrated", metavar="FILE",
+        help="A config written by `seamguard twin calibrate`: the twin draws from your fleet's measured "
+             "rates and repair times (priors where it says so) and answers per job: checkpoint interval "
+             "and tier, hot spares, release-slip probability, with intervals over seeds and over the "
+             "estimates' uncertainty (--runs seeds per draw, --draws draws)."),
+    draws: int = typer.Option(8, "--draws", min=1, help="With --calibrated: parameter draws."),
 ) -> None:
     """Discrete-event simulation of a GPU cluster under the baselines and seamguard."""
+    if calibrated is not None:
+        from seamguard.app.twin_calibrate import simulate_calibrated
+
+        simulate_calibrated(calibrated, draws=draws, seeds=runs, seed=seed, state_gib_per_gpu=state_gib_per_gpu,
+                            checkpoint_write_min=checkpoint_write_min, as_json=wants_json(output, json_flag))
+        return
     try:
         cfg, pols, figs = build_settings(
             gpus=gpus, days=days, compare=compare, workload=workload,

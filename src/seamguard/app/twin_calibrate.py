@@ -1,0 +1,258 @@
+"""`seamguard twin calibrate` and `twin simulate --calibrated`: the edge that reads your fleet's history.
+
+Why this file exists: the twin (seamguard.twin) may not import the goodput package's readers
+(they share a layer), so the reading happens here, in the shell: the topology (app/config.py),
+the ledger's transitions and actions and Slurm's allocations (goodput/sources.py, the readers
+live goodput uses), the runtime's measured checkpoint figures (twin/events/measured.py). Every
+input is checked before any is read and the output file is written only once everything
+validated; a bad input is one ``error:`` line (seamguard.clikit). The estimation is
+twin/calibrate.py, its use twin/calibrated.py; see docs/twin-events.md, "Calibrated on your fleet".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+import yaml
+
+from seamguard.clikit import emit, fail, phase
+
+__all__ = ["calibrate", "simulate_calibrated"]
+
+_KINDS_SKIPPED = ("job", "rack")  # a job is not failure-prone hardware; a rack fails as its nodes, loop or feed
+
+
+def _window(since: str, until: Optional[str]) -> tuple[float, float]:
+    from seamguard.app.goodput_cli import MAX_WINDOW_S, parse_when
+
+    now = time.time()
+    t1 = parse_when(until, "--until", now) if until is not None else now
+    t0 = parse_when(since, "--since", t1)
+    if not t0 < t1:
+        fail(f"--since ({since}) must be before --until ({until or 'now'})")
+    if t1 - t0 > MAX_WINDOW_S:
+        fail(f"--since/--until: {(t1 - t0) / 86400:.1f} days; at most {MAX_WINDOW_S / 86400:.0f} days at once")
+    return t0, t1
+
+
+def _checkpoint(measured: Optional[Path]) -> dict | None:
+    if measured is None:
+        return None
+    from seamguard.twin.events.measured import load_runtime_figures
+
+    if not measured.is_file():
+        fail(f"--measured: no such file {measured}")
+    try:
+        f = load_runtime_figures(measured)
+    except ValueError as e:
+        fail(f"--measured: {e}")
+    return {"source": "measured", "from": f.source, "save_s_per_gib": f.save_s_per_gib,
+            "restore_s_per_gib": f.restore_s_per_gib, "snapshot_stall_ratio": f.snapshot_stall_ratio,
+            "relaunch_s": f.relaunch_s}
+
+
+def _jobs(fleet, t1: float) -> dict[str, dict]:
+    """What the topology says of each job: GPUs, deadline, total steps, step time."""
+    deadline, total, step = fleet.job_schedule()
+    gpus = fleet.job_gpu_count
+    return {name: {"gpus_in_topology": int(gpus[i]), "deadline_in_s": float(deadline[i] - t1),
+                   "total_steps": float(total[i]), "step_s": float(step[i])} for i, name in enumerate(fleet.job_names)}
+
+
+def calibrate(
+    topology: Path = typer.Option(..., "--topology", help="Fleet topology: the entities each rate is per."),
+    ledger: str = typer.Option(..., "--ledger", help="The controller's ledger (SQLite path or postgresql:// URL)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The calibrated config to write (YAML)."),
+    since: str = typer.Option("7d", "--since", help="Window start: a span back from --until (7d, 12h), Unix s or "
+                                                    "RFC 3339."),
+    until: Optional[str] = typer.Option(None, "--until", help="Window end (default: now)."),
+    slurm: bool = typer.Option(False, "--slurm", help="Ask Slurm (sacct, scontrol) for each job's allocations: "
+                                                      "interruptions and recovery times."),
+    completion: bool = typer.Option(False, "--sacct-completion", help="sacct -c: the job-completion log (no "
+                                                                      "slurmdbd); implies --slurm."),
+    sacct: str = typer.Option("sacct", "--sacct", help="sacct binary."),
+    scontrol: str = typer.Option("scontrol", "--scontrol", help="scontrol binary."),
+    measured: Optional[Path] = typer.Option(None, "--measured", metavar="FILE",
+                                            help="The runtime's measured checkpoint figures (results JSON of "
+                                                 "benchmarks/failover_training.py)."),
+) -> None:
+    """Measure the twin's failure rates, repair, recovery and detection times on your fleet's history."""
+    from seamguard.app.config import ConfigError, load_topology
+    from seamguard.fleet import TopologyError
+    from seamguard.fleet.model import Kind
+    from seamguard.goodput.sources import SourceError, read_ledger, read_runs
+    from seamguard.ledger import open_reader
+    from seamguard.twin.calibrate import JobRun, calibrate as estimate, published_priors
+    from seamguard.twin.events.calibration import llama3_failure_model
+
+    t0, t1 = _window(since, until)
+    try:
+        fleet = load_topology(topology)
+    except (ConfigError, TopologyError) as e:
+        fail(str(e))
+    if "://" not in ledger and not Path(ledger).is_file():
+        fail(f"--ledger: {ledger}: no such file")
+    if out.is_dir() or not out.parent.is_dir():
+        fail(f"--out: {out}: not a file in an existing directory")
+    checkpoint = _checkpoint(measured)
+    exposure = {k.label: fleet.count(k) for k in Kind if k.label not in _KINDS_SKIPPED}
+    runs: list[JobRun] = []
+    reader = None
+    try:
+        reader = open_reader(ledger)
+        with phase("reading the ledger and the scheduler"):
+            trs, acts = read_ledger(reader, t0, t1)
+            if slurm or completion:
+                gpus = dict(zip(fleet.job_names, fleet.job_gpu_count))
+                for j in fleet.job_names:
+                    runs += [JobRun(j, r.start_s, r.end_s, r.state, int(gpus[j]))
+                             for r in read_runs(j, t0, t1, sacct=sacct, scontrol=scontrol, completion=completion)]
+    except SourceError as e:
+        fail(str(e), code=1)
+    except Exception as e:  # a ledger that does not open (not a ledger, a server gone)
+        fail(f"--ledger: cannot open {ledger}: {type(e).__name__}: {e}", code=1)
+    finally:
+        if reader is not None:
+            reader.close()
+    rates, durations = published_priors(llama3_failure_model())
+    doc = estimate(trs, acts, runs, exposure, t0, t1, rates, durations, checkpoint)
+    for name, spec in _jobs(fleet, t1).items():
+        doc["jobs"].setdefault(name, {}).update(spec)
+    doc["sources"] = {"topology": str(topology), "ledger": ledger if "://" not in ledger else ledger.split("@")[-1],
+                      "scheduler": ("sacct -c" if completion else "sacct") if (slurm or completion) else None,
+                      "transitions": len(trs), "actions": len(acts), "allocations": len(runs)}
+    _write(out, doc)
+    typer.echo(f"{out}: {sum(h['source'] == 'measured' and h['count'] > 0 for h in doc['hazards'])} hazards measured, "
+               f"{sum(h['source'] == 'prior' for h in doc['hazards'])} from priors, "
+               f"{len(doc['jobs'])} jobs, window {doc['window']['days']:.2f} days")
+
+
+def _write(out: Path, doc: dict) -> None:
+    """Write whole or not at all (a temporary file renamed over the target)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(_plain(doc), f, sort_keys=False, width=120)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _plain(x):
+    """Numbers and containers YAML writes plainly (numpy scalars, tuples, inf)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def _load(path: Path) -> dict:
+    from seamguard.twin.calibrated import check
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        fail(f"--calibrated: cannot read {path}: {str(e).splitlines()[0]}")
+    try:
+        return check(doc, f"--calibrated {path}")
+    except ValueError as e:
+        fail(str(e))
+
+
+def _tiers(doc: dict, state_gib_per_gpu: float, checkpoint_write_min: float) -> dict[str, tuple[float, float]]:
+    """(write stall s, restore s) of the storage and peer-memory tiers: the runtime's measured rates
+    where the config has them (else the twin's defaults), the storage write from the flag."""
+    from seamguard.twin.calibrated import PEER_STALL_FACTOR
+    from seamguard.twin.events.config import PolicyParams
+    from seamguard.twin.events.measured import DEFAULT_FIGURES
+
+    ck, figs = doc["checkpoint"], DEFAULT_FIGURES
+    if ck.get("source") == "measured":
+        figs = replace(figs, save_s_per_gib=ck["save_s_per_gib"], restore_s_per_gib=ck["restore_s_per_gib"],
+                       snapshot_stall_ratio=ck["snapshot_stall_ratio"])
+    pp = PolicyParams("seamguard", checkpoint_write_min=checkpoint_write_min, state_gib_per_gpu=state_gib_per_gpu,
+                      runtime=figs)
+    return {"storage": (pp.full_write_s, pp.full_write_s),
+            "peer_memory": (PEER_STALL_FACTOR * pp.in_memory_stall_s, pp.in_memory_restore_s)}
+
+
+def _asks(doc: dict) -> list:
+    from seamguard.twin.calibrated import JobAsk
+
+    out = []
+    for name, j in doc["jobs"].items():
+        gpus = int(j.get("gpus_in_topology") or j.get("gpus") or 0)
+        if gpus <= 0:
+            continue
+        total, step = j.get("total_steps"), j.get("step_s")
+        # progress is not in the history: the time the job ran in the window bounds the steps it did
+        work = total * step - j.get("run_h", 0.0) * 3600.0 if total and step else math.nan
+        out.append(JobAsk(name, gpus, max(work, 0.0) if math.isfinite(work) else math.nan,
+                          j.get("deadline_in_s") if j.get("deadline_in_s") is not None else math.nan))
+    return out
+
+
+def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_gib_per_gpu: float,
+                        checkpoint_write_min: float, as_json: bool) -> None:
+    """The event twin on the calibrated rates (fleet ETTR) and the per-job answers, with intervals."""
+    from seamguard.twin.calibrated import failure_model, recommend
+    from seamguard.twin.events.calibration import llama3_failure_model
+    from seamguard.twin.events.config import ClusterConfig, PolicyParams
+    from seamguard.twin.events.montecarlo import run_monte_carlo
+
+    if seeds < 1 or seed < 0:
+        fail(f"--runs must be >= 1 and --seed >= 0, got {seeds} and {seed}")
+    doc = _load(path)
+    gpus = next((h["entities"] for h in doc["hazards"] if h["domain"] == "gpu" and h.get("entities")), 0)
+    asks = _asks(doc)
+    if gpus <= 0 or not asks:
+        fail(f"--calibrated {path}: no GPUs or no job with GPUs in it (calibrate with a topology that has jobs)")
+    days = float(doc["window"]["days"])
+    rng = np.random.default_rng(seed)
+    started = time.perf_counter()
+    with phase(f"{draws} draws x {seeds} seeds"):
+        ettr = []
+        for d in range(draws):
+            fm = failure_model(doc, llama3_failure_model(), rng)
+            try:
+                cfg = ClusterConfig(gpus=int(gpus) - int(gpus) % 8 or 8, days=days, workload="mix", failures=fm)
+            except ValueError as e:
+                fail(f"--calibrated {path}: {e}")
+            sums = run_monte_carlo(cfg, [PolicyParams("seamguard")], seeds, seed + d)
+            ettr += [r.ettr for r in sums[0].runs]
+        jobs = recommend(doc, asks, _tiers(doc, state_gib_per_gpu, checkpoint_write_min), days * 86400.0,
+                         draws, seeds, rng)
+    q = np.quantile(ettr, [0.025, 0.5, 0.975]).tolist()
+    result = {"calibrated": str(path), "gpus": gpus, "days": days, "draws": draws, "seeds": seeds,
+              "fleet_ettr": q, "jobs": jobs, "wall_s": time.perf_counter() - started,
+              "priors_used": [f"{h['domain']}/{h['class']}" for h in doc["hazards"] if h.get("source") == "prior"]}
+    emit(_plain(result), as_json, _table)
+
+
+def _table(d: dict) -> None:
+    def ci(x, fmt="{:.3g}"):
+        return "-" if x is None else f"{fmt.format(x[1])} [{fmt.format(x[0])}, {fmt.format(x[2])}]"
+    typer.echo(f"{d['gpus']:,} GPUs, {d['days']:.2f} days, {d['draws']} draws x {d['seeds']} seeds "
+               f"(median [2.5 %, 97.5 %])")
+    typer.echo(f"fleet ETTR (seamguard policy) {ci(d['fleet_ettr'], '{:.4f}')}")
+    for j in d["jobs"]:
+        iv = [x / 60.0 for x in j["interval_s"]]
+        typer.echo(f"{j['job']} ({j['gpus']} GPUs): checkpoint every {ci(iv, '{:.0f}')} min to {j['tier']}, "
+                   f"ETTR {ci(j['ettr'], '{:.4f}')}, hot spares {ci(j['hot_spares'], '{:.0f}')}, "
+                   f"P(slip) {ci(j['p_slip'], '{:.2f}')}")
+    if d["priors_used"]:
+        typer.echo(f"published priors used for: {', '.join(d['priors_used'])}")
