@@ -42,12 +42,12 @@ def test_garwood_is_the_exact_poisson_interval():
 
 
 def test_incidents_pair_leaving_and_returning_to_healthy():
-    rows = [{"id": 1, "t_s": 0, "kind": "node", "entity": "n1", "from_state": "healthy", "to_state": "degraded"},
-            {"id": 2, "t_s": 5, "kind": "node", "entity": "n1", "from_state": "degraded", "to_state": "failed"},
-            {"id": 3, "t_s": 9, "kind": "node", "entity": "n1", "from_state": "failed", "to_state": "healthy"},
-            {"id": 4, "t_s": 7, "kind": "gpu", "entity": "g1", "from_state": "healthy", "to_state": "degraded"}]
+    rows = [{"id": 1, "t_s": 0, "kind": "node", "entity": "n1", "from_state": "healthy", "to_state": "degraded", "tick": 1},
+            {"id": 2, "t_s": 5, "kind": "node", "entity": "n1", "from_state": "degraded", "to_state": "failed", "tick": 2},
+            {"id": 3, "t_s": 9, "kind": "node", "entity": "n1", "from_state": "failed", "to_state": "healthy", "tick": 3},
+            {"id": 4, "t_s": 7, "kind": "gpu", "entity": "g1", "from_state": "healthy", "to_state": "degraded", "tick": 4}]
     got = incidents(rows)
-    assert [(i.entity, i.cls, i.start_s, i.end_s, i.ids) for i in got] == [
+    assert [(i.entity, i.cls, i.start_s, i.end_s, i.ticks) for i in got] == [
         ("n1", "hard", 0.0, 9.0, (1, 2, 3)), ("g1", "gray", 7.0, math.inf, (4,))]
 
 
@@ -64,7 +64,7 @@ def test_calibration_recovers_rates_and_distributions_across_seeds():
                 lo, hi = row["ci95_per_entity_day"]
                 inside += lo <= true[key] <= hi
                 checked += 1
-                assert row["records"]["ids_total"] >= row["count"]  # every count names its rows
+                assert row["records"]["total"] == row["count"]  # every count names its incidents
         for d in doc["durations"]:
             if d["class"] == HARD and d["n"] >= 20:
                 lo, hi = d["mean_ci95_s"]

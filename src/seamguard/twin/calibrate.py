@@ -49,7 +49,7 @@ class Incident:
     cls: str  # HARD or GRAY
     start_s: float
     end_s: float  # math.inf: still open at the window's end
-    ids: tuple[int, ...]  # the transition rows that opened, worsened and closed it
+    ticks: tuple[int, ...]  # the ledger ticks of the transition rows that opened, worsened and closed it
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ def incidents(transitions: Iterable[Mapping]) -> list[Incident]:
     """Each entity's stays out of healthy, oldest first; rows as the ledger reader returns them."""
     out: list[Incident] = []
     open_: dict[str, list] = {}
-    for tr in sorted(transitions, key=lambda r: (float(r["t_s"]), r.get("id") or 0)):
-        ent, t, to, rid = tr["entity"], float(tr["t_s"]), tr["to_state"], int(tr.get("id") or 0)
+    for tr in sorted(transitions, key=lambda r: (float(r["t_s"]), r.get("tick") or 0)):
+        ent, t, to, rid = tr["entity"], float(tr["t_s"]), tr["to_state"], int(tr.get("tick") or 0)
         cur = open_.get(ent)
         if cur is not None:
             cur[4].append(rid)
@@ -111,9 +111,11 @@ def lognormal_fit(values_s: Sequence[float]) -> dict:
 
 
 def _records(items: Sequence[Incident]) -> dict:
-    ids = sorted({i for inc in items for i in inc.ids})
+    """Where an estimate came from: each incident as [entity, left healthy at, back at] (its transition
+    rows in the ledger), the ticks of those rows, and the time span."""
     span = [min(i.start_s for i in items), max(i.start_s for i in items)] if items else None
-    return {"transition_ids": ids[:MAX_IDS], "ids_total": len(ids), "span_s": span}
+    return {"incidents": [[i.entity, i.start_s, i.end_s] for i in items[:MAX_IDS]], "total": len(items),
+            "ticks": sorted({t for i in items for t in i.ticks})[:MAX_IDS], "span_s": span}
 
 
 def _hazards(incs: Sequence[Incident], exposure: Mapping[str, int], days: float,
@@ -159,7 +161,7 @@ def _durations(incs: Sequence[Incident], priors: Mapping[tuple[str, str], dict])
 
 
 def _detection(incs: Sequence[Incident], actions: Iterable[Mapping]) -> dict:
-    first: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    first: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for a in actions:
         if a.get("op") != "apply" or a.get("status") not in (None, "done"):
             continue
@@ -167,7 +169,7 @@ def _detection(incs: Sequence[Incident], actions: Iterable[Mapping]) -> dict:
             ent = ActionKey.parse(str(a.get("key", ""))).entity
         except ValueError:
             continue
-        first[ent].append((float(a["t_s"]), int(a.get("id") or 0)))
+        first[ent].append((float(a["t_s"]), str(a.get("key"))))
     delays, acted, missed = [], [], []
     for i in incs:
         hit = min(((t, aid) for t, aid in first.get(i.entity, ()) if i.start_s <= t <= i.end_s), default=None)
@@ -181,7 +183,7 @@ def _detection(incs: Sequence[Incident], actions: Iterable[Mapping]) -> dict:
             "miss_fraction": len(missed) / closed if closed else None,
             "miss_ci95": list(stats.beta.interval(0.95, len(missed) + 0.5, closed - len(missed) + 0.5))
             if closed else None,  # Jeffreys interval
-            "delay": lognormal_fit(delays), "action_ids": sorted(acted)[:MAX_IDS],
+            "delay": lognormal_fit(delays), "actions": acted[:MAX_IDS],
             "missed_records": _records(missed)}
 
 

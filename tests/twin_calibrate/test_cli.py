@@ -1,0 +1,133 @@
+"""`seamguard twin calibrate` on a real ledger and topology, then `twin simulate --calibrated`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from seamguard.app.cli import app
+from seamguard.assess.assessment import Transition
+from seamguard.assess.states import State
+from seamguard.fleet.model import Kind
+from seamguard.ledger import Ledger
+from seamguard.twin.calibrated import JobAsk, recommend
+
+T0 = 1_760_000_000.0
+TOPOLOGY = {
+    "version": 1,
+    "cooling_loops": [{"name": "cdu-a", "rated_flow_lpm": 480}],
+    "racks": [{"name": "r1", "cooling_loop": "cdu-a"}],
+    "switches": [{"name": "leaf-a", "tier": "leaf"}],
+    "storage_paths": ["nfs"],
+    "nodes": [{"name": f"n{i}", "rack": "r1", "storage": "nfs", "gpus": 8, "nics": [{"rail": 0, "leaf": "leaf-a"}]}
+              for i in range(8)],
+    "jobs": [{"name": "train", "class": "high_sync_training", "nodes": ["n0", "n1", "n2", "n3"]}],
+}
+REPAIR_H = (2.0, 5.0, 9.0, 3.0, 12.0)  # five node failures, repaired after these hours
+
+
+def _tr(t, kind, ent, a, b):
+    return Transition(t, kind, 0, ent, a, b, 0.9, 0.1, 0.5, ())
+
+
+@pytest.fixture()
+def inputs(tmp_path):
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(TOPOLOGY))
+    led = Ledger(tmp_path / "ledger.db")
+    try:
+        for k, h in enumerate(REPAIR_H):
+            t = T0 + k * 86400.0
+            led.record_transitions(2 * k, [_tr(t, Kind.NODE, f"n{k}", State.HEALTHY, State.FAILED)])
+            led.record_transitions(2 * k + 1, [_tr(t + h * 3600, Kind.NODE, f"n{k}", State.FAILED, State.HEALTHY)])
+            if k != 2:  # the controller never acted on the third one: a miss
+                key = f"drain:n{k}"
+                led.begin_action(2 * k, t + 60.0 * (k + 1), "apply", key, "drain", "slurm")
+                led.finish_action(key, "apply", "done", "drained")
+    finally:
+        led.close()
+    return tmp_path
+
+
+def _calibrate(d, *extra):
+    return CliRunner().invoke(app, ["twin", "calibrate", "--topology", str(d / "topology.yaml"), "--ledger",
+                                    str(d / "ledger.db"), "--since", str(T0 - 3600), "--until",
+                                    str(T0 + 7 * 86400), "-o", str(d / "cal.yaml"), *extra])
+
+
+def test_calibrate_writes_traceable_estimates_and_priors(inputs):
+    r = _calibrate(inputs)
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load((inputs / "cal.yaml").read_text())
+    node = next(h for h in doc["hazards"] if (h["domain"], h["class"]) == ("node", "hard"))
+    days = (7 * 86400 + 3600) / 86400
+    assert node["source"] == "measured" and node["count"] == 5 and node["entities"] == 8
+    assert node["rate_per_entity_day"] == pytest.approx(5 / (8 * days))
+    assert node["ci95_per_entity_day"][0] < node["rate_per_entity_day"] < node["ci95_per_entity_day"][1]
+    assert [r[0] for r in node["records"]["incidents"]] == [f"n{k}" for k in range(5)]
+    gpu = next(h for h in doc["hazards"] if (h["domain"], h["class"]) == ("gpu", "hard"))
+    assert gpu["source"] == "prior" and gpu["count"] == 0 and "Llama 3" in gpu["prior"]["from"]
+    rep = next(d for d in doc["durations"] if (d["domain"], d["class"]) == ("node", "hard"))
+    assert rep["n"] == 5 and rep["p50_s"] == pytest.approx(5 * 3600)
+    assert rep["mean_s"] == pytest.approx(np.mean(REPAIR_H) * 3600)
+    det = doc["detection"]
+    assert (det["acted"], det["missed"]) == (4, 1)
+    assert det["delay"]["p50_s"] == pytest.approx(np.median([60, 120, 240, 300]))
+    assert doc["jobs"]["train"]["gpus_in_topology"] == 32
+    assert doc["checkpoint"]["source"] == "prior"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--ledger", "/nonexistent/ledger.db"], "--ledger: /nonexistent/ledger.db: no such file"),
+    (["--since", "1d", "--until", "banana"], "--until: cannot read 'banana'"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(inputs, args, msg):
+    argv = ["twin", "calibrate", "--topology", str(inputs / "topology.yaml"), "--ledger", str(inputs / "ledger.db"),
+            "-o", str(inputs / "cal.yaml")]
+    for i in range(0, len(args), 2):
+        if args[i] in argv:
+            argv[argv.index(args[i]) + 1] = args[i + 1]
+        else:
+            argv += args[i:i + 2]
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 2
+    assert msg in r.output and r.output.count("error:") == 1
+    assert not (inputs / "cal.yaml").exists()
+
+
+def test_simulate_calibrated_answers_per_job_with_intervals(inputs):
+    assert _calibrate(inputs).exit_code == 0
+    r = CliRunner().invoke(app, ["twin", "simulate", "--calibrated", str(inputs / "cal.yaml"), "--runs", "2",
+                                 "--draws", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    (job,) = out["jobs"]
+    assert job["job"] == "train" and job["samples"] == {"draws": 3, "seeds": 2}
+    for key in ("interval_s", "ettr", "hot_spares"):
+        lo, mid, hi = job[key]
+        assert lo <= mid <= hi
+    assert 0 < job["ettr"][0] <= job["ettr"][2] <= 1
+    assert "gpu/hard" in out["priors_used"] and "node/hard" not in out["priors_used"]
+    bad = inputs / "bad.yaml"
+    bad.write_text("schema: something-else\n")
+    r = CliRunner().invoke(app, ["twin", "simulate", "--calibrated", str(bad)])
+    assert r.exit_code == 2 and "not a calibrated twin config" in r.output
+
+
+def test_slip_and_spares_follow_the_hazard(inputs):
+    assert _calibrate(inputs).exit_code == 0
+    doc = yaml.safe_load((inputs / "cal.yaml").read_text())
+    tiers = {"storage": (300.0, 300.0)}
+    asks = [JobAsk("tight", 32, work_left_s=5 * 86400, deadline_in_s=5.05 * 86400),
+            JobAsk("loose", 32, work_left_s=5 * 86400, deadline_in_s=8 * 86400)]
+    got = recommend(doc, asks, tiers, 7 * 86400, 4, 2, np.random.default_rng(0))
+    assert got[0]["p_slip"][1] > got[1]["p_slip"][1]
+    hot = {h["domain"]: h for h in doc["hazards"]}["node"]
+    hot["count"] *= 20  # twenty times the failures: more spares
+    more = recommend(doc, asks[:1], tiers, 7 * 86400, 4, 2, np.random.default_rng(0))
+    assert more[0]["hot_spares"][1] > got[0]["hot_spares"][1]
+    assert math.isfinite(got[0]["interval_s"][1])
