@@ -65,6 +65,7 @@ class Controller:
         self.states: dict[Kind, StateVector] = initial_states(fleet)
         # Per-entity baselines (assess/baselines.py): learned online, persisted in the snapshot.
         self.baselines = Baselines.initial(fleet, policy.assess.baselines)
+        self.unnamed: dict = {}  # assess/unnamed.py's state per kind (relearned after a restart)
         self.node_state = np.zeros(fleet.count(Kind.NODE), dtype=np.int8)
         self.dstate = DecideState()
         self.freeze = FreezeState()
@@ -245,7 +246,8 @@ class Controller:
                 for ev, scope, why in freeze_events:
                     log.warning("failsafe: %s %s: %s", ev, scope, why)
             a = assess(self.fleet, frame, self.history, self.states, self.policy.assess, self._deps,
-                       self.node_state, hold=hold, frozen=freeze.scopes, base=self.baselines)
+                       self.node_state, hold=hold, frozen=freeze.scopes, base=self.baselines,
+                       unnamed=self.unnamed)
             baselines = a.baselines
             if self.pins:
                 a = apply_pins(self.fleet, a, self.pins, {k: sv.state for k, sv in self.states.items()},
@@ -283,6 +285,7 @@ class Controller:
             self.node_state = a.node_state
             if baselines is not None:
                 self.baselines = baselines
+            self.unnamed = a.unnamed if a.unnamed is not None else self.unnamed
             self.dstate = dstate
             self.freeze = freeze
             rep = TickReport(tick, frame.t_s, a, decisions, changes, t1 - t0, t2 - t1, t3 - t2)

@@ -13,9 +13,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.assess import evidence as ev
-from seamguard.assess.baselines import BaselineConfig, Baselines
+from seamguard.assess.baselines import BaselineConfig, Baselines, node_at_work
 from seamguard.assess.admissibility import AdmissibilityConfig, node_admissibility, node_domain_states
 from seamguard.assess.parents import ParentConfig, fabric_parents
+from seamguard.assess.unnamed import UnnamedJudgeConfig, UnnamedState, host_of, series_evidence
 from seamguard.assess.work import storage_bursts
 from seamguard.assess.propagation import PropagationConfig, all_dependents, fae, prs
 from seamguard.assess.states import Hysteresis, State, StateVector, step_states
@@ -50,6 +51,7 @@ class AssessConfig(BaseModel):
     hysteresis: dict[str, Hysteresis] = Field(default_factory=_default_hysteresis)
     admissibility: AdmissibilityConfig = Field(default_factory=AdmissibilityConfig)
     parents: ParentConfig = Field(default_factory=ParentConfig)
+    unnamed: UnnamedJudgeConfig = Field(default_factory=UnnamedJudgeConfig)
 
     def hysteresis_for(self, kind: Kind) -> Hysteresis:
         return self.hysteresis.get(kind.label) or Hysteresis()
@@ -124,6 +126,7 @@ class Assessment:
     job_uncommitted_s: np.ndarray | None = None  # per job, the runtime's rollback exposure (NaN: not reported)
     job_step_s: np.ndarray | None = None  # per job, the runtime's measured step time (NaN: not reported)
     job_steps_done: np.ndarray | None = None  # per job, the runtime's furthest step (NaN: not reported)
+    unnamed: dict[Kind, UnnamedState] | None = None  # assess/unnamed.py's state after this tick (the controller keeps it)
 
     def state(self, kind: Kind) -> np.ndarray:
         return self.node_state if kind == Kind.NODE else self.kinds[kind].states.state
@@ -156,7 +159,8 @@ def _slowdown(kind: Kind, e: ev.Evidence, cfg: AssessConfig) -> np.ndarray:
 def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVector],
            cfg: AssessConfig, deps: dict[Kind, np.ndarray] | None = None,
            prev_node_state: np.ndarray | None = None, hold: dict[Kind, np.ndarray] | None = None,
-           frozen: tuple = (), base: Baselines | None = None) -> Assessment:
+           frozen: tuple = (), base: Baselines | None = None,
+           unnamed: dict[Kind, UnnamedState] | None = None) -> Assessment:
     """Score, classify and explain every entity for one frame.
 
     ``hist`` holds the frames before ``frame``; ``deps`` may be passed in when the
@@ -165,7 +169,8 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     machine does not step, so missing data neither raises nor clears a state.
     ``base``: the per-entity baselines after the previous tick (None: fresh, all warming);
     the updated ones come back in ``Assessment.baselines``. Entities that are failed or
-    held do not teach their baselines.
+    held do not teach their baselines. ``unnamed``: the series judge's state (assess/unnamed.py),
+    likewise returned in ``Assessment.unnamed``.
     """
     deps = deps if deps is not None else all_dependents(fleet)
     e_cfg, b_cfg = cfg.evidence, cfg.baselines
@@ -194,6 +199,7 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
                                                  learn(Kind.STORAGE) & (prev[Kind.STORAGE].state == State.HEALTHY),
                                                  dt_s, b_cfg)
     new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, supply_b, r_th, r_n, frame.t_s, burst_b)
+    new_unnamed = _unnamed(fleet, frame, evid, unnamed or {}, learn, cfg)
 
     kinds: dict[Kind, KindAssessment] = {}
     transitions: list[Transition] = []
@@ -241,7 +247,28 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
         transitions=transitions, frozen=tuple(frozen), baselines=new_base,
         job_uncommitted_s=frame.get("seamguard_job_uncommitted_seconds"),
         job_step_s=frame.get("seamguard_job_step_seconds"), job_steps_done=frame.get("seamguard_job_step"),
+        unnamed=new_unnamed,
     )
+
+
+def _unnamed(fleet: Fleet, frame: Frame, evid: dict[Kind, ev.Evidence], prev: dict[Kind, UnnamedState],
+             learn, cfg: AssessConfig) -> dict[Kind, UnnamedState]:
+    """Judge the series nobody named (assess/unnamed.py) into ``evid`` in place; their new state.
+    Peers share a load: the same job at work, idle nodes together (baselines.node_at_work)."""
+    out = dict(prev)
+    if not frame.series:
+        return out
+    work = node_at_work(fleet, frame.get("DCGM_FI_DEV_GPU_UTIL"), cfg.baselines.busy_util_pct)
+    n_jobs = len(fleet.job_names)
+    load = np.where(work & (fleet.node_job >= 0), fleet.node_job, np.where(work, n_jobs + 1, n_jobs))
+    for block in frame.series:
+        if block.kind not in evid:
+            continue
+        host = host_of(block.kind, fleet)
+        group = load[host] if host is not None else np.zeros(fleet.count(block.kind), dtype=np.int64)
+        evid[block.kind], out[block.kind] = series_evidence(evid[block.kind], block, prev.get(block.kind), frame.t_s,
+                                                            group, learn(block.kind), host, cfg.unnamed)
+    return out
 
 
 def node_cause(fleet: Fleet, kinds: dict[Kind, KindAssessment], node: int) -> tuple[str, float, tuple[Reason, ...]]:

@@ -25,6 +25,7 @@ class Frame:
     values: dict[str, np.ndarray]
     sizes: dict[str, int] = field(default_factory=dict)  # entity count per kind label
     flags: tuple[str, ...] = ()  # source problems this tick (failed queries, partial data)
+    series: tuple = ()  # observe/unnamed.py SeriesBlock per kind: the series nobody named
 
     def get(self, name: str) -> np.ndarray:
         arr = self.values.get(name)
@@ -34,7 +35,8 @@ class Frame:
         return np.full(self.sizes.get(sig.kind.label, 0), np.nan)
 
 
-def make_frame(fleet: Fleet, t_s: float, values: dict[str, np.ndarray], flags: tuple[str, ...] = ()) -> Frame:
+def make_frame(fleet: Fleet, t_s: float, values: dict[str, np.ndarray], flags: tuple[str, ...] = (),
+               series: tuple = ()) -> Frame:
     """Validate shapes against the fleet and build a frame (float64, NaN for missing)."""
     out: dict[str, np.ndarray] = {}
     for name, arr in values.items():
@@ -46,4 +48,8 @@ def make_frame(fleet: Fleet, t_s: float, values: dict[str, np.ndarray], flags: t
         if a.shape != (n,):
             raise FrameError(f"signal {name!r}: expected shape ({n},) for {n} {sig.kind.label} entities, got {a.shape}")
         out[name] = a
-    return Frame(t_s=float(t_s), values=out, sizes=fleet.summary(), flags=tuple(flags))
+    for b in series:
+        if b.values.shape[0] != fleet.count(b.kind):
+            raise FrameError(f"series block of {b.kind.label}: {b.values.shape[0]} rows for "
+                             f"{fleet.count(b.kind)} entities")
+    return Frame(t_s=float(t_s), values=out, sizes=fleet.summary(), flags=tuple(flags), series=tuple(series))
