@@ -173,9 +173,14 @@ class JobHook:
     def step(self, step: int) -> Iterator[None]:
         """``with hook.step(step): ...``: times the body as the rank's compute and ends the
         step (:meth:`step_end`) when the body returns; read :attr:`controls` after it."""
-        self._t_begin, self._t_compute_end = self._clock.perf_counter(), None
+        self.step_begin()
         yield
         self.controls = self.step_end(step)
+
+    def step_begin(self) -> None:
+        """Start the step's compute clock (a trainer callback's ``on_step_begin``; without it
+        a step's compute is the time since the previous step ended)."""
+        self._t_begin, self._t_compute_end = self._clock.perf_counter(), None
 
     def compute_done(self) -> None:
         """Optional: mark the end of this step's own compute (before a gradient collective
