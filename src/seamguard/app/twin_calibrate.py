@@ -83,9 +83,11 @@ def calibrate(
     measured: Optional[Path] = typer.Option(None, "--measured", metavar="FILE",
                                             help="The runtime's measured checkpoint figures (results JSON of "
                                                  "benchmarks/failover_training.py)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Run config: its jobs' deadline, total_steps "
+                                                                 "and step_s (for the release-slip forecast)."),
 ) -> None:
     """Measure the twin's failure rates, repair, recovery and detection times on your fleet's history."""
-    from seamguard.app.config import ConfigError, load_topology
+    from seamguard.app.config import ConfigError, load_run_config, load_topology, with_job_schedule
     from seamguard.fleet import TopologyError
     from seamguard.fleet.model import Kind
     from seamguard.goodput.sources import SourceError, read_ledger, read_runs
@@ -96,6 +98,8 @@ def calibrate(
     t0, t1 = _window(since, until)
     try:
         fleet = load_topology(topology)
+        if config is not None:
+            fleet = with_job_schedule(fleet, load_run_config(config).jobs, f"--config {config}")
     except (ConfigError, TopologyError) as e:
         fail(str(e))
     if "://" not in ledger and not Path(ledger).is_file():
