@@ -131,3 +131,42 @@ def test_slip_and_spares_follow_the_hazard(inputs):
     more = recommend(doc, asks[:1], tiers, 7 * 86400, 4, 2, np.random.default_rng(0))
     assert more[0]["hot_spares"][1] > got[0]["hot_spares"][1]
     assert math.isfinite(got[0]["interval_s"][1])
+
+
+def _local(t_s: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(t_s).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def test_slurm_allocations_give_interruptions_recovery_and_slip(inputs):
+    """sacct's rows (a stand-in binary printing what sacct prints) -> interruptions and recovery times;
+    the run config's deadline -> a release-slip forecast."""
+    gaps_s = (300.0, 600.0, 900.0)
+    t, rows = T0, []
+    for k, gap in enumerate(gaps_s):
+        rows.append(f"{100 + k}|train|NODE_FAIL|{_local(t)}|{_local(t + 86400)}|n[0-3]")
+        t += 86400 + gap
+    rows.append(f"200|train|COMPLETED|{_local(t)}|{_local(t + 3 * 86400)}|n[0-3]")
+    sacct, scontrol = inputs / "sacct", inputs / "scontrol"
+    sacct.write_text("#!/bin/sh\ncat <<'X'\n" + "\n".join(rows) + "\nX\n")
+    scontrol.write_text("#!/bin/sh\nexit 0\n")
+    sacct.chmod(0o755), scontrol.chmod(0o755)
+    run_cfg = {"version": 1, "topology": str(inputs / "topology.yaml"), "prometheus": {"url": "http://127.0.0.1:9"},
+               "jobs": {"train": {"deadline": "2030-01-01T00:00:00Z", "total_steps": 10_000_000, "step_s": 1.0}}}
+    (inputs / "run.yaml").write_text(yaml.safe_dump(run_cfg))
+    r = _calibrate(inputs, "--slurm", "--sacct", str(sacct), "--scontrol", str(scontrol),
+                   "--config", str(inputs / "run.yaml"))
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load((inputs / "cal.yaml").read_text())
+    job = doc["jobs"]["train"]
+    assert (job["allocations"], job["interruptions"]) == (4, 3)
+    assert doc["recovery"]["n"] == 3 and doc["recovery"]["p50_s"] == pytest.approx(600.0)
+    assert doc["recovery"]["source"] == "measured"
+    assert job["total_steps"] == 10_000_000 and job["deadline_in_s"] > 0
+    r = CliRunner().invoke(app, ["twin", "simulate", "--calibrated", str(inputs / "cal.yaml"), "--runs", "2",
+                                 "--draws", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    (out,) = json.loads(r.output.strip().splitlines()[-1])["jobs"]
+    lo, mid, hi = out["p_slip"]
+    assert 0.0 <= lo <= mid <= hi <= 1.0
