@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.assess.baselines import (Baselines, BaselineConfig, GpuBaseline, NicBaseline, alpha, count_up, ew,
                                         floor_step, latency_step, node_at_work, offset_step, wait_ratio, wait_step)
-from seamguard.assess.stats import group_median, loo_median, loo_robust_z, noisy_or, ramp
+from seamguard.assess.stats import counter_increase, group_median, loo_median, loo_robust_z, noisy_or, ramp
 from seamguard.assess.node_channels import FLAP as NODE_FLAP_COUNTERS, RATE as NODE_RATE_COUNTERS, node_channels
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
@@ -151,13 +151,13 @@ def _span_s(hist: History, frame: Frame, window_s: float, k: int) -> float:
 def _rate_per_h(hist: History, name: str, frame: Frame, window_s: float) -> np.ndarray:
     """Counter increase per hour over ``window_s``, including the current frame."""
     cur = frame.get(name)
-    w = hist.window(name, hist.ticks_for(window_s))
-    if w is None or w.shape[0] == 0:
+    w = hist.rows(name, hist.ticks_for(window_s))
+    if not w:
         return np.zeros_like(cur)
-    return _increase(w, cur) * 3600.0 / _span_s(hist, frame, window_s, w.shape[0])
+    return counter_increase([*w, cur]) * 3600.0 / _span_s(hist, frame, window_s, len(w))
 
 
-def _increase(w: np.ndarray, cur: np.ndarray) -> np.ndarray:
+def _increase(w: np.ndarray | list[np.ndarray], cur: np.ndarray) -> np.ndarray:
     """Sum of increases over the rows (oldest first) and ``cur``.
 
     A drop is a counter reset (an exporter or driver restart): counting restarts from
@@ -165,43 +165,43 @@ def _increase(w: np.ndarray, cur: np.ndarray) -> np.ndarray:
     sample is not counted at all: a series that comes back after a gap (or appears
     for the first time) at a high value is not a burst.
     """
-    rows = np.vstack([w, cur[None, :]])
-    d = np.diff(rows, axis=0)
-    d = np.where(d < 0, rows[1:], d)
-    return np.nansum(d, axis=0)
+    return counter_increase([*w, cur])
 
 
 def _count(hist: History, name: str, frame: Frame, window_s: float) -> np.ndarray:
     cur = frame.get(name)
-    w = hist.window(name, hist.ticks_for(window_s))
-    return np.zeros_like(cur) if w is None or w.shape[0] == 0 else _increase(w, cur)
+    w = hist.rows(name, hist.ticks_for(window_s))
+    return counter_increase([*w, cur]) if w else np.zeros_like(cur)
 
 
 def _went_missing(hist: History, name: str, cur: np.ndarray) -> np.ndarray:
-    prev = hist.window(name, 1)
-    if prev is None or prev.shape[0] == 0:
+    prev = hist.rows(name, 1)
+    if not prev:
         return np.zeros(cur.shape, dtype=bool)
     return np.isnan(cur) & ~np.isnan(prev[-1])
 
 
 def _prev(hist: History, name: str, n: int) -> np.ndarray:
-    p = hist.window(name, 1)
-    return p[-1] if p is not None and p.shape[0] else np.full(n, np.nan)
+    p = hist.rows(name, 1)
+    return p[-1] if p else np.full(n, np.nan)
 
 
 def _stack(cols: list[np.ndarray]) -> np.ndarray:
-    return np.stack(cols, axis=1) if cols else np.zeros((0, 0))
+    """Columns side by side as an [N, E] array. Laid out column-major: each column is
+    written whole (a row-major stack writes every column strided, most of a tick at a
+    million entities) and the noisy-OR across channels reads whole columns."""
+    return np.stack(cols).T if cols else np.zeros((0, 0))
 
 
 def _time_fraction(hist: History, name: str, frame: Frame, window_s: float) -> np.ndarray:
     """Share of wall time a violation counter (microseconds) ran over the window; NaN if unseen."""
     cur = frame.get(name)
-    w = hist.window(name, hist.ticks_for(window_s))
-    if w is None or w.shape[0] == 0 or not np.isfinite(cur).any():
+    w = hist.rows(name, hist.ticks_for(window_s))
+    if not w or not np.isfinite(cur).any():
         return np.full_like(cur, np.nan)
-    span = max(frame.t_s - float(hist.times(w.shape[0])[0]), 1e-9)
-    inc = _increase(w, cur)
-    seen = np.isfinite(cur) & np.isfinite(w).any(axis=0)
+    span = max(frame.t_s - float(hist.times(len(w))[0]), 1e-9)
+    inc = counter_increase([*w, cur])
+    seen = np.isfinite(cur) & np.logical_or.reduce([np.isfinite(r) for r in w])
     return np.where(seen, np.clip(inc / (span * 1e6), 0.0, 1.0), np.nan)
 
 

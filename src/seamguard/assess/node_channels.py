@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seamguard.assess.baselines import floor_step
-from seamguard.assess.stats import ramp
+from seamguard.assess.stats import counter_increase, ramp
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
 from seamguard.observe.history import History
@@ -70,22 +70,20 @@ def _seen(hist: History, frame: Frame, *names: str) -> bool:
     return any(n in frame.values or hist.window(n, 1) is not None for n in names)
 
 
-def _rows(hist: History, name: str, frame: Frame, k: int) -> np.ndarray | None:
+def _rows(hist: History, name: str, frame: Frame, k: int) -> list[np.ndarray] | None:
     """The last ``k`` past rows and the current one (oldest first), or None if never seen."""
-    w = hist.window(name, k)
+    w = hist.rows(name, k)
     cur = frame.get(name)
-    if w is None or w.shape[0] == 0:
-        return None if name not in frame.values else cur[None, :]
-    return np.vstack([w, cur[None, :]])
+    if not w:
+        return None if name not in frame.values else [cur]
+    return [*w, cur]
 
 
-def _increase(rows: np.ndarray | None, n: int) -> np.ndarray:
+def _increase(rows: list[np.ndarray] | np.ndarray | None, n: int) -> np.ndarray:
     """Sum of counter increases over the rows; a drop is a reset, a step across a gap counts nothing."""
-    if rows is None or rows.shape[0] < 2:
+    if rows is None or len(rows) < 2:
         return np.zeros(n)
-    d = np.diff(rows, axis=0)
-    d = np.where(d < 0, rows[1:], d)
-    return np.nansum(d, axis=0)
+    return counter_increase(rows)
 
 
 def _inc_now(hist: History, name: str, frame: Frame, n: int) -> np.ndarray:
@@ -105,19 +103,19 @@ def _per_h(hist: History, name: str, frame: Frame, window_s: float, n: int) -> n
     """Increase per hour over the window (never divided by less than the window)."""
     k = hist.ticks_for(window_s)
     rows = _rows(hist, name, frame, k)
-    if rows is None or rows.shape[0] < 2:
+    if rows is None or len(rows) < 2:
         return np.zeros(n)
-    span = max(frame.t_s - float(hist.times(rows.shape[0] - 1)[0]), window_s)
+    span = max(frame.t_s - float(hist.times(len(rows) - 1)[0]), window_s)
     return _increase(rows, n) * 3600.0 / span
 
 
 def _share(hist: History, name: str, frame: Frame, window_s: float, n: int) -> np.ndarray:
     """A PSI stall counter (seconds) as a share of wall time over the window; NaN where unseen."""
     rows = _rows(hist, name, frame, hist.ticks_for(window_s))
-    if rows is None or rows.shape[0] < 2:
+    if rows is None or len(rows) < 2:
         return np.full(n, np.nan)
-    span = max(frame.t_s - float(hist.times(rows.shape[0] - 1)[0]), 1e-9)
-    seen = np.isfinite(rows[-1]) & np.isfinite(rows[:-1]).any(axis=0)
+    span = max(frame.t_s - float(hist.times(len(rows) - 1)[0]), 1e-9)
+    seen = np.isfinite(rows[-1]) & np.logical_or.reduce([np.isfinite(r) for r in rows[:-1]])
     return np.where(seen, np.clip(_increase(rows, n) / span, 0.0, 1.0), np.nan)
 
 

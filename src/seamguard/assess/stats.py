@@ -6,6 +6,8 @@ an entity is never its own peer (docs/evidence.md, "Peer groups and parents").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -141,6 +143,37 @@ def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
     scale = np.maximum(1.4826 * np.nan_to_num(mad, nan=floor), floor)
     z = np.where(enough, (x - med) / scale, np.nan)
     return z, np.where(enough, med, np.nan), others
+
+
+_CHUNK = 1 << 15  # columns per block: a block's few rows stay in cache while the rows are walked
+
+
+def counter_increase(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """Sum of a counter's increases between consecutive rows (oldest first, one value per entity).
+
+    A drop is a counter reset (an exporter or driver restart): counting restarts from zero,
+    so the new value is what accrued since the reset. A step to or from a missing sample
+    counts nothing. Walked a block of columns at a time, row pair by row pair: no
+    ``rows x entities`` temporaries (at a million entities and a 21-row window those were
+    most of a tick). Needs at least two rows.
+    """
+    n = rows[-1].shape[0]
+    out = np.empty(n)
+    for s in range(0, n, _CHUNK):
+        e = min(s + _CHUNK, n)
+        prev, acc = rows[0][s:e], None
+        for row in rows[1:]:
+            cur = row[s:e]
+            d = cur - prev
+            np.copyto(d, cur, where=d < 0)
+            np.copyto(d, 0.0, where=np.isnan(d))
+            if acc is None:
+                acc = d
+            else:
+                acc += d
+            prev = cur
+        out[s:e] = acc
+    return out
 
 
 def ramp(x: np.ndarray, lo: float, hi: float) -> np.ndarray:

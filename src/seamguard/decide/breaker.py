@@ -145,7 +145,10 @@ def _topology(fleet: Fleet) -> _Topology:
     n_loops, n_racks, n_leaf = fleet.count(Kind.COOLING_LOOP), fleet.count(Kind.RACK), fleet.count(Kind.SWITCH)
     nic_ok = fleet.nic_leaf >= 0
     leaf_of_nic, node_of_nic = fleet.nic_leaf[nic_ok], fleet.nic_node[nic_ok]
-    pairs = np.unique(np.stack([node_of_nic, leaf_of_nic], axis=1), axis=0) if leaf_of_nic.size \
+    # The distinct (node, leaf) pairs in (node, leaf) order: a unique of one integer key
+    # (a row-wise unique sorts rows as structured records, most of a decide at 1M GPUs).
+    key = np.unique(node_of_nic.astype(np.int64) * max(n_leaf, 1) + leaf_of_nic)
+    pairs = np.stack([key // max(n_leaf, 1), key % max(n_leaf, 1)], axis=1) if leaf_of_nic.size \
         else np.zeros((0, 2), dtype=np.int64)
     leaf_size = np.bincount(pairs[:, 1], minlength=n_leaf) if n_leaf else np.zeros(0, dtype=np.int64)
     return _Topology(fleet.count(Kind.NODE), n_loops, n_racks, n_leaf,

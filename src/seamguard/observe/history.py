@@ -65,3 +65,13 @@ class History:
         """
         rows = self._rows.get(name)
         return None if rows is None else rows[self._order(k, rows.shape[0])]
+
+    def rows(self, name: str, k: int) -> list[np.ndarray] | None:
+        """The same rows as :meth:`window`, as read-only views of the ring (no copy), or None."""
+        rows = self._rows.get(name)
+        if rows is None:
+            return None
+        out = [rows[i] for i in self._order(k, rows.shape[0]).tolist()]
+        for r in out:
+            r.flags.writeable = False
+        return out
