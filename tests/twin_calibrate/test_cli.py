@@ -170,3 +170,10 @@ def test_slurm_allocations_give_interruptions_recovery_and_slip(inputs):
     (out,) = json.loads(r.output.strip().splitlines()[-1])["jobs"]
     lo, mid, hi = out["p_slip"]
     assert 0.0 <= lo <= mid <= hi <= 1.0
+
+
+def test_a_file_that_is_not_a_ledger_is_one_line_and_writes_nothing(inputs):
+    (inputs / "ledger.db").write_text("not a database\n" * 100)
+    r = _calibrate(inputs)
+    assert r.exit_code == 1 and r.output.count("error:") == 1 and "ledger" in r.output, r.output
+    assert not (inputs / "cal.yaml").exists()

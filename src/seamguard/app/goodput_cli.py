@@ -43,6 +43,18 @@ def parse_when(text: str, flag: str, now_s: float) -> float:
     return d.timestamp()
 
 
+def parse_window(since: str, until: str | None) -> tuple[float, float]:
+    """(start, end) Unix seconds of ``--since``/``--until`` (end: now), at most `MAX_WINDOW_S` long."""
+    now = time.time()
+    t1 = parse_when(until, "--until", now) if until is not None else now
+    t0 = parse_when(since, "--since", t1)
+    if not t0 < t1:
+        fail(f"--since ({since}) must be before --until ({until or 'now'})")
+    if t1 - t0 > MAX_WINDOW_S:
+        fail(f"--since/--until: {(t1 - t0) / 86400:.1f} days; at most {MAX_WINDOW_S / 86400:.0f} days at once")
+    return t0, t1
+
+
 def _table(d: dict) -> None:
     """Per job: wall time and ETTR, seconds and share per cause, then the lost time by cause,
     entity and seam; the fleet last."""
@@ -132,13 +144,7 @@ def goodput(
     from seamguard.ledger import open_reader
     from seamguard.observe.prometheus import PrometheusSource
 
-    now = time.time()
-    t1 = parse_when(until, "--until", now) if until is not None else now
-    t0 = parse_when(since, "--since", t1)
-    if not t0 < t1:
-        fail(f"--since ({since}) must be before --until ({until or 'now'})")
-    if t1 - t0 > MAX_WINDOW_S:
-        fail(f"--since/--until: {(t1 - t0) / 86400:.1f} days; at most {MAX_WINDOW_S / 86400:.0f} days at once")
+    t0, t1 = parse_window(since, until)
     job = list(dict.fromkeys(job))
     if any(not j.strip() or len(j) > 256 for j in job):
         fail("--job: a job name is 1 to 256 characters")

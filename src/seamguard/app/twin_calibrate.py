@@ -30,19 +30,6 @@ __all__ = ["calibrate", "simulate_calibrated"]
 _KINDS_SKIPPED = ("job", "rack")  # a job is not failure-prone hardware; a rack fails as its nodes, loop or feed
 
 
-def _window(since: str, until: Optional[str]) -> tuple[float, float]:
-    from seamguard.app.goodput_cli import MAX_WINDOW_S, parse_when
-
-    now = time.time()
-    t1 = parse_when(until, "--until", now) if until is not None else now
-    t0 = parse_when(since, "--since", t1)
-    if not t0 < t1:
-        fail(f"--since ({since}) must be before --until ({until or 'now'})")
-    if t1 - t0 > MAX_WINDOW_S:
-        fail(f"--since/--until: {(t1 - t0) / 86400:.1f} days; at most {MAX_WINDOW_S / 86400:.0f} days at once")
-    return t0, t1
-
-
 def _checkpoint(measured: Optional[Path]) -> dict | None:
     if measured is None:
         return None
@@ -88,14 +75,14 @@ def calibrate(
 ) -> None:
     """Measure the twin's failure rates, repair, recovery and detection times on your fleet's history."""
     from seamguard.app.config import ConfigError, load_run_config, load_topology, with_job_schedule
+    from seamguard.app.goodput_cli import parse_window
     from seamguard.fleet import TopologyError
     from seamguard.fleet.model import Kind
-    from seamguard.goodput.sources import SourceError, read_ledger, read_runs
-    from seamguard.ledger import open_reader
-    from seamguard.twin.calibrate import JobRun, calibrate as estimate, published_priors
+    from seamguard.ledger.postgres import redact
+    from seamguard.twin.calibrate import calibrate as estimate, published_priors
     from seamguard.twin.events.calibration import llama3_failure_model
 
-    t0, t1 = _window(since, until)
+    t0, t1 = parse_window(since, until)
     try:
         fleet = load_topology(topology)
         if config is not None:
@@ -108,35 +95,47 @@ def calibrate(
         fail(f"--out: {out}: not a file in an existing directory")
     checkpoint = _checkpoint(measured)
     exposure = {k.label: fleet.count(k) for k in Kind if k.label not in _KINDS_SKIPPED}
-    runs: list[JobRun] = []
-    reader = None
-    try:
-        reader = open_reader(ledger)
-        with phase("reading the ledger and the scheduler"):
-            trs, acts = read_ledger(reader, t0, t1)
-            if slurm or completion:
-                gpus = dict(zip(fleet.job_names, fleet.job_gpu_count))
-                for j in fleet.job_names:
-                    runs += [JobRun(j, r.start_s, r.end_s, r.state, int(gpus[j]))
-                             for r in read_runs(j, t0, t1, sacct=sacct, scontrol=scontrol, completion=completion)]
-    except SourceError as e:
-        fail(str(e), code=1)
-    except Exception as e:  # a ledger that does not open (not a ledger, a server gone)
-        fail(f"--ledger: cannot open {ledger}: {type(e).__name__}: {e}", code=1)
-    finally:
-        if reader is not None:
-            reader.close()
+    scheduler = (sacct, scontrol, completion) if (slurm or completion) else None
+    trs, acts, runs = _read_history(ledger, fleet, t0, t1, scheduler)
     rates, durations = published_priors(llama3_failure_model())
     doc = estimate(trs, acts, runs, exposure, t0, t1, rates, durations, checkpoint)
     for name, spec in _jobs(fleet, t1).items():
         doc["jobs"].setdefault(name, {}).update(spec)
-    doc["sources"] = {"topology": str(topology), "ledger": ledger if "://" not in ledger else ledger.split("@")[-1],
+    doc["sources"] = {"topology": str(topology), "ledger": redact(ledger) if "://" in ledger else ledger,
                       "scheduler": ("sacct -c" if completion else "sacct") if (slurm or completion) else None,
                       "transitions": len(trs), "actions": len(acts), "allocations": len(runs)}
     _write(out, doc)
     typer.echo(f"{out}: {sum(h['source'] == 'measured' and h['count'] > 0 for h in doc['hazards'])} hazards measured, "
                f"{sum(h['source'] == 'prior' for h in doc['hazards'])} from priors, "
                f"{len(doc['jobs'])} jobs, window {doc['window']['days']:.2f} days")
+
+
+def _read_history(ledger: str, fleet, t0: float, t1: float,
+                  scheduler: tuple[str, str, bool] | None) -> tuple[list[dict], list[dict], list]:
+    """(transitions, actions, JobRuns) of the window: the ledger's rows and, with ``scheduler``
+    ((sacct, scontrol, completion log)), every topology job's allocations."""
+    from seamguard.goodput.sources import SourceError, read_ledger, read_runs
+    from seamguard.ledger import open_reader
+    from seamguard.twin.calibrate import JobRun
+
+    try:
+        reader = open_reader(ledger)
+    except Exception as e:  # not a ledger, a server gone: sqlite3 / psycopg errors
+        fail(f"--ledger: cannot open {ledger}: {type(e).__name__}: {e}", code=1)
+    runs: list[JobRun] = []
+    try:
+        with phase("reading the ledger and the scheduler"):
+            trs, acts = read_ledger(reader, t0, t1)
+            if scheduler is not None:
+                sacct, scontrol, completion = scheduler
+                for j, gpus in zip(fleet.job_names, fleet.job_gpu_count):
+                    runs += [JobRun(j, r.start_s, r.end_s, r.state, int(gpus))
+                             for r in read_runs(j, t0, t1, sacct=sacct, scontrol=scontrol, completion=completion)]
+    except SourceError as e:
+        fail(str(e), code=1)
+    finally:
+        reader.close()
+    return trs, acts, runs
 
 
 def _write(out: Path, doc: dict) -> None:

@@ -154,6 +154,22 @@ def _ci(x: Sequence[float]) -> list[float]:
     return [float(np.quantile(a, 0.025)), float(np.quantile(a, 0.5)), float(np.quantile(a, 0.975))]
 
 
+def _best(lam: float, horizon_s: float, tiers: Mapping[str, tuple[float, float]], doc: Mapping,
+          rng: np.random.Generator, fallback_recovery_s: float) -> tuple[float, float, str]:
+    """(interval s, ETTR there, tier) maximising ETTR in one seed's draw of failures."""
+    scored = {t: _ettr(lam, horizon_s, w, rs, doc, rng, fallback_recovery_s) for t, (w, rs) in tiers.items()}
+    tier = max(scored, key=lambda t: scored[t].max())
+    k = int(np.argmax(scored[tier]))
+    return float(INTERVALS_S[k]), float(scored[tier][k]), tier
+
+
+def _spares(lam_per_h: float, m: Mapping[tuple[str, str], float], fallback_repair_s: float) -> float:
+    """Nodes in repair at once at SPARE_QUANTILE (M/G/inf: Poisson with mean arrival rate x mean repair)."""
+    repair = [v for (d, c), v in m.items() if c == HARD and d in COMPONENTS_PER_NODE]
+    mean_repair_s = float(np.mean(repair)) if repair else fallback_repair_s
+    return float(stats.poisson.ppf(SPARE_QUANTILE, lam_per_h * mean_repair_s / 3600.0))
+
+
 def recommend(doc: Mapping, jobs: Sequence[JobAsk], tiers: Mapping[str, tuple[float, float]], horizon_s: float,
               draws: int, seeds: int, rng: np.random.Generator, gpus_per_node: int = 8,
               fallback_recovery_s: float = 600.0, fallback_repair_s: float = 86400.0) -> list[dict]:
@@ -162,28 +178,22 @@ def recommend(doc: Mapping, jobs: Sequence[JobAsk], tiers: Mapping[str, tuple[fl
     out = []
     param = [(rates(doc, rng), means_s(doc, rng)) for _ in range(draws)]
     for job in jobs:
-        nodes = job.gpus / gpus_per_node
-        best_iv, best_ettr, best_tier, spares, p_miss = [], [], [], [], []
+        best, spares, p_miss = [], [], []
         for r, m in param:
-            lam = job_hazard_per_h(doc, nodes, r)
-            repair = [v for (d, c), v in m.items() if c == HARD and d in COMPONENTS_PER_NODE]
-            spares.append(float(stats.poisson.ppf(SPARE_QUANTILE, lam * (np.mean(repair) if repair
-                                                                        else fallback_repair_s) / 3600.0)))
-            for _ in range(seeds):
-                scored = {t: _ettr(lam, horizon_s, w, rs, doc, rng, fallback_recovery_s) for t, (w, rs) in tiers.items()}
-                tier = max(scored, key=lambda t: scored[t].max())
-                k = int(np.argmax(scored[tier]))
-                best_iv.append(float(INTERVALS_S[k])); best_ettr.append(float(scored[tier][k])); best_tier.append(tier)
-            iv = float(np.median(best_iv[-seeds:]))
-            w, rs = tiers[max(set(best_tier[-seeds:]), key=best_tier[-seeds:].count)]
-            loss = iv / 2 + rs + float(np.mean(_recovery(doc, rng, 64, fallback_recovery_s)))
+            lam = job_hazard_per_h(doc, job.gpus / gpus_per_node, r)
+            spares.append(_spares(lam, m, fallback_repair_s))
+            mine = [_best(lam, horizon_s, tiers, doc, rng, fallback_recovery_s) for _ in range(seeds)]
+            best += mine
+            tier = max({t for _, _, t in mine}, key=[t for _, _, t in mine].count)
+            loss = (float(np.median([iv for iv, _, _ in mine])) / 2 + tiers[tier][1]
+                    + float(np.mean(_recovery(doc, rng, 64, fallback_recovery_s))))
             p_miss.append(float(slip_forecast(0.0, np.array([job.deadline_in_s]), np.array([job.work_left_s]),
                                               np.array([lam]), np.array([loss])).p_miss[0]))
-        out.append({"job": job.name, "gpus": job.gpus, "interval_s": _ci(best_iv), "ettr": _ci(best_ettr),
-                    "tier": max(set(best_tier), key=best_tier.count),
-                    "tier_share": {t: best_tier.count(t) / len(best_tier) for t in sorted(set(best_tier))},
-                    "hot_spares": _ci(spares),
-                    "p_slip": _ci(p_miss) if np.isfinite(p_miss).all() else None,
+        chosen = [t for _, _, t in best]
+        out.append({"job": job.name, "gpus": job.gpus, "interval_s": _ci([b[0] for b in best]),
+                    "ettr": _ci([b[1] for b in best]), "tier": max(set(chosen), key=chosen.count),
+                    "tier_share": {t: chosen.count(t) / len(chosen) for t in sorted(set(chosen))},
+                    "hot_spares": _ci(spares), "p_slip": _ci(p_miss) if np.isfinite(p_miss).all() else None,
                     "samples": {"draws": draws, "seeds": seeds}})
     return out
 
