@@ -23,7 +23,7 @@ from seamguard.act.runtime import RuntimeHintActuator
 from seamguard.decide.actions import Action, Verb, action_key
 from seamguard.ports import free_port
 from seamguard.runtime.hintclient import HintReader, JobHints, fold
-from seamguard.runtime.jobhook import HookSettings
+from seamguard.runtime.jobhook import HookSettings, JobHook
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -83,6 +83,25 @@ def test_the_hook_module_imports_without_torch():
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     p = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
+def test_one_process_hook_acts_on_the_actuators_hints_at_its_agreement_steps(tmp_path):
+    hints, own, other = tmp_path / "hints", tmp_path / "storage-a", tmp_path / "storage-b"
+    saved, flags = [], []
+    hook = JobHook(HookSettings(job="j", checkpoint_dir=own, hint_dir=hints, sync_every_steps=4),
+                   save=lambda step, d: saved.append((step, d)), on_degraded=flags.append)
+    act = RuntimeHintActuator({"j": hints}, {"j": {"storage-a": own, "storage-b": other}})
+    for step in (1, 2, 3):
+        assert not hook.step_end(step).save
+    assert act.apply(_action(Verb.AVOID_STORAGE, "storage-a", "storage")).ok
+    assert act.apply(_action(Verb.CHECKPOINT_NOW, "j", "job")).ok
+    assert act.apply(_action(Verb.CHECKPOINT_INTERVAL, "j", "job", "3600", (("interval_s", "3600"),))).ok
+    controls = [hook.step_end(step) for step in range(4, 10)]
+    assert [(c.step, c.why) for c in controls if c.save] == [(4, "checkpoint_now")]
+    assert saved == [(4, other)] and hook.checkpoint_dir == other and flags == [True]
+    text = hook.metrics_text()
+    assert 'seamguard_job_persisted_step{job_name="j"} 4' in text and 'seamguard_job_step{job_name="j"} 9' in text
+    hook.close()
 
 
 # ---------------------------------------------------------------- a real torchrun job

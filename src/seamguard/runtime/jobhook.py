@@ -67,7 +67,7 @@ class HookSettings:
     checkpoint_roots: tuple[str, ...] = ()
     """Where a ``checkpoint_dir`` hint may point; default: the parent of ``checkpoint_dir``."""
     metrics_port: int | None = None
-    """Rank 0 serves ``/metrics`` here (0: any free port); None: no exporter."""
+    """Rank 0 serves ``/metrics`` on this port (every interface, as the launcher does); None: no exporter."""
     sync_every_steps: int = 10
     """Steps between two agreements (one small all_gather each)."""
     save_wait_s: float = 600.0
@@ -83,7 +83,7 @@ class HookSettings:
         errors = [run_id_error(self.job) and f"job name: {run_id_error(self.job).partition(': ')[2]}",
                   path_error("checkpoint_dir", self.checkpoint_dir, absolute=True),
                   path_error("hint_dir", self.hint_dir), path_error("hint_key_file", self.hint_key_file),
-                  self.metrics_port is not None and port_error("metrics_port", self.metrics_port, True),
+                  self.metrics_port is not None and port_error("metrics_port", self.metrics_port, False),
                   self.sync_every_steps < 1 and f"sync_every_steps: expected >= 1, got {self.sync_every_steps}",
                   not self.save_wait_s > 0 and f"save_wait_s: expected > 0, got {self.save_wait_s}"]
         errors += [path_error("checkpoint_roots", Path(r), absolute=True) for r in self.checkpoint_roots]
