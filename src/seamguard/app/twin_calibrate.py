@@ -193,6 +193,17 @@ def _tiers(doc: dict, state_gib_per_gpu: float, checkpoint_write_min: float) -> 
             "peer_memory": (PEER_STALL_FACTOR * pp.in_memory_stall_s, pp.in_memory_restore_s)}
 
 
+def _policy(doc: dict):
+    """The seamguard policy, acting after the median delay the controller measured (where it had 3 or more)."""
+    from seamguard.twin.calibrate import MIN_EVENTS
+    from seamguard.twin.events.config import PolicyParams
+
+    delay = (doc.get("detection") or {}).get("delay") or {}
+    if delay.get("n", 0) >= MIN_EVENTS:
+        return PolicyParams("seamguard", detection_delay_s=float(delay["p50_s"]))
+    return PolicyParams("seamguard")
+
+
 def _asks(doc: dict) -> list:
     from seamguard.twin.calibrated import JobAsk
 
@@ -214,7 +225,7 @@ def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_
     """The event twin on the calibrated rates (fleet ETTR) and the per-job answers, with intervals."""
     from seamguard.twin.calibrated import failure_model, recommend
     from seamguard.twin.events.calibration import llama3_failure_model
-    from seamguard.twin.events.config import ClusterConfig, PolicyParams
+    from seamguard.twin.events.config import ClusterConfig
     from seamguard.twin.events.montecarlo import run_monte_carlo
 
     if seeds < 1 or seed < 0:
@@ -235,13 +246,13 @@ def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_
                 cfg = ClusterConfig(gpus=int(gpus) - int(gpus) % 8 or 8, days=days, workload="mix", failures=fm)
             except ValueError as e:
                 fail(f"--calibrated {path}: {e}")
-            sums = run_monte_carlo(cfg, [PolicyParams("seamguard")], seeds, seed + d)
+            sums = run_monte_carlo(cfg, [_policy(doc)], seeds, seed + d)
             ettr += [r.ettr for r in sums[0].runs]
         jobs = recommend(doc, asks, _tiers(doc, state_gib_per_gpu, checkpoint_write_min), days * 86400.0,
                          draws, seeds, rng)
     q = np.quantile(ettr, [0.025, 0.5, 0.975]).tolist()
     result = {"calibrated": str(path), "gpus": gpus, "days": days, "draws": draws, "seeds": seeds,
-              "fleet_ettr": q, "jobs": jobs, "wall_s": time.perf_counter() - started,
+              "fleet_ettr": q, "detection_delay_s": _policy(doc).detection_delay_s, "jobs": jobs, "wall_s": time.perf_counter() - started,
               "priors_used": [f"{h['domain']}/{h['class']}" for h in doc["hazards"] if h.get("source") == "prior"]}
     emit(_plain(result), as_json, _table)
 
