@@ -101,3 +101,24 @@ def test_holdout_predicts_the_second_half():
         lo, hi = np.quantile(ettr, [0.025, 0.975])
         seen = simulate_streams(half, pp, window(s, half_d * 86400, 2 * half_d * 86400)).ettr
         assert lo <= seen <= hi, (seed, lo, seen, hi)
+
+
+def test_the_twin_draws_from_the_calibrated_rates_and_keeps_priors_where_it_says_so():
+    cfg = ClusterConfig(gpus=8192, days=60, workload="single")
+    _, h = _history(cfg, 5)
+    doc = calibrate(h.transitions, h.actions, h.runs, exposure(cfg), 0.0, cfg.horizon_s, *PRIORS)
+    rows = {(r["domain"], r["class"]): r for r in doc["hazards"]}
+    rows[("gpu", HARD)]["count"] *= 3  # as if the fleet's GPUs failed three times as often
+    fm = failure_model(doc, cfg.failures)
+    per = {c: sum(x.rate_per_component_day for x in fm.causes if x.component == c) for c in ("gpu", "node")}
+    assert per["gpu"] == pytest.approx(rows[("gpu", HARD)]["count"] / rows[("gpu", HARD)]["entity_days"])
+    assert per["node"] == pytest.approx(rows[("node", HARD)]["rate_per_entity_day"])
+    mix = [x.rate_per_component_day / per["gpu"] for x in fm.causes if x.component == "gpu"]
+    assert mix == pytest.approx([x.rate_per_component_day / _true_rates(cfg)[("gpu", HARD)]
+                                 for x in cfg.failures.causes if x.component == "gpu"])  # Llama 3's mix kept
+    loop = rows[("cooling_loop", "gray")]  # 8 loops x 60 days: a handful of degradations, or fewer than 3
+    want = loop["prior"]["rate_per_entity_day"] if loop["source"] == "prior" else loop["rate_per_entity_day"]
+    assert fm.cooling_event_per_loop_day == pytest.approx(want)
+    assert (loop["source"] == "prior") == (loop["count"] < 3)
+    draws = [failure_model(doc, cfg.failures, np.random.default_rng(k)).rf_per_node_day() for k in range(200)]
+    assert np.std(draws) > 0 and np.mean(draws) == pytest.approx(fm.rf_per_node_day(), rel=0.05)

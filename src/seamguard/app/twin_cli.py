@@ -269,7 +269,8 @@ def simulate(
         help="A config written by `seamguard twin calibrate`: the twin draws from your fleet's measured "
              "rates and repair times (priors where it says so) and answers per job: checkpoint interval "
              "and tier, hot spares, release-slip probability, with intervals over seeds and over the "
-             "estimates' uncertainty (--runs seeds per draw, --draws draws)."),
+             "estimates' uncertainty (--runs seeds per draw, --draws draws). The fleet's GPUs and the "
+             "window's days come from the config (--gpus, --days and the failure flags are not used)."),
     draws: int = typer.Option(8, "--draws", min=1, help="With --calibrated: parameter draws."),
 ) -> None:
     """Discrete-event simulation of a GPU cluster under the baselines and seamguard."""

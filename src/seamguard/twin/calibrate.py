@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats
@@ -76,20 +76,20 @@ def garwood(count: int, exposure: float, conf: float = 0.95) -> tuple[float, flo
 def incidents(transitions: Iterable[Mapping]) -> list[Incident]:
     """Each entity's stays out of healthy, oldest first; rows as the ledger reader returns them."""
     out: list[Incident] = []
-    open_: dict[str, list] = {}
+    open_: dict[str, Incident] = {}  # entity -> its open incident (end_s inf), grown row by row
     for tr in sorted(transitions, key=lambda r: (float(r["t_s"]), r.get("tick") or 0)):
-        ent, t, to, rid = tr["entity"], float(tr["t_s"]), tr["to_state"], int(tr.get("tick") or 0)
+        ent, t, to, tick = tr["entity"], float(tr["t_s"]), tr["to_state"], int(tr.get("tick") or 0)
         cur = open_.get(ent)
         if cur is not None:
-            cur[4].append(rid)
-            cur[2] = cur[2] or to == "failed"
+            cur = replace(cur, cls=HARD if to == "failed" else cur.cls, ticks=(*cur.ticks, tick))
             if to == "healthy":
-                out.append(Incident(cur[0], ent, HARD if cur[2] else GRAY, cur[1], t, tuple(cur[4])))
+                out.append(replace(cur, end_s=t))
                 del open_[ent]
+            else:
+                open_[ent] = cur
         elif to != "healthy":
-            open_[ent] = [tr["kind"], t, to == "failed", None, [rid]]
-    out += [Incident(k, e, HARD if f else GRAY, t0, math.inf, tuple(ids)) for e, (k, t0, f, _, ids) in open_.items()]
-    return sorted(out, key=lambda i: i.start_s)
+            open_[ent] = Incident(tr["kind"], ent, HARD if to == "failed" else GRAY, t, math.inf, (tick,))
+    return sorted([*out, *open_.values()], key=lambda i: i.start_s)
 
 
 def lognormal_fit(values_s: Sequence[float]) -> dict:

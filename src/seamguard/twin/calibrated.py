@@ -30,7 +30,8 @@ from scipy import stats
 
 from seamguard.decide.slip import slip_forecast
 from seamguard.twin.calibrate import HARD, GRAY, SCHEMA
-from seamguard.twin.events.calibration import COMPONENTS_PER_NODE, FailureModel
+from seamguard.reliability import Scope
+from seamguard.twin.events.calibration import COMPONENTS_PER_NODE, CauseSpec, FailureModel
 
 __all__ = ["JobAsk", "check", "failure_model", "job_hazard_per_h", "recommend", "SPARE_QUANTILE"]
 
@@ -95,6 +96,9 @@ def failure_model(doc: Mapping, base: FailureModel, rng: np.random.Generator | N
         new = r.get((c.component, HARD))
         k = new / total if new is not None and total > 0 else 1.0
         causes.append(replace(c, rate_per_component_day=c.rate_per_component_day * k))
+    have = {c.component for c in base.causes}
+    causes += [CauseSpec(f"calibrated_{comp}", comp, rate, Scope.DOMAIN if comp == "switch" else Scope.NODE)
+               for (comp, cls), rate in r.items() if cls == HARD and comp in COMPONENTS_PER_NODE and comp not in have]
     fm = replace(base, causes=tuple(causes))
     if (gray_node := r.get(("node", GRAY))) is not None:
         fm = replace(fm, fail_slow_per_node_day=gray_node)
