@@ -62,6 +62,8 @@ class UnnamedJudgeConfig(BaseModel):
                              "resolution of a series whose unit nobody told us)")
     half_life_s: float = Field(2 * 3600.0, gt=0, description="how fast the own baseline follows slow healthy change")
     warm_samples: int = Field(15, ge=2, description="samples the own baseline needs before it gives verdicts")
+    max_series: int = Field(128, ge=1, le=4096, description="series judged per kind (the first seen); memory "
+                            "is 25 bytes per entity and series")
 
     @model_validator(mode="after")
     def _bounded(self) -> UnnamedJudgeConfig:
@@ -110,9 +112,11 @@ def _cells(n: int, s: int) -> tuple:
     return (prev, np.nan, *rest)
 
 
-def _widen(st: UnnamedState, names: tuple[str, ...], counter: np.ndarray) -> UnnamedState:
-    """The state with columns for every name it had plus ``names`` (new ones fresh)."""
-    new = tuple(x for x in names if x not in set(st.names))
+def _widen(st: UnnamedState, names: tuple[str, ...], counter: np.ndarray, cap: int = 1 << 16) -> UnnamedState:
+    """The state with columns for every name it had plus ``names`` (new ones fresh), at most
+    ``cap`` in all: once full, a series never seen before is not taken (memory stays bounded)."""
+    had = set(st.names)
+    new = tuple(x for x in names if x not in had)[:max(cap - len(st.names), 0)]
     if not new and st.names:
         return st
     n = st.prev.shape[0] if st.prev.ndim == 2 else 0
@@ -128,7 +132,8 @@ def _align(block: SeriesBlock, st: UnnamedState) -> np.ndarray:
     """The block's values in the state's column order (NaN for a series not reported now)."""
     x = np.full((block.values.shape[0], len(st.names)), np.nan)
     col = {name: i for i, name in enumerate(st.names)}
-    x[:, [col[name] for name in block.names]] = block.values
+    src = [j for j, name in enumerate(block.names) if name in col]
+    x[:, [col[block.names[j]] for j in src]] = block.values[:, src]
     return x
 
 
@@ -167,7 +172,8 @@ def judge(block: SeriesBlock, st: UnnamedState | None, t_s: float, group: np.nda
     not unexplained, or not warm.
     """
     n = block.values.shape[0]
-    st = _widen(st if st is not None and st.prev.shape[0] == n else UnnamedState.empty(n), block.names, block.counter)
+    st = _widen(st if st is not None and st.prev.shape[0] == n else UnnamedState.empty(n), block.names, block.counter,
+                cfg.max_series)
     x = _align(block, st)
     present = np.isfinite(x)
     dt_s = t_s - st.prev_t_s if np.isfinite(st.prev_t_s) and t_s > st.prev_t_s else np.nan

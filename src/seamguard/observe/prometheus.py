@@ -38,10 +38,11 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from seamguard.fleet.model import Fleet, Kind
+from seamguard.fleet.model import KIND_BY_LABEL, Fleet, Kind
 from seamguard.observe.frame import Frame, make_frame
 from seamguard.observe.prommap import EntityKey, Mapping
-from seamguard.observe.signals import REGISTRY
+from seamguard.observe.signals import REGISTRY, signals_for
+from seamguard.observe.unnamed import SeriesBlock, UnnamedConfig, block_from_columns, selector, unjudged
 
 log = logging.getLogger("seamguard.observe.prometheus")
 
@@ -76,6 +77,8 @@ class PromConfig(BaseModel):
                                     description="an answer larger than this is cut off while streaming and "
                                                 "the signal flagged (lower range_chunk_steps for huge fleets)")
     mapping: Mapping = Field(default_factory=Mapping)
+    unnamed: UnnamedConfig = Field(default_factory=UnnamedConfig,
+                                   description="the series nobody named: one query per exporter (observe/unnamed.py)")
 
     @model_validator(mode="after")
     def _check(self) -> PromConfig:
@@ -200,7 +203,8 @@ class PrometheusSource:
         self._owns_client = client is None
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_concurrency, thread_name_prefix="promq")
         self._resolvers: dict[Kind, _Resolver] = {}
-        for kind in {REGISTRY[s].kind for s in self.queries}:
+        self.unnamed_queries = _unnamed_queries(cfg)
+        for kind in {REGISTRY[s].kind for s in self.queries} | set(self.unnamed_queries):
             idx = {n: i for i, n in enumerate(fleet.names(kind))}
             self._resolvers[kind] = _Resolver(cfg.mapping.key_for(kind), idx)
         self.timing = IngestTiming()
@@ -358,9 +362,10 @@ class PrometheusSource:
             timing.build_s += local.build_s
             timing.series += local.series
             timing.bytes += local.bytes
+        series = self._unnamed_at(params_t, deadline, values, flags)
         timing.wall_s = time.perf_counter() - w0
         self.timing = timing
-        return make_frame(self.fleet, t_frame if t_frame is not None else t_q, values, tuple(flags))
+        return make_frame(self.fleet, t_frame if t_frame is not None else t_q, values, tuple(flags), series)
 
     def _vector(self, sig: str, result: list) -> tuple[np.ndarray, list[str]]:
         kind = REGISTRY[sig].kind
@@ -422,9 +427,12 @@ class PrometheusSource:
             t0 = start + c0 * step
             t1 = t0 + (k - 1) * step
             block, flags = self._range_block(t0, t1, step, k)
+            extra = self._unnamed_range(t0, t1, step, k, flags)
             for i in range(k):
                 vals = {sig: arr[i] for sig, arr in block.items()}
-                yield make_frame(self.fleet, t0 + i * step, vals, tuple(flags))
+                series = tuple(self._block(kind, {nm: a[i] for nm, a in cols.items()}, vals)
+                               for kind, cols in extra.items())
+                yield make_frame(self.fleet, t0 + i * step, vals, tuple(flags), series)
 
     def range_series(self, query: str, start: float, end: float, step: float) -> list[tuple[dict, np.ndarray]]:
         """One PromQL range query as it is, not aligned to the fleet: (labels, (m, 2) array of
@@ -507,6 +515,93 @@ class PrometheusSource:
             flags.append(f"prometheus:{sig}:partial: {bad} NaN/Inf/malformed samples dropped")
             log.error("prometheus %s: %d NaN/Inf/malformed range samples treated as missing", sig, bad)
         return out, flags
+
+
+    # ---- series nobody named (observe/unnamed.py) ----------------------------------------------
+    def _block(self, kind: Kind, cols: dict[str, np.ndarray], values: dict[str, np.ndarray]) -> SeriesBlock:
+        """A kind's block: the exporter's other series plus the named measurements of that kind that
+        no channel judges (observe/unnamed.py :func:`unjudged`) this frame has."""
+        named = {s.name: values[s.name] for s in unjudged(kind) if s.name in values}
+        counters = frozenset(s.name for s in unjudged(kind) if s.counter)
+        return block_from_columns(kind, self.fleet.count(kind), {**cols, **named}, self.cfg.unnamed, counters)
+
+    def _unnamed_at(self, params_t: dict[str, str], deadline: float, values: dict[str, np.ndarray],
+                    flags: list[str]) -> tuple[SeriesBlock, ...]:
+        def one(kind: Kind):
+            try:
+                result = self._request("query", {"query": self.unnamed_queries[kind], **params_t}, IngestTiming(),
+                                       deadline, "vector")
+                rows = [(s.get("metric"), [s.get("value")]) for s in result if type(s) is dict]
+                return kind, self._columns(kind, rows, None, 0.0, 1), []
+            except PromError as e:
+                return kind, None, self._failed(f"unnamed:{kind.label}", e)
+            except Exception as e:
+                return kind, None, self._internal(f"unnamed:{kind.label}", e)
+        out = []
+        for kind, cols, fl in self._pool.map(one, list(self.unnamed_queries)):
+            flags.extend(fl)
+            if cols is not None:
+                out.append(self._block(kind, {nm: a[0] for nm, a in cols.items()}, values))
+        return tuple(out)
+
+    def _unnamed_range(self, t0: float, t1: float, step: float, k: int, flags: list[str]):
+        params = {"start": f"{t0:.3f}", "end": f"{t1:.3f}", "step": f"{step:g}"}
+        deadline = time.monotonic() + self.cfg.range_deadline_s
+
+        def one(kind: Kind):
+            try:
+                result = self._request("query_range", {"query": self.unnamed_queries[kind], **params},
+                                       IngestTiming(), deadline, "matrix")
+                rows = [(s.get("metric"), s.get("values")) for s in result if type(s) is dict]
+                return kind, self._columns(kind, rows, t0, step, k), []
+            except PromError as e:
+                return kind, None, self._failed(f"unnamed:{kind.label}", e, "range query")
+            except Exception as e:
+                return kind, None, self._internal(f"unnamed:{kind.label}", e)
+        out: dict[Kind, dict[str, np.ndarray]] = {}
+        for kind, cols, fl in self._pool.map(one, list(self.unnamed_queries)):
+            flags.extend(fl)
+            if cols is not None:
+                out[kind] = cols
+        return out
+
+    def _columns(self, kind: Kind, rows: list, t0: float | None, step: float, k: int) -> dict[str, np.ndarray]:
+        """``(labels, points)`` of one exporter's series -> {name: [k, entities]}; series of no entity,
+        malformed ones and names the config drops are skipped. ``t0`` None: one instant sample."""
+        resolve, n, keep = self._resolvers[kind], self.fleet.count(kind), self.cfg.unnamed.keeps
+        out: dict[str, np.ndarray] = {}
+        for metric, pts in rows:
+            try:
+                i = resolve(metric)
+            except _Malformed:
+                continue
+            name = metric.get("__name__")
+            if i < 0 or type(name) is not str or type(pts) is not list or not keep(name):
+                continue
+            col = out.get(name)
+            if col is None:
+                if len(out) >= 4 * self.cfg.unnamed.max_series:
+                    continue  # an exporter far past the cap: the rest is not parsed
+                col = out[name] = np.full((k, n), np.nan)
+            a, _ = _points(pts)
+            if not a.shape[0]:
+                continue
+            r = np.zeros(a.shape[0], dtype=np.int64) if t0 is None else np.rint((a[:, 0] - t0) / step).astype(np.int64)
+            ok = np.isfinite(a[:, 1]) & (r >= 0) & (r < k)
+            col[r[ok], i] = a[ok, 1]
+        return out
+
+
+def _unnamed_queries(cfg: PromConfig) -> dict[Kind, str]:
+    """One selector per exporter whose series nobody named are judged (none when disabled)."""
+    if not cfg.unnamed.enabled:
+        return {}
+    out = {}
+    for label, name_re in sorted(cfg.unnamed.exporters.items()):
+        kind = KIND_BY_LABEL[label]
+        out[kind] = selector(name_re, cfg.mapping.key_for(kind).sub_label, [s.name for s in signals_for(kind)],
+                             cfg.mapping.selector)
+    return out
 
 
 def _points(pts: list) -> tuple[np.ndarray, int]:
