@@ -177,3 +177,40 @@ def test_a_file_that_is_not_a_ledger_is_one_line_and_writes_nothing(inputs):
     r = _calibrate(inputs)
     assert r.exit_code == 1 and r.output.count("error:") == 1 and "ledger" in r.output, r.output
     assert not (inputs / "cal.yaml").exists()
+
+
+def test_snapshot_stall_comes_from_the_jobs_own_series(inputs):
+    """A real Prometheus holding the runtime's series: the job's measured snapshot stall (0.4 s on the
+    steps that took one) becomes its peer-memory tier's write stall."""
+    import time
+
+    from seamguard.testbed.prom import PrometheusServer, backfill
+
+    T = float(int(time.time() // 60 * 60) - 3 * 3600)  # inside retention, outside the head block
+    t = T + 15.0 * np.arange(121)
+    stall = np.where(np.arange(t.size) % 4 == 0, 0.4, 0.0)
+    lines = ["# TYPE seamguard_job_step gauge\n"]
+    lines += [f'seamguard_job_step{{job_name="train"}} {k} {x:.0f}\n' for k, x in enumerate(t)]
+    lines += ["# TYPE seamguard_rank_checkpoint_stall_seconds gauge\n"]
+    lines += [f'seamguard_rank_checkpoint_stall_seconds{{job_name="train",rank="0"}} {v:g} {x:.0f}\n'
+              for x, v in zip(t, stall)]
+    backfill([*lines, "# EOF\n"], inputs / "tsdb")
+    with PrometheusServer(inputs / "prom", tsdb_dir=inputs / "tsdb", lookback_delta="10s") as prom:
+        r = CliRunner().invoke(app, ["twin", "calibrate", "--topology", str(inputs / "topology.yaml"), "--ledger",
+                                     str(inputs / "ledger.db"), "--since", str(T), "--until", str(T + 1800),
+                                     "--prometheus", prom.url, "-o", str(inputs / "cal.yaml")])
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load((inputs / "cal.yaml").read_text())
+    st = doc["jobs"]["train"]["snapshot_stall"]
+    assert st["source"] == "measured" and st["p50_s"] == pytest.approx(0.4) and st["n"] >= 20
+    r = CliRunner().invoke(app, ["twin", "simulate", "--calibrated", str(inputs / "cal.yaml"), "--runs", "1",
+                                 "--draws", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    (job,) = json.loads(r.output.strip().splitlines()[-1])["jobs"]
+    assert job["tiers_s"]["peer_memory"]["write_stall"] == pytest.approx(0.4)
+
+
+def test_an_unreachable_prometheus_is_one_line_and_writes_nothing(inputs):
+    r = _calibrate(inputs, "--prometheus", "http://127.0.0.1:9")
+    assert r.exit_code == 1 and r.output.startswith("error: prometheus:") and r.output.count("\n") == 1, r.output
+    assert not (inputs / "cal.yaml").exists()

@@ -71,7 +71,12 @@ def calibrate(
                                             help="The runtime's measured checkpoint figures (results JSON of "
                                                  "benchmarks/failover_training.py)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Run config: its jobs' deadline, total_steps "
-                                                                 "and step_s (for the release-slip forecast)."),
+                                                                 "and step_s (for the release-slip forecast); "
+                                                                 "its prometheus: section maps --prometheus' "
+                                                                 "labels."),
+    prometheus: Optional[str] = typer.Option(None, "--prometheus", help="Base URL of a Prometheus-compatible API "
+                                                                        "holding the jobs' series: each job's "
+                                                                        "measured snapshot stall."),
 ) -> None:
     """Measure the twin's failure rates, repair, recovery and detection times on your fleet's history."""
     from seamguard.app.config import ConfigError, load_run_config, load_topology, with_job_schedule
@@ -83,12 +88,15 @@ def calibrate(
     from seamguard.twin.events.calibration import llama3_failure_model
 
     t0, t1 = parse_window(since, until)
+    pcfg = None
     try:
         fleet = load_topology(topology)
         if config is not None:
-            fleet = with_job_schedule(fleet, load_run_config(config).jobs, f"--config {config}")
+            run_cfg = load_run_config(config)
+            fleet, pcfg = with_job_schedule(fleet, run_cfg.jobs, f"--config {config}"), run_cfg.prometheus
     except (ConfigError, TopologyError) as e:
         fail(str(e))
+    pcfg = _prom_config(pcfg, prometheus)
     if "://" not in ledger and not Path(ledger).is_file():
         fail(f"--ledger: {ledger}: no such file")
     if out.is_dir() or not out.parent.is_dir():
@@ -99,8 +107,11 @@ def calibrate(
     trs, acts, runs = _read_history(ledger, fleet, t0, t1, scheduler)
     rates, durations = published_priors(llama3_failure_model())
     doc = estimate(trs, acts, runs, exposure, t0, t1, rates, durations, checkpoint)
+    stalls = _stalls(fleet, pcfg, t0, t1) if prometheus is not None else {}
     for name, spec in _jobs(fleet, t1).items():
         doc["jobs"].setdefault(name, {}).update(spec)
+        if name in stalls:
+            doc["jobs"][name]["snapshot_stall"] = stalls[name]
     doc["sources"] = {"topology": str(topology), "ledger": redact(ledger) if "://" in ledger else ledger,
                       "scheduler": ("sacct -c" if completion else "sacct") if (slurm or completion) else None,
                       "transitions": len(trs), "actions": len(acts), "allocations": len(runs)}
@@ -108,6 +119,38 @@ def calibrate(
     typer.echo(f"{out}: {sum(h['source'] == 'measured' and h['count'] > 0 for h in doc['hazards'])} hazards measured, "
                f"{sum(h['source'] == 'prior' for h in doc['hazards'])} from priors, "
                f"{len(doc['jobs'])} jobs, window {doc['window']['days']:.2f} days")
+
+
+def _prom_config(pcfg, url: Optional[str]):
+    """The run config's prometheus: section (its label mapping) with ``--prometheus`` as its URL."""
+    if url is None:
+        return pcfg
+    from pydantic import ValidationError
+
+    from seamguard.observe.prometheus import PromConfig
+
+    try:
+        return pcfg.model_copy(update={"url": url}) if pcfg is not None else PromConfig(url=url)
+    except ValidationError as e:
+        fail(f"--prometheus: {str(e.errors()[0]['msg']).removeprefix('Value error, ')}")
+
+
+SERIES_STEP_S = 60.0  # one sample a minute: a week is 10,080 points per job
+
+
+def _stalls(fleet, pcfg, t0: float, t1: float) -> dict[str, dict]:
+    """Each topology job's snapshot stall from its own series (jobs that never reported are left out)."""
+    from seamguard.goodput.sources import SourceError, read_series
+    from seamguard.observe.prometheus import PrometheusSource
+    from seamguard.twin.calibrate import snapshot_stall
+
+    step = min(SERIES_STEP_S, max((t1 - t0) / 100.0, 1.0))
+    try:
+        with PrometheusSource(fleet, pcfg) as src, phase("reading the jobs' series"):
+            series = read_series(src, list(fleet.job_names), t0, t1, step)
+    except SourceError as e:
+        fail(str(e), code=1)
+    return {j: snapshot_stall(s.t_s, s.stall_s) for j, s in series.items() if np.isfinite(s.stall_s).any()}
 
 
 def _read_history(ledger: str, fleet, t0: float, t1: float,
@@ -204,6 +247,16 @@ def _policy(doc: dict):
     return PolicyParams("seamguard")
 
 
+def _job_tiers(doc: dict, base: dict[str, tuple[float, float]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per job, the tiers with its own measured snapshot stall (median) as the peer-memory write, where it has one."""
+    out = {}
+    for name, j in doc["jobs"].items():
+        st = j.get("snapshot_stall") or {}
+        out[name] = ({**base, "peer_memory": (float(st["p50_s"]), base["peer_memory"][1])}
+                     if st.get("source") == "measured" else base)
+    return out
+
+
 def _asks(doc: dict) -> list:
     from seamguard.twin.calibrated import JobAsk
 
@@ -248,8 +301,8 @@ def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_
                 fail(f"--calibrated {path}: {e}")
             sums = run_monte_carlo(cfg, [_policy(doc)], seeds, seed + d)
             ettr += [r.ettr for r in sums[0].runs]
-        jobs = recommend(doc, asks, _tiers(doc, state_gib_per_gpu, checkpoint_write_min), days * 86400.0,
-                         draws, seeds, rng)
+        tiers = _job_tiers(doc, _tiers(doc, state_gib_per_gpu, checkpoint_write_min))
+        jobs = [r for a in asks for r in recommend(doc, [a], tiers[a.name], days * 86400.0, draws, seeds, rng)]
     q = np.quantile(ettr, [0.025, 0.5, 0.975]).tolist()
     result = {"calibrated": str(path), "gpus": gpus, "days": days, "draws": draws, "seeds": seeds,
               "fleet_ettr": q, "detection_delay_s": _policy(doc).detection_delay_s, "jobs": jobs, "wall_s": time.perf_counter() - started,

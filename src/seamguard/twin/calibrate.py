@@ -13,7 +13,8 @@ the document back. Every estimate carries the count it rests on and the records 
   next start): empirical quantiles and a lognormal fitted to the logs, with n;
 - **detection**: per incident the time from the entity leaving healthy to the controller's
   first applied action on it, and the incidents it closed without acting (misses);
-- **checkpoint** write and restore seconds, where the runtime's measurements were given.
+- **checkpoint** write and restore seconds, where the runtime's measurements were given, and
+  each job's own snapshot stall from its series (`snapshot_stall`).
 
 A (domain, class) with fewer than `MIN_EVENTS` incidents keeps the published prior the
 caller passes (twin/events/calibration.py), and says so (``source: prior``).
@@ -31,7 +32,8 @@ from scipy import stats
 
 from seamguard.decide.actions import ActionKey
 
-__all__ = ["MIN_EVENTS", "SCHEMA", "Incident", "JobRun", "garwood", "incidents", "lognormal_fit", "calibrate"]
+__all__ = ["MIN_EVENTS", "SCHEMA", "Incident", "JobRun", "garwood", "incidents", "lognormal_fit", "calibrate",
+           "snapshot_stall", "published_priors"]
 
 SCHEMA = "seamguard.twin.calibrated/1"
 MIN_EVENTS = 3  # below this a rate's interval spans orders of magnitude: keep the prior
@@ -231,6 +233,19 @@ def calibrate(transitions: Sequence[Mapping], actions: Sequence[Mapping], runs: 
             "durations": _durations(incs, duration_priors), "detection": _detection(incs, actions),
             "recovery": recovery, "jobs": jobs,
             "checkpoint": dict(checkpoint) if checkpoint else {"source": "prior", "why": "no runtime measurement given"}}
+
+
+def snapshot_stall(t_s: Sequence[float], stall_s: Sequence[float]) -> dict:
+    """The runtime's own snapshot stall of one job: the fit of its steps that waited on a snapshot copy.
+
+    ``stall_s`` is the slowest rank's wait in its last step (``seamguard_rank_checkpoint_stall_seconds``)
+    at times ``t_s``; steps that took no snapshot read 0 and are left out."""
+    t, v = np.asarray(t_s, dtype=float), np.asarray(stall_s, dtype=float)
+    hit = np.isfinite(v) & (v > 0)
+    return {**lognormal_fit(v[hit].tolist()), "source": "measured" if hit.sum() >= MIN_EVENTS else "prior",
+            "records": {"series": "max over ranks of seamguard_rank_checkpoint_stall_seconds",
+                        "samples": int(np.isfinite(v).sum()),
+                        "span_s": [float(t[hit].min()), float(t[hit].max())] if hit.any() else None}}
 
 
 def published_priors(fm, nodes_per_loop: int = 64) -> tuple[dict, dict]:

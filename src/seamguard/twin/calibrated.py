@@ -198,6 +198,7 @@ def recommend(doc: Mapping, jobs: Sequence[JobAsk], tiers: Mapping[str, tuple[fl
                     "ettr": _ci([b[1] for b in best]), "tier": max(set(chosen), key=chosen.count),
                     "tier_share": {t: chosen.count(t) / len(chosen) for t in sorted(set(chosen))},
                     "hot_spares": _ci(spares), "p_slip": _ci(p_miss) if np.isfinite(p_miss).all() else None,
+                    "tiers_s": {t: {"write_stall": w, "restore": rs} for t, (w, rs) in tiers.items()},
                     "samples": {"draws": draws, "seeds": seeds}})
     return out
 
