@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from seamguard.assess.evidence import _stack
-from seamguard.assess.stats import counter_increase
+from seamguard.assess.stats import counter_increase, noisy_or
 from seamguard.decide.breaker import _topology
+from seamguard.decide.checkpoints import _job_domain_pairs
 from seamguard.fleet import FleetShape, generate_fleet
 from seamguard.observe import History
 from seamguard.observe.frame import Frame
@@ -70,3 +71,27 @@ def test_breaker_node_leaf_pairs_equal_a_row_unique() -> None:
     got = _topology(fleet).node_leaf_pairs
     assert got.dtype == want.dtype
     assert np.array_equal(got, want)
+
+
+def _reference_noisy_or(scores: np.ndarray) -> np.ndarray:
+    return 1.0 - np.prod(1.0 - scores, axis=-1)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_noisy_or_equals_reference(order: str) -> None:
+    rng = np.random.default_rng(6)
+    scores = np.asarray(rng.random((5000, 27)) * (rng.random((5000, 27)) < 0.3), order=order)
+    got = noisy_or(scores)
+    assert np.array_equal(got.view(np.int64), _reference_noisy_or(scores).view(np.int64))
+    assert np.array_equal(noisy_or(scores[:, :1]), _reference_noisy_or(scores[:, :1]))
+    assert noisy_or(np.zeros((4, 0))).tolist() == [0.0] * 4
+    assert noisy_or(np.array([0.5, 0.5])) == 0.75  # one entity's channels as a vector
+
+
+def test_exposure_job_domain_pairs_equal_a_row_unique() -> None:
+    fleet = generate_fleet(FleetShape(gpus=4096), seed=7)
+    placed = np.flatnonzero(fleet.node_job >= 0)
+    for got, dom_of_node in zip(_job_domain_pairs(fleet), (fleet.node_loop, fleet.node_rack)):
+        want = np.unique(np.stack([fleet.node_job[placed], dom_of_node[placed]]), axis=1)
+        assert np.array_equal(got, want)
+    assert _job_domain_pairs(fleet) is _job_domain_pairs(fleet)  # once per fleet

@@ -17,6 +17,7 @@ with unit ``bool``/``celsius`` and score 0 (``warming``, ``headroom``) are data 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -134,8 +135,8 @@ class Evidence:
     hard_event: np.ndarray  # [N] bool: a hard failure appeared this tick
     hard_level: np.ndarray  # [N] bool: a hard condition is present now
 
-    @property
-    def gfs(self) -> np.ndarray:
+    @cached_property
+    def gfs(self) -> np.ndarray:  # read several times a tick; the arrays are not changed after construction
         return noisy_or(self.score) if self.score.shape[1] else np.zeros(self.score.shape[0])
 
     def column(self, channel: str) -> np.ndarray:

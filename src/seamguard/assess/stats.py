@@ -182,5 +182,13 @@ def ramp(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 
 def noisy_or(scores: np.ndarray) -> np.ndarray:
-    """Combine independent evidence in [0, 1] along the last axis."""
-    return 1.0 - np.prod(1.0 - scores, axis=-1)
+    """Combine independent evidence in [0, 1] along the last axis.
+
+    An [N, E] array is folded one channel at a time (the same products, in the same order,
+    as ``1 - prod(1 - scores)``, without an [N, E] temporary)."""
+    if scores.ndim != 2 or scores.shape[1] == 0:
+        return 1.0 - np.prod(1.0 - scores, axis=-1)
+    acc = 1.0 - scores[:, 0]
+    for j in range(1, scores.shape[1]):
+        acc *= 1.0 - scores[:, j]
+    return 1.0 - acc

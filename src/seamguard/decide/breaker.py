@@ -38,6 +38,7 @@ actuator is called.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -140,14 +141,27 @@ class _Topology:
         return self._leaves[i]
 
 
+_TOPOLOGIES: weakref.WeakKeyDictionary[Fleet, _Topology] = weakref.WeakKeyDictionary()
+
+
 def _topology(fleet: Fleet) -> _Topology:
-    """The fleet's sizes per domain, as the breaker's fractions need them."""
+    """The fleet's sizes per domain, as the breaker's fractions need them: a function of the
+    fleet alone, so worked out once per fleet (a fleet is immutable; a new placement or
+    topology is a new Fleet), not once per tick."""
+    topo = _TOPOLOGIES.get(fleet)
+    if topo is None:
+        topo = _TOPOLOGIES[fleet] = _topology_of(fleet)
+    return topo
+
+
+def _topology_of(fleet: Fleet) -> _Topology:
     n_loops, n_racks, n_leaf = fleet.count(Kind.COOLING_LOOP), fleet.count(Kind.RACK), fleet.count(Kind.SWITCH)
     nic_ok = fleet.nic_leaf >= 0
     leaf_of_nic, node_of_nic = fleet.nic_leaf[nic_ok], fleet.nic_node[nic_ok]
     # The distinct (node, leaf) pairs in (node, leaf) order: a unique of one integer key
-    # (a row-wise unique sorts rows as structured records, most of a decide at 1M GPUs).
-    key = np.unique(node_of_nic.astype(np.int64) * max(n_leaf, 1) + leaf_of_nic)
+    # (a row-wise unique sorts rows as structured records).
+    key = np.sort(node_of_nic.astype(np.int64) * max(n_leaf, 1) + leaf_of_nic)
+    key = key[np.r_[True, key[1:] != key[:-1]]] if key.size else key
     pairs = np.stack([key // max(n_leaf, 1), key % max(n_leaf, 1)], axis=1) if leaf_of_nic.size \
         else np.zeros((0, 2), dtype=np.int64)
     leaf_size = np.bincount(pairs[:, 1], minlength=n_leaf) if n_leaf else np.zeros(0, dtype=np.int64)

@@ -19,6 +19,7 @@ hazard counts once per job, not once per node it cools: one failing loop is one 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -73,6 +74,28 @@ class CheckpointPlan:
     checkpoints: dict[str, float]  # job -> t_s of its last checkpoint_now
 
 
+_PAIRS: weakref.WeakKeyDictionary[Fleet, tuple[np.ndarray, np.ndarray]] = weakref.WeakKeyDictionary()
+
+
+def _job_domain_pairs(fleet: Fleet) -> tuple[np.ndarray, np.ndarray]:
+    """(job, loop) and (job, rack) of the placed nodes, once each, as [2, k] in (job, domain)
+    order: a function of the placement alone (a new placement is a new Fleet), worked out
+    once per fleet rather than by a row-wise unique every tick."""
+    got = _PAIRS.get(fleet)
+    if got is None:
+        placed = np.flatnonzero(fleet.node_job >= 0)
+        jobs = fleet.node_job[placed].astype(np.int64)
+        out = []
+        for dom_of_node, n_dom in ((fleet.node_loop, fleet.count(Kind.COOLING_LOOP)),
+                                   (fleet.node_rack, fleet.count(Kind.RACK))):
+            width = max(n_dom, 1)
+            key = np.sort(jobs * width + dom_of_node[placed])
+            key = key[np.r_[True, key[1:] != key[:-1]]] if key.size else key
+            out.append(np.stack([key // width, key % width]))
+        got = _PAIRS[fleet] = (out[0], out[1])
+    return got
+
+
 def exposure(fleet: Fleet, a: Assessment, policy: Policy) -> Exposure:
     """How exposed each node is, and the hard-failure hazard per hour that exposure puts on each job.
 
@@ -99,9 +122,8 @@ def exposure(fleet: Fleet, a: Assessment, policy: Policy) -> Exposure:
     jobs = fleet.node_job[placed]
     own = hazard(a.node_state.astype(np.int64), a.node_gfs)
     job_hazard = np.bincount(jobs, weights=own[placed], minlength=n_jobs)
-    for dom_of_node, dom in ((fleet.node_loop, loop), (fleet.node_rack, rack)):
+    for pairs, dom in zip(_job_domain_pairs(fleet), (loop, rack)):
         dom_h = hazard(dom.states.state.astype(np.int64), dom.gfs)
-        pairs = np.unique(np.stack([jobs, dom_of_node[placed]]), axis=1)  # (job, domain) once each
         job_hazard += np.bincount(pairs[0], weights=dom_h[pairs[1]], minlength=n_jobs)
     return Exposure(ex, g, job_hazard)
 
