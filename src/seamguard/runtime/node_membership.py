@@ -1,0 +1,112 @@
+"""One launcher's part in membership at scale: report its node, coordinate when elected.
+
+Why this exists: it joins the two halves — liveness over the links (`runtime/liveness.py`)
+and membership plus election in etcd (`runtime/roster.py`) — the way every node's
+launcher runs them, so the coordinator is no longer fixed on node 0. Each launcher:
+
+- listens with its own `LivenessHub` (an idle socket until it is elected);
+- reports its node's beats to whichever hub the election key names (`NodeReporter`);
+  when it finds no key (the coordinator's lease expired), it campaigns with its own hub's
+  address, so a failover needs no extra traffic while a coordinator lives;
+- once elected: rebuilds the membership from etcd (`Roster.load`), gives every node it
+  lists one hang timeout plus ``takeover_grace_s`` to reconnect, then every
+  ``beat_s / 2`` judges the links and writes the membership to etcd if it changed
+  (nodes lost or joined), and renews its lease every ``lease_s / 4``; a failed renewal
+  steps it down (its hub closes, the launchers look again).
+
+`lost` lists each verdict (node, workers, why, coordinator's node) for the launcher to act
+on; ranks are never restarted by a failover itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from seamguard.runtime.liveness import LivenessHub, NodeReporter
+from seamguard.runtime.roster import Roster, Term
+
+
+@dataclass(frozen=True)
+class Loss:
+    node: int
+    workers: frozenset[int]
+    why: str
+    judged_by: int
+
+
+class NodeMembership:
+    """See the module docstring. ``beats()`` returns this node's workers' (counter, step)."""
+
+    def __init__(self, roster: Roster, run_id: str, node: int, beats, beat_s: float = 0.25,
+                 hang_timeout_s: float = 1.0, host: str = "127.0.0.1", takeover_grace_s: float = 1.0) -> None:
+        self.roster, self.run_id, self.node = roster, run_id, node
+        self.beat_s, self.hang_timeout_s, self.host = beat_s, hang_timeout_s, host
+        self.takeover_grace_s = takeover_grace_s
+        self.reporter = NodeReporter(run_id, node, beat_s, self._locate, beats)
+        self.hub: LivenessHub | None = None
+        self.address = ""
+        self.lost: list[Loss] = []
+        self.terms = 0
+        self._coordinating: asyncio.Task | None = None
+        self._stop: asyncio.Event | None = None
+
+    @property
+    def coordinates(self) -> bool:
+        return self._coordinating is not None and not self._coordinating.done()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        await self._open_hub()
+        try:
+            await self.reporter.run(stop)
+        finally:
+            if self._coordinating is not None:
+                await asyncio.wait_for(self._coordinating, 4 * self.beat_s + self.roster.lease_s)
+            if self.roster.term.token:
+                await self.roster.resign()
+            if self.hub is not None:
+                await self.hub.close()
+
+    async def _open_hub(self) -> None:
+        self.hub = LivenessHub(self.run_id, self.hang_timeout_s)
+        host, port = await self.hub.start(self.host)
+        self.address = f"{host}:{port}"
+
+    async def _locate(self) -> tuple[str, int] | None:
+        where = await self.roster.coordinator()
+        if where is not None or self.coordinates:
+            return where
+        if await self.roster.campaign(self.address):
+            self.terms += 1
+            self._coordinating = asyncio.create_task(self._coordinate())
+            return await self.roster.coordinator()
+        return None
+
+    async def _coordinate(self) -> None:
+        hub, stop = self.hub, self._stop
+        _, members = await self.roster.load()
+        now = time.monotonic()
+        for n, workers in members.items():   # each node gets a timeout plus the grace to reconnect
+            hub.tracker.observe(n, -1, set(workers), now + self.takeover_grace_s)
+        renew_at = now + self.roster.lease_s / 4
+        while not stop.is_set():
+            now = time.monotonic()
+            for node, workers, why in hub.judge(now):
+                self.lost.append(Loss(node, frozenset(workers), why, self.node))
+            try:
+                await self.roster.write({n: frozenset(w) for n, w in hub.members().items()})
+                if now >= renew_at:
+                    renew_at = now + self.roster.lease_s / 4
+                    if not await self.roster.renew():
+                        raise PermissionError("lease lost")
+            except Exception:  # noqa: BLE001 - etcd failing, or deposed: step down, others take over
+                self.roster.term = Term()
+                await hub.close()
+                await self._open_hub()
+                return
+            try:
+                await asyncio.wait_for(stop.wait(), self.beat_s / 2)
+            except asyncio.TimeoutError:
+                pass
