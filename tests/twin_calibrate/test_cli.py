@@ -147,6 +147,8 @@ def test_slurm_allocations_give_interruptions_recovery_and_slip(inputs):
     for k, gap in enumerate(gaps_s):
         rows.append(f"{100 + k}|train|NODE_FAIL|{_local(t)}|{_local(t + 86400)}|n[0-3]")
         t += 86400 + gap
+    rows.append(f"150|train|CANCELLED by 1000|{_local(t)}|{_local(t + 3600)}|n[0-3]")  # a person's, not a failure
+    t += 7200
     rows.append(f"200|train|COMPLETED|{_local(t)}|{_local(t + 3 * 86400)}|n[0-3]")
     sacct, scontrol = inputs / "sacct", inputs / "scontrol"
     sacct.write_text("#!/bin/sh\ncat <<'X'\n" + "\n".join(rows) + "\nX\n")
@@ -160,7 +162,7 @@ def test_slurm_allocations_give_interruptions_recovery_and_slip(inputs):
     assert r.exit_code == 0, r.output
     doc = yaml.safe_load((inputs / "cal.yaml").read_text())
     job = doc["jobs"]["train"]
-    assert (job["allocations"], job["interruptions"]) == (4, 3)
+    assert (job["allocations"], job["interruptions"]) == (5, 3)
     assert doc["recovery"]["n"] == 3 and doc["recovery"]["p50_s"] == pytest.approx(600.0)
     assert doc["recovery"]["source"] == "measured"
     assert job["total_steps"] == 10_000_000 and job["deadline_in_s"] > 0

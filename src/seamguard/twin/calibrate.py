@@ -9,8 +9,8 @@ the document back. Every estimate carries the count it rests on and the records 
   healthy without failing): ``count / (entities x days)``, with the exact Poisson (Garwood)
   interval ``[chi2(a/2, 2k)/2, chi2(1-a/2, 2k+2)/2] / exposure``;
 - **durations** of those incidents (leaving healthy -> healthy again: repair for hard ones)
-  and the scheduler's **recovery** (an allocation that ended other than COMPLETED -> the job's
-  next start): empirical quantiles and a lognormal fitted to the logs, with n;
+  and the scheduler's **recovery** (an allocation that ended by a failure, `_INTERRUPTED`, -> the
+  job's next start): empirical quantiles and a lognormal fitted to the logs, with n;
 - **detection**: per incident the time from the entity leaving healthy to the controller's
   first applied action on it, and the incidents it closed without acting (misses);
 - **checkpoint** write and restore seconds, where the runtime's measurements were given, and
@@ -39,7 +39,10 @@ SCHEMA = "seamguard.twin.calibrated/1"
 MIN_EVENTS = 3  # below this a rate's interval spans orders of magnitude: keep the prior
 MAX_IDS = 2000  # record ids listed per estimate (the count and time span are always given)
 HARD, GRAY = "hard", "gray"
-_OK_END = ("COMPLETED", "RUNNING")
+# How an allocation ends when something struck it (sacct states; the job-completion log writes the
+# state a requeued job went back to, PENDING). CANCELLED, TIMEOUT, COMPLETED and RUNNING are not failures.
+_INTERRUPTED = ("NODE_FAIL", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "FAILED", "PREEMPTED", "BOOT_FAIL",
+                "OUT_OF_MEMORY", "PENDING")
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,7 @@ def _jobs(runs: Sequence[JobRun], since_s: float, until_s: float) -> tuple[dict,
     jobs, gaps, gap_runs = {}, [], []
     for job, rs in sorted(per.items()):
         rs.sort(key=lambda r: r.start_s)
-        ends = [r for r in rs if r.state.split()[0] not in _OK_END and math.isfinite(r.end_s)]
+        ends = [r for r in rs if (r.state.split() or [""])[0] in _INTERRUPTED and math.isfinite(r.end_s)]
         run_h = sum(max(0.0, min(r.end_s, until_s) - max(r.start_s, since_s)) for r in rs) / 3600.0
         for a, b in zip(rs, rs[1:]):
             if a in ends and b.start_s >= a.end_s:
