@@ -36,7 +36,9 @@ def test_simulate_both_side_by_side_and_options():
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert REQUIRED <= doc["baseline_fixed"].keys() and REQUIRED <= doc["seamguard"].keys()
-    assert doc["baseline_fixed"]["checkpoint_interval_min"] == pytest.approx(30.0)
+    # baseline_fixed runs Daly's interval for its own write, not --checkpoint-interval-min
+    # (which sets the storage backstop); test_baselines_tuned.py checks the interval itself.
+    assert doc["baseline_fixed"]["checkpoint_interval_min"] != pytest.approx(30.0)
     assert doc["node_failure_rate_per_node_day"] == pytest.approx(0.005, rel=0.05)
     assert doc["ettr_gain"] == pytest.approx(doc["seamguard"]["ettr"] - doc["baseline_fixed"]["ettr"])
 

@@ -41,7 +41,9 @@ def _costs(**kw):
 def test_each_policy_is_built_from_named_parts():
     parts = {n: build_policy(PolicyParams(n)) for n in
              ("baseline_fixed", "baseline_daly_async", "in_job_restart", "seamguard")}
-    assert isinstance(parts["baseline_fixed"].interval, FixedInterval)
+    assert isinstance(parts["baseline_fixed"].interval, YoungDalyInterval)
+    assert isinstance(build_policy(PolicyParams("baseline_fixed", costs=_costs())).interval,
+                      FixedInterval)   # a fixed interval only when one is given
     assert isinstance(parts["baseline_daly_async"].interval, YoungDalyInterval)
     assert isinstance(parts["in_job_restart"].interval, YoungDalyInterval)
     assert isinstance(parts["seamguard"].interval, PlannerInterval)
@@ -136,8 +138,8 @@ def test_links_are_a_named_part_any_policy_can_take(quiet_model):
     model = replace(quiet_model, flap_per_link_day=0.05)
     cfg = CC(gpus=4096, days=2, workload="single", failures=model)
     from seamguard.twin.events.simulator import simulate_run
-    stall = simulate_run(cfg, PolicyParams("in_job_restart"), 5).gpu_hours_lost_by_cause["link_flap"]
-    bond = simulate_run(cfg, PolicyParams("in_job_restart", links="rail_failover"), 5)
+    stall = simulate_run(cfg, PolicyParams("in_job_restart", links="stall"), 5).gpu_hours_lost_by_cause["link_flap"]
+    bond = simulate_run(cfg, PolicyParams("in_job_restart"), 5)   # bonded by default
     assert bond.gpu_hours_lost_by_cause["link_flap"] == pytest.approx(stall * 0.0625 * 5 / 9, rel=0.02)
     with pytest.raises(ValueError, match="links"):
         PolicyParams("baseline_fixed", links="bonded")

@@ -33,7 +33,7 @@ def test_kernel_orders_by_time_then_priority_then_sequence():
 
 def test_baseline_without_failures_matches_checkpoint_cycle(quiet_model):
     # 1440 min = 22 cycles of (60 compute + 5 write) + 10 min compute
-    r = simulate_streams(_cfg(quiet_model), PolicyParams("baseline"), empty_streams())
+    r = simulate_streams(_cfg(quiet_model), PolicyParams("baseline", fixed_interval_min=60.0), empty_streams())
     assert r.ettr == pytest.approx((22 * 60 + 10) / 1440, abs=1e-12)
     assert r.gpu_hours_lost_by_cause == pytest.approx({"checkpoint_overhead": 22 * 5 / 60 * 1000})
 
@@ -41,7 +41,7 @@ def test_baseline_without_failures_matches_checkpoint_cycle(quiet_model):
 def test_injected_failure_baseline_rolls_back_and_restarts(quiet_model):
     i = _cause_index(quiet_model, "faulty_gpu")
     s = inject_failure(empty_streams(), 90 * 60.0, i, node=0)
-    r = simulate_streams(_cfg(quiet_model), PolicyParams("baseline"), s)
+    r = simulate_streams(_cfg(quiet_model), PolicyParams("baseline", fixed_interval_min=60.0), s)
     # committed at 65 min; 25 min of work rolled back; 10 min restart (1000 job GPUs)
     assert r.interruptions_by_cause == {"faulty_gpu": 1}
     assert r.gpu_hours_lost_by_cause["faulty_gpu"] == pytest.approx((25 + 10) / 60 * 1000)
@@ -123,7 +123,7 @@ def test_injected_silent_corruption_seamguard(quiet_model, caught):
 def test_hung_collective_costs_the_detection_timeout(quiet_model):
     i = _cause_index(quiet_model, "nccl_watchdog_timeout")
     s = inject_failure(empty_streams(), 90 * 60.0, i, node=0)
-    base = simulate_streams(_cfg(quiet_model), PolicyParams("baseline"), s)
+    base = simulate_streams(_cfg(quiet_model), PolicyParams("baseline", fixed_interval_min=60.0), s)
     # 25 min rolled back, 10 min NCCL watchdog timeout, 10 min restart
     assert _lost_s(base, "nccl_watchdog_timeout") == pytest.approx((25 + 10 + 10) * 60)
     pp = PolicyParams("seamguard", job_wide_crash_fraction=0.0)
@@ -136,7 +136,7 @@ def test_waiting_for_spares_when_pool_is_empty(quiet_model):
     cfg = ClusterConfig(gpus=1024, days=2, workload="single", spare_fraction=0.0,
                         failures=quiet_model)
     i = _cause_index(quiet_model, "psu")
-    r = simulate_streams(cfg, PolicyParams("baseline"),
+    r = simulate_streams(cfg, PolicyParams("baseline", fixed_interval_min=60.0),
                          inject_failure(empty_streams(), 3600.0, i, node=3), seed=1)
     assert r.waiting_events == 1
     assert r.gpu_hours_lost_by_cause["psu"] > 10 / 60 * 1024   # waited for the repair

@@ -39,7 +39,7 @@ def _daly_cluster(mttf_h: float) -> ClusterConfig:
 def _daly_ettr(cfg: ClusterConfig, tau_min: float) -> float:
     # Daly's setup: restart R = 10 min, dump delta = 5 min, every failure restarts
     # (no separate hang timeout).
-    pp = PolicyParams("baseline_fixed", checkpoint_interval_min=tau_min, checkpoint_write_min=5.0,
+    pp = PolicyParams("baseline_fixed", fixed_interval_min=tau_min, checkpoint_write_min=5.0,
                       restart_cost_min=10.0, baseline_hang_detect_s=0.0)
     [s] = run_monte_carlo(cfg, [pp], runs=6, seed=2)
     return s.metric("ettr")[0]

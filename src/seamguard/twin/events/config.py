@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from seamguard.decide.economics import Criticality, JobClass
 from seamguard.twin.events.calibration import FailureModel, llama3_failure_model
+from seamguard.twin.events.detection import DetectionModel
 from seamguard.twin.events.measured import DEFAULT_FIGURES, RuntimeFigures
 
 __all__ = ["JobSpec", "ClusterConfig", "CostModel", "PolicyParams", "default_costs", "workload",
@@ -158,7 +159,13 @@ class PolicyParams:
     name: str
     """One of :data:`POLICIES` (``baseline`` is read as ``baseline_fixed``)."""
     checkpoint_interval_min: float = 60.0
-    """Baseline's fixed compute time between checkpoints (HPN runs every 2-4 h)."""
+    """Interval of the storage copies behind an in-memory tier (``baseline_daly_async``,
+    ``in_job_restart``: where silent corruption goes back to). ``baseline_fixed`` runs
+    Daly's interval for its own write and the job's failure rate, as a team tuning it
+    would; a fixed interval only through an explicit cost ``interval_s``."""
+    fixed_interval_min: float | None = None
+    """A fixed compute interval between ``baseline_fixed``'s checkpoints (e.g. hourly);
+    ``None`` (default): Daly's interval for its write and the job's failure rate."""
     checkpoint_write_min: float = 5.0
     """Stall of a full checkpoint to storage (Meta RSC w_cp ~ 5 min)."""
     restart_cost_min: float = 10.0
@@ -172,6 +179,16 @@ class PolicyParams:
     false ones on average, which the policy also acts on. The telemetry twin measured 0
     false actions over three seeds (precision 1.0 there); 0.9 keeps a margin for fleets
     noisier than the twin."""
+    detection: DetectionModel | None = None
+    """The detector's measured per-class recall, delays and precision
+    (benchmarks/detection.py's result); when given, the seamguard policy samples its
+    misses and delays from it and ``detection_delay_s`` / ``detection_precision`` are
+    unused."""
+    straggler_threshold: float = 0.7
+    """``in_job_restart``'s straggler detector: relative performance score below which a
+    rank is flagged (NVRx ``gpu_relative_perf_threshold`` as NeMo's callback sets it)."""
+    straggler_report_s: float = 300.0
+    """Its reporting window (NeMo's ``report_time_interval`` example value)."""
     replica_group_gpus: int = 64
     """GPUs in one replica group: the failure domain live recovery re-forms (torchft)."""
     step_time_s: float = 5.0
@@ -258,6 +275,11 @@ class PolicyParams:
             raise ValueError("--detection-delay-s must be >= 0")
         if not 0.0 < self.detection_precision <= 1.0:
             raise ValueError("--detection-precision must be in (0, 1]")
+        if self.fixed_interval_min is not None and not (
+                self.fixed_interval_min > 0 and math.isfinite(self.fixed_interval_min)):
+            raise ValueError(f"fixed interval must be > 0 min, got {self.fixed_interval_min!r}")
+        if not (0.0 < self.straggler_threshold <= 1.0 and self.straggler_report_s > 0):
+            raise ValueError("straggler threshold must be in (0, 1] and its report window > 0 s")
         if self.replica_group_gpus < 1:
             raise ValueError("--replica-group-gpus must be >= 1")
         if self.quarantine_hold_h < 0:
@@ -330,7 +352,8 @@ class PolicyParams:
 def default_costs(pp: PolicyParams) -> CostModel:
     """The documented defaults of each policy's costs (docs/twin-events.md, "Policies").
 
-    * ``baseline_fixed``: a fixed interval (60 min), a blocking write (Meta RSC w_cp ~5 min),
+    * ``baseline_fixed``: Daly's interval for the job's failure rate and its own write
+      (a fixed one only when ``fixed_interval_min`` is given), a blocking write (Meta RSC w_cp ~5 min),
       a full restart (Meta RSC u0 5-20 min, 10 min; requeue and reload are inside u0),
       hangs found by NCCL's default 10-min collective timeout.
     * ``baseline_daly_async``: the same restart and timeout; asynchronous writes
@@ -349,7 +372,8 @@ def default_costs(pp: PolicyParams) -> CostModel:
     r = pp.runtime
     peer_stall = 1.25 * pp.in_memory_stall_s   # replication charged as a quarter more (tier_costs)
     if pp.name == "baseline_fixed":
-        return CostModel(interval_s=pp.checkpoint_interval_min * 60.0,
+        fixed = pp.fixed_interval_min
+        return CostModel(interval_s=None if fixed is None else fixed * 60.0,
                          write_blocking_s=pp.full_write_s, write_async_s=0.0,
                          restart_s=pp.restart_s, requeue_s=0.0, load_s=0.0,
                          hang_detect_s=pp.baseline_hang_detect_s, swap_s=0.0,

@@ -44,6 +44,7 @@ from seamguard.decide.tiers import (
 from seamguard.reliability import Scope, daly_interval_s
 from seamguard.twin.events.calibration import HANG_CAUSES, FailureModel
 from seamguard.twin.events.config import ClusterConfig, CostModel, PolicyParams
+from seamguard.twin.events.detection import DetectionModel
 
 if TYPE_CHECKING:  # the simulator's run and job; imported for types only
     from seamguard.twin.events.simulator import _Job, _Run
@@ -57,6 +58,7 @@ __all__ = [
     "PlannerInterval",
     "Policy",
     "RequeueRestart",
+    "StragglerDetection",
     "YoungDalyInterval",
     "all_scope_hazards",
     "build_policy",
@@ -336,17 +338,35 @@ class ControlPlane:
     """seamguard's detection and the live controller's economic rules."""
 
     detection_delay_s: float
-    """Gray-failure and precursor detection delay."""
+    """Gray-failure and precursor detection delay, when no measured model is given."""
     detection_precision: float
-    """Share of alarms that are true."""
+    """Share of alarms that are true, when no measured model is given."""
+    detection: DetectionModel | None = None
+    """The detector's measured per-class recall and delays (benchmarks/detection.py);
+    ``None``: every event found after ``detection_delay_s``."""
 
-    def drains_before_failure(self, run: _Run, job: _Job, n_nodes: int, lead_s: float) -> bool:
-        """A precursor seen ``lead_s`` ahead: drain and swap now iff the live planner's
-        quarantine rule says it pays (the hazard the evidence implies over the lead time
-        against the swap and the capacity held out)."""
-        if lead_s <= self.detection_delay_s + run.policy.recovery.resume_s(run, job):
+    @property
+    def precision(self) -> float:
+        """Share of alarms that are true: the measured one when a model is given."""
+        return self.detection.precision if self.detection is not None else self.detection_precision
+
+    def delay_s(self, kind: str, rng: np.random.Generator) -> float | None:
+        """How long after onset an event of ``kind`` (a key of
+        :data:`~seamguard.twin.events.detection.TWIN_EVENT_CLASSES`) is detected; ``None``
+        when the detector misses it."""
+        if self.detection is None:
+            return self.detection_delay_s
+        return self.detection.sample_delay_s(kind, rng)
+
+    def drains_before_failure(self, run: _Run, job: _Job, n_nodes: int, lead_s: float,
+                              delay_s: float | None) -> bool:
+        """A precursor that showed ``lead_s`` ahead and was detected ``delay_s`` after it
+        showed (``None``: missed): drain and swap now iff the live planner's quarantine
+        rule says it pays (the hazard the evidence implies over the lead time against the
+        swap and the capacity held out)."""
+        if delay_s is None or lead_s <= delay_s + run.policy.recovery.resume_s(run, job):
             return False
-        horizon_h = (lead_s - self.detection_delay_s) / 3600.0
+        horizon_h = (lead_s - delay_s) / 3600.0
         base = max(run.node_hazard_per_h, 1e-12)
         gpn = run.cfg.gpus_per_node
         ctx = DegradedNodeContext(
@@ -386,6 +406,30 @@ class ControlPlane:
 
 
 @dataclass(frozen=True)
+class StragglerDetection:
+    """NVRx-style straggler detection (NVIDIA Resiliency Extension, ``straggler``
+    package; docs/twin-events.md): every rank's relative performance score is its
+    throughput over the best rank's, reported once per ``report_s``; a rank whose score
+    over a report window is below ``threshold`` is flagged, and the job stops, checkpoints
+    and restarts in place on a hot spare instead of that node. It sees compute
+    slowdowns (a slow GPU's kernels), not a slow link every rank waits on alike."""
+
+    threshold: float
+    """Relative performance score below which a rank is a straggler."""
+    report_s: float
+    """Length of a reporting window."""
+
+    def delay_s(self, slowdown: float, rng: np.random.Generator) -> float | None:
+        """When a node slowed by ``slowdown`` (share of its throughput lost) is flagged,
+        after onset: at the end of the first window it was slow for in full (the onset
+        falls uniformly inside a window); ``None`` if its score stays at or above the
+        threshold."""
+        if 1.0 - slowdown >= self.threshold:
+            return None
+        return float(rng.uniform(0.0, self.report_s)) + self.report_s
+
+
+@dataclass(frozen=True)
 class Links:
     """What a link flap costs: failing over to the other rail, or a stall."""
 
@@ -410,6 +454,8 @@ class Policy:
     recovery: RequeueRestart | InJobRestart | LiveRecovery
     control_plane: ControlPlane | None
     links: Links
+    stragglers: StragglerDetection | None = None
+    """Straggler detection outside a control plane (``in_job_restart``'s NVRx detector)."""
 
 
 def build_policy(pp: PolicyParams) -> Policy:
@@ -424,8 +470,10 @@ def build_policy(pp: PolicyParams) -> Policy:
         return Policy(pp.name, c, fixed or YoungDalyInterval("full_async"), RequeueRestart(),
                       None, links)
     if pp.name == "in_job_restart":
+        # Bonded links (active-backup) fail over like seamguard's rails.
         return Policy(pp.name, c, fixed or YoungDalyInterval(Mode.PEER_REPLICATED.value),
-                      InJobRestart(), None, links)
+                      InJobRestart(), None, Links(pp.links or "rail_failover"),
+                      StragglerDetection(pp.straggler_threshold, pp.straggler_report_s))
     return Policy(pp.name, c, fixed or PlannerInterval(), LiveRecovery(),
-                  ControlPlane(pp.detection_delay_s, pp.detection_precision),
+                  ControlPlane(pp.detection_delay_s, pp.detection_precision, pp.detection),
                   Links(pp.links or "rail_failover"))

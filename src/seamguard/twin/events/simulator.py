@@ -40,10 +40,10 @@ from seamguard.twin.events.processes import Streams, generate_streams
 __all__ = ["RunResult", "simulate_run", "simulate_streams", "tier_costs", "rollback_scope_hazards"]
 
 # Event kinds and their tie-break priority (lower first at equal time).
-_REPAIR, _EP_END, _FAIL, _PLANNED, _SLOW, _COOL, _COOL_END, _FLAP, _DETECT, _COOL_DETECT = \
-    range(10)
+(_REPAIR, _EP_END, _FAIL, _PLANNED, _SLOW, _COOL, _COOL_END, _FLAP, _DETECT, _COOL_DETECT,
+ _STRAGGLER) = range(11)
 _PRIO = {_REPAIR: 0, _EP_END: 1, _COOL_END: 1, _FAIL: 2, _PLANNED: 3, _SLOW: 4, _COOL: 4,
-         _FLAP: 5, _DETECT: 6, _COOL_DETECT: 6}
+         _FLAP: 5, _DETECT: 6, _COOL_DETECT: 6, _STRAGGLER: 6}
 
 _EPS = 1e-9
 RUNTIME = "runtime_overhead"
@@ -421,7 +421,8 @@ class _Run:
         if needs_nodes:
             self._schedule_repair(t, n_nodes, repair_h)
         if (needs_nodes and lead_s > 0 and self.cp is not None
-                and self.cp.drains_before_failure(self, job, n_nodes, lead_s)):
+                and self.cp.drains_before_failure(self, job, n_nodes, lead_s,
+                                                  self.cp.delay_s("precursor", self.rng))):
             # Evidence came early enough and the controller's rule drained the node:
             # swapped before it failed.
             self.prevented += 1
@@ -503,9 +504,27 @@ class _Run:
         imp = impact_fraction(job.spec.job_class, job.gpus, self.cfg.gpus_per_node, sev)
         eid = self._episode(job, t, dur, imp, cause)
         job.direct_gpu_s += self.cfg.gpus_per_node * dur
-        if self.cp is not None and dur > self.cp.detection_delay_s:
-            self.q.push(t + self.cp.detection_delay_s, _PRIO[_DETECT], _DETECT,
-                        (j, eid, comm, sev, node))
+        if self.cp is not None:
+            delay = self.cp.delay_s(cause, self.rng)
+            if delay is not None and dur > delay:
+                self.q.push(t + delay, _PRIO[_DETECT], _DETECT, (j, eid, comm, sev, node))
+        elif self.policy.stragglers is not None and not comm and job.training:
+            delay = self.policy.stragglers.delay_s(sev, self.rng)
+            if delay is not None and dur > delay:
+                self.q.push(t + delay, _PRIO[_STRAGGLER], _STRAGGLER, (j, eid))
+
+    def on_straggler(self, t: float, data: tuple) -> None:
+        """The straggler detector flagged a rank still slow: with a hot spare, the job
+        checkpoints and restarts in place without that node (the recovery's planned
+        restart); without one it runs on slowly."""
+        j, eid = data
+        job = self.jobs[j]
+        if eid not in job.episodes or self.spares < 1:
+            return
+        job.advance(t)
+        cause = job.episodes[eid][1]
+        job.end_episode(eid)
+        self._quarantine(j, t, cause, 1)
 
     def on_detect(self, t: float, data: tuple) -> None:
         j, eid, comm, sev, node = data
@@ -539,8 +558,7 @@ class _Run:
             job.end_episode(eid)
             self._quarantine(j, t, cause, 1)
         # False alarms look the same and get the same decision.
-        n_fp = int(self.rng.poisson((1.0 - self.cp.detection_precision)
-                                    / self.cp.detection_precision))
+        n_fp = int(self.rng.poisson((1.0 - self.cp.precision) / self.cp.precision))
         for _ in range(n_fp):
             if quarantine_decision(self._ctx(job, gpn, sev, horizon_h, 1.0)).action \
                     == "quarantine":
@@ -603,9 +621,9 @@ class _Run:
         self.cool_evacuated[i] = set()
         if bool(s.cool_trip[i]):
             self.q.push(t + dur, _PRIO[_COOL_END], _COOL_END, (i, affected))
-        if self.cp is not None and dur > self.cp.detection_delay_s and affected:
-            self.q.push(t + self.cp.detection_delay_s, _PRIO[_COOL_DETECT], _COOL_DETECT,
-                        (i, affected, t + dur))
+        delay = self.cp.delay_s("cooling", self.rng) if self.cp is not None and affected else None
+        if delay is not None and dur > delay:
+            self.q.push(t + delay, _PRIO[_COOL_DETECT], _COOL_DETECT, (i, affected, t + dur))
 
     def on_cool_detect(self, t: float, data: tuple) -> None:
         i, affected, end_t = data
@@ -667,7 +685,7 @@ class _Run:
         handlers = {_FAIL: self.on_fail, _PLANNED: self.on_planned, _SLOW: self.on_slow,
                     _FLAP: self.on_flap, _COOL: self.on_cool, _DETECT: self.on_detect,
                     _COOL_DETECT: self.on_cool_detect, _COOL_END: self.on_cool_end,
-                    _EP_END: self.on_ep_end}
+                    _EP_END: self.on_ep_end, _STRAGGLER: self.on_straggler}
         while q:
             t, _, _, kind, data = q.pop()
             if t >= horizon:
