@@ -36,7 +36,7 @@ from seamguard.twin.events.calibration import COMPONENTS_PER_NODE, CauseSpec, Fa
 __all__ = ["JobAsk", "check", "failure_model", "job_hazard_per_h", "recommend", "SPARE_QUANTILE"]
 
 SPARE_QUANTILE = 0.99  # hot spares cover the nodes in repair at once this often
-INTERVALS_S = np.geomspace(300.0, 6 * 3600.0, 40)  # candidate checkpoint intervals
+INTERVALS_S = np.geomspace(30.0, 6 * 3600.0, 60)  # candidate checkpoint intervals, 30 s to 6 h
 PEER_STALL_FACTOR = 1.25  # replication to a peer: a quarter more than the local copy (twin's tier_costs)
 
 
