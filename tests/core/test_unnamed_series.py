@@ -180,3 +180,82 @@ def test_a_block_that_does_not_fit_is_refused_in_one_line():
         SeriesBlock(Kind.GPU, ("a", "b"), np.zeros(2, bool), np.zeros((3, 1)))
     with pytest.raises(ValueError, match="bad series pattern"):
         UnnamedConfig(deny=("(",))
+
+
+# ---- end to end: backfilled history -> real Prometheus -> the source's one query per exporter ----
+def test_a_drifting_unnamed_series_is_seen_through_a_real_prometheus(tmp_path):
+    """The twin's named series and an HBM temperature gauge no signal names, written as
+    OpenMetrics and backfilled; the Prometheus source's range frames carry the gauge (and
+    not the exporter's version gauge, denied), and the controller degrades the one GPU
+    whose gauge drifts, naming it."""
+    from seamguard.observe.exposition import label_strings, render_openmetrics
+    from seamguard.observe.prometheus import PromConfig, PrometheusSource
+    from seamguard.testbed.prom import PrometheusServer, backfill
+
+    twin = Twin(FLEET, [], TwinConfig(tick_s=TICK, warm_gpu_share=0.0), seed=6)
+    rng = np.random.default_rng(6)
+    g, n, ticks, onset = busy_gpu(1), FLEET.count(Kind.GPU), WARM + 14, WARM
+    offset = rng.normal(0.0, 2.0, n)
+    base = float(int(__import__("time").time() // 60 * 60) - 2 * 3600)
+    frames, extra = [], []
+    labels = label_strings(FLEET)
+    for k in range(ticks):
+        f = twin.step()
+        frames.append((base + f.t_s, f))
+        hbm = 45.0 + 0.25 * f.values["DCGM_FI_DEV_GPU_UTIL"] + offset + rng.normal(0.0, 0.3, n)
+        hbm[g] += 10.0 if k >= onset else 0.0
+        extra.append((base + f.t_s, hbm))
+    om = [c for c in render_openmetrics(frames, labels) if c != "# EOF\n"]
+    om.append(f"# TYPE {GAUGE} gauge\n")
+    om += [f"{GAUGE}{labels[Kind.GPU][i]} {v[i]:.3f} {t:.3f}\n" for t, v in extra for i in range(n)]
+    om += ["# TYPE DCGM_FI_DRIVER_VERSION gauge\n"]
+    om += [f"DCGM_FI_DRIVER_VERSION{labels[Kind.GPU][i]} 1 {t:.3f}\n" for t, _ in extra for i in range(n)]
+    backfill(om + ["# EOF\n"], tmp_path / "tsdb")
+    ctl = Controller(FLEET, POL, tick_s=TICK)
+    with PrometheusServer(tmp_path / "prom", tsdb_dir=tmp_path / "tsdb", lookback_delta="45s") as prom, \
+            PrometheusSource(FLEET, PromConfig(url=prom.url)) as src:
+        reps = [ctl.tick(f) for f in src.frames(frames[0][0], frames[-1][0], TICK)]
+    assert all(not r.error for r in reps)
+    assert [r for r in reps[:onset] if unnamed_channels(r, g)] == []
+    assert any(f"series:{GAUGE}" in unnamed_channels(r, g) for r in reps[onset:])
+    assert any(int(r.assessment.kinds[Kind.GPU].states.state[g]) == State.DEGRADED for r in reps)
+    others = [i for i in range(n) if i != g]
+    assert all(not unnamed_channels(r, i) for r in reps for i in others)
+    assert GAUGE in ctl.unnamed[Kind.GPU].names and "DCGM_FI_DRIVER_VERSION" not in ctl.unnamed[Kind.GPU].names
+
+
+# ---- the judge alone: a deviation the named channels already explain adds nothing --------------
+@pytest.mark.parametrize("named_gfs,flagged", [(0.0, True), (0.19, True), (0.2, False), (0.9, False)])
+def test_a_deviation_on_an_entity_the_named_channels_explain_adds_nothing(named_gfs, flagged):
+    from seamguard.assess.unnamed import judge
+    cfg = POL.assess.unnamed
+    rng = np.random.default_rng(1)
+    n = 12
+    level = rng.normal(50.0, 2.0, n)
+    st, group, learn = None, np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool)
+    named = np.zeros(n)
+    for k in range(cfg.warm_samples + cfg.sustain_n + 2):
+        x = level + rng.normal(0.0, 0.2, n)
+        if k > cfg.warm_samples:
+            x[0] += 15.0
+            named[0] = named_gfs
+        block = SeriesBlock(Kind.GPU, ("x",), np.zeros(1, bool), x[:, None])
+        score, _, _, st = judge(block, st, 30.0 * k, group, named, learn, None, cfg)
+    assert (score[0, 0] > 0) == flagged
+    assert (score[1:] == 0).all()
+
+
+def test_the_hinted_peer_median_is_the_leave_one_out_median():
+    """The judge's sort starts from last tick's order; the result is stats.loo_median's, exactly."""
+    from seamguard.assess.stats import loo_median
+    from seamguard.assess.unnamed import _peer_median
+    rng = np.random.default_rng(3)
+    g = rng.integers(0, 40, 2000)
+    order = None
+    for _ in range(3):
+        x = rng.normal(10.0, 3.0, 2000)
+        x[rng.random(2000) < 0.1] = np.nan
+        med, n, order = _peer_median(x, g, 40, order)
+        ref_med, ref_n = loo_median(x, g, 40)
+        np.testing.assert_array_equal(n, ref_n)
+        np.testing.assert_allclose(med, ref_med, rtol=0, atol=1e-9)

@@ -26,6 +26,7 @@ quarantine threshold of the default policy (checked in the config).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from seamguard.assess.baselines import alpha
 from seamguard.assess.evidence import Evidence
-from seamguard.assess.stats import group_median, loo_median, ramp
+from seamguard.assess.stats import _NO_RANK, _loo_pick, ramp
 from seamguard.fleet.model import Kind
 from seamguard.observe.unnamed import SeriesBlock
 
@@ -63,7 +64,7 @@ class UnnamedJudgeConfig(BaseModel):
     half_life_s: float = Field(2 * 3600.0, gt=0, description="how fast the own baseline follows slow healthy change")
     warm_samples: int = Field(15, ge=2, description="samples the own baseline needs before it gives verdicts")
     max_series: int = Field(128, ge=1, le=4096, description="series judged per kind (the first seen); memory "
-                            "is 25 bytes per entity and series")
+                            "is 33 bytes per entity and series")
 
     @model_validator(mode="after")
     def _bounded(self) -> UnnamedJudgeConfig:
@@ -92,6 +93,7 @@ class UnnamedState:
     moved: np.ndarray  # bool [N, S] the counter has moved at least once
     gone: np.ndarray  # uint16 [N, S] ticks the series has been missing
     seen: np.ndarray  # bool [N, S] the series has reported for this entity
+    order: np.ndarray | None = None  # int64 [N * S] last tick's peer sort order (a hint, not state)
 
     @classmethod
     def empty(cls, n: int) -> UnnamedState:
@@ -99,7 +101,7 @@ class UnnamedState:
 
     @property
     def bytes(self) -> int:
-        return sum(getattr(self, f).nbytes for f in _CELL_FIELDS)
+        return sum(getattr(self, f).nbytes for f in _CELL_FIELDS) + (self.order.nbytes if self.order is not None else 0)
 
 
 _CELL_FIELDS = ("prev", "mu", "dev", "n", "bits", "still", "moved", "gone", "seen")
@@ -142,23 +144,50 @@ def _cells_of(group: np.ndarray, s: int) -> np.ndarray:
     return (group[:, None] * s + np.arange(s)[None, :]).ravel()
 
 
+def _peer_median(v: np.ndarray, g: np.ndarray, n_groups: int, hint: np.ndarray | None):
+    """stats.loo_median over the flattened matrix, its sort started from last tick's order.
+
+    Values move little from one tick to the next, so last tick's order leaves this tick's
+    keys nearly sorted and a stable sort (timsort) finishes in about linear time; a cell
+    without a value sorts at the end of its group. Returns (median of the others, their
+    count, this tick's order)."""
+    fin = np.isfinite(v)
+    lo = float(v[fin].min()) if fin.any() else 0.0
+    span = float(v[fin].max()) - lo if fin.any() else 0.0
+    key = g * (2.0 * span + 1.0) + np.where(fin, v - lo, 2.0 * span + 0.5)
+    if hint is not None and hint.size == key.size:
+        order = hint[np.argsort(key[hint], kind="stable")]
+    else:
+        order = np.argsort(key, kind="stable")
+    total = np.bincount(g, minlength=n_groups)
+    starts = np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
+    cnt = np.bincount(g, weights=fin, minlength=n_groups).astype(np.int64)
+    rank = np.empty(v.size, dtype=np.int64)
+    rank[order] = np.arange(v.size) - starts[g[order]]
+    others = np.where(fin, cnt[g] - 1, cnt[g])
+    return _loo_pick(v[order], starts[g], np.where(fin, rank, _NO_RANK), others), others, order
+
+
 def _drift(v: np.ndarray, g: np.ndarray, n_groups: int, st: UnnamedState, cfg: UnnamedJudgeConfig):
     """Each cell's departure from its own past, the common mode of its peers removed.
 
     The residual from the leave-one-out median of the same-load others takes out what moves
     every peer (a driver update, the weather); its own learned mean takes out where this
-    entity always sits (a board revision); what is left is scaled by the larger of the
-    entity's own noise and the spread of its peers' departures. Returns (z, residual,
-    peer median, peer count), each [N, S]."""
+    entity always sits (a board revision); what is left is scaled by the largest of the
+    entity's own noise, the spread of every entity's departure on that series (a median
+    over the column: a partition, no sort) and a share of the peer median. Returns (z,
+    residual, peer median, peer count, the sort order for the next tick), each [N, S]."""
     n, s = v.shape
-    med, cnt = loo_median(v.ravel(), g, n_groups)
+    med, cnt, order = _peer_median(v.ravel(), g, n_groups, st.order)
     med, cnt = med.reshape(n, s), cnt.reshape(n, s)
     resid = v - med
     delta = np.where(st.n >= cfg.warm_samples, resid - st.mu, np.nan)
-    spread = 1.4826 * group_median(np.abs(delta).ravel(), g, n_groups)[g].reshape(n, s)
-    scale = np.fmax(np.fmax(1.25 * st.dev, spread), cfg.rel_floor * np.abs(np.nan_to_num(med)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column with no warm cell: NaN spread
+        spread = 1.4826 * np.nanmedian(np.abs(delta), axis=0) if n else np.zeros(s)
+    scale = np.fmax(np.fmax(1.25 * st.dev, spread[None, :]), cfg.rel_floor * np.abs(np.nan_to_num(med)))
     z = delta / np.maximum(scale, 1e-9)
-    return np.where((cnt >= cfg.min_peers), z, np.nan), resid, med, cnt
+    return np.where((cnt >= cfg.min_peers), z, np.nan), resid, med, cnt, order
 
 
 def judge(block: SeriesBlock, st: UnnamedState | None, t_s: float, group: np.ndarray, named_gfs: np.ndarray,
@@ -182,7 +211,7 @@ def judge(block: SeriesBlock, st: UnnamedState | None, t_s: float, group: np.nda
     v = np.where(st.counter[None, :], rate, x)
     n_groups = (int(group.max()) + 1 if n else 1) * max(len(st.names), 1)
     g = _cells_of(group, len(st.names))
-    z, resid, med, cnt = _drift(v, g, n_groups, st, cfg)
+    z, resid, med, cnt, order = _drift(v, g, n_groups, st, cfg)
     peered = cnt >= cfg.min_peers
     with np.errstate(invalid="ignore"):  # only a move away from the peers: one back towards them is a repair
         strength = np.where(np.sign(z) == np.sign(resid), np.abs(z), 0.0)
@@ -220,7 +249,7 @@ def judge(block: SeriesBlock, st: UnnamedState | None, t_s: float, group: np.nda
     mu = np.where(ok, st.mu + a * (np.nan_to_num(resid) - st.mu), st.mu).astype(np.float32)
     quiet = ok & ~hit  # the noise learns from quiet cells only: a deviation must not widen its own bar
     dev = np.where(quiet, st.dev + a * (np.abs(np.nan_to_num(resid) - st.mu) - st.dev), st.dev).astype(np.float32)
-    new = replace(st, prev=np.where(present, x, st.prev), prev_t_s=t_s, mu=mu, dev=dev,
+    new = replace(st, order=order, prev=np.where(present, x, st.prev), prev_t_s=t_s, mu=mu, dev=dev,
                   n=np.where(ok, np.minimum(st.n.astype(np.int64) + 1, 65535), st.n).astype(np.uint16), bits=bits,
                   still=np.minimum(still, 65535).astype(np.uint16), moved=moved,
                   gone=np.minimum(gone, 65535).astype(np.uint16), seen=seen)
