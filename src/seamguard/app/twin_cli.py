@@ -4,8 +4,9 @@ Why this file exists: it is the only place of the event twin that reads files (t
 runtime's measured results, named with ``--measured FILE``) and flags; it validates them
 with messages that name the option (``error: ...``, exit status 2, as every seamguard
 command, see :mod:`seamguard.clikit`), builds the frozen settings, and hands over to
-the library. Registered in ``seamguard.app.cli`` as ``twin_app.command("simulate")(simulate)``
-and ``...("report")``.
+the library. Registered in ``seamguard.app.cli`` as ``twin_app.command("simulate")(simulate)``,
+``...("report")`` and ``...("calibrate")`` (app/twin_calibrate.py, which also answers
+``simulate --calibrated``).
 """
 
 from __future__ import annotations
@@ -376,7 +377,7 @@ def report(
         if runs < 1:
             raise ValueError(f"--runs must be at least 1, got {runs}")
         cfg, pols, figs = build_settings(
-            gpus=max(size_list), days=days, compare="both", workload=workload,
+            gpus=max(size_list), days=days, compare="all", workload=workload,
             spare_fraction=0.02, node_failure_rate=node_failure_rate,
             link_profile_name="llama3", link_mttf_years=None,
             checkpoint_interval_min=checkpoint_interval_min,
@@ -385,11 +386,12 @@ def report(
             state_gib_per_gpu=28.0, measured=measured, measured_gpu=measured_gpu)
         for n in size_list:
             replace(cfg, gpus=n)   # validates every size before the sweep starts
-        with phase(f"simulating {len(size_list)} sizes x {runs} run{'' if runs == 1 else 's'} x 2 policies"):
+        with phase(f"simulating {len(size_list)} sizes x {runs} run{'' if runs == 1 else 's'} x {len(pols)} policies"):
             sweep = size_sweep(cfg, pols, size_list, runs, seed, _value(executor), workers)
     except ValueError as exc:
         fail(str(exc))
-    hazard = interval_vs_hazard(cfg, pols[1], job_nodes=cfg.nodes - cfg.spare_nodes)
+    sg = next(p for p in pols if p.name == "seamguard")
+    hazard = interval_vs_hazard(cfg, sg, job_nodes=cfg.nodes - cfg.spare_nodes)
     settings = {"days": days, "runs": runs, "seed": seed, "workload": _value(workload),
                 "node_failure_rate": node_failure_rate, "measured_source": figs.source,
                 "detection_delay_s": detection_delay_s}
