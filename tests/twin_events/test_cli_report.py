@@ -125,6 +125,12 @@ def test_report_writes_plots_and_summary(tmp_path):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "summary.md").read_text()
     assert "ETTR vs cluster size" in md and "| 4,096 |" in md
+    # every policy runs; seamguard is set against whichever baseline did best, named
+    sweep = json.loads((out / "summary.json").read_text())["sweep"]["4096"]
+    assert set(sweep) == {"baseline_fixed", "baseline_daly_async", "in_job_restart", "seamguard"}
+    best = max((p for p in sweep if p != "seamguard"), key=lambda p: sweep[p]["ettr"])
+    assert f"4,096 GPUs: seamguard {sweep['seamguard']['ettr']:.3f} against the strongest " \
+           f"baseline, {best} {sweep[best]['ettr']:.3f}" in md
 
 
 def test_report_rejects_bad_sizes(tmp_path):
