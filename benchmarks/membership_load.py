@@ -1,7 +1,8 @@
-"""Membership load: one job-wide TCPStore vs per-node aggregation on etcd, 1k-10k ranks.
+"""Membership load, 1k-10k ranks: one job-wide TCPStore, per-node aggregation on etcd
+(today's launcher), and liveness over the launchers' links with etcd written on change.
 
-    PYTHONPATH=src python benchmarks/membership_load.py --quick   # 2 reps, 4 s windows
-    PYTHONPATH=src python benchmarks/membership_load.py           # 3 reps, 10 s windows
+    PYTHONPATH=src python benchmarks/membership_load.py --quick   # 1k and 3k ranks, 2 reps, 4 s windows
+    PYTHONPATH=src python benchmarks/membership_load.py           # 1k, 3k, 10k ranks, 3 reps, 6 s windows
 
 What is simulated, and how (the honest part). A job of N ranks, 8 ranks and 1 idle
 spare per node (N/8 nodes), talks to its job-wide store exactly as the runtime's code
@@ -25,8 +26,20 @@ schedule (phases spread evenly):
   record's revision; every idle spare holds one etcd watch (an open HTTP stream: no
   requests while it waits); the coordinator follows the job's keys with one watch
   (PrefixMirror) and judges nodes (NodeTracker) and ranks from that local copy every pass.
+- links (runtime/liveness.py, roster.py, node_membership.py; not yet what `seamguard
+  launch` runs): the coordinator is node 0's `NodeMembership`, elected through etcd (a
+  lease and a fenced key), its hub judging every node's link in memory and writing the
+  membership to etcd (aetcd, gRPC) only when it changes. The other nodes' launchers are
+  SIMULATED: one `NodeReporter` each (an asyncio task holding one TCP link and sending
+  its 8 ranks' beats as one line every node beat), a few hundred to a process; they do
+  not campaign (failover is tested in tests/runtime/test_membership_links.py, not here).
+  The silent node (node 1) stops sending but keeps its link open, as a hung host does, so
+  its loss is judged by the timeout, not by the faster closed link.
 
-Both coordinators sleep 5 ms between passes, as the launcher's loop does. etcd keeps its
+The generator processes stand for other hosts and run at nice 10, so the processes
+measured (the store server, the coordinator) get this shared machine's CPU first, in
+every design. Coordinator CPU is its process's user+system time over the window.
+The flat and aggregated coordinators sleep 5 ms between passes, as the launcher's loop does. etcd keeps its
 data on tmpfs (/dev/shm): it fsyncs every write, and this machine's shared disk would
 measure the disk, not etcd.
 
@@ -68,6 +81,7 @@ HANG_TIMEOUT_S = LaunchSettings.hang_timeout_s
 COORDINATOR_POLL_S = 0.005  # the launcher's loop sleep between coordinator ticks
 WARMUP_S = 1.0
 KILL_AT = 0.4  # of the window
+GENERATOR_NICE = 10  # the simulated nodes stand for other hosts: the processes measured get the CPU first
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -140,6 +154,7 @@ def generator(design: str, address: str, nodes: list[int], window_s: float, thre
 
     from seamguard.runtime import keys
 
+    os.nice(GENERATOR_NICE)
     stores = [_connect(design, address) for _ in range(threads)]
     watches = []
     if design == "aggregated":
@@ -251,7 +266,7 @@ def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_b
     tracker = HeartbeatTracker(HANG_TIMEOUT_S, 10.0, 1.5, 8)
     node_tracker = NodeTracker(HANG_TIMEOUT_S)
     new_keys = keys.NewKeys(FULL_READ_S)
-    out.put(("ready", os.getpid()))
+    out.put(("ready-coord", os.getpid()))
     go.wait()
     t0 = t0_box.value
     start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
@@ -319,6 +334,154 @@ def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_b
                        "false": false, "pass_s_p50": statistics.median(pass_s) if pass_s else None}))
 
 
+# ------------------------------------------------------------------------ links (the new design)
+LINK_VICTIM = 1  # node 0 runs the coordinator here; node 1 is the one that goes silent
+
+
+def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: float, go, t0_box, out) -> None:
+    """Node 0's launcher, elected: its `NodeMembership` (hub, roster in etcd, its own node's beats)."""
+    import asyncio
+
+    from seamguard.runtime import roster
+    from seamguard.runtime.node_membership import NodeMembership
+
+    host, port = address.rsplit(":", 1)
+    out.put(("ready-coord", os.getpid()))
+
+    async def play() -> dict:
+        book = roster.Roster(roster.connect((host, int(port))), "bench")
+        nm = NodeMembership(book, "bench", 0, lambda: {w: (1, 1) for w in range(RANKS_PER_NODE)},
+                            beat_s=node_beat_s, hang_timeout_s=HANG_TIMEOUT_S)
+        stop = asyncio.Event()
+        task = asyncio.create_task(nm.run(stop))
+        while not nm.coordinates:
+            await asyncio.sleep(0.05)
+        where = Path(os.environ["SG_BENCH_DIR"]) / "hub"
+        where.write_text(nm.address)
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        t0 = t0_box.value
+        start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
+        kill_s = start + KILL_AT * window_s
+        await asyncio.sleep(max(0.0, start - time.monotonic()))
+        rev0, writes0, reports0 = await book.revision(), book.writes, nm.hub.reports
+        joined = len(book.members)
+        detect_s = None
+        while time.monotonic() < end:   # the victim's verdict, timed from its kill
+            if detect_s is None and any(x.node == LINK_VICTIM for x in nm.lost):
+                detect_s = time.monotonic() - kill_s
+            await asyncio.sleep(0.01)
+        rev1, writes1, reports1 = await book.revision(), book.writes, nm.hub.reports
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        false = [x for x in nm.lost if x.node != LINK_VICTIM]
+        return {"ops": 0, "reports_s": (reports1 - reports0) / window_s, "etcd_revisions": rev1 - rev0,
+                "etcd_txns": writes1 - writes0, "joined": joined, "false": len(false),
+                "detect_s": None if detect_s is None else round(detect_s, 3)}
+    out.put(("coord", asyncio.run(play())))
+
+
+def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s: float, go, t0_box, out) -> None:
+    """Simulated launchers, one asyncio task each (a `NodeReporter` with 8 ranks' beats);
+    they do not campaign (no failover is exercised at scale)."""
+    import asyncio
+
+    from seamguard.runtime.liveness import NodeReporter
+
+    hub_file = Path(os.environ["SG_BENCH_DIR"]) / "hub"
+    os.nice(GENERATOR_NICE)
+
+    async def play() -> dict:
+        host, port = hub_file.read_text().rsplit(":", 1)
+
+        async def locate():
+            return host, int(port)
+        counters = {n: 0 for n in nodes}
+
+        def beats_of(n: int):
+            def beats():
+                counters[n] += 1
+                k = counters[n]
+                return {n * RANKS_PER_NODE + i: (k, k) for i in range(RANKS_PER_NODE)}
+            return beats
+        stop = asyncio.Event()
+        reporters = {n: NodeReporter("bench", n, node_beat_s, locate, beats_of(n)) for n in nodes}
+        tasks = {}
+        for n, r in reporters.items():
+            await asyncio.sleep(node_beat_s / len(nodes))   # phases spread over one beat
+            tasks[n] = asyncio.create_task(r.run(stop))
+        while sum(r.connects for r in reporters.values()) < len(reporters):
+            await asyncio.sleep(0.05)
+        out.put(("ready", os.getpid()))   # every simulated launcher connected and beating
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        t0 = t0_box.value
+        start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
+        if LINK_VICTIM in tasks:   # a hung host: its launcher stops, its link stays open
+            await asyncio.sleep(max(0.0, start + KILL_AT * window_s - time.monotonic()))
+            tasks.pop(LINK_VICTIM).cancel()
+        await asyncio.sleep(max(0.0, start - time.monotonic()))
+        sent0 = sum(r.seq for r in reporters.values())
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
+        sent = sum(r.seq for r in reporters.values()) - sent0
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 10)
+        return {"ops": sent, "late": 0}
+    out.put(("gen", asyncio.run(play())))
+
+
+def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_beat_s: float) -> dict:
+    from seamguard.testbed.multinode import EtcdServer
+
+    ctx = mp.get_context("spawn")
+    os.environ["SG_BENCH_DIR"] = str(workdir)
+    (workdir / "hub").unlink(missing_ok=True)
+    etcd = EtcdServer.loopback(Path(tempfile.mkdtemp(prefix="sg-etcd-", dir="/dev/shm"))).start()
+    go, box, out = ctx.Event(), ctx.Value("d", 0.0), ctx.Queue()
+    nodes = list(range(1, ranks // RANKS_PER_NODE))
+    coord = ctx.Process(target=links_coordinator, args=(etcd.address, ranks, window_s, node_beat_s, go, box, out))
+    gens = [ctx.Process(target=links_generator, args=(etcd.address, nodes[i::procs], window_s, node_beat_s,
+                                                      go, box, out)) for i in range(procs)]
+    try:
+        coord.start()
+        coord_pid = out.get(timeout=120)[1]
+        deadline = time.monotonic() + 60
+        while not (workdir / "hub").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the coordinator was not elected")
+            time.sleep(0.05)
+        for g in gens:
+            g.start()
+        for _ in gens:
+            out.get(timeout=180)
+        box.value = time.monotonic() + 2 * node_beat_s   # the coordinator has written the joins
+        go.set()
+        time.sleep(max(0.0, box.value + WARMUP_S - time.monotonic()))
+        cpu0, ccpu0, w0 = _cpu_s(etcd.pid), _cpu_s(coord_pid), time.monotonic()
+        time.sleep(window_s)
+        cpu1, ccpu1, w1 = _cpu_s(etcd.pid), _cpu_s(coord_pid), time.monotonic()
+        results = [out.get(timeout=120) for _ in range(len(gens) + 1)]
+        for c in [coord, *gens]:
+            c.join(30)
+    finally:
+        for c in [coord, *gens]:
+            if c.is_alive():
+                c.kill()
+        etcd.stop()
+        shutil.rmtree(etcd.workdir, ignore_errors=True)
+    co = next(r for k, r in results if k == "coord")
+    sent = sum(r["ops"] for k, r in results if k == "gen")
+    return {
+        "design": "links", "ranks": ranks, "demanded_ops_s": 0, "ops_s": 0, "coordinator_ops_s": 0,
+        "link_reports_s": round(co["reports_s"]), "link_reports_sent_s": round(sent / window_s),
+        "demanded_link_reports_s": round((ranks // RANKS_PER_NODE) / node_beat_s),
+        "server_cpu_pct": round(100 * (cpu1 - cpu0) / (w1 - w0), 1),
+        "coordinator_cpu_pct": round(100 * (ccpu1 - ccpu0) / (w1 - w0), 1),
+        "etcd_revisions_in_window": co["etcd_revisions"], "etcd_txns_in_window": co["etcd_txns"],
+        "server_cpu_us_per_op": None, "projected_server_cpu_pct": None,
+        "staleness_p50_s": None, "staleness_p99_s": None,
+        "detect_s": co["detect_s"], "false_verdicts": co["false"], "coordinator_pass_s": None, "late_actions": 0,
+    }
+
+
 # ------------------------------------------------------------------------ one trial
 def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, workdir: Path,
           node_beat_s: float) -> dict:
@@ -352,14 +515,14 @@ def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, wo
     try:
         for c in children:
             c.start()
-        for _ in children:
-            out.get(timeout=180)  # ready
+        readies = [out.get(timeout=180) for _ in children]
+        coord_pid = next(pid for kind, pid in readies if kind == "ready-coord")
         box.value = time.monotonic() + 0.2
         go.set()
         time.sleep(max(0.0, box.value + WARMUP_S - time.monotonic()))
-        cpu0, w0 = _cpu_s(server_pid), time.monotonic()
+        cpu0, ccpu0, w0 = _cpu_s(server_pid), _cpu_s(coord_pid), time.monotonic()
         time.sleep(window_s)
-        cpu1, w1 = _cpu_s(server_pid), time.monotonic()
+        cpu1, ccpu1, w1 = _cpu_s(server_pid), _cpu_s(coord_pid), time.monotonic()
         results = [out.get(timeout=120) for _ in children]
         for c in children:
             c.join(30)
@@ -385,6 +548,7 @@ def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, wo
         "ops_s": round(ops / window_s),
         "coordinator_ops_s": round(coord["ops"] / window_s),
         "server_cpu_pct": round(100 * (cpu1 - cpu0) / (w1 - w0), 1),
+        "coordinator_cpu_pct": round(100 * (ccpu1 - ccpu0) / (w1 - w0), 1),
         "server_cpu_us_per_op": round(1e6 * (cpu1 - cpu0) / max(1, ops), 1),
         "projected_server_cpu_pct": round(100 * (cpu1 - cpu0) / max(1, ops) * (demanded_ops_s(design, ranks, node_beat_s) + ops_coord_s), 1),
         "staleness_p50_s": pct(0.5), "staleness_p99_s": pct(0.99),
@@ -401,20 +565,22 @@ def _spread(values: list[float | None]) -> dict:
             "missing": len(values) - len(got)}
 
 
-FIGURES = ("ops_s", "coordinator_ops_s", "server_cpu_pct", "server_cpu_us_per_op", "projected_server_cpu_pct",
-           "staleness_p50_s", "staleness_p99_s",
-           "detect_s", "false_verdicts", "coordinator_pass_s")
+FIGURES = ("ops_s", "coordinator_ops_s", "server_cpu_pct", "coordinator_cpu_pct", "server_cpu_us_per_op",
+           "projected_server_cpu_pct", "staleness_p50_s", "staleness_p99_s",
+           "detect_s", "false_verdicts", "coordinator_pass_s",
+           "link_reports_s", "demanded_link_reports_s", "etcd_revisions_in_window")
+DESIGNS = ("flat", "aggregated", "links")
 
 
 def summarize(trials: list[dict]) -> dict:
     out: dict = {}
-    for design in ("flat", "aggregated"):
+    for design in DESIGNS:
         for ranks in sorted({t["ranks"] for t in trials}):
             mine = [t for t in trials if t["design"] == design and t["ranks"] == ranks]
             if mine:
                 out.setdefault(design, {})[str(ranks)] = {
                     "demanded_ops_s": mine[0]["demanded_ops_s"],
-                    **{f: _spread([t[f] for t in mine]) for f in FIGURES}}
+                    **{f: _spread([t.get(f) for t in mine]) for f in FIGURES}}
     ratios = {}
     for ranks, agg in out.get("aggregated", {}).items():
         flat = out.get("flat", {}).get(ranks)
@@ -425,6 +591,10 @@ def summarize(trials: list[dict]) -> dict:
                 "projected_server_cpu_ratio": round(flat["projected_server_cpu_pct"]["median"]
                                                     / agg["projected_server_cpu_pct"]["median"], 2)}
     out["flat_over_aggregated"] = ratios
+    out["aggregated_over_links"] = {
+        ranks: {f: round(agg[f]["median"] / links[f]["median"], 1)
+                for f in ("server_cpu_pct", "coordinator_cpu_pct") if agg[f]["median"] and links[f]["median"]}
+        for ranks, links in out.get("links", {}).items() if (agg := out.get("aggregated", {}).get(ranks))}
     return out
 
 
@@ -436,18 +606,22 @@ def _fmt(s: dict, unit: str = "") -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2 reps of 4 s windows (about 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="1k and 3k ranks, 2 reps of 4 s windows (about 2-3 minutes)")
     ap.add_argument("--reps", type=int)
     ap.add_argument("--window-s", type=float)
-    ap.add_argument("--scales", default="1000,3000,10000", help="comma-separated rank counts")
+    ap.add_argument("--scales", help="comma-separated rank counts (1000,3000 with --quick, else 1000,3000,10000)")
     ap.add_argument("--node-beat-s", type=float, default=NODE_BEAT_S,
                     help="a node's launcher's record period (the launch's --node-beat-s)")
     ap.add_argument("--procs", type=int, default=3, help="generator processes per trial")
     ap.add_argument("--threads", type=int, default=8, help="store connections (threads) per generator")
+    ap.add_argument("--designs", default=",".join(DESIGNS), help=f"comma-separated, of {', '.join(DESIGNS)}")
     args = ap.parse_args()
+    designs = tuple(d for d in args.designs.split(",") if d)
+    if not designs or set(designs) - set(DESIGNS):
+        ap.error(f"--designs: {args.designs!r} is not a list of {', '.join(DESIGNS)}")
     reps = args.reps or (2 if args.quick else 3)
-    window_s = args.window_s or (4.0 if args.quick else 10.0)
-    scales = [int(x) for x in args.scales.split(",")]
+    window_s = args.window_s or (4.0 if args.quick else 6.0)
+    scales = [int(x) for x in (args.scales or ("1000,3000" if args.quick else "1000,3000,10000")).split(",")]
     for s in scales:
         if s < 2 * RANKS_PER_NODE or s % RANKS_PER_NODE:
             ap.error(f"--scales: {s} is not a multiple of {RANKS_PER_NODE} ranks per node (>= 16)")
@@ -456,23 +630,27 @@ def main() -> None:
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="sg-membership-") as tmp:
         for rep in range(reps):
-            order = ("flat", "aggregated") if rep % 2 == 0 else ("aggregated", "flat")
+            order = designs[rep % len(designs):] + designs[:rep % len(designs)]   # rotated every repetition
             for ranks in scales:
                 for design in order:
-                    t = trial(design, ranks, window_s, args.procs, args.threads, Path(tmp), args.node_beat_s)
+                    t = (trial_links(ranks, window_s, args.procs, Path(tmp), args.node_beat_s) if design == "links"
+                         else trial(design, ranks, window_s, args.procs, args.threads, Path(tmp), args.node_beat_s))
                     t["rep"] = rep
                     trials.append(t)
-                    print(f"rep {rep} {design:10s} {ranks:6d} ranks: {t['ops_s']:8d} ops/s of "
-                          f"{t['demanded_ops_s']:8d} demanded, server {t['server_cpu_pct']:5.1f} % CPU "
+                    print(f"rep {rep} {design:10s} {ranks:6d} ranks: {t['ops_s']:8d} store ops/s of "
+                          f"{t['demanded_ops_s']:8d} demanded, link reports/s {t.get('link_reports_s', '-')} of "
+                          f"{t.get('demanded_link_reports_s', '-')}, etcd revisions {t.get('etcd_revisions_in_window', '-')}, "
+                          f"server {t['server_cpu_pct']:5.1f} % CPU, coordinator {t['coordinator_cpu_pct']:5.1f} % "
                           f"({t['server_cpu_us_per_op']} us/op), "
                           f"staleness p50 {t['staleness_p50_s']} p99 {t['staleness_p99_s']} s, "
                           f"node loss detected in {t['detect_s']} s, {t['false_verdicts']} false verdicts, "
                           f"coordinator pass {t['coordinator_pass_s']} s", flush=True)
     summary = summarize(trials)
-    for design in ("flat", "aggregated"):
+    for design in designs:
         for ranks, f in summary.get(design, {}).items():
             print(f"{design:10s} {ranks:>6s}: ops/s {_fmt(f['ops_s'])} (demanded {f['demanded_ops_s']}), "
-                  f"server CPU {_fmt(f['server_cpu_pct'], '%')} ({_fmt(f['server_cpu_us_per_op'], ' us/op')}; "
+                  f"server CPU {_fmt(f['server_cpu_pct'], '%')}, coordinator CPU {_fmt(f['coordinator_cpu_pct'], '%')} "
+                  f"({_fmt(f['server_cpu_us_per_op'], ' us/op')}; "
                   f"at the demanded rate {_fmt(f['projected_server_cpu_pct'], '%')}), staleness p50 {_fmt(f['staleness_p50_s'], 's')} "
                   f"p99 {_fmt(f['staleness_p99_s'], 's')}, detection {_fmt(f['detect_s'], 's')}, "
                   f"false verdicts {_fmt(f['false_verdicts'])}")

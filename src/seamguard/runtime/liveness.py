@@ -136,8 +136,8 @@ class LivenessHub:
                 self.observe(report, self.clock())
         except (ValueError, asyncio.LimitOverrunError) as exc:
             self.refused.append(str(exc))
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass   # the link broke, or the loop is ending
         finally:
             self._writers.discard(writer)
             if node is not None and self._server is not None:

@@ -21,11 +21,14 @@ on; ranks are never restarted by a failover itself.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
 from seamguard.runtime.liveness import LivenessHub, NodeReporter
 from seamguard.runtime.roster import Roster, Term
+
+log = logging.getLogger("seamguard.membership")
 
 
 @dataclass(frozen=True)
@@ -90,23 +93,43 @@ class NodeMembership:
         now = time.monotonic()
         for n, workers in members.items():   # each node gets a timeout plus the grace to reconnect
             hub.tracker.observe(n, -1, set(workers), now + self.takeover_grace_s)
-        renew_at = now + self.roster.lease_s / 4
-        while not stop.is_set():
-            now = time.monotonic()
-            for node, workers, why in hub.judge(now):
-                self.lost.append(Loss(node, frozenset(workers), why, self.node))
-            try:
+        keeper = asyncio.create_task(self._keep_lease(stop))   # apart: a long write must not starve it
+        try:
+            while not stop.is_set() and not keeper.done():
+                for node, workers, why in hub.judge(time.monotonic()):
+                    self.lost.append(Loss(node, frozenset(workers), why, self.node))
                 await self.roster.write({n: frozenset(w) for n, w in hub.members().items()})
-                if now >= renew_at:
-                    renew_at = now + self.roster.lease_s / 4
-                    if not await self.roster.renew():
-                        raise PermissionError("lease lost")
-            except Exception:  # noqa: BLE001 - etcd failing, or deposed: step down, others take over
-                self.roster.term = Term()
-                await hub.close()
-                await self._open_hub()
-                return
+                try:
+                    await asyncio.wait_for(stop.wait(), self.beat_s / 2)
+                except asyncio.TimeoutError:
+                    pass
+            if keeper.done() and not stop.is_set():
+                raise PermissionError("the coordinator's lease was lost")
+        except Exception as exc:  # noqa: BLE001 - etcd failing, or deposed: step down, others take over
+            log.warning("node %d stops coordinating: %s: %s", self.node, type(exc).__name__,
+                        str(exc).splitlines()[0] if str(exc) else "")
+            self.roster.term = Term()
+            await hub.close()
+            await self._open_hub()
+        finally:
+            keeper.cancel()
+
+    async def _keep_lease(self, stop: asyncio.Event) -> None:
+        """Renew every ``lease_s / 4``; returns when the lease is gone, or when no renewal
+        has succeeded for two thirds of it (etcd unreachable: stop before another may lead)."""
+        last_ok_s = time.monotonic()
+        while not stop.is_set():
             try:
-                await asyncio.wait_for(stop.wait(), self.beat_s / 2)
+                await asyncio.wait_for(stop.wait(), self.roster.lease_s / 4)
+                return
             except asyncio.TimeoutError:
                 pass
+            sent_s = time.monotonic()
+            try:
+                if not await self.roster.renew():
+                    return
+                last_ok_s = sent_s
+            except Exception as exc:  # noqa: BLE001 - a slow or failed call: retry while the lease lasts
+                if time.monotonic() - last_ok_s > self.roster.lease_s * 2 / 3:
+                    log.warning("node %d could not renew its lease: %s", self.node, type(exc).__name__)
+                    return

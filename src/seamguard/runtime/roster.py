@@ -8,7 +8,9 @@ only when they change (a node joins, leaves or changes its workers: one transact
 generation bumped in it), so a stable job of any size sends etcd no writes.
 
 The coordinator is elected, not fixed on node 0: every node's launcher campaigns for one
-key bound to its own lease (``lease_s``), the first to create it coordinates and the
+key bound to its own lease (``lease_s``, 5 s: a coordinator starved of CPU for a few
+seconds, as when a thousand launchers connect at once on a loaded host, must not lose it;
+the ranks train on through a failover, so its length costs no work), the first to create it coordinates and the
 key's value is the address of its liveness hub, which the other launchers read to know
 where to report. Its create revision is a fencing token: every membership write compares
 it, so a deposed coordinator cannot write. When the coordinator's node dies its lease
@@ -53,7 +55,7 @@ class Term:
 class Roster:
     """One launcher's view of the job's membership and election in etcd (see module docstring)."""
 
-    def __init__(self, client, run_id: str, lease_s: int = 2) -> None:
+    def __init__(self, client, run_id: str, lease_s: int = 5) -> None:
         if lease_s < 2:
             raise ValueError(f"roster lease_s: {lease_s} s is below etcd's minimum lease of 2 s")
         self.client = client
