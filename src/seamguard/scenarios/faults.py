@@ -198,6 +198,33 @@ def _congestion(sim: Sim, f: Fault, t: float, dt: float) -> None:
     sim.mods.comm_factor[sim.fleet.nic_node[f.index]] *= f.params["comm"]
 
 
+# ---- held-out classes: no detector channel of their own was written for them -----------------------------
+def _pcie_downtrain(sim: Sim, f: Fault, t: float, dt: float) -> None:
+    """A marginal link retrains to fewer lanes (x16 -> x8 or x4): host<->GPU copies take longer, no errors."""
+    g, lanes = f.index, f.params["lanes"]
+    sim.mods.pcie_width[g] = lanes
+    sim.mods.compute_factor[g] *= 1.0 + f.params["copy_share"] * (16.0 / lanes - 1.0)
+
+
+def _host_memory(sim: Sim, f: Fault, t: float, dt: float) -> None:
+    """A DIMM corrects more and more errors (EDAC ce_count), then one it cannot (ue_count) and the host crashes."""
+    node, p = f.index, f.params
+    sim.node_cnt["node_edac_correctable_errors_total"][node] += _poisson(sim, p["r0"] * np.exp(t / p["tau"]), dt)
+    if f.hard_failure_s is not None and t >= f.hard_failure_s - f.start_s and _once(f, "ue"):
+        sim.node_cnt["node_edac_uncorrectable_errors_total"][node] += 1
+        sim.crash_node_at(node, delay_scrapes=1)
+
+
+def _hbm_heat(sim: Sim, f: Fault, t: float, dt: float) -> None:
+    """HBM runs hotter than its die (a stack losing contact with the cold plate): only the memory
+    temperature shows it until the memory throttles (clocks down)."""
+    g, p = f.index, f.params
+    add = p["rise_c"] * min(1.0, t / p["ramp_s"])
+    sim.mods.mem_temp_add_c[g] += add
+    if add >= p["throttle_at_c"]:
+        sim.mods.clock_factor[g] *= p["throttle_clock"]
+
+
 def _half(p: float, lo: float, hi: float) -> Callable[[np.random.Generator], float | None]:
     return lambda rng: float(rng.uniform(lo, hi)) if rng.random() < p else None
 
@@ -243,4 +270,21 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
                lambda rng: {"wait": float(rng.uniform(15, 40)), "comm": float(rng.uniform(1.2, 1.5))}, _congestion),
 )}
 
+HELDOUT_ONLY: dict[str, FaultClass] = {c.name: c for c in (
+    FaultClass("pcie_downtrain", G, "PCIe link retrained to fewer lanes (x16 -> x8/x4): slower copies, no errors",
+               lambda rng: {"lanes": float(rng.choice([8.0, 4.0])), "copy_share": float(rng.uniform(0.03, 0.08))},
+               _pcie_downtrain),
+    FaultClass("host_memory_ue", ND, "host DRAM correctable errors climbing, then an uncorrectable one and a crash",
+               lambda rng: {"r0": float(rng.uniform(0.02, 0.1)), "tau": float(rng.uniform(300, 700))}, _host_memory,
+               _half(0.7, 900, 1800)),
+    FaultClass("hbm_heat", G, "HBM temperature climbing on one GPU (memory temperature only, then memory throttling)",
+               lambda rng: {"rise_c": float(rng.uniform(12, 25)), "ramp_s": float(rng.uniform(300, 1200)),
+                            "throttle_at_c": float(rng.uniform(10, 20)), "throttle_clock": float(rng.uniform(0.8, 0.9))},
+               _hbm_heat),
+)}
+
 FAULT_CLASS_NAMES: tuple[str, ...] = tuple(CLASSES)
+"""The development classes (seeds 0-19); each has a channel written for it."""
+HELDOUT_CLASS_NAMES: tuple[str, ...] = tuple(HELDOUT_ONLY) + FAULT_CLASS_NAMES
+"""Every class of the held-out histories, the ones without a channel first (a short run still has them)."""
+CLASSES.update(HELDOUT_ONLY)

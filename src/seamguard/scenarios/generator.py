@@ -26,10 +26,14 @@ import numpy as np
 from seamguard.fleet.generate import FleetShape, generate_fleet
 from seamguard.fleet.model import Fleet, JobClass, Kind
 from seamguard.scenarios import physics as ph
+from seamguard.scenarios import shifted as sh
 from seamguard.scenarios.faults import CLASSES, FAULT_CLASS_NAMES, Fault
 from seamguard.scenarios.metrics import SERIES
 
 DRIVER_OLD, DRIVER_NEW = "550.54.15", "550.90.07"
+# Gauges a fault sets (an XID code, a sticky state, a lane count): an onset never scales them.
+_STEP_MODS = frozenset({"pcie_width", "nic_down"})  # a link has whole lanes and is up or down
+_GAUGES = frozenset({"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ROW_REMAP_FAILURE"})
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,11 @@ class ScenarioSpec:
     faults: tuple[str, ...] = ()  # fault class names, one fault each (repeats allowed)
     warm_share: float = 0.05  # share of GPUs that run warm but healthy
     gap_rate: float = 0.002  # probability a node's exporters miss one scrape
+    physics: str = "dev"  # "shifted": the held-out physics of seamguard.scenarios.shifted
 
     def __post_init__(self) -> None:
+        if self.physics not in sh.PHYSICS:
+            raise ValueError(f"physics must be one of {', '.join(sh.PHYSICS)}, got {self.physics!r}")
         unknown = [c for c in self.faults if c not in CLASSES]
         if unknown:
             raise ValueError(f"unknown fault class(es) {', '.join(unknown)}; known: {', '.join(FAULT_CLASS_NAMES)}")
@@ -98,6 +105,13 @@ class Sim:
         self.driver = [DRIVER_OLD] * len(fleet.node_names)
         self.power_offset = np.zeros(len(fleet.node_names))
         self.clock_offset = np.zeros(len(fleet.node_names))
+        self.node_cnt = {name: np.zeros(len(fleet.node_names)) for name in sh.NODE_COUNTERS}
+        self.node_down = np.zeros(len(fleet.node_names), dtype=bool)
+        self._crash_pending: dict[int, int] = {}
+
+    def crash_node_at(self, node: int, delay_scrapes: int) -> None:
+        """The host crashes after ``delay_scrapes`` more scrapes and stays down (its series vanish)."""
+        self._crash_pending.setdefault(node, delay_scrapes)
 
     def set_xid(self, g: int, xid: int) -> None:
         self.cnt.g["DCGM_FI_DEV_XID_ERRORS"][g] = xid
@@ -114,6 +128,12 @@ class Sim:
                 del self._off_pending[g]
             else:
                 self._off_pending[g] -= 1
+        for n in list(self._crash_pending):
+            if self._crash_pending[n] <= 0:
+                self.node_down[n] = True
+                del self._crash_pending[n]
+            else:
+                self._crash_pending[n] -= 1
 
     def reset_node(self, node: int) -> None:
         """A reboot or driver reload: counters and sticky gauges start again from zero."""
@@ -175,7 +195,13 @@ class Scenario:
         self.events: list[Event] = []
         self.faults: list[Fault] = []
         self.warm_gpus = np.array([], dtype=np.int64)
+        self.shifted = spec.physics == "shifted"
+        self.onsets: dict[int, sh.Onset] = {}
+        self.background: dict[str, tuple] = {}
+        self._last_out: dict[str, np.ndarray] = {}
         self._plan()
+        if self.shifted:
+            self._plan_shifted()
 
     # ---- planning: who is faulty, what happens when --------------------------------------------
     def _times(self) -> np.ndarray:
@@ -241,7 +267,8 @@ class Scenario:
             period = float(rng.uniform(900, 2100))
             t = float(rng.uniform(120, period))
             while t < T:
-                self.events.append(Event("checkpoint", Kind.JOB, j, t, t + float(rng.uniform(60, 150))))
+                self.events.append(Event("checkpoint", Kind.JOB, j, t,
+                                         t + float(rng.uniform(*sh.CHECKPOINT_S[self.spec.physics]))))
                 t += period
         # Exporter restarts (a gap) and port-counter clears anywhere, faulty nodes included.
         for _ in range(int(rng.integers(1, 4))):
@@ -270,11 +297,42 @@ class Scenario:
             start = float(rng.uniform(0.25, 0.5) * T)
             start = math.ceil(start / self.spec.scrape_s) * self.spec.scrape_s
             fault = Fault(cls.name, cls.kind, idx, start, cls.params(rng))
+            if self.shifted:
+                fault.state["onset"] = sh.draw_onset(rng)
             sched = cls.scheduled_failure(rng)
             if sched is not None and start + sched < T - 2 * self.spec.scrape_s:
                 fault.hard_failure_s = math.ceil((start + sched) / self.spec.scrape_s) * self.spec.scrape_s
             self.faults.append(fault)
         self.faults.sort(key=lambda x: x.start_s)
+
+    def _plan_shifted(self) -> None:
+        """Held-out extras: counter backgrounds, and stale exporters on nodes where nothing else happens."""
+        f, rng, T = self.fleet, self.rng, self.window_s
+        self.background = sh.draw_background(rng, {"gpu": len(f.gpu_names), "nic": len(f.nic_names),
+                                                   "node": len(f.node_names)})
+        taken = {int(e.index) for e in self.events if e.kind == Kind.NODE}
+        taken |= {int(f.gpu_node[g]) for g in self.warm_gpus.tolist()}
+        for fault in self.faults:
+            taken |= set(self._fault_nodes(fault))
+        free = [n for n in range(len(f.node_names)) if n not in taken]
+        for n in rng.choice(free, size=min(len(free), max(1, len(f.node_names) // 64)), replace=False).tolist():
+            t = float(rng.uniform(0.1, 0.8) * T)
+            self.events.append(Event("exporter_stale", Kind.NODE, int(n), t, t + float(rng.uniform(*sh.STALE_S)),
+                                     {"exporter": "dcgm"}))
+
+    def _fault_nodes(self, fault: Fault) -> list[int]:
+        f = self.fleet
+        if fault.kind == Kind.NODE:
+            return [fault.index]
+        if fault.kind == Kind.GPU:
+            return [int(f.gpu_node[fault.index])]
+        if fault.kind == Kind.NIC:
+            return [int(f.nic_node[fault.index])]
+        if fault.kind == Kind.LINK and f.link_nic[fault.index] >= 0:
+            return [int(f.nic_node[f.link_nic[fault.index]])]
+        if fault.kind == Kind.COOLING_LOOP:
+            return np.flatnonzero(f.node_loop == fault.index).tolist()
+        return []
 
     def _place(self, kind: Kind, busy_nodes: set[int], busy_loops: set[int], busy_storage: set[int]) -> int | None:
         f, rng = self.fleet, self.rng
@@ -340,7 +398,7 @@ class Scenario:
         if not warmup:
             for fault in self.faults:
                 if t >= fault.start_s:
-                    CLASSES[fault.cls].apply(sim, fault, t - fault.start_s, self.spec.scrape_s)
+                    self._apply_fault(fault, t)
         jobs = self._job_state(t, warmup)
         nodes = self._node_state(t, warmup)
         sim.advance_off_bus()
@@ -354,8 +412,55 @@ class Scenario:
         out.update(self._fabric_series(run))
         out.update(self._facility_series(supply_c, flow_lpm, rise_c))
         out.update(self._storage_series(jobs))
+        if self.shifted:
+            out.update(self._shifted_series(run))
+            self._stale(out, t)
         self._blank_gaps(out, t, nodes)
         return out
+
+    def _shifted_series(self, run: _GpuRun) -> dict[str, np.ndarray]:
+        """Series only the held-out histories write: PCIe link state, host EDAC counters, HBM heat."""
+        sim = self.sim
+        # Links drop to Gen1 when the GPU idles (ASPM / link-speed management) and train back at load.
+        gen = np.where(run.active | run.paused, 5.0, 1.0)
+        out = {"DCGM_FI_DEV_PCIE_LINK_GEN": gen, "DCGM_FI_DEV_PCIE_LINK_WIDTH": sim.mods.pcie_width.copy()}
+        for name, arr in sim.node_cnt.items():
+            out[name] = arr.copy()
+        return out
+
+    def _stale(self, out: dict[str, np.ndarray], t: float) -> None:
+        """A stale exporter serves its last scrape again: the node's dcgm series stop changing."""
+        stale = [e.index for e in self._active_events(t, "exporter_stale")]
+        if stale and self._last_out:
+            gs = np.isin(self.fleet.gpu_node, stale)
+            for s in SERIES:
+                if s.kind == Kind.GPU and s.exporter == "dcgm" and s.name in self._last_out:
+                    out[s.name][gs] = self._last_out[s.name][gs]
+        self._last_out = {k: v.copy() for k, v in out.items()}
+
+    def _apply_fault(self, fault: Fault, t: float) -> None:
+        """A fault's change this scrape, scaled by its onset (held-out physics) — a step at full strength."""
+        sim, since = self.sim, t - fault.start_s
+        onset = fault.state.get("onset")
+        hard = fault.hard_failure_s is not None and t >= fault.hard_failure_s
+        w = 1.0 if onset is None else onset.weight(since, hard)
+        if w <= 0.0:
+            return
+        if w >= 1.0:
+            CLASSES[fault.cls].apply(sim, fault, since, self.spec.scrape_s)
+            return
+        mods = {k: v.copy() for k, v in vars(sim.mods).items()}
+        cnt = {k: v.copy() for k, v in sim.cnt.g.items() if k not in _GAUGES}
+        cnt_n = {k: v.copy() for k, v in sim.cnt.n.items()}
+        cnt_nd = {k: v.copy() for k, v in sim.node_cnt.items()}
+        CLASSES[fault.cls].apply(sim, fault, since, self.spec.scrape_s)
+        for k, before in mods.items():
+            after = getattr(sim.mods, k)
+            setattr(sim.mods, k, (after if w >= 0.5 else before) if k in _STEP_MODS
+                    else sh.blend(before, after, w, self.rng, counter=False))
+        for store, snap in ((sim.cnt.g, cnt), (sim.cnt.n, cnt_n), (sim.node_cnt, cnt_nd)):
+            for k, before in snap.items():
+                store[k] = sh.blend(before, store[k], w, self.rng, counter=True)
 
     def _job_state(self, t: float, warmup: bool) -> _JobState:
         """Jobs running, checkpointing or down this scrape; their intensity after load changes."""
@@ -407,6 +512,8 @@ class Scenario:
             elif e.what == "exporter_restart" and e.t_s <= t < e.end_s:
                 (nodes.dcgm_gap if e.detail["exporter"] == "dcgm" else nodes.nodeexp_gap)[e.index] = True
         nodes.gap |= rng.random(nn) < self.spec.gap_rate
+        nodes.gap |= sim.node_down
+        nodes.idle |= sim.node_down
         return nodes
 
     def _facility(self, t: float) -> tuple[np.ndarray, np.ndarray]:
@@ -414,7 +521,8 @@ class Scenario:
         hw, rng, loops = self.hw, self.rng, len(self.fleet.loop_names)
         supply_c = (hw.supply_base + hw.diurnal_amp * np.sin(2 * np.pi * t / 86400.0 + hw.diurnal_phase)
                     + 0.08 * rng.standard_normal(loops))
-        flow_lpm = hw.flow_rated * self.sim.mods.flow_factor * (1 + 0.004 * rng.standard_normal(loops))
+        noise = sh.FLOW_NOISE_SD[self.spec.physics]
+        flow_lpm = hw.flow_rated * self.sim.mods.flow_factor * (1 + noise * rng.standard_normal(loops))
         return supply_c, flow_lpm
 
     def _run_gpus(self, jobs: _JobState, nodes: _NodeState) -> _GpuRun:
@@ -496,6 +604,9 @@ class Scenario:
         n["node_infiniband_port_transmit_wait_total"] += (hw.xmit_rate * run.nic_load * sim.mods.xmit_wait_factor * dt
                                                           * np.exp(0.2 * rng.standard_normal(nics))).round()
         n["node_infiniband_symbol_error_total"] += rng.poisson(np.where(rng.random(nics) < 0.003, 1.0, 0.0))
+        for name, (kind, rate, burst) in self.background.items():
+            store = c if kind == "gpu" else n if kind == "nic" else sim.node_cnt
+            store[name] += sh.background_increments(rng, rate, burst, dt)
 
     # ---- what the exporters show ----------------------------------------------------------------------
     def _gpu_series(self, run: _GpuRun, jobs: _JobState, nodes: _NodeState) -> dict[str, np.ndarray]:
@@ -506,7 +617,8 @@ class Scenario:
                         np.where(run.paused, rng.integers(0, 7, g), 0)).astype(float)
         clock_shown = np.where(run.active, run.clk_mhz, np.where(run.paused, ph.MAX_CLOCK_MHZ, ph.IDLE_CLOCK_MHZ))
         out["DCGM_FI_DEV_GPU_TEMP"] = np.round(sim.temp + 0.35 * rng.standard_normal(g))
-        out["DCGM_FI_DEV_MEMORY_TEMP"] = np.round(sim.temp + hw.mem_offset + 0.35 * rng.standard_normal(g))
+        out["DCGM_FI_DEV_MEMORY_TEMP"] = np.round(sim.temp + hw.mem_offset + sim.mods.mem_temp_add_c
+                                                  + 0.35 * rng.standard_normal(g))
         out["DCGM_FI_DEV_SM_CLOCK"] = np.round(clock_shown / ph.CLOCK_STEP_MHZ) * ph.CLOCK_STEP_MHZ
         out["DCGM_FI_DEV_POWER_USAGE"] = np.round(run.power_w + sim.power_offset[self.fleet.gpu_node], 3)
         out["DCGM_FI_DEV_GPU_UTIL"] = util
@@ -558,10 +670,14 @@ class Scenario:
         g_gap = nodes.gap[f.gpu_node] | nodes.dcgm_gap[f.gpu_node] | self.sim.off_bus
         nic_gap = nodes.gap[f.nic_node] | nodes.nodeexp_gap[f.nic_node]
         for s in SERIES:
+            if s.name not in out:  # written by the held-out physics only
+                continue
             if s.kind == Kind.GPU:
                 out[s.name][g_gap] = np.nan
             elif s.kind == Kind.NIC:
                 out[s.name][nic_gap] = np.nan
+            elif s.kind == Kind.NODE:
+                out[s.name][nodes.gap | nodes.nodeexp_gap] = np.nan
         if any(e.what == "prometheus_missed_scrape" and e.t_s <= t < e.t_s + self.spec.scrape_s for e in self.events):
             for arr in out.values():
                 arr[:] = np.nan
@@ -620,7 +736,10 @@ class Scenario:
             ev.append(d)
         return {"spec": {"gpus": self.spec.gpus, "minutes": self.spec.minutes, "seed": self.spec.seed,
                          "scrape_s": self.spec.scrape_s, "start": s0, "end": s0 + self.window_s,
-                         "faults": list(self.spec.faults)},
+                         "faults": list(self.spec.faults), "physics": self.spec.physics,
+                         "generator_version": sh.GENERATOR_VERSION},
+                "onsets": {f"F{i + 1:02d}": vars(fl.state["onset"]) for i, fl in enumerate(self.faults)
+                           if "onset" in fl.state},
                 "warm_but_healthy": [self.fleet.gpu_names[g] for g in self.warm_gpus.tolist()],
                 "warm_throttled": [self.fleet.gpu_names[g] for g in self.warm_gpus.tolist()
                                    if not np.isnan(self.sim.first_throttle[g])],

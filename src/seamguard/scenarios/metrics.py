@@ -32,7 +32,8 @@ class Series:
     help: str = ""
 
 
-G, N, L, C, R, S, J = Kind.GPU, Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK, Kind.STORAGE, Kind.JOB
+G, N, L, C, R, S, J, ND = (Kind.GPU, Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK, Kind.STORAGE, Kind.JOB,
+                           Kind.NODE)
 
 SERIES: tuple[Series, ...] = (
     # dcgm-exporter (default and DCP field lists)
@@ -51,6 +52,8 @@ SERIES: tuple[Series, ...] = (
     Series("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", G, "dcgm", True, "PCIe replays"),
     Series("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", G, "dcgm", True, "NVLink flow-control CRC errors"),
     Series("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", G, "dcgm", True, "NVLink replays"),
+    Series("DCGM_FI_DEV_PCIE_LINK_GEN", G, "dcgm", True, "PCIe link generation"),
+    Series("DCGM_FI_DEV_PCIE_LINK_WIDTH", G, "dcgm", True, "PCIe link width (lanes)"),
     Series(_known("DCGM_FI_DEV_THERMAL_VIOLATION"), G, "dcgm", True, "throttled for thermal limits (us)"),
     Series("DCGM_FI_DEV_POWER_VIOLATION", G, "dcgm", True, "throttled for power limits (us)"),
     # the training runtime's own per-rank and per-job progress
@@ -64,6 +67,9 @@ SERIES: tuple[Series, ...] = (
     Series(_known("node_infiniband_symbol_error_total"), N, "node", True, "symbol errors"),
     Series(_known("node_infiniband_port_transmit_wait_total"), N, "node", True, "ticks waiting for credits"),
     Series("node_infiniband_port_errors_received_total", N, "node", True, "received packets with errors"),
+    # node_exporter edac collector (held-out histories only)
+    Series("node_edac_correctable_errors_total", ND, "node", True, "correctable memory errors"),
+    Series("node_edac_uncorrectable_errors_total", ND, "node", True, "uncorrectable memory errors"),
     # fabric probes, facilities, storage (seamguard's documented names)
     Series(_known("seamguard_fabric_link_latency_us"), L, "probe", False, "probe round trip (us)"),
     Series(_known("seamguard_coolant_flow_lpm"), C, "facility", False, "coolant flow (l/min)"),

@@ -45,7 +45,7 @@ class OpenMetricsWriter:
         self._dir = Path(tempfile.mkdtemp(prefix="seamguard-om-"))
         self._fh = {s.name: open(self._dir / f"{i:03d}", "w", encoding="utf-8") for i, s in enumerate(SERIES)}
         self._static = {k: self._static_labels(k) for k in (Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK,
-                                                            Kind.STORAGE, Kind.JOB)}
+                                                            Kind.STORAGE, Kind.JOB, Kind.NODE)}
         self._gpu_cache: dict[tuple[str, str], list[str]] = {}
         self.samples = 0
 
@@ -58,6 +58,8 @@ class OpenMetricsWriter:
                 dev = name[len(node) + 1:] if name.startswith(node + "/") else f"mlx5_{int(f.nic_rail[i])}"
                 out.append(_labels({"device": dev, "instance": f"{node}:9100", "job": "node", "port": "1"}))
             return out
+        if kind == Kind.NODE:  # node_exporter's edac collector: one memory controller summed per node here
+            return [_labels({"controller": "0", "instance": f"{n}:9100", "job": "node"}) for n in f.node_names]
         if kind == Kind.RACK:
             return [_labels({"cooling_loop": f.loop_names[int(f.rack_loop[i])], "instance": "bms:9200",
                              "job": "facility", "rack": r}) for i, r in enumerate(f.rack_names)]

@@ -59,13 +59,16 @@ class Mods:
     storage_factor: np.ndarray  # per storage path
     xmit_wait_factor: np.ndarray  # per NIC
     nic_down: np.ndarray  # per NIC bool
+    pcie_width: np.ndarray  # per GPU, lanes the link trained to
+    mem_temp_add_c: np.ndarray  # per GPU, HBM hotter than the die's model says (held-out classes)
 
     @classmethod
     def fresh(cls, f: Fleet) -> Mods:
         g, n = len(f.gpu_names), len(f.node_names)
         return cls(np.ones(len(f.loop_names)), np.ones(g), np.ones(g), np.full(g, np.inf), np.ones(g),
                    np.ones(n), np.ones(len(f.link_names)), np.ones(len(f.storage_names)),
-                   np.ones(len(f.nic_names)), np.zeros(len(f.nic_names), dtype=bool))
+                   np.ones(len(f.nic_names)), np.zeros(len(f.nic_names), dtype=bool), np.full(g, 16.0),
+                   np.zeros(g))
 
 
 @dataclass

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 import yaml
 
@@ -27,20 +30,32 @@ class GeneratedScenario:
     incidents: list[dict]
 
 
-def generate_files(spec: ScenarioSpec, out_dir: Path) -> GeneratedScenario:
-    """Write ``history.om``, ``topology.yaml``, ``labels.yaml`` and ``truth.json`` under ``out_dir``."""
+Sink = Callable[[float, dict[str, np.ndarray], list[str]], None]
+
+
+def generate_files(spec: ScenarioSpec, out_dir: Path, also: Sink | None = None) -> GeneratedScenario:
+    """Write ``history.om``, ``topology.yaml``, ``labels.yaml`` and ``truth.json`` under ``out_dir``;
+    ``also`` sees every scrape too (a second reader of the same history, e.g. another detector)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sc = Scenario(spec)
     writer = OpenMetricsWriter(out_dir / "history.om", sc.fleet)
-    sc.run(writer)
+    if also is None:
+        sc.run(writer)
+    else:
+        def both(t: float, values: dict[str, np.ndarray], driver: list[str]) -> None:
+            writer(t, values, driver)
+            also(t, values, driver)
+
+        sc.run(both)
     writer.close()
     topo = out_dir / "topology.yaml"
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     topo.write_text(yaml.dump(fleet_to_topology(sc.fleet), Dumper=dumper, sort_keys=False), encoding="utf-8")
     incidents = sc.labels()
     labels = write_labels(out_dir / "labels.yaml", incidents,
-                          source=f"seamguard scenarios generate --gpus {spec.gpus} --seed {spec.seed}")
+                          source=f"seamguard scenarios generate --gpus {spec.gpus} --seed {spec.seed}"
+                                 f" (physics {spec.physics})")
     truth = out_dir / "truth.json"
     truth.write_text(json.dumps(sc.truth(), indent=1) + "\n", encoding="utf-8")
     return GeneratedScenario(out_dir / "history.om", topo, labels, truth, spec.start_unix,

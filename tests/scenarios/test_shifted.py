@@ -1,0 +1,169 @@
+"""The held-out physics: gradual and intermittent onsets, healthy backgrounds, classes with no
+channel, and a version that pins the histories it makes."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from seamguard.scenarios import Scenario, ScenarioSpec
+from seamguard.scenarios.faults import FAULT_CLASS_NAMES, HELDOUT_CLASS_NAMES
+from seamguard.scenarios.shifted import BACKGROUND, GENERATOR_VERSION, Onset
+
+# sha256 of a small held-out history (values rounded to 0.1) per generator version: a change to
+# the physics that does not bump GENERATOR_VERSION fails here.
+DIGESTS = {"2026.12-1": "3732bfcd96af28e0da3926de1df9314740d0a18d88f85525fc14d20b0b24530c"}
+
+
+def _run(spec: ScenarioSpec, onset: Onset | None = None):
+    sc = Scenario(spec)
+    if onset is not None:
+        for f in sc.faults:
+            f.state["onset"] = onset
+    rows: list[tuple[float, dict]] = []
+    sc.run(lambda t, v, d: rows.append((t - spec.start_unix, {k: a.copy() for k, a in v.items()})))
+    return sc, rows
+
+
+def _clock_deficit(sc, rows):
+    """Per scrape after the fault's start: 1 - the faulty GPU's clock / its node peers' median, at load."""
+    f = sc.faults[0]
+    peers = np.flatnonzero((sc.fleet.gpu_node == sc.fleet.gpu_node[f.index]) & (np.arange(len(sc.fleet.gpu_names))
+                                                                                 != f.index))
+    out = []
+    for t, v in rows:
+        clk, util = v["DCGM_FI_DEV_SM_CLOCK"], v["DCGM_FI_DEV_GPU_UTIL"]
+        if t < f.start_s or not np.isfinite(clk[f.index]) or util[f.index] < 50:
+            continue
+        out.append((t - f.start_s, 1 - clk[f.index] / np.nanmedian(clk[peers])))
+    return np.array(out)
+
+
+def test_ramp_onset_grows_gradually_to_full_strength():
+    spec = ScenarioSpec(gpus=64, minutes=60, seed=1001, physics="shifted", faults=("fail_slow_gpu",))
+    sc, rows = _run(spec, Onset("ramp", ramp_s=900.0))
+    d = _clock_deficit(sc, rows)
+    full = sc.faults[0].params["clock"]
+    early = d[d[:, 0] <= 120, 1]
+    mid = d[(d[:, 0] >= 400) & (d[:, 0] <= 500), 1]
+    late = d[d[:, 0] >= 960, 1]
+    assert len(early) and len(mid) and len(late)
+    assert early.max() < 0.35 * (1 - full)  # a step would show the whole deficit at once
+    assert 0.3 * (1 - full) < np.median(mid) < 0.75 * (1 - full)
+    assert np.median(late) > 0.85 * (1 - full)
+
+
+def test_intermittent_fault_toggles_on_and_off():
+    spec = ScenarioSpec(gpus=64, minutes=60, seed=1002, physics="shifted", faults=("fail_slow_gpu",))
+    sc, rows = _run(spec, Onset("intermittent", on_s=120.0, off_s=240.0))
+    d = _clock_deficit(sc, rows)
+    on = d[:, 1] > 0.5 * (1 - sc.faults[0].params["clock"])
+    toggles = int(np.count_nonzero(on[1:] != on[:-1]))
+    assert on.any() and (~on).any()
+    assert toggles >= 3
+    phase_on = (d[:, 0] % 360.0) < 120.0
+    assert np.mean(on == phase_on) > 0.85  # on exactly when its schedule says
+
+
+def _increases(rows, name):
+    a = np.array([v[name] for _, v in rows], dtype=float)
+    with np.errstate(invalid="ignore"):
+        d = np.diff(a, axis=0)
+    return np.where(np.isfinite(d) & (d > 0), d, 0.0).sum(axis=0)
+
+
+@pytest.mark.parametrize("kind", ["gpu", "nic", "node"])
+def test_healthy_fleet_has_background_errors_on_every_counter_at_documented_shares(kind):
+    rows = _run(ScenarioSpec(gpus=512, minutes=60, seed=1003, physics="shifted"))[1]
+    dev_rows = _run(ScenarioSpec(gpus=512, minutes=60, seed=1003))[1]
+    n = {"gpu": 512, "nic": len(rows[0][1]["node_infiniband_state_id"]), "node": 64}[kind]
+    for name, share, per_h, burst in BACKGROUND[kind]:
+        inc = _increases(rows, name)
+        dev = _increases(dev_rows, name) if name in dev_rows[0][1] else np.zeros(1)
+        if dev.sum() > 0:  # the development physics' own noise is there too: only more of it
+            assert inc.sum() > 0, name
+            continue
+        # The documented rate: events per hour = entities x prone share x rate (lognormal spread,
+        # mean exp(0.7^2 / 2)), each a burst. Rare counters may show nothing in an hour.
+        events = n * share * per_h * np.exp(0.245)
+        if events >= 5:
+            assert inc.sum() > 0, name
+        assert inc.sum() <= 3 * events * burst[1] + 10, (name, inc.sum(), events)
+        if events >= 5:
+            assert inc.sum() >= 0.25 * events * burst[0], (name, inc.sum(), events)
+        assert float(np.mean(inc > 0)) <= min(1.0, 2.5 * share), (name, float(np.mean(inc > 0)), share)
+    assert "node_edac_correctable_errors_total" not in dev_rows[0][1]  # development physics unchanged
+
+
+def test_flow_noise_and_checkpoints_are_wider_when_shifted():
+    spec = dict(gpus=512, minutes=60, seed=1004)
+    dev, dev_rows = _run(ScenarioSpec(**spec))
+    sh, sh_rows = _run(ScenarioSpec(**spec, physics="shifted"))
+
+    def noise(rows):
+        f = np.array([v["seamguard_coolant_flow_lpm"] for _, v in rows])
+        return float(np.nanmedian(np.nanstd(f / np.nanmedian(f, axis=0), axis=0)))
+
+    assert noise(dev_rows) < 0.006 < 0.008 < noise(sh_rows) < 0.013
+    lengths = [e.end_s - e.t_s for e in sh.events if e.what == "checkpoint"]
+    assert max(lengths) > 150 and max(lengths) <= 300
+    assert any(e.what == "exporter_stale" for e in sh.events)
+
+
+def test_stale_exporter_repeats_its_last_values():
+    sc, rows = _run(ScenarioSpec(gpus=512, minutes=60, seed=1005, physics="shifted"))
+    e = next(e for e in sc.events if e.what == "exporter_stale")
+    gs = np.flatnonzero(sc.fleet.gpu_node == e.index)
+    inside = [v["DCGM_FI_DEV_POWER_USAGE"][gs] for t, v in rows if e.t_s + 30 <= t < e.end_s]
+    assert len(inside) >= 4
+    finite = [x for x in inside if np.isfinite(x).all()]
+    assert all(np.array_equal(finite[0], x) for x in finite)  # power never repeats to the milliwatt by itself
+    after = [v["DCGM_FI_DEV_POWER_USAGE"][gs] for t, v in rows if t >= e.end_s + 30]
+    assert after and not all(np.array_equal(after[0], x) for x in after)
+
+
+def test_classes_without_a_channel_change_only_what_their_physics_says():
+    assert set(FAULT_CLASS_NAMES) < set(HELDOUT_CLASS_NAMES)
+    spec = ScenarioSpec(gpus=256, minutes=60, seed=1006, physics="shifted",
+                        faults=("pcie_downtrain", "host_memory_ue", "hbm_heat"))
+    sc, rows = _run(spec, Onset())
+    by = {f.cls: f for f in sc.faults}
+    pd, hm, hb = by["pcie_downtrain"], by["host_memory_ue"], by["hbm_heat"]
+    last = rows[-1][1]
+    assert last["DCGM_FI_DEV_PCIE_LINK_WIDTH"][pd.index] in (4.0, 8.0)
+    assert np.nanmin(rows[0][1]["DCGM_FI_DEV_PCIE_LINK_WIDTH"]) == 16.0
+    ce = _increases([r for r in rows if r[0] >= hm.start_s], "node_edac_correctable_errors_total")
+    assert ce[hm.index] > 0
+    if hm.hard_failure_s is not None:
+        ue = _increases(rows, "node_edac_uncorrectable_errors_total")
+        assert ue[hm.index] == 1
+        gone = [v["DCGM_FI_DEV_GPU_TEMP"][sc.fleet.gpu_node == hm.index] for t, v in rows if t > hm.hard_failure_s + 60]
+        assert gone and all(np.isnan(x).all() for x in gone)  # the host crashed: its series vanished
+    before = [v for t, v in rows if t < hb.start_s]
+    after = [v for t, v in rows if t > hb.start_s + hb.params["ramp_s"]]
+    gap = lambda vs, n: np.nanmedian([v["DCGM_FI_DEV_MEMORY_TEMP"][hb.index] - v["DCGM_FI_DEV_GPU_TEMP"][hb.index]
+                                      for v in vs])  # noqa: E731
+    assert gap(after, 0) - gap(before, 0) > 0.8 * hb.params["rise_c"]
+
+
+def test_generator_version_pins_the_history_and_is_recorded():
+    sc, rows = _run(ScenarioSpec(gpus=64, minutes=20, seed=1000, physics="shifted",
+                                 faults=("ecc_sbe", "pcie_downtrain", "nic_link_flap")))
+    assert sc.truth()["spec"]["generator_version"] == GENERATOR_VERSION
+    assert sc.truth()["spec"]["physics"] == "shifted"
+    h = hashlib.sha256()
+    for t, v in rows:
+        for k in sorted(v):
+            h.update(k.encode())
+            h.update(np.nan_to_num(np.round(v[k].astype(float), 1), nan=-1.0).tobytes())
+    assert GENERATOR_VERSION in DIGESTS, "new generator version: record its digest"
+    assert h.hexdigest() == DIGESTS[GENERATOR_VERSION], (
+        f"the held-out history changed ({h.hexdigest()}) without a new GENERATOR_VERSION: bump it, "
+        "and evaluate again on held-out seeds")
+
+
+def test_unknown_physics_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="physics must be one of dev, shifted"):
+        ScenarioSpec(physics="wild")
