@@ -1,19 +1,22 @@
-"""One controller tick (assess + decide) on a generated 100k-GPU fleet, on one core, warm.
+"""One controller tick (assess + decide) on a generated 100k-GPU (or ``--gpus``) fleet, on one core, warm.
 
 The timed ticks run after enough ticks for every per-entity baseline to be warm
 (``assess.baselines.warm_samples`` plus a few), so the figure includes baseline learning
 and the drift channels, as a controller that has been running does.
 
-Prints the same tick on a 10k fleet beside it to show how cost grows, and, on the 10k
-fleet, the baseline a user would otherwise write — a per-entity Python loop of health
+Prints the same tick on a fleet a tenth the size beside it to show how cost grows, and, on
+that fleet, the baseline a user would otherwise write — a per-entity Python loop of health
 checks with peer medians — for the GPU evidence alone, with the ratio.
 
     python benchmarks/tick.py            # 100k and 10k GPUs
     python benchmarks/tick.py --quick    # 20k and 2k GPUs, fewer repeats
+    python benchmarks/tick.py --gpus 1000000   # 1M and 100k GPUs (about 3.5 GiB)
 
 Last line: one JSON object with gpus, tick_s, tick_s_10k, peak_rss_mib, baseline figures;
 the same object, with the commit and machine load, goes to benchmarks/results/tick.json
-(tick_quick.json with --quick; ``--out`` names another file).
+(tick_quick.json with --quick, tick_<gpus>.json with ``--gpus``; ``--out`` names another file).
+Beside the wall time, ``tick_cpu_s`` is the process's CPU time for the same tick (less
+moved by other work on a shared machine than the wall time, never less than it on one core).
 """
 
 from __future__ import annotations
@@ -52,14 +55,14 @@ def measure(gpus: int, warm_ticks: int, timed_ticks: int) -> dict:
     node_state = np.zeros(fleet.count(Kind.NODE), dtype=np.int8)
     dstate = DecideState()
     deps = all_dependents(fleet)
-    times, a_times = [], []
+    times, a_times, cpu_times = [], [], []
     for i in range(warm_ticks + timed_ticks):
         frame = twin.step()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         a = assess(fleet, frame, hist, states, policy.assess, deps, node_state, base=base)
         t1 = time.perf_counter()
         _, dstate = decide(fleet, a, policy, dstate, set())
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         hist.push(frame)
         states = {k: a.kinds[k].states for k in a.kinds}
         base = a.baselines
@@ -67,10 +70,11 @@ def measure(gpus: int, warm_ticks: int, timed_ticks: int) -> dict:
         if i >= warm_ticks:
             times.append(t2 - t0)
             a_times.append(t1 - t0)
+            cpu_times.append(c2 - c0)
     warm = base.warm_counts(policy.assess.baselines)
     return {"gpus": fleet.count(Kind.GPU), "tick_s": statistics.median(times),
             "warm_gpus": warm["gpu"], "baseline_mib": sum(v.nbytes for v in base.to_arrays().values()) / 2**20,
-            "assess_s": statistics.median(a_times), "entities": sum(fleet.summary().values()),
+            "assess_s": statistics.median(a_times), "tick_cpu_s": statistics.median(cpu_times), "entities": sum(fleet.summary().values()),
             "fleet": fleet, "frame": frame}
 
 
@@ -102,12 +106,18 @@ def baseline_gpu_checks(fleet, frame) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller fleets, about a minute")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="GPUs of the large fleet (default 100000, 20000 with --quick); the small one is a tenth")
     ap.add_argument("--out", type=Path, default=None,
                     help="result file (default: benchmarks/results/tick.json, tick_quick.json with --quick)")
     args = ap.parse_args()
-    out = args.out or RESULTS_DIR / ("tick_quick.json" if args.quick else "tick.json")
+    if args.gpus is not None and args.gpus < 1000:
+        ap.error(f"--gpus must be at least 1000, got {args.gpus}")
+    default_name = "tick_quick.json" if args.quick else "tick.json"
+    out = args.out or RESULTS_DIR / (default_name if args.gpus is None else f"tick_{args.gpus}.json")
     started = provenance()
-    big, small = (20_000, 2_000) if args.quick else (100_000, 10_000)
+    big = args.gpus or (20_000 if args.quick else 100_000)
+    small = big // 10
     w = default_policy().assess.baselines.warm_samples
     warm, timed = (w + 2, 5) if args.quick else (w + 3, 8)
     s = measure(small, warm, timed)
@@ -122,15 +132,16 @@ def main() -> None:
     ours_gpu_s = (time.perf_counter() - t0) / 5
     b = measure(big, warm, timed)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"{'gpus':>8} {'entities':>9} {'tick_s':>8} {'assess_s':>9}")
+    print(f"{'gpus':>8} {'entities':>9} {'tick_s':>8} {'assess_s':>9} {'cpu_s':>8}")
     for r in (s, b):
-        print(f"{r['gpus']:>8} {r['entities']:>9} {r['tick_s']:>8.3f} {r['assess_s']:>9.3f}")
+        print(f"{r['gpus']:>8} {r['entities']:>9} {r['tick_s']:>8.3f} {r['assess_s']:>9.3f} {r['tick_cpu_s']:>8.3f}")
     print(f"GPU checks on {s['gpus']} GPUs: per-entity Python loop {base_s * 1000:.1f} ms, "
           f"seamguard vectorized (more evidence) {ours_gpu_s * 1000:.1f} ms, ratio {base_s / ours_gpu_s:.1f}x")
     print(f"warm baselines: {b['warm_gpus']} of {b['gpus']} GPUs, {b['baseline_mib']:.1f} MiB of baseline state")
     print(f"peak RSS {peak_mib:.0f} MiB; growth {b['tick_s'] / s['tick_s']:.1f}x for {b['gpus'] / s['gpus']:.0f}x GPUs")
-    result = {"gpus": b["gpus"], "tick_s": round(b["tick_s"], 4),
-                      "tick_s_10k" if not args.quick else "tick_s_small": round(s["tick_s"], 4),
+    result = {"gpus": b["gpus"], "tick_s": round(b["tick_s"], 4), "tick_cpu_s": round(b["tick_cpu_s"], 4),
+                      "tick_s_10k" if small == 10_000 else "tick_s_small": round(s["tick_s"], 4),
+                      "tick_cpu_s_small": round(s["tick_cpu_s"], 4),
                       "small_gpus": s["gpus"], "peak_rss_mib": round(peak_mib, 1), "warm_gpus": b["warm_gpus"],
                       "baseline_mib": round(b["baseline_mib"], 2),
                       "baseline_gpu_loop_s": round(base_s, 4), "seamguard_gpu_evidence_s": round(ours_gpu_s, 4),
