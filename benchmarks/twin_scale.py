@@ -63,14 +63,14 @@ GPU_RESULTS = RESULTS.parent / "gpu_runtime_h100.json"
 
 def _recorded_at(path: Path) -> float:
     """When a result was measured: its ``provenance.utc`` (benchmarks/_record.py), else the
-    time of the last commit that touched the file; 0 when neither is known."""
+    time of the last commit that touched the file, else (not committed yet) its mtime."""
     try:
         utc = json.loads(path.read_text()).get("provenance", {}).get("utc")
         return float(calendar.timegm(time.strptime(utc, "%Y-%m-%dT%H:%M:%SZ")))
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     out = _git("log", "-1", "--format=%ct", "--", str(path))
-    return float(out) if out else 0.0
+    return float(out) if out else path.stat().st_mtime
 
 
 def newest_detection_result(folder: Path = RESULTS.parent) -> tuple[Path | None, DetectionModel | None]:

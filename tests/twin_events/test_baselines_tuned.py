@@ -90,12 +90,14 @@ def test_detection_model_samples_misses_and_delays_from_the_measured_distributio
     m = parse_detection_results(doc, "d.json")
     rng = np.random.default_rng(1)
     draws = [m.sample_delay_s("fail_slow_compute", rng) for _ in range(40_000)]
-    # power_brake: 30 of 50 incidents, always found at once; the others 70 % found
+    # power_brake: 30 incidents, always found at once; every other class 10, 70 % found
+    others = 10 * (len(TWIN_EVENT_CLASSES["fail_slow_compute"]) - 1)
     found = np.array([d for d in draws if d is not None])
-    assert sum(d is None for d in draws) / len(draws) == pytest.approx(0.4 * 0.3, abs=0.01)
-    assert m.recall("fail_slow_compute") == pytest.approx(0.88)
+    miss = others / (30 + others) * 0.3
+    assert sum(d is None for d in draws) / len(draws) == pytest.approx(miss, abs=0.01)
+    assert m.recall("fail_slow_compute") == pytest.approx(1.0 - miss)
     zero = np.count_nonzero(found == 0.0) / len(draws)
-    assert zero == pytest.approx(0.6, abs=0.01)
+    assert zero == pytest.approx(30 / (30 + others), abs=0.01)
     late = found[found > 0]
     assert np.median(late) == pytest.approx(60.0, rel=0.05)
     assert np.percentile(late, 90) == pytest.approx(240.0, rel=0.06)
@@ -109,8 +111,16 @@ def test_detection_results_refused_in_one_line(tmp_path):
         parse_detection_results({"overall": {}}, "d.json")
     bad = _detection_doc(1.0, 30.0, 30.0)
     bad["current"]["per_class"]["ecc_sbe"]["recall"] = 1.5
-    with pytest.raises(ValueError, match=r"per_class.ecc_sbe needs incidents > 0 and a recall"):
+    with pytest.raises(ValueError, match=r"^d.json: per_class.ecc_sbe needs a recall in \[0, 1\]"):
         parse_detection_results(bad, "d.json")
+    # the arms layout: the held-out arm's seamguard block, precision per alarm
+    held = _detection_doc(0.5, 30.0, 30.0, precision=0.9)["current"]
+    held["overall"]["precision_per_alarm"] = 0.8
+    dev = _detection_doc(1.0, 30.0, 30.0)["current"]
+    arms = {"arms": {"dev": {"seamguard": dev}, "heldout": {"seamguard": held}}}
+    m = parse_detection_results(arms, "a.json")
+    assert m.source == "a.json (arm heldout)" and m.precision == 0.8
+    assert m.recall("cooling") == pytest.approx(0.5)
     f = tmp_path / "det.json"
     f.write_text("{")
     with pytest.raises(ValueError, match="cannot read detection results"):

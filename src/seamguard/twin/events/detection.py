@@ -15,11 +15,17 @@ median is 0 — found at onset — is 0 up to its median and grows linearly to i
 
 Which detector classes stand for which twin event (the twin has fewer, coarser events):
 
-* ``fail_slow_compute``: ``fail_slow_gpu``, ``power_brake``, ``thermal_interface``;
+* ``fail_slow_compute``: ``fail_slow_gpu``, ``power_brake``, ``thermal_interface`` and the
+  held-out histories' ``pcie_downtrain``, ``hbm_heat``;
 * ``fail_slow_comm``: ``fabric_latency``, ``fabric_congestion``, ``ib_symbol_errors``;
 * ``cooling``: ``cooling_loop_flow``;
 * ``precursor`` (evidence ahead of a hard node failure): ``pcie_replay``, ``ecc_sbe``,
-  ``nvlink_errors``, ``row_remap``.
+  ``nvlink_errors``, ``row_remap`` and the held-out ``host_memory_ue``.
+
+Two result layouts are read: ``current`` (one detector on one set of histories) and
+``arms`` (per set of histories, each detector's block): there the ``heldout`` arm's
+``seamguard`` block, histories the detector was not developed on. A class the result
+did not score (no incidents) is left out of its event kind's mix.
 """
 
 from __future__ import annotations
@@ -37,10 +43,11 @@ __all__ = ["ClassDetection", "DetectionModel", "TWIN_EVENT_CLASSES", "parse_dete
 
 #: Detector fault classes (benchmarks/detection.py) behind each twin event kind.
 TWIN_EVENT_CLASSES: dict[str, tuple[str, ...]] = {
-    "fail_slow_compute": ("fail_slow_gpu", "power_brake", "thermal_interface"),
+    "fail_slow_compute": ("fail_slow_gpu", "power_brake", "thermal_interface", "pcie_downtrain",
+                          "hbm_heat"),
     "fail_slow_comm": ("fabric_latency", "fabric_congestion", "ib_symbol_errors"),
     "cooling": ("cooling_loop_flow",),
-    "precursor": ("pcie_replay", "ecc_sbe", "nvlink_errors", "row_remap"),
+    "precursor": ("pcie_replay", "ecc_sbe", "nvlink_errors", "row_remap", "host_memory_ue"),
 }
 
 _Z90 = 1.2815515655446004   # standard normal 90th percentile
@@ -113,17 +120,33 @@ def _num(d: Mapping[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def parse_detection_results(data: Mapping[str, Any], source: str) -> DetectionModel:
-    """A :class:`DetectionModel` from a benchmarks/detection.py result (``current.overall``
-    and ``current.per_class``); a one-line ``ValueError`` naming ``source`` and the field
-    when something it needs is missing."""
+def _detector_block(data: Mapping[str, Any], source: str) -> tuple[Mapping[str, Any], str]:
+    """The detector's figures in either layout (module docstring) and where they were."""
+    arms = data.get("arms") if isinstance(data, Mapping) else None
+    if isinstance(arms, Mapping) and arms:
+        arm = "heldout" if "heldout" in arms else sorted(arms)[0]
+        block = arms[arm].get("seamguard") if isinstance(arms[arm], Mapping) else None
+        if isinstance(block, Mapping) and isinstance(block.get("per_class"), Mapping):
+            return block, f"{source} (arm {arm})"
     cur = data.get("current") if isinstance(data, Mapping) else None
-    if not isinstance(cur, Mapping) or not isinstance(cur.get("per_class"), Mapping):
-        raise ValueError(f"{source}: not a benchmarks/detection.py result (no current.per_class)")
+    if isinstance(cur, Mapping) and isinstance(cur.get("per_class"), Mapping):
+        return cur, source
+    raise ValueError(f"{source}: not a benchmarks/detection.py result "
+                     "(no current.per_class or arms.<arm>.seamguard.per_class)")
+
+
+def parse_detection_results(data: Mapping[str, Any], source: str) -> DetectionModel:
+    """A :class:`DetectionModel` from a benchmarks/detection.py result; a one-line
+    ``ValueError`` naming ``source`` and the field when something it needs is missing.
+    Precision: per alarm (``precision_per_alarm``) where the result has it, else per
+    flagged entity (``precision``)."""
+    cur, source = _detector_block(data, source)
     per = cur["per_class"]
-    precision = _num(cur.get("overall") or {}, "precision")
+    overall = cur.get("overall") if isinstance(cur.get("overall"), Mapping) else {}
+    precision = _num(overall, "precision_per_alarm")
+    precision = precision if precision is not None else _num(overall, "precision")
     if precision is None or not 0.0 < precision <= 1.0:
-        raise ValueError(f"{source}: current.overall.precision must be in (0, 1], got {precision!r}")
+        raise ValueError(f"{source}: overall precision must be in (0, 1], got {precision!r}")
     classes: dict[str, tuple[ClassDetection, ...]] = {}
     for kind, names in TWIN_EVENT_CLASSES.items():
         found = []
@@ -133,15 +156,17 @@ def parse_detection_results(data: Mapping[str, Any], source: str) -> DetectionMo
                 continue
             inc, rec = _num(row, "incidents"), _num(row, "recall")
             p50, p90 = _num(row, "median_delay_s"), _num(row, "p90_delay_s")
-            if not inc or rec is None or not 0.0 <= rec <= 1.0:
-                raise ValueError(f"{source}: current.per_class.{n} needs incidents > 0 and a "
+            if not inc:
+                continue   # not scored in this result
+            if rec is None or not 0.0 <= rec <= 1.0:
+                raise ValueError(f"{source}: per_class.{n} needs a "
                                  f"recall in [0, 1], got {inc!r}, {rec!r}")
             if rec > 0 and (p50 is None or p90 is None or p50 < 0 or p90 < 0):
-                raise ValueError(f"{source}: current.per_class.{n} needs median_delay_s and "
+                raise ValueError(f"{source}: per_class.{n} needs median_delay_s and "
                                  f"p90_delay_s >= 0, got {p50!r}, {p90!r}")
             found.append(ClassDetection(n, int(inc), rec, p50 or 0.0, p90 or 0.0))
         if not found:
-            raise ValueError(f"{source}: current.per_class has none of {', '.join(names)} "
+            raise ValueError(f"{source}: per_class scored none of {', '.join(names)} "
                              f"(needed for the twin's {kind} events)")
         classes[kind] = tuple(found)
     return DetectionModel(source=source, classes=classes, precision=precision)
