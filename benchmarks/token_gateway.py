@@ -29,13 +29,15 @@ the history would have alerted):
   growing 3.5x every 2 minutes (capped at 5 requests/s; refused anyway), from one of its own
   sources; 30 minutes (--quick) or 1 h;
 - stealth: a second client following the key's own daily shape at 1.5x its rate, from a source
-  that tried the key once two days before (not new); 2 h (--quick) or to midnight.
+  that tried the key once two days before (not new); 1 h (--quick) or to midnight.
 
 Seed s of these leaks the key LEAK_KEYS[s % 3] (three daily shapes); seeds from ``--seed0`` (1000:
-held out — seeds 0-5 were used while developing the detector's bin-by-bin history rule). A third
-scenario, healthy keys (``healthy``), runs the detector alone over 2 (--quick) or 3 weeks of one key
-per seed with weekends at 30 %, days +-15 % and 20 % growth a week: its steps are false flags, beside
-the operator's alert-days and the requests its weekly-reset caps refuse.
+held out — seeds 0-5 were used while developing the detector's bin-by-bin history rule, seeds
+2000-2023 while developing its envelope throttle and rare-source evidence). A third scenario, healthy
+keys (``healthy``), runs the detector alone, its throttle applied, over 2 (--quick) or 3 weeks of one
+key per seed with weekends at 30 %, days +-20 % and 20 % growth a week (odd seeds: clients on 256
+addresses drawn afresh each day): its steps are false flags and what its throttle refused is counted,
+beside the operator's alert-days and the requests its weekly-reset caps refuse.
 
 Per system: ``time_to_detect_s`` (seamguard: the detector's first step on the key; static+alert:
 the alert), ``time_to_first_refusal_s`` (a leak request refused by a cap or a step),
@@ -51,7 +53,7 @@ Two modes, both printed:
   OpenAI backend, wall clock, the detector's history seeded with the same three simulated
   days ending now; live legitimate traffic at this hour's rates, then the leak.
 
-    PYTHONPATH=src python benchmarks/token_gateway.py --quick   # about two minutes
+    PYTHONPATH=src python benchmarks/token_gateway.py --quick   # 2 seeds, shorter replays
     PYTHONPATH=src python benchmarks/token_gateway.py
 
 The last line printed is one JSON object.
@@ -362,6 +364,9 @@ def score_leak(results, leak_t: float, system: str, steps: list, alerts: dict[st
             "healthy_keys_flagged": len(flagged),
             "legit_requests_rejected": sum(1 for r, st, _, _ in results if not r.zombie and r.key != leaked
                                            and st != 200),
+            "owner_requests_rejected": sum(1 for r, st, _, _ in results if not r.zombie and r.key == leaked
+                                           and st != 200),
+            "leaked_key_suspended": int(any(s["key"] == leaked and s["to"] == "suspended" for s in steps)),
             "leaked_key": leaked}
 
 
@@ -378,7 +383,8 @@ async def simulate_leak(system: str, history: list[Req], live: list[Req]) -> tup
     cfg = parse_gateway_config(config(system, history, {"type": "sqlite", "path": ":memory:"}), "bench")
     now = [live[0].t]
     gk = Gatekeeper(cfg, SqliteStore(":memory:"), GatewayLedger(":memory:"), GatewayMetrics(), clock=lambda: now[0])
-    seed_detector(gk.detector, history)
+    if system == "seamguard":  # the static system's detector is off: nothing to learn
+        seed_detector(gk.detector, history)
     heap: list = [(r.t, 1, i, r, None) for i, r in enumerate(live)]
     heapq.heapify(heap)
     results: list[tuple[Req, int, str, int]] = []
@@ -409,7 +415,7 @@ def run_leaks(seeds: int, quick: bool, seed0: int = 0) -> dict:
     """The ramp and the stealthy leak, each from 12:00 on day 3, seamguard and static+alert interleaved per
     seed; seed s leaks key LEAK_KEYS[s % 3] (seeds 0-5 were used while the detector was developed)."""
     leak_t = 3 * DAY + 12 * HOUR
-    after = {"ramp": 0.5 if quick else 1.0, "stealth": 2.0 if quick else 12.0}
+    after = {"ramp": 0.5 if quick else 1.0, "stealth": 1.0 if quick else 12.0}
     out: dict = {}
     for scenario, make in (("ramp", ramp_trace), ("stealth", stealth_trace)):
         runs: dict[str, list[dict]] = {"static+alert": [], "seamguard": []}
@@ -438,17 +444,23 @@ def run_leaks(seeds: int, quick: bool, seed0: int = 0) -> dict:
 
 
 # ---- healthy keys with real variance: false flags and legitimate refusals, both systems --------------------
-HEALTHY_GROWTH_PER_WEEK, HEALTHY_WEEKEND, HEALTHY_DAY_SIGMA = 1.2, 0.3, 0.15
+HEALTHY_GROWTH_PER_WEEK, HEALTHY_WEEKEND, HEALTHY_DAY_SIGMA = 1.2, 0.3, 0.2
+ROTATING_POOL = 256  # a rotating key's clients: this many addresses, a fresh set each day (a NAT pool, mobile)
 
 
-def healthy_days(key: str, weeks: int, rng: random.Random) -> list[list[Req]]:
+def healthy_days(key: str, weeks: int, rng: random.Random, rotating: bool = False) -> list[list[Req]]:
     """Per day, a key's legitimate requests as real keys vary: weekends at 30 % of a weekday, each day's
-    level lognormal(0, 0.15), growing 20 % a week."""
+    level lognormal(0, 0.2), growing 20 % a week. ``rotating``: each request from one of 256 addresses
+    drawn afresh every day (clients behind a NAT pool or on mobile networks), not the key's 3 clients."""
     out = []
     for d in range(weeks * 7):
         level = (HEALTHY_GROWTH_PER_WEEK ** (d / 7) * rng.lognormvariate(0, HEALTHY_DAY_SIGMA)
                  * (HEALTHY_WEEKEND if d % 7 in (5, 6) else 1.0))
-        out.append(legit_trace(d * DAY, (d + 1) * DAY, rng, only=key, scale=level))
+        reqs = legit_trace(d * DAY, (d + 1) * DAY, rng, only=key, scale=level)
+        if rotating:
+            reqs = [Req(r.t, r.key, r.prompt, r.max_tokens, r.output,
+                        f"100.{64 + d % 64}.{rng.randrange(ROTATING_POOL)}.{d % 250}|okhttp/4.12") for r in reqs]
+        out.append(reqs)
     return out
 
 
@@ -479,40 +491,58 @@ def static_refusals(days: list[list[Req]], first_judged: int) -> tuple[int, int,
     return refused, judged, alerted
 
 
+def detector_replay(key: str, days: list[list[Req]], first_judged: int) -> dict:
+    """The detector alone over every request of ``days``, with the throttle it sets applied as the gateway
+    applies it (a throttled key's requests admitted while its minute's reservations fit the throttle's TPM;
+    a suspended key's refused): its steps from day ``first_judged`` on are false flags."""
+    from seamguard.gateway.zombie import ZombieDetector
+
+    det, flags, refused, suspended = ZombieDetector(), [], 0, 0
+    minute, used = -1, 0
+    for d, reqs in enumerate(days):
+        for i, r in enumerate(reqs):
+            n = r.prompt + r.max_tokens
+            steps = [det.observe_request(key, r.t, n, r.source)]
+            state, tpm = det.state(key)
+            if int(r.t // 60) != minute:
+                minute, used = int(r.t // 60), 0
+            ok = state == "ok" or (state == "throttled" and tpm is not None and used + n <= tpm)
+            if ok:
+                det.admitted(key, r.t, n)
+                used += n
+                steps.append(det.observe_result(key, r.t + r.duration_s, True, f"{d}.{i}"))
+            refused += d >= first_judged and not ok
+            for st in steps:
+                if st is not None and st.to_state != "ok" and d >= first_judged:
+                    suspended += st.to_state == "suspended"
+                    flags.append((d, round(r.t % DAY / HOUR, 2), st.to_state, st.reason, st.throttle_tpm))
+    return {"flags": flags, "refused": refused, "suspended": suspended}
+
+
 def run_healthy(seeds: int, quick: bool, seed0: int) -> dict:
-    """Healthy keys only (one per seed, the three daily shapes in turn): the detector fed every request
-    of ``weeks`` weeks; a step on any day is a false flag. Requests while the key stood throttled or
-    suspended count as refused (an upper bound: a throttle still admits up to its cap)."""
+    """Healthy keys only (one per seed, the three daily shapes in turn; odd seeds' clients rotate
+    addresses): the detector fed every request of ``weeks`` weeks, its throttle applied; a step on any
+    judged day (from day 7) is a false flag, a refusal a legitimate request refused."""
     weeks = 2 if quick else 3
     rows = []
     for s in range(seed0, seed0 + seeds):
-        from seamguard.gateway.zombie import ZombieDetector
-
         key = LEAK_KEYS[s % len(LEAK_KEYS)]
-        days = healthy_days(key, weeks, random.Random(s))
-        det, state, flags, held = ZombieDetector(), "ok", [], 0
-        for d, reqs in enumerate(days):
-            for i, r in enumerate(reqs):
-                n = r.prompt + r.max_tokens
-                steps = [det.observe_request(key, r.t, n, r.source)]
-                det.admitted(key, r.t, n)
-                steps.append(det.observe_result(key, r.t + r.duration_s, True, f"{d}.{i}"))
-                held += d >= 7 and state != "ok"
-                for st in steps:
-                    if st is not None:
-                        state = st.to_state
-                        flags += [(d, round(r.t % DAY / HOUR, 2), st.reason)] if st.to_state != "ok" else []
+        days = healthy_days(key, weeks, random.Random(s), rotating=s % 2 == 1)
+        got = detector_replay(key, days, 7)
         refused, judged, alerted = static_refusals(days, 7)
-        rows.append({"seed": s, "key": key, "days_judged": len(days) - 7, "requests_judged": judged,
-                     "seamguard_flags": len(flags), "seamguard_flagged_at": flags,
-                     "seamguard_requests_refused_upper": refused + held,
+        rows.append({"seed": s, "key": key, "rotating_sources": s % 2 == 1, "days_judged": len(days) - 7,
+                     "requests_judged": judged, "seamguard_flags": len(got["flags"]),
+                     "seamguard_flagged_at": got["flags"], "seamguard_suspensions": got["suspended"],
+                     "seamguard_requests_refused": refused + got["refused"],
+                     "seamguard_requests_refused_by_detector": got["refused"],
                      "static_alert_days": len(alerted), "static_requests_refused": refused})
         print(f"healthy seed {s}: {rows[-1]}", file=sys.stderr)
     return {"weeks": weeks, "growth_per_week": HEALTHY_GROWTH_PER_WEEK, "weekend_level": HEALTHY_WEEKEND,
             "day_sigma": HEALTHY_DAY_SIGMA, "per_seed": rows,
             **{f: sum(r[f] for r in rows) for f in ("days_judged", "requests_judged", "seamguard_flags",
-                                                     "seamguard_requests_refused_upper", "static_alert_days",
-                                                     "static_requests_refused")}}
+                                                     "seamguard_suspensions", "seamguard_requests_refused",
+                                                     "seamguard_requests_refused_by_detector",
+                                                     "static_alert_days", "static_requests_refused")}}
 
 
 def print_healthy(h: dict) -> None:
@@ -521,8 +551,9 @@ def print_healthy(h: dict) -> None:
           f"{h['requests_judged']} requests")
     print(f"  static+alert: {h['static_alert_days']} alert-days, {h['static_requests_refused']} requests refused by "
           f"its caps")
-    print(f"  seamguard:    {h['seamguard_flags']} flags, at most {h['seamguard_requests_refused_upper']} requests "
-          f"refused (its caps, and every request while flagged)")
+    print(f"  seamguard:    {h['seamguard_flags']} flags, {h['seamguard_suspensions']} suspensions, "
+          f"{h['seamguard_requests_refused']} requests refused (the same caps, and "
+          f"{h['seamguard_requests_refused_by_detector']} by the detector's throttle)")
 
 
 def summarize_dicts(rows: list[dict]) -> dict:
@@ -546,7 +577,8 @@ def print_leaks(res: dict) -> None:
         print(f"\n{scenario} (from 12:00 for {r['hours_after']:g} h; median [min-max]; '-' none in some seed)")
         print(f"{'':28} {'static+alert':>28} {'seamguard':>28}")
         for f in ("time_to_detect_s", "time_to_first_refusal_s", "leak_tokens_before_detect", "leak_tokens",
-                  "healthy_keys_flagged", "legit_requests_rejected"):
+                  "healthy_keys_flagged", "legit_requests_rejected", "owner_requests_rejected",
+                  "leaked_key_suspended"):
             cells = []
             for k in ("static+alert", "seamguard"):
                 v, sp, miss = r[k][f], r[k][f + "_spread"], r[k][f + "_missing"]
@@ -565,8 +597,10 @@ def print_leaks(res: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 h before and 1 h after the leak (full: 2 h, then to "
-                                                         "midnight); 75 s over HTTP (full: 120 s)")
+    ap.add_argument("--quick", action="store_true", help="2 seeds (full: 3); 30 min before and after the leak "
+                                                         "(full: 2 h, then to midnight); 45 s over HTTP (full: "
+                                                         "120 s); ramp 30 min, stealth 1 h (full: 1 h, to midnight); "
+                                                         "healthy keys 2 weeks (full: 3)")
     ap.add_argument("--seeds", type=int)
     ap.add_argument("--seed0", type=int, default=1000, help="first seed of the ramp and stealthy-leak scenarios "
                                                             "(seeds 0-5 were used while developing the detector: "
@@ -574,7 +608,7 @@ def main() -> None:
     ap.add_argument("--no-http", action="store_true", help="simulated time only")
     ap.add_argument("--leaks-only", action="store_true", help="only the ramp and stealthy-leak scenarios")
     args = ap.parse_args()
-    seeds = args.seeds or 3
+    seeds = args.seeds or (2 if args.quick else 3)
     if args.leaks_only:
         leaks = run_leaks(seeds, args.quick, args.seed0)
         healthy = run_healthy(seeds, args.quick, args.seed0)
@@ -585,7 +619,7 @@ def main() -> None:
         return
     # the full run lets the leak go on until midnight: long enough for a static limit to run the
     # tenant's day out; --quick stops an hour after the leak
-    before_h, after_h = (1.0, 1.0) if args.quick else (2.0, 12.0)
+    before_h, after_h = (0.5, 0.5) if args.quick else (2.0, 12.0)
     leak_t = 3 * DAY + 12 * HOUR
     runs: dict[str, list[Tally]] = {"static": [], "seamguard": []}
     t_begin = time.perf_counter()
@@ -620,7 +654,7 @@ def main() -> None:
     if not args.no_http:
         rng = random.Random(1000)
         wall0 = time.time()
-        pre, post = (15.0, 75.0) if args.quick else (30.0, 120.0)
+        pre, post = (10.0, 45.0) if args.quick else (30.0, 120.0)
         leak_wall = wall0 + 5.0 + pre
         history = legit_trace(wall0 - 3 * DAY, wall0, rng)
         live = sorted(legit_trace(wall0 + 5.0, leak_wall + post, rng)

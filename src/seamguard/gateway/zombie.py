@@ -10,7 +10,7 @@ change. Nothing here reads a clock, a file or the network. Departures:
   a minute teaches the peak only ``peak_settle_s`` after it closed with no departure since,
   so a ramp cannot raise its own bar: growing more than ``volume_ratio`` x within that time is
   a departure whether it comes as a jump or as a ramp);
-- new source: most of that demand from an address/user agent first seen in the last hour,
+- new source: most of that demand from one address/user agent first seen in the last hour,
   at ``new_source_ratio`` x its peak (a new source alone is normal: laptops move);
 - spend over history: the key's level in the last hour (the median of its 12 bins of 5 minutes)
   over ``history_ratio`` x what it usually spent at that time of day (give or take
@@ -21,14 +21,20 @@ change. Nothing here reads a clock, a file or the network. Departures:
   against the key's usual at that time of day adds to a CUSUM of the evidence for "spend
   ``history_seq_ratio`` x usual", with the spread learned from the key's own days; over
   ln(``history_false_alarm_bins``) is a departure (a shape-following leak is seen in ~20-40
-  minutes, sooner than the hour's median moves);
+  minutes, sooner than the hour's median moves); a bin carried by a source the key's previous days
+  barely know adds the evidence of that, as rare as such bins were in the key's own history;
 - error-retry loop: ``error_loop_count`` failures of one identical request in 60 s while most
   results fail (no history needed: a loop is wrong for any key);
 - round-the-clock: active in ``rtc_active_hours`` of the last 24 hours while on no day of
   its history it was active in more than ``rtc_history_max_hours``.
 
-Response is graduated: ok -> throttled (its TPM lowered to its own peak with headroom) ->
-suspended when the departure is still there ``suspend_after_s`` later. A throttle lifts
+Response is proportionate to the evidence. A fast, strong departure (volume, new source, error
+loop) throttles the key to its own peak with headroom and suspends it when a strong departure is
+still there ``suspend_after_s`` later. A slow statistical one (spend over history, either form;
+round-the-clock) throttles the key to its own envelope (what it usually spends at this time of day
+x ``history_headroom``), which caps a shape-following leak's excess, and never suspends on its
+own: a key throttled that way is suspended only if a strong rule fires too (its demand, refused
+requests included, over its peak: a key that keeps slamming into the throttle). A throttle lifts
 after ``release_after_s`` without a departure; a suspension stays until an operator acts.
 Baselines learn only from minutes with no departure, so a drain does not become normal.
 
@@ -49,7 +55,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from seamguard.gateway.zombie_history import Reference, bin_evidence, cusum, learn_reference
+from seamguard.gateway.zombie_history import (
+    Reference,
+    bin_evidence,
+    cusum,
+    envelope_tokens,
+    learn_reference,
+    rare_source_llr,
+    rare_source_share,
+)
 
 KeyState = Literal["ok", "throttled", "suspended"]
 WINDOW_S = 60.0
@@ -90,6 +104,14 @@ class ZombieThresholds(BaseModel):
     history_false_alarm_bins: float = Field(1e5, gt=1, description="spend over history, bin by bin: the "
                                            "CUSUM's bar is ln of this, so a key that spends as its history says "
                                            "crosses it no more than once in this many 5-minute bins on average")
+    history_headroom: float = Field(1.5, gt=0, description="a key throttled by a slow rule (spend over history, "
+                                                           "round-the-clock): its TPM is its usual at this time of "
+                                                           "day (the next hour's most) x this")
+    rare_source_share: float = Field(0.02, ge=0, le=1, description="a source that carried less than this share of "
+                                                                   "the key's previous days' spend is rare")
+    rare_source_bin_share: float = Field(0.25, gt=0, le=1, description="a bin one rare source carries this share "
+                                                                       "of is evidence of a leak (as rare as such "
+                                                                       "bins were in the key's history)")
     history_override_s: float = Field(86400.0, ge=0, description="after an operator's unsuspend, spend is not "
                                                                  "judged by history this long (that day is learned)")
     error_loop_count: int = Field(20, ge=2, description="identical failing requests in 60 s")
@@ -97,7 +119,8 @@ class ZombieThresholds(BaseModel):
     rtc_active_hours: int = Field(20, ge=1, le=24, description="active hours of the last 24 that are round-the-clock")
     rtc_history_max_hours: int = Field(16, ge=0, le=24, description="... for a key never active this long a day")
     rtc_history_days: int = Field(3, ge=1, description="complete days of history before round-the-clock is judged")
-    suspend_after_s: float = Field(60.0, gt=0, description="throttled and still departing this long: suspend")
+    suspend_after_s: float = Field(60.0, gt=0, description="throttled and a strong rule (volume, new source, "
+                                                          "error loop) still departing this long: suspend")
     release_after_s: float = Field(900.0, gt=0, description="throttled and quiet this long: back to ok")
     throttle_headroom: float = Field(1.5, gt=0, description="a throttled key's TPM: its peak minute x this")
     throttle_floor_tpm: int = Field(1000, ge=1, description="... but never below this")
@@ -130,6 +153,7 @@ class _Req:
     bin: int
     admitted: int = 0
     in_window: bool = True
+    source: str = ""
 
 
 @dataclass
@@ -166,10 +190,22 @@ class _Key:
     cusum: float = 0.0
     cusum_bins: int = 0
     cusum_log_ratio: float = 0.0
+    # sources bin by bin: the current bin's demand per source, clean bins' demand per source so far, its
+    # snapshot when the day's reference was learned (the previous days), and how often a rare source carried
+    # a judged bin
+    bin_sources: dict = field(default_factory=dict)
+    source_spend: dict = field(default_factory=dict)
+    source_known: dict = field(default_factory=dict)
+    source_known_total: float = 0.0
+    rare_bins: int = 0
+    judged_bins: int = 0
+    strong_since: float | None = None  # the current run of strong departures began
+    last_strong: float = -math.inf
     # last 60 s, with running sums so that judging a request costs O(1), not O(requests in a minute)
     demand: deque = field(default_factory=deque)  # _Req
     demand_sum: int = 0
     new_sum: int = 0
+    new_by_source: dict = field(default_factory=dict)  # new source -> its demand in the window
     results: deque = field(default_factory=deque)  # (t, ok, fingerprint)
     fails: int = 0
     fails_by_body: dict = field(default_factory=dict)  # fingerprint -> failures in the window
@@ -287,7 +323,7 @@ class ZombieDetector:
             r = k.demand.popleft()
             r.in_window = False
             k.demand_sum -= r.tokens
-            k.new_sum -= r.tokens if r.new else 0
+            self._drop_new(k, r)
         while k.results and k.results[0][0] <= now - WINDOW_S:
             _, ok, fp = k.results.popleft()
             if not ok:
@@ -335,8 +371,10 @@ class ZombieDetector:
         """Bins [first, end) closed: each adds its evidence to the key's CUSUM (a gap of more than
         an hour starts it again: the key was idle)."""
         th = self.th
+        sources, k.bin_sources = k.bin_sources, {}
         if end - first > HISTORY_BINS or (k.history_off_until > -math.inf and k.last_t < k.history_off_until):
             k.cusum, k.cusum_bins, k.cusum_log_ratio = 0.0, 0, 0.0
+            self._learn_sources(k, first, sources, None)
             return
         gate = max(th.history_floor_tpm, th.history_peak_share * k.peak, 1e-9) * BIN_S / 60.0
         pseudo = th.history_floor_tpm * BIN_S / 60.0
@@ -347,17 +385,39 @@ class ZombieDetector:
                 k.reference_day = day
                 k.reference = learn_reference(k.days, day, int(th.history_shift_s // BIN_S), gate, pseudo,
                                               th.history_min_days)
+                k.source_known, k.source_known_total = dict(k.source_spend), sum(k.source_spend.values())
+            tokens, _ = _bin_of(k.days, m)
+            llr = self._learn_sources(k, m, sources if m == first else {}, tokens >= gate)
             ref = k.reference
             if ref is None:
                 continue
-            tokens, _ = _bin_of(k.days, m)
-            ev = bin_evidence(tokens, float(ref.usual[s]), ref, th.history_seq_ratio, pseudo, bar)
+            ev = bin_evidence(tokens, float(ref.usual[s]), ref, th.history_seq_ratio, pseudo, bar, llr)
             k.cusum = cusum(k.cusum, ev, tokens >= gate)
             if k.cusum == 0.0:
                 k.cusum_bins, k.cusum_log_ratio = 0, 0.0
             elif not math.isnan(ref.usual[s]):
                 k.cusum_bins += 1
                 k.cusum_log_ratio += math.log((tokens + pseudo) / (float(ref.usual[s]) + pseudo))
+
+    def _learn_sources(self, k: _Key, m: int, sources: dict, judged: bool | None) -> float:
+        """Closed bin ``m``'s demand per source: the evidence a rare source carrying it gives (0 if none
+        did), counted into the key's history of such bins; a clean bin's sources are learned (a bin
+        held by a departure never makes its source known)."""
+        th = self.th
+        share = rare_source_share(sources, k.source_known, k.source_known_total, th.rare_source_share)
+        heavy = share >= th.rare_source_bin_share
+        llr = rare_source_llr(k.rare_bins, k.judged_bins) if heavy else 0.0
+        if _bin_of(k.days, m)[1]:
+            return llr
+        if judged and k.source_known_total > 0:
+            k.judged_bins += 1
+            k.rare_bins += heavy
+        for src, v in sources.items():
+            k.source_spend[src] = k.source_spend.get(src, 0.0) + v
+        if len(k.source_spend) > 4 * th.max_sources:  # the smallest forgotten: rare again if they come back
+            keep = sorted(k.source_spend.items(), key=lambda kv: kv[1])[-2 * th.max_sources:]
+            k.source_spend = dict(keep)
+        return llr
 
     def _sequential(self, k: _Key) -> tuple[str, dict[str, float]] | None:
         """Spend over history bin by bin: the CUSUM over its bar."""
@@ -370,6 +430,18 @@ class ZombieDetector:
             "ratio": round(math.exp(k.cusum_log_ratio / max(k.cusum_bins, 1)), 2),
             "sigma_log": round(ref.sigma, 3), "allowance_log": round(ref.allowance, 3),
             "offset_log": round(float(ref.offset), 3), "history_days": ref.days}
+
+    @staticmethod
+    def _drop_new(k: _Key, r: _Req) -> None:
+        """A request's demand leaves the 60-s window's new-source sums."""
+        if not r.new:
+            return
+        k.new_sum -= r.tokens
+        left = k.new_by_source.get(r.source, 0) - r.tokens
+        if left > 0:
+            k.new_by_source[r.source] = left
+        else:
+            k.new_by_source.pop(r.source, None)
 
     def _taint(self, k: _Key) -> None:
         """The current bin holds a departure: never part of the key's history."""
@@ -389,16 +461,17 @@ class ZombieDetector:
         return k.first_seen is not None and k.first_seen < first - 1.0 and now - first < self.th.new_source_s
 
     # ---- judging ------------------------------------------------------------------------------
-    def _departure(self, k: _Key, now: float) -> tuple[str, dict[str, float], float | None] | None:
+    def _departure(self, k: _Key, now: float) -> tuple[str, dict[str, float], float | None, bool] | None:
         """(reason, evidence, the bar the last 60 s of demand was over — None for rules whose
-        evidence is not that demand), or None."""
+        evidence is not that demand — and whether the rule is a fast, strong one that may suspend),
+        or None."""
         th = self.th
         demand = k.demand_sum
         if k.fails >= th.error_loop_count and k.fails >= th.error_ratio * len(k.results) and k.last_fail:
             same = k.fails_by_body.get(k.last_fail, 0)
             if same >= th.error_loop_count:
                 return "error-retry loop", {"identical_failures_60s": same, "failures_60s": k.fails,
-                                            "results_60s": len(k.results)}, None
+                                            "results_60s": len(k.results)}, None, True
         warm = k.active_minutes >= th.warmup_minutes and k.peak > 0
         if warm and demand > th.volume_floor_tokens:
             ratio = demand / k.peak
@@ -406,16 +479,21 @@ class ZombieDetector:
             ev = {"demand_60s_tokens": demand, "peak_minute_tokens": round(k.peak, 1), "ratio": round(ratio, 2),
                   "new_source_share": round(new / demand, 3)}
             if ratio > th.volume_ratio:
-                return "volume over its own peak", ev, th.volume_ratio * k.peak
-            if ratio > th.new_source_ratio and new >= 0.5 * demand:
-                return "volume from a new source", ev, th.new_source_ratio * k.peak
+                return "volume over its own peak", ev, th.volume_ratio * k.peak, True
+            # one new source carrying most of it: clients behind a NAT pool or on mobile networks bring many
+            # new addresses, each a small share
+            top_new = max(k.new_by_source.values(), default=0) if ratio > th.new_source_ratio else 0
+            if top_new >= 0.5 * demand:
+                ev["top_new_source_share"] = round(top_new / demand, 3)
+                return "volume from a new source", ev, th.new_source_ratio * k.peak, True
         if k.history_departure is not None and now >= k.history_off_until:
-            return (*k.history_departure, None)
+            return (*k.history_departure, None, False)
         if len(k.day_history) >= th.rtc_history_days:
             active = sum(1 for h in k.hours if h > math.floor(now / 3600.0) - 24)
             usual = max(k.day_history)
             if active >= th.rtc_active_hours and usual <= th.rtc_history_max_hours:
-                return "round-the-clock traffic", {"active_hours_24h": active, "max_active_hours_per_day": usual}, None
+                return ("round-the-clock traffic", {"active_hours_24h": active, "max_active_hours_per_day": usual},
+                        None, False)
         return None
 
     def _judge(self, key: str, k: _Key, now: float) -> Step | None:
@@ -428,17 +506,38 @@ class ZombieDetector:
             k.minute_departed = True
             k.settling.clear()
             self._taint(k)
+        strong = dep is not None and dep[3]
+        if strong:
+            if k.strong_since is None or now - k.last_strong > th.suspend_after_s:
+                k.strong_since = now  # a new run of strong departures
+            k.last_strong = now
         if k.state == "ok" and dep is not None:
-            tpm = max(th.throttle_floor_tpm, math.ceil(th.throttle_headroom * k.peak))
+            tpm = self._throttle_tpm(k, strong, now)
             self._hold_evidence(k, dep[2])
-            return self._move(key, k, "throttled", now, dep[0], dep[1], tpm)
-        if k.state == "throttled" and dep is not None and now - k.since >= th.suspend_after_s:
-            self._hold_evidence(k, dep[2])
-            return self._move(key, k, "suspended", now, f"{dep[0]}, still {now - k.since:.0f} s after the throttle",
-                              dep[1], None)
+            evidence = dict(dep[1]) if strong else {**dep[1], "throttle_tpm": tpm}
+            return self._move(key, k, "throttled", now, dep[0], evidence, tpm)
+        if (k.state == "throttled" and strong and k.strong_since is not None
+                and now - max(k.since, k.strong_since) >= th.suspend_after_s):
+            self._hold_evidence(k, dep[2])  # type: ignore[index]
+            return self._move(key, k, "suspended", now, f"{dep[0]}, still {now - k.since:.0f} s after the throttle",  # type: ignore[index]
+                              dep[1], None)  # type: ignore[index]
         if k.state == "throttled" and dep is None and now - k.last_departure >= th.release_after_s:
             return self._move(key, k, "ok", now, f"no departure for {now - k.last_departure:.0f} s", {}, None)
         return None
+
+    def _throttle_tpm(self, k: _Key, strong: bool, now: float) -> int:
+        """A throttled key's TPM: its peak minute x ``throttle_headroom`` for a strong rule; for a slow one,
+        its envelope (its usual 5 minutes over the next hour x ``history_headroom``, per minute) where its
+        history knows this time of day, no more than the former; never below ``throttle_floor_tpm``."""
+        th = self.th
+        peak_cap = th.throttle_headroom * k.peak
+        cap = peak_cap
+        if not strong and k.reference is not None:
+            s = math.floor(now / BIN_S) % BINS_PER_DAY
+            env = envelope_tokens(k.reference, s, HISTORY_BINS)
+            if env is not None:
+                cap = min(peak_cap, th.history_headroom * env / (BIN_S / 60.0))
+        return max(th.throttle_floor_tpm, math.ceil(cap))
 
     @staticmethod
     def _hold_evidence(k: _Key, bar: float | None) -> None:
@@ -463,10 +562,12 @@ class ZombieDetector:
         """Take a request the gateway itself failed out of every window its demand went into."""
         if r.in_window:
             k.demand_sum -= r.tokens
-            k.new_sum -= r.tokens if r.new else 0
+            self._drop_new(k, r)
         got = k.days.get(r.bin // BINS_PER_DAY)
         if got is not None:
             got[0][r.bin % BINS_PER_DAY] = max(0.0, got[0][r.bin % BINS_PER_DAY] - r.tokens)
+        if r.bin == k.bin and r.source in k.bin_sources:
+            k.bin_sources[r.source] = max(0.0, k.bin_sources[r.source] - r.tokens)
         if r.minute == k.minute:
             k.minute_total -= r.admitted
         else:
@@ -495,10 +596,13 @@ class ZombieDetector:
         new = self._new_source(k, source, now)
         if k.first_seen is None:
             k.first_seen = now
-        r = _Req(now, tokens, new, k.minute, k.bin)  # type: ignore[arg-type]
+        r = _Req(now, tokens, new, k.minute, k.bin, source=source)  # type: ignore[arg-type]
+        k.bin_sources[source] = k.bin_sources.get(source, 0.0) + tokens
         k.demand.append(r)
         k.demand_sum += tokens
-        k.new_sum += tokens if new else 0
+        if new:
+            k.new_sum += tokens
+            k.new_by_source[source] = k.new_by_source.get(source, 0) + tokens
         k.days[k.bin // BINS_PER_DAY][0][k.bin % BINS_PER_DAY] += tokens  # type: ignore[operator]
         if k.state != "ok":
             self._taint(k)
@@ -556,6 +660,7 @@ class ZombieDetector:
         k.demand.clear()
         k.results.clear()
         k.demand_sum = k.new_sum = k.fails = 0
+        k.new_by_source.clear()
         k.fails_by_body.clear()
 
     def override(self, key: str, now: float, to: KeyState, actor: str, note: str = "") -> Step:

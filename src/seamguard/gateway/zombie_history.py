@@ -18,6 +18,15 @@ usual", with the spread learned from the key's own days:
 - ``offset``: where the key's last three active days sat against the usual, when above it:
   organic growth since the median day is not a leak.
 
+A leak also comes from somewhere: a client the key rarely or never used. So a bin whose volume
+already leans towards the leak adds a second, independent term when one source the key's previous
+days barely know (under ``rare_share`` of their spend) carries a large share of it: ln(q1 / p0),
+where p0 is how often such a bin occurred in the key's own history (Laplace's rule over its judged
+bins) and q1 = 1/2 (a leak comes from such a source half the time). A key whose clients rotate
+addresses (a NAT pool, mobile clients: many sources, each small) has no single rare source
+carrying much of a bin; a key whose one client changes address every day carries such bins in
+its history, so p0 is large and the term small.
+
 The statistic crosses ``ln(false_alarm_bins)`` no sooner than once per that many bins on average
 when the key is as its history says (Lorden's bound for the CUSUM on a log-likelihood ratio), and
 in about ``ln(false_alarm_bins) / (per-bin evidence)`` bins when a leak doubles the key's spend.
@@ -136,16 +145,45 @@ def learn_reference(days: dict, today: int, shift_bins: int, gate_tokens: float,
 
 
 def bin_evidence(tokens: float, usual: float, ref: Reference, ratio: float, pseudo_tokens: float,
-                 bar: float) -> float:
+                 bar: float, source_llr: float = 0.0) -> float:
     """The log-likelihood ratio one bin adds for "``ratio`` x usual" against "usual": Gaussian in
     log units with the key's spread, the day's allowance and the key's growth taken off first;
-    at most ``bar`` / MIN_BINS."""
+    plus ``source_llr`` (a rare source carried the bin) when the volume already leans towards the
+    leak; at most ``bar`` / MIN_BINS."""
     if math.isnan(usual):
         return 0.0
     delta = math.log(ratio)
     r = math.log((tokens + pseudo_tokens) / (usual + pseudo_tokens)) - ref.offset - ref.allowance
     r = min(r, MAX_Z * ref.sigma)
-    return min(bar / MIN_BINS, delta / ref.sigma ** 2 * (r - delta / 2.0))
+    ev = delta / ref.sigma ** 2 * (r - delta / 2.0)
+    return min(bar / MIN_BINS, ev + (source_llr if ev > 0 else 0.0))
+
+
+def rare_source_share(bin_sources: dict[str, float], known: dict[str, float], known_total: float,
+                      rare_share: float) -> float:
+    """The largest share of a bin's demand carried by one source that the key's previous days gave
+    under ``rare_share`` of their spend (never seen: 0). 0 for an empty bin or a key with no history."""
+    total = sum(bin_sources.values())
+    if total <= 0 or known_total <= 0:
+        return 0.0
+    rare = [v for src, v in bin_sources.items() if known.get(src, 0.0) < rare_share * known_total]
+    return max(rare, default=0.0) / total
+
+
+def rare_source_llr(heavy_bins: int, judged_bins: int, q1: float = 0.5) -> float:
+    """ln(q1 / p0) for a bin carried by a rare source, p0 = how often the key's own judged bins were
+    (Laplace's rule: (heavy + 1) / (judged + 2)); never negative."""
+    p0 = (heavy_bins + 1.0) / (judged_bins + 2.0)
+    return max(0.0, math.log(q1 / p0))
+
+
+def envelope_tokens(ref: Reference, s: int, bins: int) -> float | None:
+    """What the key usually spends in one 5-minute bin over bins [s, s + bins) of the day (their most,
+    so a rising morning is not cut), with its recent growth; None where its history says nothing."""
+    ahead = ref.usual[s:min(BINS_PER_DAY, s + bins)]
+    if ahead.size == 0 or np.isnan(ahead).all():
+        return None
+    return float(np.nanmax(ahead)) * math.exp(ref.offset)
 
 
 def cusum(score: float, evidence: float, judged: bool) -> float:
