@@ -259,3 +259,61 @@ def test_the_hinted_peer_median_is_the_leave_one_out_median():
         ref_med, ref_n = loo_median(x, g, 40)
         np.testing.assert_array_equal(n, ref_n)
         np.testing.assert_allclose(med, ref_med, rtol=0, atol=1e-9)
+
+
+# ---- the Prometheus source: one query per exporter, its answer mapped, its failure only flagged ----
+def _source(handler):
+    import httpx
+
+    from seamguard.observe.prometheus import PromConfig, PrometheusSource
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    return PrometheusSource(FLEET, PromConfig(url="http://prom.invalid", retries=0), client=client)
+
+
+def test_the_source_maps_an_exporters_other_series_onto_its_gpus_in_one_query():
+    from urllib.parse import parse_qs
+
+    import httpx
+
+    from seamguard.observe.prommap import entity_labels
+    labels = entity_labels(FLEET, Kind.GPU)
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        q = parse_qs(request.content.decode())["query"][0]
+        asked.append(q)
+        result = []
+        if q.startswith('{__name__=~"DCGM_.+"'):
+            result = [{"metric": {"__name__": GAUGE, **labels[i]}, "value": [1.0, str(40.0 + i)]} for i in range(3)]
+            result += [{"metric": {"__name__": "DCGM_FI_DRIVER_VERSION", **labels[0]}, "value": [1.0, "1"]},
+                       {"metric": {"__name__": GAUGE, "Hostname": "elsewhere", "gpu": "0"}, "value": [1.0, "9"]}]
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    with _source(handler) as src:
+        frame = src.frame_at(1000.0)
+    unnamed = [q for q in asked if q.startswith("{__name__")]
+    assert len(unnamed) == 2  # one per exporter: dcgm-exporter and node_exporter's infiniband collector
+    assert 'gpu!=""' in unnamed[0] and "DCGM_FI_DEV_GPU_TEMP" in unnamed[0]  # named series left out
+    gpu = {b.kind: b for b in frame.series}[Kind.GPU]
+    assert GAUGE in gpu.names and "DCGM_FI_DRIVER_VERSION" not in gpu.names
+    col = gpu.values[:, gpu.names.index(GAUGE)]
+    np.testing.assert_array_equal(col[:3], [40.0, 41.0, 42.0])
+    assert np.isnan(col[3:]).all()
+
+
+def test_a_failed_exporter_query_is_flagged_and_freezes_nothing():
+    import httpx
+
+    from seamguard.assess.quality import FailsafeConfig, bad_scopes
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.content.decode().startswith("query=%7B__name__"):
+            return httpx.Response(503, text="overloaded")
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    with _source(handler) as src:
+        frame = src.frame_at(1000.0)
+    assert any(f.startswith("prometheus:unnamed:gpu:retryable") for f in frame.flags)
+    assert frame.series == ()
+    bad, _ = bad_scopes(FLEET, frame, FailsafeConfig(), ())
+    assert not any("unnamed" in k for k in bad)
