@@ -46,6 +46,21 @@ way, and seamguard's first reading over the baselines' second (least favourable 
 Last line: one JSON object.
 
     PYTHONPATH=src python benchmarks/inference_routing.py --quick
+
+Competent opponents (--opponents). Beside round robin and least-outstanding, two routers an
+operator would run (benchmarks/routing_opponents.py, its docstring gives their settings and
+sources): power-of-two-choices least-outstanding with Envoy-default outlier ejection
+(``p2c_eject``) and an llm-d-style weighted scorer of prefix-cache hit, queue depth and KV use
+(``prefix_kv``). Two arms, interleaved in one run, every router driven directly by the load
+generator (no gateway for anyone): ``rails`` — every host's rails visible, so the opponents
+choose among (prefill, decode, rail) paths exactly as seamguard's router does; ``home`` — rails
+hidden from every router, seamguard included, so every KV pull takes the decode instance's home
+rail. Request mixes from seeds OPPONENT_SEED + repetition (7301, 7302, ...: never used while
+developing); levels 0.5 and 0.9 of capacity (--quick: 0.9, the loaded arm, 24 s runs). Every
+repetition is reported per router (median, min, max) with seamguard's ratio to the best opponent
+of its arm, and each repetition where seamguard is the worst router of its arm is listed.
+
+    PYTHONPATH=src python benchmarks/inference_routing.py --opponents --quick
 """
 
 from __future__ import annotations
@@ -54,8 +69,11 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +88,12 @@ from seamguard.testbed.inference_goodput import (
 )
 from seamguard.testbed.inference_load import LoadSpec, spec_dict
 from seamguard.testbed.inference_pool import PoolTiming
+
+OPPONENT_SEED = 7301  # first request-mix seed of --opponents; chosen after development, never run before
+OPPONENT_ARMS = {"rails": ("p2c_eject", "prefix_kv", "seamguard"),
+                 "home": ("round_robin", "least_outstanding", "p2c_eject", "prefix_kv", "seamguard")}
+OPPONENT_UTILIZATIONS, OPPONENT_QUICK_UTILIZATIONS = (0.5, 0.9), (0.9,)
+OPPONENTS_SCRIPT = Path(__file__).resolve().parent / "routing_opponents.py"
 
 ROUTERS = ("round_robin", "least_outstanding", "seamguard")
 UTILIZATIONS = (0.3, 0.5, 0.7, 0.85, 1.0, 1.15)  # the sweep's grid, fixed before its first run; every level is reported
@@ -276,6 +300,112 @@ def reread(path: Path) -> None:
     print(json.dumps({"reread": str(path), "max_rate_at_target": sweep}))
 
 
+def run_opponent_arm(router: str, arm: str, bed: PoolBed, load: LoadSpec, deg: tuple[float, float],
+                     rate_mbit: float, seed: int) -> dict:
+    """One direct run of the load generator with the opponents registered (routing_opponents.py as
+    its entry point, for every router alike); arm "home" hides every host's rails from the router."""
+    load = LoadSpec(**{**load.__dict__, "seed": seed})
+    events = [{"at_s": deg[0], "argv": a} for a in bed.shape_argv(*SLOW_AT, rate_mbit)]
+    events += [{"at_s": deg[1], "argv": a} for a in bed.shape_argv(*SLOW_AT, None)]
+    insts = [replace(i, rails=()) if arm == "home" else i for i in bed.instances()]
+    assert bed.tb is not None
+    with tempfile.TemporaryDirectory(prefix="sg-opp-") as d:
+        sp, out = Path(d) / "spec.json", Path(d) / "out.json"
+        sp.write_text(json.dumps(spec_dict(insts, router, load, events)))
+        p = subprocess.run([*bed.tb.exec_prefix(bed.client_host), sys.executable, str(OPPONENTS_SCRIPT),
+                            "--spec", str(sp), "--out", str(out)],
+                           capture_output=True, text=True, timeout=load.duration_s + 120)
+        if p.returncode != 0:
+            raise SystemExit(f"inference_routing: {router} ({arm} arm): load generator failed ({p.returncode}): "
+                             f"{p.stderr[-1500:]}")
+        return json.loads(out.read_text())
+
+
+def summarize_opponents(rows: dict[str, dict[str, list[dict]]], seeds: list[int]) -> dict:
+    """Per arm and router, every repetition's figures and their median, min, max; seamguard's
+    degraded goodput over the best other router of its arm (per repetition and of medians); the
+    repetitions where seamguard was the worst of its arm, and the arm's strongest opponent."""
+    keys = (("degraded", "goodput_rps"), ("degraded", "slo_attainment"), ("healthy", "slo_attainment"),
+            ("degraded", "interactive_attainment"))
+    out: dict = {}
+    for arm, by_router in rows.items():
+        a: dict = {"routers": {}}
+        for r, reps in by_router.items():
+            a["routers"][r] = {f"{w}_{k}": {**_stat(v := [x[w].get(k) or 0.0 for x in reps]),
+                                            "spread": round(max(v) - min(v), 4), "per_rep": v}
+                               for w, k in keys}
+        good = {r: v["degraded_goodput_rps"] for r, v in a["routers"].items()}
+        others = [r for r in good if r != "seamguard"]
+        best = max(others, key=lambda r: good[r]["median"])
+        per_rep = [round(good["seamguard"]["per_rep"][i] / max(1e-9, max(good[r]["per_rep"][i] for r in others)), 3)
+                   for i in range(len(seeds))]
+        a["strongest_opponent"] = best
+        a["seamguard_over_strongest_of_medians"] = round(good["seamguard"]["median"] / max(good[best]["median"], 1e-9), 3)
+        a["seamguard_over_best_per_rep"] = {**_stat(per_rep), "per_rep": per_rep}
+        a["seamguard_worst_reps"] = [{"rep": i, "seed": seeds[i]} for i in range(len(seeds))
+                                     if good["seamguard"]["per_rep"][i] <= min(good[r]["per_rep"][i] for r in others)]
+        a["goal_1_3x_met"] = a["seamguard_over_strongest_of_medians"] >= 1.3
+        out[arm] = a
+    return out
+
+
+def opponents_main(a: argparse.Namespace) -> None:
+    """--opponents: both arms, every router, interleaved per repetition and level; one JSON line."""
+    reps = a.reps or (1 if a.quick else 3)
+    duration, deg = (24.0, (8.0, 22.0)) if a.quick else (60.0, (20.0, 55.0))
+    timing = PoolTiming(prefill_per_token_s=1.0 / a.prefill_tokens_per_s, decode_base_s=a.decode_base_s,
+                        decode_per_seq_s=a.decode_per_seq_s)
+    shape = LoadSpec(duration_s=duration)
+    cap = pool_capacity(timing, PREFILL, DECODE, shape.classes)
+    utils = OPPONENT_QUICK_UTILIZATIONS if a.quick else OPPONENT_UTILIZATIONS
+    slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in shape.classes}
+    seeds = [OPPONENT_SEED + i for i in range(reps)]
+    rows = {u: {arm: {r: [] for r in rs} for arm, rs in OPPONENT_ARMS.items()} for u in utils}
+    t0, load0 = time.monotonic(), os.getloadavg()[0]
+    inst_args = ["--prefill-per-token-s", f"{timing.prefill_per_token_s:.9f}", "--decode-base-s",
+                 str(timing.decode_base_s), "--decode-per-seq-s", str(timing.decode_per_seq_s)]
+    with PoolBed(prefill=PREFILL, decode=DECODE, instance_args=inst_args) as bed:
+        for rep, seed in enumerate(seeds):
+            for u in utils:
+                rps = poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s)
+                for arm, routers in OPPONENT_ARMS.items():
+                    for router in routers:
+                        res = run_opponent_arm(router, arm, bed, LoadSpec(rate_rps=rps, duration_s=duration), deg,
+                                               a.rate_mbit, seed)
+                        failed = [e for e in res["events"] if e["rc"] != 0]
+                        if failed:
+                            raise SystemExit(f"inference_routing: {router}: event {failed[0]['argv']} failed")
+                        row = {"healthy": window_figures(res["records"], 0.0, deg[0], slo),
+                               "degraded": window_figures(res["records"], deg[0], deg[1], slo),
+                               "actions": window_actions(res, deg)}
+                        rows[u][arm][router].append(row)
+                        print(f"rep {rep} (seed {seed}) level {u:g} {arm:5s} {router:18s} healthy "
+                              f"{row['healthy'].get('slo_attainment')} degraded {row['degraded'].get('slo_attainment')}"
+                              f" goodput {row['degraded'].get('goodput_rps')} decisions {row['actions']['decisions']} "
+                              f"load {os.getloadavg()[0]:.1f}", flush=True)
+    levels = {f"{u:g}": {"offered_rps": round(poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s)
+                                              + shape.burst_size / shape.burst_every_s, 3),
+                         "arms": summarize_opponents(rows[u], seeds),
+                         "actions": {arm: {r: [x["actions"] for x in v] for r, v in rs.items()}
+                                     for arm, rs in rows[u].items()}} for u in utils}
+    for lv, v in levels.items():
+        for arm, s in v["arms"].items():
+            print(f"\nlevel {lv} ({v['offered_rps']} req/s), arm {arm}: degraded goodput median [min-max] per router")
+            for r, f in s["routers"].items():
+                g = f["degraded_goodput_rps"]
+                print(f"  {r:18s} {g['median']:7.3f} [{g['min']}-{g['max']}] attainment "
+                      f"{f['degraded_slo_attainment']['median']}")
+            print(f"  seamguard / strongest ({s['strongest_opponent']}): {s['seamguard_over_strongest_of_medians']}; "
+                  f"per rep {s['seamguard_over_best_per_rep']['per_rep']}; seamguard worst in {s['seamguard_worst_reps']}")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
+    print(json.dumps({"mode": "opponents", "quick": a.quick, "commit": head, "seeds": seeds, "reps": reps, "levels": levels,
+                      "duration_s": duration, "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit,
+                      "capacity_rps": round(cap.pool_rps, 4), "via": "direct", "arms": OPPONENT_ARMS,
+                      "wall_s": round(time.monotonic() - t0), "cpus": os.cpu_count(),
+                      "loadavg_1m": [round(load0, 1), round(os.getloadavg()[0], 1)]}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -301,7 +431,13 @@ def main() -> None:
     ap.add_argument("--reread", default=None, metavar="RESULT_JSON",
                     help="run nothing: read a result this script wrote (the JSON object of its last line) and "
                          "print its attainment per level and the max rate at each target")
+    ap.add_argument("--opponents", action="store_true",
+                    help="the competent-opponent comparison: both arms (rails, home), seeds from "
+                         f"{OPPONENT_SEED}, direct (see the module docstring)")
     a = ap.parse_args()
+    if a.opponents:
+        opponents_main(a)
+        return
     if a.reread:
         reread(Path(a.reread))
         return
