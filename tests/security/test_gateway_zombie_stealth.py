@@ -25,7 +25,8 @@ def _leak_client(url: str) -> openai.OpenAI:
 
 def test_a_leak_at_one_and_a_half_times_the_key_s_own_pace(gateway_factory, tmp_path, observed):
     """A second client spends 1.5x the key's usual tokens, at its usual hours, from a source it used once before.
-    Refused: throttled (429) within an hour of the leak by spend over its history; nothing refused in the hour before."""
+    Refused: throttled (429, to the key's envelope, never suspended: the evidence is statistical) within an hour of
+    the leak by spend over its history; nothing refused in the hour before."""
     now = [0.0]
     with ThreadedServer(FakeBackend().app()) as be:
         url, gw = gateway_factory(base_config(be.url, {"type": "sqlite", "path": str(tmp_path / "g.db")}),
@@ -54,3 +55,4 @@ def test_a_leak_at_one_and_a_half_times_the_key_s_own_pace(gateway_factory, tmp_
     assert refused and refused[0][0] >= 0, "refused before the leak began"
     assert refused[0][0] <= 3600, "not refused within the hour"
     assert steps and steps[0][1] == "throttled" and steps[0][2].startswith("spend over its history")
+    assert refused[0][2] == 429 and "suspended" not in [to for _, to, _ in steps]
