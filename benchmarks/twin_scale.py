@@ -89,6 +89,14 @@ def newest_detection_result(folder: Path = RESULTS.parent) -> tuple[Path | None,
     return path, model
 
 
+def _shown(path: Path | None) -> str | None:
+    """A path as the result records it: relative to the repository when inside it."""
+    if path is None:
+        return None
+    p, repo = Path(path).resolve(), RESULTS.parent.parent.parent
+    return str(p.relative_to(repo)) if p.is_relative_to(repo) else str(path)
+
+
 def _corners(cpu: RuntimeFigures, gpu: RuntimeFigures | None,
              det: DetectionModel | None) -> list[tuple[str, RuntimeFigures, DetectionModel | None]]:
     """Every corner of the measured parameters the headline must cover."""
@@ -174,9 +182,7 @@ def main() -> None:
         det_path, det = args.detection, load_detection_results(args.detection)
     else:
         det_path, det = newest_detection_result()
-    det_src = str(Path(det_path).resolve().relative_to(RESULTS.parent.parent.parent)) \
-        if det_path is not None and Path(det_path).resolve().is_relative_to(RESULTS.parent.parent.parent) \
-        else (str(det_path) if det_path else None)
+    det_src = _shown(det_path)
     rf = args.node_failure_rate
     fm = llama3_failure_model().with_rf(rf)
     base_cfg = ClusterConfig(gpus=args.gpus, days=args.days, workload="single", failures=fm)
