@@ -39,7 +39,7 @@ from seamguard.fleet.model import Kind
 from seamguard.observe.unnamed import SeriesBlock
 
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
-# Below this GFS the named channels are quiet enough that an unnamed deviation adds news.
+# The lowest quarantine threshold of the default policy: unnamed evidence alone stays below it.
 _QUARANTINE_FLOOR = 0.8
 
 
@@ -220,13 +220,30 @@ def judge(block: SeriesBlock, st: UnnamedState | None, t_s: float, group: np.nda
     sustained = _POPCOUNT[bits] >= cfg.sustain_k
     s_dev = np.where(sustained, cfg.weight * ramp(strength, *cfg.z), 0.0)
 
-    # Telemetry: a counter that moved before and is still now while its same-load peers move.
+    stuck, vanished, tel = _telemetry(st, rate, present, med, peered, cnt, host, cfg)
+    tele = stuck | vanished
+    score = np.where(tele, cfg.telemetry_score, s_dev)
+    explained = named_gfs >= cfg.explain_gfs
+    score = np.where(explained[:, None], 0.0, score)
+    value = np.where(tele, np.where(stuck, tel["still"], tel["gone"]), strength).astype(float)
+
+    ok = learn[:, None] & np.isfinite(resid) & ~tele & ~explained[:, None] & ((st.n >= cfg.warm_samples) | ~hit)
+    new = replace(st, order=order, prev=np.where(present, x, st.prev), prev_t_s=t_s, bits=bits,
+                  **_learn(st, resid, ok, ok & ~hit, dt_s, cfg), **tel)
+    return score, value, tele, new
+
+
+def _telemetry(st: UnnamedState, rate: np.ndarray, present: np.ndarray, med: np.ndarray, peered: np.ndarray,
+               cnt: np.ndarray, host: np.ndarray | None, cfg: UnnamedJudgeConfig):
+    """(stuck, vanished, the counters they carry to the next tick): a counter that moved before
+    and is still now while its same-load peers move; a series seen before that is gone while
+    its host reports and at least ``min_peers`` peers still have it."""
+    n = present.shape[0]
     is_c = st.counter[None, :]
     with np.errstate(invalid="ignore"):
         still = np.where(is_c & (rate == 0), st.still + 1, np.where(np.isfinite(rate), 0, st.still))
         moved = st.moved | (is_c & (rate > 0))
         stuck = is_c & st.moved & (still >= cfg.stuck_ticks) & (np.nan_to_num(med) > 0) & peered
-    # ... and a series seen before that is gone while its host reports and its peers still have it.
     gone = np.where(present, 0, st.gone + 1)
     seen = st.seen | present
     reports = present.any(axis=1)
@@ -234,26 +251,23 @@ def judge(block: SeriesBlock, st: UnnamedState | None, t_s: float, group: np.nda
         node_reports = np.bincount(host, weights=reports, minlength=int(host.max()) + 1 if n else 0) > 0
         reports = node_reports[host]
     vanished = seen & (gone >= cfg.vanish_ticks) & reports[:, None] & (cnt >= cfg.min_peers)
-    tele = stuck | vanished
-    score = np.where(tele, cfg.telemetry_score, s_dev)
-    explained = named_gfs >= cfg.explain_gfs
-    score = np.where(explained[:, None], 0.0, score)
-    value = np.where(tele, np.where(stuck, still, gone), strength).astype(float)
+    return stuck, vanished, {"still": np.minimum(still, 65535).astype(np.uint16), "moved": moved,
+                             "gone": np.minimum(gone, 65535).astype(np.uint16), "seen": seen}
 
-    # The own baseline learns from every cell that reports and is peered, at its half-life even
-    # while it deviates: a new level that lasts (a firmware rolled out node by node) becomes the
-    # entity's normal within hours, while a fault that keeps getting worse stays ahead of it.
-    # Warming (an even average) takes quiet cells only; the noise, quiet cells only always.
-    ok = learn[:, None] & np.isfinite(resid) & ~tele & ~explained[:, None] & ((st.n >= cfg.warm_samples) | ~hit)
+
+def _learn(st: UnnamedState, resid: np.ndarray, ok: np.ndarray, quiet: np.ndarray, dt_s: float,
+           cfg: UnnamedJudgeConfig) -> dict[str, np.ndarray]:
+    """The own baseline after this tick. Its mean learns from every cell ``ok`` (reports, is
+    peered, not explained, not a telemetry fault), at its half-life even while it deviates: a
+    new level that lasts (a firmware rolled out node by node) becomes the entity's normal
+    within hours, while a fault that keeps getting worse stays ahead of it; warming (an even
+    average) takes quiet cells only. The noise learns from ``quiet`` cells only: a deviation
+    must not widen its own bar."""
     a = alpha(st.n, dt_s if np.isfinite(dt_s) else 0.0, cfg.half_life_s, cfg.warm_samples)
-    mu = np.where(ok, st.mu + a * (np.nan_to_num(resid) - st.mu), st.mu).astype(np.float32)
-    quiet = ok & ~hit  # the noise learns from quiet cells only: a deviation must not widen its own bar
-    dev = np.where(quiet, st.dev + a * (np.abs(np.nan_to_num(resid) - st.mu) - st.dev), st.dev).astype(np.float32)
-    new = replace(st, order=order, prev=np.where(present, x, st.prev), prev_t_s=t_s, mu=mu, dev=dev,
-                  n=np.where(ok, np.minimum(st.n.astype(np.int64) + 1, 65535), st.n).astype(np.uint16), bits=bits,
-                  still=np.minimum(still, 65535).astype(np.uint16), moved=moved,
-                  gone=np.minimum(gone, 65535).astype(np.uint16), seen=seen)
-    return score, value, tele, new
+    r = np.nan_to_num(resid)
+    return {"mu": np.where(ok, st.mu + a * (r - st.mu), st.mu).astype(np.float32),
+            "dev": np.where(quiet, st.dev + a * (np.abs(r - st.mu) - st.dev), st.dev).astype(np.float32),
+            "n": np.where(ok, np.minimum(st.n.astype(np.int64) + 1, 65535), st.n).astype(np.uint16)}
 
 
 def add_columns(e: Evidence, names: tuple[str, ...], score: np.ndarray, value: np.ndarray,
