@@ -186,9 +186,10 @@ class PolicyParams:
     unused."""
     straggler_threshold: float = 0.7
     """``in_job_restart``'s straggler detector: relative performance score below which a
-    rank is flagged (NVRx ``gpu_relative_perf_threshold`` as NeMo's callback sets it)."""
+    rank is flagged (NVRx's ``gpu_relative_perf_threshold``; 0.7 is the default of Megatron
+    Bridge's ``NVRxStragglerDetectionConfig`` and of NeMo's recipes, docs/benchmarks.md)."""
     straggler_report_s: float = 300.0
-    """Its reporting window (NeMo's ``report_time_interval`` example value)."""
+    """Its reporting window (``report_time_interval``: 300 s, the same default)."""
     replica_group_gpus: int = 64
     """GPUs in one replica group: the failure domain live recovery re-forms (torchft)."""
     step_time_s: float = 5.0
