@@ -37,7 +37,7 @@ def test_requeued_job_reads_back_as_two_runs_and_the_gap_is_restart(tmp_path: Pa
         script = tmp_path / "job.sh"
         script.write_text("#!/bin/sh\nsleep 6\n")
         t_submit = time.time() - 1
-        jid = sc.sbatch(script, "--job-name=gp-train", "--requeue")
+        jid = sc.sbatch(script, "--job-name=gp-train", "--requeue", "--output=/dev/null")
         wait(lambda: sc.job(jid).get("JobState") == "RUNNING", 30, "the job to start")
         time.sleep(2)
         assert sc.scontrol("requeue", str(jid)).returncode == 0
