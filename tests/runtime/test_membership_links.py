@@ -151,7 +151,7 @@ def _wait(cond, timeout_s: float, what: str):
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
+            raise AssertionError(f"not within {timeout_s} s: {what() if callable(what) else what}")
         time.sleep(0.1)
 
 
@@ -162,16 +162,20 @@ def test_the_coordinators_node_killed_another_launcher_takes_over(etcd, tmp_path
         for n in range(3):
             files.append(tmp_path / f"node{n}.json")
             procs.append(subprocess.Popen([sys.executable, str(helper), etcd.address, "failover", str(n),
-                                           str(files[-1])], start_new_session=True))
-        _wait(lambda: len(_load(etcd, "failover")[1]) == 3
+                                           str(files[-1])], start_new_session=True,
+                                          stderr=open(tmp_path / f"node{n}.err", "wb")))
+        _wait(lambda: len(_load(etcd, "failover")[1]) == 3 and all(_status(f).get("connects") for f in files)
               and sum(_status(f).get("coordinates", False) for f in files) == 1, 60, "three nodes, one coordinator")
         first = next(n for n, f in enumerate(files) if _status(f)["coordinates"])
         survivors = [n for n in range(3) if n != first]
         before = {n: _status(files[n]) for n in survivors}
         os.killpg(procs[first].pid, signal.SIGKILL)   # the coordinator's launcher and its ranks
         procs[first].wait(10)
-        second = _wait(lambda: next((n for n in survivors if _status(files[n]).get("coordinates")), None),
-                       30, "another launcher elected")
+        second = _wait(lambda: next((str(n) for n in survivors if _status(files[n]).get("coordinates")), None),
+                       30, lambda: "another launcher elected: " + "; ".join(
+                           f"node {n}: {_status(files[n])} {(tmp_path / f'node{n}.err').read_text()[-300:]}"
+                           for n in survivors))
+        second = int(second)
         _, held = _wait(lambda: (lambda g: g if sorted(g[1]) == survivors else None)(_load(etcd, "failover")),
                         30, "the dead node removed from the membership")
         _wait(lambda: _status(files[second])["lost"], 5, "the loss in the new coordinator's status")
