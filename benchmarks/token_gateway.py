@@ -545,6 +545,39 @@ def run_healthy(seeds: int, quick: bool, seed0: int) -> dict:
                                                      "static_alert_days", "static_requests_refused")}}
 
 
+def stealth_detector_only(seeds: int, seed0: int) -> dict:
+    """The stealthy leak's traces (the leaked key's three days, its morning, then 1.5x its own shape from
+    12:00 for 2 h from a source it tried once) fed to the detector alone, no caps: per seed, seconds from
+    the leak to its first step, the step, and whether it suspended the key."""
+    from seamguard.gateway.zombie import ZombieDetector
+
+    leak_t, rows = 3 * DAY + 12 * HOUR, []
+    for s in range(seed0, seed0 + seeds):
+        rng, leaked = random.Random(s), LEAK_KEYS[s % len(LEAK_KEYS)]
+        history = legit_trace(0.0, 3 * DAY, rng) + legit_trace(3 * DAY, leak_t - HOUR, rng)
+        history = [r for r in history if r.key == leaked] + [Req(DAY + 12 * HOUR, leaked, 20, 16, 16, STEALTH_SOURCE)]
+        live = sorted(legit_trace(leak_t - HOUR, leak_t + 2 * HOUR, rng)
+                      + stealth_trace(leak_t, leak_t + 2 * HOUR, rng, leaked), key=lambda r: r.t)
+        det = ZombieDetector()
+        seed_detector(det, sorted(history, key=lambda r: r.t))
+        row: dict = {"seed": s, "key": leaked, "time_to_detect_s": None, "reason": None, "suspended": False}
+        for i, r in enumerate(x for x in live if x.key == leaked):
+            det_steps = [det.observe_request(r.key, r.t, r.prompt + r.max_tokens, r.source)]
+            det.admitted(r.key, r.t, r.prompt + r.max_tokens)
+            det_steps.append(det.observe_result(r.key, r.t + r.duration_s, True, f"l{i}"))
+            for st in det_steps:
+                if st is not None and st.to_state != "ok" and row["time_to_detect_s"] is None:
+                    row.update(time_to_detect_s=round(r.t - leak_t, 1), reason=st.reason,
+                               throttle_tpm=st.throttle_tpm)
+                row["suspended"] |= st is not None and st.to_state == "suspended"
+        rows.append(row)
+        print(f"detector-only stealth seed {s}: {row}", file=sys.stderr)
+    hit = [r["time_to_detect_s"] for r in rows if r["time_to_detect_s"] is not None and r["time_to_detect_s"] <= HOUR]
+    return {"seeds": [seed0, seed0 + seeds - 1], "per_seed": rows, "within_the_hour": len(hit),
+            "median_time_to_detect_s": float(np.median(hit)) if len(hit) == len(rows) else None,
+            "suspended": sum(r["suspended"] for r in rows)}
+
+
 def print_healthy(h: dict) -> None:
     print(f"\nhealthy keys ({h['weeks']} weeks: weekends at {h['weekend_level']:g}, days +-{h['day_sigma']:g}, "
           f"{h['growth_per_week']:g}x a week; judged from day 7): {h['days_judged']} key-days, "
@@ -607,7 +640,12 @@ def main() -> None:
                                                             "1000 up are held out)")
     ap.add_argument("--no-http", action="store_true", help="simulated time only")
     ap.add_argument("--leaks-only", action="store_true", help="only the ramp and stealthy-leak scenarios")
+    ap.add_argument("--detector-only", action="store_true", help="only the stealthy leak, fed to the detector alone")
     args = ap.parse_args()
+    if args.detector_only:
+        print(json.dumps({"seed0": args.seed0, "detector_only_stealth": stealth_detector_only(args.seeds or 12,
+                                                                                              args.seed0)}))
+        return
     seeds = args.seeds or (2 if args.quick else 3)
     if args.leaks_only:
         leaks = run_leaks(seeds, args.quick, args.seed0)
