@@ -36,7 +36,7 @@ def fork_server():
     try:
         yield fs
     finally:
-        fs.close()
+        fs.close(timeout_s=60.0)  # a loaded machine may still be importing torch in the server
 
 
 @pytest.fixture(autouse=True)

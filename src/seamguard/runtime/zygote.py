@@ -206,10 +206,11 @@ class ForkServer:
         (a child's exit) or one of ``also`` is readable: the launcher's wait between passes."""
         self._pump(timeout_s, also)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the control socket; the server leaves on its own (killed after ``timeout_s``)."""
         self.sock.close()
         try:
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
