@@ -93,6 +93,9 @@ class EvidenceConfig(BaseModel):
                                           "pressure scores (degraded: the host, not the GPU)")
     pending_score: float = Field(0.6, ge=0, le=1, description="score of a pending row remap / page retirement (needs a reset)")
     rate_window_s: float = Field(60.0, gt=0, description="window for error-counter rates")
+    counter_persist_steps: int = Field(2, ge=1, description="scrapes within the rate window in which an error "
+                                       "counter must have risen before its rate scores (capped at the scrapes the "
+                                       "window holds): one burst is a healthy background event, not a rate")
     flaps: tuple[float, float] = Field((1.0, 3.0), description="link-down events within the flap window")
     flap_window_s: float = Field(300.0, gt=0, description="window for link flap counting (dampening)")
     link_recoveries: tuple[float, float] = Field((1.0, 4.0), description="link error recoveries within the flap window")
@@ -167,6 +170,28 @@ def _increase(w: np.ndarray | list[np.ndarray], cur: np.ndarray) -> np.ndarray:
     for the first time) at a high value is not a burst.
     """
     return counter_increase([*w, cur])
+
+
+def _steps_up(hist: History, name: str, frame: Frame, window_s: float) -> np.ndarray:
+    """Scrapes within ``window_s`` (the current one included) in which a counter rose; a drop
+    to a value above zero (a reset that has counted since) counts as a rise, a missing side never."""
+    cur = frame.get(name)
+    w = hist.rows(name, hist.ticks_for(window_s))
+    out = np.zeros(cur.shape)
+    if not w:
+        return out
+    rows = [*w, cur]
+    with np.errstate(invalid="ignore"):
+        for a, b in zip(rows[:-1], rows[1:]):
+            out += (b > a) | ((b < a) & (b > 0))
+    return out
+
+
+def _persistent(hist: History, frame: Frame, cfg: EvidenceConfig, *names: str) -> np.ndarray:
+    """Whether any of the counters rose in enough scrapes of the rate window to be read as a rate."""
+    need = min(cfg.counter_persist_steps, hist.ticks_for(cfg.rate_window_s))
+    steps = np.maximum.reduce([_steps_up(hist, n, frame, cfg.rate_window_s) for n in names])
+    return steps >= need
 
 
 def _count(hist: History, name: str, frame: Frame, window_s: float) -> np.ndarray:
@@ -415,15 +440,19 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     def above(rate: np.ndarray, floor: np.ndarray) -> np.ndarray:
         return rate - np.where(cnt_warm, floor, 0.0)
 
+    # A rate scores only when the counter rose in several scrapes of the window: a healthy
+    # link or memory corrects a burst now and then, a failing one keeps counting.
     sbe = _rate_per_h(hist, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", frame, cfg.rate_window_s)
-    s_sbe = ramp(above(sbe, g.sbe_floor), *cfg.sbe_rate_per_h)
+    s_sbe = np.where(_persistent(hist, frame, cfg, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
+                     ramp(above(sbe, g.sbe_floor), *cfg.sbe_rate_per_h), 0.0)
     remap = _count(hist, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", frame, cfg.rate_window_s)
     s_remap = ramp(remap, *cfg.remapped_rows)
     pcie = _rate_per_h(hist, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", frame, cfg.rate_window_s)
-    s_pcie = ramp(above(pcie, g.pcie_floor), *cfg.pcie_replays_per_h)
-    crc = (_rate_per_h(hist, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s)
-           + _rate_per_h(hist, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", frame, cfg.rate_window_s))
-    s_nvlink = ramp(above(crc, g.nvlink_floor), *cfg.nvlink_crc_per_h)
+    s_pcie = np.where(_persistent(hist, frame, cfg, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),
+                      ramp(above(pcie, g.pcie_floor), *cfg.pcie_replays_per_h), 0.0)
+    crc_names = ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL")
+    crc = sum(_rate_per_h(hist, name, frame, cfg.rate_window_s) for name in crc_names)
+    s_nvlink = np.where(_persistent(hist, frame, cfg, *crc_names), ramp(above(crc, g.nvlink_floor), *cfg.nvlink_crc_per_h), 0.0)
     # Replays and recoveries by persistence: one is a link that recovered (NVLink retrains by
     # design); several within the flap window are a link that keeps failing.
     recoveries = (_count(hist, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", frame, cfg.flap_window_s)

@@ -1,0 +1,77 @@
+"""Healthy error backgrounds are not faults (issue 37, held-out detection): decision tables.
+
+A healthy NVLink, PCIe link or HBM corrects a burst of errors now and then (field studies
+in docs/evidence.md, "Error counters"): one scrape's burst of 20 CRC errors read over a
+one-minute window is 1,200 per hour, far over any limit. A counter that keeps climbing is
+what a failing part shows, so a rate scores only when the counter rose in several scrapes
+of the window; one burst and then quiet is background, whatever its size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from seamguard.assess.assessment import AssessConfig, assess, initial_states
+from seamguard.assess.states import State
+from seamguard.fleet import FleetShape, Kind, generate_fleet
+from seamguard.observe import History
+from seamguard.observe.frame import make_frame
+
+TICK_S = 30.0
+FLEET = generate_fleet(FleetShape(gpus=32, rails=2, racks_per_loop=1), seed=5)
+G = FLEET.count(Kind.GPU)
+GPU = 3
+COUNTERS = {"nvlink_errors": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+            "sbe_rate": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            "pcie_replays": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"}
+
+
+def healthy() -> dict[str, np.ndarray]:
+    nic = FLEET.count(Kind.NIC)
+    return {
+        "DCGM_FI_DEV_GPU_TEMP": np.full(G, 60.0), "DCGM_FI_DEV_POWER_USAGE": np.full(G, 600.0),
+        "DCGM_FI_DEV_GPU_UTIL": np.full(G, 95.0), "DCGM_FI_DEV_SM_CLOCK": np.full(G, 1980.0),
+        "DCGM_FI_DEV_XID_ERRORS": np.zeros(G),
+        "node_infiniband_state_id": np.full(nic, 4.0), "node_infiniband_physical_state_id": np.full(nic, 5.0),
+        "seamguard_coolant_flow_lpm": FLEET.loop_rated_flow_lpm.copy(),
+        "seamguard_coolant_supply_temp_c": np.full(FLEET.count(Kind.COOLING_LOOP), 30.0),
+        "seamguard_storage_write_latency_ms": np.full(FLEET.count(Kind.STORAGE), 20.0),
+    }
+
+
+def run(counter: str, increments: list[float]) -> tuple[float, State]:
+    """Feed ``increments`` (one per scrape) to one GPU's counter; its highest score on the
+    counter's channel over the run, and its state at the end."""
+    cfg = AssessConfig()
+    hist = History(TICK_S, default_depth=2, depth_by_signal=cfg.history_depths(TICK_S))
+    prev, base, top = initial_states(FLEET), None, 0.0
+    total = np.zeros(G)
+    channel = next(k for k, v in COUNTERS.items() if v == counter)
+    for i, inc in enumerate(increments):
+        total[GPU] += inc
+        frame = make_frame(FLEET, 1000.0 + i * TICK_S, {**healthy(), counter: total.copy()})
+        a = assess(FLEET, frame, hist, prev, cfg, base=base)
+        ev = a.kinds[Kind.GPU].evidence
+        top = max(top, float(ev.score[GPU, ev.channels.index(channel)]))
+        prev, base = {k: ka.states for k, ka in a.kinds.items()}, a.baselines
+        hist.push(frame)
+    return top, State(int(prev[Kind.GPU].state[GPU]))
+
+
+QUIET = [0.0] * 12
+# (increments per scrape after a quiet start, must score >= 0.5, must the GPU stay healthy)
+CASES = [
+    (QUIET + [20.0] + QUIET, False, True),                       # one healthy burst of 20 CRC errors
+    (QUIET + [6.0, 0.0, 0.0, 5.0] + QUIET, False, True),          # two bursts a minute and a half apart
+    (QUIET + [10.0] * 10, True, False),                           # a link that keeps counting
+]
+
+
+@pytest.mark.parametrize("counter", list(COUNTERS.values()))
+@pytest.mark.parametrize("increments,scores,stays_healthy", CASES)
+def test_a_burst_is_background_a_climb_is_a_rate(counter, increments, scores, stays_healthy):
+    top, state = run(counter, increments)
+    assert (top >= 0.5) == scores, (counter, increments, top)
+    if stays_healthy:
+        assert state == State.HEALTHY, (counter, increments, state)
