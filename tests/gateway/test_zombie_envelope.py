@@ -189,3 +189,21 @@ def test_a_leak_from_a_source_the_key_barely_knows_is_caught_sooner(seed):
     own = first_step_after_leak(HOME, 700 + seed)
     assert rare is not None and rare <= HOUR, rare
     assert own is None or rare <= own, (rare, own)
+
+
+def test_the_envelope_follows_the_time_of_day():
+    """Throttled on its quiet morning, the key's TPM rises with its busy afternoon: a healthy key flagged in the
+    morning is not held to its morning's rate all day."""
+    gw = quiet_morning_key()
+    d = 4
+    leak = lambda t: [(1000, OFFICE), (500, OFFICE)] if t >= d * DAY + 9.5 * HOUR else []  # noqa: E731
+    two_level_day(gw, d, until_h=10.5, extra=leak)
+    state, morning = gw.det.state("k")
+    assert state == "throttled"
+    t = d * DAY + 10.5 * HOUR
+    while t < d * DAY + 13 * HOUR:  # the key's own traffic (its afternoon from 12:00) and the leak
+        gw.send(t, 1000, HOME)
+        gw.send(t + 1.0, 1500, OFFICE)
+        t += 30.0 if t < d * DAY + 12 * HOUR else 10.0
+    state, afternoon = gw.det.state("k")
+    assert state == "throttled" and afternoon > 2 * morning, (morning, afternoon)

@@ -199,6 +199,7 @@ class _Key:
     source_known_total: float = 0.0
     rare_bins: int = 0
     judged_bins: int = 0
+    throttle_slow: bool = False  # throttled by a slow rule: its TPM follows its envelope bin by bin
     strong_since: float | None = None  # the current run of strong departures began
     last_strong: float = -math.inf
     # last 60 s, with running sums so that judging a request costs O(1), not O(requests in a minute)
@@ -349,6 +350,8 @@ class ZombieDetector:
                 self._close_bins(k, k.bin, n)
             k.bin = n
             k.history_departure = self._history(k, n)
+            if k.state == "throttled" and k.throttle_slow:  # the envelope follows the time of day
+                k.throttle_tpm = self._throttle_tpm(k, False, now)
 
     def _history(self, k: _Key, n: int) -> tuple[str, dict[str, float]] | None:
         """Spend over history for the hour of complete bins before bin ``n``."""
@@ -553,6 +556,7 @@ class ZombieDetector:
               tpm: int | None, actor: str = "zombie-detector") -> Step:
         step = Step(key, k.state, to, reason, evidence, tpm, actor)
         k.state, k.since, k.throttle_tpm = to, now, tpm
+        k.throttle_slow = to == "throttled" and "throttle_tpm" in evidence
         if to == "ok" or actor != "zombie-detector":
             k.evidence = None
         return step
