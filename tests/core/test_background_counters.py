@@ -1,4 +1,4 @@
-"""Healthy error backgrounds are not faults (issue 37, held-out detection): decision tables.
+"""Telemetry that is normal is not a fault (issue 37, held-out detection): decision tables.
 
 A healthy NVLink, PCIe link or HBM corrects a burst of errors now and then (field studies
 in docs/evidence.md, "Error counters"): one scrape's burst of 20 CRC errors read over a
@@ -75,3 +75,43 @@ def test_a_burst_is_background_a_climb_is_a_rate(counter, increments, scores, st
     assert (top >= 0.5) == scores, (counter, increments, top)
     if stays_healthy:
         assert state == State.HEALTHY, (counter, increments, state)
+
+
+# ---- a node's exporter restarting is a telemetry gap, not its ports failing ------------------------
+NODE = 1
+PORTS = np.flatnonzero(FLEET.nic_node == NODE)
+GPUS = np.flatnonzero(FLEET.gpu_node == NODE)
+
+
+def missing_scores(ports_gone: np.ndarray, gpus_gone: bool) -> np.ndarray:
+    """The ``missing`` score of the node's ports after one scrape with ``ports_gone`` absent."""
+    cfg = AssessConfig()
+    hist = History(TICK_S, default_depth=2, depth_by_signal=cfg.history_depths(TICK_S))
+    prev, base = initial_states(FLEET), None
+    for i in range(2):
+        values = healthy()
+        if i == 1:
+            for name in ("node_infiniband_state_id", "node_infiniband_physical_state_id"):
+                values[name][ports_gone] = np.nan
+            if gpus_gone:
+                values["DCGM_FI_DEV_GPU_TEMP"][GPUS] = np.nan
+        frame = make_frame(FLEET, 1000.0 + i * TICK_S, values)
+        a = assess(FLEET, frame, hist, prev, cfg, base=base)
+        prev, base = {k: ka.states for k, ka in a.kinds.items()}, a.baselines
+        hist.push(frame)
+    ev = a.kinds[Kind.NIC].evidence
+    return ev.score[PORTS, ev.channels.index("missing")]
+
+
+# (ports of the node gone, its GPUs gone too, ports whose missing must score)
+EXPORTER_CASES = [
+    (PORTS, False, []),              # node_exporter restarting: every port gone, DCGM still reports
+    (PORTS[:1], False, PORTS[:1]),   # one port gone while its siblings report: it fell off the host
+    (PORTS, True, PORTS),            # the host went dark: everything it exports is gone
+]
+
+
+@pytest.mark.parametrize("gone,gpus_gone,scored", EXPORTER_CASES)
+def test_a_node_exporter_gap_is_not_its_ports_failing(gone, gpus_gone, scored):
+    s = missing_scores(gone, gpus_gone)
+    assert set(PORTS[s > 0].tolist()) == set(np.asarray(scored).tolist()), s

@@ -596,7 +596,15 @@ def nic_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     s_cong = cfg.congestion_weight * np.maximum(ramp(ratio, *cfg.congestion_ratio),
                                                 ramp(above(disc, b.discard_floor), *cfg.discards_per_h))
     gone = np.isnan(state)
-    s_missing = np.where(gone, cfg.missing_node_score, 0.0)
+    # A port gone while a sibling port still reports fell off its host. Every port of a node gone
+    # while the node's GPUs still report is the host's exporter (a restart, a hang): a telemetry
+    # gap, kept as data and never scored. A host that goes dark takes its GPUs' series too.
+    nodes = fleet.count(Kind.NODE)
+    ports_seen = np.bincount(fleet.nic_node, weights=~gone, minlength=nodes) > 0
+    gpus_seen = np.bincount(fleet.gpu_node, weights=np.isfinite(frame.get("DCGM_FI_DEV_GPU_TEMP")),
+                            minlength=nodes) > 0
+    exporter_gap = gone & ~ports_seen[fleet.nic_node] & gpus_seen[fleet.nic_node]
+    s_missing = np.where(gone & ~exporter_gap, cfg.missing_node_score, 0.0)
 
     ok = learn & ~gone & ~down
     a = alpha(b.n, dt_s, bcfg.half_life_s, bcfg.warm_samples)
