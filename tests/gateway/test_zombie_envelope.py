@@ -80,7 +80,7 @@ def test_a_slow_departure_throttles_to_the_key_s_envelope_and_never_suspends():
     assert moves and moves[0][1] == "throttled" and moves[0][2].startswith("spend over its history"), moves
     peak = gw.det.baseline("k")["peak_minute_tokens"]
     morning_tpm = 2000.0  # 1,000 tokens every 30 s
-    assert moves[0][3] <= 1.5 * morning_tpm * 1.05 < 1.5 * peak, (moves[0], peak)
+    assert moves[0][3] <= 1.5 * morning_tpm * 1.25 < 1.5 * peak, (moves[0], peak)  # x its day allowance (>= 1.22)
     assert moves[0][3] < (1 + 1.5) * morning_tpm, "the envelope does not cap the leak's excess"
     assert moves[0][0] <= 10.5, "not throttled within the hour"
     assert "suspended" not in [m[1] for m in moves], moves
@@ -206,4 +206,4 @@ def test_the_envelope_follows_the_time_of_day():
         gw.send(t + 1.0, 1500, OFFICE)
         t += 30.0 if t < d * DAY + 12 * HOUR else 10.0
     state, afternoon = gw.det.state("k")
-    assert state == "throttled" and afternoon > 2 * morning, (morning, afternoon)
+    assert state == "throttled" and afternoon > 1.5 * morning, (morning, afternoon)

@@ -179,11 +179,12 @@ def rare_source_llr(heavy_bins: int, judged_bins: int, q1: float = 0.5) -> float
 
 def envelope_tokens(ref: Reference, s: int, bins: int) -> float | None:
     """What the key usually spends in one 5-minute bin over bins [s, s + bins) of the day (their most,
-    so a rising morning is not cut), with its recent growth; None where its history says nothing."""
+    so a rising morning is not cut), with its recent growth and a day's allowance (a busy day of a
+    healthy key sits inside it); None where its history says nothing."""
     ahead = ref.usual[s:min(BINS_PER_DAY, s + bins)]
     if ahead.size == 0 or np.isnan(ahead).all():
         return None
-    return float(np.nanmax(ahead)) * math.exp(ref.offset)
+    return float(np.nanmax(ahead)) * math.exp(ref.offset + ref.allowance)
 
 
 def cusum(score: float, evidence: float, judged: bool) -> float:
