@@ -115,3 +115,49 @@ EXPORTER_CASES = [
 def test_a_node_exporter_gap_is_not_its_ports_failing(gone, gpus_gone, scored):
     s = missing_scores(gone, gpus_gone)
     assert set(PORTS[s > 0].tolist()) == set(np.asarray(scored).tolist()), s
+
+
+# ---- a drift the whole job shares is its work, not one GPU's thermal interface ---------------------
+# A job that is a small part of its rack (the rack's common mode stays where it was).
+JOB = int(np.argmin(np.bincount(FLEET.gpu_job[FLEET.gpu_job >= 0])))
+JOB_GPUS = np.flatnonzero(FLEET.gpu_job == JOB)
+ONE = int(JOB_GPUS[0])
+
+
+def drift_scores(warmer: np.ndarray, rise_c: float) -> np.ndarray:
+    """Highest ``thermal_drift`` score per GPU once ``warmer`` run ``rise_c`` hotter at the same power
+    after a warm-up long enough for every baseline to give verdicts."""
+    cfg = AssessConfig()
+    hist = History(TICK_S, default_depth=2, depth_by_signal=cfg.history_depths(TICK_S))
+    prev, base, top = initial_states(FLEET), None, np.zeros(G)
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        values = healthy()
+        values["DCGM_FI_DEV_GPU_TEMP"] = values["DCGM_FI_DEV_GPU_TEMP"] + rng.normal(0.0, 0.2, G)
+        if i >= 30:
+            values["DCGM_FI_DEV_GPU_TEMP"][warmer] += rise_c
+        frame = make_frame(FLEET, 1000.0 + i * TICK_S, values)
+        a = assess(FLEET, frame, hist, prev, cfg, base=base)
+        ev = a.kinds[Kind.GPU].evidence
+        top = np.maximum(top, ev.score[:, ev.channels.index("thermal_drift")])
+        prev, base = {k: ka.states for k, ka in a.kinds.items()}, a.baselines
+        hist.push(frame)
+    return top
+
+
+def test_the_job_fixture_has_peers():
+    assert len(JOB_GPUS) >= 4 and len(JOB_GPUS) <= G // 3
+
+
+# (GPUs that run hotter, must score >= 0.5, must not)
+DRIFT_CASES = [
+    (np.array([ONE]), [ONE], [g for g in JOB_GPUS if g != ONE]),   # one GPU's interface wearing
+    (JOB_GPUS, [], JOB_GPUS),                                      # the whole job runs a hotter phase
+]
+
+
+@pytest.mark.parametrize("warmer,scored,quiet", DRIFT_CASES)
+def test_a_drift_the_job_shares_is_its_work(warmer, scored, quiet):
+    top = drift_scores(warmer, 4.0)
+    assert all(top[g] >= 0.5 for g in scored), top[scored]
+    assert all(top[g] < 0.5 for g in quiet), top[quiet]

@@ -380,6 +380,14 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     # Own baseline: thermal drift. A throttling GPU or one on a loop in trouble does not teach it.
     drift, z_drift, warm, drift_rate, tfields, r_th, r_n = _thermal(
         fleet, frame, hist, base, bcfg, cfg, learn & ~throttling & ~explained, dt_s)
+    # Work is not a fault: a drift the GPU's job peers share (a heavier phase of the workload, a
+    # load change its power does not explain yet) is the job's, not a worn interface. Each GPU is
+    # judged on the drift above the median of the other GPUs of its job (3 or more: else its own).
+    peer_drift, drift_peers = loo_median(np.where(fleet.gpu_job >= 0, drift, np.nan), job_group, n_jobs)
+    shared = np.where((fleet.gpu_job >= 0) & (drift_peers >= 3), np.clip(np.nan_to_num(peer_drift), 0.0, None), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z_drift = np.where(drift > 0, z_drift * np.clip(drift - shared, 0.0, None) / drift, z_drift)
+    drift = drift - shared
     strength = np.minimum(ramp(z_drift, *cfg.thermal_drift_z), ramp(drift, *cfg.thermal_drift_c))
     u_head = ramp(cfg.thermal_warn_headroom_c - headroom, 0.0, cfg.thermal_warn_headroom_c - cfg.thermal_crit_headroom_c)
     rising = (drift_rate > 0) & (headroom > 0)
