@@ -358,20 +358,7 @@ class SnapshotSchedule:
         """Degraded mode: the step commits only once its start-of-step snapshot is hashed,
         pushed to the replica holder and (if due) persisted, so no overlap is in flight when
         a node at risk fails. False if a new generation overtakes the wait."""
-        rt = self.rt
-        self.finish_snapshot()
-        t0 = self._time.perf_counter()
-        nap_s = 0.0002
-        try:
-            while self.pipeline.unsettled():
-                if rt._failed or rt._overtaken_gen():
-                    rt._failed = True
-                    return False
-                self._time.sleep(nap_s)
-                nap_s = min(0.005, nap_s * 1.5)
-        finally:
-            rt.stats["snapshot_stall_s"] += self._time.perf_counter() - t0
-        return True
+        return self._wait_for_pipeline(self.pipeline.unsettled, commit_wait=False)
 
     def persist_final(self) -> None:
         """Persist the final state (every rank, same step) and wait, bounded, for it."""
@@ -393,20 +380,28 @@ class SnapshotSchedule:
         shard. A rank lost during step s+1 has then delivered the start of step s: the job
         resumes at s, at most one completed step is redone. False if a new generation
         overtakes the wait."""
+        return self._wait_for_pipeline(self.pipeline.busy, commit_wait=True)
+
+    def _wait_for_pipeline(self, pending, commit_wait: bool) -> bool:
+        """Finish this step's snapshot, then wait while ``pending()`` (backing off from 0.2 ms
+        to 5 ms), charging the wait to the snapshot stall (and to ``commit_wait`` in the step
+        profile); False, and the rank marked failed, if a new generation overtakes it."""
         rt = self.rt
         self.finish_snapshot()
         t0 = self._time.perf_counter()
         nap_s = 0.0002
         try:
-            while self.pipeline.busy():
+            while pending():
                 if rt._failed or rt._overtaken_gen():
                     rt._failed = True
                     return False
                 self._time.sleep(nap_s)
                 nap_s = min(0.005, nap_s * 1.5)
         finally:
-            rt.stats["snapshot_stall_s"] += self._time.perf_counter() - t0
-            rt.clock.add("commit_wait", self._time.perf_counter() - t0)
+            waited_s = self._time.perf_counter() - t0
+            rt.stats["snapshot_stall_s"] += waited_s
+            if commit_wait:
+                rt.clock.add("commit_wait", waited_s)
         return True
 
     def handoff(self, source, step: int, persist: Path | None = None) -> Handoff:
