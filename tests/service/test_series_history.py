@@ -14,9 +14,12 @@ from dataclasses import replace
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from seamguard.app.runner import Runner
 from seamguard.app.service import render
+from seamguard.app.service.metrics import make_registry
+from seamguard.app.service.metrics import render as render_metrics
 from seamguard.app.service.server import Server
 from seamguard.app.service.timerange import TimeRange
 from seamguard.app.signal_ring import score_row
@@ -154,5 +157,10 @@ def test_a_failing_series_write_never_breaks_the_tick(tmp_path):
         assert r.snapshot().tick == 2 and r.snapshot().tick_error == ""
         assert r.series.flush(10) and r.series.failed == 3 and "no space" in r.series.last_error
         assert r.ledger.last_tick() == 2  # the controller's own record goes on
+        # ... and an operator sees the lost history on /metrics
+        fams = {f.name: f for f in text_string_to_metric_families(
+            render_metrics(make_registry(r.snapshot, None, r.series)).decode())}
+        assert fams["seamguard_series_write_failures"].samples[0].value == 3
+        assert fams["seamguard_series_ticks_written"].samples[0].value == 0
     finally:
         r.close()

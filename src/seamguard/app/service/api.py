@@ -82,7 +82,7 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: HostRule |
                   description="Gray-failure control plane: fleet state, evidence, decisions and operator controls. "
                               "Every read renders one immutable snapshot published after a controller tick.")
     reader = open_reader(runner.ledger_path)
-    registry = make_registry(runner.snapshot, lambda: runner.leading)
+    registry = make_registry(runner.snapshot, lambda: runner.leading, runner.series)
     goodput = GoodputService(runner, reader)  # /api/v1/goodput and its /metrics gauges (goodput.py)
     registry.register(GoodputCollector(goodput))
     app.include_router(goodput_router(goodput, API))

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from seamguard.assess.admissibility import ADMISSIBILITY_COLUMNS
 from seamguard.assess.states import State
 from seamguard.app.snapshot import ENTITY_KINDS, TICK_BUCKETS, Snapshot
+from seamguard.ledger.series import SeriesWriter
 
 SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.8, 0.9, 1.0)
 
@@ -121,9 +122,30 @@ class SnapshotCollector:
             yield ut
 
 
-def make_registry(get: Callable[[], Snapshot], leading: Callable[[], bool] | None = None) -> CollectorRegistry:
+class SeriesWriterCollector:
+    """The dashboard-series writer's own counts (ledger/series.py): a full queue or a failing
+    ledger loses history without failing a tick, so operators see it here."""
+
+    def __init__(self, writer: SeriesWriter) -> None:
+        self._w = writer
+
+    def collect(self) -> Iterator[Metric]:
+        w = self._w
+        for name, doc, value in (
+                ("seamguard_series_ticks_written", "Ticks of dashboard series written to the ledger", w.written),
+                ("seamguard_series_ticks_dropped", "Ticks of dashboard series dropped (the writer's queue was full)",
+                 w.dropped),
+                ("seamguard_series_write_failures", "Dashboard-series writes that failed (the ledger refused them)",
+                 w.failed)):
+            yield CounterMetricFamily(name, doc, value=value)
+
+
+def make_registry(get: Callable[[], Snapshot], leading: Callable[[], bool] | None = None,
+                  series: SeriesWriter | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(SnapshotCollector(get, leading))
+    if series is not None:
+        reg.register(SeriesWriterCollector(series))
     return reg
 
 
