@@ -106,7 +106,7 @@ def test_a_silent_node_is_lost_with_its_ranks_and_no_other(etcd):
     lost, victim, gen, held = asyncio.run(scenario())
     assert [(x.node, sorted(x.workers)) for x in lost] == [(victim, list(range(victim * 8, victim * 8 + 8)))]
     assert lost[0].why.startswith("no report for")
-    assert float(lost[0].why.split()[3]) > HANG_TIMEOUT_S
+    assert float(lost[0].why.split()[3]) >= HANG_TIMEOUT_S  # silent past the timeout (printed to 0.01 s)
     assert sorted(held) == sorted(set(range(5)) - {victim}) and gen >= 2
 
 
