@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ class LivenessHub:
         self.clock = clock
         self.tracker = NodeTracker(hang_timeout_s, own_node=own_node)
         self.reports = 0
-        self.refused: list[str] = []
+        self.refused: deque[str] = deque(maxlen=100)  # the newest refusals (a peer may send garbage forever)
         self._closed: list[int] = []
         self._last_judge_s: float | None = None
         self._server: asyncio.base_events.Server | None = None
