@@ -31,7 +31,8 @@ schedule (phases spread evenly):
   lease and a fenced key), its hub judging every node's link in memory and writing the
   membership to etcd (aetcd, gRPC) only when it changes. The other nodes' launchers are
   SIMULATED: one `NodeReporter` each (an asyncio task holding one TCP link and sending
-  its 8 ranks' beats as one line every node beat), a few hundred to a process; they do
+  its 8 ranks' beats as one HMAC-signed line every node beat, verified by the hub as in
+  the job; ``link_lines_refused`` counts the lines it refused), a few hundred to a process; they do
   not campaign (failover is tested in tests/runtime/test_membership_links.py, not here).
   The silent node (node 1) stops sending but keeps its link open, as a hung host does, so
   its loss is judged by the timeout, not by the faster closed link.
@@ -74,6 +75,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from seamguard import hintauth
 from seamguard.runtime.coordinator import FULL_READ_S, HINT_KEYS
 from seamguard.runtime.settings import LaunchSettings, RuntimeSettings
 
@@ -340,6 +342,12 @@ def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_b
 LINK_VICTIM = 1  # node 0 runs the coordinator here; node 1 is the one that goes silent
 
 
+def _bench_link_key() -> bytes:
+    from seamguard.runtime.liveness import link_key
+
+    return link_key(hintauth.read_key(Path(os.environ["SG_BENCH_DIR"]) / "key"))
+
+
 def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: float, go, t0_box, out) -> None:
     """Node 0's launcher, elected: its `NodeMembership` (hub, roster in etcd, its own node's beats)."""
     import asyncio
@@ -348,11 +356,12 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
     from seamguard.runtime.node_membership import NodeMembership
 
     host, port = address.rsplit(":", 1)
+    key = _bench_link_key()
     out.put(("ready-coord", os.getpid()))
 
     async def play() -> dict:
         book = roster.Roster(roster.connect((host, int(port))), "bench")
-        nm = NodeMembership(book, "bench", 0, lambda: {w: (1, 1) for w in range(RANKS_PER_NODE)},
+        nm = NodeMembership(book, "bench", 0, lambda: {w: (1, 1) for w in range(RANKS_PER_NODE)}, key,
                             beat_s=node_beat_s, hang_timeout_s=HANG_TIMEOUT_S)
         stop = asyncio.Event()
         task = asyncio.create_task(nm.run(stop))
@@ -378,6 +387,7 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
         false = [x for x in nm.lost if x.node != LINK_VICTIM]
         return {"ops": 0, "reports_s": (reports1 - reports0) / window_s, "etcd_revisions": rev1 - rev0,
                 "etcd_txns": writes1 - writes0, "joined": joined, "false": len(false),
+                "refused": sum(nm.hub.gate.refused.values()),
                 "detect_s": None if detect_s is None else round(detect_s, 3)}
     out.put(("coord", asyncio.run(play())))
 
@@ -390,13 +400,14 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
     from seamguard.runtime.liveness import NodeReporter
 
     hub_file = Path(os.environ["SG_BENCH_DIR"]) / "hub"
+    key = _bench_link_key()
     os.nice(GENERATOR_NICE)
 
     async def play() -> dict:
-        host, port = hub_file.read_text().rsplit(":", 1)
+        where = hub_file.read_text()
 
         async def locate():
-            return host, int(port)
+            return where
         counters = {n: 0 for n in nodes}
 
         def beats_of(n: int):
@@ -406,7 +417,7 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
                 return {n * RANKS_PER_NODE + i: (k, k) for i in range(RANKS_PER_NODE)}
             return beats
         stop = asyncio.Event()
-        reporters = {n: NodeReporter("bench", n, node_beat_s, locate, beats_of(n)) for n in nodes}
+        reporters = {n: NodeReporter("bench", n, node_beat_s, key, locate, beats_of(n)) for n in nodes}
         tasks = {}
         for n, r in reporters.items():
             await asyncio.sleep(node_beat_s / len(nodes))   # phases spread over one beat
@@ -436,6 +447,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
     ctx = mp.get_context("spawn")
     os.environ["SG_BENCH_DIR"] = str(workdir)
     (workdir / "hub").unlink(missing_ok=True)
+    hintauth.create_key(workdir / "key")   # the job's key; every link line is signed with one derived from it
     etcd = EtcdServer.loopback(Path(tempfile.mkdtemp(prefix="sg-etcd-", dir="/dev/shm"))).start()
     go, box, out = ctx.Event(), ctx.Value("d", 0.0), ctx.Queue()
     nodes = list(range(1, ranks // RANKS_PER_NODE))
@@ -478,6 +490,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
         "server_cpu_pct": round(100 * (cpu1 - cpu0) / (w1 - w0), 1),
         "coordinator_cpu_pct": round(100 * (ccpu1 - ccpu0) / (w1 - w0), 1),
         "etcd_revisions_in_window": co["etcd_revisions"], "etcd_txns_in_window": co["etcd_txns"],
+        "link_lines_refused": co["refused"],
         "server_cpu_us_per_op": None, "projected_server_cpu_pct": None,
         "staleness_p50_s": None, "staleness_p99_s": None,
         "detect_s": co["detect_s"], "false_verdicts": co["false"], "coordinator_pass_s": None, "late_actions": 0,

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from seamguard import hintauth
 from seamguard.runtime import roster as roster_mod
-from seamguard.runtime.liveness import decode_report, encode_report
+from seamguard.runtime.liveness import BeatRefused, LinkGate, decode_report, encode_report, link_key
 from seamguard.runtime.node_membership import NodeMembership
 from seamguard.testbed.multinode import EtcdServer
 
 pytestmark = pytest.mark.timeout(120)
 HANG_TIMEOUT_S = 1.0
+KEY = link_key(b"k" * 32)
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +56,13 @@ async def _until(cond, timeout_s: float, what: str) -> None:
 
 
 def test_report_wire_round_trip_and_refusals():
-    line = encode_report("job", 3, 7, {24: (5, 100)})
-    report = decode_report("job", line)
+    gate = LinkGate(KEY, "job", "hub1")
+    report = decode_report(gate.admit(encode_report(KEY, "job", "hub1", 3, 7, {24: (5, 100)})))
     assert (report.node, report.seq, report.beats) == (3, 7, {24: (5, 100)})
-    assert decode_report("job", b'{"bye":true}\n') is None
-    for bad, why in ((b"nope\n", "not JSON"), (encode_report("other", 1, 1, {}), "not this job"),
-                     (b'{"run":"job","node":1}\n', "malformed")):
-        with pytest.raises(ValueError, match=why):
-            decode_report("job", bad)
+    for bad, why in ((b"nope\n", "malformed"), (encode_report(KEY, "other", "hub1", 1, 8, {}), "forged"),
+                     (encode_report(KEY, "job", "hub0", 1, 9, {}), "misdirected")):
+        with pytest.raises(BeatRefused, match=why):
+            gate.admit(bad)
 
 
 def test_roster_changes():
@@ -75,7 +76,7 @@ async def _cluster(etcd, run_id: str, nodes: int):
     members, stops, tasks = [], [], []
     for n in range(nodes):
         nm = NodeMembership(roster_mod.Roster(roster_mod.connect(_endpoint(etcd)), run_id), run_id, n, _beats(n),
-                            hang_timeout_s=HANG_TIMEOUT_S)
+                            KEY, hang_timeout_s=HANG_TIMEOUT_S)
         stop = asyncio.Event()
         members.append(nm), stops.append(stop), tasks.append(asyncio.create_task(nm.run(stop)))
     await _until(lambda: sum(m.coordinates for m in members) == 1
@@ -158,11 +159,13 @@ def _wait(cond, timeout_s: float, what: str):
 def test_the_coordinators_node_killed_another_launcher_takes_over(etcd, tmp_path):
     helper = Path(__file__).with_name("membership_node_proc.py")
     procs, files = [], []
+    key_file = tmp_path / "hint-key"
+    hintauth.create_key(key_file)
     try:
         for n in range(3):
             files.append(tmp_path / f"node{n}.json")
             procs.append(subprocess.Popen([sys.executable, str(helper), etcd.address, "failover", str(n),
-                                           str(files[-1])], start_new_session=True,
+                                           str(files[-1]), str(key_file)], start_new_session=True,
                                           stderr=open(tmp_path / f"node{n}.err", "wb")))
         _wait(lambda: len(_load(etcd, "failover")[1]) == 3 and all(_status(f).get("connects") for f in files)
               and sum(_status(f).get("coordinates", False) for f in files) == 1, 60, "three nodes, one coordinator")

@@ -9,28 +9,164 @@ to the coordinator (the link `runtime/nodelink.py` already opened for fast loss)
 coordinator judges nodes in memory (`detect.NodeTracker`), and etcd keeps only the
 membership, written when it changes (`runtime/roster.py`).
 
-Wire (text lines, one JSON object each, launcher -> coordinator): ``{"run": id, "node":
-n, "seq": k, "beats": {wid: [counter, step]}}`` every beat; ``{"bye": true}`` before an
-orderly exit. The coordinator sends nothing. A link that closes without a goodbye loses
-its node at once (as nodelink); a node silent for ``hang_timeout_s`` is lost too.
+Wire (text lines, launcher -> coordinator), every line signed (`seal`, `LinkGate`):
+``sg-live-v1 <hub> <node> <seq> <t_ns> <hmac> <body>`` where the HMAC-SHA256 covers the
+run id, the hub id, the node, the sequence number, the sender's wall clock in ns and the
+body. The key is `link_key` of the job's hint key (seamguard/hintauth.py), never the hint
+key itself: a launcher holding it can vouch for its node but cannot sign hints. The hub
+id is random per hub and is part of the address the coordinator advertises
+(``host:port#hub``), so a line captured on one hub is refused by the next one after a
+failover; on one hub a line whose sequence number is not newer than its node's last is a
+replay, and one sent more than ``MAX_SKEW_S`` from the hub's wall clock is stale. A
+refused line is counted by reason and logged in one line (at most one a second); it
+never binds a link to a node, so a forged link that closes costs nobody their place.
+Bodies: ``{"beats": {wid: [counter, step]}}`` every beat here (the launcher's link,
+runtime/nodelink.py, carries its node record instead); ``hello`` when a link opens;
+``bye`` before an orderly exit. The coordinator sends nothing. A link that closes
+without a goodbye loses its node at once (as nodelink); a node silent for
+``hang_timeout_s`` is lost too.
 
 `LivenessHub` (the coordinator's end) and `NodeReporter` (a launcher's end) run on an
-asyncio loop; every wait is bounded (connect, reconnect tries, reads are per line).
+asyncio loop; every wait is bounded (connect, reconnect tries, reads are per line and
+at most ``MAX_LINE_BYTES``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
+import hmac
 import json
-from collections import deque
+import logging
+import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from seamguard.runtime.detect import NodeTracker
 
 MAX_LINE_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 0.5
+WIRE_TAG = b"sg-live-v1"
+MAX_SKEW_S = 30.0
+"""A line signed further than this from the hub's wall clock is stale: the job's hosts'
+clocks are assumed within it of each other (NTP keeps them within milliseconds)."""
+REFUSALS = ("malformed", "oversize", "forged", "misdirected", "replayed", "stale")
+HELLO, BYE = b"hello", b"bye"
+
+log = logging.getLogger("seamguard.liveness")
+
+
+class BeatRefused(ValueError):
+    """A line the hub does not take; ``reason`` is one of REFUSALS."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"liveness link: {reason}: {detail}")
+        self.reason = reason
+
+
+def link_key(job_key: bytes) -> bytes:
+    """The key that signs liveness lines, derived from the job's hint key (one-way)."""
+    return hmac.new(job_key, b"seamguard liveness link v1", hashlib.sha256).digest()
+
+
+def new_hub_id() -> str:
+    return secrets.token_hex(8)
+
+
+def hub_address(host: str, port: int, hub: str) -> str:
+    return f"{host}:{port}#{hub}"
+
+
+def parse_hub_address(text: str) -> tuple[str, int, str]:
+    """(host, port, hub id) of ``host:port#hub``; ValueError (one line) otherwise."""
+    where, _, hub = text.partition("#")
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit() or not hub:
+        raise ValueError(f"liveness link: {text!r} is not host:port#hub")
+    return host, int(port), hub
+
+
+def _mac(key: bytes, run_id: str, hub: str, node: int, seq: int, t_ns: int, body: bytes) -> bytes:
+    head = f"{run_id}\n{hub}\n{node}\n{seq}\n{t_ns}\n".encode()
+    return hmac.new(key, head + body, hashlib.sha256).hexdigest().encode()
+
+
+def seal(key: bytes, run_id: str, hub: str, node: int, seq: int, body: bytes, t_ns: int) -> bytes:
+    """One signed line carrying ``body`` (no newline in it) from ``node`` to hub ``hub``."""
+    mac = _mac(key, run_id, hub, node, seq, t_ns, body)
+    return b" ".join([WIRE_TAG, hub.encode(), str(node).encode(), str(seq).encode(), str(t_ns).encode(),
+                      mac, body]) + b"\n"
+
+
+@dataclass(frozen=True)
+class Sealed:
+    node: int
+    seq: int
+    t_ns: int
+    body: bytes
+
+
+def unseal(key: bytes, run_id: str, hub: str, line: bytes) -> Sealed:
+    """The genuine line addressed to ``hub``; BeatRefused (malformed, oversize, forged,
+    misdirected) otherwise. Pure: replay and age are `LinkGate`'s."""
+    if len(line) > MAX_LINE_BYTES:
+        raise BeatRefused("oversize", f"{len(line)} bytes > {MAX_LINE_BYTES}")
+    parts = line.rstrip(b"\n").split(b" ", 6)
+    if len(parts) != 7 or parts[0] != WIRE_TAG or not all(p.isdigit() for p in parts[2:5]):
+        raise BeatRefused("malformed", f"not a {WIRE_TAG.decode()} line ({line[:40]!r})")
+    node, seq, t_ns = int(parts[2]), int(parts[3]), int(parts[4])
+    try:
+        to = parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise BeatRefused("malformed", "hub id is not ASCII") from None
+    if not hmac.compare_digest(parts[5], _mac(key, run_id, to, node, seq, t_ns, parts[6])):
+        raise BeatRefused("forged", f"node {node}: signature does not match the job's link key")
+    if to != hub:
+        raise BeatRefused("misdirected", f"node {node}: signed for hub {to}, this is hub {hub}")
+    return Sealed(node, seq, t_ns, parts[6])
+
+
+@dataclass
+class LinkGate:
+    """One hub's verifier: genuine, addressed to it, newer than its node's last, and fresh.
+    ``refused`` counts refusals by reason; ``note`` logs them, one line at most a second."""
+
+    key: bytes
+    run_id: str
+    hub: str
+    wall_ns: Callable[[], int] = time.time_ns
+    max_skew_s: float = MAX_SKEW_S
+    refused: collections.Counter = field(default_factory=collections.Counter)
+    _last_seq: dict = field(default_factory=dict)   # node -> newest sequence number taken
+    _logged_ns: int = 0
+
+    def admit(self, line: bytes) -> Sealed:
+        try:
+            msg = unseal(self.key, self.run_id, self.hub, line)
+            if msg.seq <= self._last_seq.get(msg.node, -1):
+                raise BeatRefused("replayed", f"node {msg.node}: seq {msg.seq} is not newer than "
+                                              f"{self._last_seq[msg.node]}")
+            age_s = (self.wall_ns() - msg.t_ns) / 1e9
+            if abs(age_s) > self.max_skew_s:
+                raise BeatRefused("stale", f"node {msg.node}: signed {age_s:.1f} s ago (limit {self.max_skew_s:g} s)")
+            self._last_seq[msg.node] = msg.seq
+            return msg
+        except BeatRefused as exc:
+            self.refused[exc.reason] += 1
+            self.note(exc)
+            raise
+
+    def note(self, exc: BeatRefused) -> None:
+        now_ns = self.wall_ns()
+        if now_ns - self._logged_ns >= 1_000_000_000:
+            self._logged_ns = now_ns
+            log.warning("%s (refusals so far: %s)", str(exc)[:300], dict(self.refused))
+
+    def refusals(self) -> dict[str, int]:
+        return {**{r: 0 for r in REFUSALS}, **self.refused}
 
 
 @dataclass(frozen=True)
@@ -42,28 +178,22 @@ class NodeReport:
     beats: dict[int, tuple[int, int]]   # worker id -> (heartbeat counter, step)
 
 
-def encode_report(run_id: str, node: int, seq: int, beats: dict[int, tuple[int, int]]) -> bytes:
-    return (json.dumps({"run": run_id, "node": node, "seq": seq,
-                        "beats": {str(w): list(b) for w, b in beats.items()}}, separators=(",", ":")) + "\n").encode()
+def encode_report(key: bytes, run_id: str, hub: str, node: int, seq: int,
+                  beats: dict[int, tuple[int, int]], t_ns: int | None = None) -> bytes:
+    body = json.dumps({"beats": {str(w): list(b) for w, b in beats.items()}}, separators=(",", ":")).encode()
+    return seal(key, run_id, hub, node, seq, body, time.time_ns() if t_ns is None else t_ns)
 
 
-def decode_report(run_id: str, line: bytes) -> NodeReport | None:
-    """The report in ``line``, None for a goodbye; ValueError (one line) for anything else."""
-    try:
-        msg = json.loads(line)
-    except ValueError as exc:
-        raise ValueError(f"liveness link: not JSON ({exc})") from None
-    if not isinstance(msg, dict):
-        raise ValueError("liveness link: a message must be a JSON object")
-    if msg.get("bye") is True:
+def decode_report(msg: Sealed) -> NodeReport | None:
+    """The report an admitted line carries; None for a goodbye or a hello without beats;
+    BeatRefused("malformed") for a body that is not a report."""
+    if msg.body in (BYE, HELLO):
         return None
-    if msg.get("run") != run_id:
-        raise ValueError(f"liveness link: run {msg.get('run')!r} is not this job's ({run_id!r})")
     try:
-        beats = {int(w): (int(b[0]), int(b[1])) for w, b in msg["beats"].items()}
-        return NodeReport(int(msg["node"]), int(msg["seq"]), beats)
+        beats = json.loads(msg.body)["beats"]
+        return NodeReport(msg.node, msg.seq, {int(w): (int(b[0]), int(b[1])) for w, b in beats.items()})
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise ValueError(f"liveness link: malformed report ({type(exc).__name__}: {exc})") from None
+        raise BeatRefused("malformed", f"node {msg.node}: not a report ({type(exc).__name__})") from None
 
 
 class LivenessHub:
@@ -72,16 +202,22 @@ class LivenessHub:
     `judge(now_s)` returns the nodes newly lost (silent past the hang timeout, or whose
     link closed without a goodbye), each once, with the workers their last report listed.
     A pass that comes late (the coordinator got no CPU) is nobody's silence: the gap past
-    a quarter of the timeout is forgiven, as the coordinator's tick does."""
+    a quarter of the timeout is forgiven, as the coordinator's tick does. A link is bound
+    to a node by its first admitted line; a refused line on an unbound link drops it, on
+    a bound one (its node's own launcher, e.g. a clock that jumped) it is only skipped."""
 
-    def __init__(self, run_id: str, hang_timeout_s: float, own_node: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, run_id: str, hang_timeout_s: float, key: bytes, own_node: int | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns) -> None:
         self.run_id = run_id
         self.clock = clock
+        self.hub = new_hub_id()
+        self.gate = LinkGate(key, run_id, self.hub, wall_ns)
         self.tracker = NodeTracker(hang_timeout_s, own_node=own_node)
         self.reports = 0
         self.refused: deque[str] = deque(maxlen=100)  # the newest refusals (a peer may send garbage forever)
+        self.address = ""
         self._closed: list[int] = []
+        self._links: dict[int, asyncio.StreamWriter] = {}   # node -> its current link
         self._last_judge_s: float | None = None
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -89,7 +225,9 @@ class LivenessHub:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
         self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE_BYTES,
                                                   backlog=4096)
-        return self._server.sockets[0].getsockname()[:2]
+        bound = self._server.sockets[0].getsockname()[:2]
+        self.address = hub_address(bound[0], bound[1], self.hub)
+        return bound
 
     async def close(self) -> None:
         """Stop listening and drop every link (their launchers look for the coordinator again)."""
@@ -121,48 +259,82 @@ class LivenessHub:
         out += [(n, w, f"no report for {silent:.2f} s") for n, w, silent in self.tracker.verdicts(now_s)]
         return out
 
+    def _admit(self, line: bytes, bound: int | None) -> tuple[int | None, bool]:
+        """(the link's node, whether it said goodbye) after ``line``; BeatRefused for a
+        line that must end an unbound link."""
+        try:
+            msg = self.gate.admit(line)
+            if bound is not None and msg.node != bound:
+                raise BeatRefused("misdirected", f"node {msg.node} on node {bound}'s link")
+            report = decode_report(msg)
+        except BeatRefused as exc:
+            self.refused.append(str(exc))
+            if bound is None:
+                raise
+            return bound, False
+        if msg.body == BYE:
+            return msg.node, True
+        if report is not None:
+            self.observe(report, self.clock())
+        return msg.node, False
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         node: int | None = None
         self._writers.add(writer)
         try:
             while True:
-                line = await reader.readline()
+                try:
+                    line = await reader.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    self.gate.refused["oversize"] += 1
+                    self.gate.note(BeatRefused("oversize", f"a line over {MAX_LINE_BYTES} bytes"))
+                    break
                 if not line.endswith(b"\n"):
                     break   # end of file (or a cut line): the link closed
-                report = decode_report(self.run_id, line)
-                if report is None:
+                node, bye = self._admit(line, node)
+                self._links[node] = writer
+                if bye:
+                    self._links.pop(node, None)
                     node = None   # an orderly goodbye: not a loss
                     break
-                node = report.node
-                self.observe(report, self.clock())
-        except (ValueError, asyncio.LimitOverrunError) as exc:
-            self.refused.append(str(exc))
+        except BeatRefused:
+            pass   # an unknown peer: dropped, nobody's loss
         except (ConnectionError, OSError, asyncio.CancelledError):
             pass   # the link broke, or the loop is ending
         finally:
             self._writers.discard(writer)
-            if node is not None and self._server is not None:
-                self._closed.append(node)
+            if node is not None and self._links.get(node) is writer:
+                del self._links[node]
+                if self._server is not None:
+                    self._closed.append(node)
             writer.close()
 
 
 class NodeReporter:
     """A launcher's end: sends its node's beats every ``beat_s`` to the coordinator that
-    ``locate()`` names (the election key's value), reconnecting when the link breaks
-    (a new coordinator was elected): every ``retry_s`` for up to ``give_up_s`` (a failover
-    takes the lease's length), each try bounded, then `ConnectionError` for the launcher to
-    end the node's part of the job."""
+    ``locate()`` names (the election key's value, ``host:port#hub``), reconnecting when
+    the link breaks (a new coordinator was elected): every ``retry_s`` for up to
+    ``give_up_s`` (a failover takes the lease's length), each try bounded, then
+    `ConnectionError` for the launcher to end the node's part of the job. Its sequence
+    numbers rise across links, so no hub ever sees one twice."""
 
-    def __init__(self, run_id: str, node: int, beat_s: float,
-                 locate: Callable[[], Awaitable[tuple[str, int] | None]],
+    def __init__(self, run_id: str, node: int, beat_s: float, key: bytes,
+                 locate: Callable[[], Awaitable[str | None]],
                  beats: Callable[[], dict[int, tuple[int, int]]], give_up_s: float = 60.0,
                  retry_s: float = 0.25) -> None:
-        self.run_id, self.node, self.beat_s = run_id, node, beat_s
+        self.run_id, self.node, self.beat_s, self.key = run_id, node, beat_s, key
         self.locate, self.beats = locate, beats
         self.give_up_s, self.retry_s = give_up_s, retry_s
         self.seq = 0
         self.connects = 0
+        self._hub = ""
         self._writer: asyncio.StreamWriter | None = None
+
+    def _line(self, body: bytes | None = None) -> bytes:
+        self.seq += 1
+        if body is None:
+            return encode_report(self.key, self.run_id, self._hub, self.node, self.seq, self.beats())
+        return seal(self.key, self.run_id, self._hub, self.node, self.seq, body, time.time_ns())
 
     async def run(self, stop: asyncio.Event) -> None:
         """Beat until ``stop`` is set; then say goodbye."""
@@ -170,9 +342,8 @@ class NodeReporter:
             if self._writer is None:
                 await self._connect(stop)
                 continue
-            self.seq += 1
             try:
-                self._writer.write(encode_report(self.run_id, self.node, self.seq, self.beats()))
+                self._writer.write(self._line())
                 await asyncio.wait_for(self._writer.drain(), self.beat_s)
             except (OSError, asyncio.TimeoutError):
                 self._drop()
@@ -182,7 +353,7 @@ class NodeReporter:
             except asyncio.TimeoutError:
                 pass
         if self._writer is not None:
-            self._writer.write(b'{"bye":true}\n')
+            self._writer.write(self._line(BYE))
             try:
                 await asyncio.wait_for(self._writer.drain(), self.beat_s)
             except (OSError, asyncio.TimeoutError):
@@ -197,7 +368,8 @@ class NodeReporter:
             try:
                 where = await self.locate()   # bounded by its etcd client's call timeout; not cut short
                 if where is not None:
-                    _, self._writer = await asyncio.wait_for(asyncio.open_connection(*where), CONNECT_TIMEOUT_S)
+                    host, port, self._hub = parse_hub_address(where)
+                    _, self._writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
                     self.connects += 1
                     return
             except Exception:  # noqa: BLE001 - etcd or the network failing: try again until give_up_s

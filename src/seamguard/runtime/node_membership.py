@@ -5,7 +5,8 @@ and membership plus election in etcd (`runtime/roster.py`) — the way every nod
 launcher runs them, so the coordinator is no longer fixed on node 0. Each launcher:
 
 - listens with its own `LivenessHub` (an idle socket until it is elected);
-- reports its node's beats to whichever hub the election key names (`NodeReporter`);
+- reports its node's beats, signed with the job's link key (`liveness.link_key`), to
+  whichever hub the election key names (`NodeReporter`);
   when it finds no key (the coordinator's lease expired), it campaigns with its own hub's
   address, so a failover needs no extra traffic while a coordinator lives;
 - once elected: rebuilds the membership from etcd (`Roster.load`), gives every node it
@@ -42,12 +43,12 @@ class Loss:
 class NodeMembership:
     """See the module docstring. ``beats()`` returns this node's workers' (counter, step)."""
 
-    def __init__(self, roster: Roster, run_id: str, node: int, beats, beat_s: float = 0.25,
+    def __init__(self, roster: Roster, run_id: str, node: int, beats, key: bytes, beat_s: float = 0.25,
                  hang_timeout_s: float = 1.0, host: str = "127.0.0.1", takeover_grace_s: float = 1.0) -> None:
-        self.roster, self.run_id, self.node = roster, run_id, node
+        self.roster, self.run_id, self.node, self.key = roster, run_id, node, key
         self.beat_s, self.hang_timeout_s, self.host = beat_s, hang_timeout_s, host
         self.takeover_grace_s = takeover_grace_s
-        self.reporter = NodeReporter(run_id, node, beat_s, self._locate, beats)
+        self.reporter = NodeReporter(run_id, node, beat_s, key, self._locate, beats)
         self.hub: LivenessHub | None = None
         self.address = ""
         self.lost: list[Loss] = []
@@ -73,11 +74,11 @@ class NodeMembership:
                 await self.hub.close()
 
     async def _open_hub(self) -> None:
-        self.hub = LivenessHub(self.run_id, self.hang_timeout_s)
-        host, port = await self.hub.start(self.host)
-        self.address = f"{host}:{port}"
+        self.hub = LivenessHub(self.run_id, self.hang_timeout_s, self.key)
+        await self.hub.start(self.host)
+        self.address = self.hub.address   # host:port#hub: lines signed for an earlier hub are refused
 
-    async def _locate(self) -> tuple[str, int] | None:
+    async def _locate(self) -> str | None:
         where = await self.roster.coordinator()
         if where is not None or self.coordinates:
             return where

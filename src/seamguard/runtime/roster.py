@@ -11,7 +11,7 @@ The coordinator is elected, not fixed on node 0: every node's launcher campaigns
 key bound to its own lease (``lease_s``, 5 s: a coordinator starved of CPU for a few
 seconds, as when a thousand launchers connect at once on a loaded host, must not lose it;
 the ranks train on through a failover, so its length costs no work), the first to create it coordinates and the
-key's value is the address of its liveness hub, which the other launchers read to know
+key's value is the address of its liveness hub (with the hub's id), which the other launchers read to know
 where to report. Its create revision is a fencing token: every membership write compares
 it, so a deposed coordinator cannot write. When the coordinator's node dies its lease
 expires, another launcher wins, rebuilds the membership from etcd (`load`) and the
@@ -73,7 +73,7 @@ class Roster:
 
     # ---- election ---------------------------------------------------------------------
     async def campaign(self, address: str) -> bool:
-        """Try once to become the coordinator, advertising ``address`` (host:port)."""
+        """Try once to become the coordinator, advertising ``address`` (host:port#hub)."""
         if await self.client.get(self.leader_key) is not None:
             return False
         lease = await self.client.lease(self.lease_s)
@@ -103,13 +103,11 @@ class Roster:
         if lease_id:
             await self.client.revoke_lease(lease_id)
 
-    async def coordinator(self) -> tuple[str, int] | None:
-        """The elected coordinator's hub address, None while nobody holds the key."""
+    async def coordinator(self) -> str | None:
+        """The elected coordinator's hub address (``host:port#hub``, liveness.py), None
+        while nobody holds the key."""
         held = await self.client.get(self.leader_key)
-        if held is None:
-            return None
-        host, _, port = held.value.decode().rpartition(":")
-        return host, int(port)
+        return None if held is None else held.value.decode()
 
     # ---- membership ---------------------------------------------------------------------
     async def load(self) -> tuple[int, dict[int, frozenset[int]]]:

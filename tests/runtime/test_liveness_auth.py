@@ -1,0 +1,130 @@
+"""The liveness link is authenticated: only a holder of the job's key vouches for a node.
+
+A host that can reach the coordinator's port must not keep a dead node alive (forged or
+replayed beats) nor get a live node declared lost (a forged link that it then closes).
+Every line is HMAC-signed with the key derived from the job's hint key, addressed to one
+hub, numbered, and timed (runtime/liveness.py); the hub refuses the rest, counts them by
+reason and keeps running. No torch, no etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from seamguard.runtime.liveness import (
+    MAX_LINE_BYTES,
+    MAX_SKEW_S,
+    BeatRefused,
+    LinkGate,
+    LivenessHub,
+    encode_report,
+    link_key,
+    parse_hub_address,
+    seal,
+)
+
+pytestmark = pytest.mark.timeout(60)
+KEY = link_key(b"j" * 32)
+RUN = "job-7"
+
+
+def test_the_link_key_is_derived_one_way_and_differs_per_job():
+    assert KEY != b"j" * 32 and len(KEY) == 32
+    assert link_key(b"k" * 32) != KEY
+
+
+@pytest.mark.parametrize("line, reason", [
+    (encode_report(link_key(b"x" * 32), RUN, "h1", 2, 1, {16: (1, 1)}), "forged"),   # another key
+    (encode_report(KEY, "job-8", "h1", 2, 1, {16: (1, 1)}), "forged"),               # another run
+    (encode_report(KEY, RUN, "h0", 2, 1, {16: (1, 1)}), "misdirected"),              # an earlier hub
+    (encode_report(KEY, RUN, "h1", 2, 1, {16: (1, 1)}).replace(b'"16"', b'"17"'), "forged"),  # body changed
+    (b'{"run":"job-7","node":2,"seq":1,"beats":{}}\n', "malformed"),              # the old wire
+    (b"sg-live-v1 h1 2 1 1 " + b"0" * 64 + b" " + b"x" * MAX_LINE_BYTES + b"\n", "oversize"),
+])
+def test_the_gate_refuses_what_the_key_does_not_vouch_for(line, reason):
+    gate = LinkGate(KEY, RUN, "h1")
+    with pytest.raises(BeatRefused, match=reason):
+        gate.admit(line)
+    assert gate.refusals()[reason] == 1
+
+
+def test_replayed_and_stale_lines_are_refused_and_counted():
+    now_ns = [time.time_ns()]
+    gate = LinkGate(KEY, RUN, "h1", wall_ns=lambda: now_ns[0])
+    first = encode_report(KEY, RUN, "h1", 2, 5, {16: (1, 1)}, t_ns=now_ns[0])
+    assert gate.admit(first).seq == 5
+    with pytest.raises(BeatRefused, match="replayed"):
+        gate.admit(first)
+    with pytest.raises(BeatRefused, match="replayed"):   # an older line, never seen, is a replay too
+        gate.admit(encode_report(KEY, RUN, "h1", 2, 4, {16: (1, 1)}, t_ns=now_ns[0]))
+    old = encode_report(KEY, RUN, "h1", 2, 6, {16: (1, 1)}, t_ns=now_ns[0] - int((MAX_SKEW_S + 1) * 1e9))
+    with pytest.raises(BeatRefused, match="stale"):
+        gate.admit(old)
+    assert gate.admit(encode_report(KEY, RUN, "h1", 2, 7, {16: (2, 2)}, t_ns=now_ns[0])).seq == 7
+    assert gate.admit(encode_report(KEY, RUN, "h1", 3, 1, {24: (1, 1)}, t_ns=now_ns[0])).seq == 1   # per node
+    assert {r: n for r, n in gate.refusals().items() if n} == {"replayed": 2, "stale": 1}
+
+
+async def _send(address: str, *lines: bytes, close: bool = True):
+    host, port, _ = parse_hub_address(address)
+    reader, writer = await asyncio.open_connection(host, port)
+    for line in lines:
+        writer.write(line)
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    if close:
+        writer.close()
+        await asyncio.sleep(0.1)
+    return reader, writer
+
+
+def test_a_forged_link_that_closes_loses_no_node_and_a_replay_keeps_no_dead_node_alive():
+    async def scenario():
+        hub = LivenessHub(RUN, hang_timeout_s=0.6, key=KEY)
+        await hub.start()
+        genuine = [encode_report(KEY, RUN, hub.hub, 1, seq, {8: (seq, seq)}) for seq in (1, 2, 3)]
+        # node 1's launcher beats, then its host hangs (the link stays open)
+        _, node1 = await _send(hub.address, *genuine, close=False)
+        # an attacker: forged lines for node 2 (a live node it wants declared lost), closed at once
+        await _send(hub.address, encode_report(link_key(b"x" * 32), RUN, hub.hub, 2, 1, {16: (1, 1)}))
+        await _send(hub.address, b"node 2 is here\n")
+        # ... and node 1's captured lines sent again, to keep the hung node looking alive
+        for _ in range(4):
+            await _send(hub.address, *genuine)
+        verdicts = hub.judge(time.monotonic())
+        await asyncio.sleep(0.7)
+        verdicts += hub.judge(time.monotonic())
+        node1.close()
+        await hub.close()
+        return hub, verdicts
+    hub, verdicts = asyncio.run(scenario())
+    assert hub.reports == 3   # only node 1's own three beats were taken
+    assert [(n, sorted(w)) for n, w, _ in verdicts] == [(1, [8])]   # node 1 judged silent; node 2 never named
+    assert verdicts[0][2].startswith("no report for")
+    refused = hub.gate.refusals()
+    assert refused["forged"] == 1 and refused["malformed"] == 1 and refused["replayed"] == 4
+
+
+def test_a_bad_line_on_a_nodes_own_link_is_skipped_not_a_loss_and_the_hub_keeps_serving():
+    async def scenario():
+        hub = LivenessHub(RUN, hang_timeout_s=5.0, key=KEY)
+        await hub.start()
+        stale = encode_report(KEY, RUN, hub.hub, 3, 2, {24: (2, 2)}, t_ns=time.time_ns() - int(2 * MAX_SKEW_S * 1e9))
+        _, link = await _send(hub.address, encode_report(KEY, RUN, hub.hub, 3, 1, {24: (1, 1)}), stale,
+                              encode_report(KEY, RUN, hub.hub, 3, 3, {24: (3, 3)}), close=False)
+        await _send(hub.address, b"x" * (MAX_LINE_BYTES + 10) + b"\n")   # oversize from a stranger
+        mid = hub.judge(time.monotonic())
+        link.write(seal(KEY, RUN, hub.hub, 3, 4, b"bye", time.time_ns()))
+        await link.drain()
+        await asyncio.sleep(0.2)
+        link.close()
+        await asyncio.sleep(0.1)
+        end = hub.judge(time.monotonic())
+        await hub.close()
+        return hub, mid, end
+    hub, mid, end = asyncio.run(scenario())
+    assert hub.reports == 2 and mid == [] and end == []   # a goodbye after it: no loss at all
+    assert hub.gate.refusals()["stale"] == 1 and hub.gate.refusals()["oversize"] == 1
