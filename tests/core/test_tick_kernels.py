@@ -95,3 +95,84 @@ def test_exposure_job_domain_pairs_equal_a_row_unique() -> None:
         want = np.unique(np.stack([fleet.node_job[placed], dom_of_node[placed]]), axis=1)
         assert np.array_equal(got, want)
     assert _job_domain_pairs(fleet) is _job_domain_pairs(fleet)  # once per fleet
+
+
+def _direct_loo_mad(x: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Per entity with a value, the MAD of the other members with one around their own median."""
+    out = np.full(len(x), np.nan)
+    for i in np.flatnonzero(np.isfinite(x)):
+        others = np.sort(x[(group == group[i]) & np.isfinite(x) & (np.arange(len(x)) != i)])
+        m = len(others)
+        if m == 0:
+            continue
+        lo, hi = (m - 1) // 2, m // 2
+        c = 0.5 * (others[lo] + others[hi])
+        d = np.sort(np.abs(others - c))
+        out[i] = 0.5 * (d[lo] + d[hi])
+    return out
+
+
+def _reference_loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float, min_peers: int = 3):
+    """loo_robust_z as it was before 2026-12-07: each centre's deviations sorted (three stable sorts)."""
+    from seamguard.assess.stats import _NO_RANK, _group_sort, _loo_pick, _sorted_groups
+    order, counts, starts, rank = _sorted_groups(x, group, n_groups)
+    has = rank >= 0
+    others = np.where(has, counts[group] - 1, counts[group])
+    xs = x[order]
+    med = _loo_pick(xs, starts[group], np.where(has, rank, _NO_RANK), others)
+    gs = group[order]
+    st = starts[gs]
+    r = np.arange(len(order)) - st
+    m = counts[gs] - 1
+    lo, hi = np.maximum(m - 1, 0) // 2, m // 2
+    top = max(len(xs) - 1, 0)
+
+    def at(i):
+        return xs[np.minimum(st + i, top)] if len(xs) else np.zeros(0)
+    centres = (0.5 * (at(lo) + at(hi)), 0.5 * (at(lo) + at(hi + 1)), 0.5 * (at(lo + 1) + at(hi + 1)))
+    variant = np.where(r > hi, 0, np.where(r > lo, 1, 2))
+    mad_s = np.full(len(order), np.nan)
+    for v, c in enumerate(centres):
+        dv = np.abs(xs - c)
+        o2 = _group_sort(dv, gs, stable=True)
+        pos = np.empty(len(o2), dtype=np.int64)
+        pos[o2] = np.arange(len(o2))
+        mad_s = np.where(variant == v, _loo_pick(dv[o2], st, pos - st, m), mad_s)
+    mad = np.full(len(x), np.nan)
+    mad[order] = mad_s
+    enough = others >= min_peers
+    scale = np.maximum(1.4826 * np.nan_to_num(mad, nan=floor), floor)
+    return np.where(enough, (x - med) / scale, np.nan), np.where(enough, med, np.nan), others
+
+
+def _peer_inputs(rng: np.random.Generator, n: int, n_groups: int, ties: bool) -> tuple[np.ndarray, np.ndarray]:
+    x = rng.integers(0, 6, n).astype(float) if ties else rng.normal(50.0, 2.0, n)
+    x[rng.random(n) < 0.1] = np.nan
+    x[rng.random(n) < 0.02] += 40.0  # outliers
+    return x, rng.integers(0, n_groups, n)
+
+
+@pytest.mark.parametrize("n,n_groups,ties", [(300, 60, False), (300, 60, True), (400, 2, True),
+                                             (400, 1, False), (1, 1, False), (0, 3, False)])
+def test_loo_mad_equals_the_direct_computation(n: int, n_groups: int, ties: bool) -> None:
+    from seamguard.assess.stats import _loo_mad_sorted, _sorted_groups
+    rng = np.random.default_rng(n * 10 + n_groups + ties)
+    x, g = _peer_inputs(rng, n, n_groups, ties)
+    order, counts, starts, _ = _sorted_groups(x, g, n_groups)
+    got = np.full(n, np.nan)
+    got[order] = _loo_mad_sorted(x[order], counts, starts, g[order])
+    assert np.array_equal(got, _direct_loo_mad(x, g), equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_loo_robust_z_gives_the_replaced_sorts_verdicts(seed: int) -> None:
+    from seamguard.assess.stats import loo_robust_z
+    rng = np.random.default_rng(seed)
+    n, n_groups = int(rng.integers(1000, 30_000)), int(rng.choice([1, 2, 50, 3000]))
+    x, g = _peer_inputs(rng, n, n_groups, ties=bool(seed % 2))
+    z, med, peers = loo_robust_z(x, g, n_groups, floor=0.05)
+    z0, med0, peers0 = _reference_loo_robust_z(x, g, n_groups, floor=0.05)
+    assert np.array_equal(peers, peers0) and np.array_equal(med, med0, equal_nan=True)
+    np.testing.assert_allclose(z, z0, rtol=1e-12, atol=0)  # the old sort's combined key rounds at 1e-16
+    for bar in (3.0, 6.0, 12.0):  # the channels' concern and saturation bars: the same verdicts
+        assert np.array_equal(np.abs(np.nan_to_num(z)) >= bar, np.abs(np.nan_to_num(z0)) >= bar)

@@ -109,40 +109,79 @@ def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
     falls back to the entity's own history and the design envelope). The MAD is taken
     around the others' own median, over the others only, and floored at ``floor``.
     A group's leave-one-out median takes one of three values (the entity below, at or
-    above its middle), so the others' deviations are sorted once for each of them, each a
-    near-linear merge of two presorted runs.
+    above its middle); for each, the few order statistics of the whole group's deviations
+    that a leave-one-out median reads are found by :func:`_kth_nearest` (no sort of the
+    deviations), and each entity drops its own deviation from them by comparison.
     """
     order, counts, starts, rank = _sorted_groups(x, group, n_groups)
     has = rank >= 0
     others = np.where(has, counts[group] - 1, counts[group])
     xs = x[order]
     med = _loo_pick(xs, starts[group], np.where(has, rank, _NO_RANK), others)
-    # In the sorted layout: each slot's group, start, rank and the group's three centres.
-    gs = group[order]
-    st = starts[gs]
-    r = np.arange(len(order)) - st
-    m = counts[gs] - 1
-    lo, hi = np.maximum(m - 1, 0) // 2, m // 2
-    top = max(len(xs) - 1, 0)
-
-    def at(i: np.ndarray) -> np.ndarray:
-        return xs[np.minimum(st + i, top)] if len(xs) else np.zeros(0)
-    centres = (0.5 * (at(lo) + at(hi)), 0.5 * (at(lo) + at(hi + 1)), 0.5 * (at(lo + 1) + at(hi + 1)))
-    variant = np.where(r > hi, 0, np.where(r > lo, 1, 2))
-    mad_s = np.full(len(order), np.nan)
-    for v, c in enumerate(centres):
-        dv = np.abs(xs - c)
-        o2 = _group_sort(dv, gs, stable=True)
-        pos = np.empty(len(o2), dtype=np.int64)
-        pos[o2] = np.arange(len(o2))
-        pick = _loo_pick(dv[o2], st, pos - st, m)
-        mad_s = np.where(variant == v, pick, mad_s)
     mad = np.full(len(x), np.nan)
-    mad[order] = mad_s
+    mad[order] = _loo_mad_sorted(xs, counts, starts, group[order])
     enough = others >= min_peers
     scale = np.maximum(1.4826 * np.nan_to_num(mad, nan=floor), floor)
     z = np.where(enough, (x - med) / scale, np.nan)
     return z, np.where(enough, med, np.nan), others
+
+
+def _loo_mad_sorted(xs: np.ndarray, counts: np.ndarray, starts: np.ndarray, gs: np.ndarray) -> np.ndarray:
+    """Per slot of the group-sorted ``xs`` (group ``gs``), the median absolute deviation of the
+    *other* members of its group around their own median (NaN for a group of one).
+
+    With ``m`` others the median reads ranks ``lo`` and ``hi`` of m sorted values; without one
+    member those are ranks lo or lo + 1 and hi or hi + 1 of the whole group (the member's own
+    deviation sits below or above them), so three order statistics per group and centre suffice."""
+    if len(xs) == 0:
+        return np.zeros(0)
+    top = len(xs) - 1
+    g = np.flatnonzero(counts > 0)
+    st, cnt = starts[g], counts[g]
+    m = cnt - 1
+    lo, hi = np.maximum(m - 1, 0) // 2, m // 2
+
+    def at(i: np.ndarray) -> np.ndarray:
+        return xs[np.minimum(st + i, top)]
+    centres = np.concatenate([0.5 * (at(lo) + at(hi)), 0.5 * (at(lo) + at(hi + 1)), 0.5 * (at(lo + 1) + at(hi + 1))])
+    # kth[(v * 3 + j) * G + i]: rank lo + j (0..2, clamped to the group) of group g[i]'s deviations from centre v.
+    n_g = len(g)
+    k = np.tile(np.concatenate([np.minimum(lo + j, m) for j in range(3)]), 3)
+    kth = _kth_nearest(xs, np.tile(st, 9), np.tile(cnt, 9), np.repeat(centres.reshape(3, n_g), 3, axis=0).ravel(), k)
+    slot_of = np.full(len(counts), -1, dtype=np.int64)
+    slot_of[g] = np.arange(n_g)
+    i = slot_of[gs]  # each slot's group, as an index into g
+    r = np.arange(len(xs)) - st[i]
+    lo_i, hi_i = lo[i], hi[i]
+    variant = np.where(r > hi_i, 0, np.where(r > lo_i, 1, 2))
+    own = np.abs(xs - centres[variant * n_g + i])
+    at_lo = variant * (3 * n_g) + i  # rank lo of the slot's centre
+
+    def drop_own(j: np.ndarray) -> np.ndarray:  # rank lo + j (j = 0, 1) of the others' deviations
+        below, above = kth[at_lo + j * n_g], kth[at_lo + (j + 1) * n_g]
+        return np.where(own > below, below, above)
+    out = 0.5 * (drop_own(0) + drop_own(hi_i - lo_i))  # hi is rank lo or lo + 1
+    return np.where(m[i] > 0, out, np.nan)
+
+
+def _kth_nearest(xs: np.ndarray, start: np.ndarray, count: np.ndarray, c: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Per query, the ``k``-th smallest (from 0) of |v - c| over the sorted slice
+    ``xs[start : start + count]`` (k < count). The k + 1 values nearest ``c`` are a contiguous
+    window of a sorted slice, and whether its left end lies past ``a`` is one comparison of the
+    values at ``a`` and ``a + k + 1``: a bisection on that end, all queries at once, in
+    log2(largest count) array steps."""
+    width = k + 1
+    a = np.zeros(len(start), dtype=np.int64)
+    b = count - width
+    top = len(xs) - 1
+    for _ in range(int(b.max()).bit_length() if len(b) else 0):
+        live = a < b
+        mid = (a + b) >> 1
+        s = start + mid
+        right = live & ((c - xs[s]) > (xs[np.minimum(s + width, top)] - c))  # the value past the window is nearer
+        a = np.where(right, mid + 1, a)
+        b = np.where(live & ~right, mid, b)
+    return np.maximum(np.abs(xs[start + a] - c), np.abs(xs[start + a + width - 1] - c))
 
 
 _CHUNK = 1 << 15  # columns per block: a block's few rows stay in cache while the rows are walked
