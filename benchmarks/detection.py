@@ -7,9 +7,10 @@ share nothing with the detector, and its version is recorded in the result):
   dev      seeds 0.., the development physics and the 13 classes each of which has a channel;
   heldout  seeds 1000.., never used while developing, SHIFTED physics (gradual and intermittent
            onsets, ±2 % flow noise, healthy error backgrounds on every counter, checkpoints up
-           to 5 min, stale exporters, PCIe links idling at Gen1) and three more classes written
-           with no channel of their own (PCIe downtrain, host memory errors to an uncorrectable
-           one, HBM heat seen only in an unmapped series).
+           to 5 min, stale exporters, PCIe links idling at Gen1) and four more classes: three
+           written with no channel of their own (PCIe downtrain, host memory errors to an
+           uncorrectable one, HBM heat seen only in an unmapped series) and NVSwitch SXids
+           (non-fatal climbing, then a fatal one that stops the node's NVLink domain).
 
 For each scenario:
 

@@ -4,6 +4,7 @@ channel, and a version that pins the histories it makes."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from seamguard.scenarios.shifted import BACKGROUND, GENERATOR_VERSION, Onset
 
 # sha256 of a small held-out history (values rounded to 0.1) per generator version: a change to
 # the physics that does not bump GENERATOR_VERSION fails here.
-DIGESTS = {"2026.12-1": "3732bfcd96af28e0da3926de1df9314740d0a18d88f85525fc14d20b0b24530c"}
+DIGESTS = {"2026.12-1": "3732bfcd96af28e0da3926de1df9314740d0a18d88f85525fc14d20b0b24530c",
+           "2026.12-2": "4a568f836085b0bd4971a6c1b2b59d36bd9635578308b22f1911acd0fc3e496b"}
 
 
 def _run(spec: ScenarioSpec, onset: Onset | None = None):
@@ -167,3 +169,117 @@ def test_generator_version_pins_the_history_and_is_recorded():
 def test_unknown_physics_is_refused_in_one_line():
     with pytest.raises(ValueError, match="physics must be one of dev, shifted"):
         ScenarioSpec(physics="wild")
+
+
+def _sxid_scenario(seed: int, gpus: int = 256, minutes: float = 60.0) -> Scenario:
+    """A held-out scenario with one NVSwitch fault that reaches its fatal SXid (a step onset)."""
+    sc = Scenario(ScenarioSpec(gpus=gpus, minutes=minutes, seed=seed, physics="shifted", faults=("nvswitch_sxid",)))
+    f = sc.faults[0]
+    f.state["onset"] = Onset()
+    if f.hard_failure_s is None:
+        f.hard_failure_s = f.start_s + min(900.0, sc.window_s - f.start_s - 120.0)
+    return sc
+
+
+def _sxid_run(seed: int, domain_of=None):
+    sc = _sxid_scenario(seed)
+    spec = sc.spec
+    if domain_of is not None:  # the topology names NVLink domains wider than a node (NVL racks)
+        sc.fleet = sc.sim.fleet = replace(sc.fleet, node_nvlink_domain=domain_of(sc.fleet))
+    f = sc.faults[0]
+    rows: list[tuple[float, dict]] = []
+    sc.run(lambda t, v, d: rows.append((t - spec.start_unix, {k: a.copy() for k, a in v.items()})))
+    return sc, f, rows
+
+
+def test_nvswitch_sxid_non_fatal_climb_then_fatal_stops_the_nvlink_domain():
+    sc, f, rows = _sxid_run(1007)
+    fl, node = sc.fleet, f.index
+    gs = np.flatnonzero(fl.gpu_node == node)
+    nf = np.array([v["seamguard_sxid_nonfatal_link"][node] for _, v in rows])
+    fatal = np.array([v["seamguard_sxid_fatal_link"][node] for _, v in rows])
+    t = np.array([t for t, _ in rows])
+    # The agent exports a series from the node's first SXid on; nothing before the fault starts.
+    assert np.isnan(nf[t < f.start_s]).all() and np.isnan(fatal[t < f.hard_failure_s]).all()
+    counts = nf[np.isfinite(nf)]
+    assert len(counts) and (np.diff(counts) >= 0).all()
+    assert 1 <= np.nanmax(fatal) <= f.params["links_max"]
+    # Only its own node logged the port's SXids.
+    others = np.array([np.delete(v["seamguard_sxid_nonfatal_link"], node) for _, v in rows])
+    assert np.isnan(others).all()
+    # After the fatal one: XID 74 on every GPU of the node, their work stops, the GPUs still report.
+    after = [v for tt, v in rows if tt >= f.hard_failure_s + 60]
+    assert after and all((v["DCGM_FI_DEV_XID_ERRORS"][gs] == 74).all() for v in after)
+    assert all((v["DCGM_FI_DEV_GPU_UTIL"][gs] == 0).all() and np.isfinite(v["DCGM_FI_DEV_GPU_TEMP"][gs]).all()
+               for v in after)
+    before = [v for tt, v in rows if f.start_s <= tt < f.hard_failure_s]
+    assert np.median([np.nanmean(v["DCGM_FI_DEV_GPU_UTIL"][gs]) for v in before]) > 50  # non-fatal: work goes on
+    # After a link is down nothing more crosses it: the non-fatal count stops.
+    assert len({float(v["seamguard_sxid_nonfatal_link"][node]) for v in after}) == 1
+    assert (np.array([v["seamguard_agent_info"] for _, v in rows]) == 1).any(axis=0).all()
+
+
+def test_fatal_sxid_takes_down_every_node_of_a_shared_nvlink_domain():
+    pairs = lambda fl: np.arange(len(fl.node_names)) // 2  # noqa: E731 (two nodes per NVLink domain)
+    sc, f, rows = _sxid_run(1008, pairs)
+    fl = sc.fleet
+    dom = np.flatnonzero(pairs(fl) == pairs(fl)[f.index])
+    assert len(dom) == 2
+    last = rows[-1][1]
+    in_dom = np.isin(fl.gpu_node, dom)
+    assert (last["DCGM_FI_DEV_XID_ERRORS"][in_dom] == 74).all()
+    assert not (last["DCGM_FI_DEV_XID_ERRORS"][~in_dom] == 74).any()
+    # The kernel log that shows the switch's SXids is the node's whose driver saw them (the labelled one).
+    assert np.isfinite(last["seamguard_sxid_fatal_link"][f.index])
+    assert np.isnan(np.delete(last["seamguard_sxid_fatal_link"], f.index)).all()
+
+
+def test_sxid_series_are_written_as_the_agent_labels_them(tmp_path):
+    from seamguard.scenarios import OpenMetricsWriter
+
+    sc = _sxid_scenario(1009, gpus=128, minutes=20)
+    writer = OpenMetricsWriter(tmp_path / "h.om", sc.fleet)
+    sc.run(writer)
+    text = writer.close().read_text()
+    node = sc.fleet.node_names[sc.faults[0].index]
+    assert text.count("# TYPE seamguard_sxid_errors_total ") == 1  # one family, every code and severity in it
+    line = next(ln for ln in text.splitlines() if ln.startswith("seamguard_sxid_errors_total{"))
+    for lab in ('job="seamguard-agent"', f'node="{node}"', 'pci_bus_id="', 'severity="'):
+        assert lab in line, line
+    assert f'severity="fatal",sxid="20034"}}' in text
+    assert f'node="{node}"' in text
+    assert f'seamguard_agent_info{{instance="{node}:9475",job="seamguard-agent",node="{node}"}} 1' in text
+
+
+def test_held_out_classes_need_the_held_out_physics():
+    with pytest.raises(ValueError, match="nvswitch_sxid exist only in the held-out physics"):
+        ScenarioSpec(faults=("nvswitch_sxid",))
+    assert "nvswitch_sxid" in HELDOUT_CLASS_NAMES and "nvswitch_sxid" not in FAULT_CLASS_NAMES
+
+
+def test_scenarios_cli_chooses_the_physics(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "seamguard", "scenarios", "generate", *args], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    r = cli("--out-dir", str(tmp_path / "s"), "--gpus", "128", "--minutes", "20", "--physics", "shifted",
+            "--faults", "nvswitch_sxid", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["physics"] == "shifted" and d["generator_version"] == GENERATOR_VERSION
+    assert json.loads(Path(d["truth"]).read_text())["spec"]["physics"] == "shifted"
+    assert "# TYPE seamguard_agent_info " in Path(d["openmetrics"]).read_text()  # the held-out physics' agent
+    for args, msg in ((["--physics", "wild"], "--physics: expected one of dev, shifted"),
+                      (["--faults", "nvswitch_sxid"], "unknown fault class(es) for --physics dev: nvswitch_sxid")):
+        r = cli("--out-dir", str(tmp_path / "x"), *args)
+        assert r.returncode == 2 and r.stderr.startswith("error: ") and msg in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

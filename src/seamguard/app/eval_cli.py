@@ -105,8 +105,12 @@ def scenarios_generate(
     seed: int = typer.Option(0, "--seed", help="Seed for the fleet, the hardware spread, events and faults."),
     scrape_s: float = typer.Option(30.0, "--scrape-s", min=1.0, help="Scrape interval in seconds."),
     faults: str = typer.Option("", "--faults",
-                               help="Comma-separated fault classes (default: 6, rotating with the seed); "
-                                    "'none' for a healthy fleet. Classes: see docs/evaluation.md."),
+                               help="Comma-separated fault classes (default: 6, rotating with the seed through the "
+                                    "physics' classes); 'none' for a healthy fleet. Classes: see docs/evaluation.md."),
+    physics: str = typer.Option("dev", "--physics",
+                                help="'dev': the development physics and its 13 classes; 'shifted': the held-out "
+                                     "physics (gradual onsets, healthy error backgrounds, stale exporters, the node "
+                                     "agent) and its classes (docs/evaluation.md, 'Held-out histories')."),
     start: str | None = typer.Option(None, "--start", help="First scrape (Unix seconds or RFC 3339); default: "
                                                             "the window ends an hour ago."),
     tsdb: Path | None = typer.Option(None, "--tsdb", help="Also backfill a Prometheus TSDB here (promtool)."),
@@ -117,16 +121,22 @@ def scenarios_generate(
     import time
 
     from seamguard.scenarios import FAULT_CLASS_NAMES, ScenarioSpec, generate_files, rotating_classes
+    from seamguard.scenarios.faults import HELDOUT_CLASS_NAMES
+    from seamguard.scenarios.shifted import GENERATOR_VERSION, PHYSICS
 
+    if physics not in PHYSICS:
+        fail(f"--physics: expected one of {', '.join(PHYSICS)}, got {physics!r}")
+    known = HELDOUT_CLASS_NAMES if physics == "shifted" else FAULT_CLASS_NAMES
     if faults.strip() == "none":
         classes: tuple[str, ...] = ()
     elif faults.strip():
         classes = tuple(c.strip() for c in faults.split(",") if c.strip())
-        bad = [c for c in classes if c not in FAULT_CLASS_NAMES]
+        bad = [c for c in classes if c not in known]
         if bad:
-            fail(f"--faults: unknown fault class(es) {', '.join(bad)}; known: {', '.join(FAULT_CLASS_NAMES)}")
+            fail(f"--faults: unknown fault class(es) for --physics {physics}: {', '.join(bad)}; "
+                 f"known: {', '.join(known)}")
     else:
-        classes = rotating_classes(seed, 6)
+        classes = rotating_classes(seed, 6, known)
     if start is None:
         t0 = float(int(time.time() // 60 * 60) - 3600 - int(minutes * 60))
     else:
@@ -139,7 +149,8 @@ def scenarios_generate(
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"--out-dir: {out_dir} exists and is not a directory")
     try:
-        spec = ScenarioSpec(gpus=gpus, minutes=minutes, seed=seed, scrape_s=scrape_s, start_unix=t0, faults=classes)
+        spec = ScenarioSpec(gpus=gpus, minutes=minutes, seed=seed, scrape_s=scrape_s, start_unix=t0, faults=classes,
+                            physics=physics)
         with phase(f"generating {minutes:g} min of a {gpus}-GPU fleet into {out_dir}"):
             gen = generate_files(spec, out_dir)
     except ValueError as e:
@@ -157,4 +168,5 @@ def scenarios_generate(
     emit({"out_dir": str(out_dir), "openmetrics": str(gen.openmetrics), "topology": str(gen.topology),
           "labels": str(gen.labels), "truth": str(gen.truth), "start": gen.start, "end": gen.end,
           "scrape_s": gen.scrape_s, "samples": gen.samples, "incidents": len(gen.incidents),
-          "tsdb": str(tsdb) if tsdb is not None else None}, wants_json(output, json_flag))
+          "tsdb": str(tsdb) if tsdb is not None else None, "physics": physics,
+          "generator_version": GENERATOR_VERSION}, wants_json(output, json_flag))

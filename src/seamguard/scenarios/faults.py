@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from seamguard.fleet.model import Kind
+from seamguard.scenarios.shifted import SXID_FATAL_LINK, SXID_NONFATAL_LINK
 
 if TYPE_CHECKING:
     from seamguard.scenarios.generator import Sim
@@ -225,6 +226,23 @@ def _hbm_heat(sim: Sim, f: Fault, t: float, dt: float) -> None:
         sim.mods.clock_factor[g] *= p["throttle_clock"]
 
 
+def _nvswitch_sxid(sim: Sim, f: Fault, t: float, dt: float) -> None:
+    """An NVSwitch port on the node's baseboard degrades: the switch logs non-fatal SXids at a climbing
+    rate while it corrects and retries (traffic flows); a share end in a fatal SXid: the link leaves the
+    active state (logged once per link lost), the GPUs of the NVLink domain report XID 74 and their
+    NVLink traffic stops — their work is aborted — until the GPUs and switches are reset."""
+    node, p, fl = f.index, f.params, sim.fleet
+    if f.state.get("fatal"):
+        return  # the link is down: nothing crosses it to fail, nothing recovers until a reset
+    sim.node_cnt[SXID_NONFATAL_LINK][node] += _poisson(sim, p["r0"] * np.exp(t / p["tau"]), dt)
+    if f.hard_failure_s is not None and t >= f.hard_failure_s - f.start_s and _once(f, "fatal"):
+        sim.node_cnt[SXID_FATAL_LINK][node] += float(sim.rng.integers(1, p["links_max"] + 1))
+        dom = fl.node_domain
+        for g in np.flatnonzero(dom[fl.gpu_node] == dom[node]).tolist():
+            sim.set_xid(g, 74)
+            sim.nvlink_lost[g] = True
+
+
 def _half(p: float, lo: float, hi: float) -> Callable[[np.random.Generator], float | None]:
     return lambda rng: float(rng.uniform(lo, hi)) if rng.random() < p else None
 
@@ -281,6 +299,10 @@ HELDOUT_ONLY: dict[str, FaultClass] = {c.name: c for c in (
                lambda rng: {"rise_c": float(rng.uniform(12, 25)), "ramp_s": float(rng.uniform(300, 1200)),
                             "throttle_at_c": float(rng.uniform(10, 20)), "throttle_clock": float(rng.uniform(0.8, 0.9))},
                _hbm_heat),
+    FaultClass("nvswitch_sxid", ND, "NVSwitch non-fatal SXids climbing, then a fatal one: XID 74 on the NVLink "
+                                    "domain's GPUs and their work stops",
+               lambda rng: {"r0": float(rng.uniform(0.001, 0.005)), "tau": float(rng.uniform(600, 1200)),
+                            "links_max": int(rng.integers(1, 5))}, _nvswitch_sxid, _half(0.6, 600, 1800)),
 )}
 
 FAULT_CLASS_NAMES: tuple[str, ...] = tuple(CLASSES)

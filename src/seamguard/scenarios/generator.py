@@ -27,7 +27,7 @@ from seamguard.fleet.generate import FleetShape, generate_fleet
 from seamguard.fleet.model import Fleet, JobClass, Kind
 from seamguard.scenarios import physics as ph
 from seamguard.scenarios import shifted as sh
-from seamguard.scenarios.faults import CLASSES, FAULT_CLASS_NAMES, Fault
+from seamguard.scenarios.faults import CLASSES, FAULT_CLASS_NAMES, HELDOUT_CLASS_NAMES, HELDOUT_ONLY, Fault
 from seamguard.scenarios.metrics import SERIES
 
 DRIVER_OLD, DRIVER_NEW = "550.54.15", "550.90.07"
@@ -53,17 +53,21 @@ class ScenarioSpec:
             raise ValueError(f"physics must be one of {', '.join(sh.PHYSICS)}, got {self.physics!r}")
         unknown = [c for c in self.faults if c not in CLASSES]
         if unknown:
-            raise ValueError(f"unknown fault class(es) {', '.join(unknown)}; known: {', '.join(FAULT_CLASS_NAMES)}")
+            raise ValueError(f"unknown fault class(es) {', '.join(unknown)}; known: {', '.join(HELDOUT_CLASS_NAMES)}")
+        held = [c for c in self.faults if c in HELDOUT_ONLY]
+        if held and self.physics != "shifted":
+            raise ValueError(f"fault class(es) {', '.join(held)} exist only in the held-out physics "
+                             f"(physics 'shifted'): the development physics writes none of their series")
         if self.minutes < 20:
             raise ValueError(f"minutes must be at least 20 (faults need history before and after), got {self.minutes}")
         if self.scrape_s <= 0:
             raise ValueError(f"scrape_s must be positive, got {self.scrape_s}")
 
 
-def rotating_classes(index: int, per_scenario: int) -> tuple[str, ...]:
+def rotating_classes(index: int, per_scenario: int, classes: tuple[str, ...] = FAULT_CLASS_NAMES) -> tuple[str, ...]:
     """Fault classes for scenario ``index``: consecutive scenarios walk through every class in turn."""
-    n = len(FAULT_CLASS_NAMES)
-    return tuple(FAULT_CLASS_NAMES[(index * per_scenario + j) % n] for j in range(per_scenario))
+    n = len(classes)
+    return tuple(classes[(index * per_scenario + j) % n] for j in range(per_scenario))
 
 
 def scenario_fleet(gpus: int, seed: int) -> Fleet:
@@ -98,6 +102,7 @@ class Sim:
         g = len(fleet.gpu_names)
         self.temp = np.full(g, np.nan)
         self.off_bus = np.zeros(g, dtype=bool)
+        self.nvlink_lost = np.zeros(g, dtype=bool)  # NVLink down until a GPU and switch reset: no work, still reports
         self._off_pending: dict[int, int] = {}
         self.first_throttle = np.full(g, np.nan)
         self.last_compute = np.full(g, np.nan)
@@ -140,6 +145,8 @@ class Sim:
         gs = np.flatnonzero(self.fleet.gpu_node == node)
         for arr in self.cnt.g.values():
             arr[gs] = 0.0
+        for name in sh.SXID_COUNTERS:  # the agent counts in memory: it starts again with the host
+            self.node_cnt[name][node] = 0.0
         self.clear_ports(node)
 
     def clear_ports(self, node: int) -> None:
@@ -419,13 +426,15 @@ class Scenario:
         return out
 
     def _shifted_series(self, run: _GpuRun) -> dict[str, np.ndarray]:
-        """Series only the held-out histories write: PCIe link state, host EDAC counters, HBM heat."""
+        """Series only the held-out histories write: PCIe link state, host EDAC counters, the node agent's
+        roster and SXid counters (a series from the node's first SXid on, as the agent exports it)."""
         sim = self.sim
         # Links drop to Gen1 when the GPU idles (ASPM / link-speed management) and train back at load.
         gen = np.where(run.active | run.paused, 5.0, 1.0)
-        out = {"DCGM_FI_DEV_PCIE_LINK_GEN": gen, "DCGM_FI_DEV_PCIE_LINK_WIDTH": sim.mods.pcie_width.copy()}
+        out = {"DCGM_FI_DEV_PCIE_LINK_GEN": gen, "DCGM_FI_DEV_PCIE_LINK_WIDTH": sim.mods.pcie_width.copy(),
+               "seamguard_agent_info": np.ones(len(self.fleet.node_names))}
         for name, arr in sim.node_cnt.items():
-            out[name] = arr.copy()
+            out[name] = np.where(arr > 0, arr, np.nan) if name in sh.SXID_COUNTERS else arr.copy()
         return out
 
     def _stale(self, out: dict[str, np.ndarray], t: float) -> None:
@@ -531,7 +540,7 @@ class Scenario:
         job, gnode = f.gpu_job, f.gpu_node
         jj = np.maximum(job, 0)
         has_job = job >= 0
-        in_service = ~nodes.idle[gnode] & ~sim.off_bus
+        in_service = ~nodes.idle[gnode] & ~sim.off_bus & ~sim.nvlink_lost
         active = has_job & ~jobs.down[jj] & ~jobs.ckpt[jj] & in_service
         paused = has_job & jobs.ckpt[jj] & in_service
         prev_c = np.where(np.isnan(sim.temp), 40.0, sim.temp)
@@ -677,7 +686,7 @@ class Scenario:
             elif s.kind == Kind.NIC:
                 out[s.name][nic_gap] = np.nan
             elif s.kind == Kind.NODE:
-                out[s.name][nodes.gap | nodes.nodeexp_gap] = np.nan
+                out[s.name][nodes.gap | (nodes.nodeexp_gap & (s.exporter == "node"))] = np.nan
         if any(e.what == "prometheus_missed_scrape" and e.t_s <= t < e.t_s + self.spec.scrape_s for e in self.events):
             for arr in out.values():
                 arr[:] = np.nan

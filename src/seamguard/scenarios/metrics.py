@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from seamguard.fleet.model import Kind
 from seamguard.observe.signals import REGISTRY
+from seamguard.scenarios.shifted import SXID_SERIES
 
 
 def _known(name: str) -> str:
@@ -27,9 +28,15 @@ def _known(name: str) -> str:
 class Series:
     name: str
     kind: Kind
-    exporter: str  # which exporter process serves it: "dcgm", "node", "facility", "probe", "storage", "runtime"
+    exporter: str  # which exporter serves it: "dcgm", "node", "agent", "facility", "probe", "storage", "runtime"
     integer: bool = False  # printed as a whole number (counters, temperatures, states)
     help: str = ""
+    family: str = ""  # the exported name when several series share one family (their labels tell them apart)
+    labels: tuple[tuple[str, str], ...] = ()  # constant labels of this series within its family
+
+    @property
+    def exported(self) -> str:
+        return self.family or self.name
 
 
 G, N, L, C, R, S, J, ND = (Kind.GPU, Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK, Kind.STORAGE, Kind.JOB,
@@ -70,6 +77,11 @@ SERIES: tuple[Series, ...] = (
     # node_exporter edac collector (held-out histories only)
     Series("node_edac_correctable_errors_total", ND, "node", True, "correctable memory errors"),
     Series("node_edac_uncorrectable_errors_total", ND, "node", True, "uncorrectable memory errors"),
+    # the node agent (held-out histories only): its roster gauge and kernel-log NVSwitch SXid counter
+    Series("seamguard_agent_info", ND, "agent", True, "the node agent runs here"),
+    *(Series(name, ND, "agent", True, "NVSwitch SXID lines in the kernel log", family="seamguard_sxid_errors_total",
+             labels=(("pci_bus_id", "0000:05:00.0"), ("severity", sev), ("sxid", code)))
+      for name, code, sev in SXID_SERIES),
     # fabric probes, facilities, storage (seamguard's documented names)
     Series(_known("seamguard_fabric_link_latency_us"), L, "probe", False, "probe round trip (us)"),
     Series(_known("seamguard_coolant_flow_lpm"), C, "facility", False, "coolant flow (l/min)"),

@@ -9,8 +9,10 @@ Labels: dcgm-exporter's (``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostnam
 ``DCGM_FI_DRIVER_VERSION``) plus the scrape's ``instance`` and ``job``; node_exporter's
 infiniband collector (``device``, ``port``) with the node only in ``instance``
 (``host:9100``), so the label mapping's default has to strip the port; seamguard's own
-series with the labels of docs/prometheus-slurm.md. A driver update changes the driver
-label, so the GPU's series changes identity mid-history, as it does in a real TSDB.
+series with the labels of docs/prometheus-slurm.md; the node agent's with ``node`` and its
+own port (docs/agent.md). Several series may share one family (the agent's SXid counter, one
+series per code and severity), written together under one HELP/TYPE. A driver update changes
+the driver label, so the GPU's series changes identity mid-history, as it does in a real TSDB.
 """
 
 from __future__ import annotations
@@ -43,9 +45,14 @@ class OpenMetricsWriter:
         self.path = Path(path)
         self.fleet = fleet
         self._dir = Path(tempfile.mkdtemp(prefix="seamguard-om-"))
-        self._fh = {s.name: open(self._dir / f"{i:03d}", "w", encoding="utf-8") for i, s in enumerate(SERIES)}
+        self._families = list(dict.fromkeys(s.exported for s in SERIES))
+        self._help = {s.exported: s.help for s in reversed(SERIES)}
+        self._fh = {fam: open(self._dir / f"{i:03d}", "w", encoding="utf-8") for i, fam in enumerate(self._families)}
         self._static = {k: self._static_labels(k) for k in (Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK,
                                                             Kind.STORAGE, Kind.JOB, Kind.NODE)}
+        self._agent = [{"instance": f"{n}:9475", "job": "seamguard-agent", "node": n} for n in fleet.node_names]
+        self._series_labels = {s.name: [_labels({**a, **dict(s.labels)}) for a in self._agent]
+                               for s in SERIES if s.exporter == "agent"}
         self._gpu_cache: dict[tuple[str, str], list[str]] = {}
         self.samples = 0
 
@@ -103,11 +110,11 @@ class OpenMetricsWriter:
                     gpu[ex] = self._gpu_labels(ex, driver)
                 labs = gpu[ex]
             else:
-                labs = self._static[s.kind]
+                labs = self._series_labels.get(s.name) or self._static[s.kind]
             ok = np.flatnonzero(np.isfinite(arr))
             vals = arr[ok]
             strs = [str(v) for v in vals.astype(np.int64).tolist()] if s.integer else [repr(v) for v in vals.tolist()]
-            name = s.name
+            name = s.exported
             self._fh[name].write("".join([f"{name}{labs[i]} {v}{ts}" for i, v in zip(ok.tolist(), strs)]))
             self.samples += len(ok)
 
@@ -116,11 +123,11 @@ class OpenMetricsWriter:
             fh.close()
         try:
             with open(self.path, "w", encoding="utf-8") as out:
-                for i, s in enumerate(SERIES):
+                for i, fam in enumerate(self._families):
                     part = self._dir / f"{i:03d}"
                     if part.stat().st_size == 0:
                         continue
-                    out.write(f"# HELP {s.name} {s.help}\n# TYPE {s.name} gauge\n")
+                    out.write(f"# HELP {fam} {self._help[fam]}\n# TYPE {fam} gauge\n")
                     with open(part, encoding="utf-8") as fh:
                         shutil.copyfileobj(fh, out, 1 << 20)
                 out.write("# EOF\n")

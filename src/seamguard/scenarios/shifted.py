@@ -9,10 +9,13 @@ from the hardware's documentation and field studies, never from the detector's l
 - coolant flow meters read with 1 % standard deviation (±2 % at two sigma);
 - every error counter has a healthy background: a few GPUs correct ECC errors now and then,
   NVLink and PCIe links replay occasionally, InfiniBand ports see rare symbol errors and
-  recoveries, hosts correct DRAM errors (node_exporter's EDAC counters);
+  recoveries, hosts correct DRAM errors (node_exporter's EDAC counters), NVSwitches correct
+  single-bit ECC errors in their SRAM (non-fatal SXids in the node agent's kernel-log counter);
 - checkpoints last 1-5 min;
 - an exporter on a healthy node can serve stale values for minutes (the last scrape repeated);
-- GPUs drop their PCIe link generation at idle (active-state power management).
+- GPUs drop their PCIe link generation at idle (active-state power management);
+- every node runs the node agent (``seamguard_agent_info``), whose kernel-log SXid counter
+  appears on a node's first SXid, as the agent exports it.
 
 ``GENERATOR_VERSION`` names this physics; results record it, and any change to either
 physics must bump it (tests/scenarios pin a history's digest to it).
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GENERATOR_VERSION = "2026.12-1"
+GENERATOR_VERSION = "2026.12-2"  # 2026.12-2: NVSwitch SXids (class, background, agent)
 PHYSICS = ("dev", "shifted")
 
 FLOW_NOISE_SD = {"dev": 0.004, "shifted": 0.01}
@@ -46,9 +49,19 @@ BACKGROUND = {
     "nic": (("node_infiniband_symbol_error_total", 0.10, 0.5, (1, 5)),
             ("node_infiniband_link_error_recovery_total", 0.02, 0.05, (1, 1)),
             ("node_infiniband_port_errors_received_total", 0.05, 0.2, (1, 3))),
-    "node": (("node_edac_correctable_errors_total", 0.08, 0.3, (1, 2)),),
+    "node": (("node_edac_correctable_errors_total", 0.08, 0.3, (1, 2)),
+             ("seamguard_sxid_nonfatal_ecc", 0.02, 0.1, (1, 1))),
 }
-NODE_COUNTERS = ("node_edac_correctable_errors_total", "node_edac_uncorrectable_errors_total")
+# The node agent's kernel-log SXid counter, one series per (SXid, severity) as the agent labels it
+# (``seamguard_sxid_errors_total{sxid, severity}``); codes and severities as the NVSwitch driver logs them
+# (sources: docs/evaluation.md, "Held-out histories").
+SXID_NONFATAL_ECC = "seamguard_sxid_nonfatal_ecc"  # single-bit ECC the switch corrected
+SXID_NONFATAL_LINK = "seamguard_sxid_nonfatal_link"  # a link's receive error rate is high
+SXID_FATAL_LINK = "seamguard_sxid_fatal_link"  # "LTSSM Fault Up": a link left the active state
+SXID_SERIES = ((SXID_NONFATAL_ECC, "11012", "non-fatal"), (SXID_NONFATAL_LINK, "20009", "non-fatal"),
+               (SXID_FATAL_LINK, "20034", "fatal"))  # (series, SXid, severity)
+SXID_COUNTERS = tuple(name for name, _, _ in SXID_SERIES)
+NODE_COUNTERS = ("node_edac_correctable_errors_total", "node_edac_uncorrectable_errors_total", *SXID_COUNTERS)
 
 
 @dataclass
