@@ -3,7 +3,8 @@ count how often the stated intervals hold over more seeds than the tests run (no
 
 The fleet is `seamguard fleet generate --gpus 10240`; its week of history is the event twin's own
 (twin/history.py) written into a SQLite ledger; both commands then run as a user runs them.
-Run: ``python -m tests.twin_calibrate.scale_check [--gpus N] [--days D]``, or with
+Run: ``python -m tests.twin_calibrate.scale_check [--gpus N] [--days D]`` (the simulate step asks six
+policy what-ifs too: dry run, three breaker bounds, two drain floors), or with
 ``--coverage FIRST-LAST`` the recovery and holdout checks of test_recover.py over those seeds;
 prints one JSON line. Figures: docs/twin-events.md, "Calibrated on your fleet".
 """
@@ -114,12 +115,16 @@ def main() -> None:
         cal_s, _ = _run("twin", "calibrate", "--topology", str(d / "fleet.yaml"), "--ledger", str(d / "ledger.db"),
                         "--since", str(T0), "--until", str(until), "-o", str(d / "cal.yaml"))
         sim_s, out = _run("twin", "simulate", "--calibrated", str(d / "cal.yaml"), "--runs", "4", "--draws", "8",
-                          "--json")
+                          "--whatif", "mode=dry_run", "--whatif", "breaker=0.001,0.01,off",
+                          "--whatif", "drain_min_slowdown=0.2,0.4", "--json")
         doc = json.loads(out.strip().splitlines()[-1])
         print(json.dumps({"gpus": args.gpus, "days": args.days, "transitions": len(h.transitions),
                           "actions": len(h.actions), "calibrate_wall_s": round(cal_s, 2),
                           "simulate_wall_s": round(sim_s, 2), "simulate_inner_s": round(doc["wall_s"], 2),
                           "fleet_ettr": doc["fleet_ettr"],
+                          "whatif": {v["variant"]: {"delta_ettr": v["delta_ettr"], "drained_nodes": v["drained_nodes"],
+                                                    "held_by_breaker": v["held_by_breaker"]}
+                                     for v in doc["whatif"]["variants"]},
                           "jobs": {j["job"]: {"gpus": j["gpus"], "ettr": j["ettr"], "interval_s": j["interval_s"],
                                               "hot_spares": j["hot_spares"]} for j in doc["jobs"]}}))
 

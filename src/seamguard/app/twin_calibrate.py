@@ -236,17 +236,6 @@ def _tiers(doc: dict, state_gib_per_gpu: float, checkpoint_write_min: float) -> 
             "peer_memory": (PEER_STALL_FACTOR * pp.in_memory_stall_s, pp.in_memory_restore_s)}
 
 
-def _policy(doc: dict):
-    """The seamguard policy, acting after the median delay the controller measured (where it had 3 or more)."""
-    from seamguard.twin.calibrate import MIN_EVENTS
-    from seamguard.twin.events.config import PolicyParams
-
-    delay = (doc.get("detection") or {}).get("delay") or {}
-    if delay.get("n", 0) >= MIN_EVENTS:
-        return PolicyParams("seamguard", detection_delay_s=float(delay["p50_s"]))
-    return PolicyParams("seamguard")
-
-
 def _job_tiers(doc: dict, base: dict[str, tuple[float, float]]) -> dict[str, dict[str, tuple[float, float]]]:
     """Per job, the tiers with its own measured snapshot stall (median) as the peer-memory write, where it has one."""
     out = {}
@@ -274,16 +263,26 @@ def _asks(doc: dict) -> list:
 
 
 def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_gib_per_gpu: float,
-                        checkpoint_write_min: float, as_json: bool) -> None:
-    """The event twin on the calibrated rates (fleet ETTR) and the per-job answers, with intervals."""
-    from seamguard.twin.calibrated import failure_model, recommend
+                        checkpoint_write_min: float, as_json: bool, detection=None, whatifs: list[str] = (),
+                        base: list[str] = ()) -> None:
+    """The event twin on the calibrated rates (fleet ETTR), the per-job answers and, with ``whatifs``, the
+    window's faults replayed under each controller variant (twin/whatif.py), with intervals."""
+    from seamguard.twin.calibrated import failure_model, recommend, seamguard_params
     from seamguard.twin.events.calibration import llama3_failure_model
     from seamguard.twin.events.config import ClusterConfig
     from seamguard.twin.events.montecarlo import run_monte_carlo
+    from seamguard.twin.whatif import variants, whatif
 
     if seeds < 1 or seed < 0:
         fail(f"--runs must be >= 1 and --seed >= 0, got {seeds} and {seed}")
+    try:
+        asked = variants(base, whatifs) if whatifs else None
+    except ValueError as e:
+        fail(f"--whatif/--base: {e}")
+    if base and not whatifs:
+        fail("--base describes what the --whatif variants are compared with: give at least one --whatif")
     doc = _load(path)
+    policy = seamguard_params(doc, detection)
     gpus = next((h["entities"] for h in doc["hazards"] if h["domain"] == "gpu" and h.get("entities")), 0)
     asks = _asks(doc)
     if gpus <= 0 or not asks:
@@ -299,13 +298,17 @@ def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_
                 cfg = ClusterConfig(gpus=int(gpus) - int(gpus) % 8 or 8, days=days, workload="mix", failures=fm)
             except ValueError as e:
                 fail(f"--calibrated {path}: {e}")
-            sums = run_monte_carlo(cfg, [_policy(doc)], seeds, seed + d)
+            sums = run_monte_carlo(cfg, [policy], seeds, seed + d)
             ettr += [r.ettr for r in sums[0].runs]
         tiers = _job_tiers(doc, _tiers(doc, state_gib_per_gpu, checkpoint_write_min))
         jobs = [r for a in asks for r in recommend(doc, [a], tiers[a.name], days * 86400.0, draws, seeds, rng)]
+        what = (whatif(doc, replace(cfg, failures=llama3_failure_model()), asked, policy, draws, seeds, seed)
+                if asked else None)
     q = np.quantile(ettr, [0.025, 0.5, 0.975]).tolist()
     result = {"calibrated": str(path), "gpus": gpus, "days": days, "draws": draws, "seeds": seeds,
-              "fleet_ettr": q, "detection_delay_s": _policy(doc).detection_delay_s, "jobs": jobs, "wall_s": time.perf_counter() - started,
+              "fleet_ettr": q, "detection": (policy.detection.source if policy.detection is not None
+                                             else {"delay_s": policy.detection_delay_s}),
+              "jobs": jobs, "whatif": what, "wall_s": time.perf_counter() - started,
               "priors_used": [f"{h['domain']}/{h['class']}" for h in doc["hazards"] if h.get("source") == "prior"]}
     emit(_plain(result), as_json, _table)
 
@@ -321,5 +324,24 @@ def _table(d: dict) -> None:
         typer.echo(f"{j['job']} ({j['gpus']} GPUs): checkpoint every {ci(iv, '{:.0f}')} min to {j['tier']}, "
                    f"ETTR {ci(j['ettr'], '{:.4f}')}, hot spares {ci(j['hot_spares'], '{:.0f}')}, "
                    f"P(slip) {ci(j['p_slip'], '{:.2f}')}")
+    if d.get("whatif"):
+        _whatif_table(d["whatif"], ci)
     if d["priors_used"]:
         typer.echo(f"published priors used for: {', '.join(d['priors_used'])}")
+
+
+def _whatif_table(w: dict, ci) -> None:
+    s = w["samples"]
+    typer.echo(f"what-if: the window's {w['incidents_in_window']['hard']} hard and {w['incidents_in_window']['gray']} "
+               f"gray incidents replayed, {s['done']} of {s['asked']} samples; change against base "
+               f"(median [2.5 %, 97.5 %])")
+    for v in w["variants"]:
+        if v["variant"] == "base":
+            typer.echo(f"  base: ETTR {ci(v['ettr'], '{:.4f}')}, drained {ci(v['drained_nodes'], '{:.0f}')} nodes, "
+                       f"held by breaker {ci(v['held_by_breaker'], '{:.0f}')}")
+            continue
+        typer.echo(f"  {v['variant']}: ETTR {ci(v['delta_ettr'], '{:+.4f}')}, GPU-hours "
+                   f"{ci(v['delta_gpu_hours'], '{:+,.0f}')}, better in {v['better_share']:.0%} of samples, drained "
+                   f"{ci(v['drained_nodes'], '{:.0f}')} nodes, held by breaker {ci(v['held_by_breaker'], '{:.0f}')}")
+    if w["not_replayed"]:
+        typer.echo("  not replayed (no twin process): " + ", ".join(f"{k} {n}" for k, n in w["not_replayed"].items()))

@@ -24,6 +24,7 @@ import typer
 from seamguard.clikit import JSON_OPTION, OUTPUT_OPTION, Output, emit, fail, phase, wants_json
 from seamguard.twin.events.calibration import link_profile, llama3_failure_model
 from seamguard.twin.events.config import POLICIES, ClusterConfig, CostModel, PolicyParams
+from seamguard.twin.events.detection import DetectionModel, load_detection_results
 from seamguard.twin.events.measured import (DEFAULT_FIGURES, RuntimeFigures, describe_defaults,
                                             load_gpu_figures, load_runtime_figures)
 from seamguard.twin.events.montecarlo import run_monte_carlo, summarise
@@ -84,6 +85,7 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
                    crash_capture_fraction: float = PolicyParams.crash_capture_fraction,
                    policy_config: Optional[Path] = None,
                    measured_gpu: Optional[Path] = None,
+                   detection: Optional[Path] = None,
                    ) -> tuple[ClusterConfig, list[PolicyParams], RuntimeFigures]:
     """Validate flags and build the cluster config, the policies to run and their figures.
 
@@ -92,6 +94,9 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
     benchmarks/gpu_runtime.py result whose GPU figures replace those. ``policy_config`` is a
     JSON file ``{"<policy>": {"<cost>": seconds, ...}}`` replacing named cost components
     (:class:`~seamguard.twin.events.config.CostModel`) of the policies it names.
+    ``detection`` is a benchmarks/detection.py result: the seamguard policy then samples the
+    detector's measured per-class misses and delays from it (``detection_delay_s`` and
+    ``detection_precision`` are unused).
     """
     compare, workload = _value(compare), _value(workload)
     link_profile_name = _value(link_profile_name)
@@ -127,6 +132,7 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
     except ValueError as exc:
         raise ValueError(f"--measured-gpu: {exc}") from exc
     overrides = read_policy_config(policy_config)
+    det = read_detection(detection)
     names = list(_COMPARE.get(compare, (compare,)))
     pols = [PolicyParams(n, checkpoint_interval_min=checkpoint_interval_min,
                          checkpoint_write_min=checkpoint_write_min,
@@ -136,13 +142,32 @@ def build_settings(*, gpus: int, days: float, compare: str, workload: str,
                          state_gib_per_gpu=state_gib_per_gpu,
                          job_wide_crash_fraction=job_wide_crash_fraction,
                          sdc_caught_at_step_fraction=sdc_caught_fraction,
-                         crash_capture_fraction=crash_capture_fraction, runtime=figs)
+                         crash_capture_fraction=crash_capture_fraction, runtime=figs, detection=det)
             for n in names]
     pols = [with_costs(pp, overrides.get(pp.name, {})) for pp in pols]
     return cfg, pols, figs
 
 
 _COST_FIELDS = tuple(CostModel.__dataclass_fields__)
+
+
+def read_detection(path: Optional[Path]) -> DetectionModel | None:
+    """Read ``--detection FILE`` (edge I/O): the detector's measured recall, delays and precision."""
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise ValueError(f"--detection: no such file {path}")
+    try:
+        return load_detection_results(path)
+    except ValueError as exc:
+        raise ValueError(f"--detection: {exc}") from exc
+
+
+def detection_settings(det_path: Optional[Path], delay_s: float, precision: float) -> dict:
+    """What the seamguard policy's detection ran on, for the JSON and the report's settings."""
+    if det_path is None:
+        return {"detection": "fixed", "detection_delay_s": delay_s, "detection_precision": precision}
+    return {"detection": str(det_path)}
 
 
 def read_policy_config(path: Optional[Path]) -> dict[str, dict[str, float | None]]:
@@ -212,6 +237,12 @@ _RC = typer.Option(10.0, "--restart-cost-min", help="Baseline restart overhead (
 _DD = typer.Option(PolicyParams.__dataclass_fields__["detection_delay_s"].default, "--detection-delay-s",
                    help="Gray-failure detection delay (default: the telemetry twin's measured median).")
 _DP = typer.Option(0.9, "--detection-precision", help="Share of gray alarms that are true.")
+_DET = typer.Option(None, "--detection", metavar="FILE",
+                    help="A detection result JSON written by benchmarks/detection.py (e.g. "
+                         "benchmarks/results/detection_heldout.json): seamguard's policy samples the "
+                         "detector's measured per-class recall (misses included) and delay distribution "
+                         "and its precision per alarm, instead of --detection-delay-s and "
+                         "--detection-precision.")
 _SG = typer.Option(28.0, "--state-gib-per-gpu", help="Checkpoint state per GPU (HPN: 30 GB).")
 _JW = typer.Option(PolicyParams.job_wide_crash_fraction, "--job-wide-crash-fraction",
                    help="Share of process crashes that kill every rank at once (seamguard "
@@ -258,7 +289,7 @@ def simulate(
     node_failure_rate: Optional[float] = _RF, link_profile_name: LinkProfile = _LINKP,
     link_mttf_years: Optional[float] = _LINKM, checkpoint_interval_min: float = _CI,
     checkpoint_write_min: float = _CW, restart_cost_min: float = _RC,
-    detection_delay_s: float = _DD, detection_precision: float = _DP,
+    detection_delay_s: float = _DD, detection_precision: float = _DP, detection: Optional[Path] = _DET,
     state_gib_per_gpu: float = _SG, measured: Optional[Path] = _MEAS,
     measured_gpu: Optional[Path] = _MGPU,
     job_wide_crash_fraction: float = _JW, sdc_caught_fraction: float = _SDC,
@@ -273,14 +304,31 @@ def simulate(
              "estimates' uncertainty (--runs seeds per draw, --draws draws). The fleet's GPUs and the "
              "window's days come from the config (--gpus, --days and the failure flags are not used)."),
     draws: int = typer.Option(8, "--draws", min=1, help="With --calibrated: parameter draws."),
+    whatif: Optional[list[str]] = typer.Option(
+        None, "--whatif", metavar="KNOB=V[,V...]",
+        help="With --calibrated: replay the window's faults under the controller with KNOB set to each value "
+             "(mode=enforce|dry_run, breaker=<share of the fleet restricted per window>|off, breaker_in_effect, "
+             "breaker_window_s, breaker_min_nodes, drain_min_slowdown=<share of throughput>) and report what each "
+             "would have bought over --base; repeatable."),
+    base: Optional[list[str]] = typer.Option(
+        None, "--base", metavar="KNOB=V",
+        help="With --whatif: what your controller runs today (default: enforce, the live breaker's default "
+             "bounds, no drain floor); repeatable."),
 ) -> None:
     """Discrete-event simulation of a GPU cluster under the baselines and seamguard."""
     if calibrated is not None:
         from seamguard.app.twin_calibrate import simulate_calibrated
 
+        try:
+            det = read_detection(detection)
+        except ValueError as exc:
+            fail(str(exc))
         simulate_calibrated(calibrated, draws=draws, seeds=runs, seed=seed, state_gib_per_gpu=state_gib_per_gpu,
-                            checkpoint_write_min=checkpoint_write_min, as_json=wants_json(output, json_flag))
+                            checkpoint_write_min=checkpoint_write_min, as_json=wants_json(output, json_flag),
+                            detection=det, whatifs=whatif or [], base=base or [])
         return
+    if whatif or base:
+        fail("--whatif and --base need --calibrated FILE (the window whose faults are replayed)")
     try:
         cfg, pols, figs = build_settings(
             gpus=gpus, days=days, compare=compare, workload=workload,
@@ -291,18 +339,23 @@ def simulate(
             detection_delay_s=detection_delay_s, detection_precision=detection_precision,
             state_gib_per_gpu=state_gib_per_gpu, measured=measured, measured_gpu=measured_gpu,
             job_wide_crash_fraction=job_wide_crash_fraction, sdc_caught_fraction=sdc_caught_fraction,
-            crash_capture_fraction=crash_capture_fraction, policy_config=policy_config)
+            crash_capture_fraction=crash_capture_fraction, policy_config=policy_config, detection=detection)
         sums = run_monte_carlo(cfg, pols, runs, seed, _value(executor), workers)
     except ValueError as exc:
         fail(str(exc))
     doc = summarise(sums, figs.source, {"seed": seed, "workload": _value(workload),
                                         "node_failure_rate_per_node_day": cfg.failures.rf_per_node_day(),
-                                        "detection_delay_s": detection_delay_s,
-                                        "detection_precision": detection_precision})
+                                        **detection_settings(detection, detection_delay_s, detection_precision)})
     if wants_json(output, json_flag):
         typer.echo(json.dumps(doc, default=_jsonable))
         return
     _print_table(sums, figs)
+    if "seamguard" in {pp.name for pp in pols}:
+        det = pols[[pp.name for pp in pols].index("seamguard")].detection
+        _echo_wrapped(f"seamguard's detection: {det.source} (measured per-class recall and delays, precision "
+                      f"{det.precision:.3f} per alarm)" if det is not None else
+                      f"seamguard's detection: every gray event found after {detection_delay_s:g} s, precision "
+                      f"{detection_precision:g} (--detection FILE takes a detector's measured result instead)")
 
 
 def _jsonable(x: object) -> object:
@@ -358,7 +411,7 @@ def report(
         0.005, "--node-failure-rate", help="Failures per node-day (Meta RSC r_f)."),
     workload: Workload = _WORKLOAD, checkpoint_interval_min: float = _CI,
     checkpoint_write_min: float = _CW, restart_cost_min: float = _RC,
-    detection_delay_s: float = _DD, detection_precision: float = _DP,
+    detection_delay_s: float = _DD, detection_precision: float = _DP, detection: Optional[Path] = _DET,
     measured: Optional[Path] = _MEAS, measured_gpu: Optional[Path] = _MGPU,
     executor: Executor = _EXEC, workers: Optional[int] = _WORK,
     output: Output = OUTPUT_OPTION, json_flag: bool = JSON_OPTION,
@@ -383,7 +436,7 @@ def report(
             checkpoint_interval_min=checkpoint_interval_min,
             checkpoint_write_min=checkpoint_write_min, restart_cost_min=restart_cost_min,
             detection_delay_s=detection_delay_s, detection_precision=detection_precision,
-            state_gib_per_gpu=28.0, measured=measured, measured_gpu=measured_gpu)
+            state_gib_per_gpu=28.0, measured=measured, measured_gpu=measured_gpu, detection=detection)
         for n in size_list:
             replace(cfg, gpus=n)   # validates every size before the sweep starts
         with phase(f"simulating {len(size_list)} sizes x {runs} run{'' if runs == 1 else 's'} x {len(pols)} policies"):
@@ -394,7 +447,7 @@ def report(
     hazard = interval_vs_hazard(cfg, sg, job_nodes=cfg.nodes - cfg.spare_nodes)
     settings = {"days": days, "runs": runs, "seed": seed, "workload": _value(workload),
                 "node_failure_rate": node_failure_rate, "measured_source": figs.source,
-                "detection_delay_s": detection_delay_s}
+                **detection_settings(detection, detection_delay_s, detection_precision)}
     files = write_report(out, sweep, sweep[max(size_list)], hazard, settings)
     if wants_json(output, json_flag):
         emit({"out": str(out), "files": [str(f) for f in files], "measured_source": figs.source}, True)

@@ -29,11 +29,13 @@ import numpy as np
 from scipy import stats
 
 from seamguard.decide.slip import slip_forecast
-from seamguard.twin.calibrate import HARD, GRAY, SCHEMA
+from seamguard.twin.calibrate import HARD, GRAY, MIN_EVENTS, SCHEMA
 from seamguard.reliability import Scope
 from seamguard.twin.events.calibration import COMPONENTS_PER_NODE, CauseSpec, FailureModel
+from seamguard.twin.events.config import PolicyParams
+from seamguard.twin.events.detection import DetectionModel
 
-__all__ = ["JobAsk", "check", "failure_model", "job_hazard_per_h", "recommend", "SPARE_QUANTILE"]
+__all__ = ["JobAsk", "check", "failure_model", "job_hazard_per_h", "recommend", "seamguard_params", "SPARE_QUANTILE"]
 
 SPARE_QUANTILE = 0.99  # hot spares cover the nodes in repair at once this often
 INTERVALS_S = np.geomspace(30.0, 6 * 3600.0, 60)  # candidate checkpoint intervals, 30 s to 6 h
@@ -113,6 +115,18 @@ def failure_model(doc: Mapping, base: FailureModel, rng: np.random.Generator | N
     if sum(n for n, _ in repair) > 0:
         fm = replace(fm, repair_mean_h=sum(n * s for n, s in repair) / sum(n for n, _ in repair) / 3600.0)
     return fm
+
+
+def seamguard_params(doc: Mapping, detection: DetectionModel | None = None) -> PolicyParams:
+    """The seamguard policy the calibrated twin runs: the detector's measured per-class recall and delays
+    when ``detection`` is given (benchmarks/detection.py's result), else acting after the median delay the
+    controller measured in the window (where it had MIN_EVENTS or more), else the twin's default delay."""
+    if detection is not None:
+        return PolicyParams("seamguard", detection=detection)
+    delay = (doc.get("detection") or {}).get("delay") or {}
+    if delay.get("n", 0) >= MIN_EVENTS:
+        return PolicyParams("seamguard", detection_delay_s=float(delay["p50_s"]))
+    return PolicyParams("seamguard")
 
 
 def job_hazard_per_h(doc: Mapping, job_nodes: float, draw: Mapping[tuple[str, str], float]) -> float:

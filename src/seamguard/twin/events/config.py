@@ -10,12 +10,13 @@ import math
 from dataclasses import dataclass, field
 
 from seamguard.decide.economics import Criticality, JobClass
+from seamguard.decide.policy import BreakerConfig
 from seamguard.twin.events.calibration import FailureModel, llama3_failure_model
 from seamguard.twin.events.detection import DetectionModel
 from seamguard.twin.events.measured import DEFAULT_FIGURES, RuntimeFigures
 
-__all__ = ["JobSpec", "ClusterConfig", "CostModel", "PolicyParams", "default_costs", "workload",
-           "POLICIES", "WORKLOADS", "NVRX_SOFT_TIMEOUT_S"]
+__all__ = ["JobSpec", "ClusterConfig", "CostModel", "ControllerSettings", "PolicyParams", "default_costs",
+           "workload", "POLICIES", "WORKLOADS", "NVRX_SOFT_TIMEOUT_S", "MODES"]
 
 #: The policies the twin runs side by side (docs/twin-events.md, "Policies").
 POLICIES = ("baseline_fixed", "baseline_daly_async", "in_job_restart", "seamguard")
@@ -152,6 +153,55 @@ class CostModel:
             raise ValueError("cost backstop_interval_s must be > 0")
 
 
+#: What the live controller does with its decisions (decide/policy.py ``mode``).
+MODES = ("enforce", "dry_run")
+_BREAKER = {k: f.default for k, f in BreakerConfig.model_fields.items()}
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """What seamguard's controller may do in the twin: the knobs a policy what-if varies
+    (twin/whatif.py). Defaults: enforcing, with the live breaker's default bounds
+    (decide/policy.py ``BreakerConfig``) and no slowdown floor on drains.
+
+    The twin's breaker is the live one's fleet-wide part: nodes newly restricted by the
+    controller (a degraded node drained, a cooling loop's nodes evacuated, a node drained on
+    pre-failure evidence) within ``breaker_window_s``, and nodes so restricted at once, each
+    bounded by ``max(share x nodes, breaker_min_nodes)``; the first restriction past a bound
+    trips it, and tripped it holds every later restriction for the rest of the run (nobody
+    resets it inside a simulated window). Hard failures are the runtime's to recover and
+    never pass through it."""
+
+    mode: str = "enforce"
+    """``enforce``: the controller's drains, evacuations and checkpoint-now calls happen;
+    ``dry_run``: it decides and records only (the runtime still recovers on its own)."""
+    breaker_window_s: float = _BREAKER["window_s"]
+    """Rate window of the breaker (s)."""
+    breaker_max_fleet_fraction: float = _BREAKER["max_fleet_fraction"]
+    """Nodes newly restricted within the window, as a share of the fleet (1: no bound)."""
+    breaker_max_in_effect_fleet_fraction: float = _BREAKER["max_in_effect_fleet_fraction"]
+    """Nodes restricted at once, as a share of the fleet (1: no bound)."""
+    breaker_min_nodes: int = _BREAKER["min_nodes"]
+    """The fewest nodes either bound allows."""
+    drain_min_slowdown: float = 0.0
+    """A detected degraded node (or a throttled loop's nodes) is drained only when it lost at
+    least this share of its throughput, whatever the economics say (0: the economics alone)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not (math.isfinite(self.breaker_window_s) and self.breaker_window_s >= 60.0):
+            raise ValueError(f"breaker_window_s must be >= 60 s, got {self.breaker_window_s!r}")
+        for name in ("breaker_max_fleet_fraction", "breaker_max_in_effect_fleet_fraction"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+        if not (isinstance(self.breaker_min_nodes, int) and self.breaker_min_nodes >= 1):
+            raise ValueError(f"breaker_min_nodes must be an integer >= 1, got {self.breaker_min_nodes!r}")
+        if not 0.0 <= self.drain_min_slowdown <= 1.0:
+            raise ValueError(f"drain_min_slowdown must be in [0, 1], got {self.drain_min_slowdown!r}")
+
+
 @dataclass(frozen=True)
 class PolicyParams:
     """A policy and the costs it runs with."""
@@ -239,6 +289,9 @@ class PolicyParams:
     costs: CostModel | None = None
     """Every cost component of the policy; ``None``: :func:`default_costs` (the documented
     defaults, derived from the fields above and the measured runtime figures)."""
+    controller: ControllerSettings = ControllerSettings()
+    """seamguard's controller: mode, breaker bounds, drain floor (unused by the baselines,
+    which have no controller)."""
     links: str | None = None
     """What a link flap costs: ``stall`` (a single rail: HPN's > 9 s) or ``rail_failover``
     (traffic moves to the other rail: seamguard's runtime, or kernel bonding in

@@ -474,6 +474,8 @@ def build_policy(pp: PolicyParams) -> Policy:
         return Policy(pp.name, c, fixed or YoungDalyInterval(Mode.PEER_REPLICATED.value),
                       InJobRestart(), None, Links(pp.links or "rail_failover"),
                       StragglerDetection(pp.straggler_threshold, pp.straggler_report_s))
-    return Policy(pp.name, c, fixed or PlannerInterval(), LiveRecovery(),
-                  ControlPlane(pp.detection_delay_s, pp.detection_precision, pp.detection),
-                  Links(pp.links or "rail_failover"))
+    # In a dry run the controller decides and records but nothing it decides happens: no drain,
+    # evacuation or checkpoint-now; the runtime still recovers on its own.
+    cp = (ControlPlane(pp.detection_delay_s, pp.detection_precision, pp.detection)
+          if pp.controller.mode == "enforce" else None)
+    return Policy(pp.name, c, fixed or PlannerInterval(), LiveRecovery(), cp, Links(pp.links or "rail_failover"))

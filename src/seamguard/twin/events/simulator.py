@@ -27,6 +27,7 @@ from seamguard.decide.economics import (
     quarantine_decision,
 )
 from seamguard.decide.tiers import Scope
+from seamguard.twin.events.breaker import TwinBreaker
 from seamguard.twin.events.config import ClusterConfig, JobSpec, PolicyParams, workload
 from seamguard.twin.events.kernel import EventQueue
 from seamguard.twin.events.policies import (
@@ -110,6 +111,10 @@ class RunResult:
     """Events processed."""
     wall_s: float
     """Wall time of the run."""
+    held_by_breaker: int = 0
+    """Nodes the controller asked to restrict that its breaker held (seamguard policy)."""
+    breaker_tripped_at_s: float | None = None
+    """When the breaker tripped (``None``: it never did)."""
 
 
 def rollback_scope_hazards(cfg: ClusterConfig, pp: PolicyParams | None = None) -> dict[Scope, float]:
@@ -327,6 +332,7 @@ class _Run:
         self.node_hazard_per_h = fm.rf_per_node_day() / 24.0
         self.scope_hz = self.policy.recovery.rolls_back(pp, all_scope_hazards(cfg))
         self.tiers = tier_costs(pp)
+        self.breaker = TwinBreaker(pp.controller, cfg.nodes)
         for job in self.jobs:
             self._plan(job, 0.0)
 
@@ -422,7 +428,8 @@ class _Run:
             self._schedule_repair(t, n_nodes, repair_h)
         if (needs_nodes and lead_s > 0 and self.cp is not None
                 and self.cp.drains_before_failure(self, job, n_nodes, lead_s,
-                                                  self.cp.delay_s("precursor", self.rng))):
+                                                  self.cp.delay_s("precursor", self.rng))
+                and self.breaker.admit(t, n_nodes, t + repair_h * 3600.0)):
             # Evidence came early enough and the controller's rule drained the node:
             # swapped before it failed.
             self.prevented += 1
@@ -553,18 +560,23 @@ class _Run:
         cause = job.episodes[eid][1]
         ctx = self._ctx(job, gpn, sev, horizon_h, 1.0)
         dec = quarantine_decision(ctx)
-        if dec.action == "quarantine":
+        above_floor = sev >= self.pp.controller.drain_min_slowdown
+        if above_floor and dec.action == "quarantine" and self._admit(t, 1):
             job.advance(t)
             job.end_episode(eid)
             self._quarantine(j, t, cause, 1)
         # False alarms look the same and get the same decision.
         n_fp = int(self.rng.poisson((1.0 - self.cp.precision) / self.cp.precision))
         for _ in range(n_fp):
-            if quarantine_decision(self._ctx(job, gpn, sev, horizon_h, 1.0)).action \
-                    == "quarantine":
+            if above_floor and quarantine_decision(self._ctx(job, gpn, sev, horizon_h, 1.0)).action \
+                    == "quarantine" and self._admit(t, 1):
                 job.advance(t)
                 self.false_pos += 1
                 self._quarantine(j, t, FALSE_POS, 1)
+
+    def _admit(self, t: float, n: int) -> bool:
+        """The breaker's word on quarantining ``n`` nodes for the hold (a hold is counted)."""
+        return self.breaker.admit(t, n, t + self.pp.quarantine_hold_h * 3600.0)
 
     def _ctx(self, job: _Job, node_gpus: int, sev: float, horizon_h: float,
              mult: float):
@@ -636,7 +648,8 @@ class _Run:
             trip_per_h = fm.cooling_trip_probability / max(fm.cooling_event_mean_h, 1e-9)
             mult = 1.0 + trip_per_h / max(self.node_hazard_per_h, 1e-12)
             ctx = self._ctx(job, cnt * gpn, fm.cooling_throttle, horizon_h, mult)
-            if quarantine_decision(ctx).action == "quarantine":
+            if (fm.cooling_throttle >= self.pp.controller.drain_min_slowdown
+                    and quarantine_decision(ctx).action == "quarantine" and self._admit(t, cnt)):
                 job.advance(t)
                 job.end_episode(eid)
                 self.cool_evacuated[i].add(j)
@@ -784,4 +797,4 @@ def _summarise(run: _Run, n_events: int, ss: np.random.SeedSequence,
         checkpoint_mode=largest_train.mode if largest_train is not None else "none",
         quarantines=run.quarantines, false_positive_quarantines=run.false_pos,
         precursor_prevented=run.prevented, waiting_events=run.waits, events=n_events,
-        wall_s=wall_s)
+        wall_s=wall_s, held_by_breaker=run.breaker.held_nodes, breaker_tripped_at_s=run.breaker.tripped_at)
