@@ -15,7 +15,6 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -26,9 +25,6 @@ import yaml
 from seamguard.clikit import emit, fail, phase
 
 __all__ = ["calibrate", "simulate_calibrated"]
-
-_KINDS_SKIPPED = ("job", "rack")  # a job is not failure-prone hardware; a rack fails as its nodes, loop or feed
-
 
 def _checkpoint(measured: Optional[Path]) -> dict | None:
     if measured is None:
@@ -44,14 +40,6 @@ def _checkpoint(measured: Optional[Path]) -> dict | None:
     return {"source": "measured", "from": f.source, "save_s_per_gib": f.save_s_per_gib,
             "restore_s_per_gib": f.restore_s_per_gib, "snapshot_stall_ratio": f.snapshot_stall_ratio,
             "relaunch_s": f.relaunch_s}
-
-
-def _jobs(fleet, t1: float) -> dict[str, dict]:
-    """What the topology says of each job: GPUs, deadline, total steps, step time."""
-    deadline, total, step = fleet.job_schedule()
-    gpus = fleet.job_gpu_count
-    return {name: {"gpus_in_topology": int(gpus[i]), "deadline_in_s": float(deadline[i] - t1),
-                   "total_steps": float(total[i]), "step_s": float(step[i])} for i, name in enumerate(fleet.job_names)}
 
 
 def calibrate(
@@ -82,8 +70,8 @@ def calibrate(
     from seamguard.app.config import ConfigError, load_run_config, load_topology, with_job_schedule
     from seamguard.app.goodput_cli import parse_window
     from seamguard.fleet import TopologyError
-    from seamguard.fleet.model import Kind
     from seamguard.ledger.postgres import redact
+    from seamguard.twin.answer import fleet_exposure, fleet_jobs
     from seamguard.twin.calibrate import calibrate as estimate, published_priors
     from seamguard.twin.events.calibration import llama3_failure_model
 
@@ -102,13 +90,13 @@ def calibrate(
     if out.is_dir() or not out.parent.is_dir():
         fail(f"--out: {out}: not a file in an existing directory")
     checkpoint = _checkpoint(measured)
-    exposure = {k.label: fleet.count(k) for k in Kind if k.label not in _KINDS_SKIPPED}
+    exposure = fleet_exposure(fleet)
     scheduler = (sacct, scontrol, completion) if (slurm or completion) else None
     trs, acts, runs = _read_history(ledger, fleet, t0, t1, scheduler)
     rates, durations = published_priors(llama3_failure_model())
     doc = estimate(trs, acts, runs, exposure, t0, t1, rates, durations, checkpoint)
     stalls = _stalls(fleet, pcfg, t0, t1) if prometheus is not None else {}
-    for name, spec in _jobs(fleet, t1).items():
+    for name, spec in fleet_jobs(fleet, t1).items():
         doc["jobs"].setdefault(name, {}).update(spec)
         if name in stalls:
             doc["jobs"][name]["snapshot_stall"] = stalls[name]
@@ -219,59 +207,14 @@ def _load(path: Path) -> dict:
         fail(str(e))
 
 
-def _tiers(doc: dict, state_gib_per_gpu: float, checkpoint_write_min: float) -> dict[str, tuple[float, float]]:
-    """(write stall s, restore s) of the storage and peer-memory tiers: the runtime's measured rates
-    where the config has them (else the twin's defaults), the storage write from the flag."""
-    from seamguard.twin.calibrated import PEER_STALL_FACTOR
-    from seamguard.twin.events.config import PolicyParams
-    from seamguard.twin.events.measured import DEFAULT_FIGURES
-
-    ck, figs = doc["checkpoint"], DEFAULT_FIGURES
-    if ck.get("source") == "measured":
-        figs = replace(figs, save_s_per_gib=ck["save_s_per_gib"], restore_s_per_gib=ck["restore_s_per_gib"],
-                       snapshot_stall_ratio=ck["snapshot_stall_ratio"])
-    pp = PolicyParams("seamguard", checkpoint_write_min=checkpoint_write_min, state_gib_per_gpu=state_gib_per_gpu,
-                      runtime=figs)
-    return {"storage": (pp.full_write_s, pp.full_write_s),
-            "peer_memory": (PEER_STALL_FACTOR * pp.in_memory_stall_s, pp.in_memory_restore_s)}
-
-
-def _job_tiers(doc: dict, base: dict[str, tuple[float, float]]) -> dict[str, dict[str, tuple[float, float]]]:
-    """Per job, the tiers with its own measured snapshot stall (median) as the peer-memory write, where it has one."""
-    out = {}
-    for name, j in doc["jobs"].items():
-        st = j.get("snapshot_stall") or {}
-        out[name] = ({**base, "peer_memory": (float(st["p50_s"]), base["peer_memory"][1])}
-                     if st.get("source") == "measured" else base)
-    return out
-
-
-def _asks(doc: dict) -> list:
-    from seamguard.twin.calibrated import JobAsk
-
-    out = []
-    for name, j in doc["jobs"].items():
-        gpus = int(j.get("gpus_in_topology") or j.get("gpus") or 0)
-        if gpus <= 0:
-            continue
-        total, step = j.get("total_steps"), j.get("step_s")
-        # progress is not in the history: the time the job ran in the window bounds the steps it did
-        work = total * step - j.get("run_h", 0.0) * 3600.0 if total and step else math.nan
-        out.append(JobAsk(name, gpus, max(work, 0.0) if math.isfinite(work) else math.nan,
-                          j.get("deadline_in_s") if j.get("deadline_in_s") is not None else math.nan))
-    return out
-
-
 def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_gib_per_gpu: float,
                         checkpoint_write_min: float, as_json: bool, detection=None, whatifs: list[str] = (),
                         base: list[str] = ()) -> None:
     """The event twin on the calibrated rates (fleet ETTR), the per-job answers and, with ``whatifs``, the
-    window's faults replayed under each controller variant (twin/whatif.py), with intervals."""
-    from seamguard.twin.calibrated import failure_model, recommend, seamguard_params
-    from seamguard.twin.events.calibration import llama3_failure_model
-    from seamguard.twin.events.config import ClusterConfig
-    from seamguard.twin.events.montecarlo import run_monte_carlo
-    from seamguard.twin.whatif import variants, whatif
+    window's faults replayed under each controller variant (twin/answer.py), with intervals."""
+    from seamguard.twin.answer import answer
+    from seamguard.twin.calibrated import seamguard_params
+    from seamguard.twin.whatif import variants
 
     if seeds < 1 or seed < 0:
         fail(f"--runs must be >= 1 and --seed >= 0, got {seeds} and {seed}")
@@ -282,35 +225,15 @@ def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_
     if base and not whatifs:
         fail("--base describes what the --whatif variants are compared with: give at least one --whatif")
     doc = _load(path)
-    policy = seamguard_params(doc, detection)
-    gpus = next((h["entities"] for h in doc["hazards"] if h["domain"] == "gpu" and h.get("entities")), 0)
-    asks = _asks(doc)
-    if gpus <= 0 or not asks:
-        fail(f"--calibrated {path}: no GPUs or no job with GPUs in it (calibrate with a topology that has jobs)")
-    days = float(doc["window"]["days"])
-    rng = np.random.default_rng(seed)
     started = time.perf_counter()
-    with phase(f"{draws} draws x {seeds} seeds"):
-        ettr = []
-        for d in range(draws):
-            fm = failure_model(doc, llama3_failure_model(), rng)
-            try:
-                cfg = ClusterConfig(gpus=int(gpus) - int(gpus) % 8 or 8, days=days, workload="mix", failures=fm)
-            except ValueError as e:
-                fail(f"--calibrated {path}: {e}")
-            sums = run_monte_carlo(cfg, [policy], seeds, seed + d)
-            ettr += [r.ettr for r in sums[0].runs]
-        tiers = _job_tiers(doc, _tiers(doc, state_gib_per_gpu, checkpoint_write_min))
-        jobs = [r for a in asks for r in recommend(doc, [a], tiers[a.name], days * 86400.0, draws, seeds, rng)]
-        what = (whatif(doc, replace(cfg, failures=llama3_failure_model()), asked, policy, draws, seeds, seed)
-                if asked else None)
-    q = np.quantile(ettr, [0.025, 0.5, 0.975]).tolist()
-    result = {"calibrated": str(path), "gpus": gpus, "days": days, "draws": draws, "seeds": seeds,
-              "fleet_ettr": q, "detection": (policy.detection.source if policy.detection is not None
-                                             else {"delay_s": policy.detection_delay_s}),
-              "jobs": jobs, "whatif": what, "wall_s": time.perf_counter() - started,
-              "priors_used": [f"{h['domain']}/{h['class']}" for h in doc["hazards"] if h.get("source") == "prior"]}
-    emit(_plain(result), as_json, _table)
+    try:
+        with phase(f"{draws} draws x {seeds} seeds"):
+            result = answer(doc, draws=draws, seeds=seeds, seed=seed, policy=seamguard_params(doc, detection),
+                            state_gib_per_gpu=state_gib_per_gpu, checkpoint_write_min=checkpoint_write_min,
+                            variants=asked)
+    except ValueError as e:
+        fail(f"--calibrated {path}: {e}")
+    emit(_plain({"calibrated": str(path), **result, "wall_s": time.perf_counter() - started}), as_json, _table)
 
 
 def _table(d: dict) -> None:
