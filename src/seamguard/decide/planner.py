@@ -37,6 +37,7 @@ from seamguard.decide.economics import (
     EconomicDecision,
     quarantine_decision,
 )
+from seamguard.decide.durations import FaultClock, Remaining, onsets
 from seamguard.decide.explain import evidence as _evidence
 from seamguard.decide.explain import kept
 from seamguard.decide.explain import summary as _summary
@@ -60,7 +61,7 @@ from seamguard.decide.schedule import (
     slip_gpu_h,
     with_slip,
 )
-from seamguard.decide.shed import loop_nodes, plan_sheds
+from seamguard.decide.shed import loop_fault, loop_nodes, plan_sheds
 from seamguard.fleet.model import (
     JOB_CLASS_BY_LABEL,
     JOB_CLASS_SYNCHRONY,
@@ -86,12 +87,16 @@ class DecideState:
     checkpoints: tuple[tuple[str, float], ...] = ()
     # (move key, t_s of the checkpoint_now asked before it): carried until the move is in effect
     move_checkpoints: tuple[tuple[str, float], ...] = ()
+    # ("kind:name", t_s it left healthy) of each node and cooling loop out of healthy: a fault's age,
+    # which its expected remaining duration is priced at (decide/durations.py)
+    onsets: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict:
         return {"breaker": self.breaker.to_json(),
                 "episodes": [[e.job, e.node, e.level, e.hazard_per_h] for e in self.episodes],
                 "checkpoints": [list(x) for x in self.checkpoints],
-                "move_checkpoints": [list(x) for x in self.move_checkpoints]}
+                "move_checkpoints": [list(x) for x in self.move_checkpoints],
+                "onsets": [list(x) for x in self.onsets]}
 
     @classmethod
     def from_json(cls, d: dict) -> DecideState:
@@ -100,7 +105,8 @@ class DecideState:
         ck = [(str(j), float(t)) for j, t in d.get("checkpoints", [])]
         ck += [(str(j), float(t)) for j, _, t in d.get("exposure", [])]  # before episodes: (job, level, t_s)
         mv = tuple((str(k), float(t)) for k, t in d.get("move_checkpoints", []))
-        return cls(BreakerState.from_json(d["breaker"]), eps, tuple(ck), mv)
+        on = tuple((str(k), float(t)) for k, t in d.get("onsets", []))
+        return cls(BreakerState.from_json(d["breaker"]), eps, tuple(ck), mv, on)
 
 
 def _codes(labels: list[str]) -> np.ndarray:
@@ -151,9 +157,11 @@ def spare_nodes(fleet: Fleet, a: Assessment, in_effect: set[str]) -> tuple[np.nd
 
 
 def quarantine_pays(fleet: Fleet, a: Assessment, policy: Policy, i: int, weight: float, slowdown: float,
-                    spares_left: int, drained: bool, sched: Schedule | None = None) -> EconomicDecision:
+                    spares_left: int, drained: bool, sched: Schedule | None = None,
+                    remaining_h: float | None = None) -> EconomicDecision:
     """The economics of draining node ``i`` (decide/economics.py): the job's loss and hazard vs swap and capacity,
-    plus the deadline slip the swap saves (:func:`drain_slip_s`, 0 without a deadline)."""
+    plus the deadline slip the swap saves (:func:`drain_slip_s`, 0 without a deadline); the loss and hazard
+    over ``remaining_h``, the fault's expected remaining time (None: the planning horizon)."""
     obj, prop = policy.objective, policy.assess.propagation
     j = int(fleet.node_job[i])
     saved = drain_slip_s(fleet, a, policy, i, slowdown, sched)
@@ -163,20 +171,33 @@ def quarantine_pays(fleet: Fleet, a: Assessment, policy: Policy, i: int, weight:
         slowdown=slowdown, hazard_multiplier=1.0 + float(a.node_gfs[i]) ** 2,
         node_hazard_per_h=prop.hazard_per_h_at_gfs1,
         loss_per_failure_h=prop.checkpoint_interval_h / 2.0 + prop.restart_h,
-        horizon_h=obj.horizon_h, swap_cost_s=obj.migrate_h * 3600.0,
+        horizon_h=obj.horizon_h if remaining_h is None else remaining_h, swap_cost_s=obj.migrate_h * 3600.0,
         spare_available=spares_left > 0 or drained, hold_h=obj.hold_h,
         removed_capacity_value=0.0 if spares_left > 0 else 1.0,
         slip_saved_gpu_h=slip_gpu_h(fleet, sched, j, saved[0]) if sched is not None else 0.0))
 
 
+def node_fault(fleet: Fleet, a: Assessment, i: int, clock: FaultClock | None) -> Remaining | None:
+    """The expected remaining time of node ``i``'s fault: its worst component's domain (gpu, nic), else the
+    node's, class hard once failed, gray before; None without a clock."""
+    if clock is None:
+        return None
+    comp, _, _ = node_cause(fleet, a.kinds, i)
+    dom = Kind.GPU.label if comp in fleet.names(Kind.GPU) else Kind.NIC.label if comp else Kind.NODE.label
+    cls = "hard" if a.node_state[i] == State.FAILED else "gray"
+    return clock.remaining(f"{Kind.NODE.label}:{fleet.node_names[i]}", ((dom, cls), (Kind.NODE.label, cls)))
+
+
 def plan_drains(fleet: Fleet, a: Assessment, policy: Policy, node_w: np.ndarray, drain_mask: np.ndarray,
-                free: np.ndarray, drained_now: set[str], sched: Schedule | None = None) -> Planned:
+                free: np.ndarray, drained_now: set[str], sched: Schedule | None = None,
+                clock: FaultClock | None = None) -> Planned:
     """Drain (quarantine) nodes in a drain state where it pays; failed nodes first, then the most harmful.
 
     Whether a quarantine pays is the economic model's call: the job's throughput the node
-    costs plus the extra hard failures it risks, weighted by criticality, against the swap
-    stall and the capacity removed. A failed or idle node is drained outright; one drained
-    already stays drained. Each new drain of a busy node uses up a spare.
+    costs plus the extra hard failures it risks over the fault's expected remaining time
+    (``clock``, decide/durations.py; without one the planning horizon), weighted by criticality,
+    against the swap stall and the capacity removed. A failed or idle node is drained outright;
+    one drained already stays drained. Each new drain of a busy node uses up a spare.
     """
     horizon_h = policy.objective.horizon_h
     node_slow = np.zeros(fleet.count(Kind.NODE))
@@ -189,9 +210,11 @@ def plan_drains(fleet: Fleet, a: Assessment, policy: Policy, node_w: np.ndarray,
         _, _, reasons = node_cause(fleet, a.kinds, i)
         benefit = cost = 0.0
         slip: tuple[tuple[str, float, float, str], ...] = ()
+        rem = None
         if fleet.node_job[i] >= 0 and st != State.FAILED:
+            rem = node_fault(fleet, a, i, clock)
             dec = quarantine_pays(fleet, a, policy, i, float(node_w[i]), float(node_slow[i]), spares_left,
-                                  name in drained_now, sched)
+                                  name in drained_now, sched, None if rem is None else rem.remaining_s / 3600.0)
             saved = drain_slip_s(fleet, a, policy, i, float(node_slow[i]), sched)
             slip = slip_evidence(sched, int(fleet.node_job[i]), saved) if sched is not None else ()
             benefit, cost = dec.benefit_gpu_h / horizon_h, dec.cost_gpu_h / horizon_h
@@ -203,8 +226,8 @@ def plan_drains(fleet: Fleet, a: Assessment, policy: Policy, node_w: np.ndarray,
             key=action_key(Verb.DRAIN, name), verb=Verb.DRAIN, target=name, target_kind="node",
             reason=f"seamguard: {st.label} {_summary(reasons)}"
                    + (f"; deadline slip saved {slip[2][1]:.0f} s of {fleet.job_names[fleet.node_job[i]]}"
-                      if len(slip) > 2 and slip[2][1] else ""),
-            cause=name, evidence=_evidence(reasons) + slip,
+                      if len(slip) > 2 and slip[2][1] else "") + (f"; {rem.why()}" if rem is not None else ""),
+            cause=name, evidence=_evidence(reasons) + slip + ((rem.evidence(name),) if rem is not None else ()),
             benefit_gpu_h_per_h=round(benefit, 3), cost_gpu_h_per_h=round(cost, 3),
             criticality=float(node_w[i])))
     failed = a.node_state == State.FAILED
@@ -303,13 +326,14 @@ def move_room(fleet: Fleet, a: Assessment, j: int, off_bad: np.ndarray, landing_
 
 
 def move_pays(fleet: Fleet, policy: Policy, j: int, need: int, loop_gfs: float, weight: float,
-              sched: Schedule | None = None, now_s: float = 0.0) -> EconomicDecision:
+              sched: Schedule | None = None, now_s: float = 0.0, remaining_h: float | None = None) -> EconomicDecision:
     """The economics of moving job ``j``'s ``need`` nodes off a loop of GFS ``loop_gfs``.
 
     The loop's GFS predicts throttling (up to a 30 % slower step for the whole job) and
-    thermal trips; a move costs one swap stall and removes no capacity. With a deadline
-    the move is also worth the slip it saves (the throttling and the loop's hazard left
-    behind, one swap stall paid).
+    thermal trips, for as long as the loop's fault lasts (``remaining_h``, its expected
+    remaining time; None: the planning horizon); a move costs one swap stall and removes no
+    capacity. With a deadline the move is also worth the slip it saves (the throttling and
+    the loop's hazard left behind, one swap stall paid).
     """
     obj, prop, g = policy.objective, policy.assess.propagation, loop_gfs
     saved = move_slip_s(policy, j, g, sched, now_s)
@@ -318,14 +342,17 @@ def move_pays(fleet: Fleet, policy: Policy, j: int, need: int, loop_gfs: float, 
         job_gpus=int(float(fleet.job_gpu_count[j])), node_gpus=need * int(fleet.node_gpu_count.max()),
         slowdown=0.3 * g, hazard_multiplier=1.0 + g * g, node_hazard_per_h=prop.hazard_per_h_at_gfs1,
         loss_per_failure_h=prop.checkpoint_interval_h / 2.0 + prop.restart_h,
-        horizon_h=obj.horizon_h, swap_cost_s=obj.migrate_h * 3600.0, spare_available=True,
+        horizon_h=obj.horizon_h if remaining_h is None else remaining_h, swap_cost_s=obj.migrate_h * 3600.0,
+        spare_available=True,
         hold_h=obj.hold_h, removed_capacity_value=0.0,
         slip_saved_gpu_h=slip_gpu_h(fleet, sched, j, saved[0]) if sched is not None else 0.0))
 
 
 def plan_moves(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, free: np.ndarray,
-               in_effect: set[str], frozen: FreezeView | None, sched: Schedule | None = None) -> Planned:
-    """move_job: critical synchronous jobs off a degraded cooling loop, where they fit whole and it pays.
+               in_effect: set[str], frozen: FreezeView | None, sched: Schedule | None = None,
+               clock: FaultClock | None = None) -> Planned:
+    """move_job: critical synchronous jobs off a degraded cooling loop, where they fit whole and it pays
+    over the loop fault's expected remaining time (``clock``; without one the planning horizon).
 
     Most critical first; a job half-moved still runs at its slowest rank, so a new move
     needs room for all its nodes there. A move in effect stays asked; none new on a frozen loop.
@@ -340,6 +367,7 @@ def plan_moves(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, fr
     for lp in np.flatnonzero(bad).tolist():
         on_loop = (node_job >= 0) & (fleet.node_loop == lp)
         reasons = loops.reasons(lp)
+        rem = loop_fault(fleet, a, lp, clock)
         for j in sorted(np.unique(node_job[on_loop]).tolist(), key=lambda j: -fleet.job_criticality[j]):
             if not move_cls[j] or fleet.job_criticality[j] < rules.move_job_min_criticality:
                 continue
@@ -351,7 +379,8 @@ def plan_moves(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, fr
             if key not in in_effect and need > move_room(fleet, a, j, off_bad, landing_free):
                 continue  # a synchronous job half-moved still runs at its slowest rank
             landing_free = max(0, landing_free - need)
-            dec = move_pays(fleet, policy, j, need, float(loops.gfs[lp]), float(crit[j]), sched, a.t_s)
+            dec = move_pays(fleet, policy, j, need, float(loops.gfs[lp]), float(crit[j]), sched, a.t_s,
+                            None if rem is None else rem.remaining_s / 3600.0)
             saved = move_slip_s(policy, j, float(loops.gfs[lp]), sched, a.t_s)
             slip = slip_evidence(sched, j, saved) if sched is not None else ()
             if dec.action != "quarantine" and key not in in_effect:
@@ -359,8 +388,9 @@ def plan_moves(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, fr
             act = Action(key=key, verb=Verb.MOVE_JOB, target=jn, target_kind="job",
                          params=(("domain", ln), ("domain_kind", "cooling_loop"), ("nodes", loop_nodes(fleet, lp))),
                          reason=f"seamguard: {ln} {State(int(loops.states.state[lp])).label} ({_summary(reasons)})"
-                                + (f"; deadline slip saved {saved[0]:.0f} s" if slip and saved[0] else ""),
-                         cause=ln, evidence=_evidence(reasons) + slip,
+                                + (f"; deadline slip saved {saved[0]:.0f} s" if slip and saved[0] else "")
+                                + (f"; {rem.why()}" if rem is not None else ""),
+                         cause=ln, evidence=_evidence(reasons) + slip + ((rem.evidence(ln),) if rem is not None else ()),
                          benefit_gpu_h_per_h=round(dec.benefit_gpu_h / horizon_h, 3),
                          cost_gpu_h_per_h=round(dec.cost_gpu_h / horizon_h, 3), criticality=float(crit[j]))
             out.append((act, Request(key, domain=f"{Kind.COOLING_LOOP.label}:{ln}")))
@@ -418,6 +448,16 @@ def pace_returns(desired: dict[str, Action], in_effect: set[str], breaker: Break
     return desired, breaker
 
 
+def fault_clock(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState) -> FaultClock:
+    """The tick's FaultClock: the policy's duration table, and when each node and cooling loop now out of
+    healthy left it (kept from tick to tick in DecideState.onsets)."""
+    loops = a.kinds[Kind.COOLING_LOOP].states.state
+    bad = [f"{Kind.COOLING_LOOP.label}:{fleet.loop_names[i]}" for i in np.flatnonzero(loops > State.HEALTHY).tolist()]
+    bad += [f"{Kind.NODE.label}:{fleet.node_names[i]}" for i in np.flatnonzero(a.node_state > State.HEALTHY).tolist()]
+    return FaultClock(policy.objective.duration_table(), onsets(dict(state.onsets), bad, a.t_s), a.t_s,
+                      policy.objective.horizon_h * 3600.0)
+
+
 def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
            in_effect: set[str], frozen: FreezeView | None = None) -> tuple[Decisions, DecideState]:
     """The desired state for this tick. ``in_effect``: keys the actuators report held;
@@ -430,16 +470,17 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     drain_mask = np.isin(a.node_state, _codes(rules.drain_states))
     ex = exposure(fleet, a, policy)
     sched = schedule(fleet, a, policy, ex)
+    clock = fault_clock(fleet, a, policy, state)
     # what takes capacity away, in the breaker's order; checkpoints take none
-    restricts = plan_drains(fleet, a, policy, node_w, drain_mask, free, drained_now, sched)
+    restricts = plan_drains(fleet, a, policy, node_w, drain_mask, free, drained_now, sched, clock)
     if rules.label_degraded:
         restricts += plan_labels(fleet, a, node_w, drain_mask)
     ckpt = plan_checkpoints(fleet, a, policy, state.episodes, state.checkpoints, node_ht, crit, ex)
     intervals = plan_checkpoint_intervals(fleet, policy, ex, crit, in_effect,
                                           {e.job for e in ckpt.episodes})
-    moves = plan_moves(fleet, a, policy, crit, free, in_effect, frozen, sched)
+    moves = plan_moves(fleet, a, policy, crit, free, in_effect, frozen, sched, clock)
     sheds = plan_sheds(fleet, a, policy, crit, in_effect, frozen, {act.key for act, _ in moves},
-                       *shed_priority(fleet, sched))
+                       *shed_priority(fleet, sched), clock=clock)
     sheds = [(with_slip(act, fleet, sched), r) for act, r in sheds]
     drained = drained_now | {act.target for act, _ in restricts if act.verb == Verb.DRAIN}
     avoids = plan_path_avoidance(fleet, a, rules, drained) + moves + sheds
@@ -472,4 +513,5 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
                           held_by_freeze=n_frozen)
     return decisions, replace(state, breaker=breaker, episodes=tuple(episodes),
                               checkpoints=tuple(sorted(checkpoints.items())),
-                              move_checkpoints=tuple(sorted(move_ckpts.items())))
+                              move_checkpoints=tuple(sorted(move_ckpts.items())),
+                              onsets=tuple(sorted(clock.onsets.items())))

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from seamguard.assess.assessment import AssessConfig
 from seamguard.assess.quality import FailsafeConfig
 from seamguard.assess.states import STATE_BY_LABEL
+from seamguard.decide.durations import table_from_rows
 from seamguard.fleet.model import JOB_CLASS_BY_LABEL
 from seamguard.config import format_validation_error, parse_yaml
 
@@ -66,6 +67,26 @@ class Objective(_Strict):
         description="weight of a job's schedule slip (decide/slip.py): a drain or move is also worth the expected "
                     "seconds past its deadline it saves x its GPUs x this / 3600 GPU-hours, and shedding takes jobs "
                     "with slack first; 0 turns the deadline term off")
+    fault_durations: list[Any] = Field(
+        default_factory=list,
+        description="how long faults last, per domain and class (decide/durations.py): the `durations` rows of a "
+                    "calibrated twin config (`seamguard twin calibrate`), as they are; a drain, move or shed is "
+                    "priced over the fault's expected remaining time (at most horizon_h). A pair not here keeps "
+                    "its fault_duration_priors row")
+    fault_duration_priors: list[Any] = Field(
+        default_factory=list,
+        description="the published priors (same shape), used for a domain and class fault_durations lacks")
+
+    @field_validator("fault_durations", "fault_duration_priors")
+    @classmethod
+    def _durations(cls, v: list[Any], info: Any) -> list[Any]:
+        table_from_rows(v, info.field_name)
+        return v
+
+    def duration_table(self) -> dict:
+        """(domain, class) -> decide.durations.Duration: the calibrated rows over the priors."""
+        return table_from_rows(self.fault_duration_priors, "fault_duration_priors") | \
+            table_from_rows(self.fault_durations, "fault_durations")
 
 
 class ActionRules(_Strict):

@@ -13,7 +13,10 @@ loop's nodes excluded.
 This is a rule with explicit thresholds, not an economic decision: the heat a job adds to
 a loop is not modelled, so the benefit recorded (the loop's FAE times the share of its busy
 nodes the job holds) is an estimate, and the cost (the job's GPUs times its weight: its
-throughput while it waits) is what the user pays. Both are recorded, neither gates it.
+throughput while it waits) is what the user pays. Both are recorded, neither gates it. What
+does gate a new shed is time: the load comes off the loop only once the job is requeued, so a
+loop whose fault is expected to end within that (``objective.migrate_h``, the fault's expected
+remaining time from decide/durations.py) is not shed from; the figure is in the shed's evidence.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from seamguard.assess.quality import FreezeView
 from seamguard.assess.states import STATE_BY_LABEL, State
 from seamguard.decide.actions import Action, Verb, action_key
 from seamguard.decide.breaker import Request
+from seamguard.decide.durations import FaultClock, Remaining
 from seamguard.decide.explain import evidence as _evidence
 from seamguard.decide.explain import summary as _summary
 from seamguard.decide.policy import Policy
@@ -34,6 +38,15 @@ from seamguard.fleet.model import Fleet, Kind
 def loop_nodes(fleet: Fleet, lp: int) -> str:
     """The names of every node cooled by loop ``lp``, comma-separated (what an actuator excludes)."""
     return ",".join(fleet.node_names[i] for i in np.flatnonzero(fleet.node_loop == lp).tolist())
+
+
+def loop_fault(fleet: Fleet, a: Assessment, lp: int, clock: FaultClock | None) -> Remaining | None:
+    """The expected remaining time of cooling loop ``lp``'s fault (hard once failed, gray before); None
+    without a clock."""
+    if clock is None:
+        return None
+    cls = "hard" if a.kinds[Kind.COOLING_LOOP].states.state[lp] == State.FAILED else "gray"
+    return clock.remaining(f"{Kind.COOLING_LOOP.label}:{fleet.loop_names[lp]}", ((Kind.COOLING_LOOP.label, cls),))
 
 
 def shed_order(fleet: Fleet, on_loop: np.ndarray, max_criticality: float, keep_value: np.ndarray | None = None,
@@ -49,12 +62,13 @@ def shed_order(fleet: Fleet, on_loop: np.ndarray, max_criticality: float, keep_v
 
 def plan_sheds(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, in_effect: set[str],
                frozen: FreezeView | None, moving: set[str], keep_value: np.ndarray | None = None,
-               slack_s: np.ndarray | None = None) -> list[tuple[Action, Request]]:
+               slack_s: np.ndarray | None = None, clock: FaultClock | None = None) -> list[tuple[Action, Request]]:
     """move_job (mode=shed) for the lowest-criticality jobs on loops in ``shed_job_domain_states``.
 
     ``moving``: keys plan_moves already asks (a job moved is not also shed). A shed in effect
     stays asked (and counts against the loop's share); none new off a frozen loop.
-    ``keep_value`` / ``slack_s``: the order among them (:func:`shed_order`).
+    ``keep_value`` / ``slack_s``: the order among them (:func:`shed_order`). ``clock``: none new where
+    the loop's fault is expected to end before a requeue (``objective.migrate_h``) would take load off it.
     """
     rules = policy.actions
     states = np.array([STATE_BY_LABEL[s] for s in rules.shed_job_domain_states], dtype=np.int8)
@@ -72,9 +86,11 @@ def plan_sheds(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, in
         used = sum(need[j] for j in held)  # sheds in effect count first: they stay
         frozen_loop = frozen is not None and frozen.frozen(Kind.COOLING_LOOP, lp)
         reasons = loops.reasons(lp)
+        rem = loop_fault(fleet, a, lp, clock)
+        ending = rem is not None and rem.remaining_s <= policy.objective.migrate_h * 3600.0
         for j in order:
             if j not in held:
-                if frozen_loop or used + need[j] > budget:
+                if frozen_loop or ending or used + need[j] > budget:
                     continue
                 used += need[j]
             jn = fleet.job_names[j]
@@ -84,8 +100,9 @@ def plan_sheds(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, in
                          params=(("domain", ln), ("domain_kind", Kind.COOLING_LOOP.label),
                                  ("nodes", loop_nodes(fleet, lp)), ("mode", "shed")),
                          reason=(f"seamguard: shed from {ln} {State(int(loops.states.state[lp])).label} "
-                                 f"(criticality {float(fleet.job_criticality[j]):g}; {_summary(reasons)})"),
-                         cause=ln, evidence=_evidence(reasons),
+                                 f"(criticality {float(fleet.job_criticality[j]):g}; {_summary(reasons)})"
+                                 + (f"; {rem.why()}" if rem is not None else "")),
+                         cause=ln, evidence=_evidence(reasons) + ((rem.evidence(ln),) if rem is not None else ()),
                          benefit_gpu_h_per_h=round(float(loops.fae[lp]) * need[j] / busy, 3),
                          cost_gpu_h_per_h=round(gpus * float(crit[j]), 3), criticality=float(crit[j]))
             out.append((act, Request(key, domain=f"{Kind.COOLING_LOOP.label}:{ln}")))
