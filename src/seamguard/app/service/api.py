@@ -27,6 +27,8 @@ from seamguard.app.service import models as m
 from seamguard.app.service import render, timerange
 from seamguard.app.service.goodput import GoodputCollector, GoodputService
 from seamguard.app.service.goodput import router as goodput_router
+from seamguard.app.service.whatif import WhatIfService
+from seamguard.app.service.whatif import router as whatif_router
 from seamguard.app.service.access import UNNAMED, HostRule, allowed_hosts, host_allowed, token_owner
 from seamguard.app.service.metrics import make_registry
 from seamguard.app.service.metrics import render as render_metrics
@@ -86,6 +88,7 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: HostRule |
     goodput = GoodputService(runner, reader)  # /api/v1/goodput and its /metrics gauges (goodput.py)
     registry.register(GoodputCollector(goodput))
     app.include_router(goodput_router(goodput, API))
+    app.include_router(whatif_router(WhatIfService(runner, reader), API))  # the twin's what-ifs (whatif.py)
     breaker_cfg = runner.controller.policy.breaker
     assess_cfg = runner.controller.policy.assess
 
