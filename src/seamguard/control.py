@@ -238,7 +238,7 @@ class Controller:
         try:
             if self.ledger is not None:
                 self.ledger.begin_tick(tick, frame.t_s, self.mode, frame.flags)
-            bad, seen = bad_scopes(self.fleet, frame, self.policy.failsafe, self.freeze.seen)
+            bad, seen = bad_scopes(self.fleet, frame, self.policy.failsafe, self.freeze.seen, self.history)
             freeze, freeze_events = step_freeze(self.freeze, bad, seen, frame.t_s, self.policy.failsafe)
             hold = scope_masks(self.fleet, [s for s in freeze.scopes if not s.rewarming]) if freeze.scopes else None
             view = FreezeView(freeze.scopes, scope_masks(self.fleet, freeze.scopes)) if freeze.scopes else None

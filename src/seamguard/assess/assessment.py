@@ -16,6 +16,7 @@ from seamguard.assess import evidence as ev
 from seamguard.assess.baselines import BaselineConfig, Baselines, node_at_work
 from seamguard.assess.admissibility import AdmissibilityConfig, node_admissibility, node_domain_states
 from seamguard.assess.parents import ParentConfig, fabric_parents
+from seamguard.assess.quality import mask_stale
 from seamguard.assess.unnamed import UnnamedJudgeConfig, UnnamedState, host_of, series_evidence
 from seamguard.assess.work import storage_bursts
 from seamguard.assess.propagation import PropagationConfig, all_dependents, fae, prs
@@ -173,6 +174,7 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     likewise returned in ``Assessment.unnamed``.
     """
     deps = deps if deps is not None else all_dependents(fleet)
+    frame = mask_stale(fleet, frame, frozen)  # a stale exporter's values are no measurements
     e_cfg, b_cfg = cfg.evidence, cfg.baselines
     base = base if base is not None else Baselines.initial(fleet, b_cfg)
     dt_s = base.dt(frame.t_s, hist.tick_s)

@@ -244,28 +244,37 @@ def _thermal(fleet: Fleet, frame: Frame, hist: History, base: Baselines, bcfg: B
     # The die lags power by its thermal time constant: judge it against power passed
     # through that lag, and trust the prediction less while a power change settles.
     kf = 1.0 - np.exp(-max(dt_s, 0.0) / bcfg.die_tau_s)
-    p_eff = np.where(np.isfinite(g.p_filt), g.p_filt + kf * (power - g.p_filt), power)
-    p_filt = np.where(np.isfinite(power), p_eff, g.p_filt).astype(np.float32)
-    unsettled = np.nan_to_num(np.abs(power - p_eff))
     inlet = frame.get("seamguard_rack_inlet_temp_c")[fleet.gpu_rack] if fleet.count(Kind.RACK) else np.nan
     supply = frame.get("seamguard_coolant_supply_temp_c")[fleet.gpu_loop] if fleet.count(Kind.COOLING_LOOP) else np.nan
     ref = np.where(np.isfinite(inlet), inlet, np.where(np.isfinite(supply), supply, 0.0))
     x = temp - ref
-    ok = np.isfinite(x) & np.isfinite(p_eff)
-
     b0 = base.r_th
     lam = bcfg.slope_prior_w ** 2
     b = (g.px_cov + lam * b0) / (g.p_var + lam)
     a = g.x_mean - b * g.p_mean
-    e = x - (a + b * p_eff)
     warm = (g.n >= bcfg.warm_samples) & np.isfinite(g.x_mean)
+    # After a gap in its power series (a driver update, a reboot, an exporter outage) the die's
+    # thermal state is unknown: it is read back from the die itself, as the power that its own
+    # fit says its temperature is settled at, and the lag runs on from there.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p_die = np.clip((x - a) / b, 0.0, None)
+    p_prev = np.where(np.isfinite(g.p_filt), g.p_filt, np.where(warm & (b > 0) & np.isfinite(p_die), p_die, np.nan))
+    p_eff = np.where(np.isfinite(p_prev), p_prev + kf * (power - p_prev), power)
+    p_filt = np.where(np.isfinite(power), p_eff, np.nan).astype(np.float32)
+    unsettled = np.nan_to_num(np.abs(power - p_eff))
+    ok = np.isfinite(x) & np.isfinite(p_eff)
+    e = x - (a + b * p_eff)
     # Common mode of the GPU's rack (same coolant, same rack heat): removed, so a
     # coolant swing or a rack-wide load change is nobody's drift. A rack with fewer
     # than 3 warm GPUs borrows its loop's. This is no peer verdict (the verdict is the GPU's
     # own baseline) and the GPU is one of those the shared cause moves, so it counts in the
     # median: with it left out, half a rack of GPUs that run warm by design read as drift
     # whenever their load changed (docs/evidence.md, "Peer groups and parents").
-    ew_ = np.where(warm & ok, e, np.nan)
+    # A GPU still settling after a power change (more of it unsettled than a drift that counts)
+    # is no sample of the common mode: with half a rack warming back up after a pause, the median
+    # would sit between the halves and the other half would read as drift.
+    settling = b0 * unsettled >= cfg.thermal_drift_c[0]
+    ew_ = np.where(warm & ok & ~settling, e, np.nan)
     n_r, n_l = fleet.count(Kind.RACK), fleet.count(Kind.COOLING_LOOP)
     c_rack = group_median(ew_, fleet.gpu_rack, n_r) if n_r else np.zeros(0)
     cnt_rack = np.bincount(fleet.gpu_rack, weights=np.isfinite(ew_), minlength=n_r) if n_r else np.zeros(0)

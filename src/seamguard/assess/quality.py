@@ -8,7 +8,9 @@ raises nor clears a state) and no new action is taken on them, while the actions
 effect stay. It thaws after ``rewarm_ticks`` consecutive good ticks.
 
 The absence of one node while its peers report is not a bad scope: it stays evidence
-(the ``missing`` channel), as the bounds are on shares of a scope.
+(the ``missing`` channel), as the bounds are on shares of a scope. A node whose exporter
+serves stale values (its gauges stop moving while its peers' move) is one
+(``stale:<kind>:<node>``): a telemetry fault of that node, never a hardware verdict.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.fleet.model import Fleet, Kind
 from seamguard.observe.frame import Frame
-from seamguard.observe.signals import REGISTRY
+from seamguard.observe.history import History
+from seamguard.observe.signals import REGISTRY, Domain
 
 # Signals whose absence is itself read as evidence (the ``missing`` channel): they are
 # judged even before they were ever seen (a controller started during an outage).
@@ -40,6 +43,12 @@ class FailsafeConfig(BaseModel):
     max_fleet_missing_fraction: float = Field(0.2, gt=0, lt=1, strict=True, allow_inf_nan=False,
                                               description="the fleet with more than this share of nodes dark")
     rewarm_ticks: int = Field(6, ge=1, strict=True, description="good ticks before a frozen scope acts again")
+    stale_ticks: int = Field(2, ge=1, strict=True, description="scrapes in a row in which every gauge of an "
+                             "entity repeats its value exactly, while its peers' move, before its exporter is "
+                             "read as serving stale values")
+    stale_peer_share: float = Field(0.5, gt=0, le=1, strict=True, allow_inf_nan=False,
+                                    description="share of the kind's reporting entities whose gauges must move "
+                                                "over the same scrapes for a still one to be stale")
 
 
 @dataclass(frozen=True)
@@ -127,9 +136,105 @@ def dark_nodes(fleet: Fleet, frame: Frame, expected: set[str] | tuple[str, ...])
     return (have > 0) & (reporting == 0)
 
 
-def bad_scopes(fleet: Fleet, frame: Frame, cfg: FailsafeConfig, seen: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
-    """(scope -> reason for every scope whose input failed this tick, signals seen so far). Pure."""
-    bad: dict[str, str] = {}
+STALE_KINDS = {Kind.GPU: "gpu_node", Kind.NIC: "nic_node"}  # kinds a node's exporters report, their node
+
+
+def stale_entities(frame: Frame, hist: History, kind: Kind, cfg: FailsafeConfig) -> np.ndarray:
+    """Entities of ``kind`` whose exporter serves stale values (bool per entity). Pure.
+
+    A live gauge (a die temperature, a board's power draw, a utilisation) is a measurement and
+    moves from scrape to scrape; an exporter that lost its source (a hung DCGM host engine, a
+    stuck collector) serves its last scrape again. An entity is stale when, over the last
+    ``stale_ticks`` scrapes, none of its gauges changed by as little as one unit in the last
+    place while at least ``stale_peer_share`` of the kind's reporting entities saw one of
+    theirs change: a quiet fleet (every gauge flat, a simulator, integer sensors at idle)
+    gives no verdict. Counters are not read (a counter that stands still is normal), nor the
+    runtime's gauges (a step time changes when a step ends, and a paused job ends none).
+    """
+    k = cfg.stale_ticks
+    names = [n for n, sig in REGISTRY.items() if sig.kind == kind and not sig.counter
+             and sig.domain != Domain.RUNTIME and n in frame.values]
+    n_ent = frame.sizes.get(kind.label, 0) if not names else frame.values[names[0]].shape[0]
+    out = np.zeros(n_ent, dtype=bool)
+    # Judged per exporter (the metric's namespace: DCGM_, node_, seamguard_): one exporter of an
+    # entity can hang while another (the runtime's step timings) still reports.
+    for exporter in sorted({_exporter(n) for n in names}):
+        moved = np.zeros(n_ent, dtype=bool)
+        still = np.zeros(n_ent, dtype=bool)
+        for name in (n for n in names if _exporter(n) == exporter):
+            rows = hist.rows(name, k)
+            if rows is None or len(rows) < k:
+                continue
+            seq = [*rows, frame.values[name]]
+            have = np.logical_and.reduce([np.isfinite(r) for r in seq])
+            same = np.logical_and.reduce([a == b for a, b in zip(seq[:-1], seq[1:])])
+            moved |= have & ~same
+            still |= have & same
+        still &= ~moved
+        reporting = moved | still
+        if reporting.any() and moved.sum() >= cfg.stale_peer_share * reporting.sum():
+            out |= still
+    return out
+
+
+def _whole_nodes(stale: np.ndarray, owner: np.ndarray, n_nodes: int) -> np.ndarray:
+    """Stale entities on nodes where every entity of the kind is stale: an exporter serves a
+    node, so a hung one stops them all; one still entity among moving ones is no exporter's."""
+    per_node = np.bincount(owner[stale], minlength=n_nodes)
+    size = np.bincount(owner, minlength=n_nodes)
+    return stale & (per_node == size)[owner]
+
+
+def _exporter(name: str) -> str:
+    return name.split("_", 1)[0]
+
+
+def stale_scopes(fleet: Fleet, frame: Frame, hist: History, cfg: FailsafeConfig) -> dict[str, str]:
+    """``stale:<kind>:<node>`` -> reason, for every node with entities whose exporter is stale. Pure.
+
+    A telemetry fault, not a hardware one: the scope freezes those entities (no verdict rests
+    on values that stopped being measurements) and names the exporter's node."""
+    out: dict[str, str] = {}
+    for kind, owner_attr in STALE_KINDS.items():
+        stale = stale_entities(frame, hist, kind, cfg)
+        if not stale.any():
+            continue
+        owner = getattr(fleet, owner_attr)
+        stale = _whole_nodes(stale, owner, fleet.count(Kind.NODE))
+        per_node = np.bincount(owner[stale], minlength=fleet.count(Kind.NODE))
+        size = np.bincount(owner, minlength=fleet.count(Kind.NODE))
+        for i in np.flatnonzero(per_node).tolist():
+            out[f"stale:{kind.label}:{fleet.node_names[i]}"] = (
+                f"all {size[i]} {kind.label}s on {fleet.node_names[i]} repeat every gauge for "
+                f"{cfg.stale_ticks} scrape(s) of one exporter while their peers' move: it serves stale values")
+    return out
+
+
+def mask_stale(fleet: Fleet, frame: Frame, scopes: tuple[FrozenScope, ...] | list[FrozenScope]) -> Frame:
+    """The frame with the values of entities in (non-rewarming) stale scopes as missing. Pure.
+
+    What a stale exporter serves is not a measurement: nothing downstream (a node's load class,
+    a peer median, a baseline) may read it as one."""
+    masks = {k: v for k, v in scope_masks(fleet, [s for s in scopes if s.scope.startswith("stale:")
+                                                 and not s.rewarming]).items() if v.any()}
+    if not masks:
+        return frame
+    values = dict(frame.values)
+    for name, arr in frame.values.items():
+        sig = REGISTRY.get(name)
+        m = masks.get(sig.kind) if sig is not None else None
+        if m is not None and m.shape == arr.shape:
+            values[name] = np.where(m, np.nan, arr)
+    return replace(frame, values=values)
+
+
+def bad_scopes(fleet: Fleet, frame: Frame, cfg: FailsafeConfig, seen: tuple[str, ...],
+               hist: History | None = None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """(scope -> reason for every scope whose input failed this tick, signals seen so far). Pure.
+
+    With ``hist`` (the frames before this one) a node whose exporter serves stale values is a
+    scope too (``stale_scopes``)."""
+    bad: dict[str, str] = {} if hist is None else stale_scopes(fleet, frame, hist, cfg)
     flagged = _flagged(frame.flags)
     now_seen = set(seen)
     judged = set(seen) | set(PRESENCE_SIGNALS) | set(flagged)
@@ -227,6 +332,15 @@ def scope_masks(fleet: Fleet, scopes: tuple[FrozenScope, ...] | list[FrozenScope
                 nodes(np.ones(fleet.count(Kind.NODE), dtype=bool))
             elif k in m:
                 m[k][:] = True
+        elif head == "stale":
+            label, _, node = name.partition(":")
+            kind = next((k for k in STALE_KINDS if k.label == label), None)
+            try:
+                i = fleet.index_of(Kind.NODE, node) if kind is not None else -1
+            except KeyError:
+                continue
+            if kind is not None:
+                m[kind] |= getattr(fleet, STALE_KINDS[kind]) == i
         elif head in (Kind.COOLING_LOOP.label, Kind.RACK.label):
             kind = Kind.COOLING_LOOP if head == Kind.COOLING_LOOP.label else Kind.RACK
             try:
