@@ -112,10 +112,39 @@ def _direct_loo_mad(x: np.ndarray, group: np.ndarray) -> np.ndarray:
     return out
 
 
+def _direct_loo_median(x: np.ndarray, group: np.ndarray) -> np.ndarray:
+    out = np.full(len(x), np.nan)
+    for i in range(len(x)):
+        others = np.sort(x[(group == group[i]) & np.isfinite(x) & (np.arange(len(x)) != i)])
+        if len(others):
+            out[i] = 0.5 * (others[(len(others) - 1) // 2] + others[len(others) // 2])
+    return out
+
+
+def _reference_sorted_groups(x: np.ndarray, group: np.ndarray, n_groups: int):
+    from seamguard.assess.stats import _group_sort
+    ok = np.flatnonzero(np.isfinite(x))
+    order = ok[_group_sort(x[ok], group[ok])]
+    counts = np.bincount(group[ok], minlength=n_groups)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    rank = np.full(len(x), -1, dtype=np.int64)
+    rank[order] = np.arange(len(order)) - starts[group[order]]
+    return order, counts, starts, rank
+
+
+def _reference_loo_median(x: np.ndarray, group: np.ndarray, n_groups: int):
+    """loo_median as it was before 2026-12-07: one sort, each entity's rank in it."""
+    from seamguard.assess.stats import _NO_RANK, _loo_pick
+    order, counts, starts, rank = _reference_sorted_groups(x, group, n_groups)
+    has = rank >= 0
+    others = np.where(has, counts[group] - 1, counts[group])
+    return _loo_pick(x[order], starts[group], np.where(has, rank, _NO_RANK), others), others
+
+
 def _reference_loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float, min_peers: int = 3):
     """loo_robust_z as it was before 2026-12-07: each centre's deviations sorted (three stable sorts)."""
-    from seamguard.assess.stats import _NO_RANK, _group_sort, _loo_pick, _sorted_groups
-    order, counts, starts, rank = _sorted_groups(x, group, n_groups)
+    from seamguard.assess.stats import _NO_RANK, _group_sort, _loo_pick
+    order, counts, starts, rank = _reference_sorted_groups(x, group, n_groups)
     has = rank >= 0
     others = np.where(has, counts[group] - 1, counts[group])
     xs = x[order]
@@ -152,27 +181,42 @@ def _peer_inputs(rng: np.random.Generator, n: int, n_groups: int, ties: bool) ->
     return x, rng.integers(0, n_groups, n)
 
 
-@pytest.mark.parametrize("n,n_groups,ties", [(300, 60, False), (300, 60, True), (400, 2, True),
-                                             (400, 1, False), (1, 1, False), (0, 3, False)])
-def test_loo_mad_equals_the_direct_computation(n: int, n_groups: int, ties: bool) -> None:
-    from seamguard.assess.stats import _loo_mad_sorted, _sorted_groups
+# select_min 2: every group of two or more takes the partition path; 4096: every group here is sorted.
+@pytest.mark.parametrize("select_min", [2, 4096])
+@pytest.mark.parametrize("n,n_groups,ties,grouped", [(300, 60, False, False), (300, 60, True, True),
+                                                     (400, 2, True, False), (400, 1, False, False),
+                                                     (1, 1, False, False), (0, 3, False, False)])
+def test_loo_median_and_mad_equal_the_direct_computation(monkeypatch, select_min, n, n_groups, ties, grouped) -> None:
+    from seamguard.assess import stats
+    monkeypatch.setattr(stats, "_SELECT_MIN", select_min)
     rng = np.random.default_rng(n * 10 + n_groups + ties)
     x, g = _peer_inputs(rng, n, n_groups, ties)
-    order, counts, starts, _ = _sorted_groups(x, g, n_groups)
-    got = np.full(n, np.nan)
-    got[order] = _loo_mad_sorted(x[order], counts, starts, g[order])
-    assert np.array_equal(got, _direct_loo_mad(x, g), equal_nan=True)
+    if grouped:  # laid out group by group, as a rack's GPUs are
+        g = np.sort(g)
+    med, others = stats.loo_median(x, g, n_groups)
+    assert np.array_equal(med, _direct_loo_median(x, g), equal_nan=True)
+    assert np.array_equal(others, _reference_loo_median(x, g, n_groups)[1])
+    ok = np.isfinite(x)
+    r = stats._ranks(x, g, n_groups, ok)
+    j_hi = stats._drop_own(r, ok, x, g)[1]
+    assert np.array_equal(stats._loo_mad(r, x, g, ok, j_hi), _direct_loo_mad(x, g), equal_nan=True)
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_loo_robust_z_gives_the_replaced_sorts_verdicts(seed: int) -> None:
-    from seamguard.assess.stats import loo_robust_z
+def test_loo_statistics_give_the_replaced_sorts_verdicts(monkeypatch, seed: int) -> None:
+    from seamguard.assess import stats
     rng = np.random.default_rng(seed)
     n, n_groups = int(rng.integers(1000, 30_000)), int(rng.choice([1, 2, 50, 3000]))
+    monkeypatch.setattr(stats, "_SELECT_MIN", int(rng.choice([64, 4096])))
     x, g = _peer_inputs(rng, n, n_groups, ties=bool(seed % 2))
-    z, med, peers = loo_robust_z(x, g, n_groups, floor=0.05)
+    med, peers = stats.loo_median(x, g, n_groups)
+    med0, peers0 = _reference_loo_median(x, g, n_groups)
+    assert np.array_equal(peers, peers0)
+    np.testing.assert_allclose(med, med0, rtol=1e-12, atol=0)  # the old sort's combined key rounds at 1e-16
+    z, med, peers = stats.loo_robust_z(x, g, n_groups, floor=0.05)
     z0, med0, peers0 = _reference_loo_robust_z(x, g, n_groups, floor=0.05)
-    assert np.array_equal(peers, peers0) and np.array_equal(med, med0, equal_nan=True)
-    np.testing.assert_allclose(z, z0, rtol=1e-12, atol=0)  # the old sort's combined key rounds at 1e-16
+    assert np.array_equal(peers, peers0)
+    np.testing.assert_allclose(med, med0, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(z, z0, rtol=1e-12, atol=0)
     for bar in (3.0, 6.0, 12.0):  # the channels' concern and saturation bars: the same verdicts
         assert np.array_equal(np.abs(np.nan_to_num(z)) >= bar, np.abs(np.nan_to_num(z0)) >= bar)

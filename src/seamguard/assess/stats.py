@@ -7,6 +7,7 @@ an entity is never its own peer (docs/evidence.md, "Peer groups and parents").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,18 +59,6 @@ def _group_sort(v: np.ndarray, group: np.ndarray, stable: bool = False) -> np.nd
     return np.argsort(key, kind="stable" if stable else "quicksort")
 
 
-def _sorted_groups(x: np.ndarray, group: np.ndarray, n_groups: int):
-    """Finite values sorted by (group, value): (entity per sorted slot, counts and starts per group,
-    each entity's rank in its group, -1 without a value)."""
-    ok = np.flatnonzero(np.isfinite(x))
-    order = ok[_group_sort(x[ok], group[ok])]
-    counts = np.bincount(group[ok], minlength=n_groups)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    rank = np.full(len(x), -1, dtype=np.int64)
-    rank[order] = np.arange(len(order)) - starts[group[order]]
-    return order, counts, starts, rank
-
-
 def _loo_pick(xs: np.ndarray, start: np.ndarray, rank: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Median of the ``m`` sorted values of a group other than the one at ``rank`` (NaN where m == 0).
     A rank past every slot (an entity without a value) excludes nothing."""
@@ -87,17 +76,105 @@ def _loo_pick(xs: np.ndarray, start: np.ndarray, rank: np.ndarray, m: np.ndarray
 _NO_RANK = np.iinfo(np.int64).max // 4
 
 
+# A group this large has its few order statistics selected (np.partition, linear) rather than
+# sorted; smaller groups are sorted together in one argsort. At most n / _SELECT_MIN groups are
+# walked in Python.
+_SELECT_MIN = 4096
+
+
+@dataclass(frozen=True, eq=False)
+class _Ranks:
+    """The order statistics of each group's values that every median here reads.
+
+    ``mid[j, g]``: rank ``base[g] + j`` (j = 0, 1, 2; clamped to the group's last) of group g's
+    values, NaN for an empty group, with base = max(count - 2, 0) // 2. The group's own median
+    reads ranks (count - 1) // 2 and count // 2; the median of one member's others reads ranks
+    base and (count - 1) // 2 of the others, that is, of the whole group, those or one past
+    each: all within base .. base + 2. Small groups keep their values sorted (``xs`` from each
+    group's ``starts``); large ones their values unsorted, one array each (``large``)."""
+
+    counts: np.ndarray
+    base: np.ndarray
+    mid: np.ndarray
+    xs: np.ndarray
+    starts: np.ndarray
+    large: tuple[tuple[int, np.ndarray], ...]
+
+    def at(self, j: np.ndarray, group: np.ndarray) -> np.ndarray:
+        """``mid[j, group]`` element-wise."""
+        return self.mid.ravel()[j * self.mid.shape[1] + group]
+
+
+def _ranks(x: np.ndarray, group: np.ndarray, n_groups: int, ok: np.ndarray) -> _Ranks:
+    """:class:`_Ranks` of the values ``x[ok]`` by ``group``: small groups by one sort of a
+    combined key, each large one by a partition."""
+    idx = np.flatnonzero(ok)
+    v, g = x[idx], group[idx]
+    counts = np.bincount(g, minlength=n_groups)
+    base = np.maximum(counts - 2, 0) // 2
+    mid = np.full((3, n_groups), np.nan)
+    large_g = np.flatnonzero(counts >= _SELECT_MIN)
+    in_large = np.zeros(n_groups, dtype=bool)
+    in_large[large_g] = True
+    big = in_large[g] if large_g.size else np.zeros(len(g), dtype=bool)
+    vs, gs = (v[~big], g[~big]) if large_g.size else (v, g)
+    n_small = int(np.count_nonzero(counts[~in_large]))
+    # Members already laid out group by group (a rack's GPUs, a node's NICs): timsort merges
+    # each group's run in about n log(group size).
+    grouped = len(gs) < 2 or (len(gs) <= 256 * n_small and bool(np.all(gs[1:] >= gs[:-1])))
+    xs = vs[_group_sort(vs, gs, stable=grouped)]
+    small_counts = np.where(in_large, 0, counts)
+    starts = np.concatenate([[0], np.cumsum(small_counts)[:-1]]).astype(np.int64)
+    has = small_counts > 0
+    for j in range(3):
+        mid[j, has] = xs[(starts + np.minimum(base + j, counts - 1))[has]]
+    large = []
+    if large_g.size:
+        dense = np.zeros(n_groups, dtype=np.int64)
+        dense[large_g] = np.arange(large_g.size)
+        d = dense[g[big]]
+        vl = v[big][np.argsort(d.astype(np.uint16) if large_g.size < 1 << 16 else d, kind="stable")]
+        ends = np.cumsum(counts[large_g])
+        for gid, e in zip(large_g.tolist(), ends.tolist()):
+            seg = vl[e - counts[gid]:e]
+            ranks = np.minimum(base[gid] + np.arange(3), counts[gid] - 1)
+            mid[:, gid] = np.partition(seg, np.unique(ranks))[ranks]
+            large.append((gid, seg))
+    return _Ranks(counts, base, mid, xs, starts, tuple(large))
+
+
+def _drop_own(r: _Ranks, ok: np.ndarray, x: np.ndarray, group: np.ndarray):
+    """Per entity: (ranks of the leave-one-out median as offsets from base, lo and hi, and the
+    number of others). An entity with a value (``ok``) drops itself from its group."""
+    c = r.counts[group]
+    others = np.where(ok, c - 1, c)
+    b = r.base[group]
+    return np.maximum(others - 1, 0) // 2 - b, others // 2 - b, others
+
+
+def _pick(r: _Ranks, j: np.ndarray, group: np.ndarray, own: np.ndarray, dropped: np.ndarray) -> np.ndarray:
+    """Rank ``base + j`` of the group's values without the member whose value is ``own`` where
+    ``dropped``: the one past it where that member sits at or below it (by value: any tie of it
+    is the same value), else the rank itself."""
+    here = r.at(j, group)
+    past = r.at(np.minimum(j + 1, 2), group)
+    return np.where(dropped & ~(own > here), past, here)
+
+
 def loo_median(x: np.ndarray, group: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Per entity, the median of the *other* members of its group, and how many there are.
 
     An entity is never its own peer: with itself in the group a member of two sees half
     its own deviation, a member of three a third of it. An entity without a value is
-    compared with every member that has one. One sort, no Python loop over groups.
+    compared with every member that has one. Three order statistics per group (one sort of
+    the small groups, a partition of each large one), then each entity leaves itself out by
+    comparison; no Python loop over small groups.
     """
-    order, counts, starts, rank = _sorted_groups(x, group, n_groups)
-    has = rank >= 0
-    others = np.where(has, counts[group] - 1, counts[group])
-    return _loo_pick(x[order], starts[group], np.where(has, rank, _NO_RANK), others), others
+    ok = np.isfinite(x)
+    r = _ranks(x, group, n_groups, ok)
+    j_lo, j_hi, others = _drop_own(r, ok, x, group)
+    med = 0.5 * (_pick(r, j_lo, group, x, ok) + _pick(r, j_hi, group, x, ok))
+    return np.where(others > 0, med, np.nan), others
 
 
 def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
@@ -110,58 +187,54 @@ def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
     around the others' own median, over the others only, and floored at ``floor``.
     A group's leave-one-out median takes one of three values (the entity below, at or
     above its middle); for each, the few order statistics of the whole group's deviations
-    that a leave-one-out median reads are found by :func:`_kth_nearest` (no sort of the
-    deviations), and each entity drops its own deviation from them by comparison.
+    that a leave-one-out median reads are found (:func:`_kth_nearest` in a sorted small
+    group, a partition in a large one; no sort of the deviations), and each entity drops
+    its own deviation from them by comparison.
     """
-    order, counts, starts, rank = _sorted_groups(x, group, n_groups)
-    has = rank >= 0
-    others = np.where(has, counts[group] - 1, counts[group])
-    xs = x[order]
-    med = _loo_pick(xs, starts[group], np.where(has, rank, _NO_RANK), others)
-    mad = np.full(len(x), np.nan)
-    mad[order] = _loo_mad_sorted(xs, counts, starts, group[order])
+    ok = np.isfinite(x)
+    r = _ranks(x, group, n_groups, ok)
+    j_lo, j_hi, others = _drop_own(r, ok, x, group)
+    med = np.where(others > 0, 0.5 * (_pick(r, j_lo, group, x, ok) + _pick(r, j_hi, group, x, ok)), np.nan)
+    mad = _loo_mad(r, x, group, ok, j_hi)
     enough = others >= min_peers
     scale = np.maximum(1.4826 * np.nan_to_num(mad, nan=floor), floor)
     z = np.where(enough, (x - med) / scale, np.nan)
     return z, np.where(enough, med, np.nan), others
 
 
-def _loo_mad_sorted(xs: np.ndarray, counts: np.ndarray, starts: np.ndarray, gs: np.ndarray) -> np.ndarray:
-    """Per slot of the group-sorted ``xs`` (group ``gs``), the median absolute deviation of the
-    *other* members of its group around their own median (NaN for a group of one).
+def _loo_mad(r: _Ranks, x: np.ndarray, group: np.ndarray, ok: np.ndarray, j_hi: np.ndarray) -> np.ndarray:
+    """Per entity with a value, the median absolute deviation of the *other* members of its group
+    around their own median (NaN for a group of one, or without a value).
 
-    With ``m`` others the median reads ranks ``lo`` and ``hi`` of m sorted values; without one
-    member those are ranks lo or lo + 1 and hi or hi + 1 of the whole group (the member's own
-    deviation sits below or above them), so three order statistics per group and centre suffice."""
-    if len(xs) == 0:
-        return np.zeros(0)
-    top = len(xs) - 1
-    g = np.flatnonzero(counts > 0)
-    st, cnt = starts[g], counts[g]
-    m = cnt - 1
-    lo, hi = np.maximum(m - 1, 0) // 2, m // 2
+    The centre is one of three per group: the member at or below rank lo of the group, between
+    lo and hi, or above hi (a comparison of values). For each centre, ranks base .. base + 2 of
+    the whole group's deviations; each member then drops its own deviation as for the median."""
+    n_g = r.mid.shape[1]
+    g = np.arange(n_g)
+    jh = np.maximum(r.counts - 1, 0) // 2 - r.base  # rank hi of an entity with a value, less base
+    m0, m1, mh, mh1 = r.mid[0], r.mid[1], r.at(jh, g), r.at(np.minimum(jh + 1, 2), g)
+    centres = np.stack([0.5 * (m0 + mh), 0.5 * (m0 + mh1), 0.5 * (m1 + mh1)])  # [3, G]
+    ranks = np.minimum(r.base[None, :] + np.arange(3)[:, None], np.maximum(r.counts - 1, 0)[None, :])  # [3, G]
+    dev = np.full((3, 3, n_g), np.nan)  # dev[v, j, g]
+    small = np.flatnonzero((r.counts >= 2) & (r.counts < _SELECT_MIN))
+    if small.size:
+        q = small.size
+        kth = _kth_nearest(r.xs, np.tile(r.starts[small], 9), np.tile(r.counts[small], 9),
+                           np.repeat(centres[:, small], 3, axis=0).ravel(), np.tile(ranks[:, small].ravel(), 3))
+        dev[:, :, small] = kth.reshape(3, 3, q)
+    for gid, seg in r.large:
+        ks = ranks[:, gid]
+        for v in range(3):
+            dev[v, :, gid] = np.partition(np.abs(seg - centres[v, gid]), np.unique(ks))[ks]
+    variant = np.where(x > r.at(j_hi, group), 0, np.where(x > r.mid[0, group], 1, 2))
+    own = np.abs(x - centres.ravel()[variant * n_g + group])
+    flat = dev.ravel()
+    at_lo = variant * (3 * n_g) + group  # rank base of the entity's centre
 
-    def at(i: np.ndarray) -> np.ndarray:
-        return xs[np.minimum(st + i, top)]
-    centres = np.concatenate([0.5 * (at(lo) + at(hi)), 0.5 * (at(lo) + at(hi + 1)), 0.5 * (at(lo + 1) + at(hi + 1))])
-    # kth[(v * 3 + j) * G + i]: rank lo + j (0..2, clamped to the group) of group g[i]'s deviations from centre v.
-    n_g = len(g)
-    k = np.tile(np.concatenate([np.minimum(lo + j, m) for j in range(3)]), 3)
-    kth = _kth_nearest(xs, np.tile(st, 9), np.tile(cnt, 9), np.repeat(centres.reshape(3, n_g), 3, axis=0).ravel(), k)
-    slot_of = np.full(len(counts), -1, dtype=np.int64)
-    slot_of[g] = np.arange(n_g)
-    i = slot_of[gs]  # each slot's group, as an index into g
-    r = np.arange(len(xs)) - st[i]
-    lo_i, hi_i = lo[i], hi[i]
-    variant = np.where(r > hi_i, 0, np.where(r > lo_i, 1, 2))
-    own = np.abs(xs - centres[variant * n_g + i])
-    at_lo = variant * (3 * n_g) + i  # rank lo of the slot's centre
-
-    def drop_own(j: np.ndarray) -> np.ndarray:  # rank lo + j (j = 0, 1) of the others' deviations
-        below, above = kth[at_lo + j * n_g], kth[at_lo + (j + 1) * n_g]
-        return np.where(own > below, below, above)
-    out = 0.5 * (drop_own(0) + drop_own(hi_i - lo_i))  # hi is rank lo or lo + 1
-    return np.where(m[i] > 0, out, np.nan)
+    def drop(j: np.ndarray) -> np.ndarray:
+        here, past = flat[at_lo + j * n_g], flat[at_lo + np.minimum(j + 1, 2) * n_g]
+        return np.where(own > here, here, past)
+    return np.where(ok & (r.counts[group] >= 2), 0.5 * (drop(0) + drop(j_hi)), np.nan)
 
 
 def _kth_nearest(xs: np.ndarray, start: np.ndarray, count: np.ndarray, c: np.ndarray, k: np.ndarray) -> np.ndarray:
