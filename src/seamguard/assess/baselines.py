@@ -67,7 +67,7 @@ class BaselineConfig(BaseModel):
     busy_util_pct: float = Field(10.0, ge=0, le=100, description="utilisation below which a GPU idles (a drained "
                                                                   "node): its thermal fit neither learns nor judges")
     transient_weight: float = Field(0.5, ge=0, description="uncertainty per °C of power change not yet settled")
-    burst_prior_s: float = Field(120.0, ge=0, description="how long a storage path may be slow as work (a checkpoint's "
+    burst_prior_s: float = Field(300.0, ge=0, description="how long a storage path may be slow as work (a checkpoint's "
                                                           "write burst) before it has shown a burst of its own")
     burst_margin: float = Field(1.25, ge=1, description="a learned burst length is allowed this many times over")
     burst_cap_s: float = Field(900.0, gt=0, description="a slow run longer than this is never learned as a burst")
