@@ -383,7 +383,10 @@ def rescore(folder: Path) -> None:
     t0 = time.monotonic()
     out_arms = {}
     for arm_dir in sorted(p for p in folder.iterdir() if p.is_dir() and p.name in ARMS):
-        dirs = sorted(d for d in arm_dir.iterdir() if d.is_dir() and d.name[:1] == "s")
+        # Only scenarios whose every timeline was written (a run stopped at a deadline leaves one half-done).
+        dirs = sorted(d for d in arm_dir.iterdir() if d.is_dir() and d.name[:1] == "s" and (d / "truth.json").exists()
+                      and (d / "seamguard.jsonl").exists() and (d / "operator_rules.jsonl").exists()
+                      and not (d / "tsdb").exists())
         per: dict[str, list[dict]] = {}
         truths, specs = [], []
         for d in dirs:
@@ -402,7 +405,8 @@ def rescore(folder: Path) -> None:
     if not out_arms:
         raise SystemExit(f"error: --rescore {folder}: no dev/ or heldout/ scenario folders from a --keep run")
     print(json.dumps({"benchmark": "detection", "rescored_from": str(folder), "generator_version": GENERATOR_VERSION,
-                      "scrape_s": SCRAPE_S, "wall_s": round(time.monotonic() - t0, 1), "arms": out_arms}))
+                      "provenance": provenance(), "scrape_s": SCRAPE_S, "wall_s": round(time.monotonic() - t0, 1),
+                      "arms": out_arms}))
 
 
 if __name__ == "__main__":
