@@ -56,7 +56,12 @@ server's CPU % of one core, heartbeat staleness p50/p99 (a rank's beat to the co
 seeing it), the server's CPU time per request and, from it, the CPU % the demanded rate
 would take (a projection, labelled so), the detection time of a dead node (one node's beats stop at 40 % of the
 window), and false verdicts (live ranks or nodes judged dead because the coordinator's
-pass, or the store, was slower than the hang timeout). Last line: one JSON object, also
+pass, or the store, was slower than the hang timeout). In the links design each simulated
+launcher's own sends are timed too: ``simulated_launchers_silent`` counts those that sent
+nothing for longer than the hang timeout inside the window (a generator starved on this
+shared machine: a verdict on such a node is right about what was sent), and
+``false_verdicts_on_nodes_that_sent`` the false verdicts on the others (the design's own:
+its hub or coordinator too slow); ``false_verdicts`` counts both. Last line: one JSON object, also
 written to benchmarks/results/membership_load[_quick].json.
 """
 
@@ -387,6 +392,7 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
         false = [x for x in nm.lost if x.node != LINK_VICTIM]
         return {"ops": 0, "reports_s": (reports1 - reports0) / window_s, "etcd_revisions": rev1 - rev0,
                 "etcd_txns": writes1 - writes0, "joined": joined, "false": len(false),
+                "false_nodes": sorted({x.node for x in false}),
                 "refused": sum(nm.hub.gate.refused.values()),
                 "detect_s": None if detect_s is None else round(detect_s, 3)}
     out.put(("coord", asyncio.run(play())))
@@ -409,9 +415,16 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
         async def locate():
             return where
         counters = {n: 0 for n in nodes}
+        start = float("inf")   # the window's start, once known
+        sent_s: dict[int, float] = {}   # node -> when its simulated launcher last sent
+        gap_s = {n: 0.0 for n in nodes}   # node -> its longest silence in the window
 
         def beats_of(n: int):
             def beats():
+                now = time.monotonic()
+                if n in sent_s and now > start:
+                    gap_s[n] = max(gap_s[n], now - max(sent_s[n], start))
+                sent_s[n] = now
                 counters[n] += 1
                 k = counters[n]
                 return {n * RANKS_PER_NODE + i: (k, k) for i in range(RANKS_PER_NODE)}
@@ -435,9 +448,12 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
         sent0 = sum(r.seq for r in reporters.values())
         await asyncio.sleep(max(0.0, end - time.monotonic()))
         sent = sum(r.seq for r in reporters.values()) - sent0
+        for n in nodes:   # a silence still open at the window's end counts too
+            gap_s[n] = max(gap_s[n], end - max(sent_s.get(n, start), start))
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 10)
-        return {"ops": sent, "late": 0}
+        silent = sorted(n for n in nodes if n != LINK_VICTIM and gap_s[n] > HANG_TIMEOUT_S)
+        return {"ops": sent, "late": 0, "silent_nodes": silent}
     out.put(("gen", asyncio.run(play())))
 
 
@@ -483,6 +499,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
         shutil.rmtree(etcd.workdir, ignore_errors=True)
     co = next(r for k, r in results if k == "coord")
     sent = sum(r["ops"] for k, r in results if k == "gen")
+    silent = {n for k, r in results if k == "gen" for n in r["silent_nodes"]}
     return {
         "design": "links", "ranks": ranks, "demanded_ops_s": 0, "ops_s": 0, "coordinator_ops_s": 0,
         "link_reports_s": round(co["reports_s"]), "link_reports_sent_s": round(sent / window_s),
@@ -494,6 +511,8 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
         "server_cpu_us_per_op": None, "projected_server_cpu_pct": None,
         "staleness_p50_s": None, "staleness_p99_s": None,
         "detect_s": co["detect_s"], "false_verdicts": co["false"], "coordinator_pass_s": None, "late_actions": 0,
+        "simulated_launchers_silent": len(silent),
+        "false_verdicts_on_nodes_that_sent": len(set(co["false_nodes"]) - silent),
     }
 
 
@@ -583,7 +602,8 @@ def _spread(values: list[float | None]) -> dict:
 FIGURES = ("ops_s", "coordinator_ops_s", "server_cpu_pct", "coordinator_cpu_pct", "server_cpu_us_per_op",
            "projected_server_cpu_pct", "staleness_p50_s", "staleness_p99_s",
            "detect_s", "false_verdicts", "coordinator_pass_s",
-           "link_reports_s", "demanded_link_reports_s", "etcd_revisions_in_window")
+           "link_reports_s", "link_reports_sent_s", "demanded_link_reports_s", "etcd_revisions_in_window",
+           "simulated_launchers_silent", "false_verdicts_on_nodes_that_sent")
 DESIGNS = ("flat", "aggregated", "links")
 
 
@@ -658,7 +678,9 @@ def main() -> None:
                           f"server {t['server_cpu_pct']:5.1f} % CPU, coordinator {t['coordinator_cpu_pct']:5.1f} % "
                           f"({t['server_cpu_us_per_op']} us/op), "
                           f"staleness p50 {t['staleness_p50_s']} p99 {t['staleness_p99_s']} s, "
-                          f"node loss detected in {t['detect_s']} s, {t['false_verdicts']} false verdicts, "
+                          f"node loss detected in {t['detect_s']} s, {t['false_verdicts']} false verdicts "
+                          f"({t.get('false_verdicts_on_nodes_that_sent', '-')} on nodes that sent within the timeout; "
+                          f"{t.get('simulated_launchers_silent', '-')} simulated launchers starved past it), "
                           f"coordinator pass {t['coordinator_pass_s']} s", flush=True)
     summary = summarize(trials)
     for design in designs:
