@@ -650,6 +650,7 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=3, help="generator processes per trial")
     ap.add_argument("--threads", type=int, default=8, help="store connections (threads) per generator")
     ap.add_argument("--designs", default=",".join(DESIGNS), help=f"comma-separated, of {', '.join(DESIGNS)}")
+    ap.add_argument("--out", type=Path, help="result file (default: results/membership_load[_quick].json)")
     args = ap.parse_args()
     designs = tuple(d for d in args.designs.split(",") if d)
     if not designs or set(designs) - set(DESIGNS):
@@ -697,8 +698,9 @@ def main() -> None:
               "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in load0],
               "loadavg_end": [round(x, 2) for x in os.getloadavg()],
               "wall_s": round(time.monotonic() - t_start, 1), "summary": summary, "trials": trials}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"membership_load{'_quick' if args.quick else ''}.json").write_text(json.dumps(result, indent=1))
+    out = args.out or RESULTS / f"membership_load{'_quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
 
 
