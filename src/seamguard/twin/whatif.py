@@ -140,6 +140,8 @@ def _times(listed: list, total: int, t0: float, horizon_s: float, rng: np.random
 
 
 def _hard(fm: FailureModel, nodes: int, doms: list, t0: float, horizon: float, rng: np.random.Generator):
+    """The fail stream's fields: each hard incident at its onset, as a cause of its domain's component (drawn
+    by the causes' rates) on a drawn node; and the incidents of domains without a cause (left out)."""
     ts, cs, ns, ks, skipped = [], [], [], [], {}
     for dom, listed, total in doms:
         idx = [i for i, c in enumerate(fm.causes) if c.component == dom]
@@ -152,7 +154,10 @@ def _hard(fm: FailureModel, nodes: int, doms: list, t0: float, horizon: float, r
         cause = rng.choice(idx, size=t.size, p=w / w.sum() if w.sum() > 0 else None)
         span = int(round(1.0 / COMPONENTS_PER_NODE[dom])) if COMPONENTS_PER_NODE[dom] < 1 else 1
         node = (rng.integers(0, max(nodes // span, 1), t.size) * span).clip(0, nodes - 1)
-        ts.append(t), cs.append(cause), ns.append(node), ks.append(np.minimum(span, nodes - node))
+        ts.append(t)
+        cs.append(cause)
+        ns.append(node)
+        ks.append(np.minimum(span, nodes - node))
     t = np.concatenate(ts) if ts else np.zeros(0)
     order = np.argsort(t, kind="stable")
     cause = (np.concatenate(cs) if cs else np.zeros(0)).astype(np.int64)[order]
@@ -165,6 +170,8 @@ def _hard(fm: FailureModel, nodes: int, doms: list, t0: float, horizon: float, r
 
 
 def _slow(fm: FailureModel, nodes: int, doms: list, t0: float, horizon: float, rng: np.random.Generator):
+    """The fail-slow stream's fields: each gray GPU, node or fabric incident at its onset for its duration, on a
+    drawn node with a drawn slowdown."""
     ts, ds, comm = [], [], []
     for dom, listed, total in doms:
         if dom not in ("gpu", "node", *_COMM_DOMAINS) or not total:
@@ -172,7 +179,9 @@ def _slow(fm: FailureModel, nodes: int, doms: list, t0: float, horizon: float, r
         t, d = _times(listed, total, t0, horizon, rng)
         c = (rng.random(t.size) < fm.fail_slow_comm_share) if dom == "node" else np.full(t.size, dom != "gpu")
         mean_s = np.where(c, fm.fail_slow_comm_mean_min, fm.fail_slow_compute_mean_min) * 60.0
-        ts.append(t), ds.append(np.where(np.isnan(d), rng.exponential(1.0, t.size) * mean_s, d)), comm.append(c)
+        ts.append(t)
+        ds.append(np.where(np.isnan(d), rng.exponential(1.0, t.size) * mean_s, d))
+        comm.append(c)
     t = np.concatenate(ts) if ts else np.zeros(0)
     order = np.argsort(t, kind="stable")
     lo, hi = fm.fail_slow_severity_range
@@ -192,7 +201,8 @@ def _cool(fm: FailureModel, loops: int, gray: list, hard: list, t0: float, horiz
                 continue
             t, d = _times(listed, total, t0, horizon, rng)
             drawn = rng.exponential(fm.cooling_event_mean_h * 3600.0, t.size)
-            ts.append(t), ds.append(drawn if tripped else np.where(np.isnan(d), drawn, d))
+            ts.append(t)
+            ds.append(drawn if tripped else np.where(np.isnan(d), drawn, d))
             trip.append(np.full(t.size, tripped))
     t = np.concatenate(ts) if ts else np.zeros(0)
     order = np.argsort(t, kind="stable")
