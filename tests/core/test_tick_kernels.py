@@ -198,8 +198,8 @@ def test_loo_median_and_mad_equal_the_direct_computation(monkeypatch, select_min
     assert np.array_equal(others, _reference_loo_median(x, g, n_groups)[1])
     ok = np.isfinite(x)
     r = stats._ranks(x, g, n_groups, ok)
-    j_hi = stats._drop_own(r, ok, x, g)[1]
-    assert np.array_equal(stats._loo_mad(r, x, g, ok, j_hi), _direct_loo_mad(x, g), equal_nan=True)
+    rows = stats._leave_out(r, x, g, ok)[2]
+    assert np.array_equal(stats._loo_mad(r, x, g, ok, rows), _direct_loo_mad(x, g), equal_nan=True)
 
 
 @pytest.mark.parametrize("seed", range(6))

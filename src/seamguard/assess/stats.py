@@ -143,22 +143,23 @@ def _ranks(x: np.ndarray, group: np.ndarray, n_groups: int, ok: np.ndarray) -> _
     return _Ranks(counts, base, mid, xs, starts, tuple(large))
 
 
-def _drop_own(r: _Ranks, ok: np.ndarray, x: np.ndarray, group: np.ndarray):
-    """Per entity: (ranks of the leave-one-out median as offsets from base, lo and hi, and the
-    number of others). An entity with a value (``ok``) drops itself from its group."""
-    c = r.counts[group]
-    others = np.where(ok, c - 1, c)
-    b = r.base[group]
-    return np.maximum(others - 1, 0) // 2 - b, others // 2 - b, others
+def _leave_out(r: _Ranks, x: np.ndarray, group: np.ndarray, ok: np.ndarray):
+    """Per entity: (median of the other members of its group, how many there are, its group's
+    row of ranks lo, lo + 1, hi, hi + 1 and the whole group's median).
 
-
-def _pick(r: _Ranks, j: np.ndarray, group: np.ndarray, own: np.ndarray, dropped: np.ndarray) -> np.ndarray:
-    """Rank ``base + j`` of the group's values without the member whose value is ``own`` where
-    ``dropped``: the one past it where that member sits at or below it (by value: any tie of it
-    is the same value), else the rank itself."""
-    here = r.at(j, group)
-    past = r.at(np.minimum(j + 1, 2), group)
-    return np.where(dropped & ~(own > here), past, here)
+    With ``m`` others a median reads ranks lo = (m - 1) // 2 and hi = m // 2 of them; a member
+    with a value (``ok``) reads, of the whole group, each rank where its own value is below
+    that rank's (by value: a tie of it is the same value), else the one past it. A member
+    without one reads the whole group's median."""
+    n_g = r.mid.shape[1]
+    g, c = np.arange(n_g), r.counts
+    jh = np.maximum(c - 1, 0) // 2 - r.base  # hi of a member with a value (lo is base), less base
+    whole = 0.5 * (r.at(np.maximum(c - 1, 0) // 2 - r.base, g) + r.at(c // 2 - r.base, g))
+    rows = np.stack([r.mid[0], r.mid[1], r.at(jh, g), r.at(np.minimum(jh + 1, 2), g), whole], axis=1)[group]
+    lo0, lo1, hi0, hi1 = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+    med = np.where(ok, 0.5 * (np.where(x > lo0, lo0, lo1) + np.where(x > hi0, hi0, hi1)), rows[:, 4])
+    others = c[group] - ok
+    return np.where(others > 0, med, np.nan), others, rows
 
 
 def loo_median(x: np.ndarray, group: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -171,10 +172,33 @@ def loo_median(x: np.ndarray, group: np.ndarray, n_groups: int) -> tuple[np.ndar
     comparison; no Python loop over small groups.
     """
     ok = np.isfinite(x)
-    r = _ranks(x, group, n_groups, ok)
-    j_lo, j_hi, others = _drop_own(r, ok, x, group)
-    med = 0.5 * (_pick(r, j_lo, group, x, ok) + _pick(r, j_hi, group, x, ok))
-    return np.where(others > 0, med, np.nan), others
+    return _leave_out(_ranks(x, group, n_groups, ok), x, group, ok)[:2]
+
+
+def loo_median_hinted(x: np.ndarray, group: np.ndarray, n_groups: int,
+                      hint: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`loo_median`, its sort started from ``hint`` (an order of the same entities from a
+    previous call, e.g. last tick's): values that moved little leave the keys nearly sorted, and
+    a stable sort (timsort) finishes in about linear time. An entity without a value sorts at
+    the end of its group. Returns (median of the others, their count, this call's order)."""
+    fin = np.isfinite(x)
+    lo = float(x[fin].min()) if fin.any() else 0.0
+    span = float(x[fin].max()) - lo if fin.any() else 0.0
+    key = group * (2.0 * span + 1.0) + np.where(fin, x - lo, 2.0 * span + 0.5)
+    if hint is not None and hint.size == key.size:
+        order = hint[np.argsort(key[hint], kind="stable")]
+    else:
+        order = np.argsort(key, kind="stable")
+    total = np.bincount(group, minlength=n_groups)
+    starts = np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
+    counts = np.bincount(group, weights=fin, minlength=n_groups).astype(np.int64)
+    base = np.maximum(counts - 2, 0) // 2
+    mid = np.full((3, n_groups), np.nan)
+    has = counts > 0
+    for j in range(3):
+        mid[j, has] = x[order[(starts + np.minimum(base + j, counts - 1))[has]]]
+    med, others, _ = _leave_out(_Ranks(counts, base, mid, np.zeros(0), starts, ()), x, group, fin)
+    return med, others, order
 
 
 def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
@@ -193,48 +217,46 @@ def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
     """
     ok = np.isfinite(x)
     r = _ranks(x, group, n_groups, ok)
-    j_lo, j_hi, others = _drop_own(r, ok, x, group)
-    med = np.where(others > 0, 0.5 * (_pick(r, j_lo, group, x, ok) + _pick(r, j_hi, group, x, ok)), np.nan)
-    mad = _loo_mad(r, x, group, ok, j_hi)
+    med, others, rows = _leave_out(r, x, group, ok)
+    mad = _loo_mad(r, x, group, ok, rows)
     enough = others >= min_peers
     scale = np.maximum(1.4826 * np.nan_to_num(mad, nan=floor), floor)
     z = np.where(enough, (x - med) / scale, np.nan)
     return z, np.where(enough, med, np.nan), others
 
 
-def _loo_mad(r: _Ranks, x: np.ndarray, group: np.ndarray, ok: np.ndarray, j_hi: np.ndarray) -> np.ndarray:
+def _loo_mad(r: _Ranks, x: np.ndarray, group: np.ndarray, ok: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Per entity with a value, the median absolute deviation of the *other* members of its group
-    around their own median (NaN for a group of one, or without a value).
+    around their own median (NaN for a group of one, or without a value); ``rows`` from
+    :func:`_leave_out`.
 
-    The centre is one of three per group: the member at or below rank lo of the group, between
-    lo and hi, or above hi (a comparison of values). For each centre, ranks base .. base + 2 of
-    the whole group's deviations; each member then drops its own deviation as for the median."""
+    The centre is one of three per group: that of a member at or below rank lo of the group,
+    between lo and hi, or above hi (a comparison of values). For each centre, ranks base ..
+    base + 2 of the whole group's deviations; each member then drops its own deviation as for
+    the median."""
     n_g = r.mid.shape[1]
-    g = np.arange(n_g)
-    jh = np.maximum(r.counts - 1, 0) // 2 - r.base  # rank hi of an entity with a value, less base
+    g, c = np.arange(n_g), r.counts
+    jh = np.maximum(c - 1, 0) // 2 - r.base
     m0, m1, mh, mh1 = r.mid[0], r.mid[1], r.at(jh, g), r.at(np.minimum(jh + 1, 2), g)
     centres = np.stack([0.5 * (m0 + mh), 0.5 * (m0 + mh1), 0.5 * (m1 + mh1)])  # [3, G]
-    ranks = np.minimum(r.base[None, :] + np.arange(3)[:, None], np.maximum(r.counts - 1, 0)[None, :])  # [3, G]
-    dev = np.full((3, 3, n_g), np.nan)  # dev[v, j, g]
-    small = np.flatnonzero((r.counts >= 2) & (r.counts < _SELECT_MIN))
+    ranks = np.minimum(r.base[None, :] + np.arange(3)[:, None], np.maximum(c - 1, 0)[None, :])  # [3, G]
+    dev = np.full((3, 3, n_g), np.nan)  # dev[v, j, g]: rank base + j of the deviations from centre v
+    small = np.flatnonzero((c >= 2) & (c < _SELECT_MIN))
     if small.size:
-        q = small.size
-        kth = _kth_nearest(r.xs, np.tile(r.starts[small], 9), np.tile(r.counts[small], 9),
+        kth = _kth_nearest(r.xs, np.tile(r.starts[small], 9), np.tile(c[small], 9),
                            np.repeat(centres[:, small], 3, axis=0).ravel(), np.tile(ranks[:, small].ravel(), 3))
-        dev[:, :, small] = kth.reshape(3, 3, q)
+        dev[:, :, small] = kth.reshape(3, 3, small.size)
     for gid, seg in r.large:
         ks = ranks[:, gid]
         for v in range(3):
             dev[v, :, gid] = np.partition(np.abs(seg - centres[v, gid]), np.unique(ks))[ks]
-    variant = np.where(x > r.at(j_hi, group), 0, np.where(x > r.mid[0, group], 1, 2))
-    own = np.abs(x - centres.ravel()[variant * n_g + group])
-    flat = dev.ravel()
-    at_lo = variant * (3 * n_g) + group  # rank base of the entity's centre
-
-    def drop(j: np.ndarray) -> np.ndarray:
-        here, past = flat[at_lo + j * n_g], flat[at_lo + np.minimum(j + 1, 2) * n_g]
-        return np.where(own > here, here, past)
-    return np.where(ok & (r.counts[group] >= 2), 0.5 * (drop(0) + drop(j_hi)), np.nan)
+    # Per (centre, group): the centre, ranks lo and lo + 1, hi and hi + 1 of the deviations.
+    table = np.stack([centres, dev[:, 0], dev[:, 1], dev[:, jh, g], dev[:, np.minimum(jh + 1, 2), g]], axis=2)
+    variant = np.where(x > rows[:, 2], 0, np.where(x > rows[:, 0], 1, 2))
+    t = table.reshape(3 * n_g, 5)[variant * n_g + group]
+    own = np.abs(x - t[:, 0])
+    mad = 0.5 * (np.where(own > t[:, 1], t[:, 1], t[:, 2]) + np.where(own > t[:, 3], t[:, 3], t[:, 4]))
+    return np.where(ok & (c[group] >= 2), mad, np.nan)
 
 
 def _kth_nearest(xs: np.ndarray, start: np.ndarray, count: np.ndarray, c: np.ndarray, k: np.ndarray) -> np.ndarray:

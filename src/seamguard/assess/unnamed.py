@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from seamguard.assess.baselines import alpha
 from seamguard.assess.evidence import Evidence
-from seamguard.assess.stats import _NO_RANK, _loo_pick, ramp
+from seamguard.assess.stats import loo_median_hinted, ramp
 from seamguard.fleet.model import Kind
 from seamguard.observe.unnamed import SeriesBlock
 
@@ -145,27 +145,10 @@ def _cells_of(group: np.ndarray, s: int) -> np.ndarray:
 
 
 def _peer_median(v: np.ndarray, g: np.ndarray, n_groups: int, hint: np.ndarray | None):
-    """stats.loo_median over the flattened matrix, its sort started from last tick's order.
-
-    Values move little from one tick to the next, so last tick's order leaves this tick's
-    keys nearly sorted and a stable sort (timsort) finishes in about linear time; a cell
-    without a value sorts at the end of its group. Returns (median of the others, their
-    count, this tick's order)."""
-    fin = np.isfinite(v)
-    lo = float(v[fin].min()) if fin.any() else 0.0
-    span = float(v[fin].max()) - lo if fin.any() else 0.0
-    key = g * (2.0 * span + 1.0) + np.where(fin, v - lo, 2.0 * span + 0.5)
-    if hint is not None and hint.size == key.size:
-        order = hint[np.argsort(key[hint], kind="stable")]
-    else:
-        order = np.argsort(key, kind="stable")
-    total = np.bincount(g, minlength=n_groups)
-    starts = np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
-    cnt = np.bincount(g, weights=fin, minlength=n_groups).astype(np.int64)
-    rank = np.empty(v.size, dtype=np.int64)
-    rank[order] = np.arange(v.size) - starts[g[order]]
-    others = np.where(fin, cnt[g] - 1, cnt[g])
-    return _loo_pick(v[order], starts[g], np.where(fin, rank, _NO_RANK), others), others, order
+    """stats.loo_median over the flattened matrix, its sort started from last tick's order
+    (values move little from one tick to the next: a nearly linear stable sort). Returns
+    (median of the others, their count, this tick's order)."""
+    return loo_median_hinted(v, g, n_groups, hint)
 
 
 def _drift(v: np.ndarray, g: np.ndarray, n_groups: int, st: UnnamedState, cfg: UnnamedJudgeConfig):
