@@ -166,7 +166,7 @@ def stale_entities(frame: Frame, hist: History, kind: Kind, cfg: FailsafeConfig)
             if rows is None or len(rows) < k:
                 continue
             seq = [*rows, frame.values[name]]
-            have = np.logical_and.reduce([np.isfinite(r) for r in seq])
+            have = np.isfinite(seq[-1])  # a gap before it compares unequal: no repeat across a gap
             same = np.logical_and.reduce([a == b for a, b in zip(seq[:-1], seq[1:])])
             moved |= have & ~same
             still |= have & same
