@@ -128,3 +128,63 @@ def test_a_bad_line_on_a_nodes_own_link_is_skipped_not_a_loss_and_the_hub_keeps_
     hub, mid, end = asyncio.run(scenario())
     assert hub.reports == 2 and mid == [] and end == []   # a goodbye after it: no loss at all
     assert hub.gate.refusals()["stale"] == 1 and hub.gate.refusals()["oversize"] == 1
+
+
+# ---- the launcher's link (runtime/nodelink.py): what `seamguard launch` runs between nodes
+def _poll(server, seconds: float = 0.3) -> list:
+    out, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        out += server.poll()
+        time.sleep(0.01)
+    return out
+
+
+def _raw(server, *lines: bytes):
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=1.0)
+    for line in lines:
+        sock.sendall(line)
+    return sock
+
+
+def test_launch_link_takes_records_only_from_key_holders_and_a_stranger_closing_loses_nobody():
+    from seamguard.runtime.nodelink import LinkClient, LinkServer
+
+    refusals = []
+    server = LinkServer(RUN, KEY, "127.0.0.1", on_refused=refusals.append)
+    try:
+        node2 = LinkClient(RUN, 2, KEY)
+        node2.ensure(server.address("127.0.0.1"), time.monotonic())
+        assert node2.send(b'{"n":7,"beats":{"16":{"n":3,"step":40}}}')
+        assert _poll(server) == [] and server.records[2]["n"] == 7
+        # the old unauthenticated hello, a wrong key, and a genuine line replayed: each on its own link
+        genuine = seal(KEY, RUN, server.hub, 2, node2.seq, b'{"n":7,"beats":{}}', time.time_ns())
+        socks = [_raw(server, b"seamguard-link %s 2\n" % RUN.encode()),
+                 _raw(server, seal(link_key(b"x" * 32), RUN, server.hub, 2, 99, b'{"n":99,"beats":{}}',
+                                   time.time_ns())),
+                 _raw(server, genuine)]
+        assert _poll(server) == []
+        for sock in socks:
+            sock.close()
+        assert _poll(server) == []              # their links closing is nobody's loss
+        assert server.records[2]["n"] == 7 and server.open_links() == 1
+        assert {r: n for r, n in server.gate.refusals().items() if n} == {"malformed": 1, "forged": 1,
+                                                                           "replayed": 1}
+        assert refusals and all(isinstance(r, BeatRefused) for r in refusals)   # reported, rate-limited
+        node2.close(orderly=False)              # node 2's own link closing is its loss, at once
+        assert [n for n, _ in _poll(server)] == [2]
+    finally:
+        server.close()
+
+
+def test_launch_link_client_without_the_key_does_not_connect():
+    from seamguard.runtime.nodelink import LinkClient, LinkServer
+
+    server = LinkServer(RUN, KEY, "127.0.0.1")
+    try:
+        keyless = LinkClient(RUN, 1)            # the key not known yet (not published, no key file)
+        keyless.ensure(server.address("127.0.0.1"), time.monotonic())
+        assert not keyless.connected and not keyless.send(b"{}")
+    finally:
+        server.close()

@@ -11,9 +11,12 @@ import subprocess
 import sys
 import time
 
+from seamguard.runtime.liveness import link_key
 from seamguard.runtime.nodelink import LinkClient, LinkServer
 
 from .conftest import REPO
+
+KEY = link_key(b"n" * 32)
 
 
 def _poll_until(server: LinkServer, timeout_s: float = 5.0) -> list[tuple[int, str]]:
@@ -27,14 +30,14 @@ def _poll_until(server: LinkServer, timeout_s: float = 5.0) -> list[tuple[int, s
 
 
 def _connected(run_id: str, node: int, server: LinkServer) -> LinkClient:
-    client = LinkClient(run_id, node)
-    client.ensure(f"127.0.0.1:{server.port}", time.monotonic())
+    client = LinkClient(run_id, node, KEY)
+    client.ensure(server.address("127.0.0.1"), time.monotonic())
     assert client.connected
     return client
 
 
 def test_a_link_closed_without_bye_is_that_nodes_loss_reported_once():
-    server = LinkServer("job")
+    server = LinkServer("job", KEY)
     try:
         a, b = _connected("job", 1, server), _connected("job", 2, server)
         time.sleep(0.05)
@@ -54,7 +57,7 @@ def test_a_link_closed_without_bye_is_that_nodes_loss_reported_once():
 
 
 def test_another_jobs_launcher_is_not_a_node_of_this_job():
-    server = LinkServer("job")
+    server = LinkServer("job", KEY)
     try:
         stranger = _connected("other-job", 1, server)
         time.sleep(0.05)
@@ -67,12 +70,12 @@ def test_another_jobs_launcher_is_not_a_node_of_this_job():
 
 
 def test_no_coordinator_listening_yet_is_retried_later_without_blocking():
-    server = LinkServer("job")
-    port = server.port
+    server = LinkServer("job", KEY)
+    address = server.address("127.0.0.1")
     server.close()                          # nobody listens on this port now
-    client = LinkClient("job", 1)
+    client = LinkClient("job", 1, KEY)
     t0 = time.monotonic()
-    client.ensure(f"127.0.0.1:{port}", t0)
+    client.ensure(address, t0)
     assert not client.connected
     client.ensure("", t0 + 5)               # no address published yet: nothing tried
     assert not client.connected
@@ -82,11 +85,11 @@ def test_no_coordinator_listening_yet_is_retried_later_without_blocking():
 
 def test_a_sigkilled_node_launcher_is_seen_at_once():
     """The case the link is for: every process of a node killed, its kernel alive."""
-    server = LinkServer("job")
+    server = LinkServer("job", KEY)
     code = ("import sys, time\nfrom seamguard.runtime.nodelink import LinkClient\n"
-            "c = LinkClient('job', 3)\nc.ensure(sys.argv[1], time.monotonic())\n"
+            "c = LinkClient('job', 3, bytes.fromhex(sys.argv[2]))\nc.ensure(sys.argv[1], time.monotonic())\n"
             "print(c.connected, flush=True)\ntime.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, f"127.0.0.1:{server.port}"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code, server.address("127.0.0.1"), KEY.hex()], stdout=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     try:
         assert proc.stdout.readline().strip() == "True"
@@ -102,7 +105,7 @@ def test_a_sigkilled_node_launcher_is_seen_at_once():
 def test_open_links_counts_the_nodes_that_have_not_read_the_end_yet():
     """Node 0 keeps the job's store up while open_links() > 0 (bounded): a node says bye once
     it has read the job's end and drained, or its link closes."""
-    server = LinkServer("job")
+    server = LinkServer("job", KEY)
     try:
         a, b = _connected("job", 1, server), _connected("job", 2, server)
         deadline = time.monotonic() + 5

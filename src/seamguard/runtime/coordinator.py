@@ -92,6 +92,9 @@ class Coordinator:
     tracker: HeartbeatTracker = field(init=False)
     nodes: NodeTracker = field(init=False)
     hints: hintauth.HintGate = field(init=False)
+    link_records: Callable[[], dict] = dict
+    """Each node's newest record as its launcher's link delivered it (nodelink.LinkServer):
+    a node writes its record to the store only while it has no link."""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -246,9 +249,14 @@ class Coordinator:
             self.log({"event": "spare_ready", "wids": fresh})
 
     def _node_records(self) -> dict[int, dict]:
-        """Each node's latest aggregated record (keys.node_beats), in one range read."""
+        """Each node's latest aggregated record: off its link (`link_records`), else
+        keys.node_beats in the store (one range read)."""
         names = [str(n) for n in range(self.settings.nnodes)]
-        return {int(n): json.loads(raw) for n, raw in self._family(keys.NODE_PREFIX, names).items()}
+        records = {int(n): json.loads(raw) for n, raw in self._family(keys.NODE_PREFIX, names).items()}
+        for node, rec in self.link_records().items():   # the newer of the two, by the node's counter
+            if node not in records or rec["n"] >= records[node]["n"]:
+                records[node] = rec
+        return records
 
     def _family(self, prefix: str, names: list[str]) -> dict[str, bytes]:
         """keys.read_family, served from a watched local copy where the store offers one

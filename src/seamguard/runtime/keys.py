@@ -174,8 +174,13 @@ def wake(gen: int) -> str:
 NODE_PREFIX = f"{ROOT}/node/"
 
 LINK = f"{ROOT}/link"
-"""host:port where node 0's launcher (the coordinator) accepts the other node launchers'
+"""host:port#hub where node 0's launcher (the coordinator) accepts the other node launchers'
 links (runtime/nodelink.py): a link closing without a goodbye is that node's loss."""
+LINK_KEY = f"{ROOT}/link-key"
+"""The key that signs the links (hex, liveness.link_key of the job's hint key), published
+by node 0 only when its hint key is fresh (no operator's --hint-key-file): the nodes learn
+it from the store, so the links are then exactly as trusted as the store. With the same
+--hint-key-file on every node nothing is published and the links are stronger than the store."""
 
 
 def node_beats(node: int) -> str:

@@ -47,6 +47,7 @@ from seamguard.runtime.eventlog import (
     EventLog,
     set_title,
 )
+from seamguard.runtime.liveness import link_key
 from seamguard.runtime.metrics import MetricsServer, render
 from seamguard.runtime.nodelink import LinkClient, LinkServer
 from seamguard.runtime.settings import LaunchSettings, RuntimeSettings
@@ -274,22 +275,36 @@ def launch(s: LaunchSettings) -> int:
     master = s.node_rank == 0
     try:
         store, port = _open_store(s, master)
+        links_key, publish = _link_key(s, master)
         key = _hint_key(s) if master else b""
     except ValueError as exc:
         raise LaunchFailed(str(exc), 2) from None
     try:
-        return _run(s, store, port, key)
+        return _run(s, store, port, key, links_key or (link_key(key) if master else None), publish)
     except jobstore.StoreError as exc:
         raise LaunchFailed(f"run {s.run_id!r} lost the job-wide store ({_one_line(exc)}); its workers were "
                            "stopped, its persisted checkpoints are kept: restart it to resume from them", 1) from None
 
 
-def _run(s: LaunchSettings, store, port: int, hint_key: bytes) -> int:
+def _link_key(s: LaunchSettings, master: bool) -> tuple[bytes | None, bool]:
+    """The key that signs the node launchers' links (liveness.link_key of the job's key) as
+    far as this node knows it before the job starts, and whether node 0 must publish it in
+    the store (keys.LINK_KEY). With an operator's --hint-key-file that exists on this node:
+    derived from it, published nowhere. Otherwise node 0 derives it from the fresh key it
+    creates (None here) and publishes it; the other nodes read it from the store (None)."""
+    given = s.hint_key_file is not None and Path(s.hint_key_file).exists()
+    if given:
+        return link_key(hintauth.read_key(Path(s.hint_key_file), private=True)), False
+    return None, master
+
+
+def _run(s: LaunchSettings, store, port: int, hint_key: bytes, links_key: bytes | None = None,
+         publish_link_key: bool = False) -> int:
     master = s.node_rank == 0
     if keys.peek(store, keys.JOB_DONE) is not None:
         raise LaunchFailed(f"the job-wide store already holds a finished run {s.run_id!r}: "
                            "give every job its own --run-id (e.g. the scheduler's job id)", 2)
-    node = _NodeBeat(store, s) if s.aggregate else None
+    node = _NodeBeat(store, s, links_key) if s.aggregate else None
     if node is not None:
         node.follow_generations(lambda: jobstore.connect(s.store_url, s.master_addr, port, s.startup_timeout_s))
     events = EventLog(s.log_format, s.events_file)
@@ -322,8 +337,12 @@ def _run(s: LaunchSettings, store, port: int, hint_key: bytes) -> int:
         coord = Coordinator(store, s, trainers, spares, job.checkpoint_dir, job.recovery_timeout_s,
                             log, hint_key=hint_key)
         if s.nnodes > 1:
-            links = LinkServer(s.run_id, s.store_host)
-            store.set(keys.LINK, f"{s.master_addr}:{links.port}")
+            links = LinkServer(s.run_id, links_key, s.store_host, on_refused=lambda exc: log(
+                {"event": "link_refused", "reason": exc.reason, "detail": str(exc)[:200]}))
+            coord.link_records = lambda: links.records
+            if publish_link_key:   # before the address: a node that sees the address sees the key
+                store.set(keys.LINK_KEY, links_key.hex())
+            store.set(keys.LINK, links.address(s.master_addr))
     code = 1
     respawned = 0
     placement, placement_t = "", 0.0
@@ -472,7 +491,7 @@ class _NodeBeat:
     of the generation, the node's kill keys, the job's end and node 0's record, which
     tells the other nodes the coordinator is alive), whatever the node's rank count."""
 
-    def __init__(self, job, s: LaunchSettings) -> None:
+    def __init__(self, job, s: LaunchSettings, links_key: bytes | None = None) -> None:
         self.job, self.node, self.every_s = job, s.node_rank, s.node_beat_s
         sock = jobstore.listen_socket("127.0.0.1", 0)   # this node's workers only: loopback
         self.local = dist.TCPStore("127.0.0.1", sock.getsockname()[1], None, True, wait_for_workers=False,
@@ -485,8 +504,9 @@ class _NodeBeat:
         self._mirror_lock = threading.Lock()
         self._coordinator_timeout_s, self._startup_timeout_s = s.coordinator_timeout_s, s.startup_timeout_s
         self._coordinator: tuple[int | None, float] = (None, time.monotonic())
-        self.link = LinkClient(s.run_id, s.node_rank)   # to the coordinator (node 0 has none)
+        self.link = LinkClient(s.run_id, s.node_rank, links_key)   # to the coordinator (node 0 has none)
         self._linking = s.node_rank > 0
+        self._keyless_said = False
 
     def maybe_beat(self, children: list[Child]) -> bytes | None:
         """One node beat when due; returns the job's end (JOB_DONE's value) once set."""
@@ -499,21 +519,36 @@ class _NodeBeat:
         beats = _local_beats(self.local, [c.wid for c in live])
         record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
         linking = self._linking and not self.link.connected
-        singles = [*NODE_BEAT_READS, *([keys.LINK] if linking else [])]
+        singles = [*NODE_BEAT_READS, *([keys.LINK, keys.LINK_KEY] if linking else [])]
+        linked = self.link.send(record.encode())   # over its link: the store is not written
         try:
-            got, kills = self._exchange(record, singles, live)
+            got, kills = self._exchange(None if linked else record, singles, live)
         except (RuntimeError, OSError):
             # the job's store cannot be reached (node 0 gone with its TCPStore, etcd down): as
             # if node 0's record stood still, so coordinator_timeout_s decides, not a traceback
             return None if self.node == 0 else self._coordinator_silent(self._coordinator[0], now)
         if linking:
-            self.link.ensure((got[keys.LINK] or b"").decode(), now)
+            self._connect(got, now)
         self._mirror(got[keys.CONTROL_N], got[keys.GENERATION])
         for c in live:
             if str(c.wid) in kills:
                 c.proc.send_signal(signal.SIGKILL)
         done = got[keys.JOB_DONE]
         return done if done is not None or self.node == 0 else self._coordinator_silent(got[keys.node_beats(0)], now)
+
+    def _connect(self, got: dict, now: float) -> None:
+        """Open the link once node 0 published its address and this node knows the key."""
+        if self.link.key is None and got.get(keys.LINK_KEY):
+            try:
+                self.link.key = bytes.fromhex(got[keys.LINK_KEY].decode())
+            except ValueError:
+                pass
+        if self.link.key is None and got.get(keys.LINK) and not self._keyless_said:
+            self._keyless_said = True
+            print(f"seamguard launcher: node {self.node} has no key for its link to the coordinator (node 0 took "
+                  "an existing --hint-key-file: give this node the same file); its record goes to the store "
+                  "and its loss is judged by the record's timeout", file=sys.stderr)
+        self.link.ensure((got[keys.LINK] or b"").decode(), now)
 
     def _mirror(self, control: bytes | None, gen: bytes | None) -> None:
         """Copy the control counter, then the generation and the wake keys up to it, into
@@ -556,13 +591,15 @@ class _NodeBeat:
                 return
             self._mirror(control, gen)
 
-    def _exchange(self, record: str, singles: list[str], live: list[Child]) -> tuple[dict, set[str]]:
-        """Write this node's beat; read the job's keys and the kill requests for its workers."""
+    def _exchange(self, record: str | None, singles: list[str], live: list[Child]) -> tuple[dict, set[str]]:
+        """Write this node's beat (None: it went over the link); read the job's keys and the
+        kill requests for its workers."""
         if hasattr(self.job, "put_and_read"):  # etcd: the whole node beat is one transaction
-            got, families = self.job.put_and_read(keys.node_beats(self.node), record, singles, [keys.KILL_PREFIX],
-                                                  versions=(keys.node_beats(0),))
+            got, families = self.job.put_and_read(None if record is None else keys.node_beats(self.node), record or "",
+                                                  singles, [keys.KILL_PREFIX], versions=(keys.node_beats(0),))
             return got, {k[len(keys.KILL_PREFIX):] for k in families[keys.KILL_PREFIX]}
-        self.job.set(keys.node_beats(self.node), record)
+        if record is not None:
+            self.job.set(keys.node_beats(self.node), record)
         got = {k: keys.peek(self.job, k) for k in [*singles, keys.node_beats(0)]}
         return got, set(keys.read_family(self.job, keys.KILL_PREFIX, [str(c.wid) for c in live]))
 

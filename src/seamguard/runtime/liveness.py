@@ -132,38 +132,45 @@ def unseal(key: bytes, run_id: str, hub: str, line: bytes) -> Sealed:
 @dataclass
 class LinkGate:
     """One hub's verifier: genuine, addressed to it, newer than its node's last, and fresh.
-    ``refused`` counts refusals by reason; ``note`` logs them, one line at most a second."""
+    ``refused`` counts refusals by reason; each is reported in one line, at most one a
+    second (``report``, else this module's logger), so a flood cannot flood the log."""
 
     key: bytes
     run_id: str
     hub: str
     wall_ns: Callable[[], int] = time.time_ns
     max_skew_s: float = MAX_SKEW_S
+    report: Callable[[BeatRefused], None] | None = None
     refused: collections.Counter = field(default_factory=collections.Counter)
     _last_seq: dict = field(default_factory=dict)   # node -> newest sequence number taken
-    _logged_ns: int = 0
+    _reported_ns: int = 0
 
     def admit(self, line: bytes) -> Sealed:
         try:
             msg = unseal(self.key, self.run_id, self.hub, line)
-            if msg.seq <= self._last_seq.get(msg.node, -1):
-                raise BeatRefused("replayed", f"node {msg.node}: seq {msg.seq} is not newer than "
-                                              f"{self._last_seq[msg.node]}")
-            age_s = (self.wall_ns() - msg.t_ns) / 1e9
-            if abs(age_s) > self.max_skew_s:
-                raise BeatRefused("stale", f"node {msg.node}: signed {age_s:.1f} s ago (limit {self.max_skew_s:g} s)")
-            self._last_seq[msg.node] = msg.seq
-            return msg
         except BeatRefused as exc:
-            self.refused[exc.reason] += 1
-            self.note(exc)
-            raise
+            raise self.refuse(exc) from None
+        if msg.seq <= self._last_seq.get(msg.node, -1):
+            raise self.refuse(BeatRefused("replayed", f"node {msg.node}: seq {msg.seq} is not newer than "
+                                                      f"{self._last_seq[msg.node]}"))
+        age_s = (self.wall_ns() - msg.t_ns) / 1e9
+        if abs(age_s) > self.max_skew_s:
+            raise self.refuse(BeatRefused("stale", f"node {msg.node}: signed {age_s:.1f} s ago "
+                                                   f"(limit {self.max_skew_s:g} s)"))
+        self._last_seq[msg.node] = msg.seq
+        return msg
 
-    def note(self, exc: BeatRefused) -> None:
+    def refuse(self, exc: BeatRefused) -> BeatRefused:
+        """Count ``exc`` and report it (rate-limited); returns it for the caller to raise."""
+        self.refused[exc.reason] += 1
         now_ns = self.wall_ns()
-        if now_ns - self._logged_ns >= 1_000_000_000:
-            self._logged_ns = now_ns
-            log.warning("%s (refusals so far: %s)", str(exc)[:300], dict(self.refused))
+        if now_ns - self._reported_ns >= 1_000_000_000:
+            self._reported_ns = now_ns
+            if self.report is not None:
+                self.report(exc)
+            else:
+                log.warning("%s (refusals so far: %s)", str(exc)[:300], dict(self.refused))
+        return exc
 
     def refusals(self) -> dict[str, int]:
         return {**{r: 0 for r in REFUSALS}, **self.refused}
@@ -265,8 +272,11 @@ class LivenessHub:
         try:
             msg = self.gate.admit(line)
             if bound is not None and msg.node != bound:
-                raise BeatRefused("misdirected", f"node {msg.node} on node {bound}'s link")
-            report = decode_report(msg)
+                raise self.gate.refuse(BeatRefused("misdirected", f"node {msg.node} on node {bound}'s link"))
+            try:
+                report = decode_report(msg)
+            except BeatRefused as exc:
+                raise self.gate.refuse(exc) from None
         except BeatRefused as exc:
             self.refused.append(str(exc))
             if bound is None:
@@ -286,8 +296,7 @@ class LivenessHub:
                 try:
                     line = await reader.readline()
                 except (ValueError, asyncio.LimitOverrunError):
-                    self.gate.refused["oversize"] += 1
-                    self.gate.note(BeatRefused("oversize", f"a line over {MAX_LINE_BYTES} bytes"))
+                    self.gate.refuse(BeatRefused("oversize", f"a line over {MAX_LINE_BYTES} bytes"))
                     break
                 if not line.endswith(b"\n"):
                     break   # end of file (or a cut line): the link closed

@@ -12,41 +12,75 @@ coordinator) and the coordinator takes that connection closing without a goodbye
 the node's loss. A powered-off host or a cut cable closes nothing: the record's timeout
 still judges those; the link only makes the common case fast.
 
-Protocol (one line each way, text): the node sends ``seamguard-link <run id> <node>``
-once connected and ``bye`` before an orderly exit; the coordinator sends nothing.
+The same link carries the node's record every node beat (its ranks' latest heartbeats,
+the record keys.node_beats holds), so the job-wide store is not written once per node
+per beat: the coordinator reads the records off the links (`LinkServer.records`), and a
+node writes its record to the store only while it has no link (at start, or after its
+link broke). A node whose record stands still is judged by its timeout as before.
+
+Protocol: the lines of runtime/liveness.py, each signed with the job's link key
+(`liveness.link_key`) for this server's hub id, numbered and timed: ``hello`` once
+connected, the record (JSON) every node beat, ``bye`` before an orderly exit; the
+coordinator sends nothing. The hub id is part of the address node 0 publishes
+(keys.LINK, ``host:port#hub``). A line the gate refuses (forged, misdirected, replayed,
+stale, malformed, oversize) is counted and reported in one line (`on_refused`, at most
+one a second); on a link no admitted line has bound to a node it ends that link, which
+is then nobody's loss, so a host that can reach this port but lacks the key can neither
+keep a dead node alive nor get a live one declared lost.
 `LinkServer` (node 0) and `LinkClient` (the other nodes) are called from the launcher's
-loop; neither blocks it (non-blocking sockets, a short bounded connect).
+loop; neither blocks it (non-blocking sockets on the server, a short bounded connect and
+send on the client).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import selectors
 import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
-HELLO = "seamguard-link"
-BYE = b"bye\n"
+from seamguard.runtime.liveness import BYE, HELLO, MAX_LINE_BYTES, BeatRefused, LinkGate, hub_address, new_hub_id
+from seamguard.runtime.liveness import parse_hub_address, seal
+
 CONNECT_TIMEOUT_S = 0.2
 RETRY_S = 1.0
 
 
+@dataclass
+class _Link:
+    node: int | None = None   # bound by its first admitted line
+    buf: bytes = b""
+
+
 class LinkServer:
-    """Node 0's end: accepts the other nodes' links and reports those that close uncleanly.
+    """Node 0's end: accepts the other nodes' links, keeps each node's newest record and
+    reports the links that close uncleanly.
 
     The sockets sit in one selector (epoll on Linux), so a pass reads only the links that
     have something to say and the launcher waits on one descriptor (`fileno`), however
     many nodes there are."""
 
-    def __init__(self, run_id: str, bind_host: str = "0.0.0.0") -> None:
+    def __init__(self, run_id: str, key: bytes, bind_host: str = "0.0.0.0",
+                 on_refused: Callable[[BeatRefused], None] | None = None) -> None:
         self.run_id = run_id
+        self.hub = new_hub_id()
+        self.gate = LinkGate(key, run_id, self.hub, report=on_refused)
         self._listen = socket.create_server((bind_host, 0))
         self._listen.setblocking(False)
         self.port = self._listen.getsockname()[1]
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listen, selectors.EVENT_READ)
-        self._pending: dict[socket.socket, bytes] = {}        # accepted, hello not read yet
-        self._links: dict[socket.socket, tuple[int, bytes]] = {}   # node, its last bytes
+        self._conns: dict[socket.socket, _Link] = {}
+        self._current: dict[int, socket.socket] = {}   # node -> its newest link
         self._said_bye: set[int] = set()
+        self.records: dict[int, dict] = {}   # node -> its newest record received over its link
+
+    def address(self, host: str) -> str:
+        """What node 0 publishes (keys.LINK): where to connect and which hub to sign for."""
+        return hub_address(host, self.port, self.hub)
 
     def fileno(self) -> int:
         """Readable when a node connects, says something or closes its link (wait on it)."""
@@ -54,7 +88,7 @@ class LinkServer:
 
     def open_links(self) -> int:
         """Other nodes whose launcher is still linked and has not said bye."""
-        return sum(node not in self._said_bye for node, _ in self._links.values())
+        return sum(node not in self._said_bye for node in self._current)
 
     def poll(self) -> list[tuple[int, str]]:
         """Accept and read whatever arrived; returns (node, what happened) for each link
@@ -64,9 +98,7 @@ class LinkServer:
             sock = key.fileobj
             if sock is self._listen:
                 self._accept()
-            elif sock in self._pending:
-                self._read_hello(sock)
-            elif sock in self._links:
+            elif sock in self._conns:
                 lost = self._read_link(sock)
                 if lost is not None:
                     closed.append(lost)
@@ -79,56 +111,86 @@ class LinkServer:
             except (BlockingIOError, InterruptedError):
                 return
             sock.setblocking(False)
-            self._pending[sock] = b""
+            self._conns[sock] = _Link()
             self._sel.register(sock, selectors.EVENT_READ)
 
-    def _read_hello(self, sock: socket.socket) -> None:
-        data, why = _read(sock)
-        buf = self._pending.pop(sock) + data
-        if b"\n" in buf:
-            line, rest = buf.split(b"\n", 1)
-            node = _parse_hello(line.decode(errors="replace"), self.run_id)
-            if node is not None:
-                self._links[sock] = (node, rest)   # a close seen here stays readable: next pass
-                if BYE in rest:
-                    self._said_bye.add(node)
-                return
-        elif why is None:
-            self._pending[sock] = buf
-            return
-        self._drop(sock)   # not one of this job's launchers, or gone before saying who it was
-
     def _read_link(self, sock: socket.socket) -> tuple[int, str] | None:
-        node, last = self._links[sock]
+        link = self._conns[sock]
         data, why = _read(sock)
-        buf = last + data
-        if BYE in buf:
-            self._said_bye.add(node)
-        self._links[sock] = (node, buf[-len(BYE):])
+        link.buf += data
+        *lines, link.buf = link.buf.split(b"\n")
+        for line in lines:
+            if not self._take(sock, link, line + b"\n"):
+                why = why or "refused"   # a stranger's line: end its link, nobody's loss
+                break
+        if why is None and len(link.buf) > MAX_LINE_BYTES:
+            self.gate.refuse(BeatRefused("oversize", f"a line over {MAX_LINE_BYTES} bytes"))
+            why = "oversize"
         if why is None:
             return None
-        del self._links[sock]
+        node = link.node
+        del self._conns[sock]
         self._drop(sock)
-        return None if node in self._said_bye else (node, why)
+        if node is None or self._current.get(node) is not sock:
+            return None
+        del self._current[node]
+        return None if node in self._said_bye or why in ("refused", "oversize") else (node, why)
+
+    def _take(self, sock: socket.socket, link: _Link, line: bytes) -> bool:
+        """Admit one line; False when it ends a link no admitted line has bound yet."""
+        try:
+            msg = self.gate.admit(line)   # counts and reports its own refusals
+        except BeatRefused:
+            return link.node is not None
+        try:
+            if link.node is not None and msg.node != link.node:
+                raise BeatRefused("misdirected", f"node {msg.node} on node {link.node}'s link")
+            record = None if msg.body in (HELLO, BYE) else _record(msg.node, msg.body)
+        except BeatRefused as exc:
+            self.gate.refuse(exc)
+            return link.node is not None
+        link.node = msg.node
+        self._current[msg.node] = sock
+        if msg.body == BYE:
+            self._said_bye.add(msg.node)
+        elif record is not None:
+            last = self.records.get(msg.node)
+            if last is None or record["n"] >= last["n"]:
+                self.records[msg.node] = record
+        return True
 
     def _drop(self, sock: socket.socket) -> None:
         self._sel.unregister(sock)
         sock.close()
 
     def close(self) -> None:
-        for sock in [*self._pending, *self._links]:
+        for sock in list(self._conns):
             self._drop(sock)
-        self._pending, self._links = {}, {}
+        self._conns, self._current = {}, {}
         self._sel.close()
         self._listen.close()
 
 
-class LinkClient:
-    """A node's end: connects to the coordinator's link once its address is known."""
+def _record(node: int, body: bytes) -> dict:
+    """A node record ({"n": counter, "beats": {wid: heartbeat}}); BeatRefused("malformed")."""
+    try:
+        rec = json.loads(body)
+        if isinstance(rec, dict) and isinstance(rec.get("n"), int) and isinstance(rec.get("beats"), dict):
+            return rec
+    except ValueError:
+        pass
+    raise BeatRefused("malformed", f"node {node}: not a node record")
 
-    def __init__(self, run_id: str, node: int) -> None:
-        self.run_id, self.node = run_id, node
+
+class LinkClient:
+    """A node's end: connects to the coordinator's link once its address (and the job's
+    link key, ``key``) is known, and sends its records over it."""
+
+    def __init__(self, run_id: str, node: int, key: bytes | None = None) -> None:
+        self.run_id, self.node, self.key = run_id, node, key
         self.sock: socket.socket | None = None
+        self.seq = 0   # rises across links: no line is ever sent twice under one number
+        self._hub = ""
         self._next_try_s = 0.0
 
     @property
@@ -136,19 +198,34 @@ class LinkClient:
         return self.sock is not None
 
     def ensure(self, address: str | None, now_s: float) -> None:
-        """Connect to ``host:port`` (the coordinator's link key) unless connected; a failed
-        attempt is retried after RETRY_S (node 0's launcher may start later)."""
-        if self.sock is not None or not address or now_s < self._next_try_s:
+        """Connect to ``host:port#hub`` (the coordinator's link key) unless connected; a
+        failed attempt is retried after RETRY_S (node 0's launcher may start later)."""
+        if self.sock is not None or not address or self.key is None or now_s < self._next_try_s:
             return
-        host, _, port = address.rpartition(":")
         try:
-            sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
-            sock.sendall(f"{HELLO} {self.run_id} {self.node}\n".encode())
+            host, port, self._hub = parse_hub_address(address)
+            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         except (OSError, ValueError):
             self._next_try_s = now_s + RETRY_S
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
+        if not self.send(HELLO):
+            self._next_try_s = now_s + RETRY_S
+
+    def send(self, body: bytes) -> bool:
+        """One signed line (bounded by the connect timeout); False, and the link dropped,
+        when it cannot be sent (the caller writes its record to the store instead)."""
+        if self.sock is None:
+            return False
+        self.seq += 1
+        try:
+            self.sock.sendall(seal(self.key, self.run_id, self._hub, self.node, self.seq, body, time.time_ns()))
+            return True
+        except OSError:
+            self.sock.close()
+            self.sock = None
+            return False
 
     def close(self, orderly: bool) -> None:
         """``orderly``: this node's part of the job ended as planned (say bye first), so
@@ -156,11 +233,9 @@ class LinkClient:
         if self.sock is None:
             return
         if orderly:
-            try:
-                self.sock.sendall(BYE)
-            except OSError:
-                pass
-        self.sock.close()
+            self.send(BYE)
+        if self.sock is not None:
+            self.sock.close()
         self.sock = None
 
 
@@ -169,7 +244,7 @@ def _read(sock: socket.socket) -> tuple[bytes, str | None]:
     data = b""
     while True:
         try:
-            chunk = sock.recv(4096)
+            chunk = sock.recv(65536)
         except (BlockingIOError, InterruptedError):
             return data, None
         except OSError as exc:
@@ -177,10 +252,5 @@ def _read(sock: socket.socket) -> tuple[bytes, str | None]:
         if not chunk:
             return data, "closed by the node"
         data += chunk
-
-
-def _parse_hello(line: str, run_id: str) -> int | None:
-    head, _, node = line.rpartition(" ")
-    if head != f"{HELLO} {run_id}" or not node.isdigit():
-        return None
-    return int(node)
+        if len(data) > 4 * MAX_LINE_BYTES:
+            return data, None   # the rest on the next pass: one link cannot hold the loop

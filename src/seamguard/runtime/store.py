@@ -208,20 +208,22 @@ class EtcdStore(dist.Store):
         found = self._get_or_revision(key)
         return found if isinstance(found, bytes) else None
 
-    def put_and_read(self, key: str, value: str | bytes, singles: list[str], prefixes: list[str],
+    def put_and_read(self, key: str | None, value: str | bytes, singles: list[str], prefixes: list[str],
                      versions: tuple[str, ...] = ()) -> tuple[dict[str, bytes | None], dict[str, dict[str, bytes]]]:
-        """Write one key and read others in one request (one etcd transaction): a node
+        """Write one key (none when ``key`` is None: a node whose record went over its link)
+        and read others in one request (one etcd transaction): a node
         beat's record, and the generation, kill requests and job end it must notice.
         Returns ({key: value or None}, {prefix: {key: value}}); a key of ``versions`` is
         read without its value and answered with its revision (b"<mod_revision>"): enough
         to see it change, without shipping node 0's record to every node every beat."""
-        ops = [{"request_put": {"key": _b64(self.prefix + _bytes(key)), "value": _b64(_bytes(value))}}]
+        ops = [] if key is None else [{"request_put": {"key": _b64(self.prefix + _bytes(key)),
+                                                       "value": _b64(_bytes(value))}}]
         ops += [{"request_range": {"key": _b64(self.prefix + _bytes(k))}} for k in singles]
         ops += [{"request_range": {"key": _b64(self.prefix + _bytes(k)), "keys_only": True}} for k in versions]
         for p in prefixes:
             start = self.prefix + _bytes(p)
             ops.append({"request_range": {"key": _b64(start), "range_end": _b64(_prefix_end(start))}})
-        replies = self._gw.call("/v3/kv/txn", {"success": ops})["responses"][1:]
+        replies = self._gw.call("/v3/kv/txn", {"success": ops})["responses"][0 if key is None else 1:]
         cut = len(self.prefix)
 
         def kvs(reply: dict) -> dict[str, bytes]:
