@@ -91,7 +91,7 @@ class _Polled(_Done):
         self._rt, self._work, self._finish = runtime, work, finish
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        ok = self._rt._await_work(self._work)
+        ok = self._rt.collectives.await_work(self._work)
         if ok and self._finish is not None:
             self._finish()
         self._finish = None
@@ -161,11 +161,11 @@ class ResilientGroup(dist.ProcessGroup):
 
     def _forward(self, name: str, args: tuple) -> dist.Work:
         rt = self._rt
-        if not rt._collective_allowed():
+        if not rt.collectives.allowed():
             return _Done()
         inner = self._inner()
         if inner is None:
-            rt._collective_failed(f"{name}: group {self._name} is not formed in this generation")
+            rt.collectives.fail(f"{name}: group {self._name} is not formed in this generation")
             return _Done()
         finish = None
         try:
@@ -175,7 +175,7 @@ class ResilientGroup(dist.ProcessGroup):
                 else:
                     work = getattr(inner, _FORWARDS[name])(*args)
         except RuntimeError as exc:
-            rt._collective_failed(f"{name}: {exc}")
+            rt.collectives.fail(f"{name}: {exc}")
             return _Done()
         return _Polled(rt, work, finish)
 

@@ -13,16 +13,19 @@ call returns at once.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from seamguard.runtime.clock import SYSTEM_CLOCK, Clock
 
 
 class PhaseClock:
     """Totals of wall seconds, thread CPU seconds and occurrences per phase."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, clock: Clock = SYSTEM_CLOCK) -> None:
+        """``clock``: where the phases' wall and CPU seconds are read."""
         self.enabled = enabled
+        self._time = clock
         self._lock = threading.Lock()
         self._totals: dict[str, list[float]] = {}   # phase -> [wall_s, cpu_s, count]
 
@@ -41,11 +44,11 @@ class PhaseClock:
         if not self.enabled:
             yield
             return
-        w0, c0 = time.perf_counter(), time.thread_time()
+        w0, c0 = self._time.perf_counter(), self._time.thread_time()
         try:
             yield
         finally:
-            self.add(name, time.perf_counter() - w0, time.thread_time() - c0)
+            self.add(name, self._time.perf_counter() - w0, self._time.thread_time() - c0)
 
     def report(self, steps: int) -> dict[str, dict[str, float]]:
         """Per phase: totals and milliseconds per committed step (``steps`` >= 1)."""

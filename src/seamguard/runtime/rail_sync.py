@@ -21,13 +21,13 @@ change is logged with the rails the first collective under it actually used.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from seamguard.runtime import keys
+from seamguard.runtime.clock import SYSTEM_CLOCK, Clock
 from seamguard.runtime.rails import CollectiveReport, RailGroup, RailSettings, RailsError
 
 
@@ -39,12 +39,13 @@ class RailSync:
     """``allreduce(flat, step, cancelled)`` on this generation's rails; ``close()`` when it ends."""
 
     def __init__(self, store: dist.Store, gen: int, rank: int, world: int, interfaces: tuple[str, ...],
-                 start_timeout_s: float) -> None:
+                 start_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
         settings = RailSettings(interfaces=interfaces, start_timeout_s=start_timeout_s)
         self.group = RailGroup(store, rank, world, settings, prefix=rail_prefix(gen))
         self.interfaces = interfaces
         self.last: CollectiveReport | None = None
         self.broken = False
+        self._time = clock
         self._seen = 0
         self._avoided: tuple[str, ...] = ()  # what the last successful collective stayed off
         self._own_events: list[dict] = []
@@ -68,10 +69,10 @@ class RailSync:
 
         worker = threading.Thread(target=run, name="sg-rail-allreduce", daemon=True)
         worker.start()
-        deadline = time.monotonic() + timeout_s
+        deadline = self._time.monotonic() + timeout_s
         nap_s = 0.0002
         while worker.is_alive():
-            if cancelled() or time.monotonic() > deadline:
+            if cancelled() or self._time.monotonic() > deadline:
                 self.broken = True
                 return "cancelled" if cancelled() else "timeout"
             worker.join(nap_s)

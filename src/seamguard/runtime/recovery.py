@@ -28,7 +28,8 @@ from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, identical_ranks
 from seamguard.runtime.rail_sync import RailSync
 from seamguard.runtime.settings import under_roots
-from seamguard.runtime.snapshot import find_orphans, read_orphan, state_checksum, tensors_of
+from seamguard.runtime.packing import find_orphans, read_orphan, tensors_of
+from seamguard.runtime.snapshot import state_checksum
 
 
 class RecoveryError(Exception):
@@ -178,8 +179,8 @@ class Recovery:
             now = self._time.monotonic()
             phases[name], t = round(now - t, 4), now
         rank, role = plan.ranks.index(rt.wid), plan.roles[plan.ranks.index(rt.wid)]
-        if rt.sharded and rank != rt._mesh_rank:
-            raise JobFailed(f"generation {gen} moves worker {rt.wid} from rank {rt._mesh_rank} "
+        if rt.sharded and rank != rt.mesh.rank:
+            raise JobFailed(f"generation {gen} moves worker {rt.wid} from rank {rt.mesh.rank} "
                             f"to {rank}: an FSDP2 job keeps its ranks (it needs a spare per loss; "
                             f"to change its size, restart from a checkpoint)")
         if plan.max_step is None:   # a rollback throws the live state away
@@ -211,12 +212,12 @@ class Recovery:
             dist.PrefixStore(keys.group_prefix(gen), rt.store), rank, plan.world_size,
             datetime.timedelta(seconds=rt.settings.collective_timeout_s))
         if rt.sharded:
-            rt._resilient.rebind(rt.group)
-            self._form_subgroups(gen, rank)
+            rt.mesh.bind(gen, rank, rt.group)
         lap("form_group")
         if rt.settings.rails:
-            self._close_rails()
-            rt._rails = RailSync(rt.store, gen, rank, plan.world_size, rt.settings.rails, timeout)
+            rt.collectives.close_rails(self._graveyard)
+            rt.collectives.rails = RailSync(rt.store, gen, rank, plan.world_size, rt.settings.rails,
+                                            timeout, self._time)
             lap("form_rails")
         if source == "fresh" and not rt.sharded:
             self._broadcast_model()
@@ -227,8 +228,7 @@ class Recovery:
         rt.step = step
         rt.snapshots.dcp_step = step - 1   # every member writes the resumed step again if it is due
         rt._failed = False
-        # every member starts the guard's history afresh, so their verdicts stay equal
-        rt._norm_history, rt._rejected, rt._redo = [], None, False
+        rt.guard.reset()   # every member starts the guard's history afresh: their verdicts stay equal
         rt._applied = -1   # a step the optimizer began before a rollback is to come again
         rt._live_ok = rt._at_step_start = True
         self._release_orphans()
@@ -339,19 +339,19 @@ class Recovery:
     def _broadcast_model(self) -> None:
         rt = self.rt
         for t in rt.state.model.state_dict().values():
-            if not rt._collective(lambda t=t: rt.group.broadcast(t, 0)):
+            if not rt.collectives.run(lambda t=t: rt.group.broadcast(t, 0)):
                 raise RecoveryError("initial broadcast of the model failed")
 
     def _verify_checksums(self, checksum: str) -> None:
         """Every rank checks that the ranks which must hold identical parameters do
         (`identical_ranks`): a restore that went wrong anywhere stops the job here."""
         rt = self.rt
-        groups = identical_ranks(rt.plan.world_size, rt._replicas if rt.sharded else 0)
+        groups = identical_ranks(rt.plan.world_size, rt.mesh.replicas if rt.sharded else 0)
         if not groups:   # FSDP over one dimension: shards differ; each was hash-verified on restore
             return
         mine = torch.tensor([int(checksum, 16) - (1 << 63)], dtype=torch.int64)
         out = [torch.zeros(1, dtype=torch.int64) for _ in range(rt.plan.world_size)]
-        if not rt._collective(lambda: rt.group.allgather([out], [mine])):
+        if not rt.collectives.run(lambda: rt.group.allgather([out], [mine])):
             raise RecoveryError("checksum exchange failed")
         sums = [int(o) for o in out]
         for ranks in groups:
@@ -359,35 +359,12 @@ class Recovery:
                 raise RecoveryError(f"parameter checksums of ranks {ranks} disagree after recovery to "
                                     f"gen {rt.gen}: {[hex(sums[r] + (1 << 63)) for r in ranks]}")
 
-    def _close_rails(self) -> None:
-        rt = self.rt
-        if rt._rails is not None:
-            rt._rails.close()
-            self._graveyard.append(rt._rails)  # its gloo groups may still wait on a dead peer
-            rt._rails = None
-
-    def _form_subgroups(self, gen: int, rank: int) -> None:
-        """HSDP: this generation's gloo subgroup for each mesh dimension (under its store
-        prefix), and the mesh's process groups pointed at them."""
-        rt = self.rt
-        timeout = datetime.timedelta(seconds=rt.settings.collective_timeout_s)
-        for name, ranks in rt._mesh_dims:
-            sub = dist.ProcessGroupGloo(
-                dist.PrefixStore(f"{keys.group_prefix(gen)}sub/{name}/", rt.store),
-                ranks.index(rank), len(ranks), timeout)
-            rt._subgroups[name] = sub
-            rt._mesh_groups[name].rebind(sub)
-
     def _abandon_group(self) -> None:
+        """Abort this generation's groups (rails, HSDP subgroups, the world group); they
+        are kept, not destroyed: destroying one can block on a dead peer."""
         rt = self.rt
-        self._close_rails()
-        for sub in rt._subgroups.values():
-            try:
-                sub.abort()
-            except RuntimeError:
-                pass
-            self._graveyard.append(sub)
-        rt._subgroups = {}
+        rt.collectives.close_rails(self._graveyard)
+        rt.mesh.abandon(self._graveyard)
         if rt.group is not None:
             try:
                 rt.group.abort()

@@ -20,13 +20,13 @@ the holder acknowledges, and the holder verifies every tensor's hash either way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from seamguard.runtime.manifest import Manifest, TensorEntry, hash_bytes
-from seamguard.runtime.snapshot import META, SlotStore, with_rank_private
+from seamguard.runtime.snapshot import SlotStore
+from seamguard.runtime.state import META, with_rank_private
 
 
 SHM = Path("/dev/shm")
@@ -112,7 +113,7 @@ class ReplicaStore:
     parts: dict[int, dict[int, dict[str, bytes]]] = field(default_factory=dict)
     """Per role and step, the role's own part of the step's private bytes (RNG states,
     buffers), sent as soon as the step before had done its collectives; completed from
-    our own meta blob of that step (`snapshot.with_rank_private`)."""
+    our own meta blob of that step (`state.with_rank_private`)."""
     pool: dict[tuple[int, str], list[np.ndarray]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -209,11 +210,14 @@ class ReplicaStore:
 class ReplicaServer:
     """Accepts PUSH and FETCH requests on a loopback/cluster address (one thread each)."""
 
-    def __init__(self, store: ReplicaStore, host: str, timeout_s: float, dedup: bool) -> None:
+    def __init__(self, store: ReplicaStore, host: str, timeout_s: float, dedup: bool,
+                 phases=None) -> None:
+        """``phases``: a profile.PhaseClock of the worker's (times receiving pushes)."""
         self.store = store
         self.timeout_s = timeout_s
+        self._dedup = threading.Event()   # set by the training thread, read by the server's
         self.dedup = dedup
-        self.clock = None   # a profile.PhaseClock the worker hands over (times receiving pushes)
+        self.clock = phases
         self.host = host
         self.sock = socket.create_server((host, 0))
         self.sock.settimeout(0.5)
@@ -221,6 +225,19 @@ class ReplicaServer:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._accept, name="sg-replica-server", daemon=True)
         self.thread.start()
+
+    @property
+    def dedup(self) -> bool:
+        """Pushes carry only what the holder does not hold itself (module docstring)."""
+        return self._dedup.is_set()
+
+    @dedup.setter
+    def dedup(self, on: bool) -> None:
+        (self._dedup.set if on else self._dedup.clear)()
+
+    def _phase(self, name: str):
+        """Time the body as ``name`` on the worker's PhaseClock, if it handed one over."""
+        return self.clock.phase(name) if self.clock is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         self._stop.set()
@@ -240,11 +257,8 @@ class ReplicaServer:
             try:
                 req = _recv_json(conn)
                 if req["op"] == "push":
-                    w0, c0 = time.perf_counter(), time.thread_time()
-                    self._on_push(conn, req)
-                    if self.clock is not None:
-                        self.clock.add("bg_replica_receive", time.perf_counter() - w0,
-                                       time.thread_time() - c0)
+                    with self._phase("bg_replica_receive"):
+                        self._on_push(conn, req)
                 elif req["op"] == "meta":
                     self._on_meta(conn, req)
                 elif req["op"] == "fetch":
@@ -301,10 +315,8 @@ class ReplicaServer:
                 _pread_exact(src, buf, e.nbytes, e.offset)
             else:
                 _recv_exact(conn, e.nbytes, into=buf)
-            w0, c0 = time.perf_counter(), time.thread_time()
-            digest = hash_bytes(buf[:e.nbytes])
-            if self.clock is not None:
-                self.clock.add("bg_replica_verify", time.perf_counter() - w0, time.thread_time() - c0)
+            with self._phase("bg_replica_verify"):
+                digest = hash_bytes(buf[:e.nbytes])
             if digest != e.xxh3:
                 raise ReplicaError(f"replica of role {role} step {manifest.step}: tensor "
                                    f"{name!r} arrived corrupted")

@@ -65,12 +65,12 @@ class SnapshotSchedule:
         rt = self.rt
         if not self.live_recovery() or self._part_ok is False:
             return 1
-        return rt._replicas if rt.sharded else rt.plan.world_size
+        return rt.mesh.replicas if rt.sharded else rt.plan.world_size
 
     def _holder(self, plan: Plan) -> int:
         """The worker that holds this rank's replica in ``plan`` (`membership.replica_holder`)."""
         rt = self.rt
-        return plan.ranks[replica_holder(rt.rank, plan.world_size, rt.ranks_per_node, rt._replicas)]
+        return plan.ranks[replica_holder(rt.rank, plan.world_size, rt.ranks_per_node, rt.mesh.replicas)]
 
     def send_meta(self) -> None:
         """Send this step's private bytes (meta blob: RNG, optimizer scalars, data position;
@@ -293,7 +293,7 @@ class SnapshotSchedule:
 
         from seamguard.runtime.manifest import step_dir
 
-        if not rt._collective_allowed():
+        if not rt.collectives.allowed():
             return
         t0 = self._time.perf_counter()
         phase = rt.progress.current.phase

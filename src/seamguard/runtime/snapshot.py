@@ -1,27 +1,25 @@
 """Snapshots of a training process's state into preallocated, reused host buffers.
 
-`TrainingState` knows what to capture (model tensors, optimizer tensors, and a small
-pickled meta blob: optimizer hyper-parameters, RNG states, data position) and how to
-put it back. `SlotStore` owns N shared-memory slots (files in /dev/shm, so the persister
-process reads them without a copy), allocated once for the state's layout and reused for
-every snapshot; the layout is rebuilt only if the set of tensors changes (e.g. once,
-when the optimizer creates its state at the first step). CUDA tensors are copied with
-non_blocking copies on a side stream into host memory registered as pinned.
+`SlotStore` owns N shared-memory slots (files in /dev/shm, so the persister process reads
+them without a copy), allocated once for the state's layout (runtime/packing.py) and
+reused for every snapshot; the layout is rebuilt only if the set of tensors changes (e.g.
+once, when the optimizer creates its state at the first step). What is captured and how
+it is put back is the training state's (runtime/state.py, `TrainingState`). CUDA tensors
+are copied with non_blocking copies on a side stream into host memory registered as
+pinned (runtime/hostmem.py).
 
 A capture can overlap the step it starts (`SlotStore.begin(..., overlap=True)`): what
 the forward pass changes (buffers, the meta blob) is copied at once, parameters and
 optimizer state in the background, and `Capture.wait` must return before the optimizer
-step changes them (the worker waits after the gradient all-reduce).
+step changes them (the worker waits after the gradient all-reduce). `state_checksum` is
+the digest of the live parameters that recovery compares across ranks.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
-import random
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,275 +27,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from seamguard.runtime.fsdp import like, local
+from seamguard.runtime.fsdp import local
+from seamguard.runtime.hostmem import host_register, host_unregister, populate
 from seamguard.runtime.manifest import Manifest, TensorEntry, hash_bytes
+# find_orphans, read_orphan, tensors_of, typed, with_rank_private: importable from here as before
+from seamguard.runtime.packing import (  # noqa: F401
+    Layout,
+    find_orphans,
+    hash_spans,
+    read_orphan,
+    sidecar,
+    tensors_of,
+    typed,
+)
+from seamguard.runtime.state import META, TrainingState, raw_bytes, with_rank_private  # noqa: F401 (re-exported)
 
-META = "__meta__"
-_ALIGN = 64
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where each tensor of a snapshot lives in a slot: (name, dtype, shape, offset, nbytes)."""
-
-    items: tuple[tuple[str, str, tuple[int, ...], int, int], ...]
-    meta_offset: int
-    meta_capacity: int
-
-    @property
-    def total_bytes(self) -> int:
-        return self.meta_offset + self.meta_capacity
-
-    @staticmethod
-    def build(named: list[tuple[str, torch.Tensor]], meta_len: int) -> "Layout":
-        items, off = [], 0
-        for name, t in named:
-            nbytes = t.numel() * t.element_size()
-            items.append((name, _dtype_name(t.dtype), tuple(t.shape), off, nbytes))
-            off += -(-nbytes // _ALIGN) * _ALIGN
-        return Layout(tuple(items), off, max(1 << 16, 2 * meta_len))
-
-    def signature(self) -> tuple:
-        return tuple((n, d, s) for n, d, s, _, _ in self.items)
-
-    @staticmethod
-    def of(manifest: Manifest) -> "Layout":
-        """The layout a snapshot's manifest describes (its tensors where `build` put them)."""
-        meta = next(e for e in manifest.entries if e.name == META)
-        items = tuple((e.name, e.dtype, tuple(e.shape), e.offset, e.nbytes)
-                      for e in manifest.entries if e.name != META)
-        return Layout(items, meta.offset, max(1 << 16, 2 * meta.nbytes))
-
-
-class TrainingState:
-    """The model, optimizer and data position of one rank, as named tensors plus meta."""
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 data_state: Any = None) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.data_state = data_state  # callable step -> dict, or None
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
-
-    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """Every tensor of the state as this rank holds it: for FSDP2-sharded parameters
-        and their optimizer state (DTensors), this rank's local shard."""
-        out = [(f"model/{k}", local(v.detach())) for k, v in self.model.state_dict(keep_vars=True).items()]
-        for pid, p in enumerate(self._params):
-            for k, v in sorted(self.optimizer.state.get(p, {}).items()):
-                if isinstance(v, torch.Tensor):
-                    out.append((f"optim/{pid}/{k}", local(v.detach())))
-        return out
-
-    def buffer_names(self) -> list[str]:
-        """Snapshot names of model tensors that are not parameters (e.g. BatchNorm running
-        statistics): the forward pass changes them, so they are private to a step and,
-        unlike parameters, may differ between data-parallel ranks."""
-        params = {id(p) for p in self.model.parameters()}
-        return [f"model/{k}" for k, v in self.model.state_dict(keep_vars=True).items()
-                if id(v) not in params]
-
-    def step_private(self, step: int) -> dict[str, bytes]:
-        """What changes during a step before the optimizer runs: the meta blob and the
-        model buffers, as bytes (small; taken at the start of every step)."""
-        out = self._buffers()
-        out[META] = self.meta(step)
-        return out
-
-    def rank_private(self, taken: dict[str, bytes] | None = None) -> dict[str, bytes]:
-        """The part of the next step's private bytes that only this rank has: its model
-        buffers and RNG states (the meta blob holding only ``rng``). Its data-parallel
-        replicas share the rest (optimizer settings and scalars, and the data position,
-        which is the global batch sampler's step), so
-        a holder completes it from its own (`with_rank_private`). Taken once a step's
-        collectives are done, it equals what the next step's start will hold unless the
-        training loop draws random numbers or changes buffers after ``sync_gradients()``.
-        ``taken``: this moment's `step_private`, whose buffers are used, not copied again."""
-        out = self._buffers() if taken is None else {k: v for k, v in taken.items() if k != META}
-        out[META] = pickle.dumps({"rng": _rng_state()}, protocol=pickle.HIGHEST_PROTOCOL)
-        return out
-
-    def _buffers(self) -> dict[str, bytes]:
-        sd = self.model.state_dict(keep_vars=True)
-        return {name: _bytes_of(sd[name[len("model/"):]]) for name in self.buffer_names()}
-
-    def meta(self, step: int) -> bytes:
-        opt_scalars = {pid: {k: v for k, v in self.optimizer.state.get(p, {}).items()
-                             if not isinstance(v, torch.Tensor)}
-                       for pid, p in enumerate(self._params)}
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        data = self.data_state(step) if callable(self.data_state) else {"step": step}
-        return pickle.dumps({"step": step, "groups": groups, "opt_scalars": opt_scalars,
-                             "rng": _rng_state(), "data": data}, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def restore(self, tensors: dict[str, torch.Tensor], meta_bytes: bytes) -> dict[str, Any]:
-        """Put a snapshot back (bytes are copied, never aliased). Returns the meta dict."""
-        meta = pickle.loads(meta_bytes)
-        msd = self.model.state_dict(keep_vars=True)
-        with torch.no_grad():
-            for k, v in msd.items():
-                src = tensors.get(f"model/{k}")
-                if src is None:
-                    raise KeyError(f"snapshot has no tensor 'model/{k}'")
-                v = local(v)
-                v.copy_(src.view(v.shape), non_blocking=True)
-        self._restore_optimizer(tensors, meta)
-        if any(local(v).is_cuda for v in msd.values()):
-            # non_blocking copies from page-locked slots run async: done before the
-            # caller may reuse the slot (from pageable memory they were synchronous)
-            torch.cuda.synchronize()
-        _restore_rng(meta["rng"])
-        return meta
-
-    def restore_private(self, private: dict[str, bytes]) -> None:
-        """Put back what `step_private` took at a step's start (buffers, RNG), so the
-        step can be computed again from its start; parameters and optimizer state are
-        untouched (no optimizer step ran)."""
-        sd = self.model.state_dict(keep_vars=True)
-        with torch.no_grad():
-            for name, data in private.items():
-                if name == META:
-                    continue
-                t = sd[name[len("model/"):]]
-                if t.numel():
-                    t.copy_(torch.frombuffer(bytearray(data), dtype=t.dtype).view(t.shape))
-        _restore_rng(pickle.loads(private[META])["rng"])
-
-    def _restore_optimizer(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        wanted: dict[int, dict[str, torch.Tensor]] = {}
-        for name, arr in tensors.items():
-            if name.startswith("optim/"):
-                _, pid, k = name.split("/", 2)
-                wanted.setdefault(int(pid), {})[k] = arr
-        for g, saved in zip(self.optimizer.param_groups, meta["groups"]):
-            g.update(saved)
-        in_place = all(set(k for k, v in self.optimizer.state.get(p, {}).items()
-                           if isinstance(v, torch.Tensor)) == set(wanted.get(pid, {}))
-                       for pid, p in enumerate(self._params))
-        group_of = {pid: g for pid, g in enumerate(g for g in self.optimizer.param_groups
-                                                   for _ in g["params"])}
-        with torch.no_grad():
-            for pid, p in enumerate(self._params):
-                if not in_place:
-                    self.optimizer.state.pop(p, None)
-                saved = wanted.get(pid, {})
-                if not saved and not meta["opt_scalars"].get(pid):
-                    continue
-                st = self.optimizer.state[p] if in_place else {}
-                for k, arr in saved.items():
-                    if in_place:
-                        t = local(st[k])
-                        t.copy_(arr.view(t.shape), non_blocking=True)
-                    else:
-                        # fresh optimizer (a spare): own copies, straight to the parameter's
-                        # device; state of an FSDP2-sharded parameter is a DTensor like it
-                        dev = local(p).device if arr.dim() > 0 or _scalar_on_device(group_of[pid]) \
-                            else torch.device("cpu")
-                        st[k] = like(p, arr.to(dev, copy=True))
-                st.update(meta["opt_scalars"].get(pid, {}))
-                if not in_place:
-                    self.optimizer.state[p] = st
-
-
-def _scalar_on_device(group: dict) -> bool:
-    """Whether an optimizer keeps its 0-d state (Adam's ``step``) on the parameter's
-    device: the fused and capturable implementations do, and refuse a CPU one."""
-    return bool(group.get("fused") or group.get("capturable"))
-
-
-def with_rank_private(own_meta: bytes, rank: dict[str, bytes]) -> dict[str, bytes]:
-    """A rank's whole step-private bytes from its replica holder's own meta blob of the
-    same step and the rank's part (`TrainingState.rank_private`): the holder's optimizer
-    settings, scalars and data position, which data-parallel replicas share, with the
-    rank's RNG states and buffers."""
-    meta = pickle.loads(own_meta)
-    meta["rng"] = pickle.loads(rank[META])["rng"]
-    return {**rank, META: pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)}
-
-
-def _rng_state() -> dict[str, Any]:
-    rng: dict[str, Any] = {"torch": torch.get_rng_state().numpy().tobytes(),
-                           "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
-    return rng
-
-
-def _restore_rng(rng: dict[str, Any]) -> None:
-    torch.set_rng_state(torch.frombuffer(bytearray(rng["torch"]), dtype=torch.uint8))
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(b), dtype=torch.uint8)
-                                      for b in rng["cuda"]])
-
-
-_CUDART: Any = None
-_PORTABLE = 1   # cudaHostRegisterPortable: pinned for every context (slots may be grown on a thread)
-
-
-def _cudart() -> Any:
-    """The CUDA runtime library this process already loaded, through ctypes: a ctypes
-    call releases the GIL, so pinning gigabytes (seconds: every page is faulted in and
-    locked) does not stop the heartbeat thread the way torch's binding would, which holds
-    the GIL (its cudaHostRegister is a plain pybind11 function)."""
-    global _CUDART
-    if _CUDART is None:
-        import ctypes
-
-        torch.cuda.init()
-        with open("/proc/self/maps") as maps:
-            found = sorted({line.split()[-1] for line in maps if "libcudart.so" in line})
-        _CUDART = ctypes.CDLL(found[0]) if found else False
-    return _CUDART
-
-
-def host_register(arr: np.ndarray) -> bool:
-    """Page-lock ``arr`` for the CUDA driver (cudaHostRegister); False if the driver
-    refused (the copies then still run, synchronously, through pageable memory)."""
-    if arr.nbytes == 0:
-        return False
-    lib = _cudart()
-    if lib:
-        import ctypes
-
-        err = lib.cudaHostRegister(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes),
-                                   _PORTABLE)
-    else:   # a statically linked runtime: torch's binding (holds the GIL while it pins)
-        err = int(torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, _PORTABLE))
-    return int(err) == 0
-
-
-_MADV_POPULATE_WRITE = 23   # Linux >= 5.14 (asm-generic/mman-common.h)
-
-
-def populate(arr: np.ndarray) -> bool:
-    """Map every page of ``arr`` (a fresh /dev/shm slot, made on a thread) now, writable,
-    with ``madvise(MADV_POPULATE_WRITE)``, so that the first snapshot copied into it does
-    not take a page fault per 4 KiB page on the way (an 88 MB copy into fresh pages took
-    26-46 ms here, into mapped ones 6.5: docs/benchmarks.md). False where the kernel
-    does not know the advice (before 5.14): the first copy then maps the pages as before."""
-    if arr.nbytes == 0:
-        return False
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.madvise(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes),
-                        _MADV_POPULATE_WRITE) == 0
-
-
-def host_unregister(arr: np.ndarray) -> None:
-    lib = _cudart()
-    if lib:
-        import ctypes
-
-        lib.cudaHostUnregister(ctypes.c_void_p(arr.ctypes.data))
-    else:
-        torch.cuda.cudart().cudaHostUnregister(arr.ctypes.data)
 
 
 @dataclass
@@ -514,7 +258,7 @@ class SlotStore:
             host_unregister(slot.array)
             slot.registered = False
         slot.path.unlink(missing_ok=True)
-        _sidecar(slot.path).unlink(missing_ok=True)
+        sidecar(slot.path).unlink(missing_ok=True)
 
     def staging(self, nbytes: int) -> np.ndarray | None:
         """The prepared slot's page-locked memory, if it is ready and holds ``nbytes``: a
@@ -546,7 +290,7 @@ class SlotStore:
             if slot.step != manifest.step or slot.manifest is not None:
                 return
             slot.manifest = manifest
-            side = _sidecar(slot.path)
+            side = sidecar(slot.path)
             tmp = side.with_name(side.name + ".tmp")
             tmp.write_text(json.dumps({"role": role, "manifest": manifest.to_json()}))
             tmp.rename(side)
@@ -579,7 +323,7 @@ class SlotStore:
                 slot = (unused[0] if unused else self._new_slot() if len(self.slots) < self.n_slots
                         else min(free(), key=lambda s: s.step))
             slot.step, slot.manifest, slot.filling = -1, None, True
-            _sidecar(slot.path).unlink(missing_ok=True)   # before its bytes change
+            sidecar(slot.path).unlink(missing_ok=True)   # before its bytes change
             return slot
 
     def _newest_published(self) -> int:
@@ -650,13 +394,11 @@ class SlotStore:
             cap.event.record(self._stream)
         else:
             def run() -> None:
-                w0, c0 = time.perf_counter(), time.thread_time()
-                try:
-                    copy(rest, len(first))
-                except BaseException as exc:  # noqa: BLE001 - handed to wait()
-                    cap.error = exc
-                if self.clock is not None:
-                    self.clock.add("bg_copy", time.perf_counter() - w0, time.thread_time() - c0)
+                with self.clock.phase("bg_copy") if self.clock is not None else _nullcontext():
+                    try:
+                        copy(rest, len(first))
+                    except BaseException as exc:  # noqa: BLE001 - handed to wait()
+                        cap.error = exc
             cap.copier = threading.Thread(target=run, name=f"snapshot-{step}", daemon=True)
             cap.copier.start()
         return cap
@@ -756,91 +498,6 @@ class SlotStore:
             self.latest = keep.index if keep else -1
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".json")
-
-
-def find_orphans(prefix: str, role: int) -> dict[int, tuple[Manifest, Path]]:
-    """Snapshots of ``role`` a dead process left in shared memory: step -> (manifest,
-    slot path), from the manifests beside the slots (cheap: no slot is read here)."""
-    out: dict[int, tuple[Manifest, Path]] = {}
-    for side in sorted(Path("/dev/shm").glob(f"{prefix}-slot*.json")):
-        try:
-            doc = json.loads(side.read_text())
-            if int(doc["role"]) == role:
-                manifest = Manifest.from_json(doc["manifest"])
-                out[manifest.step] = (manifest, side.with_name(side.name[:-len(".json")]))
-        except (OSError, ValueError, KeyError):
-            continue
-    return out
-
-
-def read_orphan(manifest: Manifest, path: Path, into: np.ndarray | None = None) -> np.ndarray:
-    """An adopted slot's bytes, every tensor verified against its manifest (the process
-    may have died while overwriting it). Mapped, not read: the restore copies from the
-    mapping directly (private, so nothing written through it reaches the file), or, given
-    ``into`` (page-locked memory, `SlotStore.staging`), from a copy there, hashed as it is
-    made."""
-    data = np.memmap(path, dtype=np.uint8, mode="c")
-    if data.size < manifest.total_bytes:
-        raise ValueError(f"{path}: {data.size} bytes, manifest needs {manifest.total_bytes}")
-    spans = [(e.offset, e.nbytes) for e in manifest.entries]
-    if into is not None:
-        into = into[:manifest.total_bytes]
-        digests, data = hash_spans(into, spans, copy_from=data), into
-    else:
-        digests = hash_spans(data, spans)
-    for e, digest in zip(manifest.entries, digests):
-        if digest != e.xxh3:
-            raise ValueError(f"{path}: tensor {e.name!r} of step {manifest.step} fails its hash")
-    return data
-
-
-_HASH_POOL: Any = None
-_PARALLEL_HASH_BYTES = 64 << 20
-
-
-def hash_spans(arr: np.ndarray, spans: list[tuple[int, int]], copy_from: np.ndarray | None = None) -> list[str]:
-    """xxh3 of every ``(offset, nbytes)`` span of ``arr``, in order; with ``copy_from``,
-    each span is first copied there from the same span of it. Large states are hashed on
-    several threads (xxhash and numpy's copy release the GIL): one thread hashes about
-    10 GB/s, slower than a GPU's device-to-host copy, so with a snapshot every step the
-    pipeline, not the copy, held a 4.8 GB state's training back (benchmarks/gpu_runtime.py)."""
-    global _HASH_POOL
-
-    def one(span: tuple[int, int]) -> str:
-        o, n = span
-        if copy_from is not None:
-            np.copyto(arr[o:o + n], copy_from[o:o + n])
-        return hash_bytes(arr[o:o + n])
-    if sum(n for _, n in spans) < _PARALLEL_HASH_BYTES or len(spans) < 2:
-        return [one(span) for span in spans]
-    if _HASH_POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _HASH_POOL = ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1)),
-                                        thread_name_prefix="sg-hash")
-    return list(_HASH_POOL.map(one, spans))
-
-
-def tensors_of(manifest: Manifest, payload: np.ndarray) -> tuple[dict[str, torch.Tensor], bytes]:
-    """Split a packed payload into named typed tensors (views, no copy) and the meta bytes."""
-    out, meta = {}, b""
-    for e in manifest.entries:
-        raw = payload[e.offset:e.offset + e.nbytes]
-        if e.name == META:
-            meta = raw.tobytes()
-        else:
-            out[e.name] = typed(raw, e.dtype, e.shape)
-    return out, meta
-
-
-def typed(arr: np.ndarray, dtype: str, shape: list[int]) -> torch.Tensor:
-    t = torch.from_numpy(arr)
-    return (t.view(getattr(torch, dtype)) if arr.size else
-            torch.empty(0, dtype=getattr(torch, dtype))).view(shape)
-
-
 class _nullcontext:
     def __enter__(self) -> None:
         return None
@@ -862,7 +519,7 @@ def state_checksum(model: torch.nn.Module, params_only: bool = False) -> str:
         if v.is_cuda:
             _update_from_device(h, v)
         else:
-            h.update(_raw(v))
+            h.update(raw_bytes(v))
     return h.hexdigest()
 
 
@@ -884,15 +541,3 @@ def _update_from_device(h: Any, t: torch.Tensor) -> None:
         n = min(_STAGE_BYTES, flat.numel() - i)
         buf[:n].copy_(flat[i:i + n])   # synchronous: the chunk is in host memory after it
         h.update(buf[:n].numpy())
-
-
-def _raw(t: torch.Tensor) -> np.ndarray:
-    """A tensor's raw bytes as a uint8 array, without a copy for a contiguous CPU tensor
-    (0-d tensors such as BatchNorm's step counter included)."""
-    t = local(t.detach()).cpu().contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, dtype=np.uint8)
-
-
-def _bytes_of(t: torch.Tensor) -> bytes:
-    """A tensor's raw bytes, copied (what outlives the tensor's next change)."""
-    return _raw(t).tobytes()

@@ -1,0 +1,78 @@
+"""Host memory a GPU copies into at full speed: page-locked through the CUDA runtime.
+
+The snapshot slots (runtime/snapshot.py) are files in /dev/shm; for a state on a GPU each
+slot is page-locked (``cudaHostRegister``) so the device-to-host copies run as DMA, off
+the training thread's stream. Pinning gigabytes takes seconds, so it is called through
+ctypes, which releases the GIL; a slot not pinned has its pages mapped ahead
+(``populate``) so the first copy into it takes no page fault per page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+_CUDART: Any = None
+_PORTABLE = 1   # cudaHostRegisterPortable: pinned for every context (slots may be grown on a thread)
+
+
+def _cudart() -> Any:
+    """The CUDA runtime library this process already loaded, through ctypes: a ctypes
+    call releases the GIL, so pinning gigabytes (seconds: every page is faulted in and
+    locked) does not stop the heartbeat thread the way torch's binding would, which holds
+    the GIL (its cudaHostRegister is a plain pybind11 function)."""
+    global _CUDART
+    if _CUDART is None:
+        import ctypes
+
+        torch.cuda.init()
+        with open("/proc/self/maps") as maps:
+            found = sorted({line.split()[-1] for line in maps if "libcudart.so" in line})
+        _CUDART = ctypes.CDLL(found[0]) if found else False
+    return _CUDART
+
+
+def host_register(arr: np.ndarray) -> bool:
+    """Page-lock ``arr`` for the CUDA driver (cudaHostRegister); False if the driver
+    refused (the copies then still run, synchronously, through pageable memory)."""
+    if arr.nbytes == 0:
+        return False
+    lib = _cudart()
+    if lib:
+        import ctypes
+
+        err = lib.cudaHostRegister(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes),
+                                   _PORTABLE)
+    else:   # a statically linked runtime: torch's binding (holds the GIL while it pins)
+        err = int(torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, _PORTABLE))
+    return int(err) == 0
+
+
+_MADV_POPULATE_WRITE = 23   # Linux >= 5.14 (asm-generic/mman-common.h)
+
+
+def populate(arr: np.ndarray) -> bool:
+    """Map every page of ``arr`` (a fresh /dev/shm slot, made on a thread) now, writable,
+    with ``madvise(MADV_POPULATE_WRITE)``, so that the first snapshot copied into it does
+    not take a page fault per 4 KiB page on the way (an 88 MB copy into fresh pages took
+    26-46 ms here, into mapped ones 6.5: docs/benchmarks.md). False where the kernel
+    does not know the advice (before 5.14): the first copy then maps the pages as before."""
+    if arr.nbytes == 0:
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.madvise(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes),
+                        _MADV_POPULATE_WRITE) == 0
+
+
+def host_unregister(arr: np.ndarray) -> None:
+    lib = _cudart()
+    if lib:
+        import ctypes
+
+        lib.cudaHostUnregister(ctypes.c_void_p(arr.ctypes.data))
+    else:
+        torch.cuda.cudart().cudaHostUnregister(arr.ctypes.data)
