@@ -28,6 +28,7 @@ URL = "/api/v1/twin/whatif"
 def served():
     r = Runner(TwinSource(gpus=256, minutes=6.0, seed=0, counterfactual=False), speed=0)
     r.advance(70)
+    r.start()  # serves the mode switches; speed 0: no tick of its own
     s = Server(r, "test-token-0123456789").start()
     try:
         with httpx.Client(base_url=s.url, timeout=120.0) as c:
@@ -50,7 +51,7 @@ def test_answers_per_job_and_variant_against_the_live_policy(served) -> None:
     w = d["whatif"]
     assert [v["variant"] for v in w["variants"]] == ["base", "mode=dry_run", "breaker=0.001", "breaker=off"]
     policy, base = runner.controller.policy, w["variants"][0]["settings"]
-    assert base["mode"] == policy.mode and base["breaker_max_fleet_fraction"] == policy.breaker.max_fleet_fraction
+    assert base["mode"] == runner.snapshot().mode and base["breaker_max_fleet_fraction"] == policy.breaker.max_fleet_fraction
     assert base["breaker_window_s"] == policy.breaker.window_s and base["breaker_min_nodes"] == policy.breaker.min_nodes
     assert w["variants"][1]["settings"]["mode"] == "dry_run" and w["variants"][3]["settings"]["breaker_max_fleet_fraction"] == 1.0
     assert w["samples"]["done"] == 4 and w["incidents_in_window"]["hard"] > 0  # the scenario's faults, from the ledger
@@ -117,3 +118,17 @@ def test_a_second_whatif_while_one_runs_is_429(served) -> None:
     finally:
         release.set()
         reader.close()
+
+
+def test_the_base_follows_the_mode_the_controller_runs_now(served) -> None:
+    c, runner = served
+    auth = {"Authorization": "Bearer test-token-0123456789"}
+    q = {"until": "100", "whatif": "drain_min_slowdown=0.3", "draws": "1", "seeds": "1"}
+    try:
+        for mode in ("dry_run", "enforce"):
+            assert c.put("/api/v1/mode", json={"mode": mode}, headers=auth).status_code == 200
+            variants_ = c.get(URL, params=q).json()["whatif"]["variants"]
+            assert [v["settings"]["mode"] for v in variants_] == [mode, mode]
+            assert variants_[1]["settings"]["drain_min_slowdown"] == 0.3
+    finally:
+        c.put("/api/v1/mode", json={"mode": runner.controller.policy.mode}, headers=auth)

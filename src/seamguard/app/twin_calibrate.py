@@ -209,21 +209,31 @@ def _load(path: Path) -> dict:
 
 def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_gib_per_gpu: float,
                         checkpoint_write_min: float, as_json: bool, detection=None, whatifs: list[str] = (),
-                        base: list[str] = ()) -> None:
+                        base: list[str] = (), policy: Optional[Path] = None) -> None:
     """The event twin on the calibrated rates (fleet ETTR), the per-job answers and, with ``whatifs``, the
     window's faults replayed under each controller variant (twin/answer.py), with intervals."""
     from seamguard.twin.answer import answer
     from seamguard.twin.calibrated import seamguard_params
-    from seamguard.twin.whatif import variants
+    from seamguard.twin.whatif import base_settings, variants
 
     if seeds < 1 or seed < 0:
         fail(f"--runs must be >= 1 and --seed >= 0, got {seeds} and {seed}")
+    if (base or policy) and not whatifs:
+        fail("--base and --policy describe what the --whatif variants are compared with: give at least one --whatif")
+    runs_today: list[str] = []
+    if policy is not None:
+        from seamguard.app.config import ConfigError, load_policy
+        from seamguard.decide.policy import PolicyError
+
+        try:
+            pol = load_policy(policy)
+        except (ConfigError, PolicyError, OSError) as e:
+            fail(f"--policy: {str(e).splitlines()[0]}")
+        runs_today = base_settings(pol.mode, pol.breaker)
     try:
-        asked = variants(base, whatifs) if whatifs else None
+        asked = variants([*runs_today, *base], whatifs) if whatifs else None
     except ValueError as e:
         fail(f"--whatif/--base: {e}")
-    if base and not whatifs:
-        fail("--base describes what the --whatif variants are compared with: give at least one --whatif")
     doc = _load(path)
     started = time.perf_counter()
     try:
@@ -241,7 +251,9 @@ def _table(d: dict) -> None:
         return "-" if x is None else f"{fmt.format(x[1])} [{fmt.format(x[0])}, {fmt.format(x[2])}]"
     typer.echo(f"{d['gpus']:,} GPUs, {d['days']:.2f} days, {d['draws']} draws x {d['seeds']} seeds "
                f"(median [2.5 %, 97.5 %])")
-    typer.echo(f"fleet ETTR (seamguard policy) {ci(d['fleet_ettr'], '{:.4f}')}")
+    typer.echo(f"fleet ETTR (seamguard policy) {ci(d['fleet_ettr'], '{:.4f}')}; detection: "
+               + (f"{d['detection']} (measured)" if isinstance(d["detection"], str)
+                  else f"every event after {d['detection']['delay_s']:g} s"))
     for j in d["jobs"]:
         iv = [x / 60.0 for x in j["interval_s"]]
         typer.echo(f"{j['job']} ({j['gpus']} GPUs): checkpoint every {ci(iv, '{:.0f}')} min to {j['tier']}, "

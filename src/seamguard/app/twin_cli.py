@@ -312,8 +312,11 @@ def simulate(
              "would have bought over --base; repeatable."),
     base: Optional[list[str]] = typer.Option(
         None, "--base", metavar="KNOB=V",
-        help="With --whatif: what your controller runs today (default: enforce, the live breaker's default "
-             "bounds, no drain floor); repeatable."),
+        help="With --whatif: what your controller runs today (default: --policy FILE's mode and breaker, else "
+             "enforce with the breaker's default bounds; no drain floor); repeatable, applied after --policy."),
+    policy: Optional[Path] = typer.Option(
+        None, "--policy", metavar="FILE",
+        help="With --whatif: the policy file your controller runs; its mode and breaker bounds are the base."),
 ) -> None:
     """Discrete-event simulation of a GPU cluster under the baselines and seamguard."""
     if calibrated is not None:
@@ -325,10 +328,10 @@ def simulate(
             fail(str(exc))
         simulate_calibrated(calibrated, draws=draws, seeds=runs, seed=seed, state_gib_per_gpu=state_gib_per_gpu,
                             checkpoint_write_min=checkpoint_write_min, as_json=wants_json(output, json_flag),
-                            detection=det, whatifs=whatif or [], base=base or [])
+                            detection=det, whatifs=whatif or [], base=base or [], policy=policy)
         return
-    if whatif or base:
-        fail("--whatif and --base need --calibrated FILE (the window whose faults are replayed)")
+    if whatif or base or policy:
+        fail("--whatif, --base and --policy need --calibrated FILE (the window whose faults are replayed)")
     try:
         cfg, pols, figs = build_settings(
             gpus=gpus, days=days, compare=compare, workload=workload,

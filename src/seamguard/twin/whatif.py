@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from seamguard.decide.policy import BreakerConfig
 from seamguard.twin.calibrate import GRAY, HARD
 from seamguard.twin.calibrated import failure_model
 from seamguard.twin.events.calibration import COMPONENTS_PER_NODE, FailureModel
@@ -37,7 +38,7 @@ from seamguard.twin.events.config import MODES, ClusterConfig, ControllerSetting
 from seamguard.twin.events.processes import Streams, generate_streams
 from seamguard.twin.events.simulator import RunResult, simulate_streams
 
-__all__ = ["KNOBS", "Variant", "parse_setting", "variants", "replay_streams", "whatif"]
+__all__ = ["KNOBS", "Variant", "base_settings", "parse_setting", "variants", "replay_streams", "whatif"]
 
 #: What a what-if may vary: the name users type -> the ControllerSettings field.
 KNOBS = {"mode": "mode", "breaker": "breaker_max_fleet_fraction",
@@ -110,6 +111,15 @@ def variants(base_settings: Sequence[str], whatifs: Sequence[str]) -> list[Varia
             if name not in {x.name for x in out}:
                 out.append(Variant(name, _with(base, knob, v, repr(text))))
     return out
+
+
+def base_settings(mode: str, breaker: BreakerConfig) -> list[str]:
+    """The settings of a controller running in ``mode`` with ``breaker`` (a policy's), as ``variants`` reads them."""
+    if not breaker.enabled:
+        return [f"mode={mode}", "breaker=off", "breaker_in_effect=off"]
+    return [f"mode={mode}", f"breaker={breaker.max_fleet_fraction!r}",
+            f"breaker_in_effect={breaker.max_in_effect_fleet_fraction!r}", f"breaker_window_s={breaker.window_s!r}",
+            f"breaker_min_nodes={breaker.min_nodes}"]
 
 
 # ---------------------------------------------------------------------------------------------- replay

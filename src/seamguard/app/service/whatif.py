@@ -31,7 +31,7 @@ from seamguard.twin.answer import answer, fleet_exposure, fleet_jobs
 from seamguard.twin.calibrate import calibrate, published_priors
 from seamguard.twin.calibrated import seamguard_params
 from seamguard.twin.events.calibration import llama3_failure_model
-from seamguard.twin.whatif import variants
+from seamguard.twin.whatif import base_settings, variants
 
 MAX_DRAWS = MAX_SEEDS = 8
 MAX_VARIANTS = 16
@@ -100,23 +100,16 @@ class TwinWhatIfOut(_M):
     wall_s: float
 
 
-def live_base(policy) -> list[str]:
-    """The base a what-if is compared with by default: the mode and breaker bounds the controller runs."""
-    b = policy.breaker
-    if not b.enabled:
-        return [f"mode={policy.mode}", "breaker=off", "breaker_in_effect=off"]
-    return [f"mode={policy.mode}", f"breaker={b.max_fleet_fraction!r}",
-            f"breaker_in_effect={b.max_in_effect_fleet_fraction!r}", f"breaker_window_s={b.window_s!r}",
-            f"breaker_min_nodes={b.min_nodes}"]
-
-
 class WhatIfService:
     """One what-if at a time, on the runner's fleet and the service's ledger reader."""
 
     def __init__(self, runner, reader) -> None:
         self.runner, self.reader = runner, reader
-        self.base = live_base(runner.controller.policy)
         self._busy = threading.Lock()
+
+    def base(self) -> list[str]:
+        """What a what-if is compared with by default: the mode the controller runs now and its breaker."""
+        return base_settings(self.runner.snapshot().mode, self.runner.controller.policy.breaker)
 
     def compute(self, t0: float, t1: float, asked, draws: int, seeds: int, budget_s: float) -> dict:
         s = self.runner.snapshot()
@@ -161,7 +154,7 @@ def _asked(svc: WhatIfService, whatif: list[str] | None, base: list[str] | None)
     if base and not whatif:
         raise HTTPException(400, "base describes what the whatif variants are compared with: give at least one whatif")
     try:
-        asked = variants([*svc.base, *(base or [])], whatif or []) if whatif else None
+        asked = variants([*svc.base(), *(base or [])], whatif or []) if whatif else None
     except ValueError as e:
         raise HTTPException(400, str(e)) from None
     if asked is not None and len(asked) > MAX_VARIANTS:
