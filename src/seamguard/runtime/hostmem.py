@@ -1,7 +1,7 @@
 """Host memory a GPU copies into at full speed: page-locked through the CUDA runtime.
 
-The snapshot slots (runtime/snapshot.py) are files in /dev/shm; for a state on a GPU each
-slot is page-locked (``cudaHostRegister``) so the device-to-host copies run as DMA, off
+The snapshot slots (runtime/snapshot.py) are files in /dev/shm (`shm_buffer`); for a state
+on a GPU each slot is page-locked (``cudaHostRegister``) so the device-to-host copies run as DMA, off
 the training thread's stream. Pinning gigabytes takes seconds, so it is called through
 ctypes, which releases the GIL; a slot not pinned has its pages mapped ahead
 (``populate``) so the first copy into it takes no page fault per page.
@@ -9,6 +9,8 @@ ctypes, which releases the GIL; a slot not pinned has its pages mapped ahead
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,3 +78,35 @@ def host_unregister(arr: np.ndarray) -> None:
         lib.cudaHostUnregister(ctypes.c_void_p(arr.ctypes.data))
     else:
         torch.cuda.cudart().cudaHostUnregister(arr.ctypes.data)
+
+
+def shm_buffer(path: Path, nbytes: int, map_pages: bool = True) -> tuple[np.ndarray, bool]:
+    """A snapshot slot's memory: ``nbytes`` reserved in the file ``path`` (in /dev/shm, so
+    another process can read it without a copy), mapped, and page-locked where a GPU
+    copies into it (seconds for gigabytes: call it off the training thread). Returns the
+    mapping and whether it is page-locked; one that is not has its pages mapped now if
+    ``map_pages`` (`populate`), else by the first copy into it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, max(nbytes, 1))
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise OSError(exc.errno, f"cannot reserve {nbytes / 2**20:.0f} MiB of host memory "
+                      f"for snapshot slot {path}: {exc.strerror} (free space in /dev/shm, "
+                      "or lower --snapshot-slots)") from exc
+    finally:
+        os.close(fd)
+    arr = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
+    # page-locked so device->host copies run asynchronously on the side stream
+    registered = torch.cuda.is_available() and host_register(arr)
+    if map_pages and not registered:
+        populate(arr)
+    return arr, registered
+
+
+def free_shm_buffer(path: Path, arr: np.ndarray, registered: bool) -> None:
+    """Unpin ``arr`` (the driver would keep registered pages pinned past the unlink) and
+    delete its file."""
+    if registered:
+        host_unregister(arr)
+    path.unlink(missing_ok=True)

@@ -17,8 +17,8 @@ the digest of the live parameters that recovery compares across ranks.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +28,13 @@ import numpy as np
 import torch
 
 from seamguard.runtime.fsdp import local
-from seamguard.runtime.hostmem import host_register, host_unregister, populate
+from seamguard.runtime.hostmem import (  # noqa: F401 (host_register, host_unregister, populate: importable here as before)
+    free_shm_buffer,
+    host_register,
+    host_unregister,
+    populate,
+    shm_buffer,
+)
 from seamguard.runtime.manifest import Manifest, TensorEntry, hash_bytes
 # find_orphans, read_orphan, tensors_of, typed, with_rank_private: importable from here as before
 from seamguard.runtime.packing import (  # noqa: F401
@@ -190,21 +196,7 @@ class SlotStore:
         slot not page-locked has its pages mapped now if ``map_pages`` (`populate`: made
         on a thread), else by the first copy into it (off the training thread too)."""
         path = Path(f"/dev/shm/{self.prefix}-slot{index}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, max(nbytes, 1))
-        except OSError as exc:
-            path.unlink(missing_ok=True)
-            raise OSError(exc.errno, f"cannot reserve {nbytes / 2**20:.0f} MiB of host memory "
-                          f"for snapshot slot {path}: {exc.strerror} (free space in /dev/shm, "
-                          "or lower --snapshot-slots)") from exc
-        finally:
-            os.close(fd)
-        arr = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
-        # page-locked so device->host copies run asynchronously on the side stream
-        registered = torch.cuda.is_available() and host_register(arr)
-        if map_pages and not registered:
-            populate(arr)
+        arr, registered = shm_buffer(path, nbytes, map_pages)
         return Slot(index, path, arr, registered=registered)
 
     def _ahead(self, cuda_state: bool) -> bool:
@@ -254,10 +246,8 @@ class SlotStore:
     def _free(self, slot: Slot) -> None:
         """Unpin and unmap a slot (the driver would keep registered pages pinned past the
         unlink) and delete its file and manifest."""
-        if slot.registered:
-            host_unregister(slot.array)
-            slot.registered = False
-        slot.path.unlink(missing_ok=True)
+        free_shm_buffer(slot.path, slot.array, slot.registered)
+        slot.registered = False
         sidecar(slot.path).unlink(missing_ok=True)
 
     def staging(self, nbytes: int) -> np.ndarray | None:
@@ -371,7 +361,7 @@ class SlotStore:
         half = len(jobs) // 2
 
         def copy(part, start: int) -> None:
-            ctx = torch.cuda.stream(self._stream) if cuda else _nullcontext()
+            ctx = torch.cuda.stream(self._stream) if cuda else contextlib.nullcontext()
             with ctx, torch.no_grad():
                 for i, ((_, t), (_, _, _, off, nbytes)) in enumerate(part, start):
                     if i == half and midway is not None:
@@ -394,7 +384,7 @@ class SlotStore:
             cap.event.record(self._stream)
         else:
             def run() -> None:
-                with self.clock.phase("bg_copy") if self.clock is not None else _nullcontext():
+                with self.clock.phase("bg_copy") if self.clock is not None else contextlib.nullcontext():
                     try:
                         copy(rest, len(first))
                     except BaseException as exc:  # noqa: BLE001 - handed to wait()
@@ -496,14 +486,6 @@ class SlotStore:
                 self.retained = -1   # it belonged to the future being thrown away
             keep = self.find(step)
             self.latest = keep.index if keep else -1
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def state_checksum(model: torch.nn.Module, params_only: bool = False) -> str:
