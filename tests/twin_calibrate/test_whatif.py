@@ -107,9 +107,9 @@ def test_cli_whatif_answers_and_refuses_bad_input(tmp_path):
                                  "--whatif", "mode=dry_run"])
     assert r.exit_code == 0 and "mode=dry_run: ETTR -" in r.output, r.output
     for argv, msg in ((["--calibrated", str(path), "--whatif", "breaker=7"], "--whatif/--base: "),
-                      (["--whatif", "mode=dry_run"], "--whatif, --base and --policy need --calibrated FILE"),
-                      (["--calibrated", str(path), "--whatif", "mode=enforce", "--policy", str(tmp_path / "no.yaml")],
-                       "--policy: "),
+                      (["--whatif", "mode=dry_run"], "--whatif, --base and --controller-policy need --calibrated FILE"),
+                      (["--calibrated", str(path), "--whatif", "mode=enforce", "--controller-policy", str(tmp_path / "no.yaml")],
+                       "--controller-policy: "),
                       (["--calibrated", str(path), "--base", "mode=dry_run"], "give at least one --whatif")):
         r = CliRunner().invoke(app, ["twin", "simulate", *argv])
         assert r.exit_code == 2 and msg in r.output and r.output.count("error:") == 1, r.output
@@ -123,7 +123,7 @@ def test_cli_base_is_the_policy_files_mode_and_breaker(tmp_path):
     pol.write_text(yaml.safe_dump({"version": 1, "mode": "dry_run", "breaker": {"max_fleet_fraction": 0.3,
                                                                                 "window_s": 1800.0}}))
     r = CliRunner().invoke(app, ["twin", "simulate", "--calibrated", str(path), "--runs", "1", "--draws", "1",
-                                 "--policy", str(pol), "--whatif", "mode=enforce", "--json"])
+                                 "--controller-policy", str(pol), "--whatif", "mode=enforce", "--json"])
     assert r.exit_code == 0, r.output
     base, enforce = json.loads(r.output.strip().splitlines()[-1])["whatif"]["variants"]
     assert base["settings"]["mode"] == "dry_run" and enforce["settings"]["mode"] == "enforce"

@@ -219,7 +219,7 @@ def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_
     if seeds < 1 or seed < 0:
         fail(f"--runs must be >= 1 and --seed >= 0, got {seeds} and {seed}")
     if (base or policy) and not whatifs:
-        fail("--base and --policy describe what the --whatif variants are compared with: give at least one --whatif")
+        fail("--base and --controller-policy describe what the --whatif variants are compared with: give at least one --whatif")
     runs_today: list[str] = []
     if policy is not None:
         from seamguard.app.config import ConfigError, load_policy
@@ -228,7 +228,7 @@ def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_
         try:
             pol = load_policy(policy)
         except (ConfigError, PolicyError, OSError) as e:
-            fail(f"--policy: {str(e).splitlines()[0]}")
+            fail(f"--controller-policy: {str(e).splitlines()[0]}")
         runs_today = base_settings(pol.mode, pol.breaker)
     try:
         asked = variants([*runs_today, *base], whatifs) if whatifs else None

@@ -312,10 +312,10 @@ def simulate(
              "would have bought over --base; repeatable."),
     base: Optional[list[str]] = typer.Option(
         None, "--base", metavar="KNOB=V",
-        help="With --whatif: what your controller runs today (default: --policy FILE's mode and breaker, else "
-             "enforce with the breaker's default bounds; no drain floor); repeatable, applied after --policy."),
+        help="With --whatif: what your controller runs today (default: --controller-policy FILE's mode and breaker, else "
+             "enforce with the breaker's default bounds; no drain floor); repeatable, applied after --controller-policy."),
     policy: Optional[Path] = typer.Option(
-        None, "--policy", metavar="FILE",
+        None, "--controller-policy", metavar="FILE",
         help="With --whatif: the policy file your controller runs; its mode and breaker bounds are the base."),
 ) -> None:
     """Discrete-event simulation of a GPU cluster under the baselines and seamguard."""
@@ -331,7 +331,7 @@ def simulate(
                             detection=det, whatifs=whatif or [], base=base or [], policy=policy)
         return
     if whatif or base or policy:
-        fail("--whatif, --base and --policy need --calibrated FILE (the window whose faults are replayed)")
+        fail("--whatif, --base and --controller-policy need --calibrated FILE (the window whose faults are replayed)")
     try:
         cfg, pols, figs = build_settings(
             gpus=gpus, days=days, compare=compare, workload=workload,
