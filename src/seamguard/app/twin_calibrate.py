@@ -219,7 +219,8 @@ def simulate_calibrated(path: Path, *, draws: int, seeds: int, seed: int, state_
     if seeds < 1 or seed < 0:
         fail(f"--runs must be >= 1 and --seed >= 0, got {seeds} and {seed}")
     if (base or policy) and not whatifs:
-        fail("--base and --controller-policy describe what the --whatif variants are compared with: give at least one --whatif")
+        fail("--base and --controller-policy describe what the --whatif variants are compared with: "
+             "give at least one --whatif")
     runs_today: list[str] = []
     if policy is not None:
         from seamguard.app.config import ConfigError, load_policy

@@ -312,8 +312,9 @@ def simulate(
              "would have bought over --base; repeatable."),
     base: Optional[list[str]] = typer.Option(
         None, "--base", metavar="KNOB=V",
-        help="With --whatif: what your controller runs today (default: --controller-policy FILE's mode and breaker, else "
-             "enforce with the breaker's default bounds; no drain floor); repeatable, applied after --controller-policy."),
+        help="With --whatif: what your controller runs today (default: --controller-policy FILE's mode and "
+             "breaker, else enforce with the breaker's default bounds; no drain floor); repeatable, applied after "
+             "--controller-policy."),
     policy: Optional[Path] = typer.Option(
         None, "--controller-policy", metavar="FILE",
         help="With --whatif: the policy file your controller runs; its mode and breaker bounds are the base."),

@@ -181,8 +181,8 @@ def router(svc: WhatIfService, prefix: str) -> APIRouter:
                                                 "controller runs)")] = None,
         draws: Annotated[str, Query(max_length=8, description=f"parameter draws, 1-{MAX_DRAWS}")] = "4",
         seeds: Annotated[str, Query(max_length=8, description=f"seeds per draw, 1-{MAX_SEEDS}")] = "4",
-        budget_s: Annotated[str, Query(max_length=16, description=f"time budget in seconds, at most {MAX_BUDGET_S:g}; "
-                                                                  "the samples done when it runs out are answered")] = "20",
+        budget_s: Annotated[str, Query(max_length=16, description=f"time budget in seconds, at most "
+                                       f"{MAX_BUDGET_S:g}; the samples done when it runs out are answered")] = "20",
     ) -> TwinWhatIfOut:
         t0, t1 = _window(svc, since, until)
         n_draws, n_seeds = _number("draws", draws, 1, MAX_DRAWS, int), _number("seeds", seeds, 1, MAX_SEEDS, int)
