@@ -177,13 +177,23 @@ def quarantine_pays(fleet: Fleet, a: Assessment, policy: Policy, i: int, weight:
         slip_saved_gpu_h=slip_gpu_h(fleet, sched, j, saved[0]) if sched is not None else 0.0))
 
 
+def component_kind(fleet: Fleet, name: str) -> Kind:
+    """GPU or NIC, whichever ``name`` is (node_cause's worst component); NODE when neither."""
+    for kind in (Kind.GPU, Kind.NIC):
+        try:
+            fleet.index_of(kind, name)
+            return kind
+        except KeyError:
+            continue
+    return Kind.NODE
+
+
 def node_fault(fleet: Fleet, a: Assessment, i: int, clock: FaultClock | None) -> Remaining | None:
     """The expected remaining time of node ``i``'s fault: its worst component's domain (gpu, nic), else the
     node's, class hard once failed, gray before; None without a clock."""
     if clock is None:
         return None
-    comp, _, _ = node_cause(fleet, a.kinds, i)
-    dom = Kind.GPU.label if comp in fleet.names(Kind.GPU) else Kind.NIC.label if comp else Kind.NODE.label
+    dom = component_kind(fleet, node_cause(fleet, a.kinds, i)[0]).label
     cls = "hard" if a.node_state[i] == State.FAILED else "gray"
     return clock.remaining(f"{Kind.NODE.label}:{fleet.node_names[i]}", ((dom, cls), (Kind.NODE.label, cls)))
 
