@@ -20,6 +20,7 @@ from seamguard.runtime.liveness import (
     BeatRefused,
     LinkGate,
     LivenessHub,
+    decode_report,
     encode_report,
     link_key,
     parse_hub_address,
@@ -188,3 +189,30 @@ def test_launch_link_client_without_the_key_does_not_connect():
         assert not keyless.connected and not keyless.send(b"{}")
     finally:
         server.close()
+
+
+def test_a_hub_reading_late_judges_silence_as_of_where_its_reading_is():
+    """The coordinator short of CPU reads its links late: the send times on the lines say by
+    how much, and a silence is not judged on lines that may still be queued."""
+    hub = LivenessHub(RUN, hang_timeout_s=1.0, key=KEY)
+    mono = 0.0
+
+    def line(node: int, seq: int, sent_s: float, read_s: float) -> None:
+        hub.note_delay(node, int(sent_s * 1e9), int(read_s * 1e9))
+        hub.observe(decode_report(hub.gate.admit(encode_report(KEY, RUN, hub.hub, node, seq, {node: (seq, seq)},
+                                                                t_ns=int(time.time_ns())))), read_s)
+    verdicts = []
+    seq = 0
+    while mono < 3.0:
+        seq += 1
+        # node 2 beats every 0.1 s; the hub reads its lines 0.8 s late from 0.5 s to 1.7 s
+        late_s = 0.8 if 0.5 <= mono < 1.7 else 0.0
+        line(2, seq, mono - late_s, mono)
+        if mono < 0.3:
+            line(1, seq, mono, mono)   # node 1 beats, then falls silent at 0.3 s
+        verdicts += [(n, round(mono, 1)) for n, _, _ in hub.judge(mono)]
+        mono = round(mono + 0.1, 1)
+    # without the lag, node 1 (last read at 0.2 s) was due at 1.3 s; the hub was 0.8 s behind then,
+    # so it is judged once its reading caught up, and node 2, which never stopped, never
+    assert [n for n, _ in verdicts] == [1]
+    assert verdicts[0][1] >= 1.7

@@ -40,6 +40,7 @@ import hmac
 import json
 import logging
 import secrets
+import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -211,7 +212,15 @@ class LivenessHub:
     A pass that comes late (the coordinator got no CPU) is nobody's silence: the gap past
     a quarter of the timeout is forgiven, as the coordinator's tick does. A link is bound
     to a node by its first admitted line; a refused line on an unbound link drops it, on
-    a bound one (its node's own launcher, e.g. a clock that jumped) it is only skipped."""
+    a bound one (its node's own launcher, e.g. a clock that jumped) it is only skipped.
+
+    A hub that reads late (its process short of CPU, lines queued in its sockets) is
+    nobody's silence either: every line says when it was sent, so the hub knows how far
+    behind its reading is — a line's delay beyond the least delay seen from its node
+    (that floor absorbs clock offset and network latency) — and judges silences as of
+    the moment its reading has reached (`behind_s`: the median of the last pass's excess
+    delays), not as of now. A loss is then judged that much later, never on lines still
+    queued."""
 
     def __init__(self, run_id: str, hang_timeout_s: float, key: bytes, own_node: int | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns) -> None:
@@ -226,6 +235,8 @@ class LivenessHub:
         self._closed: list[int] = []
         self._links: dict[int, asyncio.StreamWriter] = {}   # node -> its current link
         self._last_judge_s: float | None = None
+        self._floor_s: dict[int, float] = {}   # node -> least delay (receipt - send) seen
+        self._excess_s: list[float] = []   # this pass's lines' delays beyond their node's floor
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -252,18 +263,32 @@ class LivenessHub:
         """Nodes heard and not lost: node -> the workers its last report listed."""
         return {n: set(w) for n, w in self.tracker.members.items() if n not in self.tracker.lost}
 
+    def note_delay(self, node: int, sent_ns: int, received_ns: int) -> None:
+        """Record how late a line of ``node`` was read (see the class docstring)."""
+        delay_s = (received_ns - sent_ns) / 1e9
+        floor_s = min(self._floor_s.get(node, delay_s), delay_s)
+        self._floor_s[node] = floor_s
+        if len(self._excess_s) < 100_000:   # a pass's worth; bounded should judge() not come
+            self._excess_s.append(delay_s - floor_s)
+
+    def behind_s(self) -> float:
+        """How far the last pass's reading lagged the senders (0 when no line came)."""
+        return statistics.median(self._excess_s) if self._excess_s else 0.0
+
     def judge(self, now_s: float) -> list[tuple[int, set[int], str]]:
         timeout_s = self.tracker.hang_timeout_s
         if self._last_judge_s is not None and now_s - self._last_judge_s > timeout_s / 4:
             self.tracker.observer_paused(now_s - self._last_judge_s - timeout_s / 4)
         self._last_judge_s = now_s
+        as_of_s = now_s - self.behind_s()
+        self._excess_s = []
         out = []
         for node in self._closed:
             workers = self.tracker.link_closed(node, set())
             if workers is not None:
                 out.append((node, workers, "its launcher's link closed without a goodbye"))
         self._closed.clear()
-        out += [(n, w, f"no report for {silent:.2f} s") for n, w, silent in self.tracker.verdicts(now_s)]
+        out += [(n, w, f"no report for {silent:.2f} s") for n, w, silent in self.tracker.verdicts(as_of_s)]
         return out
 
     def _admit(self, line: bytes, bound: int | None) -> tuple[int | None, bool]:
@@ -285,6 +310,7 @@ class LivenessHub:
         if msg.body == BYE:
             return msg.node, True
         if report is not None:
+            self.note_delay(msg.node, msg.t_ns, self.gate.wall_ns())
             self.observe(report, self.clock())
         return msg.node, False
 
