@@ -153,10 +153,11 @@ def _parents(fleet) -> dict[tuple[str, str], tuple[int, int]]:
     return out
 
 
-def alarms(result: dict, events: list[dict], fleet) -> dict:
+def alarms(result: dict, events: list[dict], fleet, truth: dict | None = None) -> dict:
     """Alarms, not entities: a detected incident is one correct alarm however many entities it flagged
     (a loop fault flags every GPU on the loop); false flags on one node are one false alarm, and
-    false flags on one cooling loop starting within ``ALARM_MERGE_S`` of each other are one too."""
+    false flags on one cooling loop starting within ``ALARM_MERGE_S`` of each other are one too.
+    With the scenario's ``truth``, each false alarm is put down to what sits on its first entity."""
     correct = sum(i["detected"] for i in result["incidents"])
     first: dict[tuple[str, str], float] = {}
     for ev in events:
@@ -166,11 +167,13 @@ def alarms(result: dict, events: list[dict], fleet) -> dict:
     groups: list[tuple[set[int], int, float, float]] = []  # (nodes, loop, first t, last t)
     false_keys = [tuple(k.split(":", 1)) for k in result["false_flags"]]
     loose = 0
+    causes: list[tuple[str, str]] = []  # the first entity of each false alarm
     for key in sorted(false_keys, key=lambda k: first.get(k, 0.0)):
         node, loop = parents.get(key, (-1, -1))
         t = first.get(key, 0.0)
         if node < 0:
             loose += 1  # a job, a storage path, a loop, a link with no NIC: an alarm of its own
+            causes.append(key)
             continue
         for nodes, lp, t0, t1 in groups:
             if node in nodes or (lp == loop and loop >= 0 and t - t1 <= ALARM_MERGE_S):
@@ -179,8 +182,16 @@ def alarms(result: dict, events: list[dict], fleet) -> dict:
                 break
         else:
             groups.append(({node}, loop, t, t))
+            causes.append(key)
     false = loose + len(groups)
-    return {"alarms": correct + false, "correct_alarms": correct, "false_alarms": false}
+    out = {"alarms": correct + false, "correct_alarms": correct, "false_alarms": false}
+    if truth is not None:
+        by: dict[str, int] = {}
+        for kind, ent in causes:
+            c = f"{kind}: " + _decoy_of(ent, kind, truth)
+            by[c] = by.get(c, 0) + 1
+        out["false_alarms_by_cause"] = by
+    return out
 
 
 def aggregate(results: list[dict], truths: list[dict]) -> dict:
@@ -229,6 +240,11 @@ def aggregate(results: list[dict], truths: list[dict]) -> dict:
         n_al, n_ok = sum(a["alarms"] for a in al), sum(a["correct_alarms"] for a in al)
         overall.update({"alarms": n_al, "false_alarms": n_al - n_ok,
                         "precision_per_alarm": round(n_ok / n_al, 3) if n_al else None})
+        by_alarm: dict[str, int] = {}
+        for a in al:
+            for c, k in a.get("false_alarms_by_cause", {}).items():
+                by_alarm[c] = by_alarm.get(c, 0) + k
+        overall["false_alarms_by_cause"] = dict(sorted(by_alarm.items(), key=lambda kv: -kv[1]))
     per_class = {c: figs([i for i in incs if i["fault"] == c]) for c in HELDOUT_CLASS_NAMES
                  if any(i["fault"] == c for i in incs)}
     for c in per_class:
@@ -269,6 +285,7 @@ def print_table(arm: str, aggs: dict[str, dict]) -> None:
         print(f"  {k:<42}" + "".join(f"{_f(aggs[n]['overall'].get(k)):>16}" for n in names))
     for n in names:
         print(f"  false flags by cause ({n}): " + json.dumps(aggs[n]["overall"]["false_flags_by_cause"]))
+        print(f"  false alarms by cause ({n}): " + json.dumps(aggs[n]["overall"].get("false_alarms_by_cause", {})))
     print(f"\n== {arm}: per class, " + " | ".join(names) + ": n  recall  p50 delay s  p90 delay s")
     for c, f in aggs[names[0]]["per_class"].items():
         cells = ["|".join(_f(aggs[n]["per_class"].get(c, {}).get(k)) for n in names)
@@ -303,10 +320,11 @@ def run_scenario(spec: ScenarioSpec, d: Path, sources: dict[str, Path], flip: bo
 def score_dir(d: Path, names: list[str], fleet, rel: Relations, incidents: list) -> dict:
     """Every timeline in ``d`` scored identically (generated labels are exact: no tolerance before a start)."""
     out = {}
+    truth = json.loads((d / "truth.json").read_text()) if (d / "truth.json").exists() else None
     for name in names:
         events = read_timeline(d / f"{name}.jsonl")
         r = score(incidents, events, rel, tolerance_s=0.0)
-        r["alarms"] = alarms(r, events, fleet)
+        r["alarms"] = alarms(r, events, fleet, truth)
         out[name] = r
     return out
 
