@@ -130,3 +130,16 @@ def test_cli_base_is_the_policy_files_mode_and_breaker(tmp_path):
     for v in (base, enforce):
         assert (v["settings"]["breaker_max_fleet_fraction"], v["settings"]["breaker_window_s"]) == (0.3, 1800.0)
     assert enforce["delta_ettr"][0] > 0  # enforcing drains the slowed GPUs the dry run leaves running
+
+
+def test_a_measured_detector_is_run_at_its_recall_bound_too(tmp_path):
+    from seamguard.twin.events.detection import parse_detection_results
+    from tests.twin_events.test_baselines_tuned import _detection_doc
+
+    doc = _slow_window()
+    blind = parse_detection_results(_detection_doc(0.0, 30.0, 60.0, precision=1.0), "blind.json")
+    out = whatif(doc, CFG, variants([], ["mode=dry_run"]), seamguard_params(doc, blind), 2, 2, 0)
+    assert out["samples"]["detection"] == ["blind.json", "blind.json (recall at its 95% lower bound)"]
+    base, dry = out["variants"]
+    assert base["drained_nodes"] == [0, 0, 0]  # a detector that finds nothing leaves nothing to drain
+    assert abs(dry["delta_ettr"][1]) < 0.01  # and enforcing it buys nothing a dry run lacks

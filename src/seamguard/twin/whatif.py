@@ -264,9 +264,13 @@ def whatif(doc: Mapping, cfg: ClusterConfig, variants_: Sequence[Variant], polic
            seeds: int, seed: int, stop: Callable[[], bool] | None = None) -> dict:
     """Every variant on the window's replayed faults, ``draws`` parameter draws x ``seeds`` seeds (module
     docstring). ``cfg``: the fleet (GPUs, the window's days; its failures are the base the document's rates
-    scale); ``policy``: the seamguard policy the variants change the controller of."""
+    scale); ``policy``: the seamguard policy the variants change the controller of. With a measured detector
+    (``policy.detection``), every other draw runs it at its recall's 95 % lower bound, so the intervals span
+    the detector's measured range too, not the seeds and rates alone."""
     if not variants_ or variants_[0].name != "base":
         raise ValueError("the first variant must be the base")
+    det = policy.detection
+    corners = [policy] + ([replace(policy, detection=det.at_recall_bound())] if det is not None else [])
     rng = np.random.default_rng(seed)
     runs: dict[str, list[RunResult]] = {v.name: [] for v in variants_}
     skipped: dict[str, int] = {}
@@ -275,19 +279,22 @@ def whatif(doc: Mapping, cfg: ClusterConfig, variants_: Sequence[Variant], polic
         if stop is not None and stop():
             break
         run_cfg = replace(cfg, failures=failure_model(doc, cfg.failures, rng))
+        corner = corners[d % len(corners)]
         for k in range(seeds):
             if stop is not None and stop():
                 break
             streams, skipped = replay_streams(doc, run_cfg, np.random.default_rng([seed, d, k]))
             for v in variants_:
-                pp = replace(policy, controller=v.controller)
+                pp = replace(corner, controller=v.controller)
                 runs[v.name].append(simulate_streams(run_cfg, pp, streams, seed=seed * 1_000_003 + d * 1009 + k))
             done += 1
     gpu_h = cfg.gpus * cfg.horizon_s / 3600.0
     base = runs["base"]
     return {"window": dict(doc["window"]), "gpus": cfg.gpus, "days": cfg.days,
             "samples": {"draws": draws, "seeds": seeds, "done": done, "asked": draws * seeds,
-                        "cut_short": done < draws * seeds},
+                        "cut_short": done < draws * seeds,
+                        "detection": [c.detection.source if c.detection is not None
+                                      else f"every event after {c.detection_delay_s:g} s" for c in corners]},
             "incidents_in_window": {c: sum(t for _, _, t in _rows(doc, c)) for c in (HARD, GRAY)},
             "not_replayed": skipped,
             "variants": [_summary(v, runs[v.name], base, gpu_h) for v in variants_]}
