@@ -11,10 +11,15 @@ checks with peer medians — for the GPU evidence alone, with the ratio.
     python benchmarks/tick.py            # 100k and 10k GPUs
     python benchmarks/tick.py --quick    # 20k and 2k GPUs, fewer repeats
     python benchmarks/tick.py --gpus 1000000   # 1M and 100k GPUs (about 3.5 GiB)
+    python benchmarks/tick.py --series 16      # each GPU also reports 16 series nobody named
 
 Last line: one JSON object with gpus, tick_s, tick_s_10k, peak_rss_mib, baseline figures;
 the same object, with the commit and machine load, goes to benchmarks/results/tick.json
-(tick_quick.json with --quick, tick_<gpus>.json with ``--gpus``; ``--out`` names another file).
+(tick_quick.json with --quick, tick_<gpus>.json with ``--gpus``, ``_series<S>`` before ``.json``
+with ``--series``; ``--out`` names another file). ``--series S``: every frame also carries S
+series per GPU that no channel names (half gauges at a per-GPU level with noise, half
+counters), so the tick includes judging them (assess/unnamed.py) as it would behind a
+dcgm-exporter with S more fields enabled.
 Beside the wall time, ``tick_cpu_s`` is the process's CPU time for the same tick (less
 moved by other work on a shared machine than the wall time, never less than it on one core).
 """
@@ -27,6 +32,7 @@ import os
 import resource
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -40,12 +46,32 @@ from seamguard.assess.propagation import all_dependents  # noqa: E402
 from seamguard.decide import DecideState, decide, default_policy  # noqa: E402
 from seamguard.fleet import FleetShape, Kind, generate_fleet  # noqa: E402
 from seamguard.observe import History  # noqa: E402
+from seamguard.observe.unnamed import SeriesBlock  # noqa: E402
 from seamguard.twin.faults import default_scenario  # noqa: E402
 from seamguard.twin.telemetry import Twin, TwinConfig  # noqa: E402
 
 
-def measure(gpus: int, warm_ticks: int, timed_ticks: int) -> dict:
+class UnnamedSeries:
+    """``s`` series per GPU that no channel names, one block per tick: gauges at a level of
+    their own per GPU with noise, counters that rise at a rate of their own per GPU."""
+
+    def __init__(self, gpus: int, s: int, seed: int = 2) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.names = tuple(f"DCGM_FI_PROF_EXTRA_{i}" + ("_total" if i % 2 else "") for i in range(s))
+        self.counter = np.array([i % 2 == 1 for i in range(s)])
+        self.level = self.rng.normal(50.0, 2.0, (gpus, s))
+        self.acc = np.zeros((gpus, s))
+
+    def block(self) -> SeriesBlock:
+        self.acc += self.rng.random(self.acc.shape) * self.level / 50.0
+        x = np.where(self.counter, self.acc, self.level + self.rng.normal(0.0, 0.2, self.level.shape))
+        return SeriesBlock(Kind.GPU, self.names, self.counter, x)
+
+
+def measure(gpus: int, warm_ticks: int, timed_ticks: int, series: int = 0) -> dict:
     fleet = generate_fleet(FleetShape(gpus=gpus), seed=1)
+    extra = UnnamedSeries(fleet.count(Kind.GPU), series) if series else None
+    unnamed = None
     tick_s = 15.0
     twin = Twin(fleet, default_scenario(fleet, 3600.0, seed=1), TwinConfig(tick_s=tick_s), seed=1)
     policy = default_policy()
@@ -58,14 +84,17 @@ def measure(gpus: int, warm_ticks: int, timed_ticks: int) -> dict:
     times, a_times, cpu_times = [], [], []
     for i in range(warm_ticks + timed_ticks):
         frame = twin.step()
+        if extra is not None:
+            frame = replace(frame, series=(extra.block(),))
         t0, c0 = time.perf_counter(), time.process_time()
-        a = assess(fleet, frame, hist, states, policy.assess, deps, node_state, base=base)
+        a = assess(fleet, frame, hist, states, policy.assess, deps, node_state, base=base, unnamed=unnamed)
         t1 = time.perf_counter()
         _, dstate = decide(fleet, a, policy, dstate, set())
         t2, c2 = time.perf_counter(), time.process_time()
         hist.push(frame)
         states = {k: a.kinds[k].states for k in a.kinds}
         base = a.baselines
+        unnamed = a.unnamed
         node_state = a.node_state
         if i >= warm_ticks:
             times.append(t2 - t0)
@@ -110,17 +139,23 @@ def main() -> None:
                     help="GPUs of the large fleet (default 100000, 20000 with --quick); the small one is a tenth")
     ap.add_argument("--out", type=Path, default=None,
                     help="result file (default: benchmarks/results/tick.json, tick_quick.json with --quick)")
+    ap.add_argument("--series", type=int, default=0,
+                    help="series per GPU that no channel names, judged each tick (default 0)")
     args = ap.parse_args()
     if args.gpus is not None and args.gpus < 1000:
         ap.error(f"--gpus must be at least 1000, got {args.gpus}")
+    if not 0 <= args.series <= 1024:
+        ap.error(f"--series must be 0..1024, got {args.series}")
     default_name = "tick_quick.json" if args.quick else "tick.json"
     out = args.out or RESULTS_DIR / (default_name if args.gpus is None else f"tick_{args.gpus}.json")
+    if args.series and args.out is None:
+        out = out.with_name(f"{out.stem}_series{args.series}.json")
     started = provenance()
     big = args.gpus or (20_000 if args.quick else 100_000)
     small = big // 10
     w = default_policy().assess.baselines.warm_samples
     warm, timed = (w + 2, 5) if args.quick else (w + 3, 8)
-    s = measure(small, warm, timed)
+    s = measure(small, warm, timed, args.series)
     base_s = statistics.median(baseline_gpu_checks(s["fleet"], s["frame"]) for _ in range(3))
     # GPU evidence alone inside seamguard's assess, for a like-for-like ratio.
     from seamguard.assess.evidence import EvidenceConfig, gpu_evidence
@@ -130,7 +165,7 @@ def main() -> None:
     for _ in range(5):
         gpu_evidence(s["fleet"], s["frame"], hist, EvidenceConfig(), loop_gfs)
     ours_gpu_s = (time.perf_counter() - t0) / 5
-    b = measure(big, warm, timed)
+    b = measure(big, warm, timed, args.series)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(f"{'gpus':>8} {'entities':>9} {'tick_s':>8} {'assess_s':>9} {'cpu_s':>8}")
     for r in (s, b):
@@ -145,7 +180,8 @@ def main() -> None:
                       "small_gpus": s["gpus"], "peak_rss_mib": round(peak_mib, 1), "warm_gpus": b["warm_gpus"],
                       "baseline_mib": round(b["baseline_mib"], 2),
                       "baseline_gpu_loop_s": round(base_s, 4), "seamguard_gpu_evidence_s": round(ours_gpu_s, 4),
-                      "baseline_ratio": round(base_s / ours_gpu_s, 2), "quick": args.quick}
+                      "baseline_ratio": round(base_s / ours_gpu_s, 2), "quick": args.quick,
+                      "unnamed_series_per_gpu": args.series}
     write_result(out, result, started)
     print(json.dumps(result))
 
