@@ -61,7 +61,9 @@ launcher's own sends are timed too: ``simulated_launchers_silent`` counts those 
 nothing for longer than the hang timeout inside the window (a generator starved on this
 shared machine: a verdict on such a node is right about what was sent), and
 ``false_verdicts_on_nodes_that_sent`` the false verdicts on the others (the design's own:
-its hub or coordinator too slow); ``false_verdicts`` counts both. Last line: one JSON object, also
+its hub or coordinator too slow, or a launcher's gap near the timeout plus the hub's
+reading jitter), ``false_verdicts_on_nodes_never_silent_half_timeout`` those of them whose
+launcher never paused half the timeout; ``false_verdicts`` counts all. Last line: one JSON object, also
 written to benchmarks/results/membership_load[_quick].json.
 """
 
@@ -453,7 +455,7 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 10)
         silent = sorted(n for n in nodes if n != LINK_VICTIM and gap_s[n] > HANG_TIMEOUT_S)
-        return {"ops": sent, "late": 0, "silent_nodes": silent}
+        return {"ops": sent, "late": 0, "silent_nodes": silent, "gaps_s": {n: round(g, 3) for n, g in gap_s.items()}}
     out.put(("gen", asyncio.run(play())))
 
 
@@ -500,6 +502,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
     co = next(r for k, r in results if k == "coord")
     sent = sum(r["ops"] for k, r in results if k == "gen")
     silent = {n for k, r in results if k == "gen" for n in r["silent_nodes"]}
+    gaps = {int(n): g for k, r in results if k == "gen" for n, g in r["gaps_s"].items()}
     return {
         "design": "links", "ranks": ranks, "demanded_ops_s": 0, "ops_s": 0, "coordinator_ops_s": 0,
         "link_reports_s": round(co["reports_s"]), "link_reports_sent_s": round(sent / window_s),
@@ -513,6 +516,8 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
         "detect_s": co["detect_s"], "false_verdicts": co["false"], "coordinator_pass_s": None, "late_actions": 0,
         "simulated_launchers_silent": len(silent),
         "false_verdicts_on_nodes_that_sent": len(set(co["false_nodes"]) - silent),
+        "false_verdicts_on_nodes_never_silent_half_timeout": sum(
+            gaps.get(n, 0.0) <= HANG_TIMEOUT_S / 2 for n in set(co["false_nodes"]) - silent),
     }
 
 
@@ -603,7 +608,8 @@ FIGURES = ("ops_s", "coordinator_ops_s", "server_cpu_pct", "coordinator_cpu_pct"
            "projected_server_cpu_pct", "staleness_p50_s", "staleness_p99_s",
            "detect_s", "false_verdicts", "coordinator_pass_s",
            "link_reports_s", "link_reports_sent_s", "demanded_link_reports_s", "etcd_revisions_in_window",
-           "simulated_launchers_silent", "false_verdicts_on_nodes_that_sent")
+           "simulated_launchers_silent", "false_verdicts_on_nodes_that_sent",
+           "false_verdicts_on_nodes_never_silent_half_timeout")
 DESIGNS = ("flat", "aggregated", "links")
 
 
@@ -680,7 +686,9 @@ def main() -> None:
                           f"({t['server_cpu_us_per_op']} us/op), "
                           f"staleness p50 {t['staleness_p50_s']} p99 {t['staleness_p99_s']} s, "
                           f"node loss detected in {t['detect_s']} s, {t['false_verdicts']} false verdicts "
-                          f"({t.get('false_verdicts_on_nodes_that_sent', '-')} on nodes that sent within the timeout; "
+                          f"({t.get('false_verdicts_on_nodes_that_sent', '-')} on nodes that sent within the timeout, "
+                          f"{t.get('false_verdicts_on_nodes_never_silent_half_timeout', '-')} of them never silent "
+                          f"half of it; "
                           f"{t.get('simulated_launchers_silent', '-')} simulated launchers starved past it), "
                           f"coordinator pass {t['coordinator_pass_s']} s", flush=True)
     summary = summarize(trials)
