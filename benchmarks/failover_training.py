@@ -1,27 +1,38 @@
-"""Failover benchmark: seamguard runtime vs torchrun elastic (vs torchft), same model and data.
+"""Failover benchmark: seamguard runtime vs torchft vs torchrun elastic + DCP, same model and data.
 
-    PYTHONPATH=src python benchmarks/failover_training.py --quick   # 3 reps of 1 kill, small model
-    PYTHONPATH=src python benchmarks/failover_training.py           # 3 reps, 14.7M-param model
+    PYTHONPATH=src python benchmarks/failover_training.py --quick   # 1 rep of 2 kills, small model
+    PYTHONPATH=src python benchmarks/failover_training.py           # 4 reps x 5 kills per system
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --quick   # sharded: FSDP2
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --hosts 2 --quick   # 2 hosts, host killed
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --hosts 2 --hsdp --quick   # the same in HSDP
 
 4 ranks (+1 hot spare for seamguard) train the same MLP on CPU/gloo. A repetition runs
-every system once failure-free and once with SIGKILLs of a non-zero rank at steps drawn
-from a seeded RNG (the same kills for every system of that repetition, each uniform in
-its own segment of the run, so no system's checkpoint interval decides where they land);
-the system order rotates from one repetition to the next (ABC, BCA, CAB, ...) so a noisy
-shared machine's drift is spread over all systems. The baseline torchrun job checkpoints
-with DCP `async_save` at the Young/Daly interval derived from a probe run (its measured
-save stall and write time) and this benchmark's own failure rate, and resumes with DCP
-`load`. Reported per system, median [min-max] over repetitions: failure cost (training
-time with failures minus the same system's failure-free training time, per failure),
-kill-to-next-step time and steps lost per failure, wall ratio against plain DDP (no
-checkpoints, no failures) with and without failures, and seamguard's failure cost over
-the best baseline's (paired per repetition). It also measures the snapshot stall against
-torch.save+fsync of the same state and restore-from-RAM against torch.load. The last
-line is one JSON object, also written to benchmarks/results/failover_training.json
-(failover_training_quick.json with --quick); the event twin reads the full one.
+every system once failure-free and once with SIGKILLs of a non-zero rank. Kills are
+planned from a seeded RNG as (step, rank, phase): the step uniform in its own segment of
+the run, the phase uniform in [0, 1) of a step, so kills land anywhere in the step, the
+boundary window (all-reduce, optimizer step, commit, the next step's snapshot) included;
+every system of a repetition gets the same plan, carried out from outside the job by
+benchmarks/_killer.py from the job's own step log and step time, and where each kill
+really landed (step in flight, phase) is read back from the logs and reported. The
+system order rotates from one repetition to the next (ABCD, BCDA, ...) so a noisy shared
+machine's drift is spread over all systems. torchft 0.2.0 runs 4 replica groups of one
+rank under its Lighthouse (min 3 replicas; a killed replica is restarted and heals from a
+live peer); the torchrun job checkpoints with DCP `async_save` at the Young/Daly interval
+derived from a probe run (its measured save stall and write time) and this benchmark's
+own failure rate, and resumes with DCP `load`.
+
+Reported per system, every kill and every repetition (median, p10-p90, min-max, n; no
+pick): seconds of progress lost per kill (when the step in flight at the kill was
+committed, minus when it would have been), kill-to-next-step time, steps redone, failure
+cost per kill from whole runs (training time with kills minus the same system's
+failure-free time), failure-free wall against plain DDP, and goodput per provisioned
+rank-second: useful samples (torchft's steps taken without a replica drop its shard) over
+every rank held for the run, a hot spare held idle included. seamguard's ratio to each
+baseline (torchft the strongest peer) for each figure, whichever way it falls. It also
+measures the snapshot stall against torch.save+fsync of the same state and
+restore-from-RAM against torch.load. The last line is one JSON object, also written to
+benchmarks/results/failover_training.json (failover_training_quick.json with --quick);
+the event twin reads the full one.
 """
 
 from __future__ import annotations
@@ -47,6 +58,10 @@ from seamguard.decide.tiers import daly_interval_s
 REPO = Path(__file__).resolve().parents[1]
 WORLD_SIZE = 4  # training ranks of every system (seamguard adds one hot spare)
 sys.path.insert(0, str(REPO / "benchmarks"))
+from _kill_points import (BOUNDARY_FRAC, KillPoint, Row, describe, draw_kill_points,  # noqa: E402
+                          goodput_per_rank_s, landed, lost_s, phase_coverage, samples_dropped,
+                          step_time_s)
+from _killer import Killer, LogTail, pid_from_rows  # noqa: E402
 from _model import make_model  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -65,6 +80,8 @@ class Config:
     dataset: int = 8192
     replicate: int = 1   # HSDP replica groups of the sharded workloads (1: FSDP2 / DDP)
     rank_mttf_h: float | None = None   # with snapshot_every "auto": one rank's failure rate
+    kill_points: tuple[KillPoint, ...] = ()   # kills from outside at a phase of the step (DDP runs)
+    step_s: float = 0.5   # the probed step time: the killer's aim until the job's own is measured
 
     def mttf_args(self) -> list[str]:
         return ["--rank-mttf-hours", f"{self.rank_mttf_h:.6f}"] if self.snapshot_every == "auto" and self.rank_mttf_h else []
@@ -103,6 +120,13 @@ def read_logs(out: Path) -> list[tuple[int, float, int]]:
     return sorted(rows, key=lambda r: r[1])
 
 
+def read_rows(out: Path) -> list[Row]:
+    """Every committed step line of every worker, with its rank."""
+    tail = LogTail(out)
+    tail.poll()
+    return sorted(tail.rows, key=lambda r: r.time_s)
+
+
 def read_kills(chaos_dir: Path) -> list[dict]:
     f = chaos_dir / "kills.jsonl"
     return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
@@ -135,14 +159,66 @@ def per_failure(rows, kills, same_generation_ok: bool) -> list[dict]:
 
 
 # ---------------------------------------------------------------- runs
-def run(cmd: list[str], log: Path, env: dict, timeout_s: float) -> float:
+def run(cmd: list[str], log: Path, env: dict, timeout_s: float,
+        killer: Killer | None = None) -> float:
+    """Run a job to its end (``killer``, if any, running beside it); its wall time."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        p = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+        p = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+        if killer is not None:
+            killer.start()
+        try:
+            code = p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=30)
+            raise
+        finally:
+            if killer is not None:
+                killer.stop()
     wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"{cmd[:6]}... exited {p.returncode}; see {log}")
+    if code != 0:
+        raise RuntimeError(f"{cmd[:6]}... exited {code}; see {log}")
     return wall
+
+
+def killer_for(cfg: Config, out: Path, faults: bool, pid_of, deadline_s: float) -> Killer | None:
+    """The outside killer of a faulted DDP run (None where the run has chaos kills or none)."""
+    if not (faults and cfg.kill_points):
+        return None
+    return Killer(out, cfg.kill_points, pid_of, cfg.step_s, deadline_s)
+
+
+def seamguard_pid(events_file: Path):
+    """pid_of for seamguard: the rank's newest row names its worker (worker_<wid>.log); the
+    launcher's events name that worker's pid."""
+    def pid_of(tail: LogTail, rank: int, after_s: float) -> int | None:
+        row = tail.newest_of(rank, after_s)
+        if row is None or not events_file.exists():
+            return None
+        wid = int(tail.source_of_row[row].split("_")[1])
+        pids = [e["pid"] for e in map(json.loads, events_file.read_text().splitlines())
+                if e.get("event") == "worker" and e.get("wid") == wid and e.get("pid")]
+        return pids[-1] if pids else None
+    return pid_of
+
+
+def outcomes(rows: list[Row], killed: list[dict], same_generation_ok: bool) -> list[dict]:
+    """Per kill of an outside-killed run: where it landed (step in flight, phase), kill to
+    next step and steps lost (per_failure), and the seconds of progress it cost (lost_s)."""
+    out, prev_s = [], 0.0
+    for k in killed:
+        window = [r for r in rows if prev_s < r.time_s <= k["time_s"]]
+        step_s = step_time_s(window, k["time_s"]) or k["aim_step_s"]
+        where = landed(rows, k["time_s"], step_s)
+        as_chaos = {"time_s": k["time_s"], "step": where["step"]}
+        (pf,) = per_failure([(r.step, r.time_s, r.gen) for r in rows], [as_chaos], same_generation_ok)
+        lost = lost_s(rows, k["time_s"], step_s)
+        out.append({**pf, "rank": k["rank"], "aim_step": k["step"], "aim_phase": k["aim_phase"],
+                    "phase": where["phase"], "boundary": where["boundary"], "step_s": round(step_s, 4),
+                    "lost_s": None if lost is None else round(lost, 3)})
+        prev_s = k["time_s"]
+    return out
 
 
 def run_plain(cfg: Config, work: Path, faults: bool, name: str) -> dict:
@@ -153,7 +229,8 @@ def run_plain(cfg: Config, work: Path, faults: bool, name: str) -> dict:
                 "--nproc-per-node", str(WORLD_SIZE), str(REPO / "benchmarks" / "torchrun_train.py"),
                 "--steps", str(cfg.steps), "--ckpt-every", "0", "--out", str(out),
                 *cfg.model_args()], work / f"{name}.log", ENV, 900)
-    return {"wall_s": wall, "window_s": window_s(out), "failures": []}
+    return {"wall_s": wall, "window_s": window_s(out), "failures": [],
+            "ranks_provisioned": WORLD_SIZE, "samples": cfg.steps * cfg.global_batch}
 
 
 def run_seamguard(cfg: Config, work: Path, faults: bool, name: str, chaos: str | None = None) -> dict:
@@ -161,14 +238,17 @@ def run_seamguard(cfg: Config, work: Path, faults: bool, name: str, chaos: str |
     cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", str(WORLD_SIZE), "--spares", "1",
            "--snapshot-every", str(cfg.snapshot_every), "--events-file", str(out / "events.jsonl"),
            "--chaos-dir", str(chaos_dir)]
-    if faults:
+    if faults and (chaos or cfg.kills):
         cmd += ["--chaos", chaos or cfg.chaos()]
     cmd += ["--", str(REPO / "examples" / "train_ddp.py"), "--steps", str(cfg.steps),
             "--dropout", "0", "--out", str(out), *cfg.model_args()]
-    wall = run(cmd, work / f"{name}.log", ENV, 900)
+    killer = None if chaos else killer_for(cfg, out, faults, seamguard_pid(out / "events.jsonl"), 900)
+    wall = run(cmd, work / f"{name}.log", ENV, 900, killer)
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
-    return {"wall_s": wall, "window_s": window_s(out),
-            "failures": per_failure(read_logs(out), read_kills(chaos_dir), False),
+    failures = outcomes(read_rows(out), killer.records, False) if killer else \
+        per_failure(read_logs(out), read_kills(chaos_dir), False)
+    return {"wall_s": wall, "window_s": window_s(out), "failures": failures,
+            "ranks_provisioned": WORLD_SIZE + 1, "samples": cfg.steps * cfg.global_batch,
             "recovery_s": [round(e["recovery_s"], 3) for e in events
                            if e["event"] == "resumed" and e["gen"] > 0]}
 
@@ -176,15 +256,19 @@ def run_seamguard(cfg: Config, work: Path, faults: bool, name: str, chaos: str |
 def run_torchrun(cfg: Config, work: Path, faults: bool, name: str, script: str = "torchrun_train.py") -> dict:
     out, chaos_dir = work / name, work / f"{name}_chaos"
     env = {**ENV, "SEAMGUARD_CHAOS_DIR": str(chaos_dir)}
-    if faults:
+    if faults and cfg.kills:
         env["SEAMGUARD_CHAOS"] = cfg.chaos()
+    killer = killer_for(cfg, out, faults, pid_from_rows, 900)
     wall = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(WORLD_SIZE), "--max-restarts", str(len(cfg.kills) + 1),
+                "--nproc-per-node", str(WORLD_SIZE), "--max-restarts",
+                str(len(cfg.kills) + len(cfg.kill_points) + 1),
                 "--monitor-interval", "0.1", str(REPO / "benchmarks" / script),
                 "--steps", str(cfg.steps), "--ckpt-every", str(cfg.ckpt_every), "--out",
-                str(out), *cfg.model_args(), *cfg.mesh_args()], work / f"{name}.log", env, 900)
-    return {"wall_s": wall, "window_s": window_s(out),
-            "failures": per_failure(read_logs(out), read_kills(chaos_dir), False)}
+                str(out), *cfg.model_args(), *cfg.mesh_args()], work / f"{name}.log", env, 900, killer)
+    failures = outcomes(read_rows(out), killer.records, False) if killer else \
+        per_failure(read_logs(out), read_kills(chaos_dir), False)
+    return {"wall_s": wall, "window_s": window_s(out), "failures": failures,
+            "ranks_provisioned": WORLD_SIZE, "samples": cfg.steps * cfg.global_batch}
 
 
 def probe_checkpointing(cfg: Config, work: Path, runner=None) -> dict:
@@ -213,64 +297,78 @@ def probe_checkpointing(cfg: Config, work: Path, runner=None) -> dict:
 
 def run_torchft(cfg: Config, work: Path, faults: bool, name: str) -> dict:
     """4 replica groups of one rank + Lighthouse; a killed replica is restarted by us."""
-    os.environ.setdefault("RUST_LOG", "error")
-    from torchft._torchft import LighthouseServer
+    from seamguard.ports import free_port
 
     out, chaos_dir = work / name, work / f"{name}_chaos"
     env = {**ENV, "SEAMGUARD_CHAOS_DIR": str(chaos_dir)}
-    if faults:
+    if faults and cfg.kills:
         env["SEAMGUARD_CHAOS"] = cfg.chaos()
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=3, join_timeout_ms=100)
     limit_s = 600.0
     logf = open(work / f"{name}.log", "w")
+    # torchft 0.2.0's own binary, its defaults but a 100 ms join timeout (heartbeat 5 s)
+    port = free_port()
+    exe = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
+    lighthouse = subprocess.Popen([exe, "--bind", f"127.0.0.1:{port}", "--min_replicas", "3",
+                                   "--join_timeout_ms", "100"], env={**os.environ, "RUST_LOG": "error"},
+                                  stdout=logf, stderr=subprocess.STDOUT)
 
     def start(i: int) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "torchft_train.py"),
-                                 "--replica", str(i), "--lighthouse", lighthouse.address(),
+                                 "--replica", str(i), "--lighthouse", f"http://127.0.0.1:{port}",
                                  "--steps", str(cfg.steps), "--out", str(out), *cfg.model_args()],
                                 env=env, stdout=logf, stderr=subprocess.STDOUT)
 
     t0 = time.perf_counter()
-    procs = {i: start(i) for i in range(4)}
-    deadline = time.monotonic() + limit_s
+    procs = {i: start(i) for i in range(WORLD_SIZE)}
+    killer = killer_for(cfg, out, faults, lambda _tail, rank, _after: procs[rank].pid
+                        if rank in procs else None, limit_s)
+    if killer is not None:
+        killer.start()
     try:
-        finished_at = None
-        while procs and time.monotonic() < deadline:
-            for i, p in list(procs.items()):
-                code = p.poll()
-                if code is None:
-                    continue
-                if code == 0:
-                    del procs[i]
-                    finished_at = finished_at or time.monotonic()
-                elif finished_at is None:
-                    procs[i] = start(i)  # what a scheduler would do
-                else:
-                    del procs[i]  # the job is over; a late restart has nobody to heal from
-            if finished_at is not None and time.monotonic() - finished_at > 20:
-                for p in procs.values():
-                    p.kill()
-                procs = {}
-            time.sleep(0.05)
-        if procs:
-            raise RuntimeError(f"torchft run did not finish within {limit_s:.0f}s")
+        supervise_replicas(procs, start, limit_s)
     finally:
+        if killer is not None:
+            killer.stop()
         for p in procs.values():
             p.kill()
-        lighthouse.shutdown()
+        lighthouse.kill()
+        lighthouse.wait(timeout=10)
         logf.close()
     wall = time.perf_counter() - t0
-    rows = read_logs(out)
-    kills = read_kills(chaos_dir)
-    failures = per_failure(rows, kills, True)
+    rows = read_rows(out)
+    failures = outcomes(rows, killer.records, True) if killer else \
+        per_failure(read_logs(out), read_kills(chaos_dir), True)
     # torchft keeps going without the dead replica: its shards of those steps are dropped
-    full = {s for s in range(cfg.steps)}
-    per_step = {}
-    for s, _, _ in rows:
-        per_step[s] = per_step.get(s, 0) + 1
-    dropped = sum(4 - min(4, per_step.get(s, 0)) for s in full)
+    dropped = samples_dropped(rows, cfg.steps, WORLD_SIZE, cfg.global_batch)
     return {"wall_s": wall, "window_s": window_s(out), "failures": failures,
-            "samples_dropped": dropped * cfg.global_batch // 4}
+            "samples_dropped": dropped, "ranks_provisioned": WORLD_SIZE,
+            "samples": cfg.steps * cfg.global_batch - dropped}
+
+
+def supervise_replicas(procs: dict[int, subprocess.Popen], start, limit_s: float) -> None:
+    """Restart a replica that died (what a scheduler would do) until the first finishes;
+    then give the rest 20 s to finish. ``procs`` is updated in place (the killer reads it)."""
+    deadline = time.monotonic() + limit_s
+    finished_at = None
+    while procs and time.monotonic() < deadline:
+        for i, p in list(procs.items()):
+            code = p.poll()
+            if code is None:
+                continue
+            if code == 0:
+                del procs[i]
+                finished_at = finished_at or time.monotonic()
+            elif finished_at is None:
+                procs[i] = start(i)
+            else:
+                del procs[i]  # the job is over; a late restart has nobody to heal from
+        if finished_at is not None and time.monotonic() - finished_at > 20:
+            for p in procs.values():
+                p.kill()
+            procs.clear()
+        time.sleep(0.05)
+    if procs:
+        raise RuntimeError(f"torchft run did not finish within {limit_s:.0f}s")
 
 
 # ---------------------------------------------------------------- snapshot / restore
@@ -571,6 +669,95 @@ def summarize(system: str, reps: list[dict]) -> dict:
                        "wall_ratio": spread(wall), "failure_free_wall_ratio": spread(free)}}
 
 
+def per_kill_and_capacity(system: str, reps: list[dict]) -> dict:
+    """Every kill of every repetition (where it landed, seconds of progress lost, kill to
+    next step, steps redone), and goodput with every provisioned rank charged (a hot
+    spare held idle counts like a training rank), against plain DDP's in the same rep."""
+    kills = [f for rep in reps for f in rep["runs"][system]["faults"]["failures"]]
+
+    def goodput(run: dict) -> float:
+        return goodput_per_rank_s(run["samples"], run["ranks_provisioned"], run["window_s"])
+
+    plain = [goodput(rep["runs"]["plain"]["clean"]) for rep in reps]
+    clean = [goodput(rep["runs"][system]["clean"]) for rep in reps]
+    fault = [goodput(rep["runs"][system]["faults"]) for rep in reps]
+    ranks = reps[0]["runs"][system]["clean"]["ranks_provisioned"]
+    return {
+        "per_kill": {"lost_s": describe([k.get("lost_s") for k in kills]),
+                     "lost_s_boundary": describe([k.get("lost_s") for k in kills if k.get("boundary")]),
+                     "lost_s_inside": describe([k.get("lost_s") for k in kills if k.get("boundary") is False]),
+                     "resume_s": describe([k["resume_s"] for k in kills]),
+                     "steps_lost": describe([k["steps_lost"] for k in kills], 1),
+                     "phase_coverage": phase_coverage([k.get("phase") for k in kills]),
+                     "kills": len(kills)},
+        "capacity": {"ranks_provisioned": ranks, "spare_ranks": ranks - WORLD_SIZE,
+                     "spare_idle_rank_s": describe([(ranks - WORLD_SIZE) * rep["runs"][system]["faults"]["window_s"]
+                                                    for rep in reps], 1),
+                     "goodput_samples_per_rank_s_clean": describe(clean),
+                     "goodput_samples_per_rank_s_faults": describe(fault),
+                     "goodput_vs_plain_clean": describe([c / p for c, p in zip(clean, plain)]),
+                     "goodput_vs_plain_faults": describe([f / p for f, p in zip(fault, plain)])},
+    }
+
+
+def versus(reps: list[dict], summary: dict, opponent: str) -> dict:
+    """seamguard over ``opponent`` for every figure: per kill (ratio of the medians over all
+    kills), per repetition (paired ratios: failure-free wall, goodput charged for every
+    provisioned rank). Reported whichever way it falls."""
+    sg, op = summary["seamguard"], summary[opponent]
+
+    def of_medians(a: dict | None, b: dict | None) -> float | None:
+        return round(a["median"] / b["median"], 3) if a and b and b["median"] > 0 else None
+
+    def paired(fn) -> dict | None:
+        return describe([fn(r, "seamguard") / fn(r, opponent) for r in reps if fn(r, opponent)])
+
+    def good(rep, s, mode):
+        run = rep["runs"][s][mode]
+        return goodput_per_rank_s(run["samples"], run["ranks_provisioned"], run["window_s"])
+
+    cost_sg, cost_op = sg["spread"]["failure_cost_per_failure_s"], op["spread"]["failure_cost_per_failure_s"]
+    return {
+        "lost_s_ratio_of_medians": of_medians(sg["per_kill"]["lost_s"], op["per_kill"]["lost_s"]),
+        "lost_s_median_difference_s": None if not (sg["per_kill"]["lost_s"] and op["per_kill"]["lost_s"])
+        else round(sg["per_kill"]["lost_s"]["median"] - op["per_kill"]["lost_s"]["median"], 3),
+        "resume_s_ratio_of_medians": of_medians(sg["per_kill"]["resume_s"], op["per_kill"]["resume_s"]),
+        "steps_lost_median_difference": None if not (sg["per_kill"]["steps_lost"] and op["per_kill"]["steps_lost"])
+        else round(sg["per_kill"]["steps_lost"]["median"] - op["per_kill"]["steps_lost"]["median"], 2),
+        "failure_cost_per_kill_ratio_of_medians": of_medians(cost_sg, cost_op),
+        "failure_cost_per_kill_median_difference_s": round(cost_sg["median"] - cost_op["median"], 3),
+        "failure_free_wall_ratio": paired(lambda r, s: r["runs"][s]["clean"]["window_s"]),
+        "goodput_clean_ratio": paired(lambda r, s: good(r, s, "clean")),
+        "goodput_faults_ratio": paired(lambda r, s: good(r, s, "faults")),
+    }
+
+
+def print_per_kill(summary: dict, ran: list[str], versus_each: dict) -> None:
+    print(f"\nper kill, median [p10-p90] (min-max), n; goodput = samples per provisioned rank-s "
+          f"(spares charged), vs plain DDP in the same rep")
+    for s in ran:
+        k, c = summary[s]["per_kill"], summary[s]["capacity"]
+        cov = k["phase_coverage"]
+        print(f"{s:10s} lost {dfmt(k['lost_s'], 's')}; next step {dfmt(k['resume_s'], 's')}; redone "
+              f"{dfmt(k['steps_lost'])}; phases by tenth {cov['bins']} ({cov['boundary']} of {cov['n']} "
+              f"in the boundary window); {c['ranks_provisioned']} ranks: goodput vs plain "
+              f"{dfmt(c['goodput_vs_plain_clean'], 'x')} failure-free, "
+              f"{dfmt(c['goodput_vs_plain_faults'], 'x')} with kills")
+    for b, v in versus_each.items():
+        print(f"seamguard / {b}: lost per kill {v['lost_s_ratio_of_medians']} (ratio of medians), next step "
+              f"{v['resume_s_ratio_of_medians']}, failure cost per kill "
+              f"{v['failure_cost_per_kill_ratio_of_medians']} (difference "
+              f"{v['failure_cost_per_kill_median_difference_s']} s); paired per rep: failure-free wall "
+              f"{dfmt(v['failure_free_wall_ratio'], 'x')}, goodput {dfmt(v['goodput_clean_ratio'], 'x')} "
+              f"failure-free, {dfmt(v['goodput_faults_ratio'], 'x')} with kills")
+
+
+def dfmt(d: dict | None, unit: str = "") -> str:
+    if d is None:
+        return "n/a"
+    return f"{d['median']:g}{unit} [{d['p10']:g}-{d['p90']:g}] ({d['min']:g}-{d['max']:g}) n={d['n']}"
+
+
 def versus_best_baseline(reps: list[dict], summary: dict) -> dict | None:
     """seamguard over the baseline with the lowest median failure cost, paired per rep."""
     ran = [b for b in BASELINES if b in summary]
@@ -624,14 +811,21 @@ def _every(text: str) -> int | str:
 def main() -> None:  # noqa: C901
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="interleaved repetitions (default 4: every system once in each slot of "
+                         "the rotated order; 1 with --quick; with --fsdp 3)")
     ap.add_argument("--kills", type=int, default=None,
-                    help="SIGKILLs per run (default 1 with --quick, 2 otherwise)")
+                    help="SIGKILLs per run (default 5, so 20 per system; 2 with --quick; with "
+                         "--fsdp 1)")
     ap.add_argument("--segment-s", type=float, default=8.0,
                     help="mean training seconds between kills in full mode (the failure "
                          "rate every system sees, and the MTTF torchrun's interval assumes)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill steps and victims")
     ap.add_argument("--skip-torchft", action="store_true", help="leave torchft out")
+    ap.add_argument("--keep-logs", action="store_true", help="keep every run's logs (path on stderr)")
+    ap.add_argument("--small", action="store_true",
+                    help="full mode with --quick's 3.2M-parameter model (shorter steps: more kills "
+                         "in the same time)")
     ap.add_argument("--no-job-wide", action="store_true",
                     help="full mode: skip the two one-off job-wide crash runs")
     ap.add_argument("--snapshot-every", type=int, default=10,
@@ -665,6 +859,8 @@ def main() -> None:  # noqa: C901
         ap.error("--profile needs --fsdp --hosts 2")
     if args.hsdp and not (args.fsdp and args.hosts == 2):
         ap.error("--hsdp needs --fsdp --hosts 2")
+    if args.fsdp:
+        args.reps = args.reps or 3
     if args.fsdp and args.hosts == 2:
         from _fsdp_hosts import main_hosts
 
@@ -681,12 +877,15 @@ def main() -> None:  # noqa: C901
     if args.out is None:
         args.out = REPO / "benchmarks" / "results" / (
             "failover_training_quick.json" if args.quick else "failover_training.json")
-    kills_per_run = args.kills if args.kills is not None else (1 if args.quick else 2)
+    kills_per_run = args.kills if args.kills is not None else (2 if args.quick else 5)
+    args.reps = args.reps or (1 if args.quick else 4)
     t_start = time.perf_counter()
+    provenance = {"command": " ".join(["python", "benchmarks/failover_training.py", *sys.argv[1:]]),
+                  "commit": git_commit(), "loadavg_start": [round(x, 1) for x in os.getloadavg()]}
     work = Path(tempfile.mkdtemp(prefix="sg-failover-"))
     try:
         # quick mode: a smaller model (3.2M params) for everything, the micro-benchmark too
-        small = {"hidden": 1024, "layers": 3} if args.quick else {}
+        small = {"hidden": 1024, "layers": 3} if args.quick or args.small else {}
         micro = state_micro(Config(1, (), 1, **small), work, repeats=3 if args.quick else 5)
         print(f"state {micro['state_bytes'] / 2**20:.0f} MiB ({micro['params'] / 1e6:.1f}M params): "
               f"snapshot {micro['snapshot_s'] * 1e3:.1f} ms vs torch.save+fsync "
@@ -742,10 +941,11 @@ def main() -> None:  # noqa: C901
         rng = random.Random(args.seed)
         reps: list[dict] = []
         for rep in range(args.reps):
-            kills = draw_kills(rng, segment, kills_per_run)
-            rcfg = replace(cfg, kills=kills)
+            kills = draw_kill_points(rng, segment, kills_per_run, WORLD_SIZE)
+            rcfg = replace(cfg, kill_points=kills, step_s=step_s)
             order = rotated(systems, rep)
-            print(f"rep {rep + 1}/{args.reps}: {steps} steps, kills (step, rank) {list(kills)}, "
+            print(f"rep {rep + 1}/{args.reps}: {steps} steps, kills (step, rank, phase) "
+                  f"{[(k.step, k.rank, round(k.phase, 2)) for k in kills]}, "
                   f"order {' '.join(order)}", flush=True)
             runs: dict[str, dict] = {}
             for system in order:
@@ -766,17 +966,20 @@ def main() -> None:  # noqa: C901
                         break
                     runs[system]["faults" if faults else "clean"] = r
                     shutil.rmtree(work / name / "ckpt", ignore_errors=True)
-                    fails = ", ".join(f"kill@{f['step']}: next step {f['resume_s']}s, lost "
-                                      f"{f['steps_lost']}" for f in r["failures"])
+                    fails = ", ".join(f"kill@{f['step']}+{f['phase']}: lost {f['lost_s']}s, next "
+                                      f"step {f['resume_s']}s, redone {f['steps_lost']}"
+                                      for f in r["failures"])
                     print(f"  {system:9s} {'faults' if faults else 'clean ':6s} training "
                           f"{r['window_s']:6.1f}s (process {r['wall_s']:5.1f}s) {fails}", flush=True)
-            reps.append({"kills": [list(k) for k in kills], "order": order,
+            reps.append({"kills": [[k.step, k.rank, round(k.phase, 4)] for k in kills], "order": order,
                          "runs": {s: v for s, v in runs.items() if v}})
+            (work / "reps.json").write_text(json.dumps(reps))   # kept with the logs if the summary fails
 
         ran = [s for s in systems if s != "plain"]
-        summary: dict = {s: summarize(s, reps) for s in ran}
+        summary: dict = {s: {**summarize(s, reps), **per_kill_and_capacity(s, reps)} for s in ran}
         plain_windows = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
         vs = versus_best_baseline(reps, summary)
+        versus_each = {b: versus(reps, summary, b) for b in BASELINES if b in summary and "seamguard" in summary}
         extra: dict = {}
         if not args.quick and not args.no_job_wide:
             # one-off, after the reps: a crash every rank hits at once (replacements adopt
@@ -805,6 +1008,7 @@ def main() -> None:  # noqa: C901
             print(f"{s:10s} {fmt(sp['failure_cost_per_failure_s'], 's'):>22s} "
                   f"{fmt(sp['resume_s'], 's'):>22s} {fmt(sp['steps_lost']):>14s} "
                   f"{fmt(sp['wall_ratio'], 'x'):>22s} {fmt(sp['failure_free_wall_ratio'], 'x'):>22s}")
+        print_per_kill(summary, ran, versus_each)
         if vs:
             print(f"seamguard / {vs['baseline']} (paired per rep): failure cost "
                   f"{fmt(vs['failure_cost_ratio'])}, training time with failures "
@@ -817,6 +1021,11 @@ def main() -> None:  # noqa: C901
         summary.update(extra)
         summary.update({
             "seamguard_vs_best_baseline": vs,
+            # the headline opponents, each with every ratio (torchft the strongest peer)
+            "seamguard_vs": versus_each,
+            "kill_model": "SIGKILL from outside at (step, rank, phase): phase uniform in [0, 1) of the "
+                          "job's own step time, aimed from the commit of step - 2 (benchmarks/_killer.py); "
+                          f"boundary window: the first and last {BOUNDARY_FRAC:g} of a step",
             # the runtime's default (overlapped) snapshot, as a training step sees it
             "snapshot_stall_ratio": round(micro["step_stall_overlap_s"] / micro["save_fsync_s"], 4),
             "snapshot_stall_ratio_blocking": round(micro["step_stall_blocking_s"] / micro["save_fsync_s"], 4),
@@ -829,6 +1038,10 @@ def main() -> None:  # noqa: C901
                        "hidden": cfg.hidden, "layers": cfg.layers,
                        "micro_params": micro["params"], "micro_state_bytes": micro["state_bytes"]},
             "torchrun_checkpoint": ckpt_info,
+            "torchft_config": {"version": "0.2.0", "replica_groups": WORLD_SIZE, "min_replicas": 3,
+                               "join_timeout_ms": 100, "heartbeat_timeout_ms": 5000,
+                               "process_group": "ProcessGroupGloo, timeout 30 s",
+                               "restart": "a dead replica restarted by the benchmark at once"},
             "plain_window_s": spread(plain_windows, 2),
             "seamguard_recovery_s": [x for r in reps
                                      for x in r["runs"]["seamguard"]["faults"].get("recovery_s", [])],
@@ -842,9 +1055,15 @@ def main() -> None:  # noqa: C901
                       "window_s": {f"{s}_{m}": round(v["window_s"], 2)
                                    for s, ms in r["runs"].items() for m, v in ms.items()},
                       "process_wall_s": {f"{s}_{m}": round(v["wall_s"], 2)
-                                         for s, ms in r["runs"].items() for m, v in ms.items()}}
+                                         for s, ms in r["runs"].items() for m, v in ms.items()},
+                      # useful samples per provisioned rank-second, hot spares charged
+                      "goodput_samples_per_rank_s": {
+                          f"{s}_{m}": round(goodput_per_rank_s(v["samples"], v["ranks_provisioned"],
+                                                               v["window_s"]), 3)
+                          for s, ms in r["runs"].items() for m, v in ms.items()}}
                      for r in reps],
             "benchmark_wall_s": round(time.perf_counter() - t_start, 1),
+            **provenance, "loadavg_end": [round(x, 1) for x in os.getloadavg()],
         })
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
@@ -852,7 +1071,17 @@ def main() -> None:  # noqa: C901
     except BaseException:
         print(f"run logs kept in {work}", file=sys.stderr)
         raise
-    shutil.rmtree(work, ignore_errors=True)
+    if args.keep_logs:
+        print(f"run logs kept in {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def git_commit() -> str:
+    """The commit the benchmark ran at, with '+dirty' when the tree had changes."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain") else "")
 
 
 if __name__ == "__main__":

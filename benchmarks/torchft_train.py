@@ -1,8 +1,11 @@
 """Baseline (c): torchft 0.2.0 (PyPI): one replica group per process, Lighthouse quorum.
 
-Started by benchmarks/failover_training.py, which hosts the Lighthouse and restarts a
-killed replica (as a scheduler would); survivors continue once the Lighthouse's
-heartbeat timeout expires, and the restarted replica heals from a live peer. The data
+Started by benchmarks/failover_training.py, which starts the Lighthouse (torchft's
+`torchft_lighthouse`) and restarts a killed replica (as a scheduler would); survivors
+skip the failed step and go on without it, and the restarted replica heals from a live
+peer. Gradients are averaged by one `Manager.allreduce` per step (see
+`average_gradients`), the optimizer is torchft's `Optimizer` (quorum at `zero_grad`,
+`should_commit` before the step). The data
 position is ours to keep (torchft leaves it to the user): replica i reads shard i of the
 step's global batch, so a step taken without a replica drops that replica's samples.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +31,7 @@ from seamguard.runtime.data import GlobalBatchSampler  # noqa: E402
 
 
 def main() -> None:
-    from torchft import DistributedDataParallel, Manager, Optimizer
+    from torchft import Manager, Optimizer
     from torchft.process_group import ProcessGroupGloo
 
     ap = argparse.ArgumentParser()
@@ -62,8 +66,8 @@ def main() -> None:
                       replica_id=f"replica_{args.replica}", store_addr="127.0.0.1",
                       store_port=store.port, rank=0, world_size=1,
                       lighthouse_addr=args.lighthouse, timeout=timeout, quorum_timeout=timeout)
-    ddp = DistributedDataParallel(manager, model)
     opt = Optimizer(manager, inner)
+    params = list(model.parameters())
     sampler = GlobalBatchSampler(args.dataset, args.global_batch, seed=args.seed)
     injector = chaos.from_env_without_store()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -72,13 +76,30 @@ def main() -> None:
         step = manager.current_step()
         injector.maybe_fire("step", args.replica, step)
         idx = torch.as_tensor(sampler.indices(step, args.replica, args.replicas))
-        opt.zero_grad()
-        F.cross_entropy(ddp(x[idx]), y[idx]).backward()
-        opt.step()
+        opt.zero_grad()   # starts the step's quorum
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        average_gradients(manager, params)
+        opt.step()        # applied only if every participant's step went through (should_commit)
         if manager.current_step() > step:
-            log.write(f"{step} {time.time():.6f} {args.replica} {manager.num_participants()} 0\n")
+            log.write(f"{step} {time.time():.6f} {args.replica} {manager.num_participants()} 0 "
+                      f"{os.getpid()}\n")
             log.flush()
     manager.shutdown(wait=False)
+
+
+def average_gradients(manager, params: list) -> None:
+    """One all-reduce of every gradient, flattened (what DDP does with one bucket), through
+    ``Manager.allreduce``: after a failure it returns a no-op and the step is not committed.
+    torchft 0.2.0's DistributedDataParallel comm hook instead asserts (``assert fut._fut``)
+    when the manager has already errored in the step; in this benchmark that crashed the
+    survivors of a kill landing mid-step, so the baseline does not use it."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    manager.allreduce(flat).wait()
+    offset = 0
+    for p in params:
+        n = p.grad.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        offset += n
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def main() -> None:
         opt.zero_grad()
         F.cross_entropy(ddp(x[idx]), y[idx]).backward()
         opt.step()
-        log.write(f"{step} {time.time():.6f} {rank} {world} {restart}\n")
+        log.write(f"{step} {time.time():.6f} {rank} {world} {restart} {os.getpid()}\n")
         log.flush()
         if ckpt is not None and (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
             ckpt.save(model, opt, step + 1)
