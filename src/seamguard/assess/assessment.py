@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from seamguard.assess import evidence as ev
 from seamguard.assess.baselines import BaselineConfig, Baselines, node_at_work
 from seamguard.assess.admissibility import AdmissibilityConfig, node_admissibility, node_domain_states
-from seamguard.assess.parents import ParentConfig, fabric_parents
+from seamguard.assess.parents import ParentConfig, fabric_parents, facility_parents
 from seamguard.assess.quality import mask_stale
 from seamguard.assess.unnamed import UnnamedJudgeConfig, UnnamedState, host_of, series_evidence
 from seamguard.assess.work import storage_bursts
@@ -190,6 +190,9 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     evid[Kind.RACK] = ev.rack_evidence(fleet, frame, e_cfg)
     evid[Kind.GPU], gpu_b, r_th, r_n = ev.gpu_evidence(fleet, frame, hist, e_cfg, evid[Kind.COOLING_LOOP].gfs,
                                                       base, b_cfg, learn(Kind.GPU), dt_s)
+    # Nodes that move together under one loop or one rack are its: one alarm, on it.
+    evid[Kind.GPU], evid[Kind.RACK], evid[Kind.COOLING_LOOP] = facility_parents(
+        fleet, evid[Kind.GPU], evid[Kind.RACK], evid[Kind.COOLING_LOOP], cfg.parents)
     evid[Kind.NIC], nic_b = ev.nic_evidence(fleet, frame, hist, e_cfg, base, b_cfg, learn(Kind.NIC), dt_s)
     evid[Kind.LINK], link_b = ev.link_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.LINK), dt_s)
     # Links that move together with their switch are the switch's: one alarm, on it.
