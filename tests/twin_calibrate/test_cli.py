@@ -216,3 +216,16 @@ def test_an_unreachable_prometheus_is_one_line_and_writes_nothing(inputs):
     r = _calibrate(inputs, "--prometheus", "http://127.0.0.1:9")
     assert r.exit_code == 1 and r.output.startswith("error: prometheus:") and r.output.count("\n") == 1, r.output
     assert not (inputs / "cal.yaml").exists()
+
+
+def test_hot_spares_never_exceed_the_jobs_nodes_and_match_poisson_when_failures_are_rare():
+    from scipy import stats
+
+    from seamguard.twin.calibrated import SPARE_QUANTILE, _spares
+
+    repair = {("node", "hard"): 3600.0}
+    # a storm (a short window's measured rate): every one of the 4 nodes down at once, never more
+    assert _spares(1000.0, 4, repair, 86400.0) == 4.0
+    # rare failures on 128 nodes: the finite-source count is the M/G/inf Poisson's
+    lam_per_h = 0.05
+    assert _spares(lam_per_h, 128, repair, 86400.0) == stats.poisson.ppf(SPARE_QUANTILE, lam_per_h * 1.0)

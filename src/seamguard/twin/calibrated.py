@@ -14,9 +14,11 @@ entries keep the prior. Per draw and seed:
 - `recommend`: per job, the checkpoint interval and tier (storage or peer memory) maximising
   ETTR over a first-order renewal run (Poisson failures at the job's hazard, each losing the
   work since the last checkpoint, the restore and a recovery drawn from the measured
-  distribution), the hot spares covering the nodes in repair at once (M/G/inf: Poisson with
-  mean hazard x mean repair, at `SPARE_QUANTILE`) and the release-slip probability
-  (decide/slip.py `slip_forecast`).
+  distribution), the hot spares covering the job's nodes in repair at once (finite source:
+  each of its n nodes is down a share rho / (1 + rho) of the time, rho = the node's hazard x
+  mean repair, so the count is Binomial(n, that share), at `SPARE_QUANTILE`; never more than
+  n, and Poisson(n rho) while rho is small) and the release-slip probability (decide/slip.py
+  `slip_forecast`).
 """
 
 from __future__ import annotations
@@ -181,11 +183,15 @@ def _best(lam: float, horizon_s: float, tiers: Mapping[str, tuple[float, float]]
     return float(INTERVALS_S[k]), float(scored[tier][k]), tier
 
 
-def _spares(lam_per_h: float, m: Mapping[tuple[str, str], float], fallback_repair_s: float) -> float:
-    """Nodes in repair at once at SPARE_QUANTILE (M/G/inf: Poisson with mean arrival rate x mean repair)."""
+def _spares(lam_per_h: float, job_nodes: int, m: Mapping[tuple[str, str], float], fallback_repair_s: float) -> float:
+    """The job's nodes in repair at once at SPARE_QUANTILE: each of ``job_nodes`` nodes fails at
+    ``lam_per_h / job_nodes`` and is down for the mean repair, so it is down a share rho / (1 + rho)
+    of the time; the count is Binomial(job_nodes, that share) (finite source: never above job_nodes)."""
     repair = [v for (d, c), v in m.items() if c == HARD and d in COMPONENTS_PER_NODE]
     mean_repair_s = float(np.mean(repair)) if repair else fallback_repair_s
-    return float(stats.poisson.ppf(SPARE_QUANTILE, lam_per_h * mean_repair_s / 3600.0))
+    n = max(int(job_nodes), 1)
+    rho = lam_per_h / n * mean_repair_s / 3600.0
+    return float(stats.binom.ppf(SPARE_QUANTILE, n, rho / (1.0 + rho)))
 
 
 def recommend(doc: Mapping, jobs: Sequence[JobAsk], tiers: Mapping[str, tuple[float, float]], horizon_s: float,
@@ -199,7 +205,7 @@ def recommend(doc: Mapping, jobs: Sequence[JobAsk], tiers: Mapping[str, tuple[fl
         best, spares, p_miss = [], [], []
         for r, m in param:
             lam = job_hazard_per_h(doc, job.gpus / gpus_per_node, r)
-            spares.append(_spares(lam, m, fallback_repair_s))
+            spares.append(_spares(lam, math.ceil(job.gpus / gpus_per_node), m, fallback_repair_s))
             mine = [_best(lam, horizon_s, tiers, doc, rng, fallback_recovery_s) for _ in range(seeds)]
             best += mine
             tier = max({t for _, _, t in mine}, key=[t for _, _, t in mine].count)
