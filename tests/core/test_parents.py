@@ -2,8 +2,9 @@
 what independent child faults explain, the parent is flagged and explains them — decision tables
 for the rule itself (two-member parents, half-the-group shifts, fleet-wide moves) and for each
 facility parent: a cooling loop over its nodes, a rack (its manifold and power feed) over its
-nodes. Switches over their links: tests/core/test_peer_groups.py; storage paths over their
-probers: tests/core/test_agent_channels.py (the probe share).
+nodes — and a group of two (two storage paths), judged by each member's own history. Switches over
+their links: tests/core/test_peer_groups.py; storage paths over their probers:
+tests/core/test_agent_channels.py (the probe share).
 """
 
 from __future__ import annotations
@@ -199,3 +200,35 @@ def test_a_rack_throttling_together_is_one_alarm_on_the_rack_through_assess():
     reasons = a.kinds[Kind.RACK].reasons(0)
     assert reasons and reasons[0].channel == "children_moved" and reasons[0].value == pytest.approx(
         len(np.unique(fleet.gpu_node[at_load])) / 4)  # the share of its nodes that moved
+
+
+# ---- a group of two: no peer verdict, the entity's own history --------------------------------------
+@pytest.mark.parametrize("factor,flagged", [(1.0, None), (4.0, {0})])
+def test_a_storage_path_with_one_peer_is_judged_by_its_own_floor(factor, flagged):
+    """Two storage paths: each has one peer, so no peer ratio (NaN); path 0 slower than 4x its own
+    floor for longer than its burst allowance is flagged by its own history, path 1 is not."""
+    from seamguard.assess import State, assess, initial_states
+    from seamguard.decide import default_policy
+    from seamguard.observe import History
+    from seamguard.twin.telemetry import Twin, TwinConfig
+
+    pol, tick = default_policy(), 30.0
+    fleet = generate_fleet(FleetShape(gpus=64, gpus_per_node=8, nodes_per_rack=4, racks_per_loop=2,
+                                      nodes_per_storage_path=4), seed=2)
+    assert fleet.count(Kind.STORAGE) == 2
+    twin = Twin(fleet, [], TwinConfig(tick_s=tick, warm_gpu_share=0.0), seed=4)
+    hist, states, base = History(tick, 2, pol.assess.history_depths(tick)), initial_states(fleet), None
+    warm, found = pol.assess.baselines.warm_samples + 5, {}
+    for t in range(warm + 16):  # 8 min slow: past the path's burst allowance
+        frame = twin.step()
+        if t >= warm:
+            frame.values["seamguard_storage_write_latency_ms"][0] *= factor
+        a = assess(fleet, frame, hist, states, pol.assess, base=base)
+        hist.push(frame)
+        states, base = {k: a.kinds[k].states for k in a.kinds}, a.baselines
+        for tr in a.transitions:
+            if tr.to_state != State.HEALTHY and tr.kind == Kind.STORAGE:
+                found.setdefault(tr.kind, set()).add(tr.index)
+    e = a.kinds[Kind.STORAGE].evidence
+    assert np.isnan(e.column("latency_ratio")).all()  # one peer: no peer verdict
+    assert found.get(Kind.STORAGE) == flagged
