@@ -214,11 +214,8 @@ def test_held_drain_is_two_ledger_rows_not_one_per_tick(tmp_path):
 
 def test_held_action_whose_cause_goes_away_is_withdrawn_once(tmp_path):
     fleet = FLEET
-    # one node per window (the least a breaker allows), taken by node 0 first; the drain priced over the
-    # planning horizon (no duration prior): with the node fail-slow prior's 17 min it stops paying sooner
-    # than the 30 held ticks this needs
-    pol = default_policy(mode="enforce", breaker={"max_fleet_fraction": 0.01, "min_nodes": 1},
-                         objective={"fault_duration_priors": []})
+    # one node per window (the least a breaker allows), taken by node 0 first
+    pol = default_policy(mode="enforce", breaker={"max_fleet_fraction": 0.01, "min_nodes": 1})
     ledger = Ledger(tmp_path / "l.sqlite")
     ctl = Controller(fleet, pol, [World()], ledger, tick_s=5.0)
     twin = Twin(fleet, [], TwinConfig(tick_s=5.0), seed=4)

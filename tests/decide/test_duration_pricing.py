@@ -126,7 +126,7 @@ def _drain_a(t_s=T):
     (_exp("gpu", 20.0), False),  # the GPU's slow spells last 20 s
     (_exp("gpu", 3 * 3600.0), True),
     (_exp("node", 20.0), False),  # no gpu row: the node's
-    ([], True),  # the prior: FALCON's fail-slows
+    ([], True),  # no history: the planning horizon
 ])
 def test_a_drain_is_priced_over_the_nodes_fault(rows, expect):
     dec, _ = _decide(_policy(rows), _drain_a(), 0.0, "node:gpu003")

@@ -105,10 +105,11 @@ def test_the_rows_of_a_calibrated_config_are_read_as_twin_calibrate_writes_them(
 
 
 def test_the_default_policys_priors_are_the_twins_published_ones():
+    """All but node/gray (a fail-slow spell's 17 min is not how long a quarantined node stays bad)."""
     _, durs = published_priors(llama3_failure_model())
     table = default_policy().objective.duration_table()
     assert {k: (d.family, d.mean_s, d.source) for k, d in table.items()} == \
-        {k: (EXPONENTIAL, v["mean_s"], "prior") for k, v in durs.items()}
+        {k: (EXPONENTIAL, v["mean_s"], "prior") for k, v in durs.items() if k != ("node", GRAY)}
 
 
 def test_calibrated_rows_override_the_priors_pair_by_pair():
