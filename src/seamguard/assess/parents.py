@@ -58,9 +58,9 @@ class ParentConfig(BaseModel):
                                                 "fault: a parent of two cannot tell)")
     alpha: float = Field(0.01, gt=0, lt=1, description="largest chance that independent child faults alone moved "
                                                        "that many of its children")
-    base_rate_floor: float = Field(0.02, gt=0, lt=1, description="least share of children assumed to fail on their "
-                                                                 "own at any time (the fleet's observed share, "
-                                                                 "other parents' children, when larger)")
+    base_rate_floor: float = Field(0.02, gt=0, lt=1, description="least share of children assumed to move on their "
+                                                                 "own at any time (the median share of the other "
+                                                                 "parents' children that moved, when larger)")
     moved_score: float = Field(0.5, gt=0, le=1, description="a GPU's channel score from which it has moved")
     node_share: float = Field(0.5, gt=0, le=1, description="share of a node's GPUs that must move for the node to "
                                                             "count as moved")
