@@ -94,16 +94,24 @@ def in_boundary(phase: float) -> bool:
     return phase < BOUNDARY_FRAC or phase >= 1.0 - BOUNDARY_FRAC
 
 
-def lost_s(rows: Sequence[Row], kill_s: float, step_s: float) -> float | None:
-    """Seconds of progress a kill cost: when the step in flight at the kill was finally
-    committed, minus when it would have been without the kill (its start plus one step).
-    Detection, restart, state transfer and every step redone are in it; None if the
-    job never committed that step afterwards."""
+def lost_s(rows: Sequence[Row], kill_s: float, step_s: float, new_generation: bool) -> float | None:
+    """Seconds of progress a kill cost: when the job next committed a step at or past the
+    one in flight at the kill, minus when it would have committed that step without the
+    kill (the last commit before it plus that many steps). With ``new_generation`` (a
+    system that recovers into a new generation: seamguard, torchrun) only the recovered
+    generation's commits count, so a step the survivors logged just after the kill and
+    then redid is not taken for progress; detection, restart, state transfer and every
+    step redone are in it. None if the job never got there."""
     last = last_commit(rows, kill_s)
     if last is None:
         return None
-    after = [r.time_s for r in rows if r.time_s > kill_s and r.step == last.step + 1]
-    return min(after) - (last.time_s + step_s) if after else None
+    gen_at_kill = max(r.gen for r in rows if r.time_s <= kill_s)
+    after = [r for r in rows if r.time_s > kill_s and r.step > last.step
+             and (r.gen > gen_at_kill or not new_generation)]
+    if not after:
+        return None
+    first = min(after, key=lambda r: r.time_s)
+    return first.time_s - (last.time_s + (first.step - last.step) * step_s)
 
 
 def phase_coverage(phases: Sequence[float | None], bins: int = 10) -> dict:

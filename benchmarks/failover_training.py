@@ -213,8 +213,9 @@ def outcomes(rows: list[Row], killed: list[dict], same_generation_ok: bool) -> l
         where = landed(rows, k["time_s"], step_s)
         as_chaos = {"time_s": k["time_s"], "step": where["step"]}
         (pf,) = per_failure([(r.step, r.time_s, r.gen) for r in rows], [as_chaos], same_generation_ok)
-        lost = lost_s(rows, k["time_s"], step_s)
+        lost = lost_s(rows, k["time_s"], step_s, not same_generation_ok)
         out.append({**pf, "rank": k["rank"], "aim_step": k["step"], "aim_phase": k["aim_phase"],
+                    "aim_step_s": k["aim_step_s"], "time_s": round(k["time_s"], 6),
                     "phase": where["phase"], "boundary": where["boundary"], "step_s": round(step_s, 4),
                     "lost_s": None if lost is None else round(lost, 3)})
         prev_s = k["time_s"]
@@ -823,6 +824,9 @@ def main() -> None:  # noqa: C901
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill steps and victims")
     ap.add_argument("--skip-torchft", action="store_true", help="leave torchft out")
     ap.add_argument("--keep-logs", action="store_true", help="keep every run's logs (path on stderr)")
+    ap.add_argument("--rescore", type=Path, default=None, metavar="WORK",
+                    help="recompute the per-kill figures of --out from a --keep-logs run's WORK "
+                         "directory with this file's analysis (no runs)")
     ap.add_argument("--small", action="store_true",
                     help="full mode with --quick's 3.2M-parameter model (shorter steps: more kills "
                          "in the same time)")
@@ -859,6 +863,13 @@ def main() -> None:  # noqa: C901
         ap.error("--profile needs --fsdp --hosts 2")
     if args.hsdp and not (args.fsdp and args.hosts == 2):
         ap.error("--hsdp needs --fsdp --hosts 2")
+    if args.rescore:
+        if args.out is None or not (args.rescore / "reps.json").exists():
+            ap.error("--rescore WORK needs --out RESULT and WORK/reps.json (a --keep-logs run)")
+        doc = rescore(args.out, args.rescore)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(json.dumps(doc))
+        return
     if args.fsdp:
         args.reps = args.reps or 3
     if args.fsdp and args.hosts == 2:
@@ -976,10 +987,9 @@ def main() -> None:  # noqa: C901
             (work / "reps.json").write_text(json.dumps(reps))   # kept with the logs if the summary fails
 
         ran = [s for s in systems if s != "plain"]
-        summary: dict = {s: {**summarize(s, reps), **per_kill_and_capacity(s, reps)} for s in ran}
+        summary: dict = systems_summary(reps, ran)
         plain_windows = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
-        vs = versus_best_baseline(reps, summary)
-        versus_each = {b: versus(reps, summary, b) for b in BASELINES if b in summary and "seamguard" in summary}
+        vs, versus_each = summary["seamguard_vs_best_baseline"], summary["seamguard_vs"]
         extra: dict = {}
         if not args.quick and not args.no_job_wide:
             # one-off, after the reps: a crash every rank hits at once (replacements adopt
@@ -1016,13 +1026,8 @@ def main() -> None:  # noqa: C901
                   f"ratio of medians: failure cost {vs['failure_cost_ratio_of_medians']}, "
                   f"kill->next step {vs['resume_s_ratio_of_medians']}")
 
-        sg_free = summary.get("seamguard", {}).get("failure_free_wall_ratio")
-        tr_free = summary.get("torchrun", {}).get("failure_free_wall_ratio")
         summary.update(extra)
         summary.update({
-            "seamguard_vs_best_baseline": vs,
-            # the headline opponents, each with every ratio (torchft the strongest peer)
-            "seamguard_vs": versus_each,
             "kill_model": "SIGKILL from outside at (step, rank, phase): phase uniform in [0, 1) of the "
                           "job's own step time, aimed from the commit of step - 2 (benchmarks/_killer.py); "
                           f"boundary window: the first and last {BOUNDARY_FRAC:g} of a step",
@@ -1047,21 +1052,7 @@ def main() -> None:  # noqa: C901
                                      for x in r["runs"]["seamguard"]["faults"].get("recovery_s", [])],
             "torchft_note": torchft_note,
             "micro_s": {k: round(v, 4) for k, v in micro.items() if k.endswith("_s")},
-            "seamguard_no_failure_wall_ratio": sg_free,
-            "torchrun_no_failure_wall_ratio": tr_free,
-            "reps": [{"kills": r["kills"], "order": r["order"],
-                      "failures": {s: ms["faults"]["failures"] for s, ms in r["runs"].items()
-                                   if "faults" in ms},
-                      "window_s": {f"{s}_{m}": round(v["window_s"], 2)
-                                   for s, ms in r["runs"].items() for m, v in ms.items()},
-                      "process_wall_s": {f"{s}_{m}": round(v["wall_s"], 2)
-                                         for s, ms in r["runs"].items() for m, v in ms.items()},
-                      # useful samples per provisioned rank-second, hot spares charged
-                      "goodput_samples_per_rank_s": {
-                          f"{s}_{m}": round(goodput_per_rank_s(v["samples"], v["ranks_provisioned"],
-                                                               v["window_s"]), 3)
-                          for s, ms in r["runs"].items() for m, v in ms.items()}}
-                     for r in reps],
+            "reps": reps_record(reps),
             "benchmark_wall_s": round(time.perf_counter() - t_start, 1),
             **provenance, "loadavg_end": [round(x, 1) for x in os.getloadavg()],
         })
@@ -1075,6 +1066,71 @@ def main() -> None:  # noqa: C901
         print(f"run logs kept in {work}", file=sys.stderr)
     else:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def systems_summary(reps: list[dict], ran: list[str]) -> dict:
+    """Every system's figures over the repetitions, and seamguard's ratios to the baselines."""
+    out: dict = {s: {**summarize(s, reps), **per_kill_and_capacity(s, reps)} for s in ran}
+    out["seamguard_vs_best_baseline"] = versus_best_baseline(reps, out)
+    # the headline opponents, each with every ratio (torchft the strongest peer)
+    out["seamguard_vs"] = {b: versus(reps, out, b) for b in BASELINES if b in out and "seamguard" in out}
+    out["seamguard_no_failure_wall_ratio"] = out.get("seamguard", {}).get("failure_free_wall_ratio")
+    out["torchrun_no_failure_wall_ratio"] = out.get("torchrun", {}).get("failure_free_wall_ratio")
+    return out
+
+
+def reps_record(reps: list[dict]) -> list[dict]:
+    """The repetitions as the result file keeps them: every kill, every run's times."""
+    def per_run(r: dict, fn) -> dict:
+        return {f"{s}_{m}": fn(v) for s, ms in r["runs"].items() for m, v in ms.items()}
+
+    return [{"kills": r["kills"], "order": r["order"],
+             "failures": {s: ms["faults"]["failures"] for s, ms in r["runs"].items() if "faults" in ms},
+             "window_s": per_run(r, lambda v: round(v["window_s"], 2)),
+             "process_wall_s": per_run(r, lambda v: round(v["wall_s"], 2)),
+             # useful samples per provisioned rank-second, hot spares charged
+             "goodput_samples_per_rank_s": per_run(r, lambda v: round(goodput_per_rank_s(
+                 v["samples"], v["ranks_provisioned"], v["window_s"]), 3))}
+            for r in reps]
+
+
+def rescore(result: Path, work: Path) -> dict:
+    """`--rescore WORK`: every kill's figures recomputed from a kept run's logs
+    (`--keep-logs`) with this file's analysis, and every summary built on them; the rest
+    of the result file (configuration, micro-benchmark, one-off runs) stays as run."""
+    doc = json.loads(result.read_text())
+    reps = json.loads((work / "reps.json").read_text())
+    for i, rep in enumerate(reps):
+        for system, modes in rep["runs"].items():
+            if "faults" not in modes:
+                continue
+            rows = read_rows(work / f"r{i}_{system}_faults")
+            killed = [{"time_s": f.get("time_s") or kill_time_s(rows, f), "step": f["aim_step"],
+                       "rank": f["rank"], "aim_phase": f["aim_phase"],
+                       "aim_step_s": f.get("aim_step_s") or f["step_s"]}
+                      for f in modes["faults"]["failures"]]
+            modes["faults"]["failures"] = outcomes(rows, killed, system == "torchft")
+    ran = [s for s in reps[0]["runs"] if s != "plain"]
+    doc.update(systems_summary(reps, ran))
+    doc["reps"] = reps_record(reps)
+    doc["rescored"] = {"commit": git_commit(), "what": "per-kill figures recomputed from the run's "
+                       "kept step logs (benchmarks/failover_training.py --rescore)"}
+    return doc
+
+
+def kill_time_s(rows: list[Row], f: dict) -> float:
+    """A kill's time, for a run recorded before kills carried it: the first commit of the
+    step before the one in flight, plus the recorded phase of a step (of the generations
+    that committed that step, the one whose landing reproduces the record)."""
+    for gen in sorted({r.gen for r in rows}):
+        group = [r.time_s for r in rows if r.step == f["step"] - 1 and r.gen == gen]
+        if group and f["phase"] is not None:
+            t = min(group) + f["phase"] * f["step_s"]
+            where = landed(rows, t, f["step_s"])
+            if where["step"] == f["step"] and abs(where["phase"] - f["phase"]) < 1e-3:
+                return t
+    raise ValueError(f"rescore: no commit of step {f['step'] - 1} reproduces the kill recorded "
+                     f"at step {f['step']}, phase {f['phase']}")
 
 
 def git_commit() -> str:

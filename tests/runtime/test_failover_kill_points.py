@@ -61,13 +61,28 @@ def test_where_a_kill_landed_is_read_from_the_log():
 
 def test_progress_lost_counts_the_stall_and_every_step_redone():
     before = _steady(6)
-    # a live recovery: step 6 (in flight at the kill) committed 3 s late
+    # a live recovery into generation 1: step 6 (in flight at the kill) committed 3 s late
     live = before + [Row(6, 10.0, r, 1) for r in range(4)]
-    assert kp.lost_s(live, 6.3, 1.0) == pytest.approx(10.0 - (6.0 + 1.0))
+    assert kp.lost_s(live, 6.3, 1.0, True) == pytest.approx(10.0 - (6.0 + 1.0))
     # a restart from a checkpoint at step 4: steps 4 and 5 redone first, then step 6
     restart = before + [Row(s, 12.0 + i, r, 1) for i, s in enumerate((4, 5, 6)) for r in range(4)]
-    assert kp.lost_s(restart, 6.3, 1.0) == pytest.approx(14.0 - 7.0)
-    assert kp.lost_s(before, 6.3, 1.0) is None   # never committed afterwards: not made up
+    assert kp.lost_s(restart, 6.3, 1.0, True) == pytest.approx(14.0 - 7.0)
+    assert kp.lost_s(before, 6.3, 1.0, True) is None   # never committed afterwards: not made up
+
+
+def test_a_step_logged_by_survivors_and_then_redone_is_not_progress():
+    # the kill lands after step 6's all-reduce: the survivors log step 6 at once, then the
+    # job restarts (generation 1) from step 4 and commits step 6 again at 14 s
+    rows = _steady(6) + [Row(6, 6.95, r, 0) for r in (0, 1, 3)] \
+        + [Row(s, 12.0 + i, r, 1) for i, s in enumerate((4, 5, 6, 7)) for r in range(4)]
+    assert kp.lost_s(rows, 6.9, 1.0, True) == pytest.approx(14.0 - 7.0)
+    # a system that stays in one generation (torchft): the survivors' commit is progress
+    assert kp.lost_s(rows, 6.9, 1.0, False) == pytest.approx(6.95 - 7.0)
+
+
+def test_progress_resuming_past_the_step_in_flight_is_timed_against_that_step():
+    rows = _steady(6) + [Row(7, 11.0, r, 1) for r in range(4)]   # step 6 taken over, 7 is next
+    assert kp.lost_s(rows, 6.3, 1.0, True) == pytest.approx(11.0 - (6.0 + 2.0))
 
 
 def test_the_jobs_own_step_time_ignores_a_recovery_gap():
@@ -140,3 +155,48 @@ def test_the_killer_kills_the_planned_rank_after_its_planned_step(tmp_path):
     assert rec["rank"] == 1 and rec["pid"] == procs[1].pid and rec["step"] == 10
     first8 = min(r.time_s for r in killer.tail.rows if r.step == 8)
     assert rec["time_s"] > first8           # aimed from step 8's first commit, never before it
+
+
+def test_rescore_recomputes_every_kill_from_the_kept_logs(tmp_path):
+    import json
+
+    import failover_training as ft
+
+    work = tmp_path / "work"
+
+    def write(name: str, rows) -> None:
+        (work / name).mkdir(parents=True)
+        for rank in range(4):
+            (work / name / f"worker_{rank}.log").write_text(
+                "".join(f"{r.step} {r.time_s:.6f} {r.rank} 4 {r.gen}\n" for r in rows if r.rank == rank))
+
+    # the same kill (6.3 s, step 6 in flight): seamguard resumes step 6 at 8 s, torchrun
+    # restarts from step 4 at 20 s, torchft's survivors go on at once without rank 2
+    logs = {"seamguard": _steady(6) + [Row(6 + i, 8.0 + i, r, 1) for i in range(4) for r in range(4)],
+            "torchrun": _steady(6) + [Row(4 + i, 20.0 + i, r, 1) for i in range(6) for r in range(4)],
+            "torchft": _steady(6) + [Row(6 + i, 6.8 + i, r, 0) for i in range(4) for r in (0, 1, 3)]}
+    killed = [{"time_s": 6.3, "step": 6, "rank": 2, "aim_phase": 0.3, "aim_step_s": 1.0}]
+    for s, rows in logs.items():
+        write(f"r0_{s}_faults", rows)
+
+    def run(ranks, fails=()):
+        return {"window_s": 10.0, "wall_s": 10.0, "ranks_provisioned": ranks, "samples": 640, "failures": list(fails)}
+
+    # recorded as before kills carried their time: rescore must find it again from the logs
+    old = {s: [{k: v for k, v in f.items() if k not in ("time_s", "aim_step_s", "lost_s")}
+               for f in ft.outcomes(ft.read_rows(work / f"r0_{s}_faults"), killed, s == "torchft")]
+           for s in logs}
+    reps = [{"kills": [[6, 2, 0.3]], "order": ["plain", *logs], "runs": {
+        "plain": {"clean": run(4)},
+        **{s: {"clean": run(5 if s == "seamguard" else 4), "faults": run(5 if s == "seamguard" else 4, old[s])}
+           for s in logs}}}]
+    (work / "reps.json").write_text(json.dumps(reps))
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"config": {"steps": 10}}))
+    doc = ft.rescore(result, work)
+    lost = {s: doc["reps"][0]["failures"][s][0]["lost_s"] for s in logs}
+    assert lost == {"seamguard": pytest.approx(1.0), "torchrun": pytest.approx(15.0),
+                    "torchft": pytest.approx(-0.2)}
+    assert doc["reps"][0]["failures"]["torchrun"][0]["time_s"] == pytest.approx(6.3)
+    assert doc["config"] == {"steps": 10} and doc["seamguard_vs"]["torchft"]["lost_s_median_difference_s"] == 1.2
+    assert doc["seamguard"]["capacity"]["spare_ranks"] == 1
