@@ -220,3 +220,46 @@ def test_loo_statistics_give_the_replaced_sorts_verdicts(monkeypatch, seed: int)
     np.testing.assert_allclose(z, z0, rtol=1e-12, atol=0)
     for bar in (3.0, 6.0, 12.0):  # the channels' concern and saturation bars: the same verdicts
         assert np.array_equal(np.abs(np.nan_to_num(z)) >= bar, np.abs(np.nan_to_num(z0)) >= bar)
+
+
+def _reference_ramp(x, lo: float, hi: float):
+    return np.clip((np.nan_to_num(x, nan=lo) - lo) / (hi - lo), 0.0, 1.0)
+
+
+@pytest.mark.parametrize("lo,hi", [(0.0, 1.0), (120.0, 480.0), (-3.0, 5.5), (2.0, 1.0), (1.0, 1.0), (0.0, 1e-300)])
+def test_ramp_equals_reference(lo: float, hi: float) -> None:
+    from seamguard.assess.stats import ramp
+    rng = np.random.default_rng(8)
+    x = rng.normal(lo, 3.0 * abs(hi - lo) + 1.0, 5000)
+    x[:6] = [np.nan, np.inf, -np.inf, lo, hi, 1e308]
+    with np.errstate(over="ignore"):
+        x32 = x.astype(np.float32)  # baselines are float32 (1e308 becomes inf)
+    for arr in (x, x32, (x > lo).astype(np.int64)):
+        with np.errstate(all="ignore"):
+            want = _reference_ramp(arr, lo, hi)
+            got = ramp(arr, lo, hi)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+    for v in (np.nan, lo, np.inf):  # scalars
+        with np.errstate(all="ignore"):
+            assert np.array_equal(ramp(v, lo, hi), _reference_ramp(v, lo, hi), equal_nan=True)
+
+
+def _reference_ew(old, new, a, learn):
+    ok = learn & np.isfinite(new)
+    start = ~np.isfinite(old)
+    return np.where(ok & start, new, np.where(ok, old + a * (np.nan_to_num(new) - old), old)).astype(np.float32)
+
+
+def test_ew_equals_reference() -> None:
+    from seamguard.assess.baselines import ew
+    rng = np.random.default_rng(9)
+    n = 20_000
+    old = rng.normal(40.0, 5.0, n).astype(np.float32)
+    old[rng.random(n) < 0.1] = np.nan  # not learned yet
+    new = rng.normal(40.0, 5.0, n)
+    new[rng.random(n) < 0.1] = np.nan
+    new[:4] = [np.inf, -np.inf, np.nan, 1e308]
+    a = np.where(rng.random(n) < 0.5, rng.random(n), 0.0)
+    learn = rng.random(n) < 0.8
+    got, want = ew(old, new, a, learn), _reference_ew(old, new, a, learn)
+    assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)

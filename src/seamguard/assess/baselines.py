@@ -87,7 +87,9 @@ def ew(old: np.ndarray, new: np.ndarray, a: np.ndarray, learn: np.ndarray) -> np
     """One EW step where ``learn`` (and the sample is finite); unchanged elsewhere."""
     ok = learn & np.isfinite(new)
     start = ~np.isfinite(old)
-    out = np.where(ok & start, new, np.where(ok, old + a * (np.nan_to_num(new) - old), old))
+    with np.errstate(invalid="ignore", over="ignore"):  # where ``new`` is not finite the step is not taken
+        step = old + a * (new - old)
+    out = np.where(ok & start, new, np.where(ok, step, old))
     return out.astype(F32)
 
 

@@ -311,8 +311,19 @@ def counter_increase(rows: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def ramp(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """0 below ``lo``, 1 above ``hi``, linear between; NaN reads as no evidence."""
-    return np.clip((np.nan_to_num(x, nan=lo) - lo) / (hi - lo), 0.0, 1.0)
+    """0 below ``lo``, 1 above ``hi``, linear between; NaN reads as no evidence (as ``lo`` does).
+
+    The same values as ``clip((nan_to_num(x, nan=lo) - lo) / (hi - lo), 0, 1)`` in three passes
+    instead of eight: an infinity clips to 0 or 1 either way, and only a NaN x (or 0 / 0 where
+    lo == hi) is NaN before the clip, which then takes what ``lo`` would give."""
+    x = np.asarray(x)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = np.clip((x - lo) / (hi - lo), 0.0, 1.0)
+        at_lo = np.clip((np.full((), lo, dtype=y.dtype) - lo) / (hi - lo), 0.0, 1.0)  # in x's precision
+    if y.ndim == 0:
+        return at_lo if np.isnan(y) else y
+    np.copyto(y, at_lo, where=np.isnan(y))
+    return y
 
 
 def noisy_or(scores: np.ndarray) -> np.ndarray:
