@@ -46,6 +46,7 @@ TAGS = {
     "sim-traffic": "token traffic replayed in a simulation (no model server)",
     "stub-backend": "the backend is a stub that answers at once",
     "one-gpu": "one H100; no NCCL across GPUs",
+    "sim-launchers": "node launchers simulated (asyncio reporters, 3 processes on the same 2 cores as etcd and the coordinator)",
 }
 
 #: A value path: '/'-separated keys, '*' for every element of a list or dict. A pair of
@@ -223,6 +224,18 @@ CLAIMS: tuple[Claim, ...] = (
           "ha_failover.json", "takeover_s_median", n="failovers"),
     Claim("adversary_bypassed", "adversary", "attacks on the HTTP ports that got through",
           "adversary.json", "bypassed", n="attacks"),
+    Claim("membership_false_10k", "membership_load", "false verdicts at 10k ranks (1,250 nodes), liveness over signed links",
+          "membership_load_links.json", "summary/links/10000/false_verdicts",
+          {"node records in etcd": "summary/aggregated/10000/false_verdicts"}, goal=("<=", 0), n="reps",
+          simulated=("sim-launchers",)),
+    Claim("membership_etcd_cpu_10k", "membership_load", "etcd CPU at 10k ranks, % of a core",
+          "membership_load_links.json", "summary/links/10000/server_cpu_pct",
+          {"node records in etcd": "summary/aggregated/10000/server_cpu_pct"}, n="reps",
+          simulated=("sim-launchers",)),
+    Claim("membership_coordinator_cpu_10k", "membership_load", "coordinator CPU at 10k ranks, % of a core",
+          "membership_load_links.json", "summary/links/10000/coordinator_cpu_pct",
+          {"node records in etcd": "summary/aggregated/10000/coordinator_cpu_pct"}, n="reps",
+          simulated=("sim-launchers",)),
     Claim("seam_drill_ratio", "seam_drill",
           "useful throughput under Slurm with a cooling fault, steps/s",
           "seam_drill_slurm_slowdown.json", "useful_throughput_with_control",
