@@ -121,12 +121,13 @@ class Timing:
     gap_s: float
     kill_after_s: float  # node failure: XID line first, rank processes killed this much later
     tick_s: float = 1.0
+    faults: tuple[str, ...] = FAULTS  # the fault-duration sweep runs the cooling fault alone
 
     def starts(self, t0: float) -> dict[str, float]:
-        return {f: t0 + self.calm_s + i * (self.fault_s + self.gap_s) for i, f in enumerate(FAULTS)}
+        return {f: t0 + self.calm_s + i * (self.fault_s + self.gap_s) for i, f in enumerate(self.faults)}
 
     def end(self, t0: float) -> float:
-        return t0 + self.calm_s + len(FAULTS) * (self.fault_s + self.gap_s)
+        return t0 + self.calm_s + len(self.faults) * (self.fault_s + self.gap_s)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -150,9 +151,10 @@ class Rep:
     """Everything one repetition starts, stopped in reverse order whatever happens."""
 
     def __init__(self, tb: Testbed, lay: Layout, disk: SlowDisk, work: Path, mode: str, timing: Timing,
-                 steps_s: float, launch: str = "slurm") -> None:
+                 steps_s: float, launch: str = "slurm", fault_durations: list[dict] | None = None) -> None:
         self.tb, self.lay, self.disk, self.work, self.mode, self.timing = tb, lay, disk, work, mode, timing
         self.launch = launch
+        self.fault_durations = fault_durations  # the controller's duration history (None: the priors)
         self.slurm: SlurmCluster | None = None
         self.slurm_job: int | None = None
         self.procs = NsProcs(tb)
@@ -177,7 +179,10 @@ class Rep:
         (w / "prometheus.yml").write_text(prometheus_yaml(
             agents, [f"{tb.addr(h, None)}:{JOB_METRICS_PORT}" for h in job_hosts], f"127.0.0.1:{TWIN_PORT}",
             self.timing.tick_s))
-        (w / "policy.yaml").write_text(policy_yaml())
+        policy = json.loads(policy_yaml())
+        if self.fault_durations is not None:
+            policy.setdefault("objective", {})["fault_durations"] = self.fault_durations
+        (w / "policy.yaml").write_text(json.dumps(policy, indent=1) + "\n")
         bins = None
         if self.launch == "slurm":
             self.slurm = SlurmCluster(w / "slurm", [lay.node(h) for h in range(lay.hosts)], slurmd=True, testbed=tb,
@@ -269,6 +274,27 @@ class Rep:
         r = prom_query(self.tb, self.ctl, self.prom, f'max(seamguard_job_step{{job_name="{self.lay.job}"}})', at)
         return float(r[0]["value"][1]) if r else None
 
+    def resumed_step(self, after: float, timeout_s: float) -> float | None:
+        """The step a job that was not stepping at ``after`` (requeued, its new run not resumed yet: it
+        reports 0 or nothing) resumed from: its first nonzero step after ``after``, waited for up to
+        ``timeout_s``. The job is credited with what it kept, not with steps it will redo."""
+        from urllib.parse import urlencode
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            q = urlencode({"query": f'max(seamguard_job_step{{job_name="{self.lay.job}"}})', "start": f"{after:.3f}",
+                           "end": f"{time.time():.3f}", "step": "0.5"})
+            text = ns_get(self.tb, self.ctl, f"{self.prom}/api/v1/query_range?{q}")
+            try:
+                values = json.loads(text)["data"]["result"][0]["values"] if text else []
+            except (ValueError, KeyError, IndexError):
+                values = []
+            hit = next((float(v) for _, v in values if float(v) > 0), None)
+            if hit is not None:
+                return hit
+            time.sleep(2)
+        return None
+
     def wait_job_training(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -318,7 +344,7 @@ class Rep:
         step0, probe_before = self.job_step(t0), fsync_ms(self.disk.mount)
         probe_during = None
         ends = {}
-        for f in FAULTS:
+        for f in t.faults:
             _sleep_until(starts[f])
             log(f"{self.mode}: {f} on")
             self.inject(f, True)
@@ -335,7 +361,7 @@ class Rep:
             log(f"{self.mode}: {f} off")
         t_end = t.end(t0)
         _sleep_until(t_end + 2)
-        step1 = self.job_step(t_end)
+        step1 = self.job_step(t_end) or self.resumed_step(t_end, 120)
         trace = self.save_trace(t0 - 5, t_end)
         series = (trace.get("max(seamguard_job_step)") or [{}])[0].get("values", [])  # whichever host serves it
         steps = [(float(ts), float(v)) for ts, v in series]
@@ -346,6 +372,7 @@ class Rep:
         delivered = read_jsonl(self.work / "hints" / ".seamguard-hints.jsonl")
         cover = covered(self.lay)
         throughput = (step1 - step0) / (t_end - t0) if step0 is not None and step1 is not None else None
+        goodput = self.goodput(t0, t_end, starts, cover) if "gray_link" in t.faults else None
         return {
             "mode": self.mode,
             "faults": fault_figures(starts, ends, cover, events, job_events, delivered, steps),
@@ -359,9 +386,50 @@ class Rep:
             "controller_errors": sum(1 for e in events if e.get("kind") == "controller"),
             "controller_alive": self.procs.alive("controller"),
             "cooling_slowdown": self.slowdown_plan(),
+            "moves": self.moves(starts),
+            "goodput": goodput,
             "launch": self.launch,
             **({"slurm": slurm} if slurm else {}),
         }
+
+    def moves(self, starts: dict[str, float]) -> list[dict]:
+        """Every move_job the planner decided, when (s after the cooling fault began), and what it priced
+        it over: the fault's age and expected remaining time, benefit and cost (the ledger's decision rows)."""
+        import sqlite3
+
+        db = self.work / "ctl" / "seamguard.db"
+        if not db.exists():
+            return []
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
+            rows = con.execute("SELECT t_s, key, reason, evidence, benefit, cost FROM decisions "
+                               "WHERE verb = 'move_job' AND event = 'decided' ORDER BY t_s").fetchall()
+        t_cool = starts.get("cooling")
+        out = []
+        for t_s, key, reason, evidence, benefit, cost in rows:
+            ev = {e[0].partition(":")[0]: e for e in json.loads(evidence or "[]") if isinstance(e, list) and e}
+            rem = ev.get("fault_remaining")
+            out.append({"key": key, "after_fault_start_s": round(t_s - t_cool, 1) if t_cool else None,
+                        "fault_age_s": rem[1] if rem else None, "expected_remaining_s": rem[2] if rem else None,
+                        "benefit_gpu_h_per_h": benefit, "cost_gpu_h_per_h": cost, "reason": reason})
+        return out
+
+    def goodput(self, t0: float, t_end: float, starts: dict[str, float], cover: dict[str, set[str]]) -> dict | None:
+        """Live goodput of the job over the drill (`seamguard goodput` on this repetition's Prometheus,
+        topology and ledger): the causes, how far their sum is from the wall time, and each fault's
+        lost seconds by cause and entity over the fault and its gap (docs/goodput.md)."""
+        w, ctl = self.work, self.ctl
+        argv = [*self.tb.exec_prefix(ctl), "env", f"PYTHONPATH={ROOT / 'src'}", sys.executable, "-m", "seamguard",
+                "goodput", "--job", self.lay.job, "--since", f"{t0:.3f}", "--until", f"{t_end:.3f}", "--step", "1",
+                "--prometheus", self.prom, "--topology", str(w / "fleet.yaml"), "--ledger", str(w / "ctl" / "seamguard.db"),
+                "-o", "json"]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": "seamguard goodput took over 180 s"}
+        if p.returncode != 0:
+            return {"error": (p.stderr.strip().splitlines() or ["exit " + str(p.returncode)])[-1]}
+        g = json.loads(p.stdout.splitlines()[-1])["jobs"][0]
+        return goodput_check(g, starts, self.timing, cover)
 
     def slowdown_plan(self) -> dict | None:
         """The HW slowdown the twin planned for the cooling fault (testbed/hw_slowdown.py): per node
@@ -409,6 +477,33 @@ class Rep:
             kill_namespace(self.tb, h)
 
 
+def goodput_check(g: dict, starts: dict[str, float], timing: Timing, cover: dict[str, set[str]]) -> dict:
+    """What the drill checks of a job's goodput record: its causes add up to its wall time, and the
+    time each fault cost (over the fault and its gap) is charged to causes and entities it covers:
+    per fault, lost seconds by cause, the share on entities the fault covers, and the rest."""
+    total = sum(g["by_cause_s"].values())
+    out = {"wall_s": g["wall_s"], "by_cause_s": g["by_cause_s"], "ettr": g["ettr"],
+           "sum_error_fraction": round(abs(total - g["wall_s"]) / g["wall_s"], 6) if g["wall_s"] else None,
+           "faults": {}}
+    for f, t_f in starts.items():
+        a, b = t_f, t_f + timing.fault_s + timing.gap_s
+        lost: dict[str, float] = {}
+        by_entity: dict[str, float] = {}
+        for s in g.get("spans", []):
+            x = max(0.0, min(b, s["end_s"]) - max(a, s["start_s"]))
+            if x <= 0 or s["cause"] == "productive":
+                continue
+            lost[s["cause"]] = lost.get(s["cause"], 0.0) + x
+            k = f"{s['cause']} {s['entity']} ({s['seam']})"
+            by_entity[k] = by_entity.get(k, 0.0) + x
+        out["faults"][f] = {
+            "lost_s": {c: round(v, 2) for c, v in sorted(lost.items())},
+            "lost_by_cause_entity_s": {k: round(v, 2) for k, v in sorted(by_entity.items(), key=lambda kv: -kv[1])},
+            "lost_on_covered_entities_s": round(sum(v for k, v in by_entity.items()
+                                                    if k.split(" ")[1] in cover[f]), 2)}
+    return out
+
+
 def _sleep_until(t: float) -> None:
     while (d := t - time.time()) > 0:
         time.sleep(min(d, 0.2))
@@ -442,6 +537,72 @@ def summarize(reps: list[dict]) -> dict:
     }
 
 
+# ---- the fault-duration sweep ---------------------------------------------------------------------------
+# Per fault duration D, the cooling fault alone, three arms interleaved: no control (dry_run); control
+# with the published prior for how long a loop's flow loss lasts (2 h, exponential: today's planner,
+# which moves at first sight); control with a calibrated history of this loop's flow losses, which
+# last about D (`HISTORY_N` past incidents, lognormal around D, fitted by twin/calibrate.py's
+# `lognormal_fit` and handed to the planner as `objective.fault_durations`, as `seamguard twin
+# calibrate` would). The prior arm measures what acting costs or buys at D; the history arm whether
+# the planner acts there.
+ARMS = (("no_control", "dry_run", False), ("control_prior", "enforce", False), ("control_history", "enforce", True))
+HISTORY_N, HISTORY_SIGMA, HISTORY_SEED = 20, 0.25, 40
+
+
+def history_rows(duration_s: float) -> list[dict]:
+    """The calibrated ``durations`` row of a loop whose flow losses last about ``duration_s``."""
+    import numpy as np
+
+    from seamguard.twin.calibrate import lognormal_fit
+
+    past = np.random.default_rng(HISTORY_SEED).lognormal(np.log(duration_s), HISTORY_SIGMA, HISTORY_N)
+    return [{"domain": "cooling_loop", "class": "gray", "source": "measured", **lognormal_fit(past.tolist()),
+             "from": f"{HISTORY_N} past flow losses of this loop, lognormal around {duration_s:g} s "
+                     f"(sigma {HISTORY_SIGMA}, seed {HISTORY_SEED})"}]
+
+
+def summarize_sweep(reps: list[dict], durations: list[float]) -> dict:
+    """Per duration: each arm's useful throughput and moves; the ratios to no control; where acting
+    (the prior arm's move) starts to pay, and whether the history arm moved only there."""
+    per = {}
+    ctl = [a for a, _, _ in ARMS if a != "no_control"]
+    for d in durations:
+        arms = {a: [r for r in reps if r["fault_duration_s"] == d and r["arm"] == a] for a, _, _ in ARMS}
+        tput = {a: stats([r["useful_steps_per_s"] for r in rs])["median"] for a, rs in arms.items()}
+        base = tput["no_control"]
+        ratio = {a: round(tput[a] / base, 3) if tput[a] and base else None for a in ctl}
+        moved = {a: sum(bool(r["moves"]) for r in arms[a]) / len(arms[a]) if arms[a] else None for a in ctl}
+        calm = {a: stats([r["steps_per_s_by_phase"].get("calm") for r in rs])["median"] for a, rs in arms.items()}
+        per[f"{d:g}"] = {
+            "useful_steps_per_s": tput, "ratio_to_no_control": ratio, "moved_share": moved,
+            "calm_steps_per_s": calm,  # before the fault: how much of a difference the machine's load makes
+            "relative_to_own_calm": {a: round(tput[a] / calm[a], 3) if tput[a] is not None and calm[a] else None
+                                     for a in tput},
+            "moved": {a: bool(moved[a]) for a in ctl},
+            "first_move": {a: next((r["moves"][0] for r in arms[a] if r["moves"]), None) for a in ctl},
+            "acting_pays": (ratio["control_prior"] > 1.0) if ratio["control_prior"] is not None and moved[
+                "control_prior"] else None}
+    paid = [float(d) for d, x in per.items() if x["acting_pays"]]
+    acted = [float(d) for d, x in per.items() if x["moved"]["control_history"]]
+    return {"per_duration": per,
+            "acting_pays_from_s": min(paid) if paid else None,
+            "history_planner_moved_at_s": acted,
+            "history_planner_acted_only_where_acting_paid": all(per[k]["acting_pays"] for k in per
+                                                                 if per[k]["moved"]["control_history"]),
+            "history_planner_acted_wherever_acting_paid": all(per[k]["moved"]["control_history"] for k in per
+                                                              if per[k]["acting_pays"])}
+
+
+def print_sweep(out: dict) -> None:
+    print(f"{'fault_s':>8} {'no control':>11} {'prior':>7} {'history':>8}  prior/none  history/none  moved prior/history")
+    for d, x in out["per_duration"].items():
+        t, r, m = x["useful_steps_per_s"], x["ratio_to_no_control"], x["moved"]
+        print(f"{d:>8} {t['no_control']!s:>11} {t['control_prior']!s:>7} {t['control_history']!s:>8}  "
+              f"{r['control_prior']!s:>10}  {r['control_history']!s:>12}  {m['control_prior']}/{m['control_history']}")
+    print(f"acting pays from {out['acting_pays_from_s']} s; the planner with history moved at {out['history_planner_moved_at_s']}"
+          f"; only where it paid: {out['history_planner_acted_only_where_acting_paid']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 repetition per mode, 15 s faults")
@@ -450,7 +611,12 @@ def main() -> None:
     ap.add_argument("--launch", choices=("slurm", "direct"), default="slurm",
                     help="slurm: sbatch the job on the test bed's Slurm cluster (default); direct: start "
                          "`seamguard launch` on each node without Slurm")
+    ap.add_argument("--fault-duration-s", default=None, metavar="S[,S...]",
+                    help="sweep the cooling fault's duration instead of the four-fault drill: per duration, no "
+                         "control, control on the published prior, control on a history of faults that long "
+                         "(e.g. 15,60,240,900)")
     a = ap.parse_args()
+    durations = parse_durations(a.fault_duration_s) if a.fault_duration_s else None
     if os.geteuid() != 0:
         sys.exit("error: seam_drill needs root (ip netns, tc, mount, losetup)")
     missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
@@ -460,6 +626,7 @@ def main() -> None:
     reps = 1 if a.quick else a.reps
     timing = Timing(calm_s=15, fault_s=15, gap_s=10, kill_after_s=5) if a.quick else \
         Timing(calm_s=30, fault_s=30, gap_s=20, kill_after_s=8)
+    plan = sweep_plan(durations, reps) if durations else drill_plan(reps, timing)
     private_mounts()
     load0 = os.getloadavg()
     t_start = time.monotonic()
@@ -472,17 +639,15 @@ def main() -> None:
     try:
         tb.up()
         disk.up()
-        for k in range(reps):
-            order = MODES if k % 2 == 0 else MODES[::-1]
-            for mode in order:
-                rep = Rep(tb, lay, disk, work / f"rep{k}-{mode}", mode, timing, steps_s=0.05, launch=a.launch)
-                rep.work.mkdir(parents=True)
-                try:
-                    log(f"rep {k} {mode}: starting")
-                    results.append(rep.run())
-                    log(f"rep {k} {mode}: {json.dumps(results[-1])}")
-                finally:
-                    rep.stop()
+        for name, mode, tm, hist, tags in plan:
+            rep = Rep(tb, lay, disk, work / name, mode, tm, steps_s=0.05, launch=a.launch, fault_durations=hist)
+            rep.work.mkdir(parents=True)
+            try:
+                log(f"{name}: starting")
+                results.append({**tags, **rep.run()})
+                log(f"{name}: {json.dumps(results[-1])}")
+            finally:
+                rep.stop()
     finally:
         disk.down()
         tb.down()
@@ -493,12 +658,45 @@ def main() -> None:
         "launch": ("sbatch on the test bed's Slurm cluster (slurmctld + a slurmd per host namespace); srun starts "
                    "seamguard launch on 2 nodes (TCPStore)" if a.launch == "slurm" else
                    "seamguard launch across 2 testbed hosts (etcd store), not through Slurm"),
-        **summarize(results), "reps": results,
+        **(summarize_sweep(results, durations) if durations else summarize(results)),
+        **({"history": {"n": HISTORY_N, "sigma": HISTORY_SIGMA, "seed": HISTORY_SEED}} if durations else {}),
+        "reps": results,
         "wall_s": round(time.monotonic() - t_start, 1),
         "loadavg_start": [round(x, 2) for x in load0], "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     }
-    print_table(out)
+    (print_sweep if durations else print_table)(out)
     print(json.dumps(out))
+
+
+def parse_durations(text: str) -> list[float]:
+    """``--fault-duration-s``: comma-separated seconds, each > 0; one-line error otherwise."""
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"error: --fault-duration-s: expected seconds like 15,60,240, got {text!r}")
+    if not out or any(not (0 < d <= 7200) for d in out):
+        sys.exit(f"error: --fault-duration-s: each duration must be in (0, 7200] s, got {text!r}")
+    return out
+
+
+def drill_plan(reps: int, timing: Timing) -> list[tuple]:
+    """The four-fault drill: each repetition in both modes, interleaved (name, mode, timing, history, tags)."""
+    return [(f"rep{k}-{mode}", mode, timing, None, {})
+            for k in range(reps) for mode in (MODES if k % 2 == 0 else MODES[::-1])]
+
+
+def sweep_plan(durations: list[float], reps: int) -> list[tuple]:
+    """The sweep: per duration and repetition the three arms, rotated so no arm always runs first."""
+    plan = []
+    for k in range(reps):
+        for i, d in enumerate(durations):
+            # a gap long enough for a requeued job to be stepping again when the window ends
+            tm = Timing(calm_s=10, fault_s=d, gap_s=45, kill_after_s=0, faults=("cooling",))
+            arms = ARMS[(i + k) % 3:] + ARMS[:(i + k) % 3]
+            for arm, mode, hist in arms:
+                plan.append((f"d{d:g}-rep{k}-{arm}", mode, tm, history_rows(d) if hist else None,
+                             {"arm": arm, "fault_duration_s": d}))
+    return plan
 
 
 def print_table(out: dict) -> None:
