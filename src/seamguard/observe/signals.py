@@ -72,6 +72,18 @@ def _per_node(counts: str, agg: str = "sum") -> str:
     return f'({agg} by (node) ({counts})) or (0 * group by (node) (seamguard_agent_info{{node!=""{{sel}}}}))'
 
 
+def _host_counts(name: str) -> str:
+    """``name``'s per-controller counts with a `node` label whoever exports them.
+
+    The agent labels its host series `node`; node_exporter's edac collector has only the
+    scrape target's `instance` (``host.domain:9100``), which names the same node once port and
+    domain are dropped, as the default mapping does for every node-level series
+    (observe/prommap.py). Where both export a controller, one copy counts (`max`), not the sum.
+    """
+    theirs = f'label_replace({name}{{node=""{{sel}}}}, "node", "$1", "instance", "([^.:]+)[^:]*(:[0-9]+)?")'
+    return f'max by (node, controller, csrow) ({name}{{node!=""{{sel}}}} or {theirs})'
+
+
 _G, _N, _L, _C, _R, _S, _J = Kind.GPU, Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK, Kind.STORAGE, Kind.JOB
 _NO = Kind.NODE
 F, C, FB, ST, RT = Domain.FACILITIES, Domain.COMPUTE, Domain.FABRIC, Domain.STORAGE, Domain.RUNTIME
@@ -165,10 +177,10 @@ SIGNALS: tuple[Signal, ...] = (
     # the node agent's host and NVSwitch series, per node (docs/agent.md)
     Signal("node_edac_correctable_errors_total", _NO, "errors", C, +1, counter=True,
            coverage_judged=False, help="host memory correctable errors, all memory controllers (Linux EDAC ce_count)",
-           query=_per_node('node_edac_correctable_errors_total{node!=""{sel}}')),
+           query=_per_node(_host_counts("node_edac_correctable_errors_total"))),
     Signal("node_edac_uncorrectable_errors_total", _NO, "errors", C, +1, counter=True,
            coverage_judged=False, help="host memory uncorrectable errors, all memory controllers (Linux EDAC ue_count)",
-           query=_per_node('node_edac_uncorrectable_errors_total{node!=""{sel}}')),
+           query=_per_node(_host_counts("node_edac_uncorrectable_errors_total"))),
     Signal("seamguard_sxid_fatal_total", _NO, "events", C, +1, counter=True,
            coverage_judged=False, help="kernel-log fatal NVSwitch SXids on the node",
            query=_per_node('seamguard_sxid_errors_total{severity="fatal"{sel}}')),
