@@ -80,11 +80,12 @@ class Runtime:
                  settings: RuntimeSettings, run_id: str, advertise_host: str = "127.0.0.1",
                  store_url: StoreUrl = TCP_STORE, node_store: tuple[str, int] | None = None,
                  launcher_pid: int | None = None, mirror_lag_s: float = 0.0, clock: Clock = SYSTEM_CLOCK,
-                 profile: bool = False):
+                 profile: bool = False, where: tuple[str, int] = ("localhost", 0)):
         """``mirror_lag_s``: how much older the node's mirror of the control counter may be
         (a node beat, when aggregated); ``clock``: where every part reads the time;
         ``profile``: add up where the time goes (SEAMGUARD_PROFILE=1; runtime/profile.py),
-        fixed before the runtime's threads start."""
+        fixed before the runtime's threads start; ``where``: (host as the topology names
+        it, local GPU slot), which the heartbeat reports for the job's metrics."""
         self.wid = wid
         self.time = clock
         self.settings = settings
@@ -132,10 +133,10 @@ class Runtime:
         self.store.set(keys.worker_addr(wid), self.server.address)
         self.store.set(keys.worker_pid(wid), str(os.getpid()))
         self.store.set(keys.worker_slots(wid), self.slots.prefix)
-        self._start_parts(job_store, node_store, run_id)
+        self._start_parts(job_store, node_store, run_id, where)
 
     def _start_parts(self, job_store: Callable[[], dist.Store], node_store: tuple[str, int] | None,
-                     run_id: str) -> None:
+                     run_id: str, where: tuple[str, int]) -> None:
         """The parts of the façade (docs/runtime.md, module map); the threads of the
         pipeline and the follower get what they need now, before they start."""
         settings = self.settings
@@ -151,9 +152,7 @@ class Runtime:
         # heartbeats go to the node's launcher (multi-node, etcd), else to the job's store
         beat_store = _opener(node_store, settings.recovery_timeout_s) if node_store else job_store
         self.follower = MembershipFollower(
-            self.wid, beat_store, settings.heartbeat_interval_s, self.progress, self.controls,
-            (os.environ.get("SEAMGUARD_NODE_NAME") or socket.gethostname().split(".")[0],
-             int(os.environ.get("LOCAL_RANK", "0"))),
+            self.wid, beat_store, settings.heartbeat_interval_s, self.progress, self.controls, where,
             self.time, self.clock, settings.snapshot_auto, self.pipeline.prepare_spare_slot)
         self.follower.start()
 
@@ -173,7 +172,9 @@ class Runtime:
                    parse_store_url(env.get("SEAMGUARD_STORE", ""), env.get("SEAMGUARD_RUN_ID", "seamguard")),
                    _host_port(env.get("SEAMGUARD_NODE_STORE", "")),
                    int(env.get(LAUNCHER_PID_ENV, "0")) or None, float(env.get("SEAMGUARD_NODE_BEAT_S", "0")),
-                   profile=env.get("SEAMGUARD_PROFILE") == "1")
+                   profile=env.get("SEAMGUARD_PROFILE") == "1",
+                   where=(env.get("SEAMGUARD_NODE_NAME") or socket.gethostname().split(".")[0],
+                          int(env.get("LOCAL_RANK", "0"))))
 
     def register(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  sampler: GlobalBatchSampler) -> None:
