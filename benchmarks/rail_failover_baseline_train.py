@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-X
+from seamguard.testbed.rails_job import batch, build_model  # the same job as seamguard's side
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, required=True)
