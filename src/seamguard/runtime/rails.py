@@ -168,6 +168,7 @@ class RailGroup:
         self._round = 0
         self._stop = threading.Event()
         self._watch_store = own_connection(store)  # the watcher polls while the votes wait
+        self._stale_votes: list[str] = []  # this rank's spent vote keys; the watcher deletes them
         self.events: list[dict] = []  # rail transitions, for the job's log
         self.causes: list[dict] = []  # why this rank abandoned chunks (carrier, peer flag, timeout)
         # Processes start with seconds of skew; gloo's connect timeout is short by design,
@@ -250,6 +251,18 @@ class RailGroup:
                                 self._local_fail[r] = max(self._local_fail[r], gen)
                     except Exception:  # noqa: BLE001 - store hiccup: the vote still agrees
                         pass
+            self._delete_stale_votes()
+
+    def _delete_stale_votes(self) -> None:
+        """Delete spent vote keys over the watcher's connection, off the collective's path
+        (one store round trip less per step)."""
+        with self._lock:
+            stale, self._stale_votes = self._stale_votes, []
+        for key in stale:
+            try:
+                self._watch_store.delete_key(key)
+            except Exception:  # noqa: BLE001 - a stale key costs only memory
+                pass
 
     # ---- collectives -----------------------------------------------------------------------
     def allreduce_(self, flat: torch.Tensor, step: int, avoid: frozenset[int] = frozenset()) -> CollectiveReport:
@@ -432,10 +445,8 @@ class RailGroup:
                                 "t_wall": time.time()})
         if self._round > 2:
             # every rank has read round n-2's votes once it voted in round n-1
-            try:
-                self.store.delete_key(f"{self.prefix}/vote/{self._round - 3}/{self.rank}")
-            except Exception:  # noqa: BLE001 - a stale key costs only memory
-                pass
+            with self._lock:
+                self._stale_votes.append(f"{self.prefix}/vote/{self._round - 3}/{self.rank}")
         return dec
 
     def _probe_figures(self, rail: int, votes: list[Vote]) -> dict[str, float]:
