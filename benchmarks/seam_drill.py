@@ -102,6 +102,16 @@ TRACE = ("seamguard_fabric_link_latency_us", "seamguard_storage_write_latency_ms
          "seamguard_job_uncommitted_seconds", "max(seamguard_job_step)")
 
 
+class AccountedSlurm(SlurmCluster):
+    """The test bed's Slurm cluster with the job-completion log on (``sacct -c`` reads it; there is no
+    slurmdbd), so `seamguard goodput --slurm` counts the time a requeued job is down as its own."""
+
+    def _write_conf(self) -> None:
+        super()._write_conf()
+        with open(self.conf, "a") as f:
+            f.write(f"JobCompType=jobcomp/filetxt\nJobCompLoc={self.workdir / 'jobcomp.txt'}\n")
+
+
 def log(msg: str) -> None:
     print(f"[seam_drill {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -185,7 +195,7 @@ class Rep:
         (w / "policy.yaml").write_text(json.dumps(policy, indent=1) + "\n")
         bins = None
         if self.launch == "slurm":
-            self.slurm = SlurmCluster(w / "slurm", [lay.node(h) for h in range(lay.hosts)], slurmd=True, testbed=tb,
+            self.slurm = AccountedSlurm(w / "slurm", [lay.node(h) for h in range(lay.hosts)], slurmd=True, testbed=tb,
                                       controller_host=self.ctl, node_hosts=list(range(lay.hosts)),
                                       controller_is_node=True, cred_expire_s=5, kill_wait_s=2)
             bins = SlurmBins(*(self.slurm.bin(c) for c in ("scontrol", "sinfo", "squeue", "scancel")))
@@ -372,7 +382,9 @@ class Rep:
         delivered = read_jsonl(self.work / "hints" / ".seamguard-hints.jsonl")
         cover = covered(self.lay)
         throughput = (step1 - step0) / (t_end - t0) if step0 is not None and step1 is not None else None
-        goodput = self.goodput(t0, t_end, starts, cover) if "gray_link" in t.faults else None
+        four = "gray_link" in t.faults
+        goodput = self.goodput(t0, t_end, starts, cover) if four else None
+        goodput_slurm = self.goodput(t0, t_end, starts, cover, accounting=True) if four and self.slurm else None
         return {
             "mode": self.mode,
             "faults": fault_figures(starts, ends, cover, events, job_events, delivered, steps),
@@ -387,7 +399,7 @@ class Rep:
             "controller_alive": self.procs.alive("controller"),
             "cooling_slowdown": self.slowdown_plan(),
             "moves": self.moves(starts),
-            "goodput": goodput,
+            "goodput": goodput, "goodput_with_slurm_accounting": goodput_slurm,
             "launch": self.launch,
             **({"slurm": slurm} if slurm else {}),
         }
@@ -413,15 +425,20 @@ class Rep:
                         "benefit_gpu_h_per_h": benefit, "cost_gpu_h_per_h": cost, "reason": reason})
         return out
 
-    def goodput(self, t0: float, t_end: float, starts: dict[str, float], cover: dict[str, set[str]]) -> dict | None:
+    def goodput(self, t0: float, t_end: float, starts: dict[str, float], cover: dict[str, set[str]],
+                accounting: bool = False) -> dict | None:
         """Live goodput of the job over the drill (`seamguard goodput` on this repetition's Prometheus,
-        topology and ledger): the causes, how far their sum is from the wall time, and each fault's
+        topology and ledger; ``accounting``: and Slurm's, `--slurm --sacct-completion`, so a requeued
+        job's time down counts): the causes, how far their sum is from the wall time, and each fault's
         lost seconds by cause and entity over the fault and its gap (docs/goodput.md)."""
-        w, ctl = self.work, self.ctl
-        argv = [*self.tb.exec_prefix(ctl), "env", f"PYTHONPATH={ROOT / 'src'}", sys.executable, "-m", "seamguard",
-                "goodput", "--job", self.lay.job, "--since", f"{t0:.3f}", "--until", f"{t_end:.3f}", "--step", "1",
-                "--prometheus", self.prom, "--topology", str(w / "fleet.yaml"), "--ledger", str(w / "ctl" / "seamguard.db"),
-                "-o", "json"]
+        w = self.work
+        conf, extra = [], []
+        if accounting and self.slurm is not None:
+            conf, extra = [f"SLURM_CONF={self.slurm.conf}"], ["--slurm", "--sacct-completion"]
+        argv = [*self.tb.exec_prefix(self.ctl), "env", f"PYTHONPATH={ROOT / 'src'}", *conf, sys.executable, "-m",
+                "seamguard", "goodput", "--job", self.lay.job, "--since", f"{t0:.3f}", "--until", f"{t_end:.3f}",
+                "--step", "1", "--prometheus", self.prom, "--topology", str(w / "fleet.yaml"), "--ledger",
+                str(w / "ctl" / "seamguard.db"), *extra, "-o", "json"]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
         except subprocess.TimeoutExpired:
@@ -500,7 +517,9 @@ def goodput_check(g: dict, starts: dict[str, float], timing: Timing, cover: dict
             "lost_s": {c: round(v, 2) for c, v in sorted(lost.items())},
             "lost_by_cause_entity_s": {k: round(v, 2) for k, v in sorted(by_entity.items(), key=lambda kv: -kv[1])},
             "lost_on_covered_entities_s": round(sum(v for k, v in by_entity.items()
-                                                    if k.split(" ")[1] in cover[f]), 2)}
+                                                    if k.split(" ")[1] in cover[f]), 2),
+            "spans": [[round(s["start_s"] - t_f, 2), round(s["end_s"] - t_f, 2), s["cause"], s["entity"], s["why"][:120]]
+                      for s in g.get("spans", []) if s["end_s"] > a and s["start_s"] < b]}
     return out
 
 
