@@ -431,10 +431,16 @@ def gpu_evidence(fleet: Fleet, frame: Frame, hist: History, cfg: EvidenceConfig,
     clock_own_new = ew(g.clock_own, o_sample, alpha(g.clock_own_n, dt_s, bcfg.half_life_s, bcfg.warm_samples), olearn)
     clock_own_n_new = count_up(g.clock_own_n, olearn)
 
-    # Normalise compute time by the GPU's clock against its peers': a throttled GPU is
-    # slow because of its clock (thermal evidence covers it); a fail-slow GPU is slow at
-    # full clock, which is what this channel is for.
-    compute = compute * (clock / clock_med)
+    # Normalise compute time by the GPU's own clock: a throttled GPU is slow because of its
+    # clock (thermal and clock evidence cover it); a fail-slow GPU is slow at full clock,
+    # which is what this channel is for. compute x clock is the step's work in cycles, the
+    # same for every rank of the job whatever its clock; it is put back in seconds at one
+    # clock for the whole fleet, which cancels when a rank is compared with its job's others.
+    # Never each GPU's leave-one-out median clock: with half a job throttled that median is
+    # the throttled half's clock for each healthy GPU alone, and the healthy half read slow.
+    seen = clock[np.isfinite(clock)]
+    ref_clock = float(np.median(seen)) if seen.size else np.nan
+    compute = np.where(clock_peers >= 3, compute * clock / ref_clock, np.nan)
     z_comp, comp_med, _ = loo_robust_z(compute, job_group, n_jobs, floor=1e-3)
     excess = compute / comp_med - 1.0
     s_compute = np.where(z_comp >= 4.0, ramp(excess, *cfg.compute_excess), 0.0)
