@@ -70,6 +70,14 @@ GOALS = {"recall": 0.95, "precision": 0.95, "healthy_drains": 0, "median_delay_s
          "cooling_lead_s": 60.0, "max_checkpoint_requests_per_fault_and_job": 1}
 
 
+# The named channels written for each held-out class (docs/evaluation.md). A class with none is
+# seen, if at all, through the series nobody named (hbm_heat: DCGM_FI_DEV_MEMORY_TEMP); a class
+# not listed here counts as having none.
+HELDOUT_CHANNELS: dict[str, tuple[str, ...]] = {
+    "pcie_downtrain": ("pcie_link",), "host_memory_ue": ("host_memory",), "hbm_heat": (),
+    "nvswitch_sxid": ("nvswitch", "nvswitch_fatal")}
+
+
 ARMS = {"dev": (0, "dev", FAULT_CLASS_NAMES), "heldout": (1000, "shifted", HELDOUT_CLASS_NAMES)}
 DETECTORS = ("seamguard", "operator_rules")
 
@@ -335,7 +343,8 @@ def arm_result(arm: str, specs: list[ScenarioSpec], per: dict[str, list[dict]], 
     return {"seeds": [s.seed for s in specs], "physics": specs[0].physics if specs else None,
             "scenarios": len(specs), "gpus": sorted({s.gpus for s in specs}),
             "faults": sum(len(s.faults) for s in specs),
-            "classes_without_channel": [c for c in HELDOUT_ONLY if any(c in s.faults for s in specs)],
+            "classes_without_channel": [c for c in HELDOUT_ONLY if not HELDOUT_CHANNELS.get(c)
+                                        and any(c in s.faults for s in specs)],
             **aggs, "goals_seamguard": goals(aggs["seamguard"]), "goals_operator_rules": goals(aggs["operator_rules"])}
 
 

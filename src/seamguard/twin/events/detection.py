@@ -20,7 +20,8 @@ Which detector classes stand for which twin event (the twin has fewer, coarser e
 * ``fail_slow_comm``: ``fabric_latency``, ``fabric_congestion``, ``ib_symbol_errors``;
 * ``cooling``: ``cooling_loop_flow``;
 * ``precursor`` (evidence ahead of a hard node failure): ``pcie_replay``, ``ecc_sbe``,
-  ``nvlink_errors``, ``row_remap`` and the held-out ``host_memory_ue``.
+  ``nvlink_errors``, ``row_remap`` and the held-out ``host_memory_ue`` and ``nvswitch_sxid``
+  (non-fatal SXids climbing ahead of a fatal one that stops the NVLink domain's GPUs).
 
 Two result layouts are read: ``current`` (one detector on one set of histories) and
 ``arms`` (per set of histories, each detector's block): there the ``heldout`` arm's
@@ -47,7 +48,7 @@ TWIN_EVENT_CLASSES: dict[str, tuple[str, ...]] = {
                           "hbm_heat"),
     "fail_slow_comm": ("fabric_latency", "fabric_congestion", "ib_symbol_errors"),
     "cooling": ("cooling_loop_flow",),
-    "precursor": ("pcie_replay", "ecc_sbe", "nvlink_errors", "row_remap", "host_memory_ue"),
+    "precursor": ("pcie_replay", "ecc_sbe", "nvlink_errors", "row_remap", "host_memory_ue", "nvswitch_sxid"),
 }
 
 _Z90 = 1.2815515655446004   # standard normal 90th percentile
