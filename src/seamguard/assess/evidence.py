@@ -120,6 +120,8 @@ class EvidenceConfig(BaseModel):
                                       "which it has stopped answering (hard)")
     probe_failures: tuple[float, float] = Field((0.0, 2.0), description="failed or hung storage probes within the "
                                                 "flap window")
+    probers_agree_min: int = Field(2, ge=1, description="probers (and more than half of those reporting) that must "
+                                   "see probes fail before the failures are the path's (fewer probers: all of them)")
     supply_over_max_c: tuple[float, float] = Field((-1.0, 3.0), description="loop supply above its design maximum "
                                                    "(topology supply_temp_max_c), °C")
     facility_weight: float = Field(0.75, ge=0, le=1, description="share of a loop's GFS its GPUs inherit")
@@ -756,7 +758,14 @@ def storage_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Base
     down = np.nan_to_num(up, nan=1.0) < cfg.probe_up_min_share
     failures = np.zeros(n) if hist is None else _count(hist, "seamguard_storage_probe_failures_total", frame,
                                                        cfg.flap_window_s)
-    s_fail = ramp(failures, *cfg.probe_failures)
+    # Failed probes are the path's only when a share of its probers see them: at least
+    # probers_agree_min and more than half of those reporting (a path with fewer probers: all
+    # of them). One prober whose own NIC or mount fails is that node's problem, not the path's.
+    # Without the prober counts (a source that does not give them) every failure counts.
+    probers, failing = frame.get("seamguard_storage_probers"), frame.get("seamguard_storage_probers_failing")
+    known = np.isfinite(probers) & np.isfinite(failing) & (probers >= 1)
+    agreed = (failing >= np.minimum(cfg.probers_agree_min, probers)) & (2.0 * failing > probers)
+    s_fail = np.where(known & ~agreed, 0.0, ramp(failures, *cfg.probe_failures))
     s_probe = np.maximum(down.astype(float), s_fail)
     learn = np.ones(n, dtype=bool) if learn is None else learn
     new, own, warm = latency_step(base.storage, lat, learn & (s_peer < 0.2) & (s_abs < 0.2) & (s_probe < 0.2), dt_s,
@@ -767,8 +776,8 @@ def storage_evidence(fleet: Fleet, frame: Frame, cfg: EvidenceConfig, base: Base
     s_rel = np.where(warm, np.where(peered, np.minimum(s_peer, s_own), s_own), s_peer)
     none = np.zeros(n, dtype=bool)
     return Evidence(Kind.STORAGE, ("latency_ratio", "latency_ms", "latency_own", "probe_down", "probe_failures",
-                                   "warming"),
-                    ("ratio", "milliseconds", "ratio", "share", "probes", "bool"),
-                    _stack([s_rel, s_abs, np.zeros(n), down.astype(float), s_fail, np.zeros(n)]),
-                    _stack([ratio, lat, own, up, failures, (~warm).astype(float)]),
+                                   "probers_failing", "warming"),
+                    ("ratio", "milliseconds", "ratio", "share", "probes", "share", "bool"),
+                    _stack([s_rel, s_abs, np.zeros(n), down.astype(float), s_fail, np.zeros(n), np.zeros(n)]),
+                    _stack([ratio, lat, own, up, failures, np.where(known, failing / np.maximum(probers, 1.0), np.nan), (~warm).astype(float)]),
                     down, down), new

@@ -202,6 +202,16 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("seamguard_storage_probe_failures_total", _S, "probes", ST, +1, counter=True,
            coverage_judged=False, help="storage probes that failed (error) or hung past the timeout, all probers",
            query='sum by (storage) (seamguard_storage_probe_failures_total{storage!=""{sel}})'),
+    # Who saw the failures: a path's failed probes count only when a share of its probers
+    # agree (one prober's own NIC or mount is that node's problem); 5 min is the flap window.
+    Signal("seamguard_storage_probers", _S, "probers", ST, 0,
+           coverage_judged=False, help="probers of the path that report (agents probing it)",
+           query='count by (storage) (seamguard_storage_probe_up{storage!=""{sel}})'),
+    Signal("seamguard_storage_probers_failing", _S, "probers", ST, +1,
+           coverage_judged=False, help="probers of the path with a probe that failed or hung in the last 5 min",
+           query=('count by (storage) (sum by (storage, node) (increase(seamguard_storage_probe_failures_total'
+                  '{storage!=""{sel}}[5m])) > 0) '
+                  'or (0 * count by (storage) (seamguard_storage_probe_up{storage!=""{sel}}))')),
     # jobs
     Signal("seamguard_job_step_seconds", _J, "seconds", RT, +1, help="wall time of the job's last step"),
     Signal("seamguard_job_uncommitted_seconds", _J, "seconds", RT, +1,
