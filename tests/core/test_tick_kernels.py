@@ -121,6 +121,24 @@ def _direct_loo_median(x: np.ndarray, group: np.ndarray) -> np.ndarray:
     return out
 
 
+# The leave-one-out pick of the replaced code: ranks in a sorted layout.
+def _loo_pick(xs: np.ndarray, start: np.ndarray, rank: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Median of the ``m`` sorted values of a group other than the one at ``rank`` (NaN where m == 0).
+    A rank past every slot (an entity without a value) excludes nothing."""
+    has = m > 0
+    lo, hi = np.maximum(m - 1, 0) // 2, m // 2
+    i_lo = start + lo + (lo >= rank)
+    i_hi = start + hi + (hi >= rank)
+    out = np.full(len(m), np.nan)
+    if len(xs):
+        top = len(xs) - 1
+        out[has] = 0.5 * (xs[np.minimum(i_lo, top)] + xs[np.minimum(i_hi, top)])[has]
+    return out
+
+
+_NO_RANK = np.iinfo(np.int64).max // 4
+
+
 def _reference_sorted_groups(x: np.ndarray, group: np.ndarray, n_groups: int):
     from seamguard.assess.stats import _group_sort
     ok = np.flatnonzero(np.isfinite(x))
@@ -134,7 +152,6 @@ def _reference_sorted_groups(x: np.ndarray, group: np.ndarray, n_groups: int):
 
 def _reference_loo_median(x: np.ndarray, group: np.ndarray, n_groups: int):
     """loo_median as it was before 2026-12-07: one sort, each entity's rank in it."""
-    from seamguard.assess.stats import _NO_RANK, _loo_pick
     order, counts, starts, rank = _reference_sorted_groups(x, group, n_groups)
     has = rank >= 0
     others = np.where(has, counts[group] - 1, counts[group])
@@ -143,7 +160,7 @@ def _reference_loo_median(x: np.ndarray, group: np.ndarray, n_groups: int):
 
 def _reference_loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float, min_peers: int = 3):
     """loo_robust_z as it was before 2026-12-07: each centre's deviations sorted (three stable sorts)."""
-    from seamguard.assess.stats import _NO_RANK, _group_sort, _loo_pick
+    from seamguard.assess.stats import _group_sort
     order, counts, starts, rank = _reference_sorted_groups(x, group, n_groups)
     has = rank >= 0
     others = np.where(has, counts[group] - 1, counts[group])

@@ -59,23 +59,6 @@ def _group_sort(v: np.ndarray, group: np.ndarray, stable: bool = False) -> np.nd
     return np.argsort(key, kind="stable" if stable else "quicksort")
 
 
-def _loo_pick(xs: np.ndarray, start: np.ndarray, rank: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Median of the ``m`` sorted values of a group other than the one at ``rank`` (NaN where m == 0).
-    A rank past every slot (an entity without a value) excludes nothing."""
-    has = m > 0
-    lo, hi = np.maximum(m - 1, 0) // 2, m // 2
-    i_lo = start + lo + (lo >= rank)
-    i_hi = start + hi + (hi >= rank)
-    out = np.full(len(m), np.nan)
-    if len(xs):
-        top = len(xs) - 1
-        out[has] = 0.5 * (xs[np.minimum(i_lo, top)] + xs[np.minimum(i_hi, top)])[has]
-    return out
-
-
-_NO_RANK = np.iinfo(np.int64).max // 4
-
-
 # A group this large has its few order statistics selected (np.partition, linear) rather than
 # sorted; smaller groups are sorted together in one argsort. At most n / _SELECT_MIN groups are
 # walked in Python.
