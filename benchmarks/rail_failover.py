@@ -32,6 +32,12 @@ baseline within a repetition. The last stdout line is one JSON object.
 
     PYTHONPATH=src python benchmarks/rail_failover.py --quick --out DIR
     PYTHONPATH=src python benchmarks/rail_failover.py --recompute DIR   # figures again, no runs
+    PYTHONPATH=src python benchmarks/rail_failover.py --steady 5 --out DIR  # flap-free pairs only
+
+``--steady N`` runs only flap-free runs of seamguard and the bond, N pairs back to back
+(the order alternating), so each pair's steps/s ratio compares two runs under the same
+load: the steady-state cost of the rails, which a flapped repetition's rotated order
+measures minutes apart.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
+from _record import provenance, write_result  # beside this file
 from seamguard.testbed.job import SRC, Fault, FaultPlayer, FaultRecord, JobSpec, _env, run_rail_job
 from seamguard.testbed.metrics import flap_figures
 from seamguard.testbed.net import BOND_IF, Testbed, TestbedSpec
@@ -322,6 +329,23 @@ def run_repetition(rep: int, faults: list[Fault], quick: bool, ff_steps: int, ho
     return {"faults": [f.__dict__ for f in faults], **res}
 
 
+def steady_pairs(pairs: int, steps: int, root: Path) -> dict:
+    """Flap-free runs of seamguard and the bond back to back, the order alternating per pair;
+    per pair the ratio of their steps/s (see ``--steady``)."""
+    reps = []
+    for i in range(pairs):
+        order = ["seamguard", "bond_active_backup"][::1 if i % 2 == 0 else -1]
+        rate = {n: steady_rate(run_system(n, steps, [], root / f"s{i}" / n, 120)) for n in order}
+        ratio = rate["seamguard"] / rate["bond_active_backup"]
+        reps.append({**{n: {"steps_per_s": rate[n]} for n in order}, "ratio": ratio,
+                     "loadavg_1m": round(os.getloadavg()[0], 2)})
+        print(f"pair {i}: {' then '.join(f'{n} {rate[n]:.1f} steps/s' for n in order)}: seamguard/bond "
+              f"{ratio:.3f} (load {reps[-1]['loadavg_1m']})", flush=True)
+    return {"reps": reps, "summary": {n: {"steps_per_s": spread([r[n]["steps_per_s"] for r in reps])}
+                                      for n in ("seamguard", "bond_active_backup")}
+            | {"ratio_seamguard_over_bond": spread([r["ratio"] for r in reps])}}
+
+
 def print_summary(summary: dict, reps: int) -> None:
     print(f"\n{reps} repetitions, medians [min-max]")
     print(f"{'system':20s} {'steps/s':>22s} {'extra s/flap':>22s} {'lost s/flap (local)':>22s} "
@@ -346,10 +370,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=18)
     ap.add_argument("--out", type=Path, default=None, help="keep the runs' logs and a JSON of every figure here")
     ap.add_argument("--recompute", type=Path, default=None, help="no runs: figures from an earlier --out")
+    ap.add_argument("--steady", type=int, default=0, metavar="N",
+                    help="only N flap-free pairs of seamguard and the bond, back to back")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: testbeds and jobs are removed
+    if a.steady:
+        started = provenance()
+        with tempfile.TemporaryDirectory(prefix="rail_bench") as d:
+            res = {"quick": a.quick, "pairs": a.steady, **steady_pairs(a.steady, 150, a.out or Path(d))}
+        if a.out:
+            write_result(a.out / "rail_failover_steady.json", res, started)
+        print(json.dumps(res["summary"]))
+        return
     flaps, ff_steps, margin_s, flap_s = (1, 150, 3.0, (2.0, 6.0)) if a.quick else (3, 300, 5.0, (2.0, 8.0))
     t_bench = time.time()
+    started = provenance()
     best_rate: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="rail_bench") as d:
         root = a.out or Path(d)
@@ -359,9 +394,9 @@ def main() -> None:
             horizon = max(f.at_s + f.duration_s for f in faults) + margin_s
             reps.append(run_repetition(rep, faults, a.quick, ff_steps, horizon, best_rate, root))
         summary = summarize(reps)
-        if a.out:
-            (a.out / "rail_failover.json").write_text(json.dumps({"reps": reps, "summary": summary}, indent=1,
-                                                                  default=_json))
+        if a.out:  # with the commit and the load at start and end (`_record.provenance`)
+            write_result(a.out / "rail_failover.json", json.loads(json.dumps(
+                {"quick": a.quick, "reps": reps, "summary": summary}, default=_json)), started)
     print_summary(summary, len(reps))
     wall = time.time() - t_bench
     print(f"benchmark wall {wall:.0f} s")
