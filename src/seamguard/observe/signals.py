@@ -80,8 +80,19 @@ def _host_counts(name: str) -> str:
     domain are dropped, as the default mapping does for every node-level series
     (observe/prommap.py). Where both export a controller, one copy counts (`max`), not the sum.
     """
+    return f'max by (node, controller, csrow) ({_node_named(name)})'
+
+
+def _node_named(name: str) -> str:
+    """``name``'s series, node_exporter's (only `instance`) given the `node` the mapping reads."""
     theirs = f'label_replace({name}{{node=""{{sel}}}}, "node", "$1", "instance", "([^.:]+)[^:]*(:[0-9]+)?")'
-    return f'max by (node, controller, csrow) ({name}{{node!=""{{sel}}}} or {theirs})'
+    return f'{name}{{node!=""{{sel}}}} or {theirs}'
+
+
+def _host_value(name: str) -> str:
+    """One value per node of a host series the agent and node_exporter may both export (the
+    same kernel counter: the two copies are equal, and one is kept, not reported twice)."""
+    return f'max by (node) ({_node_named(name)})'
 
 
 _G, _N, _L, _C, _R, _S, _J = Kind.GPU, Kind.NIC, Kind.LINK, Kind.COOLING_LOOP, Kind.RACK, Kind.STORAGE, Kind.JOB
@@ -188,13 +199,17 @@ SIGNALS: tuple[Signal, ...] = (
            coverage_judged=False, help="kernel-log non-fatal (or unstated) NVSwitch SXids on the node",
            query=_per_node('seamguard_sxid_errors_total{severity!="fatal"{sel}}')),
     Signal("node_vmstat_oom_kill", _NO, "kills", C, 0, counter=True,
-           coverage_judged=False, help="OOM-killer invocations since boot (context: host pressure, never a fault)"),
+           coverage_judged=False, help="OOM-killer invocations since boot (context: host pressure, never a fault)",
+           query=_host_value("node_vmstat_oom_kill")),
     Signal("node_pressure_memory_stalled_seconds_total", _NO, "seconds", C, 0, counter=True,
-           coverage_judged=False, help="PSI memory 'full': time every task stalled on memory (context)"),
+           coverage_judged=False, help="PSI memory 'full': time every task stalled on memory (context)",
+           query=_host_value("node_pressure_memory_stalled_seconds_total")),
     Signal("node_pressure_io_stalled_seconds_total", _NO, "seconds", C, 0, counter=True,
-           coverage_judged=False, help="PSI io 'full': time every task stalled on I/O (context)"),
+           coverage_judged=False, help="PSI io 'full': time every task stalled on I/O (context)",
+           query=_host_value("node_pressure_io_stalled_seconds_total")),
     Signal("node_pressure_cpu_waiting_seconds_total", _NO, "seconds", C, 0, counter=True,
-           coverage_judged=False, help="PSI cpu 'some': time some task waited for a CPU (context)"),
+           coverage_judged=False, help="PSI cpu 'some': time some task waited for a CPU (context)",
+           query=_host_value("node_pressure_cpu_waiting_seconds_total")),
     # the node agent's storage probe, per path (several nodes may probe one path)
     Signal("seamguard_storage_probe_up", _S, "share", ST, -1,
            coverage_judged=False, help="share of the path's probers whose last probe answered within the timeout",
