@@ -206,8 +206,8 @@ CLAIMS: tuple[Claim, ...] = (
           {"cold replacement": "recovery/cold_replacement/runs/*/kill_to_step_s"},
           goal=("<=", 2.0), simulated=("one-gpu",)),
     Claim("detection_recall", "detection",
-          "recall on held-out histories (seeds 1000-1009, the first 10 of the plan; shifted physics, "
-          "3 classes with no channel)",
+          "recall on held-out histories (seeds 1000-1019, the full 20-scenario plan of 256-4,096 GPUs; "
+          "shifted physics, generator 2026.12-2)",
           "detection_heldout.json", "arms/heldout/seamguard/overall/recall",
           {"operator rules": "arms/heldout/operator_rules/overall/recall"}, better="higher",
           goal=(">=", 0.95), n="arms/heldout/seamguard/overall/incidents", simulated=("twin-telemetry",)),
