@@ -216,3 +216,33 @@ def test_ledger_rows_become_episodes_of_the_jobs_entities_only() -> None:
     eps = episodes_from_ledger(trs, acts, "j", {"link1"})
     assert [(e.cause, e.entity, e.seam, e.start_s, e.end_s) for e in eps] == [
         (Cause.STRAGGLER, "link1", "link_latency", 10, 40), (Cause.DEGRADED, "link1", "link_latency", 50, 90)]
+
+
+def test_start_up_after_a_requeue_is_charged_to_what_requeued_the_job_not_a_later_action() -> None:
+    # a move requeues the job at 300; while it is pending another node is drained (320);
+    # its next allocation starts at 340 and steps again from 360: 300-360 is the move's
+    t, step = stepping(600, down=[(300, 360)], back=(360, 240))
+    step[(t >= 360)] = 240 + (t[t >= 360] - 360)
+    runs = [Run(0, 300, "REQUEUED", "n1"), Run(340, math.inf, "RUNNING", "n2")]
+    eps = [Episode(290, 290, Cause.RESTART, "loop-a", "coolant_flow", "move_job j (loop-a flow low)"),
+           Episode(320, 320, Cause.RESTART, "h1/gpu0", "xid", "drain_node h1 (XID 79)")]
+    g = attribute("j", 0, 600, JobSeries.of(t, step), runs, eps)
+    check_tiles(g)
+    assert g.by_cause_s[RS] == pytest.approx(60)
+    lost = {(s.cause, s.entity) for s in g.spans if s.cause in (RS, RB)}
+    assert lost == {(RS, "loop-a"), (RB, "loop-a")}
+
+
+def test_an_action_on_the_new_allocation_during_its_start_up_is_charged_to_it() -> None:
+    t, step = stepping(600, down=[(300, 380)], back=(380, 240))
+    step[(t >= 380)] = 240 + (t[t >= 380] - 380)
+    runs = [Run(0, 300, "REQUEUED", "n1"), Run(340, math.inf, "RUNNING", "n2")]
+    eps = [Episode(290, 290, Cause.RESTART, "loop-a", "coolant_flow", "move_job j (loop-a flow low)"),
+           Episode(350, 350, Cause.RESTART, "n2/gpu3", "xid", "restart_job j (n2 XID 79)")]
+    g = attribute("j", 0, 600, JobSeries.of(t, step), runs, eps)
+    check_tiles(g)
+    by = {}
+    for s in g.spans:
+        if s.cause == RS:
+            by[s.entity] = by.get(s.entity, 0.0) + s.seconds
+    assert by["loop-a"] == pytest.approx(50, abs=5.1) and by["n2/gpu3"] == pytest.approx(30, abs=5.1)

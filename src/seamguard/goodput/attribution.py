@@ -329,19 +329,30 @@ def _edges(a0: float, a1: float, t: np.ndarray, runs: Sequence[Run], episodes: S
     return sorted(cuts)
 
 
+def _requeue_reason(runs: Sequence[Run], episodes: Sequence[Episode], u: float, job: str) -> tuple[str, str, str]:
+    """What the time from the end of the allocation before ``u`` on is charged to: the restarting
+    action or hard failure within that allocation, else how the scheduler says it ended."""
+    prev = [r for r in runs if r.end_s <= u]
+    last = prev[-1] if prev else None
+    fb = (last.nodes or job, "scheduler", f"Slurm: run ended {last.state}") if last else \
+        (job, "scheduler", "pending after a requeue before the window")
+    return _restart_reason(episodes, last.start_s if last else -math.inf, last.end_s if last else u, job, fb)
+
+
 def _restart_now(iv: _Interval | None, run: Run | None, runs: Sequence[Run], episodes: Sequence[Episode],
                  lo_sample_s: float, u: float, v: float, job: str, current: tuple[str, str, str],
-                 in_restart: bool) -> tuple[str, str, str]:
+                 in_restart: bool, reported_s: float = -math.inf) -> tuple[str, str, str]:
     """What a restart at [u, v] (and the rollback after it) is charged to; ``current`` when
-    the segment is no restart, or continues one that nothing newer explains."""
+    the segment is no restart, or continues one that nothing newer explains; ``reported_s``: the
+    job's last step sample at or before ``u``."""
     if run is None:  # between allocations: the allocation that ended says why
-        prev = [r for r in runs if r.end_s <= u]
-        last = prev[-1] if prev else None
-        fb = (last.nodes or job, "scheduler", f"Slurm: run ended {last.state}") if last else \
-            (job, "scheduler", "pending after a requeue before the window")
-        return _restart_reason(episodes, last.start_s if last else -math.inf, last.end_s if last else u, job, fb)
+        return _requeue_reason(runs, episodes, u, job)
     if iv is not None and iv.kind not in ("gap", "back") and not iv.recovery:
         return current
+    if reported_s < run.start_s:  # starting up in a new allocation: still the requeue's cost,
+        # unless something restarted this allocation since it began
+        found = _restart_reason(episodes, run.start_s, v, job, None)
+        return found if found is not None else _requeue_reason(runs, episodes, run.start_s, job)
     # the job stopped stepping while it held its allocation: a restarting action or a hard
     # failure shortly before explains it; else the runtime did (or its exporter)
     if iv is not None and iv.kind == "back":
@@ -375,12 +386,14 @@ def attribute(job: str, since_s: float, until_s: float, series: JobSeries, runs:
     new = redone = 0
     seen_iv: set[int] = set()
     edges = _edges(a0, a1, t, runs, episodes)
+    seen = np.maximum.accumulate(np.where(np.isfinite(series.step), np.arange(t.size), -1)) if t.size else t
     for u, v in zip(edges[:-1], edges[1:], strict=True):
         i = int(np.searchsorted(t, u, side="right")) - 1
         iv = ivs[i] if 0 <= i < len(ivs) and t[i + 1] >= v else None
         run = _running(runs, u, v) if runs else Run(-math.inf, math.inf, "RUNNING")
+        reported_s = float(t[seen[i]]) if 0 <= i < t.size and seen[i] >= 0 else -math.inf
         restart = _restart_now(iv, run, runs, episodes, t[i] if 0 <= i < t.size else u, u, v, job, restart,
-                               bool(spans) and spans[-1].cause == Cause.RESTART.value)
+                               bool(spans) and spans[-1].cause == Cause.RESTART.value, reported_s)
         if no_series and run is not None:
             pieces = [(Cause.UNATTRIBUTED.value, v - u, job, "none", "no step series for the job")]
         else:
