@@ -179,8 +179,9 @@ def test_mode_breaker_and_pin_round_trip(http, runner, auth):
     fs = http.get("/api/v1/failsafe").json()
     reset = [e for e in fs["events"] if e["event"] == "breaker_reset"]
     assert reset and "storm understood" in reset[-1]["detail"] and reset[-1]["by"]
-    # nodes that died with their cooling loop are dark: their rack or loop is frozen, never the fleet
-    assert all(f["scope"].startswith(("rack:", "cooling_loop:")) for f in fs["frozen"])
+    # nodes that died with their cooling loop are dark: their rack or loop is frozen, or (where the
+    # twin serves their last values again) each such node as a stale exporter, never the fleet
+    assert all(f["scope"].startswith(("rack:", "cooling_loop:", "stale:gpu:")) for f in fs["frozen"]), fs["frozen"]
     gpu = "gpu001/gpu4"
     r = http.put(f"/api/v1/pins/gpu/{gpu}", json={"state": "quarantine", "note": "thermal paste check"}, headers=auth)
     assert r.status_code == 200 and r.json()["entity"] == gpu
