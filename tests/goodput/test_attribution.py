@@ -218,29 +218,30 @@ def test_ledger_rows_become_episodes_of_the_jobs_entities_only() -> None:
         (Cause.STRAGGLER, "link1", "link_latency", 10, 40), (Cause.DEGRADED, "link1", "link_latency", 50, 90)]
 
 
-def test_start_up_after_a_requeue_is_charged_to_what_requeued_the_job_not_a_later_action() -> None:
-    # a move requeues the job at 300; while it is pending another node is drained (320);
-    # its next allocation starts at 340 and steps again from 360: 300-360 is the move's
-    t, step = stepping(600, down=[(300, 360)], back=(360, 240))
-    step[(t >= 360)] = 240 + (t[t >= 360] - 360)
+MOVE = Episode(290, 290, Cause.RESTART, "loop-a", "coolant_flow", "move_job j (loop-a flow low)")
+
+
+def _requeued(steps_again_s: float, later: Episode):
+    """A move requeues the job at 300 (checkpoint at step 240); its next allocation starts at 340
+    and steps again from ``steps_again_s``; ``later`` is another restarting action after the move."""
+    t, step = stepping(600, down=[(300, steps_again_s)], back=(steps_again_s, 240))
+    step[(t >= steps_again_s)] = 240 + (t[t >= steps_again_s] - steps_again_s)
     runs = [Run(0, 300, "REQUEUED", "n1"), Run(340, math.inf, "RUNNING", "n2")]
-    eps = [Episode(290, 290, Cause.RESTART, "loop-a", "coolant_flow", "move_job j (loop-a flow low)"),
-           Episode(320, 320, Cause.RESTART, "h1/gpu0", "xid", "drain_node h1 (XID 79)")]
-    g = attribute("j", 0, 600, JobSeries.of(t, step), runs, eps)
+    g = attribute("j", 0, 600, JobSeries.of(t, step), runs, [MOVE, later])
     check_tiles(g)
+    return g
+
+
+def test_start_up_after_a_requeue_is_charged_to_what_requeued_the_job_not_a_later_action() -> None:
+    # another node is drained (320) while the job is pending: 300-360 is still the move's
+    g = _requeued(360, Episode(320, 320, Cause.RESTART, "h1/gpu0", "xid", "drain_node h1 (XID 79)"))
     assert g.by_cause_s[RS] == pytest.approx(60)
     lost = {(s.cause, s.entity) for s in g.spans if s.cause in (RS, RB)}
     assert lost == {(RS, "loop-a"), (RB, "loop-a")}
 
 
 def test_an_action_on_the_new_allocation_during_its_start_up_is_charged_to_it() -> None:
-    t, step = stepping(600, down=[(300, 380)], back=(380, 240))
-    step[(t >= 380)] = 240 + (t[t >= 380] - 380)
-    runs = [Run(0, 300, "REQUEUED", "n1"), Run(340, math.inf, "RUNNING", "n2")]
-    eps = [Episode(290, 290, Cause.RESTART, "loop-a", "coolant_flow", "move_job j (loop-a flow low)"),
-           Episode(350, 350, Cause.RESTART, "n2/gpu3", "xid", "restart_job j (n2 XID 79)")]
-    g = attribute("j", 0, 600, JobSeries.of(t, step), runs, eps)
-    check_tiles(g)
+    g = _requeued(380, Episode(350, 350, Cause.RESTART, "n2/gpu3", "xid", "restart_job j (n2 XID 79)"))
     by = {}
     for s in g.spans:
         if s.cause == RS:
