@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from seamguard.app.cli import app
@@ -63,3 +64,14 @@ def test_a_bad_detection_file_is_one_line_and_runs_nothing(tmp_path):
     r = runner.invoke(app, ["twin", "report", "--out", str(tmp_path / "rep"), "--sizes", "1024",
                             "--detection", str(bad)])
     assert r.exit_code == 2 and "--detection: " in r.output and not (tmp_path / "rep").exists(), r.output
+
+
+def test_a_non_finite_figure_in_a_detection_file_is_refused():
+    from seamguard.twin.events.detection import TWIN_EVENT_CLASSES, parse_detection_results
+
+    per = {names[0]: {"recall": 1.0, "incidents": 3, "median_delay_s": 30.0, "p90_delay_s": 60.0}
+           for names in TWIN_EVENT_CLASSES.values()}
+    first = next(iter(per))
+    per[first]["median_delay_s"] = float("nan")  # json.loads reads a bare NaN
+    with pytest.raises(ValueError, match=f"per_class.{first} needs median_delay_s"):
+        parse_detection_results({"current": {"overall": {"precision": 0.9}, "per_class": per}}, "f.json")

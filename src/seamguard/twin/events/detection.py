@@ -117,8 +117,10 @@ class DetectionModel:
 
 
 def _num(d: Mapping[str, Any], key: str) -> float | None:
+    """A finite number at ``key``, else None (NaN and infinities in a hand-edited file included)."""
     v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
 
 
 def _detector_block(data: Mapping[str, Any], source: str) -> tuple[Mapping[str, Any], str]:
