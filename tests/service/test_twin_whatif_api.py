@@ -22,6 +22,7 @@ from seamguard.app.sources import TwinSource
 from seamguard.ledger import open_reader
 
 URL = "/api/v1/twin/whatif"
+AUTH = {"Authorization": "Bearer test-token-0123456789"}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def served():
     r.start()  # serves the mode switches; speed 0: no tick of its own
     s = Server(r, "test-token-0123456789").start()
     try:
-        with httpx.Client(base_url=s.url, timeout=120.0) as c:
+        with httpx.Client(base_url=s.url, timeout=120.0, headers=AUTH) as c:
             yield c, r
     finally:
         s.stop()
@@ -92,7 +93,7 @@ def test_a_second_whatif_while_one_runs_is_429(served) -> None:
     reader = open_reader(runner.ledger_path)
     svc = WhatIfService(runner, reader)
     app = FastAPI()
-    app.include_router(router(svc, "/api/v1"))
+    app.include_router(router(svc, "/api/v1", lambda: "operator"))
     computing = threading.Event()
     release = threading.Event()
     slow = svc.compute
@@ -132,3 +133,16 @@ def test_the_base_follows_the_mode_the_controller_runs_now(served) -> None:
             assert variants_[1]["settings"]["drain_min_slowdown"] == 0.3
     finally:
         c.put("/api/v1/mode", json={"mode": runner.controller.policy.mode}, headers=auth)
+
+
+def test_a_whatif_needs_the_operator_token(served) -> None:
+    c, _ = served
+    q = {"until": "100", "whatif": "mode=dry_run", "draws": "1", "seeds": "1"}
+    assert c.get(URL, params=q, headers={"Authorization": ""}).status_code == 401
+    assert c.get(URL, params=q, headers={"Authorization": "Bearer not-the-token"}).status_code == 401
+
+
+def test_an_unknown_parameter_is_one_line_400_not_ignored(served) -> None:
+    c, _ = served
+    r = c.get(URL, params={"until": "100", "whatifs": "mode=dry_run"})
+    assert r.status_code == 400 and "unknown query parameter 'whatifs'" in r.json()["detail"]

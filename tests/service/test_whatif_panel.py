@@ -41,6 +41,7 @@ def test_whatif_panel_runs_variants_and_shows_what_the_api_answered() -> None:
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(s.url + "/#range=15m")
             page.wait_for_function("document.querySelectorAll('#jobs tr').length > 1", timeout=30_000)
+            page.fill("#token", "test-token-0123456789")  # a what-if is an operator's request
             page.select_option("#wiknob", "breaker")
             assert page.input_value("#wivalues") == "0.01,0.05,off"  # the knob's suggested values
             page.fill("#wivalues", "0.001,off")

@@ -88,7 +88,6 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: HostRule |
     goodput = GoodputService(runner, reader)  # /api/v1/goodput and its /metrics gauges (goodput.py)
     registry.register(GoodputCollector(goodput))
     app.include_router(goodput_router(goodput, API))
-    app.include_router(whatif_router(WhatIfService(runner, reader), API))  # the twin's what-ifs (whatif.py)
     breaker_cfg = runner.controller.policy.breaker
     assess_cfg = runner.controller.policy.assess
 
@@ -100,6 +99,9 @@ def create_app(runner: Runner, token: str | Mapping[str, str], hosts: HostRule |
         if who is None:
             raise HTTPException(401, "bearer token not accepted", headers={"WWW-Authenticate": "Bearer"})
         return who
+
+    # the twin's what-ifs (whatif.py): seconds of CPU each, so behind the operator token
+    app.include_router(whatif_router(WhatIfService(runner, reader), API, require_token))
 
     @app.middleware("http")
     async def _host_and_auth_first(request: Request, call_next):

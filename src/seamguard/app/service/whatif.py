@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from seamguard.app.service import timerange
@@ -162,14 +163,21 @@ def _asked(svc: WhatIfService, whatif: list[str] | None, base: list[str] | None)
     return asked
 
 
-def router(svc: WhatIfService, prefix: str) -> APIRouter:
+_PARAMS = frozenset({"since", "until", "whatif", "base", "draws", "seeds", "budget_s"})
+
+
+def router(svc: WhatIfService, prefix: str, auth: Callable[..., str]) -> APIRouter:
+    """The endpoint; ``auth`` is the operator-token dependency: a what-if spends up to its budget of
+    the controller's CPU, so only an operator may ask for one."""
     r = APIRouter()
 
     @r.get(f"{prefix}/twin/whatif", response_model=TwinWhatIfOut, tags=["twin"],
            responses={400: {"description": "a window, setting or count that is wrong, in one line"},
+                      401: {"description": "no operator token, or one not accepted"},
                       429: {"description": "another what-if is being computed"},
                       502: {"description": "the ledger could not be read"}})
     def twin_whatif(
+        request: Request,
         since: Annotated[str | None, Query(description="window start, controller seconds (default: 7 days before "
                                                        "until, not before 0)")] = None,
         until: Annotated[str | None, Query(description="window end (default: the snapshot's time)")] = None,
@@ -183,7 +191,11 @@ def router(svc: WhatIfService, prefix: str) -> APIRouter:
         seeds: Annotated[str, Query(max_length=8, description=f"seeds per draw, 1-{MAX_SEEDS}")] = "4",
         budget_s: Annotated[str, Query(max_length=16, description=f"time budget in seconds, at most "
                                        f"{MAX_BUDGET_S:g}; the samples done when it runs out are answered")] = "20",
+        _operator: str = Depends(auth),
     ) -> TwinWhatIfOut:
+        unknown = sorted(set(request.query_params) - _PARAMS)
+        if unknown:  # a misspelt setting silently ignored would answer another question
+            raise HTTPException(400, f"unknown query parameter {unknown[0]!r}; known: {', '.join(sorted(_PARAMS))}")
         t0, t1 = _window(svc, since, until)
         n_draws, n_seeds = _number("draws", draws, 1, MAX_DRAWS, int), _number("seeds", seeds, 1, MAX_SEEDS, int)
         budget = _number("budget_s", budget_s, 0.1, MAX_BUDGET_S, float)

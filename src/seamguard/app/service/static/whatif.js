@@ -19,7 +19,7 @@ async function runWhatIf(ev) {
   $("wistatus").textContent = "replaying the range's faults through the twin…";
   $("wirun").disabled = true;
   try {
-    renderWhatIf(await api(`${API}/twin/whatif?${qs}`));
+    renderWhatIf(await authed("GET", `${API}/twin/whatif?${qs}`));  // seconds of the controller's CPU: operators only
   } catch (e) {
     $("wistatus").textContent = "error: " + e.message;
     $("witable").innerHTML = ""; $("wijobs").innerHTML = "";
