@@ -61,7 +61,7 @@ def test_a_hung_host_is_judged_by_its_link_records_and_the_others_train_on(clust
     assert lost["evidence"].startswith("node record silent")   # the silence of its link, not a closed link
     silent_s = float(lost["evidence"].split()[3].rstrip("s"))
     print(f"hung host judged after {silent_s:.2f} s of silence")   # the figure the docs quote (no bound asserted)
-    assert silent_s > 1.0   # never before the hang timeout
+    assert silent_s >= 1.0   # never before the hang timeout (printed to 0.01 s: 1.004 s reads "1.00")
     plans = _kinds(job, "plan")
     assert plans[-1]["ranks"] == [0, 1, 2]   # node 0's ranks kept theirs; its spare w2 took one
     starts = [e["wid"] for e in job.events() if e["event"] == "worker" and e["kind"] == "started"]
