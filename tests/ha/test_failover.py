@@ -106,7 +106,10 @@ def test_a_leader_cut_off_from_etcd_stops_acting_before_its_lease_ends(fleet):
         # must hold is that it never overlaps the next leader, in the ledger's own order (the fence row
         # is locked by every write, so the order of rows is the order of terms); the two processes'
         # wall clocks are read at different points of their transactions and only bound it.
-        assert cut < last, "the cut-off leader wrote nothing after the cut"
+        # It was an acting leader when cut: its last row is within a few ticks of the cut. Whether it
+        # writes again after the cut is not required: its local deadline (2/3 of a 2 s lease after its
+        # last renewal) may come before its next tick, and then stopping without a write is correct.
+        assert cut - last < 3 * fleet.period_s, ("the leader was not acting when it was cut", cut, last)
         _ledger_order(fleet, old.revision, term["token"])
         assert last < gone.wall_s + fleet.period_s, "the cut-off leader went on writing well past its lease"
         assert term["holder"] != old.holder
