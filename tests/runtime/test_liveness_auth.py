@@ -20,6 +20,8 @@ from seamguard.runtime.liveness import (
     BeatRefused,
     LinkGate,
     LivenessHub,
+    NodeReporter,
+    PendingLinks,
     decode_report,
     encode_report,
     link_key,
@@ -216,3 +218,92 @@ def test_a_hub_reading_late_judges_silence_as_of_where_its_reading_is():
     # so it is judged once its reading caught up, and node 2, which never stopped, never
     assert [n for n, _ in verdicts] == [1]
     assert verdicts[0][1] >= 1.7
+
+
+# ---- idle links: a flood of sockets that never say a line (nobody's loss, bounded, timed out)
+def test_pending_links_keep_the_newest_within_the_limit_and_time_out_the_silent():
+    pending = PendingLinks(limit=3, first_line_s=1.0)
+    assert [pending.opened(name, t) for name, t in (("a", 0.0), ("b", 0.1), ("c", 0.2))] == [[], [], []]
+    assert pending.opened("d", 0.3) == ["a"]          # full: the oldest makes room, the newest gets in
+    pending.settled("c")                              # bound to its node: no longer pending
+    assert len(pending) == 2 and pending.deadline_s("b") == pytest.approx(1.1)
+    assert pending.expired(1.15) == ["b"] and pending.expired(1.2) == []   # d is 0.9 s old: kept
+    assert pending.expired(1.31) == ["d"] and len(pending) == 0
+    assert dict(pending.dropped) == {"crowded": 1, "silent": 2}
+    with pytest.raises(ValueError, match="must be positive"):
+        PendingLinks(limit=0)
+
+
+def test_a_flood_of_idle_links_neither_locks_launchers_out_of_the_hub_nor_grows_it():
+    limit, flood = 16, 400
+
+    async def scenario():
+        hub = LivenessHub(RUN, hang_timeout_s=1.0, key=KEY, pending=PendingLinks(limit, first_line_s=0.4))
+        await hub.start()
+        host, port, _ = parse_hub_address(hub.address)
+
+        async def locate():
+            return hub.address
+        stop = asyncio.Event()
+        node1 = NodeReporter(RUN, 1, 0.05, KEY, locate, lambda: {8: (1, 1)})
+        node2 = NodeReporter(RUN, 2, 0.05, KEY, locate, lambda: {16: (1, 1)})
+        tasks = [asyncio.create_task(node1.run(stop))]
+        idle, most_pending, verdicts = [], 0, []
+        for i in range(flood // 20):   # 20 idle sockets every 10 ms, never closed by their opener
+            idle += [await asyncio.open_connection(host, port) for _ in range(20)]
+            if i == flood // 40:
+                tasks.append(asyncio.create_task(node2.run(stop)))   # a launcher connecting mid-flood
+            await asyncio.sleep(0.01)
+            most_pending = max(most_pending, len(hub.pending))
+            verdicts += hub.judge(time.monotonic())
+        reports_in_flood = hub.reports
+        await asyncio.sleep(0.8)   # past the first-line timeout: every idle link is closed by the hub
+        verdicts += hub.judge(time.monotonic())
+        members = hub.members()
+        stop.set()
+        await asyncio.gather(*tasks)
+        ended = sum([await asyncio.wait_for(r.read(1), 1) == b"" for r, _ in idle])   # the hub closed them
+        open_links = len(hub._writers)
+        for _, w in idle:
+            w.close()
+        await hub.close()
+        return hub, most_pending, verdicts, members, reports_in_flood, ended, open_links, node2
+    hub, most_pending, verdicts, members, reports_in_flood, ended, open_links, node2 = asyncio.run(scenario())
+    assert most_pending <= limit                       # never more than the limit held
+    assert ended == flood and open_links == 0          # all closed; the genuine links said bye
+    assert verdicts == [] and set(members) == {1, 2}   # nobody lost; the mid-flood launcher got in
+    assert node2.connects == 1 and reports_in_flood > 0
+    assert hub.pending.dropped["crowded"] + hub.pending.dropped["silent"] >= flood
+    assert hub.reports > reports_in_flood and sum(hub.gate.refusals().values()) == 0
+
+
+def test_launch_link_drops_idle_links_past_the_limit_and_the_timeout_and_still_takes_a_node():
+    import socket
+
+    from seamguard.runtime.nodelink import LinkClient, LinkServer
+
+    limit = 8
+    server = LinkServer(RUN, KEY, "127.0.0.1", pending=PendingLinks(limit, first_line_s=0.3))
+    idle = []
+    try:
+        for _ in range(10):   # 100 idle sockets, read by the server between batches
+            idle += [socket.create_connection(("127.0.0.1", server.port), timeout=1.0) for _ in range(10)]
+            server.poll()
+            assert len(server.pending) <= limit
+        node2 = LinkClient(RUN, 2, KEY)
+        node2.ensure(server.address("127.0.0.1"), time.monotonic())
+        assert node2.send(b'{"n":1,"beats":{}}')
+        assert _poll(server, 0.5) == [] and server.records[2]["n"] == 1
+        assert node2.send(b'{"n":2,"beats":{}}')
+        assert _poll(server, 0.1) == [] and server.records[2]["n"] == 2
+        assert len(server._conns) == 1 and len(server.pending) == 0   # only node 2's link is left open
+        for sock in idle:
+            try:
+                assert sock.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        node2.close(orderly=True)
+    finally:
+        for sock in idle:
+            sock.close()
+        server.close()

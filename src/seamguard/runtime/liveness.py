@@ -28,7 +28,10 @@ without a goodbye loses its node at once (as nodelink); a node silent for
 
 `LivenessHub` (the coordinator's end) and `NodeReporter` (a launcher's end) run on an
 asyncio loop; every wait is bounded (connect, reconnect tries, reads are per line and
-at most ``MAX_LINE_BYTES``).
+at most ``MAX_LINE_BYTES``). Links that no admitted line has bound to a node are at most
+``MAX_PENDING_LINKS`` at once, each for at most ``FIRST_LINE_S`` (`PendingLinks`), so idle
+sockets opened by anyone who can reach the port neither exhaust the hub nor lock a
+launcher out.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ MAX_SKEW_S = 30.0
 """A line signed further than this from the hub's wall clock is stale: the job's hosts'
 clocks are assumed within it of each other (NTP keeps them within milliseconds)."""
 REFUSALS = ("malformed", "oversize", "forged", "misdirected", "replayed", "stale")
+MAX_PENDING_LINKS = 1024
+"""Links open at once that no admitted line has bound to a node yet. A genuine launcher
+signs its first line as it connects, so only a stranger stays in this state; past the
+bound the oldest such link is dropped to make room (`PendingLinks`)."""
+FIRST_LINE_S = 5.0
+"""A link that has not said one admitted line this long after it opened is dropped."""
 HELLO, BYE = b"hello", b"bye"
 
 log = logging.getLogger("seamguard.liveness")
@@ -177,6 +186,61 @@ class LinkGate:
         return {**{r: 0 for r in REFUSALS}, **self.refused}
 
 
+class PendingLinks:
+    """The links no admitted line has bound to a node yet, oldest first: at most ``limit``
+    of them, none older than ``first_line_s``. Pure bookkeeping (the caller's clock; any
+    hashable link handle); the servers close the links it names.
+
+    Why: each open link costs the hub a descriptor and a reader. Without a bound, anyone
+    who can reach the port can open idle sockets until the process runs out of either
+    and no launcher gets in. With it, a flood holds at most ``limit`` of them, each for
+    at most ``first_line_s``, and a launcher that connects into a full pool still gets
+    in: it is the newest, and says its first line at once, before its turn to be
+    dropped comes. A bound link (its node's own launcher) is never counted here."""
+
+    def __init__(self, limit: int = MAX_PENDING_LINKS, first_line_s: float = FIRST_LINE_S) -> None:
+        if limit < 1 or not first_line_s > 0:
+            raise ValueError(f"liveness links: limit {limit} and first_line_s {first_line_s} must be positive")
+        self.limit, self.first_line_s = limit, first_line_s
+        self.dropped: collections.Counter = collections.Counter()   # "crowded" | "silent" -> links dropped
+        self._opened_s: dict = {}   # link -> when it opened; insertion order is age order
+
+    def __len__(self) -> int:
+        return len(self._opened_s)
+
+    def opened(self, link, now_s: float) -> list:
+        """Track a new link; returns the oldest pending links to drop to stay within the limit."""
+        self._opened_s[link] = now_s
+        crowded = []
+        while len(self._opened_s) > self.limit:
+            oldest = next(iter(self._opened_s))
+            del self._opened_s[oldest]
+            crowded.append(oldest)
+        self.dropped["crowded"] += len(crowded)
+        return crowded
+
+    def settled(self, link) -> None:
+        """The link was bound to a node, or closed: no longer pending."""
+        self._opened_s.pop(link, None)
+
+    def expired(self, now_s: float) -> list:
+        """The pending links that said no admitted line within ``first_line_s``: to drop."""
+        out = []
+        for link, since_s in self._opened_s.items():
+            if now_s - since_s <= self.first_line_s:
+                break   # the rest are younger
+            out.append(link)
+        for link in out:
+            del self._opened_s[link]
+        self.dropped["silent"] += len(out)
+        return out
+
+    def deadline_s(self, link) -> float | None:
+        """When ``link`` must have said its first admitted line (None: not pending)."""
+        since_s = self._opened_s.get(link)
+        return None if since_s is None else since_s + self.first_line_s
+
+
 @dataclass(frozen=True)
 class NodeReport:
     """One node's beat as the coordinator received it."""
@@ -213,6 +277,8 @@ class LivenessHub:
     a quarter of the timeout is forgiven, as the coordinator's tick does. A link is bound
     to a node by its first admitted line; a refused line on an unbound link drops it, on
     a bound one (its node's own launcher, e.g. a clock that jumped) it is only skipped.
+    Links not bound yet are bounded in number and in time (`PendingLinks`); a node that
+    reconnects supersedes its old link, which is closed and is no loss.
 
     A hub that reads late (its process short of CPU, lines queued in its sockets) is
     nobody's silence either: every line says when it was sent, so the hub knows how far
@@ -223,8 +289,10 @@ class LivenessHub:
     queued."""
 
     def __init__(self, run_id: str, hang_timeout_s: float, key: bytes, own_node: int | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns,
+                 pending: PendingLinks | None = None) -> None:
         self.run_id = run_id
+        self.pending = PendingLinks() if pending is None else pending   # links not bound to a node yet: bounded, timed
         self.clock = clock
         self.hub = new_hub_id()
         self.gate = LinkGate(key, run_id, self.hub, wall_ns)
@@ -317,16 +385,22 @@ class LivenessHub:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         node: int | None = None
         self._writers.add(writer)
+        for crowded in self.pending.opened(writer, self.clock()):
+            crowded.transport.abort()   # its own _serve sees the link end
         try:
             while True:
                 try:
-                    line = await reader.readline()
+                    line = await self._read_line(reader, writer, node)
                 except (ValueError, asyncio.LimitOverrunError):
                     self.gate.refuse(BeatRefused("oversize", f"a line over {MAX_LINE_BYTES} bytes"))
                     break
                 if not line.endswith(b"\n"):
                     break   # end of file (or a cut line): the link closed
                 node, bye = self._admit(line, node)
+                self.pending.settled(writer)
+                superseded = self._links.get(node)
+                if superseded is not None and superseded is not writer:
+                    superseded.close()   # the node's launcher reconnected: its old link is not its loss
                 self._links[node] = writer
                 if bye:
                     self._links.pop(node, None)
@@ -338,11 +412,28 @@ class LivenessHub:
             pass   # the link broke, or the loop is ending
         finally:
             self._writers.discard(writer)
+            self.pending.settled(writer)
             if node is not None and self._links.get(node) is writer:
                 del self._links[node]
                 if self._server is not None:
                     self._closed.append(node)
             writer.close()
+
+
+    async def _read_line(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         node: int | None) -> bytes:
+        """The link's next line; on a link not yet bound to a node, b"" (ended) once its
+        first admitted line is later than the pending links' deadline."""
+        deadline_s = self.pending.deadline_s(writer) if node is None else None
+        if deadline_s is None:
+            return await reader.readline()
+        try:
+            return await asyncio.wait_for(reader.readline(), max(0.0, deadline_s - self.clock()))
+        except asyncio.TimeoutError:
+            for silent in self.pending.expired(max(self.clock(), deadline_s + 1e-6)):
+                if silent is not writer:
+                    silent.transport.abort()
+            return b""
 
 
 class NodeReporter:

@@ -26,7 +26,9 @@ coordinator sends nothing. The hub id is part of the address node 0 publishes
 stale, malformed, oversize) is counted and reported in one line (`on_refused`, at most
 one a second); on a link no admitted line has bound to a node it ends that link, which
 is then nobody's loss, so a host that can reach this port but lacks the key can neither
-keep a dead node alive nor get a live one declared lost.
+keep a dead node alive nor get a live one declared lost. Links no admitted line has bound
+are bounded in number and time (`liveness.PendingLinks`): idle sockets cannot exhaust
+node 0's descriptors or lock a launcher out.
 `LinkServer` (node 0) and `LinkClient` (the other nodes) are called from the launcher's
 loop; neither blocks it (non-blocking sockets on the server, a short bounded connect and
 send on the client).
@@ -42,8 +44,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from seamguard.runtime.liveness import BYE, HELLO, MAX_LINE_BYTES, BeatRefused, LinkGate, hub_address, new_hub_id
-from seamguard.runtime.liveness import parse_hub_address, seal
+from seamguard.runtime.liveness import BYE, HELLO, MAX_LINE_BYTES, BeatRefused, LinkGate, PendingLinks, hub_address
+from seamguard.runtime.liveness import new_hub_id, parse_hub_address, seal
 
 CONNECT_TIMEOUT_S = 0.2
 RETRY_S = 1.0
@@ -64,8 +66,11 @@ class LinkServer:
     many nodes there are."""
 
     def __init__(self, run_id: str, key: bytes, bind_host: str = "0.0.0.0",
-                 on_refused: Callable[[BeatRefused], None] | None = None) -> None:
+                 on_refused: Callable[[BeatRefused], None] | None = None, pending: PendingLinks | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.run_id = run_id
+        self.pending = PendingLinks() if pending is None else pending   # links not bound to a node yet: bounded, timed
+        self.clock = clock
         self.hub = new_hub_id()
         self.gate = LinkGate(key, run_id, self.hub, report=on_refused)
         self._listen = socket.create_server((bind_host, 0))
@@ -102,6 +107,8 @@ class LinkServer:
                 lost = self._read_link(sock)
                 if lost is not None:
                     closed.append(lost)
+        for sock in self.pending.expired(self.clock()):
+            self._forget(sock)
         return closed
 
     def _accept(self) -> None:
@@ -113,6 +120,14 @@ class LinkServer:
             sock.setblocking(False)
             self._conns[sock] = _Link()
             self._sel.register(sock, selectors.EVENT_READ)
+            for crowded in self.pending.opened(sock, self.clock()):
+                self._forget(crowded)
+
+    def _forget(self, sock: socket.socket) -> None:
+        """Close a link and stop reading it (whether that is a loss is the caller's to say)."""
+        if self._conns.pop(sock, None) is not None:
+            self.pending.settled(sock)
+            self._drop(sock)
 
     def _read_link(self, sock: socket.socket) -> tuple[int, str] | None:
         link = self._conns[sock]
@@ -129,8 +144,7 @@ class LinkServer:
         if why is None:
             return None
         node = link.node
-        del self._conns[sock]
-        self._drop(sock)
+        self._forget(sock)
         if node is None or self._current.get(node) is not sock:
             return None
         del self._current[node]
@@ -150,6 +164,10 @@ class LinkServer:
             self.gate.refuse(exc)
             return link.node is not None
         link.node = msg.node
+        self.pending.settled(sock)
+        superseded = self._current.get(msg.node)
+        if superseded is not None and superseded is not sock:
+            self._forget(superseded)   # the node's launcher reconnected: its old link is no loss
         self._current[msg.node] = sock
         if msg.body == BYE:
             self._said_bye.add(msg.node)
