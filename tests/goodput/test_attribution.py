@@ -247,3 +247,95 @@ def test_an_action_on_the_new_allocation_during_its_start_up_is_charged_to_it() 
         if s.cause == RS:
             by[s.entity] = by.get(s.entity, 0.0) + s.seconds
     assert by["loop-a"] == pytest.approx(50, abs=5.1) and by["n2/gpu3"] == pytest.approx(30, abs=5.1)
+
+
+def _flagged(flag_s: float, evidence_since_s: float | None) -> list[dict]:
+    """link1 flagged degraded at ``flag_s`` (its evidence from ``evidence_since_s``), healthy at 400."""
+    flag = {"t_s": flag_s, "entity": "link1", "kind": "link", "from_state": "healthy", "to_state": "degraded",
+            "reasons": [{"channel": "latency", "score": 0.9, "value": 40.0, "unit": "ratio"}]}
+    if evidence_since_s is not None:
+        flag["evidence_since_s"] = evidence_since_s
+    return [flag, {"t_s": 400, "entity": "link1", "kind": "link", "from_state": "degraded", "to_state": "healthy"}]
+
+
+def _gray_link(flag_s: float, evidence_since_s: float | None):
+    """The job at half speed 200-400 s on link1 (`_flagged`)."""
+    from seamguard.goodput.evidence import episodes_from_ledger
+
+    trs = _flagged(flag_s, evidence_since_s)
+    t, step = stepping(600, rate=lambda x: 0.5 if 200 <= x < 400 else 1.0)
+    g = attribute("j", 0, 600, JobSeries.of(t, step), (), episodes_from_ledger(trs, [], "j", {"link1"}))
+    check_tiles(g)
+    return g
+
+
+@pytest.mark.parametrize("flag_s, evidence_s, straggler_s", [
+    (250, 200, 100),  # evidence from the slowdown's start: all 100 s lost are the link's
+    (250, None, 75),  # nothing says when it began: from the flag on (75 s of the 100)
+    (250, 230, 85),  # evidence began 30 s into the slowdown: the 15 s before it stay productive
+])
+def test_a_gray_entity_is_charged_from_when_its_evidence_began_not_from_its_flag(
+        flag_s, evidence_s, straggler_s) -> None:
+    g = _gray_link(flag_s, evidence_s)
+    assert g.by_cause_s[ST] == pytest.approx(straggler_s, abs=0.5)
+    assert g.by_cause_s[P] == pytest.approx(600 - straggler_s, abs=0.5)
+    early = [s for s in g.spans if s.cause == ST and s.start_s < flag_s]
+    assert bool(early) == (evidence_s is not None)
+    assert all("evidence began" in s.why for s in early)
+
+
+def test_back_dating_stops_at_the_entitys_previous_state_change() -> None:
+    from seamguard.goodput.evidence import episodes_from_ledger
+
+    before = [{"t_s": 100, "entity": "link1", "kind": "link", "from_state": "healthy", "to_state": "degraded"},
+              {"t_s": 220, "entity": "link1", "kind": "link", "from_state": "degraded", "to_state": "healthy"}]
+    eps = episodes_from_ledger(before + _flagged(250, 150), [], "j", {"link1"})
+    assert sorted((e.start_s, e.end_s) for e in eps) == [(100, 220), (220, 400)]
+
+
+def test_evidence_onset_is_the_unbroken_run_of_watched_ticks_before_the_flag() -> None:
+    from seamguard.goodput.evidence import evidence_onset
+
+    ticks = np.arange(0.0, 101.0)  # the controller ticked every second
+    watched = np.r_[10.0, 11.0, np.arange(60.0, 101.0)]  # gray at 10-11, then from 60 on (flagged at 100)
+    assert evidence_onset(100.0, ticks, watched) == 60.0
+    assert evidence_onset(100.0, ticks, watched, floor_s=75.0) == 75.0  # its previous state change
+    assert evidence_onset(100.0, ticks, watched, lookback_s=30.0) == 70.0
+    assert evidence_onset(100.0, ticks, np.array([100.0])) == 100.0  # watched only at the flag
+    assert evidence_onset(100.0, ticks, watched[:-1]) == 100.0  # not watched at the last tick: unbroken from nothing
+    assert evidence_onset(100.0, np.array([]), watched) == 100.0  # no series persisted: the flag
+
+
+def test_read_ledger_finds_each_flags_evidence_onset_in_the_ledgers_series(tmp_path) -> None:
+    """Through a real ledger: ticks and the link's watched rows as the runner persists them."""
+    from seamguard.assess.assessment import Reason, Transition
+    from seamguard.assess.states import State
+    from seamguard.fleet.model import Kind
+    from seamguard.goodput.sources import read_ledger
+    from seamguard.ledger import Ledger, open_reader
+    from seamguard.ledger.series import SeriesTick, encode_fleet
+
+    T = 1_000_000.0
+    led = Ledger(tmp_path / "l.db")
+    try:
+        fleet_vec = encode_fleet([1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], None, None, np.zeros(0), np.zeros((0, 3)))
+        for k in range(120):
+            t = T + k
+            gray = 40 <= k <= 119 or k == 5  # a lone gray tick at 5, then from 40 on; flagged at 70
+            ents = (("link", "link1", 0.6, np.zeros(3, dtype=np.float32)),) if gray else ()
+            led.record_series(SeriesTick(k, t, t, fleet_vec, ents))
+        led.record_transitions(70, [Transition(T + 70, Kind.LINK, 0, "link1", State.HEALTHY, State.DEGRADED, 0.6,
+                                               0.1, 0.5, (Reason("latency", 0.9, 40.0, "ratio"),))])
+        led.record_transitions(71, [Transition(T + 71, Kind.NODE, 0, "n9", State.HEALTHY, State.DEGRADED, 0.6,
+                                               0.1, 0.5, ())])  # no rows of its own: its flag
+    finally:
+        led.close()
+    reader = open_reader(tmp_path / "l.db")
+    try:
+        trs, _ = read_ledger(reader, T, T + 200, onsets_from_s=T)
+        plain, _ = read_ledger(reader, T, T + 200)
+    finally:
+        reader.close()
+    since = {r["entity"]: r.get("evidence_since_s") for r in trs}
+    assert since == {"link1": T + 40, "n9": T + 71}
+    assert all("evidence_since_s" not in r for r in plain)

@@ -155,7 +155,7 @@ def goodput(
     reader = open_reader(led) if led is not None else None
     try:
         with PrometheusSource(_empty_fleet(fleet), pcfg) as src, phase(f"reading {len(job)} job(s)"):
-            trs, acts = read_ledger(reader, t0 - LEDGER_LOOKBACK_S, t1) if reader is not None else ([], [])
+            trs, acts = read_ledger(reader, t0 - LEDGER_LOOKBACK_S, t1, onsets_from_s=t0) if reader else ([], [])
             series = read_series(src, job, t0 - LOOKBACK_S, t1, step)
             for j in job:
                 runs = read_runs(j, t0, t1, sacct=sacct, scontrol=scontrol, completion=completion) if slurm else []

@@ -9,8 +9,10 @@
 - `job_entities`: the entities a job runs on (its GPUs, their nodes, NICs, links, storage,
   racks, cooling loops), from the topology.
 - `episodes_from_ledger`: transitions of those entities out of healthy -> STRAGGLER episodes
-  (seam: the evidence channel that scored highest); actions done on them -> DEGRADED (in
-  effect from apply to revert) or RESTART (a move or drain restarts the job's ranks).
+  (seam: the evidence channel that scored highest), each from when its evidence began
+  (`evidence_onset`, when the sources found it) rather than from the flag; actions done on
+  them -> DEGRADED (in effect from apply to revert) or RESTART (a move or drain restarts
+  the job's ranks).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ _NOT_STARTED = ("PENDING",)
 # checkpoints elsewhere or more often) and verbs that restart its ranks when applied.
 DEGRADING = (Verb.AVOID_LINK, Verb.AVOID_STORAGE, Verb.CHECKPOINT_INTERVAL)
 RESTARTING = (Verb.MOVE_JOB, Verb.DRAIN)
+# How far before its flag an entity's evidence may have begun: the state machine's entry
+# hysteresis (ticks above the entry threshold) and the scores' rise take a few ticks; at the
+# default 15 s tick, 40 ticks. An entity gray for longer than this without being flagged is
+# not charged for what lies further back.
+EVIDENCE_LOOKBACK_S = 600.0
 
 
 class SacctError(ValueError):
@@ -130,18 +137,44 @@ def _seam(reasons: list[dict], kind: str) -> tuple[str, str]:
     return r["channel"], f"{r['channel']} {v:g} {r.get('unit') or ''}".rstrip() if v is not None else r["channel"]
 
 
+def evidence_onset(flag_s: float, ticks_s: np.ndarray, watched_s: np.ndarray, floor_s: float = -math.inf,
+                   lookback_s: float = EVIDENCE_LOOKBACK_S) -> float:
+    """When the evidence behind a flag at ``flag_s`` began: the first of the unbroken run of the
+    controller's ticks (``ticks_s``, the ledger's fleet series) up to the flag in which the entity
+    was watched (``watched_s``: its rows in the ledger's entity series, kept while its GFS is at
+    least `WATCH_GFS` or it is not healthy). Never before ``floor_s`` (its previous state change)
+    nor ``lookback_s`` before the flag; ``flag_s`` itself when the ledger kept no such ticks."""
+    ticks = np.sort(np.asarray(ticks_s, dtype=float))
+    ticks = ticks[(ticks <= flag_s) & (ticks >= max(floor_s, flag_s - lookback_s))]
+    seen = np.isin(ticks, np.asarray(watched_s, dtype=float))
+    if not ticks.size or not seen[-1]:
+        return flag_s
+    gaps = np.flatnonzero(~seen)
+    return float(ticks[gaps[-1] + 1] if gaps.size else ticks[0])
+
+
 def _state_episodes(transitions: Iterable[dict]) -> list[Episode]:
+    """An episode per stretch out of healthy; one that left healthy starts where its evidence
+    began (the transition's ``evidence_since_s``, when the sources found it), not at the flag:
+    the job's slow steps while the controller was still gathering evidence are the entity's."""
     out: list[Episode] = []
     open_: dict[str, tuple[float, State, str, str, str]] = {}
+    last_change: dict[str, float] = {}
     for tr in sorted(transitions, key=lambda r: (r["t_s"], r.get("tick", 0))):
         ent, t, to = tr["entity"], float(tr["t_s"]), STATE_BY_LABEL.get(tr["to_state"], State.HEALTHY)
+        start = t
         if ent in open_:
             t0, st, seam, why, kind = open_.pop(ent)
             out.append(Episode(t0, t, Cause.STRAGGLER, ent, seam, why, int(st)))
+        elif to != State.HEALTHY and isinstance(tr.get("evidence_since_s"), (int, float)):
+            start = min(t, max(float(tr["evidence_since_s"]), last_change.get(ent, -math.inf)))
+        last_change[ent] = t
         if to != State.HEALTHY:
             seam, ev = _seam(tr.get("reasons") or [], tr["kind"])
             why = f"{tr['kind']} {ent} {to.label}" + (f" ({ev})" if ev else "")
-            open_[ent] = (t, to, seam, why, tr["kind"])
+            if start < t:
+                why += f"; its evidence began {t - start:.1f} s before the flag"
+            open_[ent] = (start, to, seam, why, tr["kind"])
             if to == State.FAILED:
                 out.append(Episode(t, t, Cause.RESTART, ent, seam, f"{why}: a hard failure stops the job"))
     out += [Episode(t0, math.inf, Cause.STRAGGLER, e, seam, why, int(st))

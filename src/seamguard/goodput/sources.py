@@ -3,7 +3,8 @@
 Side effects live here only, each bounded: Prometheus range queries go through
 `PrometheusSource.range_series` (its deadline, size cap and schema checks); ``sacct`` and
 ``scontrol`` run with a timeout; the ledger is read through its reader, page by page up to
-`MAX_LEDGER_ROWS`. Each returns the records `seamguard.goodput.attribution` takes. A source
+`MAX_LEDGER_ROWS`; when asked, each flag's evidence onset from the ledger's series, at most
+`MAX_ONSET_LOOKUPS` flags. Each returns the records `seamguard.goodput.attribution` takes. A source
 that fails raises `SourceError` with one line saying which and why.
 """
 
@@ -19,11 +20,14 @@ import numpy as np
 
 from seamguard.fleet.model import Kind
 from seamguard.goodput.attribution import JobSeries, Run
-from seamguard.goodput.evidence import SACCT_FORMAT, SacctError, merge_runs, parse_sacct, run_from_scontrol
+from seamguard.goodput.evidence import (EVIDENCE_LOOKBACK_S, SACCT_FORMAT, SacctError, evidence_onset, merge_runs,
+                                        parse_sacct, run_from_scontrol)
+from seamguard.ledger.series import LEVELS
 from seamguard.observe.prometheus import MAX_POINTS_PER_SERIES, PromError, PrometheusSource
 
 MAX_LEDGER_ROWS = 200_000  # per table and window: a week of a large fleet's transitions fits
 PAGE_ROWS = 5_000
+MAX_ONSET_LOOKUPS = 2_000  # flags per read whose evidence onset is looked up (two series reads each)
 # The job series the attribution reads, and how several series of one job fold into one.
 JOB_QUERIES = (("step", "max", "seamguard_job_step"), ("step_s", "max", "seamguard_job_step_seconds"),
                ("stall_s", "max", "seamguard_rank_checkpoint_stall_seconds"),
@@ -124,12 +128,47 @@ def _paged(read: Callable[..., list[dict]], what: str, **kw) -> list[dict]:
             raise SourceError(f"ledger: more than {MAX_LEDGER_ROWS} {what} in the window; ask for a shorter one")
 
 
-def read_ledger(reader, since_s: float, until_s: float) -> tuple[list[dict], list[dict]]:
-    """(transitions, actions) recorded in [since_s, until_s]; ``reader`` a ledger reader."""
+def read_ledger(reader, since_s: float, until_s: float,
+                onsets_from_s: float | None = None) -> tuple[list[dict], list[dict]]:
+    """(transitions, actions) recorded in [since_s, until_s]; ``reader`` a ledger reader.
+
+    ``onsets_from_s``: each transition out of healthy from then on also gets ``evidence_since_s``,
+    when its evidence began (`evidence_onset` over the ledger's persisted series; the newest
+    `MAX_ONSET_LOOKUPS` flags; a reader without series leaves it out)."""
     try:
-        return (_paged(reader.transitions, "transitions", since_t_s=since_s, until_t_s=until_s),
-                _paged(reader.actions, "actions", since_t_s=since_s, until_t_s=until_s))
+        trs = _paged(reader.transitions, "transitions", since_t_s=since_s, until_t_s=until_s)
+        acts = _paged(reader.actions, "actions", since_t_s=since_s, until_t_s=until_s)
+        if onsets_from_s is not None and hasattr(reader, "entity_series"):
+            trs = _with_onsets(reader, trs, onsets_from_s)
+        return trs, acts
     except SourceError:
         raise
     except Exception as e:  # sqlite3 / psycopg errors: a file that is not a ledger, a server gone
         raise SourceError(f"ledger: cannot read it: {type(e).__name__}: {e}") from None
+
+
+def _newest_for(read: Callable[..., dict], since_s: float, until_s: float) -> tuple[float, np.ndarray]:
+    """(the ``newest_t_s`` that picks it, row times) of one persisted series in [since_s, until_s]
+    at the finest level that still holds any (finer levels are pruned sooner), finest first."""
+    for lv in LEVELS:
+        newest = since_s + lv.keep_s - 1.0
+        got = read(since_s, until_s, newest)
+        if got["t_s"].size:
+            return newest, got["t_s"]
+    return math.nan, np.empty(0)
+
+
+def _with_onsets(reader, transitions: list[dict], from_s: float) -> list[dict]:
+    """The transitions, those leaving healthy at or after ``from_s`` with ``evidence_since_s``."""
+    flags = sorted((i for i, r in enumerate(transitions) if r["t_s"] >= from_s and r.get("from_state") == "healthy"
+                    and r.get("to_state") != "healthy"), key=lambda i: -transitions[i]["t_s"])
+    out = list(transitions)
+    for i in flags[:MAX_ONSET_LOOKUPS]:
+        tr = transitions[i]
+        flag, lo = float(tr["t_s"]), float(tr["t_s"]) - EVIDENCE_LOOKBACK_S
+        newest, ticks = _newest_for(reader.fleet_series, lo, flag)
+        if not ticks.size:
+            continue
+        rows = reader.entity_series(tr["kind"], tr["entity"], lo, flag, newest)["t_s"]  # at the ticks' level
+        out[i] = {**tr, "evidence_since_s": evidence_onset(flag, ticks, rows)}
+    return out

@@ -123,7 +123,7 @@ class GoodputService:
         fl = s.fleet
         names = list(fl.job_names) if jobs is None else jobs
         series = self._series(fl, names, since_s, until_s, s.ring_upto)
-        rows = read_ledger(_Upto(self.reader, s.tick), since_s - LEDGER_LOOKBACK_S, until_s)
+        rows = read_ledger(_Upto(self.reader, s.tick), since_s - LEDGER_LOOKBACK_S, until_s, onsets_from_s=since_s)
         return [goodput_of(j, since_s, until_s, series[j], (), *rows, job_entities(fl, j)) for j in names]
 
     def trailing(self) -> list[Goodput]:
@@ -169,6 +169,12 @@ class _Upto:
 
     def actions(self, **kw):
         return self._r.actions(upto_tick=self._tick, **kw)
+
+    def fleet_series(self, *a):  # persisted per tick as it happened: nothing newer than the transitions read
+        return self._r.fleet_series(*a)
+
+    def entity_series(self, *a):
+        return self._r.entity_series(*a)
 
 
 def _job_out(g: Goodput, spans: bool) -> GoodputJobOut:
