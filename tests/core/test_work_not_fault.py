@@ -102,6 +102,21 @@ def test_a_paths_first_burst_is_judged_against_a_large_models_checkpoint(storage
     assert max(loop.worst) == worst
 
 
+@pytest.mark.parametrize("height, worst", [(5.0, State.HEALTHY), (16.0, State.CHECKPOINT_UNSAFE)])
+def test_a_short_run_far_higher_than_the_paths_bursts_is_no_burst(storage_fleet, height, worst):
+    """A burst is judged by its height too: the same checkpoint on the same path writes the same
+    bytes at the same bandwidth. After bursts of 3 ticks at 4x its floor, a run of the same length
+    at 5x (within burst_height_margin, 2x the height) is work; at 16x it is checkpoint_unsafe
+    (on b93fc0d, a 90 s run at any height was excused by its length alone)."""
+    loop = StorageLoop(storage_fleet)
+    for _ in range(WARM_TICKS):
+        loop.tick()
+    loop.bursts(3, 3, every=20, factor=4.0)
+    assert max(loop.worst) == State.HEALTHY
+    loop.bursts(1, 3, every=20, factor=height)
+    assert max(loop.worst) == worst
+
+
 # ---- NIC transmit wait: load classes ----------------------------------------------------------
 WAIT = "node_infiniband_port_transmit_wait_total"
 

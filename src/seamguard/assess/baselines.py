@@ -71,6 +71,8 @@ class BaselineConfig(BaseModel):
                                                           "write burst) before it has shown a burst of its own")
     burst_margin: float = Field(1.25, ge=1, description="a learned burst length is allowed this many times over")
     burst_cap_s: float = Field(900.0, gt=0, description="a slow run longer than this is never learned as a burst")
+    burst_height_margin: float = Field(2.0, ge=1, description="a slow run higher than this many times the height "
+                                                              "of the path's healthy bursts is no burst")
 
 
 def alpha(n: np.ndarray, dt_s: float, half_life_s: float, warm_samples: int = 0) -> np.ndarray:
@@ -156,10 +158,19 @@ class BurstBaseline:
     run_s: np.ndarray  # how long the path has been slow now (0: not slow)
     burst_s: np.ndarray  # the burst length it has shown while healthy (EW, a longer one at once); NaN: none yet
     bursts: np.ndarray  # int32 bursts learned
+    run_peak: np.ndarray | None = None  # the highest latency over its own floor in the slow run now (0: not slow)
+    peak: np.ndarray | None = None  # the height its healthy bursts reached (latency over own floor); NaN: none yet
+
+    def __post_init__(self) -> None:  # an older snapshot has no heights: they start fresh
+        n = len(self.run_s)
+        if self.run_peak is None:
+            object.__setattr__(self, "run_peak", _z(n))
+        if self.peak is None:
+            object.__setattr__(self, "peak", _nan(n))
 
     @classmethod
     def initial(cls, n: int) -> BurstBaseline:
-        return cls(_z(n), _nan(n), np.zeros(n, dtype=np.int32))
+        return cls(_z(n), _nan(n), np.zeros(n, dtype=np.int32), _z(n), _nan(n))
 
 
 @dataclass(frozen=True, eq=False)
@@ -313,23 +324,35 @@ def node_at_work(fleet: Fleet, util_pct: np.ndarray, busy_util_pct: float) -> np
 
 
 def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s: float,
-               cfg: BaselineConfig) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
+               cfg: BaselineConfig, level: np.ndarray | None = None) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
     """One tick of a path's burst length: (new baseline, within its burst allowance now, allowance s).
 
     A slow run counts up while the path is slow. When it ends by itself, no longer than
     ``burst_cap_s``, on a path that is healthy, its length is learned: a longer burst at
     once, a shorter one at the half-life. The allowance is ``burst_margin`` times the
     learned length (``burst_prior_s`` before one is learned); a path slow no longer than
-    that is doing its work.
+    that is doing its work. ``level`` (per path, its latency over its own floor; NaN or
+    None: unknown) is a burst's height, learned the same way: a run higher than
+    ``burst_height_margin`` times the height its healthy bursts reached is not the same
+    work, however short (and is never learned as a burst).
     """
+    lvl = np.full(len(slow), np.nan) if level is None else np.asarray(level, dtype=float)
     run = np.where(slow, base.run_s + max(dt_s, 0.0), 0.0)
+    known = np.isfinite(base.peak)
+    tall = known & np.isfinite(lvl) & (lvl > cfg.burst_height_margin * base.peak)
+    run_peak = np.where(slow, np.fmax(base.run_peak, lvl), 0.0)
     ended = ~slow & (base.run_s > 0) & healthy & (base.run_s <= cfg.burst_cap_s)
+    ended &= ~known | (base.run_peak <= cfg.burst_height_margin * base.peak)
     a = alpha(base.bursts, dt_s, cfg.half_life_s)
     longer = np.isfinite(base.burst_s) & (base.run_s > base.burst_s)
     burst = np.where(longer & ended, base.run_s, ew(base.burst_s, base.run_s, a, ended & ~longer))
+    has_peak = ended & (base.run_peak > 0)
+    higher = known & (base.run_peak > base.peak)
+    peak = np.where(higher & has_peak, base.run_peak, ew(base.peak, base.run_peak, a, has_peak & ~higher))
     allow = np.where(np.isfinite(base.burst_s), cfg.burst_margin * base.burst_s, cfg.burst_prior_s)
-    new = BurstBaseline(run.astype(F32), burst.astype(F32), count_up(base.bursts, ended))
-    return new, slow & (run <= allow), allow
+    new = BurstBaseline(run.astype(F32), burst.astype(F32), count_up(base.bursts, ended), run_peak.astype(F32),
+                        peak.astype(F32))
+    return new, slow & (run <= allow) & ~tall, allow
 
 
 def wait_ratio(b: NicBaseline, wait: np.ndarray, reporting: np.ndarray, work: np.ndarray, job: np.ndarray,

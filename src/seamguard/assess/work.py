@@ -31,7 +31,8 @@ def storage_bursts(e: Evidence, base: BurstBaseline, healthy: np.ndarray, dt_s: 
     ``burst_allowance`` (how long it may be, s)."""
     cols = [e.channels.index(c) for c in BURST_CHANNELS if c in e.channels]
     slow = (e.score[:, cols] > 0).any(axis=1) if cols else np.zeros(e.score.shape[0], dtype=bool)
-    new, within, allow = burst_step(base, slow, healthy, dt_s, cfg)
+    level = e.value[:, e.channels.index("latency_own")] if "latency_own" in e.channels else None
+    new, within, allow = burst_step(base, slow, healthy, dt_s, cfg, level)
     score = e.score.copy()
     if cols:
         score[:, cols] = np.where(within[:, None], 0.0, score[:, cols])
