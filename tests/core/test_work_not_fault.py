@@ -117,6 +117,21 @@ def test_a_short_run_far_higher_than_the_paths_bursts_is_no_burst(storage_fleet,
     assert max(loop.worst) == worst
 
 
+@pytest.mark.parametrize("shown, worst", [(1, State.HEALTHY), (4, State.CHECKPOINT_UNSAFE)])
+def test_one_short_burst_does_not_shrink_the_allowance(storage_fleet, shown, worst):
+    """A path serves several jobs whose checkpoints differ in length: after one 60 s burst, a
+    150 s one is still work (the prior stands until burst_min_count bursts were seen; on b93fc0d
+    the 60 s burst alone set a 75 s allowance and the 150 s one was checkpoint_unsafe); after
+    four 60 s bursts, a 150 s slow run outlasts the learned allowance."""
+    loop = StorageLoop(storage_fleet)
+    for _ in range(WARM_TICKS):
+        loop.tick()
+    loop.bursts(shown, 2, every=20)
+    assert max(loop.worst) == State.HEALTHY
+    loop.bursts(1, 5, every=20)
+    assert max(loop.worst) == worst
+
+
 # ---- NIC transmit wait: load classes ----------------------------------------------------------
 WAIT = "node_infiniband_port_transmit_wait_total"
 

@@ -71,6 +71,8 @@ class BaselineConfig(BaseModel):
                                                           "write burst) before it has shown a burst of its own")
     burst_margin: float = Field(1.25, ge=1, description="a learned burst length is allowed this many times over")
     burst_cap_s: float = Field(900.0, gt=0, description="a slow run longer than this is never learned as a burst")
+    burst_min_count: int = Field(4, ge=1, description="bursts a path must show before its learned length replaces "
+                                                      "burst_prior_s as the allowance (when shorter)")
     burst_height_margin: float = Field(2.0, ge=1, description="a slow run higher than this many times the height "
                                                               "of the path's healthy bursts is no burst")
 
@@ -330,8 +332,8 @@ def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s:
     A slow run counts up while the path is slow. When it ends by itself, no longer than
     ``burst_cap_s``, on a path that is healthy, its length is learned: a longer burst at
     once, a shorter one at the half-life. The allowance is ``burst_margin`` times the
-    learned length (``burst_prior_s`` before one is learned); a path slow no longer than
-    that is doing its work. ``level`` (per path, its latency over its own floor; NaN or
+    learned length (at least ``burst_prior_s`` until ``burst_min_count`` were learned); a
+    path slow no longer than that is doing its work. ``level`` (per path, its latency over its own floor; NaN or
     None: unknown) is a burst's height, learned the same way: a run higher than
     ``burst_height_margin`` times the height its healthy bursts reached is not the same
     work, however short (and is never learned as a burst).
@@ -349,7 +351,10 @@ def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s:
     has_peak = ended & (base.run_peak > 0)
     higher = known & (base.run_peak > base.peak)
     peak = np.where(higher & has_peak, base.run_peak, ew(base.peak, base.run_peak, a, has_peak & ~higher))
-    allow = np.where(np.isfinite(base.burst_s), cfg.burst_margin * base.burst_s, cfg.burst_prior_s)
+    # One burst is one sample of a path's burst lengths (several jobs, several sizes): the prior
+    # stands until ``burst_min_count`` bursts were seen, unless a learned one is longer.
+    learned = np.where(np.isfinite(base.burst_s), cfg.burst_margin * base.burst_s, 0.0)
+    allow = np.where(base.bursts >= cfg.burst_min_count, learned, np.maximum(learned, cfg.burst_prior_s))
     new = BurstBaseline(run.astype(F32), burst.astype(F32), count_up(base.bursts, ended), run_peak.astype(F32),
                         peak.astype(F32))
     return new, slow & (run <= allow) & ~tall, allow
