@@ -18,9 +18,11 @@ pause or a noisy neighbour; phases `step` and `optimizer`). phases: `step` (befo
 step's compute), `snapshot` (half-way through copying state into the host buffers),
 `replicate` (half-way through pushing the replica to the peer), `persist` (in the
 persister, after the data file and before the commit marker; it kills the worker and
-itself, like a node dying mid-write), `optimizer` (right after the optimizer applied
-the step, before the next step's private bytes reach the holder), `grad` (the local
-gradient, before the all-reduce).
+itself, like a node dying mid-write), `reduced` (right after the step's gradient
+all-reduce returned on this rank, before its optimizer step: the survivors may commit the
+step without it), `optimizer` (right after the optimizer applied the step, before the
+next step's private bytes reach the holder), `grad` (the local gradient, before the
+all-reduce).
 Two `sdc` triggers at the same rank and step corrupt the step and its recompute.
 
 Each trigger fires once per job, not once per process: a spare that replays the step
@@ -46,7 +48,7 @@ PROCESS_ACTIONS = ("kill", "stop", "nodeloss")
 PROCESS_PHASES = ("step", "snapshot", "replicate", "persist", "optimizer")
 ACTIONS = PROCESS_ACTIONS + ("raise", "sdc", "delay")
 THREAD_PHASES = ("step", "optimizer")   # the training thread's phases: `raise`, `delay`
-PHASES = PROCESS_PHASES + ("grad",)
+PHASES = PROCESS_PHASES + ("reduced", "grad")   # `reduced`: not drawn by random_plan (seeded plans keep their draws)
 SDC_SCALE = 2.0 ** 40  # a flipped high exponent bit
 
 

@@ -104,15 +104,22 @@ class SnapshotSchedule:
             return False
 
     def send_rank_part(self) -> None:
-        """Once a step's collectives are done (the step will commit), send the holder this
-        rank's own part of the next step's private bytes (RNG states, buffers: what its
-        replicas do not share). Without it, a rank lost between its optimizer step and the
-        next step's push left its survivors a step ahead of the private bytes its holder
-        had, and the job went back to the newest full snapshot (up to
-        ``--snapshot-every`` steps). The part is taken now and checked at the next step's
-        start against what the rank then holds: it is sent only once a check has passed
-        and never again after one fails (a loop that draws random numbers after
-        ``sync_gradients()``); a checked part stands in for that step's push."""
+        """After a step's compute and before its gradient all-reduce (FSDP2: once its
+        collectives in backward are done), send the holder this rank's own part of the
+        next step's private bytes (RNG states, buffers: what its replicas do not share).
+        Without it, a rank lost between its optimizer step and the next step's push left
+        its survivors a step ahead of the private bytes its holder had, and the job went
+        back to the newest full snapshot (up to ``--snapshot-every`` steps). Sent before
+        the all-reduce, not after it: a survivor commits the step only once every rank
+        joined the all-reduce, so every rank's part has then reached its holder (sent
+        after it, a rank lost between the two left the job 9 steps back at
+        ``--snapshot-every 10``; tests/runtime/test_recovery_boundary.py). The part is taken
+        now and checked at the next step's start against what the rank then holds: it is
+        sent only once a check has passed and never again after one fails (a loop that
+        draws random numbers after ``sync_gradients()``); a checked part stands in for
+        that step's push. A step cancelled after it was sent (a failed all-reduce, a
+        step-guard redo) is no harm: a recovery drops private bytes newer than its
+        resume step, and a redo sends the part again."""
         rt = self.rt
         if not self.live_recovery() or self._part_ok is False:
             return

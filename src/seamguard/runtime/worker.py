@@ -328,7 +328,9 @@ class Runtime:
         finally:
             self.snapshots.finish_snapshot()
         if ok:
-            self.snapshots.send_rank_part()
+            self.injector.maybe_fire("reduced", self.rank, self.step)
+            if self.sharded:   # FSDP2's collectives ran in backward: its part goes once they are done
+                self.snapshots.send_rank_part()
         return ok
 
     def _sync_gradients(self) -> bool:
@@ -341,6 +343,7 @@ class Runtime:
             return self.snapshots.await_replica()
         if self._mode.degraded and not self.snapshots.settle_degraded():
             return False
+        self.snapshots.send_rank_part()   # before the all-reduce: see its docstring
         return self.gradients.average(self._local_n / self.sampler.global_batch)
 
     def finish(self) -> None:
