@@ -1,11 +1,15 @@
 """Replica pushes: a holder on the pusher's host reads the slot file, any other the socket;
 either way every tensor is hash-checked before the replica is kept."""
 
+import time
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from seamguard.runtime import replica
+from seamguard.runtime.manifest import Manifest, hash_bytes
 from seamguard.runtime.data import GlobalBatchSampler
 from seamguard.runtime.snapshot import SlotStore, TrainingState
 
@@ -91,3 +95,40 @@ def test_a_peer_cannot_have_the_holder_read_a_file_that_is_no_slot(pusher, holde
     with pytest.raises((replica.ReplicaError, OSError)):   # refused; the pusher may see a broken pipe
         replica.push(holder.address, 1, manifest, np.zeros_like(sent), 5.0, local=(HOST, str(other)))
     assert _held(holder, manifest) == _tensors(manifest, sent)   # the good replica is still the one held
+
+
+def _variant(slot, manifest, step: int, salt: int):
+    """The snapshot's bytes with every tensor changed (salt), as the manifest of ``step``."""
+    payload = slot.array.copy()
+    entries = []
+    for e in manifest.entries:
+        payload[e.offset:e.offset + e.nbytes] ^= np.uint8(salt)
+        entries.append(replace(e, xxh3=hash_bytes(payload[e.offset:e.offset + e.nbytes])))
+    return Manifest(step, manifest.rank, manifest.world_size, entries), payload
+
+
+def test_a_push_cut_off_midway_leaves_no_torn_replica_advertised(pusher, holder):
+    # The holder keeps two replicas per role and receives a third into the oldest one's
+    # buffers. A pusher killed mid-stream must not leave that oldest replica listed with
+    # half its tensors overwritten: a recovery choosing it would fail its hash check on
+    # the spare (and a second time, and so on). The newest complete replica stays.
+    slot, manifest = pusher
+    m7, p7 = _variant(slot, manifest, 7, 0x11)
+    m8, p8 = _variant(slot, manifest, 8, 0x22)
+    m9, p9 = _variant(slot, manifest, 9, 0x33)
+    for m, p in ((m7, p7), (m8, p8)):
+        replica.push(holder.address, 1, m, p, 5.0)
+    assert holder.store.valid_steps() == {"1": [7, 8]}
+
+    def die() -> None:
+        raise ConnectionAbortedError("pusher killed")
+    with pytest.raises(ConnectionAbortedError):
+        replica.push(holder.address, 1, m9, p9, 5.0, midway=die)
+    deadline = time.monotonic() + 5.0
+    while 7 in holder.store.valid_steps().get("1", []) and time.monotonic() < deadline:
+        time.sleep(0.01)   # the holder's thread sees the closed channel
+    steps = holder.store.valid_steps()["1"]
+    assert 8 in steps and 9 not in steps, steps
+    for step, m, p in ((7, m7, p7), (8, m8, p8)):
+        if step in steps:   # every replica advertised is whole
+            assert _held(holder, m) == _tensors(m, p)

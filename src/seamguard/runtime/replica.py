@@ -118,13 +118,19 @@ class ReplicaStore:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _buffer(self, role: int, name: str, nbytes: int, busy: set[int]) -> np.ndarray:
-        """A reusable receive buffer (allocated once per role/tensor/position)."""
+        """A reusable receive buffer (allocated once per role/tensor/position). A held
+        replica whose buffer it was is dropped first: its bytes are about to change, and a
+        push cut off midway would otherwise leave it listed, torn (a spare choosing it
+        fails its hash check). The newest replica's buffers are in ``busy``: it stays."""
         bufs = self.pool.setdefault((role, name), [])
-        for b in bufs:
-            if id(b) not in busy and b.size >= nbytes:
-                return b
-        b = np.empty(nbytes, dtype=np.uint8)
-        bufs.append(b)
+        with self.lock:
+            b = next((b for b in bufs if id(b) not in busy and b.size >= nbytes), None)
+            if b is None:
+                b = np.empty(nbytes, dtype=np.uint8)
+                bufs.append(b)
+            else:
+                self.held[role] = [r for r in self.held.get(role, [])
+                                   if not any(d is b for d in r.data.values())]
         return b
 
     def valid_steps(self, live: bool = False) -> dict[str, list[int]]:
