@@ -132,6 +132,29 @@ def test_one_short_burst_does_not_shrink_the_allowance(storage_fleet, shown, wor
     assert max(loop.worst) == worst
 
 
+def _burst_run(pattern: str, writers: int) -> list[bool]:
+    """burst_step over a pattern of slow ('S') and normal ('.') ticks on one healthy path at 4x
+    its floor: per tick, whether the slow run is excused as work."""
+    from seamguard.assess.baselines import BurstBaseline, burst_step
+    base, out = BurstBaseline.initial(1), []
+    for c in pattern:
+        base, within, _ = burst_step(base, np.array([c == "S"]), np.array([True]), TICK, POL.assess.baselines,
+                                     np.array([4.0 if c == "S" else 1.0]), np.array([writers]))
+        out.append(bool(within[0]))
+    return out
+
+
+@pytest.mark.parametrize("writers, excused", [(1, False), (2, True)])
+def test_two_jobs_checkpoints_back_to_back_are_work(writers, excused):
+    """Four 120 s bursts teach a 150 s allowance; then two jobs' checkpoints fall back to back
+    (240 s slow). On a path one job writes to, that outlasts its bursts; on a path two jobs write
+    to, each checkpointing on its own schedule, it is work (on b93fc0d the job count was not read)."""
+    learn = ("SSSS" + "." * 16) * 4
+    out = _burst_run(learn + "S" * 8, writers)
+    assert all(out[len(learn) - 20 + i] for i in range(4))  # a learned-length burst is work either way
+    assert all(out[len(learn):]) == excused
+
+
 # ---- NIC transmit wait: load classes ----------------------------------------------------------
 WAIT = "node_infiniband_port_transmit_wait_total"
 

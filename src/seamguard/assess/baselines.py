@@ -326,7 +326,8 @@ def node_at_work(fleet: Fleet, util_pct: np.ndarray, busy_util_pct: float) -> np
 
 
 def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s: float,
-               cfg: BaselineConfig, level: np.ndarray | None = None) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
+               cfg: BaselineConfig, level: np.ndarray | None = None,
+               writers: np.ndarray | None = None) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
     """One tick of a path's burst length: (new baseline, within its burst allowance now, allowance s).
 
     A slow run counts up while the path is slow. When it ends by itself, no longer than
@@ -336,7 +337,9 @@ def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s:
     path slow no longer than that is doing its work. ``level`` (per path, its latency over its own floor; NaN or
     None: unknown) is a burst's height, learned the same way: a run higher than
     ``burst_height_margin`` times the height its healthy bursts reached is not the same
-    work, however short (and is never learned as a burst).
+    work, however short (and is never learned as a burst). ``writers`` (per path, the jobs
+    placed on it; None: one) multiplies the allowance: jobs checkpoint on their own
+    schedules, and their bursts may fall back to back into one slow run.
     """
     lvl = np.full(len(slow), np.nan) if level is None else np.asarray(level, dtype=float)
     run = np.where(slow, base.run_s + max(dt_s, 0.0), 0.0)
@@ -355,6 +358,8 @@ def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s:
     # stands until ``burst_min_count`` bursts were seen, unless a learned one is longer.
     learned = np.where(np.isfinite(base.burst_s), cfg.burst_margin * base.burst_s, 0.0)
     allow = np.where(base.bursts >= cfg.burst_min_count, learned, np.maximum(learned, cfg.burst_prior_s))
+    if writers is not None:
+        allow = allow * np.maximum(writers, 1)
     new = BurstBaseline(run.astype(F32), burst.astype(F32), count_up(base.bursts, ended), run_peak.astype(F32),
                         peak.astype(F32))
     return new, slow & (run <= allow) & ~tall, allow
