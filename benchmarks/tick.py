@@ -16,12 +16,14 @@ checks with peer medians — for the GPU evidence alone, with the ratio.
 Last line: one JSON object with gpus, tick_s, tick_s_10k, peak_rss_mib, baseline figures;
 the same object, with the commit and machine load, goes to benchmarks/results/tick.json
 (tick_quick.json with --quick, tick_<gpus>.json with ``--gpus``, ``_series<S>`` before ``.json``
-with ``--series``; ``--out`` names another file). ``--series S``: every frame also carries S
+with ``--series``, ``_fresh`` with ``--fresh-memory``; ``--out`` names another file). ``--series S``: every frame also carries S
 series per GPU that no channel names (half gauges at a per-GPU level with noise, half
 counters), so the tick includes judging them (assess/unnamed.py) as it would behind a
 dcgm-exporter with S more fields enabled.
 Beside the wall time, ``tick_cpu_s`` is the process's CPU time for the same tick (less
 moved by other work on a shared machine than the wall time, never less than it on one core).
+The process's allocator is set as the controller sets it (``control.retain_freed_memory``:
+large blocks reused from tick to tick); ``--fresh-memory`` leaves it as glibc starts.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from _record import RESULTS_DIR, provenance, write_result  # noqa: E402
 
 from seamguard.assess import assess, initial_states  # noqa: E402
 from seamguard.assess.propagation import all_dependents  # noqa: E402
+from seamguard.control import retain_freed_memory  # noqa: E402
 from seamguard.decide import DecideState, decide, default_policy  # noqa: E402
 from seamguard.fleet import FleetShape, Kind, generate_fleet  # noqa: E402
 from seamguard.observe import History  # noqa: E402
@@ -103,7 +106,8 @@ def measure(gpus: int, warm_ticks: int, timed_ticks: int, series: int = 0) -> di
     warm = base.warm_counts(policy.assess.baselines)
     return {"gpus": fleet.count(Kind.GPU), "tick_s": statistics.median(times),
             "warm_gpus": warm["gpu"], "baseline_mib": sum(v.nbytes for v in base.to_arrays().values()) / 2**20,
-            "assess_s": statistics.median(a_times), "tick_cpu_s": statistics.median(cpu_times), "entities": sum(fleet.summary().values()),
+            "assess_s": statistics.median(a_times), "tick_cpu_s": statistics.median(cpu_times),
+            "tick_cpu_s_range": [round(min(cpu_times), 4), round(max(cpu_times), 4)], "entities": sum(fleet.summary().values()),
             "fleet": fleet, "frame": frame}
 
 
@@ -141,6 +145,9 @@ def main() -> None:
                     help="result file (default: benchmarks/results/tick.json, tick_quick.json with --quick)")
     ap.add_argument("--series", type=int, default=0,
                     help="series per GPU that no channel names, judged each tick (default 0)")
+    ap.add_argument("--fresh-memory", action="store_true",
+                    help="leave glibc's allocator as it starts (each large block mapped fresh and returned), "
+                         "not as the controller sets it (control.retain_freed_memory)")
     args = ap.parse_args()
     if args.gpus is not None and args.gpus < 1000:
         ap.error(f"--gpus must be at least 1000, got {args.gpus}")
@@ -150,7 +157,10 @@ def main() -> None:
     out = args.out or RESULTS_DIR / (default_name if args.gpus is None else f"tick_{args.gpus}.json")
     if args.series and args.out is None:
         out = out.with_name(f"{out.stem}_series{args.series}.json")
+    if args.fresh_memory and args.out is None:
+        out = out.with_name(f"{out.stem}_fresh.json")
     started = provenance()
+    retained = False if args.fresh_memory else retain_freed_memory()
     big = args.gpus or (20_000 if args.quick else 100_000)
     small = big // 10
     w = default_policy().assess.baselines.warm_samples
@@ -175,13 +185,14 @@ def main() -> None:
     print(f"warm baselines: {b['warm_gpus']} of {b['gpus']} GPUs, {b['baseline_mib']:.1f} MiB of baseline state")
     print(f"peak RSS {peak_mib:.0f} MiB; growth {b['tick_s'] / s['tick_s']:.1f}x for {b['gpus'] / s['gpus']:.0f}x GPUs")
     result = {"gpus": b["gpus"], "tick_s": round(b["tick_s"], 4), "tick_cpu_s": round(b["tick_cpu_s"], 4),
+                      "tick_cpu_s_range": b["tick_cpu_s_range"], "timed_ticks": timed,
                       "tick_s_10k" if small == 10_000 else "tick_s_small": round(s["tick_s"], 4),
                       "tick_cpu_s_small": round(s["tick_cpu_s"], 4),
                       "small_gpus": s["gpus"], "peak_rss_mib": round(peak_mib, 1), "warm_gpus": b["warm_gpus"],
                       "baseline_mib": round(b["baseline_mib"], 2),
                       "baseline_gpu_loop_s": round(base_s, 4), "seamguard_gpu_evidence_s": round(ours_gpu_s, 4),
                       "baseline_ratio": round(base_s / ours_gpu_s, 2), "quick": args.quick,
-                      "unnamed_series_per_gpu": args.series}
+                      "unnamed_series_per_gpu": args.series, "retain_freed_memory": retained}
     write_result(out, result, started)
     print(json.dumps(result))
 

@@ -1,5 +1,7 @@
 """Fleet model, generator and the YAML topology format (including its error messages)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import yaml
@@ -104,3 +106,14 @@ def test_index_of_names_kind():
     assert f.index_of(Kind.NODE, f.node_names[3]) == 3
     with pytest.raises(KeyError, match="no node named 'zzz'"):
         f.index_of(Kind.NODE, "zzz")
+
+
+def test_index_table_is_every_name_read_only_and_per_fleet():
+    f = generate_fleet(FleetShape(gpus=64))
+    table = f.index_table(Kind.NODE)
+    assert dict(table) == {n: i for i, n in enumerate(f.node_names)}
+    assert f.index_table(Kind.NODE) is table  # built once per Fleet
+    with pytest.raises(TypeError):
+        table["zzz"] = 0  # type: ignore[index]
+    moved = replace(f, node_names=[n + "-b" for n in f.node_names], _index={})
+    assert moved.index_of(Kind.NODE, f.node_names[0] + "-b") == 0

@@ -20,6 +20,7 @@ hazard counts once per job, not once per node it cools: one failing loop is one 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -145,7 +146,7 @@ def jobs_to_consider(fleet: Fleet, ex: Exposure, policy: Policy, episodes: dict[
 
 
 def open_episodes(fleet: Fleet, j: int, prior: list[Episode], ex: Exposure, node_ht: np.ndarray,
-                  end_healthy_ticks: int, node_of: dict[str, int]) -> dict[str, Episode]:
+                  end_healthy_ticks: int, node_of: Mapping[str, int]) -> dict[str, Episode]:
     """The job's episodes still open, by node: kept unless it left the node or the node recovered for good; new ones opened where exposed."""
     jn = fleet.job_names[j]
     mine = np.flatnonzero((fleet.node_job >= 0) & (fleet.node_job == j))
@@ -240,7 +241,7 @@ def worsened(e: Episode, state_now: int, job_hazard_per_h: float, ratio: float) 
 
 def job_checkpoint(fleet: Fleet, a: Assessment, policy: Policy, ex: Exposure, j: int, prior: list[Episode],
                    last: float | None, node_ht: np.ndarray, crit: np.ndarray,
-                   node_of: dict[str, int]) -> JobCheckpoint:
+                   node_of: Mapping[str, int]) -> JobCheckpoint:
     """Ask one job for a checkpoint where an episode got stricter and it pays; else carry the one asked."""
     jn = fleet.job_names[j]
     eps = open_episodes(fleet, j, prior, ex, node_ht, policy.actions.episode_end_healthy_ticks, node_of)
@@ -275,7 +276,7 @@ def plan_checkpoints(fleet: Fleet, a: Assessment, policy: Policy, episodes: tupl
     for e in episodes:
         by_job.setdefault(e.job, []).append(e)
     last_ckpt = dict(checkpoints)
-    node_of = {n: i for i, n in enumerate(fleet.node_names)}
+    node_of = fleet.index_table(Kind.NODE)
     actions: dict[str, Action] = {}
     carried: set[str] = set()
     issued: Issued = {}

@@ -15,6 +15,7 @@ after sustained recovery.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -241,7 +242,7 @@ def plan_drains(fleet: Fleet, a: Assessment, policy: Policy, node_w: np.ndarray,
             benefit_gpu_h_per_h=round(benefit, 3), cost_gpu_h_per_h=round(cost, 3),
             criticality=float(node_w[i])))
     failed = a.node_state == State.FAILED
-    node_index = {n: i for i, n in enumerate(fleet.node_names)}
+    node_index = fleet.index_table(Kind.NODE)
     # hard failures first (they bypass the rate, never a total), then the most harmful
     drains.sort(key=lambda d: not failed[node_index[d.target]])
     return [(d, Request(d.key, nodes=(node_index[d.target],), hard=bool(failed[node_index[d.target]])))
@@ -408,7 +409,7 @@ def plan_moves(fleet: Fleet, a: Assessment, policy: Policy, crit: np.ndarray, fr
 
 
 def breaker_in_effect(fleet: Fleet, a: Assessment, in_effect: set[str], domains: tuple[str, ...],
-                      node_index: dict[str, int]) -> InEffect:
+                      node_index: Mapping[str, int]) -> InEffect:
     """What the breaker counts as restricted now: nodes and paths in effect, and admitted domains still in trouble."""
     now = InEffect()
     for k in in_effect:
@@ -442,7 +443,7 @@ def hold_by_breaker(desired: dict[str, Action], held_why: dict[str, str]) -> tup
 
 
 def pace_returns(desired: dict[str, Action], in_effect: set[str], breaker: BreakerState, fleet: Fleet,
-                 node_index: dict[str, int], policy: Policy, t_s: float) -> tuple[dict[str, Action], BreakerState]:
+                 node_index: Mapping[str, int], policy: Policy, t_s: float) -> tuple[dict[str, Action], BreakerState]:
     """Let the node restrictions seamguard holds, and no longer wants, go at the breaker's return pace.
 
     A node returns when none of its restrictions is wanted any more (one replaced by another,
@@ -473,7 +474,7 @@ def decide(fleet: Fleet, a: Assessment, policy: Policy, state: DecideState,
     """The desired state for this tick. ``in_effect``: keys the actuators report held;
     ``frozen``: scopes whose input failed (no new action there, those in effect stay)."""
     rules = policy.actions
-    node_index = {n: i for i, n in enumerate(fleet.node_names)}
+    node_index = fleet.index_table(Kind.NODE)
     crit, node_w = criticality_weights(fleet, policy)
     free, drained_now = spare_nodes(fleet, a, in_effect)
     kind_ht, node_ht = healthy_ticks(fleet, a, policy)

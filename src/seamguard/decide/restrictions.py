@@ -9,6 +9,8 @@ restriction of the same node replaces it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from seamguard.assess.assessment import Assessment
@@ -39,7 +41,7 @@ def at_risk(a: Assessment) -> np.ndarray:
     return (a.node_domain_state[:, :3] > State.HEALTHY).any(axis=1) | (a.node_state > State.HEALTHY)
 
 
-def node_restrictions(keys, node_index: dict[str, int]) -> dict[int, list[ActionKey]]:
+def node_restrictions(keys, node_index: Mapping[str, int]) -> dict[int, list[ActionKey]]:
     """The restrictions among ``keys``, by node index (unknown nodes left out)."""
     by_node: dict[int, list[ActionKey]] = {}
     for k in keys:
@@ -50,7 +52,7 @@ def node_restrictions(keys, node_index: dict[str, int]) -> dict[int, list[Action
 
 
 def only_tighten(desired: dict[str, Action], in_effect: set[str], risk: np.ndarray,
-                 node_index: dict[str, int]) -> dict[str, Action]:
+                 node_index: Mapping[str, int]) -> dict[str, Action]:
     """Keep a restriction in effect, instead of a looser or no replacement, while its node is at risk."""
     desired = dict(desired)
     by_node = node_restrictions(desired, node_index)
@@ -71,7 +73,7 @@ def only_tighten(desired: dict[str, Action], in_effect: set[str], risk: np.ndarr
     return desired
 
 
-def healthy_for(ak: ActionKey, fleet: Fleet, node_index: dict[str, int], kind_ht: dict[Kind, np.ndarray],
+def healthy_for(ak: ActionKey, fleet: Fleet, node_index: Mapping[str, int], kind_ht: dict[Kind, np.ndarray],
                 node_ht: np.ndarray) -> tuple[int, str] | None:
     """(ticks healthy, entity) of what an action in effect restricts; None for a one-shot or an unknown entity."""
     try:
@@ -88,7 +90,7 @@ def healthy_for(ak: ActionKey, fleet: Fleet, node_index: dict[str, int], kind_ht
     return None
 
 
-def release_dwell(desired: dict[str, Action], in_effect: set[str], fleet: Fleet, node_index: dict[str, int],
+def release_dwell(desired: dict[str, Action], in_effect: set[str], fleet: Fleet, node_index: Mapping[str, int],
                   kind_ht: dict[Kind, np.ndarray], node_ht: np.ndarray, release_ticks: int) -> dict[str, Action]:
     """Keep what is in effect until its entity has been healthy ``release_ticks`` (not replaced by a new restriction);
     a job move is kept while its domain is still in trouble too."""
