@@ -339,3 +339,24 @@ def test_read_ledger_finds_each_flags_evidence_onset_in_the_ledgers_series(tmp_p
     since = {r["entity"]: r.get("evidence_since_s") for r in trs}
     assert since == {"link1": T + 40, "n9": T + 71}
     assert all("evidence_since_s" not in r for r in plain)
+
+
+def test_a_jobs_entities_include_the_switches_its_traffic_crosses() -> None:
+    """A gray leaf (the assessment may blame a slow link on the leaf its peers share) costs the job."""
+    from seamguard.fleet.topology import parse_topology
+    from seamguard.goodput.evidence import job_entities
+
+    topo = {"version": 1, "cooling_loops": [{"name": "cdu", "rated_flow_lpm": 480}],
+            "racks": [{"name": "r1", "cooling_loop": "cdu"}], "storage_paths": ["nfs"],
+            "switches": [{"name": n, "tier": t} for n, t in (("leaf-a", "leaf"), ("leaf-b", "leaf"),
+                                                              ("leaf-c", "leaf"), ("spine", "spine"))],
+            "uplinks": [{"leaf": x, "spine": "spine"} for x in ("leaf-a", "leaf-b", "leaf-c")],
+            "nodes": [{"name": n, "rack": "r1", "storage": "nfs", "gpus": 1, "nics": [{"rail": 0, "leaf": lf}]}
+                      for n, lf in (("n1", "leaf-a"), ("n2", "leaf-a"), ("n3", "leaf-b"), ("n4", "leaf-c"))],
+            "jobs": [{"name": "one_leaf", "class": "high_sync_training", "nodes": ["n1", "n2"]},
+                     {"name": "two_leaves", "class": "high_sync_training", "nodes": ["n3", "n4"]}]}
+    fleet = parse_topology(topo)
+    one, two = job_entities(fleet, "one_leaf"), job_entities(fleet, "two_leaves")
+    assert "leaf-a" in one and not one & {"leaf-b", "leaf-c", "spine", "leaf-a~spine"}
+    assert {"leaf-b", "leaf-c", "leaf-b~spine", "leaf-c~spine", "spine"} <= two
+    assert not two & {"leaf-a", "leaf-a~spine", "n1", "n2"}

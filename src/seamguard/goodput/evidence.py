@@ -113,7 +113,9 @@ def merge_runs(done: Sequence[Run], now: Run | None) -> list[Run]:
 
 
 def job_entities(fleet: Fleet, job: str) -> set[str]:
-    """Names of every entity the job runs on: GPUs, nodes, NICs, their links, storage, racks, loops."""
+    """Names of every entity the job runs on: GPUs, nodes, NICs, their links and leaf switches
+    (and, on a rail whose NICs sit under more than one leaf, those leaves' uplinks and spines:
+    its traffic crosses them), storage, racks, loops."""
     j = fleet.index_of(Kind.JOB, job)
     gpus = np.flatnonzero(fleet.gpu_job == j)
     nodes = np.unique(fleet.gpu_node[gpus])
@@ -121,10 +123,24 @@ def job_entities(fleet: Fleet, job: str) -> set[str]:
     links = fleet.nic_link[nics]
     out = {fleet.gpu_names[g] for g in gpus} | {fleet.node_names[n] for n in nodes}
     out |= {fleet.nic_names[i] for i in nics} | {fleet.link_names[k] for k in links if k >= 0}
+    out |= _switches(fleet, nics, links)
     for kind, idx in ((Kind.STORAGE, fleet.node_storage[nodes]), (Kind.RACK, fleet.node_rack[nodes]),
                       (Kind.COOLING_LOOP, fleet.node_loop[nodes])):
         names = fleet.names(kind)
         out |= {names[i] for i in np.unique(idx) if 0 <= i < len(names)}
+    return out
+
+
+def _switches(fleet: Fleet, nics: np.ndarray, links: np.ndarray) -> set[str]:
+    """The leaves the job's NIC links attach to; the uplinks and spines of the leaves of any
+    rail on which its NICs sit under more than one leaf."""
+    ok = links >= 0
+    leaves = fleet.link_leaf[links[ok]]
+    rails = fleet.nic_rail[nics[ok]]
+    out = {fleet.switch_names[x] for x in np.unique(leaves) if x >= 0}
+    crossing = [x for r in np.unique(rails) if np.unique(leaves[rails == r]).size > 1 for x in leaves[rails == r]]
+    up = np.flatnonzero((fleet.link_nic < 0) & np.isin(fleet.link_leaf, crossing))
+    out |= {fleet.link_names[k] for k in up} | {fleet.switch_names[x] for x in fleet.link_spine[up] if x >= 0}
     return out
 
 
