@@ -128,21 +128,26 @@ def _ranks(x: np.ndarray, group: np.ndarray, n_groups: int, ok: np.ndarray) -> _
 
 def _leave_out(r: _Ranks, x: np.ndarray, group: np.ndarray, ok: np.ndarray):
     """Per entity: (median of the other members of its group, how many there are, its group's
-    row of ranks lo, lo + 1, hi, hi + 1 and the whole group's median).
+    ranks lo and hi as (lo, hi)).
 
     With ``m`` others a median reads ranks lo = (m - 1) // 2 and hi = m // 2 of them; a member
     with a value (``ok``) reads, of the whole group, each rank where its own value is below
     that rank's (by value: a tie of it is the same value), else the one past it. A member
-    without one reads the whole group's median."""
+    without one reads the whole group's median. Each per-group figure is gathered as its own
+    contiguous column (a stacked [N, 5] gather read back column by column cost a 1M-GPU tick
+    twice the time)."""
     n_g = r.mid.shape[1]
     g, c = np.arange(n_g), r.counts
     jh = np.maximum(c - 1, 0) // 2 - r.base  # hi of a member with a value (lo is base), less base
     whole = 0.5 * (r.at(np.maximum(c - 1, 0) // 2 - r.base, g) + r.at(c // 2 - r.base, g))
-    rows = np.stack([r.mid[0], r.mid[1], r.at(jh, g), r.at(np.minimum(jh + 1, 2), g), whole], axis=1)[group]
-    lo0, lo1, hi0, hi1 = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
-    med = np.where(ok, 0.5 * (np.where(x > lo0, lo0, lo1) + np.where(x > hi0, hi0, hi1)), rows[:, 4])
+    lo0, lo1 = r.mid[0][group], r.mid[1][group]
+    hi0, hi1 = r.at(jh, g)[group], r.at(np.minimum(jh + 1, 2), g)[group]
+    med = np.where(x > lo0, lo0, lo1)
+    med += np.where(x > hi0, hi0, hi1)
+    med *= 0.5
+    med = np.where(ok, med, whole[group])
     others = c[group] - ok
-    return np.where(others > 0, med, np.nan), others, rows
+    return np.where(others > 0, med, np.nan), others, (lo0, hi0)
 
 
 def loo_median(x: np.ndarray, group: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -208,10 +213,11 @@ def loo_robust_z(x: np.ndarray, group: np.ndarray, n_groups: int, floor: float,
     return z, np.where(enough, med, np.nan), others
 
 
-def _loo_mad(r: _Ranks, x: np.ndarray, group: np.ndarray, ok: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _loo_mad(r: _Ranks, x: np.ndarray, group: np.ndarray, ok: np.ndarray,
+             rows: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """Per entity with a value, the median absolute deviation of the *other* members of its group
-    around their own median (NaN for a group of one, or without a value); ``rows`` from
-    :func:`_leave_out`.
+    around their own median (NaN for a group of one, or without a value); ``rows``: its group's
+    ranks lo and hi, from :func:`_leave_out`.
 
     The centre is one of three per group: that of a member at or below rank lo of the group,
     between lo and hi, or above hi (a comparison of values). For each centre, ranks base ..
@@ -233,12 +239,16 @@ def _loo_mad(r: _Ranks, x: np.ndarray, group: np.ndarray, ok: np.ndarray, rows: 
         ks = ranks[:, gid]
         for v in range(3):
             dev[v, :, gid] = np.partition(np.abs(seg - centres[v, gid]), np.unique(ks))[ks]
-    # Per (centre, group): the centre, ranks lo and lo + 1, hi and hi + 1 of the deviations.
-    table = np.stack([centres, dev[:, 0], dev[:, 1], dev[:, jh, g], dev[:, np.minimum(jh + 1, 2), g]], axis=2)
-    variant = np.where(x > rows[:, 2], 0, np.where(x > rows[:, 0], 1, 2))
-    t = table.reshape(3 * n_g, 5)[variant * n_g + group]
-    own = np.abs(x - t[:, 0])
-    mad = 0.5 * (np.where(own > t[:, 1], t[:, 1], t[:, 2]) + np.where(own > t[:, 3], t[:, 3], t[:, 4]))
+    # Per (centre, group): the centre, ranks lo and lo + 1, hi and hi + 1 of the deviations,
+    # each gathered per entity as its own column.
+    table = (centres, dev[:, 0], dev[:, 1], dev[:, jh, g], dev[:, np.minimum(jh + 1, 2), g])
+    lo, hi = rows
+    at = np.where(x > hi, 0, np.where(x > lo, 1, 2)) * n_g + group
+    t0, t1, t2, t3, t4 = (np.ascontiguousarray(col).ravel()[at] for col in table)
+    own = np.abs(x - t0)
+    mad = np.where(own > t1, t1, t2)
+    mad += np.where(own > t3, t3, t4)
+    mad *= 0.5
     return np.where(ok & (c[group] >= 2), mad, np.nan)
 
 
