@@ -155,6 +155,20 @@ def test_two_jobs_checkpoints_back_to_back_are_work(writers, excused):
     assert all(out[len(learn):]) == excused
 
 
+def test_blips_before_a_path_knows_its_floor_are_not_learned_as_bursts(storage_fleet):
+    """While a path's own floor warms, it is slow only against the other paths, and a path on
+    slower hardware reads so every other scrape: single-scrape blips then are no checkpoint bursts.
+    Its first real checkpoint (150 s at 6x) is work (on b93fc0d the blips taught a 38 s allowance
+    and that checkpoint was checkpoint_unsafe: a held-out-style development seed)."""
+    loop = StorageLoop(storage_fleet)
+    for k in range(9):
+        loop.tick(3.0 if k % 2 else 1.0)
+    for _ in range(5):
+        loop.tick(6.0)
+    loop.tick()
+    assert max(loop.worst) == State.HEALTHY
+
+
 # ---- NIC transmit wait: load classes ----------------------------------------------------------
 WAIT = "node_infiniband_port_transmit_wait_total"
 

@@ -36,7 +36,10 @@ def storage_bursts(e: Evidence, base: BurstBaseline, healthy: np.ndarray, dt_s: 
     slow = (e.score[:, cols] > 0).any(axis=1) if cols else np.zeros(e.score.shape[0], dtype=bool)
     level = e.value[:, e.channels.index("latency_own")] if "latency_own" in e.channels else None
     writers = jobs_per_path(*placement, len(slow)) if placement is not None and slow.any() else None
-    new, within, allow = burst_step(base, slow, healthy, dt_s, cfg, level, writers)
+    # A path still learning its own floor is "slow" only against the other paths (a path on
+    # slower hardware reads slow every other scrape): no burst is learned from it.
+    warm = e.value[:, e.channels.index("warming")] == 0 if "warming" in e.channels else True
+    new, within, allow = burst_step(base, slow, healthy & warm, dt_s, cfg, level, writers)
     score = e.score.copy()
     if cols:
         score[:, cols] = np.where(within[:, None], 0.0, score[:, cols])
