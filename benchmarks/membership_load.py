@@ -29,19 +29,22 @@ schedule (phases spread evenly):
 - links (runtime/liveness.py, roster.py, node_membership.py; not yet what `seamguard
   launch` runs): the coordinator is node 0's `NodeMembership`, elected through etcd (a
   lease and a fenced key), its hub judging every node's link in memory and writing the
-  membership to etcd (aetcd, gRPC) only when it changes. The other nodes' launchers are
-  SIMULATED: one `NodeReporter` each (an asyncio task holding one TCP link and sending
-  its 8 ranks' beats as one HMAC-signed line every node beat, verified by the hub as in
-  the job; ``link_lines_refused`` counts the lines it refused), a few hundred to a process; they do
-  not campaign (failover is tested in tests/runtime/test_membership_links.py, not here).
+  membership to etcd (aetcd, gRPC, on a thread of its own) only when it changes. The
+  other nodes' launchers are SIMULATED: one TCP link each, carrying what a
+  `NodeReporter` sends (its 8 ranks' beats as one HMAC-signed line, `encode_report`,
+  every node beat on a fixed schedule, the first as it connects), verified by the hub as
+  in the job (``link_lines_refused`` counts the lines it refused); one thread per
+  generator process sends for a few hundred nodes from a heap of due times, so the
+  simulation costs the machine the lines, not an event-loop task per node (with one
+  asyncio `NodeReporter` task each, 1,250 simulated launchers could not keep their
+  schedule on this machine and their own silences were judged). They do not campaign
+  (failover is tested in tests/runtime/test_membership_links.py, not here).
   The silent node (node 1) stops sending but keeps its link open, as a hung host does, so
   its loss is judged by the timeout, not by the faster closed link.
 
-In the links design only, the generator processes run at nice 10: there the coordinator
-is one process that must keep its etcd lease while 1,250 simulated launchers connect on
-this loaded 2-core machine (un-niced, its lease renewals came 2.6 s apart and it stepped
-down). Niced generators send their beats later, not sooner, which works against the links
-design's verdicts, not for them. The flat and aggregated generators run as before.
+``--generator-nice N`` runs the links design's generator processes at nice N (default 0,
+as every other process here): niced generators send their beats later, not sooner,
+which works against the links design's verdicts, not for them.
 Coordinator CPU is its process's user+system time over the window.
 The flat and aggregated coordinators sleep 5 ms between passes, as the launcher's loop does. etcd keeps its
 data on tmpfs (/dev/shm): it fsyncs every write, and this machine's shared disk would
@@ -82,6 +85,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _record import provenance, write_result  # beside this file
 from seamguard import hintauth
 from seamguard.runtime.coordinator import FULL_READ_S, HINT_KEYS
 from seamguard.runtime.settings import LaunchSettings, RuntimeSettings
@@ -93,7 +97,6 @@ HANG_TIMEOUT_S = LaunchSettings.hang_timeout_s
 COORDINATOR_POLL_S = 0.005  # the launcher's loop sleep between coordinator ticks
 WARMUP_S = 1.0
 KILL_AT = 0.4  # of the window
-GENERATOR_NICE = 10  # links: the simulated launchers yield the CPU to the coordinator (see the docstring)
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -369,7 +372,7 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
     async def play() -> dict:
         book = roster.Roster(roster.connect((host, int(port))), "bench")
         nm = NodeMembership(book, "bench", 0, lambda: {w: (1, 1) for w in range(RANKS_PER_NODE)}, key,
-                            beat_s=node_beat_s, hang_timeout_s=HANG_TIMEOUT_S)
+                            beat_s=node_beat_s, hang_timeout_s=HANG_TIMEOUT_S, nodes=ranks // RANKS_PER_NODE)
         stop = asyncio.Event()
         task = asyncio.create_task(nm.run(stop))
         while not nm.coordinates:
@@ -381,14 +384,14 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
         start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
         kill_s = start + KILL_AT * window_s
         await asyncio.sleep(max(0.0, start - time.monotonic()))
-        rev0, writes0, reports0 = await book.revision(), book.writes, nm.hub.reports
+        rev0, writes0, reports0 = await nm.etcd.call(book.revision()), book.writes, nm.hub.reports
         joined = len(book.members)
         detect_s = None
         while time.monotonic() < end:   # the victim's verdict, timed from its kill
             if detect_s is None and any(x.node == LINK_VICTIM for x in nm.lost):
                 detect_s = time.monotonic() - kill_s
             await asyncio.sleep(0.01)
-        rev1, writes1, reports1 = await book.revision(), book.writes, nm.hub.reports
+        rev1, writes1, reports1 = await nm.etcd.call(book.revision()), book.writes, nm.hub.reports
         stop.set()
         await asyncio.wait_for(task, 10)
         false = [x for x in nm.lost if x.node != LINK_VICTIM]
@@ -400,66 +403,80 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
     out.put(("coord", asyncio.run(play())))
 
 
-def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s: float, go, t0_box, out) -> None:
-    """Simulated launchers, one asyncio task each (a `NodeReporter` with 8 ranks' beats);
-    they do not campaign (no failover is exercised at scale)."""
-    import asyncio
+def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s: float, go, t0_box, out,
+                    nice: int = 0) -> None:
+    """Simulated launchers: one TCP link each, sending what a `NodeReporter` sends (its
+    node's 8 ranks' beats, one signed line, `liveness.encode_report`) every node beat on a
+    fixed schedule; one thread sends for all of this process's nodes (a heap of due
+    times), so a thousand simulated launchers cost the machine their lines, not a
+    thousand event-loop timers. They do not campaign (no failover is exercised at scale)."""
+    from seamguard.runtime.liveness import BYE, encode_report, parse_hub_address, seal
 
-    from seamguard.runtime.liveness import NodeReporter
-
-    hub_file = Path(os.environ["SG_BENCH_DIR"]) / "hub"
+    host, port, hub = parse_hub_address((Path(os.environ["SG_BENCH_DIR"]) / "hub").read_text())
     key = _bench_link_key()
-    os.nice(GENERATOR_NICE)
+    os.nice(nice)
+    links, seq, reconnects = {}, {n: 0 for n in nodes}, 0
 
-    async def play() -> dict:
-        where = hub_file.read_text()
+    def send(n: int) -> None:
+        """One beat; a link the hub closed is opened again at once (as NodeReporter would)."""
+        nonlocal reconnects
+        seq[n] += 1
+        line = encode_report(key, "bench", hub, n, seq[n],
+                             {n * RANKS_PER_NODE + i: (seq[n], seq[n]) for i in range(RANKS_PER_NODE)})
+        try:
+            links[n].sendall(line)
+        except OSError:
+            reconnects += 1
+            links[n].close()
+            links[n] = connect()
+            links[n].sendall(line)
 
-        async def locate():
-            return where
-        counters = {n: 0 for n in nodes}
-        start = float("inf")   # the window's start, once known
-        sent_s: dict[int, float] = {}   # node -> when its simulated launcher last sent
-        gap_s = {n: 0.0 for n in nodes}   # node -> its longest silence in the window
+    def connect() -> socket.socket:
+        link = socket.create_connection((host, port), timeout=10)
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return link
+    for n in nodes:   # each says its first line as it connects, as a launcher does
+        links[n] = connect()
+        send(n)
+    t_first = time.monotonic()
+    heap = [(t_first + node_beat_s * i / len(nodes), n) for i, n in enumerate(nodes)]   # phases spread
+    out.put(("ready", os.getpid()))
+    start = end = kill_s = float("inf")   # the window, once `go` says when
+    sent_s: dict[int, float] = {}   # node -> when its simulated launcher last sent
+    gap_s = {n: 0.0 for n in nodes}   # node -> its longest silence in the window
+    sent = 0
+    while heap:
+        due, n = heap[0]
+        now = time.monotonic()
+        if start == float("inf") and go.is_set():
+            start = t0_box.value + WARMUP_S
+            end, kill_s = start + window_s, start + KILL_AT * window_s
+        if now >= end:
+            break
+        if due > now:
+            time.sleep(min(due - now, 0.002))
+            continue
+        heapq.heappop(heap)
+        if n == LINK_VICTIM and now >= kill_s:
+            continue   # a hung host: its launcher stops, its link stays open
+        if n in sent_s and now > start:
+            gap_s[n] = max(gap_s[n], now - max(sent_s[n], start))
+        send(n)
+        sent_s[n] = now
+        sent += now >= start
+        heapq.heappush(heap, (due + node_beat_s if due + node_beat_s > now else now + node_beat_s, n))
+    for n in nodes:   # a silence still open at the window's end counts too
+        gap_s[n] = max(gap_s[n], end - max(sent_s.get(n, start), start))
+    for n, link in links.items():   # an orderly end of the job: each says goodbye
+        seq[n] += 1
+        link.sendall(seal(key, "bench", hub, n, seq[n], BYE, time.time_ns()))
+        link.close()
+    silent = sorted(n for n in nodes if n != LINK_VICTIM and gap_s[n] > HANG_TIMEOUT_S)
+    out.put(("gen", {"ops": sent, "late": 0, "silent_nodes": silent, "reconnects": reconnects,
+                     "gaps_s": {n: round(g, 3) for n, g in gap_s.items()}}))
 
-        def beats_of(n: int):
-            def beats():
-                now = time.monotonic()
-                if n in sent_s and now > start:
-                    gap_s[n] = max(gap_s[n], now - max(sent_s[n], start))
-                sent_s[n] = now
-                counters[n] += 1
-                k = counters[n]
-                return {n * RANKS_PER_NODE + i: (k, k) for i in range(RANKS_PER_NODE)}
-            return beats
-        stop = asyncio.Event()
-        reporters = {n: NodeReporter("bench", n, node_beat_s, key, locate, beats_of(n)) for n in nodes}
-        tasks = {}
-        for n, r in reporters.items():
-            await asyncio.sleep(node_beat_s / len(nodes))   # phases spread over one beat
-            tasks[n] = asyncio.create_task(r.run(stop))
-        while sum(r.connects for r in reporters.values()) < len(reporters):
-            await asyncio.sleep(0.05)
-        out.put(("ready", os.getpid()))   # every simulated launcher connected and beating
-        await asyncio.get_running_loop().run_in_executor(None, go.wait)
-        t0 = t0_box.value
-        start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
-        if LINK_VICTIM in tasks:   # a hung host: its launcher stops, its link stays open
-            await asyncio.sleep(max(0.0, start + KILL_AT * window_s - time.monotonic()))
-            tasks.pop(LINK_VICTIM).cancel()
-        await asyncio.sleep(max(0.0, start - time.monotonic()))
-        sent0 = sum(r.seq for r in reporters.values())
-        await asyncio.sleep(max(0.0, end - time.monotonic()))
-        sent = sum(r.seq for r in reporters.values()) - sent0
-        for n in nodes:   # a silence still open at the window's end counts too
-            gap_s[n] = max(gap_s[n], end - max(sent_s.get(n, start), start))
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 10)
-        silent = sorted(n for n in nodes if n != LINK_VICTIM and gap_s[n] > HANG_TIMEOUT_S)
-        return {"ops": sent, "late": 0, "silent_nodes": silent, "gaps_s": {n: round(g, 3) for n, g in gap_s.items()}}
-    out.put(("gen", asyncio.run(play())))
 
-
-def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_beat_s: float) -> dict:
+def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_beat_s: float, nice: int = 0) -> dict:
     from seamguard.testbed.multinode import EtcdServer
 
     ctx = mp.get_context("spawn")
@@ -471,7 +488,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
     nodes = list(range(1, ranks // RANKS_PER_NODE))
     coord = ctx.Process(target=links_coordinator, args=(etcd.address, ranks, window_s, node_beat_s, go, box, out))
     gens = [ctx.Process(target=links_generator, args=(etcd.address, nodes[i::procs], window_s, node_beat_s,
-                                                      go, box, out)) for i in range(procs)]
+                                                      go, box, out, nice)) for i in range(procs)]
     try:
         coord.start()
         coord_pid = out.get(timeout=120)[1]
@@ -515,6 +532,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
         "staleness_p50_s": None, "staleness_p99_s": None,
         "detect_s": co["detect_s"], "false_verdicts": co["false"], "coordinator_pass_s": None, "late_actions": 0,
         "simulated_launchers_silent": len(silent),
+        "simulated_link_reconnects": sum(r["reconnects"] for k, r in results if k == "gen"),
         "false_verdicts_on_nodes_that_sent": len(set(co["false_nodes"]) - silent),
         "false_verdicts_on_nodes_never_silent_half_timeout": sum(
             gaps.get(n, 0.0) <= HANG_TIMEOUT_S / 2 for n in set(co["false_nodes"]) - silent),
@@ -655,6 +673,8 @@ def main() -> None:
                     help="a node's launcher's record period (the launch's --node-beat-s)")
     ap.add_argument("--procs", type=int, default=3, help="generator processes per trial")
     ap.add_argument("--threads", type=int, default=8, help="store connections (threads) per generator")
+    ap.add_argument("--generator-nice", type=int, default=0,
+                    help="links: the nice value of the simulated launchers' processes (see the docstring)")
     ap.add_argument("--designs", default=",".join(DESIGNS), help=f"comma-separated, of {', '.join(DESIGNS)}")
     ap.add_argument("--out", type=Path, help="result file (default: results/membership_load[_quick].json)")
     args = ap.parse_args()
@@ -670,12 +690,14 @@ def main() -> None:
     trials = []
     t_start = time.monotonic()
     load0 = os.getloadavg()
+    started = provenance()
     with tempfile.TemporaryDirectory(prefix="sg-membership-") as tmp:
         for rep in range(reps):
             order = designs[rep % len(designs):] + designs[:rep % len(designs)]   # rotated every repetition
             for ranks in scales:
                 for design in order:
-                    t = (trial_links(ranks, window_s, args.procs, Path(tmp), args.node_beat_s) if design == "links"
+                    t = (trial_links(ranks, window_s, args.procs, Path(tmp), args.node_beat_s, args.generator_nice)
+                         if design == "links"
                          else trial(design, ranks, window_s, args.procs, args.threads, Path(tmp), args.node_beat_s))
                     t["rep"] = rep
                     trials.append(t)
@@ -702,13 +724,12 @@ def main() -> None:
                   f"false verdicts {_fmt(f['false_verdicts'])}")
     result = {"benchmark": "membership_load", "quick": args.quick, "reps": reps, "window_s": window_s,
               "ranks_per_node": RANKS_PER_NODE, "heartbeat_s": HEARTBEAT_S, "node_beat_s": args.node_beat_s,
-              "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs, "threads_per_generator": args.threads,
+              "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs, "generator_nice": args.generator_nice, "threads_per_generator": args.threads,
               "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in load0],
               "loadavg_end": [round(x, 2) for x in os.getloadavg()],
               "wall_s": round(time.monotonic() - t_start, 1), "summary": summary, "trials": trials}
     out = args.out or RESULTS / f"membership_load{'_quick' if args.quick else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_result(out, result, started)   # with the commit and the load at start and end
     print(json.dumps(result))
 
 

@@ -263,7 +263,7 @@ def test_a_flood_of_idle_links_neither_locks_launchers_out_of_the_hub_nor_grows_
         stop.set()
         await asyncio.gather(*tasks)
         ended = sum([await asyncio.wait_for(r.read(1), 1) == b"" for r, _ in idle])   # the hub closed them
-        open_links = len(hub._writers)
+        open_links = hub.open_links()
         for _, w in idle:
             w.close()
         await hub.close()

@@ -116,10 +116,10 @@ def test_stable_membership_sends_etcd_no_writes(etcd):
         members, stops, tasks = await _cluster(etcd, "stable", 6)
         leader = next(m for m in members if m.coordinates)
         await asyncio.sleep(0.5)
-        before = await leader.roster.revision()
+        before = await leader.etcd.call(leader.roster.revision())
         reports = leader.hub.reports
         await asyncio.sleep(3.0)
-        after = await leader.roster.revision()
+        after = await leader.etcd.call(leader.roster.revision())
         reports = leader.hub.reports - reports
         await _stop(stops, tasks)
         return before, after, reports

@@ -337,7 +337,7 @@ def _run(s: LaunchSettings, store, port: int, hint_key: bytes, links_key: bytes 
         coord = Coordinator(store, s, trainers, spares, job.checkpoint_dir, job.recovery_timeout_s,
                             log, hint_key=hint_key)
         if s.nnodes > 1:
-            links = LinkServer(s.run_id, links_key, s.store_host, on_refused=lambda exc: log(
+            links = LinkServer(s.run_id, links_key, s.store_host, nodes=s.nnodes, on_refused=lambda exc: log(
                 {"event": "link_refused", "reason": exc.reason, "detail": str(exc)[:200]}))
             coord.link_records = lambda: links.records
             if publish_link_key:   # before the address: a node that sees the address sees the key

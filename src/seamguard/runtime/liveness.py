@@ -59,9 +59,10 @@ MAX_SKEW_S = 30.0
 clocks are assumed within it of each other (NTP keeps them within milliseconds)."""
 REFUSALS = ("malformed", "oversize", "forged", "misdirected", "replayed", "stale")
 MAX_PENDING_LINKS = 1024
-"""Links open at once that no admitted line has bound to a node yet. A genuine launcher
-signs its first line as it connects, so only a stranger stays in this state; past the
-bound the oldest such link is dropped to make room (`PendingLinks`)."""
+"""Links open at once that no admitted line has bound to a node yet, beyond the job's own
+nodes (`pending_limit`). A genuine launcher signs its first line as it connects, so
+only a stranger stays in this state for long; past the bound the oldest such link is
+dropped to make room (`PendingLinks`)."""
 FIRST_LINE_S = 5.0
 """A link that has not said one admitted line this long after it opened is dropped."""
 HELLO, BYE = b"hello", b"bye"
@@ -186,6 +187,14 @@ class LinkGate:
         return {**{r: 0 for r in REFUSALS}, **self.refused}
 
 
+def pending_limit(nodes: int) -> int:
+    """The pending links a hub of a job of ``nodes`` nodes holds: every node's launcher may
+    connect in one burst (a job's start, a failover) before the hub has read one line,
+    so the job's own nodes never crowd each other out; MAX_PENDING_LINKS more for
+    strangers."""
+    return MAX_PENDING_LINKS + max(0, nodes)
+
+
 class PendingLinks:
     """The links no admitted line has bound to a node yet, oldest first: at most ``limit``
     of them, none older than ``first_line_s``. Pure bookkeeping (the caller's clock; any
@@ -227,7 +236,7 @@ class PendingLinks:
         """The pending links that said no admitted line within ``first_line_s``: to drop."""
         out = []
         for link, since_s in self._opened_s.items():
-            if now_s - since_s <= self.first_line_s:
+            if now_s - since_s < self.first_line_s:
                 break   # the rest are younger
             out.append(link)
         for link in out:
@@ -301,16 +310,16 @@ class LivenessHub:
         self.refused: deque[str] = deque(maxlen=100)  # the newest refusals (a peer may send garbage forever)
         self.address = ""
         self._closed: list[int] = []
-        self._links: dict[int, asyncio.StreamWriter] = {}   # node -> its current link
+        self._links: dict[int, _Link] = {}   # node -> its current link
         self._last_judge_s: float | None = None
         self._floor_s: dict[int, float] = {}   # node -> least delay (receipt - send) seen
         self._excess_s: list[float] = []   # this pass's lines' delays beyond their node's floor
         self._server: asyncio.base_events.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._open: set[_Link] = set()   # every link open now, bound or not
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE_BYTES,
-                                                  backlog=4096)
+        self._server = await asyncio.get_running_loop().create_server(lambda: _Link(self), host, port,
+                                                                      backlog=4096)
         bound = self._server.sockets[0].getsockname()[:2]
         self.address = hub_address(bound[0], bound[1], self.hub)
         return bound
@@ -320,8 +329,12 @@ class LivenessHub:
         if self._server is not None:
             self._server.close()
             self._server = None
-        for writer in list(self._writers):
-            writer.close()
+        for link in list(self._open):
+            link.transport.close()
+
+    def open_links(self) -> int:
+        """Links open now, bound to a node or not."""
+        return len(self._open)
 
     def observe(self, report: NodeReport, now_s: float) -> None:
         self.reports += 1
@@ -382,58 +395,79 @@ class LivenessHub:
             self.observe(report, self.clock())
         return msg.node, False
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        node: int | None = None
-        self._writers.add(writer)
-        for crowded in self.pending.opened(writer, self.clock()):
-            crowded.transport.abort()   # its own _serve sees the link end
+    # ---- the links' events (`_Link` calls these from the loop) ------------------------------
+    def _opened(self, link: _Link) -> None:
+        self._open.add(link)
+        for crowded in self.pending.opened(link, self.clock()):
+            crowded.transport.abort()
+        link.timer = asyncio.get_running_loop().call_later(self.pending.first_line_s, self._first_line_due, link)
+
+    def _first_line_due(self, link: _Link) -> None:
+        deadline_s = self.pending.deadline_s(link)
+        if deadline_s is not None:   # still pending: it, and any pending longer, are dropped
+            for silent in self.pending.expired(max(self.clock(), deadline_s)):
+                silent.transport.abort()
+
+    def _line(self, link: _Link, line: bytes) -> bool:
+        """Take one line of ``link``; False when the link is to end (a stranger's line, or a goodbye)."""
         try:
-            while True:
-                try:
-                    line = await self._read_line(reader, writer, node)
-                except (ValueError, asyncio.LimitOverrunError):
-                    self.gate.refuse(BeatRefused("oversize", f"a line over {MAX_LINE_BYTES} bytes"))
-                    break
-                if not line.endswith(b"\n"):
-                    break   # end of file (or a cut line): the link closed
-                node, bye = self._admit(line, node)
-                self.pending.settled(writer)
-                superseded = self._links.get(node)
-                if superseded is not None and superseded is not writer:
-                    superseded.close()   # the node's launcher reconnected: its old link is not its loss
-                self._links[node] = writer
-                if bye:
-                    self._links.pop(node, None)
-                    node = None   # an orderly goodbye: not a loss
-                    break
+            node, bye = self._admit(line, link.node)
         except BeatRefused:
-            pass   # an unknown peer: dropped, nobody's loss
-        except (ConnectionError, OSError, asyncio.CancelledError):
-            pass   # the link broke, or the loop is ending
-        finally:
-            self._writers.discard(writer)
-            self.pending.settled(writer)
-            if node is not None and self._links.get(node) is writer:
-                del self._links[node]
-                if self._server is not None:
-                    self._closed.append(node)
-            writer.close()
+            return False   # an unknown peer: dropped, nobody's loss
+        if link.node is None:
+            self.pending.settled(link)
+            link.timer.cancel()
+            superseded = self._links.get(node)
+            if superseded is not None:
+                superseded.transport.close()   # the node's launcher reconnected: its old link is no loss
+            link.node = node
+        self._links[node] = link
+        if bye:
+            del self._links[node]
+            link.node = None   # an orderly goodbye: not a loss
+            return False
+        return True
+
+    def _lost(self, link: _Link) -> None:
+        self._open.discard(link)
+        self.pending.settled(link)
+        if link.timer is not None:
+            link.timer.cancel()
+        node = link.node
+        if node is not None and self._links.get(node) is link:
+            del self._links[node]
+            if self._server is not None:
+                self._closed.append(node)
 
 
-    async def _read_line(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         node: int | None) -> bytes:
-        """The link's next line; on a link not yet bound to a node, b"" (ended) once its
-        first admitted line is later than the pending links' deadline."""
-        deadline_s = self.pending.deadline_s(writer) if node is None else None
-        if deadline_s is None:
-            return await reader.readline()
-        try:
-            return await asyncio.wait_for(reader.readline(), max(0.0, deadline_s - self.clock()))
-        except asyncio.TimeoutError:
-            for silent in self.pending.expired(max(self.clock(), deadline_s + 1e-6)):
-                if silent is not writer:
-                    silent.transport.abort()
-            return b""
+class _Link(asyncio.Protocol):
+    """One launcher's link as the hub reads it: whole lines out of the byte stream, each
+    handed to the hub as it arrives (no task or stream per link: at thousands of links the
+    hub's CPU goes to the lines, not to waking a reader per line)."""
+
+    def __init__(self, hub: LivenessHub) -> None:
+        self.hub = hub
+        self.node: int | None = None   # bound by its first admitted line
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None   # its first line's deadline
+        self._buf = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.hub._opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        *lines, self._buf = (self._buf + data).split(b"\n")
+        for line in lines:
+            if not self.hub._line(self, line + b"\n"):
+                self.transport.close()
+                return
+        if len(self._buf) > MAX_LINE_BYTES:
+            self.hub.gate.refuse(BeatRefused("oversize", f"a line over {MAX_LINE_BYTES} bytes"))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.hub._lost(self)
 
 
 class NodeReporter:
@@ -455,6 +489,7 @@ class NodeReporter:
         self.connects = 0
         self._hub = ""
         self._writer: asyncio.StreamWriter | None = None
+        self._reader: asyncio.StreamReader | None = None   # the hub sends nothing: its end of file is all it says
 
     def _line(self, body: bytes | None = None) -> bytes:
         self.seq += 1
@@ -463,21 +498,27 @@ class NodeReporter:
         return seal(self.key, self.run_id, self._hub, self.node, self.seq, body, time.time_ns())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Beat until ``stop`` is set; then say goodbye."""
-        while not stop.is_set():
-            if self._writer is None:
-                await self._connect(stop)
-                continue
-            try:
-                self._writer.write(self._line())
-                await asyncio.wait_for(self._writer.drain(), self.beat_s)
-            except (OSError, asyncio.TimeoutError):
-                self._drop()
-                continue
-            try:
-                await asyncio.wait_for(stop.wait(), self.beat_s)
-            except asyncio.TimeoutError:
-                pass
+        """Beat until ``stop`` is set; then say goodbye. A beat costs a line and a timer:
+        no task per wait, and no drain while the kernel takes the line whole."""
+        stopped = asyncio.ensure_future(stop.wait())
+        loop = asyncio.get_running_loop()
+        due_s = loop.time()
+        try:
+            while not stop.is_set():
+                if self._writer is None:
+                    await self._connect(stop)
+                    continue
+                if not await self._send_beat():
+                    self._drop()
+                    continue
+                # on a fixed schedule: the time a beat takes does not stretch the period;
+                # one more than a period late starts the schedule again (no burst to catch up)
+                due_s += self.beat_s
+                if due_s <= loop.time():
+                    due_s = loop.time() + self.beat_s
+                await asyncio.wait([stopped], timeout=due_s - loop.time())
+        finally:
+            stopped.cancel()
         if self._writer is not None:
             self._writer.write(self._line(BYE))
             try:
@@ -485,6 +526,18 @@ class NodeReporter:
             except (OSError, asyncio.TimeoutError):
                 pass
             self._drop()
+
+    async def _send_beat(self) -> bool:
+        """False when the link is gone (the hub closed it: its coordinator stepped down)."""
+        if self._writer.is_closing() or self._reader.at_eof():
+            return False
+        try:
+            self._writer.write(self._line())
+            if self._writer.transport.get_write_buffer_size():
+                await asyncio.wait_for(self._writer.drain(), self.beat_s)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        return True
 
     async def _connect(self, stop: asyncio.Event) -> None:
         deadline_s = time.monotonic() + self.give_up_s
@@ -495,7 +548,8 @@ class NodeReporter:
                 where = await self.locate()   # bounded by its etcd client's call timeout; not cut short
                 if where is not None:
                     host, port, self._hub = parse_hub_address(where)
-                    _, self._writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+                    self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                                        CONNECT_TIMEOUT_S)
                     self.connects += 1
                     return
             except Exception:  # noqa: BLE001 - etcd or the network failing: try again until give_up_s

@@ -17,16 +17,24 @@ launcher runs them, so the coordinator is no longer fixed on node 0. Each launch
 
 `lost` lists each verdict (node, workers, why, coordinator's node) for the launcher to act
 on; ranks are never restarted by a failover itself.
+
+The etcd client runs on an event loop of its own thread (`EtcdThread`, as app/leader.py
+runs its elector): a coordinator short of CPU reads thousands of queued lines in one pass
+of its hub's loop, and its lease renewals must not wait behind them (on one loop, at 10k
+simulated ranks on a loaded host, they did, and the lease expired).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 
-from seamguard.runtime.liveness import LivenessHub, NodeReporter
+from seamguard.runtime.liveness import LivenessHub, NodeReporter, PendingLinks, pending_limit
 from seamguard.runtime.roster import Roster, Term
 
 log = logging.getLogger("seamguard.membership")
@@ -40,21 +48,45 @@ class Loss:
     judged_by: int
 
 
+class EtcdThread:
+    """An event loop on a thread of its own for one etcd client: `call` runs a coroutine
+    there and awaits its result from the caller's loop; `submit` starts one apart."""
+
+    def __init__(self, name: str = "seamguard-roster") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def call(self, coro: Coroutine):
+        return await asyncio.wrap_future(self.submit(coro))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)
+
+
 class NodeMembership:
     """See the module docstring. ``beats()`` returns this node's workers' (counter, step)."""
 
     def __init__(self, roster: Roster, run_id: str, node: int, beats, key: bytes, beat_s: float = 0.25,
-                 hang_timeout_s: float = 1.0, host: str = "127.0.0.1", takeover_grace_s: float = 1.0) -> None:
+                 hang_timeout_s: float = 1.0, host: str = "127.0.0.1", takeover_grace_s: float = 1.0,
+                 nodes: int = 0) -> None:
         self.roster, self.run_id, self.node, self.key = roster, run_id, node, key
         self.beat_s, self.hang_timeout_s, self.host = beat_s, hang_timeout_s, host
         self.takeover_grace_s = takeover_grace_s
+        self.nodes = nodes   # the job's nodes, if known: every one may connect at once (a failover)
         self.reporter = NodeReporter(run_id, node, beat_s, key, self._locate, beats)
         self.hub: LivenessHub | None = None
         self.address = ""
         self.lost: list[Loss] = []
         self.terms = 0
         self._coordinating: asyncio.Task | None = None
+        self._write_failing = False
         self._stop: asyncio.Event | None = None
+        self.etcd = EtcdThread()   # every roster call runs there (the module docstring says why)
 
     @property
     def coordinates(self) -> bool:
@@ -66,40 +98,44 @@ class NodeMembership:
         try:
             await self.reporter.run(stop)
         finally:
-            if self._coordinating is not None:
-                await asyncio.wait_for(self._coordinating, 4 * self.beat_s + self.roster.lease_s)
-            if self.roster.term.token:
-                await self.roster.resign()
-            if self.hub is not None:
-                await self.hub.close()
+            try:
+                if self._coordinating is not None:
+                    await asyncio.wait_for(self._coordinating, 4 * self.beat_s + self.roster.lease_s)
+                if self.roster.term.token:
+                    await asyncio.wait_for(self.etcd.call(self.roster.resign()), self.roster.lease_s)
+            finally:
+                if self.hub is not None:
+                    await self.hub.close()
+                self.etcd.close()
 
     async def _open_hub(self) -> None:
-        self.hub = LivenessHub(self.run_id, self.hang_timeout_s, self.key)
+        self.hub = LivenessHub(self.run_id, self.hang_timeout_s, self.key,
+                               pending=PendingLinks(pending_limit(self.nodes)))
         await self.hub.start(self.host)
         self.address = self.hub.address   # host:port#hub: lines signed for an earlier hub are refused
 
     async def _locate(self) -> str | None:
-        where = await self.roster.coordinator()
+        where = await self.etcd.call(self.roster.coordinator())
         if where is not None or self.coordinates:
             return where
-        if await self.roster.campaign(self.address):
+        if await self.etcd.call(self.roster.campaign(self.address)):
             self.terms += 1
             self._coordinating = asyncio.create_task(self._coordinate())
-            return await self.roster.coordinator()
+            return await self.etcd.call(self.roster.coordinator())
         return None
 
     async def _coordinate(self) -> None:
         hub, stop = self.hub, self._stop
-        _, members = await self.roster.load()
+        _, members = await self.etcd.call(self.roster.load())
         now = time.monotonic()
         for n, workers in members.items():   # each node gets a timeout plus the grace to reconnect
             hub.tracker.observe(n, -1, set(workers), now + self.takeover_grace_s)
-        keeper = asyncio.create_task(self._keep_lease(stop))   # apart: a long write must not starve it
+        keeper = asyncio.wrap_future(self.etcd.submit(self._keep_lease(stop)))   # on the etcd thread
         try:
             while not stop.is_set() and not keeper.done():
                 for node, workers, why in hub.judge(time.monotonic()):
                     self.lost.append(Loss(node, frozenset(workers), why, self.node))
-                await self.roster.write({n: frozenset(w) for n, w in hub.members().items()})
+                await self._write_members(hub)
                 try:
                     await asyncio.wait_for(stop.wait(), self.beat_s / 2)
                 except asyncio.TimeoutError:
@@ -109,22 +145,46 @@ class NodeMembership:
         except Exception as exc:  # noqa: BLE001 - etcd failing, or deposed: step down, others take over
             log.warning("node %d stops coordinating: %s: %s", self.node, type(exc).__name__,
                         str(exc).splitlines()[0] if str(exc) else "")
-            self.roster.term = Term()
-            await hub.close()
-            await self._open_hub()
+            await self._step_down(hub)
         finally:
             keeper.cancel()
 
+    async def _write_members(self, hub: LivenessHub) -> None:
+        """Make etcd hold the hub's membership. A slow or failing etcd is retried on the
+        next pass (the write is level-triggered: the difference is sent again) while the
+        lease lasts (`_keep_lease` judges that); only a changed fencing token deposes."""
+        try:
+            await self.etcd.call(self.roster.write({n: frozenset(w) for n, w in hub.members().items()}))
+            if self._write_failing:
+                log.warning("node %d: etcd takes the membership again", self.node)
+            self._write_failing = False
+        except PermissionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - etcd slow or unreachable: the next pass sends it again
+            if not self._write_failing:   # one line an outage, not one a pass
+                log.warning("node %d: membership not written (%s): retried every pass while the lease lasts",
+                            self.node, type(exc).__name__)
+            self._write_failing = True
+
+    async def _step_down(self, hub: LivenessHub) -> None:
+        """Stop coordinating: give the lease back (another launcher may win at once, not a
+        lease later), close the hub (the launchers look again), open a fresh one."""
+        try:
+            await asyncio.wait_for(self.etcd.call(self.roster.resign()), self.roster.lease_s / 4)
+        except Exception:  # noqa: BLE001 - the lease then expires by itself within lease_s
+            self.roster.term = Term()
+        await hub.close()
+        await self._open_hub()
+
     async def _keep_lease(self, stop: asyncio.Event) -> None:
         """Renew every ``lease_s / 4``; returns when the lease is gone, or when no renewal
-        has succeeded for two thirds of it (etcd unreachable: stop before another may lead)."""
+        has succeeded for two thirds of it (etcd unreachable: stop before another may lead).
+        Runs on the etcd thread's loop: ``stop`` (the caller's loop's) is only looked at."""
         last_ok_s = time.monotonic()
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.roster.lease_s / 4)
+            await asyncio.sleep(self.roster.lease_s / 4)
+            if stop.is_set():
                 return
-            except asyncio.TimeoutError:
-                pass
             sent_s = time.monotonic()
             try:
                 if not await self.roster.renew():

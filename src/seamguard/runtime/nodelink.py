@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from seamguard.runtime.liveness import BYE, HELLO, MAX_LINE_BYTES, BeatRefused, LinkGate, PendingLinks, hub_address
-from seamguard.runtime.liveness import new_hub_id, parse_hub_address, seal
+from seamguard.runtime.liveness import new_hub_id, parse_hub_address, pending_limit, seal
 
 CONNECT_TIMEOUT_S = 0.2
 RETRY_S = 1.0
@@ -67,9 +67,10 @@ class LinkServer:
 
     def __init__(self, run_id: str, key: bytes, bind_host: str = "0.0.0.0",
                  on_refused: Callable[[BeatRefused], None] | None = None, pending: PendingLinks | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, nodes: int = 0) -> None:
         self.run_id = run_id
-        self.pending = PendingLinks() if pending is None else pending   # links not bound to a node yet: bounded, timed
+        # links not bound to a node yet: bounded (beyond the job's ``nodes``), timed
+        self.pending = PendingLinks(pending_limit(nodes)) if pending is None else pending
         self.clock = clock
         self.hub = new_hub_id()
         self.gate = LinkGate(key, run_id, self.hub, report=on_refused)
