@@ -156,17 +156,31 @@ def test_two_jobs_checkpoints_back_to_back_are_work(writers, excused):
 
 
 def test_blips_before_a_path_knows_its_floor_are_not_learned_as_bursts(storage_fleet):
-    """While a path's own floor warms, it is slow only against the other paths, and a path on
-    slower hardware reads so every other scrape: single-scrape blips then are no checkpoint bursts.
-    Its first real checkpoint (150 s at 6x) is work (on b93fc0d the blips taught a 38 s allowance
-    and that checkpoint was checkpoint_unsafe: a held-out-style development seed)."""
+    """A path on slower hardware (about twice its peers' latency) reads slow against them every
+    other scrape while its own floor warms: those blips, not slow against its own floor, are no
+    checkpoint bursts. Its first real checkpoint (150 s at 6x its floor) is work (on b93fc0d the
+    blips taught a 38 s allowance and that checkpoint was checkpoint_unsafe: a held-out-style
+    development seed)."""
     loop = StorageLoop(storage_fleet)
     for k in range(9):
-        loop.tick(3.0 if k % 2 else 1.0)
+        loop.tick(2.3 if k % 2 else 1.9)
     for _ in range(5):
-        loop.tick(6.0)
+        loop.tick(12.0)
     loop.tick()
     assert max(loop.worst) == State.HEALTHY
+
+
+def test_a_missed_scrape_inside_a_slow_run_ends_no_burst():
+    """A scrape with no latency sample holds the run: before, the gap ended a 30 s 'burst' at
+    9x its floor (learned, the height too) and the slowdown after it counted from zero again."""
+    from seamguard.assess.baselines import BurstBaseline, burst_step
+    cfg = POL.assess.baselines
+    base = BurstBaseline.initial(1)
+    for slow, seen in ((True, True), (False, False), (True, True)):
+        base, _, _ = burst_step(base, np.array([slow]), np.array([True]), TICK, cfg, np.array([9.0 if seen else np.nan]),
+                                None, np.array([seen]), 2.0)
+    assert base.bursts[0] == 0 and not np.isfinite(base.peak[0])
+    assert base.run_s[0] == pytest.approx(2 * TICK)  # the gap neither counts nor ends the run
 
 
 # ---- NIC transmit wait: load classes ----------------------------------------------------------

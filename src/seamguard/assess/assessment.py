@@ -204,7 +204,8 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     n_sto = fleet.count(Kind.STORAGE)
     evid[Kind.STORAGE], burst_b = storage_bursts(evid[Kind.STORAGE], base.bursts(n_sto),
                                                  learn(Kind.STORAGE) & (prev[Kind.STORAGE].state == State.HEALTHY),
-                                                 dt_s, b_cfg, (fleet.node_storage, fleet.node_job))
+                                                 dt_s, b_cfg, (fleet.node_storage, fleet.node_job),
+                                                 e_cfg.storage_latency_ratio[0])
     new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, supply_b, r_th, r_n, frame.t_s, burst_b)
     new_unnamed = _unnamed(fleet, frame, evid, unnamed or {}, learn, cfg)
 

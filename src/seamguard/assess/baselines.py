@@ -326,8 +326,8 @@ def node_at_work(fleet: Fleet, util_pct: np.ndarray, busy_util_pct: float) -> np
 
 
 def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s: float,
-               cfg: BaselineConfig, level: np.ndarray | None = None,
-               writers: np.ndarray | None = None) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
+               cfg: BaselineConfig, level: np.ndarray | None = None, writers: np.ndarray | None = None,
+               seen: np.ndarray | None = None, min_height: float = 0.0) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
     """One tick of a path's burst length: (new baseline, within its burst allowance now, allowance s).
 
     A slow run counts up while the path is slow. When it ends by itself, no longer than
@@ -339,14 +339,19 @@ def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s:
     ``burst_height_margin`` times the height its healthy bursts reached is not the same
     work, however short (and is never learned as a burst). ``writers`` (per path, the jobs
     placed on it; None: one) multiplies the allowance: jobs checkpoint on their own
-    schedules, and their bursts may fall back to back into one slow run.
+    schedules, and their bursts may fall back to back into one slow run. ``seen`` (None: all):
+    a path with no sample this tick holds its run (a missed scrape ends no burst). A run is
+    learned only if it reached ``min_height`` over the path's own floor: one slow only
+    against the other paths (a path on slower hardware, its floor still warming) is no burst.
     """
     lvl = np.full(len(slow), np.nan) if level is None else np.asarray(level, dtype=float)
-    run = np.where(slow, base.run_s + max(dt_s, 0.0), 0.0)
+    gone = np.zeros(len(slow), dtype=bool) if seen is None else ~seen
+    run = np.where(slow, base.run_s + max(dt_s, 0.0), np.where(gone, base.run_s, 0.0))
     known = np.isfinite(base.peak)
     tall = known & np.isfinite(lvl) & (lvl > cfg.burst_height_margin * base.peak)
-    run_peak = np.where(slow, np.fmax(base.run_peak, lvl), 0.0)
-    ended = ~slow & (base.run_s > 0) & healthy & (base.run_s <= cfg.burst_cap_s)
+    run_peak = np.where(slow, np.fmax(base.run_peak, lvl), np.where(gone, base.run_peak, 0.0))
+    ended = ~slow & ~gone & (base.run_s > 0) & healthy & (base.run_s <= cfg.burst_cap_s)
+    ended &= base.run_peak >= min_height
     ended &= ~known | (base.run_peak <= cfg.burst_height_margin * base.peak)
     a = alpha(base.bursts, dt_s, cfg.half_life_s)
     longer = np.isfinite(base.burst_s) & (base.run_s > base.burst_s)

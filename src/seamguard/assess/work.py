@@ -26,20 +26,19 @@ BURST_CHANNELS = ("latency_ratio", "latency_ms")
 
 def storage_bursts(e: Evidence, base: BurstBaseline, healthy: np.ndarray, dt_s: float,
                    cfg: BaselineConfig, placement: tuple[np.ndarray, np.ndarray] | None = None,
-                   ) -> tuple[Evidence, BurstBaseline]:
+                   min_height: float = 0.0) -> tuple[Evidence, BurstBaseline]:
     """The storage evidence with latency inside a path's burst allowance unscored, and the
     new burst baselines. Adds two data columns: ``burst`` (how long it has been slow, s) and
     ``burst_allowance`` (how long it may be, s). ``placement``: (per node its storage path,
     per node its job; None: one job per path): the jobs on a path multiply its allowance
-    (:func:`jobs_per_path`, walked only on a tick when some path is slow)."""
+    (:func:`jobs_per_path`, walked only on a tick when some path is slow). ``min_height``: the
+    latency over its own floor a slow run must reach to be learned as a burst."""
     cols = [e.channels.index(c) for c in BURST_CHANNELS if c in e.channels]
     slow = (e.score[:, cols] > 0).any(axis=1) if cols else np.zeros(e.score.shape[0], dtype=bool)
     level = e.value[:, e.channels.index("latency_own")] if "latency_own" in e.channels else None
     writers = jobs_per_path(*placement, len(slow)) if placement is not None and slow.any() else None
-    # A path still learning its own floor is "slow" only against the other paths (a path on
-    # slower hardware reads slow every other scrape): no burst is learned from it.
-    warm = e.value[:, e.channels.index("warming")] == 0 if "warming" in e.channels else True
-    new, within, allow = burst_step(base, slow, healthy & warm, dt_s, cfg, level, writers)
+    seen = np.isfinite(e.value[:, e.channels.index("latency_ms")]) if "latency_ms" in e.channels else None
+    new, within, allow = burst_step(base, slow, healthy, dt_s, cfg, level, writers, seen, min_height)
     score = e.score.copy()
     if cols:
         score[:, cols] = np.where(within[:, None], 0.0, score[:, cols])
