@@ -27,11 +27,12 @@ from typing import Callable
 import torch.distributed as dist
 
 from seamguard.runtime import keys, replica
+from seamguard.runtime.capture import Capture
 from seamguard.runtime.chaos import Injector
 from seamguard.runtime.profile import PhaseClock
 from seamguard.runtime.records import Board, Progress
 from seamguard.runtime.settings import RuntimeSettings
-from seamguard.runtime.snapshot import Capture, SlotStore
+from seamguard.runtime.snapshot import SlotStore
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Handoff:
     step it must still hold, and where the rank stood when it was taken."""
 
     source: object
-    """A snapshot.Slot, or a snapshot.Capture still copying (the pipeline waits for it)."""
+    """A snapshot.Slot, or a capture.Capture still copying (the pipeline waits for it)."""
     step: int
     gen: int
     rank: int

@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -171,7 +172,6 @@ class Recovery:
     def _recover_into(self, gen: int, plan: Plan, phases: dict[str, float]) -> None:
         """Recover into generation ``gen``; the seconds of each phase go into ``phases``."""
         rt = self.rt
-        timeout = rt.settings.recovery_timeout_s
         t = self._time.monotonic()
 
         def lap(name: str) -> None:
@@ -183,18 +183,9 @@ class Recovery:
             raise JobFailed(f"generation {gen} moves worker {rt.wid} from rank {rt.mesh.rank} "
                             f"to {rank}: an FSDP2 job keeps its ranks (it needs a spare per loss; "
                             f"to change its size, restart from a checkpoint)")
-        if plan.max_step is None:   # a rollback throws the live state away
-            rt.snapshots.capture_live()
-        orphans = {}
-        if role in plan.replaced and rt.role < 0:
-            self._adopt(plan.replaced[role], role)
-            orphans = {str(role): sorted(self._orphans)}
-        rt.store.set(keys.have(gen, rt.wid), json.dumps(
-            {"step": rt.step, "own": rt.slots.steps(),
-             "replicas": rt.replicas.valid_steps(live=rt.settings.dedup_replicas),
-             "orphans": orphans}))
+        self._report_holdings(gen, plan, role)
         lap("report_holdings")
-        resume = json.loads(self._wait(keys.resume(gen), gen, timeout))
+        resume = json.loads(self._wait(keys.resume(gen), gen, rt.settings.recovery_timeout_s))
         lap("wait_resume_decision")
         rt.gen, rt.plan, rt.rank, rt.role = gen, plan, rank, role
         rt.progress.update(gen=gen, rank=rank)
@@ -208,6 +199,38 @@ class Recovery:
             self._restore_disk(step, int(resume["world_size"]), rank,
                                Path(resume["dir"]) if resume.get("dir") else None)
         lap("restore_state")
+        self._form_groups(gen, rank, plan, lap)
+        if source == "fresh" and not rt.sharded:
+            self._broadcast_model()
+        checksum = state_checksum(rt.state.model, params_only=True)
+        lap("checksum")
+        self._verify_checksums(checksum)
+        lap("verify_checksums")
+        self._resume_at(step, source)
+        lap("release_and_rereplicate")
+        rt.store.set(keys.recovered(gen, rt.wid),
+                     json.dumps({"ok": True, "checksum": checksum, "step": step}))
+        lap("report_recovered")
+
+    def _report_holdings(self, gen: int, plan: Plan, role: int) -> None:
+        """Tell the coordinator which steps this worker can restore in ``gen`` (its own
+        snapshots, the replicas it holds, a dead worker's slots it adopted), after taking
+        its live state as a snapshot when that is the state to offer."""
+        rt = self.rt
+        if plan.max_step is None:   # a rollback throws the live state away
+            rt.snapshots.capture_live()
+        orphans = {}
+        if role in plan.replaced and rt.role < 0:
+            self._adopt(plan.replaced[role], role)
+            orphans = {str(role): sorted(self._orphans)}
+        rt.store.set(keys.have(gen, rt.wid), json.dumps(
+            {"step": rt.step, "own": rt.slots.steps(),
+             "replicas": rt.replicas.valid_steps(live=rt.settings.dedup_replicas),
+             "orphans": orphans}))
+
+    def _form_groups(self, gen: int, rank: int, plan: Plan, lap: Callable[[str], None]) -> None:
+        """The generation's gloo group under its store prefix (and the FSDP mesh, rails)."""
+        rt = self.rt
         rt.group = dist.ProcessGroupGloo(
             dist.PrefixStore(keys.group_prefix(gen), rt.store), rank, plan.world_size,
             datetime.timedelta(seconds=rt.settings.collective_timeout_s))
@@ -217,14 +240,13 @@ class Recovery:
         if rt.settings.rails:
             rt.collectives.close_rails(self._graveyard)
             rt.collectives.rails = RailSync(rt.store, gen, rank, plan.world_size, rt.settings.rails,
-                                            timeout, self._time)
+                                            rt.settings.recovery_timeout_s, self._time)
             lap("form_rails")
-        if source == "fresh" and not rt.sharded:
-            self._broadcast_model()
-        checksum = state_checksum(rt.state.model, params_only=True)
-        lap("checksum")
-        self._verify_checksums(checksum)
-        lap("verify_checksums")
+
+    def _resume_at(self, step: int, source: str) -> None:
+        """The restored state is verified: train on from ``step``, forget what is newer, and
+        re-replicate the restored step to the new ring successor before moving on."""
+        rt = self.rt
         rt.step = step
         rt.snapshots.dcp_step = step - 1   # every member writes the resumed step again if it is due
         rt._failed = False
@@ -237,16 +259,11 @@ class Recovery:
         if source != "memory":
             rt.replicas.clear()
         rt._set_phase("idle")
-        # re-replicate the restored step to the new ring successor before moving on
         slot = rt.slots.find(step)
         if slot is not None and slot.manifest is not None:
             with rt.slots.cond:
                 slot.readers += 1
             rt.pipeline.put(rt.snapshots.handoff(slot, step))  # replicate, do not persist
-        lap("release_and_rereplicate")
-        rt.store.set(keys.recovered(gen, rt.wid),
-                       json.dumps({"ok": True, "checksum": checksum, "step": step}))
-        lap("report_recovered")
 
     def _adopt(self, lost_wid: int, role: int) -> None:
         """List the snapshots the lost worker of ``role`` left in this node's shared

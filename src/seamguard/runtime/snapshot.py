@@ -4,20 +4,21 @@
 them without a copy), allocated once for the state's layout (runtime/packing.py) and
 reused for every snapshot; the layout is rebuilt only if the set of tensors changes (e.g.
 once, when the optimizer creates its state at the first step). What is captured and how
-it is put back is the training state's (runtime/state.py, `TrainingState`). CUDA tensors
-are copied with non_blocking copies on a side stream into host memory registered as
-pinned (runtime/hostmem.py).
+it is put back is the training state's (runtime/state.py, `TrainingState`); how the
+tensors are copied into a slot, runtime/capture.py's. This module decides which slot a
+snapshot goes into and what may not be overwritten: the latest snapshot, the newest one
+with a published manifest, the newest persisted one, and any slot a reader (the
+pipeline, the replica server, the persister) or a copy still holds. Slots are made as
+captures need them, or ahead on a thread where making one takes seconds (page-locked
+memory for CUDA copies, runtime/hostmem.py).
 
-A capture can overlap the step it starts (`SlotStore.begin(..., overlap=True)`): what
-the forward pass changes (buffers, the meta blob) is copied at once, parameters and
-optimizer state in the background, and `Capture.wait` must return before the optimizer
-step changes them (the worker waits after the gradient all-reduce). `state_checksum` is
-the digest of the live parameters that recovery compares across ranks.
+A capture can overlap the step it starts (`SlotStore.begin(..., overlap=True)`):
+`Capture.wait` must return before the optimizer step changes what it copies.
+`state_checksum` is the digest of the live parameters that recovery compares across ranks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seamguard.runtime.capture import Capture, start_copy  # noqa: F401 (Capture: importable here as before)
 from seamguard.runtime.fsdp import local
 from seamguard.runtime.hostmem import (  # noqa: F401 (host_register, host_unregister, populate: importable here as before)
     free_shm_buffer,
@@ -49,7 +51,6 @@ from seamguard.runtime.packing import (  # noqa: F401
 from seamguard.runtime.state import META, TrainingState, raw_bytes, with_rank_private  # noqa: F401 (re-exported)
 
 
-
 @dataclass
 class Slot:
     index: int
@@ -62,35 +63,6 @@ class Slot:
     pinned: bool = False  # persister reading it
     filling: bool = False  # a capture is still copying into it
     registered: bool = False  # page-locked for CUDA copies (cudaHostRegister succeeded)
-
-
-class Capture:
-    """A snapshot whose copy may still be running (`SlotStore.begin`); `wait` finishes it."""
-
-    def __init__(self, store: "SlotStore", slot: Slot, step: int, meta_len: int) -> None:
-        self.store, self.slot, self.step, self.meta_len = store, slot, step, meta_len
-        self.copier: threading.Thread | None = None
-        self.event: Any = None   # CUDA: recorded on the side stream after the last copy
-        self.error: BaseException | None = None
-        self.done = False
-
-    def wait(self) -> Slot:
-        """Block until every byte is in the slot, then make it the latest snapshot."""
-        if not self.done:
-            if self.copier is not None:
-                self.copier.join()
-            if self.event is not None:
-                self.event.synchronize()
-            self.done = True
-            with self.store.cond:
-                self.slot.filling = False
-                if self.error is None:
-                    self.slot.meta_len, self.slot.step = self.meta_len, self.step
-                    self.store.latest = self.slot.index
-                self.store.cond.notify_all()
-        if self.error is not None:
-            raise RuntimeError(f"snapshot copy of step {self.step} failed: {self.error}") from self.error
-        return self.slot
 
 
 @dataclass
@@ -348,50 +320,24 @@ class SlotStore:
         slot = self._pick(timeout_s, wait_for_slot, cuda)
         if slot is None:
             return None
-        cap = Capture(self, slot, step, len(meta))
+        cap = Capture(slot, step, len(meta), self._settle)
         lo = self.layout.meta_offset
         slot.array[lo:lo + len(meta)] = np.frombuffer(meta, dtype=np.uint8)
-        host = torch.from_numpy(slot.array)
-        jobs = list(zip(named, self.layout.items))
-        mutable = set(state.buffer_names())
-        first = [j for j in jobs if j[0][0] in mutable]
-        rest = [j for j in jobs if j[0][0] not in mutable]
         if cuda and self._stream is None:
             self._stream = torch.cuda.Stream()
-        half = len(jobs) // 2
-
-        def copy(part, start: int) -> None:
-            ctx = torch.cuda.stream(self._stream) if cuda else contextlib.nullcontext()
-            with ctx, torch.no_grad():
-                for i, ((_, t), (_, _, _, off, nbytes)) in enumerate(part, start):
-                    if i == half and midway is not None:
-                        midway()
-                    dst = host[off:off + nbytes].view(t.dtype).view(t.shape)
-                    dst.copy_(t, non_blocking=t.is_cuda)
-
-        if cuda:
-            self._stream.wait_stream(torch.cuda.current_stream())
-        copy(first, 0)
-        if cuda:
-            self._stream.synchronize()   # buffers change in the next forward pass
-        if not overlap:
-            copy(rest, len(first))
-            if cuda:
-                self._stream.synchronize()
-        elif cuda:
-            copy(rest, len(first))
-            cap.event = torch.cuda.Event()
-            cap.event.record(self._stream)
-        else:
-            def run() -> None:
-                with self.clock.phase("bg_copy") if self.clock is not None else contextlib.nullcontext():
-                    try:
-                        copy(rest, len(first))
-                    except BaseException as exc:  # noqa: BLE001 - handed to wait()
-                        cap.error = exc
-            cap.copier = threading.Thread(target=run, name=f"snapshot-{step}", daemon=True)
-            cap.copier.start()
+        start_copy(cap, list(zip(named, self.layout.items)), set(state.buffer_names()),
+                   torch.from_numpy(slot.array), self._stream if cuda else None, overlap, midway, self.clock)
         return cap
+
+    def _settle(self, cap: Capture) -> None:
+        """A capture's copy is over (`Capture.wait`): its slot is the latest snapshot, or
+        free again if the copy failed."""
+        with self.cond:
+            cap.slot.filling = False
+            if cap.error is None:
+                cap.slot.meta_len, cap.slot.step = cap.meta_len, cap.step
+                self.latest = cap.slot.index
+            self.cond.notify_all()
 
     def _ensure_layout(self, layout: Layout, meta_len: int, timeout_s: float) -> None:
         """Lay the slots out as ``layout`` if the tensors or the meta blob no longer fit them."""
