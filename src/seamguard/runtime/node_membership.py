@@ -18,8 +18,8 @@ launcher runs them, so the coordinator is no longer fixed on node 0. Each launch
 `lost` lists each verdict (node, workers, why, coordinator's node) for the launcher to act
 on; ranks are never restarted by a failover itself.
 
-The etcd client runs on an event loop of its own thread (`EtcdThread`, as app/leader.py
-runs its elector): a coordinator short of CPU reads thousands of queued lines in one pass
+The etcd client runs on an event loop of its own thread (`etcd_client.EtcdThread`, as
+app/leader.py runs its elector): a coordinator short of CPU reads thousands of queued lines in one pass
 of its hub's loop, and its lease renewals must not wait behind them (on one loop, at 10k
 simulated ranks on a loaded host, they did, and the lease expired).
 """
@@ -27,13 +27,11 @@ simulated ranks on a loaded host, they did, and the lease expired).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import threading
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
 
+from seamguard.runtime.etcd_client import EtcdThread
 from seamguard.runtime.liveness import LivenessHub, NodeReporter, PendingLinks, pending_limit
 from seamguard.runtime.roster import Roster, Term
 
@@ -46,26 +44,6 @@ class Loss:
     workers: frozenset[int]
     why: str
     judged_by: int
-
-
-class EtcdThread:
-    """An event loop on a thread of its own for one etcd client: `call` runs a coroutine
-    there and awaits its result from the caller's loop; `submit` starts one apart."""
-
-    def __init__(self, name: str = "seamguard-roster") -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    async def call(self, coro: Coroutine):
-        return await asyncio.wrap_future(self.submit(coro))
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout_s)
 
 
 class NodeMembership:
@@ -86,7 +64,7 @@ class NodeMembership:
         self._coordinating: asyncio.Task | None = None
         self._write_failing = False
         self._stop: asyncio.Event | None = None
-        self.etcd = EtcdThread()   # every roster call runs there (the module docstring says why)
+        self.etcd = EtcdThread("seamguard-roster")   # every roster call runs there (the module docstring says why)
 
     @property
     def coordinates(self) -> bool:

@@ -18,8 +18,8 @@ expires, another launcher wins, rebuilds the membership from etcd (`load`) and t
 launchers reconnect to it; no rank is restarted. The pattern is the HA controller's
 (app/leader.py), kept here so the runtime does not import the control plane.
 
-Client: aetcd (etcd's v3 gRPC API, asyncio; the project's `ha` dependency), every call
-bounded by the client's timeout. Keys under ``/seamguard/<run-id>/roster/``.
+Client: aetcd (etcd's v3 gRPC API, asyncio; runtime/etcd_client.py), every call bounded
+by the client's timeout. Keys under ``/seamguard/<run-id>/roster/``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from seamguard.runtime.etcd_client import connect  # noqa: F401 (the roster's client; re-exported)
+
 TXN_OPS = 100   # etcd refuses a transaction of more than --max-txn-ops (128 by default)
 
 
-def connect(endpoint: tuple[str, int], timeout_s: float = 2.0):
-    """An aetcd client for ``endpoint`` (host, port); connected on first use."""
-    import aetcd
-
-    return aetcd.Client(host=endpoint[0], port=endpoint[1], timeout=timeout_s)
 
 
 def changes(old: dict[int, frozenset[int]], new: dict[int, frozenset[int]]

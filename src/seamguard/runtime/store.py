@@ -5,12 +5,12 @@ etcd cluster instead of the TCPStore that node 0's launcher hosts, so the job's
 membership survives the loss of any one node (etcd replicates it by Raft; we add no
 consensus of our own). TorchElastic's etcd rendezvous made the same choice.
 
-Client: etcd's own v3 JSON gateway (``/v3/kv/*``, ``/v3/watch``, ``/v3/lease/*``,
-served by every etcd >= 3.4 on its client port), spoken with the standard library's
-http.client. Why not torch's ``EtcdStore``: it needs python-etcd, a client of the v2
-API that is unmaintained since 2018 and whose API etcd 3.6 removed; a gRPC v3 client
-(aetcd, etcd3) pins its own protobuf/grpcio next to torch's. The gateway is etcd's
-documented v3 interface (https://etcd.io/docs/v3.4/dev-guide/api_grpc_gateway/).
+Client: aetcd, a maintained client of etcd's v3 gRPC API (runtime/etcd_client.py: on an
+event loop of its own thread, every call bounded, the next endpoint tried when one is
+unavailable); the requests are etcd's own KV, Lease and Watch messages. Why not torch's
+``EtcdStore``: it needs python-etcd, a client of the v2 API that is unmaintained since
+2018 and whose API etcd 3.6 removed. Before aetcd this module spoke etcd's JSON gateway
+by hand-written HTTP; the messages are the same.
 
 `EtcdStore` is a ``torch.distributed.Store``, so gloo can rendezvous through it
 (wrapped in a PrefixStore, as every generation's group does). `wait` and `get` block on
@@ -20,28 +20,20 @@ Importing this module needs torch (the launcher and workers have it).
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import collections
 import datetime
-import http.client
-import json
 import socket
 import threading
 import time
 
 import torch.distributed as dist
 
+from seamguard.runtime.etcd_client import Endpoints, StoreError  # noqa: F401 (StoreError re-exported)
 from seamguard.runtime.settings import StoreUrl, parse_store_url  # noqa: F401 (re-exported)
 
 DEFAULT_TIMEOUT_S = 300.0
-
-
-class StoreError(RuntimeError):
-    """The etcd cluster did not answer (every endpoint tried) or answered with an error."""
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
+REQUEST_TIMEOUT_S = 10.0
 
 
 def _bytes(value: str | bytes) -> bytes:
@@ -58,51 +50,28 @@ def _prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
-class _Gateway:
-    """One keep-alive HTTP connection to the first etcd endpoint that answers."""
+def _rpc():
+    from aetcd import rpc   # etcd's v3 protobuf messages and stubs, as aetcd ships them
 
-    def __init__(self, endpoints: tuple[tuple[str, int], ...], request_timeout_s: float) -> None:
-        self.endpoints = endpoints
-        self.request_timeout_s = request_timeout_s
-        self._conn: http.client.HTTPConnection | None = None
-        self._at = 0
-        self._lock = threading.Lock()
-        self.requests: collections.Counter[str] = collections.Counter()   # path -> requests sent
+    return rpc
 
-    def call(self, path: str, body: dict) -> dict:
-        data = json.dumps(body).encode()
-        with self._lock:
-            self.requests[path] += 1
-            last: Exception | None = None
-            for _ in range(2 * len(self.endpoints)):
-                try:
-                    if self._conn is None:
-                        host, port = self.endpoints[self._at]
-                        self._conn = http.client.HTTPConnection(host, port, timeout=self.request_timeout_s)
-                    self._conn.request("POST", path, data, {"Content-Type": "application/json"})
-                    resp = self._conn.getresponse()
-                    payload = resp.read()
-                except (OSError, http.client.HTTPException) as exc:
-                    last = exc
-                    self._drop()
-                    continue
-                reply = json.loads(payload or b"{}")
-                if resp.status != 200:
-                    raise StoreError(f"etcd {path}: HTTP {resp.status}: {reply.get('message', payload[:200])}")
-                return reply
-            raise StoreError(f"etcd {path}: no endpoint of {list(self.endpoints)} answered ({last})")
 
-    def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        self._at = (self._at + 1) % len(self.endpoints)
+def _range(key: bytes, prefix: bool = False, **opts):
+    return _rpc().RangeRequest(key=key, range_end=_prefix_end(key) if prefix else b"", **opts)
 
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+
+def _put(key: bytes, value: bytes, lease: int | None = None):
+    return _rpc().PutRequest(key=key, value=value, lease=lease or 0)
+
+
+def _absent(key: bytes):
+    """The comparison 'key was never created' (create_revision == 0)."""
+    rpc = _rpc()
+    return rpc.Compare(key=key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
+
+
+async def _range_prefix(client, full: bytes):
+    return await client.kvstub.Range(_range(full, prefix=True), timeout=client._timeout, metadata=client.metadata)
 
 
 class EtcdStore(dist.Store):
@@ -116,13 +85,25 @@ class EtcdStore(dist.Store):
         self.endpoints = tuple(endpoints)
         self.prefix = _bytes(prefix)
         self._timeout = timeout
-        self._gw = _Gateway(self.endpoints, request_timeout_s=10.0)
+        self._etcd = Endpoints(self.endpoints, request_timeout_s=REQUEST_TIMEOUT_S)
 
     @property
     def requests(self) -> collections.Counter[str]:
-        """Requests this handle sent, by gateway path (watch streams not counted): what a
-        pass or a node beat costs etcd, for tests and profiling."""
-        return self._gw.requests
+        """Requests this handle sent, by kind (watch streams not counted): what a pass or a
+        node beat costs etcd, for tests and profiling."""
+        return self._etcd.requests
+
+    def _full(self, key: str | bytes) -> bytes:
+        return self.prefix + _bytes(key)
+
+    def _kv(self, name: str, method: str, request):
+        """One KV request (``method`` of etcd's KV service) and its reply."""
+        return self._etcd.call(name, lambda c: getattr(c.kvstub, method)(request, timeout=c._timeout,
+                                                                         metadata=c.metadata))
+
+    def _txn(self, compare: list, success: list, failure: list = ()):
+        rpc = _rpc()
+        return self._kv("txn", "Txn", rpc.TxnRequest(compare=compare, success=success, failure=list(failure)))
 
     # --------------------------------------------------------------- c10d Store API
     def set(self, key: str, value: str | bytes) -> None:
@@ -141,34 +122,32 @@ class EtcdStore(dist.Store):
 
     def add(self, key: str, num: int) -> int:
         """Atomic add by compare-and-swap on the key's revision (etcd has no counters)."""
-        full = _b64(self.prefix + _bytes(key))
+        rpc = _rpc()
+        full = self._full(key)
         for _ in range(1000):
-            reply = self._gw.call("/v3/kv/range", {"key": full})
-            kvs = reply.get("kvs", [])
+            kvs = self._kv("range", "Range", _range(full)).kvs
             if kvs:
-                current = int(base64.b64decode(kvs[0]["value"]))
-                cmp = {"key": full, "target": "MOD", "result": "EQUAL", "mod_revision": kvs[0]["mod_revision"]}
+                current = int(kvs[0].value)
+                cmp = rpc.Compare(key=full, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
+                                  mod_revision=kvs[0].mod_revision)
             else:
-                current = 0
-                cmp = {"key": full, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+                current, cmp = 0, _absent(full)
             value = current + num
-            txn = {"compare": [cmp], "success": [{"request_put": {"key": full, "value": _b64(str(value).encode())}}]}
-            if self._gw.call("/v3/kv/txn", txn).get("succeeded"):
+            if self._txn([cmp], [rpc.RequestOp(request_put=_put(full, str(value).encode()))]).succeeded:
                 return value
         raise StoreError(f"etcd add {key!r}: 1000 compare-and-swap conflicts in a row")
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
-        full = _b64(self.prefix + _bytes(key))
-        exp = _bytes(expected)
-        cmp = ({"key": full, "target": "CREATE", "result": "EQUAL", "create_revision": "0"} if not exp
-               else {"key": full, "target": "VALUE", "result": "EQUAL", "value": _b64(exp)})
-        txn = {"compare": [cmp], "success": [{"request_put": {"key": full, "value": _b64(_bytes(desired))}}],
-               "failure": [{"request_range": {"key": full}}]}
-        reply = self._gw.call("/v3/kv/txn", txn)
-        if reply.get("succeeded"):
+        rpc = _rpc()
+        full, exp = self._full(key), _bytes(expected)
+        cmp = _absent(full) if not exp else rpc.Compare(key=full, target=rpc.Compare.VALUE,
+                                                         result=rpc.Compare.EQUAL, value=exp)
+        reply = self._txn([cmp], [rpc.RequestOp(request_put=_put(full, _bytes(desired)))],
+                          [rpc.RequestOp(request_range=_range(full))])
+        if reply.succeeded:
             return _bytes(desired)
-        kvs = reply["responses"][0]["response_range"].get("kvs", [])
-        return base64.b64decode(kvs[0]["value"]) if kvs else exp
+        kvs = reply.responses[0].response_range.kvs
+        return bytes(kvs[0].value) if kvs else exp
 
     def check(self, keys: list[str]) -> bool:
         return all(isinstance(self._get_or_revision(k), bytes) for k in keys)
@@ -183,13 +162,10 @@ class EtcdStore(dist.Store):
                 self._wait_one(key, found, deadline - time.monotonic())
 
     def delete_key(self, key: str) -> bool:
-        reply = self._gw.call("/v3/kv/deleterange", {"key": _b64(self.prefix + _bytes(key))})
-        return int(reply.get("deleted", 0)) > 0
+        return self._kv("deleterange", "DeleteRange", _rpc().DeleteRangeRequest(key=self._full(key))).deleted > 0
 
     def num_keys(self) -> int:
-        reply = self._gw.call("/v3/kv/range", {"key": _b64(self.prefix), "range_end": _b64(_prefix_end(self.prefix)),
-                                               "count_only": True})
-        return int(reply.get("count", 0))
+        return int(self._kv("range", "Range", _range(self.prefix, prefix=True, count_only=True)).count)
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout
@@ -198,10 +174,7 @@ class EtcdStore(dist.Store):
     def put(self, key: str, value: str | bytes, lease: int | None = None) -> int:
         """Set a key (optionally bound to a lease); returns the store's revision after it,
         which is the key's mod_revision (a PrefixMirror shows the write once it has it)."""
-        body = {"key": _b64(self.prefix + _bytes(key)), "value": _b64(_bytes(value))}
-        if lease is not None:
-            body["lease"] = str(lease)
-        return int(self._gw.call("/v3/kv/put", body)["header"]["revision"])
+        return int(self._kv("put", "Put", _put(self._full(key), _bytes(value), lease)).header.revision)
 
     def peek(self, key: str) -> bytes | None:
         """The key's value, or None when it is not set (one request, no waiting)."""
@@ -216,44 +189,36 @@ class EtcdStore(dist.Store):
         Returns ({key: value or None}, {prefix: {key: value}}); a key of ``versions`` is
         read without its value and answered with its revision (b"<mod_revision>"): enough
         to see it change, without shipping node 0's record to every node every beat."""
-        ops = [] if key is None else [{"request_put": {"key": _b64(self.prefix + _bytes(key)),
-                                                       "value": _b64(_bytes(value))}}]
-        ops += [{"request_range": {"key": _b64(self.prefix + _bytes(k))}} for k in singles]
-        ops += [{"request_range": {"key": _b64(self.prefix + _bytes(k)), "keys_only": True}} for k in versions]
-        for p in prefixes:
-            start = self.prefix + _bytes(p)
-            ops.append({"request_range": {"key": _b64(start), "range_end": _b64(_prefix_end(start))}})
-        replies = self._gw.call("/v3/kv/txn", {"success": ops})["responses"][0 if key is None else 1:]
+        rpc = _rpc()
+        ops = [] if key is None else [rpc.RequestOp(request_put=_put(self._full(key), _bytes(value)))]
+        ops += [rpc.RequestOp(request_range=_range(self._full(k))) for k in singles]
+        ops += [rpc.RequestOp(request_range=_range(self._full(k), keys_only=True)) for k in versions]
+        ops += [rpc.RequestOp(request_range=_range(self._full(p), prefix=True)) for p in prefixes]
+        replies = [r.response_range for r in self._txn([], ops).responses[0 if key is None else 1:]]
         cut = len(self.prefix)
 
-        def kvs(reply: dict) -> dict[str, bytes]:
-            return {base64.b64decode(kv["key"])[cut:].decode(): base64.b64decode(kv.get("value", ""))
-                    for kv in reply["response_range"].get("kvs", [])}
+        def kvs(reply) -> dict[str, bytes]:
+            return {bytes(kv.key)[cut:].decode(): bytes(kv.value) for kv in reply.kvs}
 
         one = {k: kvs(r).get(k) for k, r in zip(singles, replies)}
         for k, r in zip(versions, replies[len(singles):]):
-            found = r["response_range"].get("kvs", [])
-            one[k] = str(found[0]["mod_revision"]).encode() if found else None
+            one[k] = str(r.kvs[0].mod_revision).encode() if r.kvs else None
         many = {p: kvs(r) for p, r in zip(prefixes, replies[len(singles) + len(versions):])}
         return one, many
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         """Every key under ``prefix`` (relative names) and its value, in one request."""
-        return self._range_prefix(prefix)[0]
-
-    def _range_prefix(self, prefix: str) -> tuple[dict[str, bytes], int]:
-        values, _, revision = self._range_prefix_revisions(prefix)
-        return values, revision
+        return self._range_prefix_revisions(prefix)[0]
 
     def _range_prefix_revisions(self, prefix: str) -> tuple[dict[str, bytes], dict[str, int], int]:
         """({key: value}, {key: its mod_revision}, the store's revision) under ``prefix``."""
-        start = self.prefix + _bytes(prefix)
-        reply = self._gw.call("/v3/kv/range", {"key": _b64(start), "range_end": _b64(_prefix_end(start))})
+        return self._unpack(self._kv("range", "Range", _range(self._full(prefix), prefix=True)))
+
+    def _unpack(self, reply) -> tuple[dict[str, bytes], dict[str, int], int]:
         cut = len(self.prefix)
-        kvs = [(base64.b64decode(kv["key"])[cut:].decode(), kv) for kv in reply.get("kvs", [])]
-        values = {k: base64.b64decode(kv.get("value", "")) for k, kv in kvs}
-        revisions = {k: int(kv["mod_revision"]) for k, kv in kvs}
-        return values, revisions, int(reply["header"]["revision"])
+        kvs = [(bytes(kv.key)[cut:].decode(), kv) for kv in reply.kvs]
+        return ({k: bytes(kv.value) for k, kv in kvs}, {k: int(kv.mod_revision) for k, kv in kvs},
+                int(reply.header.revision))
 
     def mirror(self, prefix: str) -> PrefixMirror:
         """A local copy of every key under ``prefix``, kept current by one watch stream."""
@@ -261,69 +226,52 @@ class EtcdStore(dist.Store):
 
     def grant_lease(self, ttl_s: int) -> int:
         """A lease that expires ``ttl_s`` seconds (etcd's minimum applies) after its last keep-alive."""
-        return int(self._gw.call("/v3/lease/grant", {"TTL": str(ttl_s)})["ID"])
+        return int(self._etcd.call("lease_grant", lambda c: c.lease(ttl_s)).id)
 
     def keep_alive(self, lease: int) -> float:
         """Renew a lease; returns its remaining TTL in seconds (0: it had already expired)."""
-        reply = self._gw.call("/v3/lease/keepalive", {"ID": str(lease)})
-        return float(reply.get("result", {}).get("TTL", 0))
+        reply = self._etcd.call("lease_keepalive", lambda c: c.refresh_lease(lease))
+        return float(reply.TTL) if reply is not None else 0.0
 
     def revoke(self, lease: int) -> None:
-        self._gw.call("/v3/lease/revoke", {"ID": str(lease)})
+        self._etcd.call("lease_revoke", lambda c: c.revoke_lease(lease))
 
     def put_if_absent(self, key: str, value: str | bytes, lease: int | None = None) -> bool:
         """Create ``key`` only if nobody has: the primitive of an election. True if we did."""
-        full = _b64(self.prefix + _bytes(key))
-        put = {"key": full, "value": _b64(_bytes(value))}
-        if lease is not None:
-            put["lease"] = str(lease)
-        txn = {"compare": [{"key": full, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-               "success": [{"request_put": put}]}
-        return bool(self._gw.call("/v3/kv/txn", txn).get("succeeded"))
+        full = self._full(key)
+        return bool(self._txn([_absent(full)], [_rpc().RequestOp(request_put=_put(full, _bytes(value), lease))])
+                    .succeeded)
 
     def close(self) -> None:
-        self._gw.close()
+        self._etcd.close()
 
     # --------------------------------------------------------------- internals
     def _get_or_revision(self, key: str) -> bytes | int:
         """The key's value, or (absent) the store revision to start watching after."""
-        reply = self._gw.call("/v3/kv/range", {"key": _b64(self.prefix + _bytes(key))})
-        kvs = reply.get("kvs", [])
-        if kvs:
-            return base64.b64decode(kvs[0].get("value", ""))
-        return int(reply["header"]["revision"])
+        reply = self._kv("range", "Range", _range(self._full(key)))
+        return bytes(reply.kvs[0].value) if reply.kvs else int(reply.header.revision)
 
     def _wait_one(self, key: str, revision: int, timeout_s: float) -> None:
         """Block on a watch until ``key`` is created after ``revision``, or time out."""
         if timeout_s <= 0:
             raise dist.DistStoreError(f"etcd: timed out waiting for key {key!r}")
-        full = _b64(self.prefix + _bytes(key))
-        body = json.dumps({"create_request": {"key": full, "start_revision": str(revision + 1),
-                                              "filters": ["NODELETE"]}}).encode()
-        deadline = time.monotonic() + timeout_s
-        last: Exception | None = None
-        for host, port in self.endpoints * 2:
-            conn = http.client.HTTPConnection(host, port, timeout=max(0.05, deadline - time.monotonic()))
+        full = self._full(key)
+
+        async def created(client) -> bool:
+            watch = await client.watch(full, start_revision=revision + 1)
             try:
-                conn.request("POST", "/v3/watch", body, {"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                while True:
-                    conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
-                    line = resp.readline()
-                    if not line:
-                        break  # the server closed the stream: try again (next endpoint)
-                    result = json.loads(line).get("result", {})
-                    if result.get("events"):
-                        return
-            except TimeoutError:
-                raise dist.DistStoreError(f"etcd: timed out after {timeout_s:.1f}s waiting for key {key!r}") from None
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                last = exc
+                async def first_put() -> bool:
+                    async for event in watch:
+                        if event.kind == "PUT":
+                            return True
+                    return False
+                return await asyncio.wait_for(first_put(), timeout_s)
+            except asyncio.TimeoutError:
+                return False
             finally:
-                conn.close()
-            if time.monotonic() >= deadline:
-                raise dist.DistStoreError(f"etcd: timed out after {timeout_s:.1f}s waiting for key {key!r}")
-        raise StoreError(f"etcd watch {key!r}: no endpoint of {list(self.endpoints)} answered ({last})")
+                await watch.cancel()
+        if not self._etcd.call("watch", created, timeout_s=timeout_s + REQUEST_TIMEOUT_S):
+            raise dist.DistStoreError(f"etcd: timed out after {timeout_s:.1f}s waiting for key {key!r}")
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -359,19 +307,19 @@ class PrefixMirror:
     The coordinator reads the node records, exit codes and done marks of the whole job
     every tick; reading them from this copy costs etcd nothing per tick (each change
     arrives once, when written) where a range read per tick would send every record again
-    every 5 ms. A broken stream is reopened from the last revision seen; after a
-    compaction the prefix is read afresh. ``get_prefix`` answers like EtcdStore's;
-    ``revision_of`` tells how new the copy of a key is (a writer that must not act on
-    its own overwritten value again compares it with the revision its write returned).
+    every 5 ms. A broken stream (or a compaction past the copy's revision) is followed by
+    reading the prefix afresh and watching again from there, on the next endpoint when
+    the stream's failed. ``get_prefix`` answers like EtcdStore's; ``revision_of`` tells
+    how new the copy of a key is (a writer that must not act on its own overwritten value
+    again compares it with the revision its write returned). The stream runs on the
+    store's etcd thread; readers take the copy's lock.
     """
 
     def __init__(self, store: EtcdStore, prefix: str) -> None:
         self.store, self.prefix = store, prefix
         self._values, self._revisions, self._revision = store._range_prefix_revisions(prefix)
         self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self._conn: http.client.HTTPConnection | None = None
-        threading.Thread(target=self._follow, name=f"sg-mirror-{prefix}", daemon=True).start()
+        self._task = store._etcd.io.submit(self._follow())
 
     def get_prefix(self, prefix: str) -> dict[str, bytes]:
         with self._lock:
@@ -388,55 +336,44 @@ class PrefixMirror:
             return self._revisions.get(key, 0)
 
     def close(self) -> None:
-        """Stop following: shut the stream's socket down, which ends the reader's readline
-        (closing the connection from here would wait for the reader's lock)."""
-        self._closed.set()
-        sock = self._conn.sock if self._conn is not None else None
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        """Stop following (the stream is cancelled on the etcd thread)."""
+        self._task.cancel()
 
-    def _follow(self) -> None:
-        at = 0
-        while not self._closed.is_set():
-            host, port = self.store.endpoints[at % len(self.store.endpoints)]
+    async def _follow(self) -> None:
+        etcd, fresh = self.store._etcd, False
+        while True:
+            at = etcd._at
+            client = etcd.client(at)
             try:
-                self._stream(host, port)
-            except (OSError, http.client.HTTPException, ValueError, KeyError):
-                at += 1
-            self._closed.wait(0.05)
-
-    def _stream(self, host: str, port: int) -> None:
-        start = self.store.prefix + _bytes(self.prefix)
-        body = json.dumps({"create_request": {"key": _b64(start), "range_end": _b64(_prefix_end(start)),
-                                              "start_revision": str(self._revision + 1)}}).encode()
-        self._conn = http.client.HTTPConnection(host, port, timeout=None)
-        try:
-            self._conn.request("POST", "/v3/watch", body, {"Content-Type": "application/json"})
-            resp = self._conn.getresponse()
-            cut = len(self.store.prefix)
-            while not self._closed.is_set():
-                line = resp.readline()
-                if not line:
-                    return
-                result = json.loads(line).get("result", {})
-                if int(result.get("compact_revision", 0)) > 0:  # history gone: read it afresh
-                    values, revisions, revision = self.store._range_prefix_revisions(self.prefix)
+                await client.connect()
+                if fresh:
+                    values, revisions, revision = self.store._unpack(
+                        await _range_prefix(client, self.store._full(self.prefix)))
                     with self._lock:
                         self._values, self._revisions, self._revision = values, revisions, revision
-                    return
+                await self._stream(client)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a broken stream, a compaction, an endpoint down: read afresh
+                etcd._next(at)
+            fresh = True
+            await asyncio.sleep(0.05)
+
+    async def _stream(self, client) -> None:
+        start = self.store._full(self.prefix)
+        watch = await client.watch(start, range_end=_prefix_end(start), start_revision=self._revision + 1)
+        cut = len(self.store.prefix)
+        try:
+            async for event in watch:
+                kv = event.kv
+                key = bytes(kv.key)[cut:].decode()
                 with self._lock:
-                    for ev in result.get("events", []):
-                        kv = ev["kv"]
-                        key = base64.b64decode(kv["key"])[cut:].decode()
-                        if ev.get("type") == "DELETE":
-                            self._values.pop(key, None)
-                            self._revisions.pop(key, None)
-                        else:
-                            self._values[key] = base64.b64decode(kv.get("value", ""))
-                            self._revisions[key] = int(kv["mod_revision"])
-                        self._revision = max(self._revision, int(kv["mod_revision"]))
+                    if event.kind == "DELETE":
+                        self._values.pop(key, None)
+                        self._revisions.pop(key, None)
+                    else:
+                        self._values[key] = bytes(kv.value)
+                        self._revisions[key] = int(kv.mod_revision)
+                    self._revision = max(self._revision, int(kv.mod_revision))
         finally:
-            self._conn.close()
+            await watch.cancel()
