@@ -206,6 +206,11 @@ CLAIMS: tuple[Claim, ...] = (
           {"torchft": ("reps/*/window_s/torchft_clean", "reps/*/window_s/plain_clean"),
            "torchrun + DCP": ("reps/*/window_s/torchrun_clean", "reps/*/window_s/plain_clean")},
           goal=("<=", 1.10), exclude="*_quick.json", simulated=("netns-hosts", "cpu-gloo")),
+    Claim("hsdp_overhead_interleaved", "failover_training",
+          "failure-free wall / plain HSDP's, 2 hosts, 5 interleaved reps a run (fsdp_overhead.py "
+          "--hosts 2 --replicate 2 --snapshot-every auto), two runs on 083323f",
+          "fsdp_overhead_hosts_hsdp_everyauto_s19*.json", ("window_s/seamguard/*", "window_s/plain/*"),
+          goal=("<=", 1.10), simulated=("netns-hosts", "cpu-gloo")),
     Claim("gpu_stall", "gpu_runtime", "step stall of one snapshot of a 4.8 GB state, s",
           "gpu_runtime_h100.json", "micro/stall_used_s/sg_overlap",
           {"torch.save + fsync": "micro/stall_used_s/torch_save",
