@@ -132,29 +132,6 @@ def test_one_short_burst_does_not_shrink_the_allowance(storage_fleet, shown, wor
     assert max(loop.worst) == worst
 
 
-def _burst_run(pattern: str, writers: int) -> list[bool]:
-    """burst_step over a pattern of slow ('S') and normal ('.') ticks on one healthy path at 4x
-    its floor: per tick, whether the slow run is excused as work."""
-    from seamguard.assess.baselines import BurstBaseline, burst_step
-    base, out = BurstBaseline.initial(1), []
-    for c in pattern:
-        base, within, _ = burst_step(base, np.array([c == "S"]), np.array([True]), TICK, POL.assess.baselines,
-                                     np.array([4.0 if c == "S" else 1.0]), np.array([writers]))
-        out.append(bool(within[0]))
-    return out
-
-
-@pytest.mark.parametrize("writers, excused", [(1, False), (2, True)])
-def test_two_jobs_checkpoints_back_to_back_are_work(writers, excused):
-    """Four 120 s bursts teach a 150 s allowance; then two jobs' checkpoints fall back to back
-    (240 s slow). On a path one job writes to, that outlasts its bursts; on a path two jobs write
-    to, each checkpointing on its own schedule, it is work (on b93fc0d the job count was not read)."""
-    learn = ("SSSS" + "." * 16) * 4
-    out = _burst_run(learn + "S" * 8, writers)
-    assert all(out[len(learn) - 20 + i] for i in range(4))  # a learned-length burst is work either way
-    assert all(out[len(learn):]) == excused
-
-
 def test_blips_before_a_path_knows_its_floor_are_not_learned_as_bursts(storage_fleet):
     """A path on slower hardware (about twice its peers' latency) reads slow against them every
     other scrape while its own floor warms: those blips, not slow against its own floor, are no
@@ -178,7 +155,7 @@ def test_a_missed_scrape_inside_a_slow_run_ends_no_burst():
     base = BurstBaseline.initial(1)
     for slow, seen in ((True, True), (False, False), (True, True)):
         base, _, _ = burst_step(base, np.array([slow]), np.array([True]), TICK, cfg, np.array([9.0 if seen else np.nan]),
-                                None, np.array([seen]), 2.0)
+                                np.array([seen]), 2.0)
     assert base.bursts[0] == 0 and not np.isfinite(base.peak[0])
     assert base.run_s[0] == pytest.approx(2 * TICK)  # the gap neither counts nor ends the run
 

@@ -200,12 +200,9 @@ def assess(fleet: Fleet, frame: Frame, hist: History, prev: dict[Kind, StateVect
     evid[Kind.STORAGE], sto_b = ev.storage_evidence(fleet, frame, e_cfg, base, b_cfg, learn(Kind.STORAGE), dt_s,
                                                     hist=hist)
     # A checkpoint's write burst is work: slow no longer than the path's own bursts is not evidence.
-    # Every job on a path checkpoints on its own schedule: their bursts may fall back to back.
-    n_sto = fleet.count(Kind.STORAGE)
-    evid[Kind.STORAGE], burst_b = storage_bursts(evid[Kind.STORAGE], base.bursts(n_sto),
+    evid[Kind.STORAGE], burst_b = storage_bursts(evid[Kind.STORAGE], base.bursts(fleet.count(Kind.STORAGE)),
                                                  learn(Kind.STORAGE) & (prev[Kind.STORAGE].state == State.HEALTHY),
-                                                 dt_s, b_cfg, (fleet.node_storage, fleet.node_job),
-                                                 e_cfg.storage_latency_ratio[0])
+                                                 dt_s, b_cfg, e_cfg.storage_latency_ratio[0])
     new_base = Baselines(gpu_b, nic_b, link_b, sto_b, loop_b, supply_b, r_th, r_n, frame.t_s, burst_b)
     new_unnamed = _unnamed(fleet, frame, evid, unnamed or {}, learn, cfg)
 

@@ -326,8 +326,8 @@ def node_at_work(fleet: Fleet, util_pct: np.ndarray, busy_util_pct: float) -> np
 
 
 def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s: float,
-               cfg: BaselineConfig, level: np.ndarray | None = None, writers: np.ndarray | None = None,
-               seen: np.ndarray | None = None, min_height: float = 0.0) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
+               cfg: BaselineConfig, level: np.ndarray | None = None, seen: np.ndarray | None = None,
+               min_height: float = 0.0) -> tuple[BurstBaseline, np.ndarray, np.ndarray]:
     """One tick of a path's burst length: (new baseline, within its burst allowance now, allowance s).
 
     A slow run counts up while the path is slow. When it ends by itself, no longer than
@@ -337,9 +337,7 @@ def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s:
     path slow no longer than that is doing its work. ``level`` (per path, its latency over its own floor; NaN or
     None: unknown) is a burst's height, learned the same way: a run higher than
     ``burst_height_margin`` times the height its healthy bursts reached is not the same
-    work, however short (and is never learned as a burst). ``writers`` (per path, the jobs
-    placed on it; None: one) multiplies the allowance: jobs checkpoint on their own
-    schedules, and their bursts may fall back to back into one slow run. ``seen`` (None: all):
+    work, however short (and is never learned as a burst). ``seen`` (None: all):
     a path with no sample this tick holds its run (a missed scrape ends no burst). A run is
     learned only if it reached ``min_height`` over the path's own floor: one slow only
     against the other paths (a path on slower hardware, its floor still warming) is no burst.
@@ -363,8 +361,6 @@ def burst_step(base: BurstBaseline, slow: np.ndarray, healthy: np.ndarray, dt_s:
     # stands until ``burst_min_count`` bursts were seen, unless a learned one is longer.
     learned = np.where(np.isfinite(base.burst_s), cfg.burst_margin * base.burst_s, 0.0)
     allow = np.where(base.bursts >= cfg.burst_min_count, learned, np.maximum(learned, cfg.burst_prior_s))
-    if writers is not None:
-        allow = allow * np.maximum(writers, 1)
     new = BurstBaseline(run.astype(F32), burst.astype(F32), count_up(base.bursts, ended), run_peak.astype(F32),
                         peak.astype(F32))
     return new, slow & (run <= allow) & ~tall, allow

@@ -25,20 +25,16 @@ BURST_CHANNELS = ("latency_ratio", "latency_ms")
 
 
 def storage_bursts(e: Evidence, base: BurstBaseline, healthy: np.ndarray, dt_s: float,
-                   cfg: BaselineConfig, placement: tuple[np.ndarray, np.ndarray] | None = None,
-                   min_height: float = 0.0) -> tuple[Evidence, BurstBaseline]:
+                   cfg: BaselineConfig, min_height: float = 0.0) -> tuple[Evidence, BurstBaseline]:
     """The storage evidence with latency inside a path's burst allowance unscored, and the
     new burst baselines. Adds two data columns: ``burst`` (how long it has been slow, s) and
-    ``burst_allowance`` (how long it may be, s). ``placement``: (per node its storage path,
-    per node its job; None: one job per path): the jobs on a path multiply its allowance
-    (:func:`jobs_per_path`, walked only on a tick when some path is slow). ``min_height``: the
-    latency over its own floor a slow run must reach to be learned as a burst."""
+    ``burst_allowance`` (how long it may be, s). ``min_height``: the latency over its own
+    floor a slow run must reach to be learned as a burst."""
     cols = [e.channels.index(c) for c in BURST_CHANNELS if c in e.channels]
     slow = (e.score[:, cols] > 0).any(axis=1) if cols else np.zeros(e.score.shape[0], dtype=bool)
     level = e.value[:, e.channels.index("latency_own")] if "latency_own" in e.channels else None
-    writers = jobs_per_path(*placement, len(slow)) if placement is not None and slow.any() else None
     seen = np.isfinite(e.value[:, e.channels.index("latency_ms")]) if "latency_ms" in e.channels else None
-    new, within, allow = burst_step(base, slow, healthy, dt_s, cfg, level, writers, seen, min_height)
+    new, within, allow = burst_step(base, slow, healthy, dt_s, cfg, level, seen, min_height)
     score = e.score.copy()
     if cols:
         score[:, cols] = np.where(within[:, None], 0.0, score[:, cols])
@@ -47,10 +43,3 @@ def storage_bursts(e: Evidence, base: BurstBaseline, healthy: np.ndarray, dt_s: 
                    score=np.concatenate([score, np.zeros((n, 2))], axis=1),
                    value=np.concatenate([e.value, np.stack([new.run_s, allow], axis=1).astype(float)], axis=1)), new
 
-
-def jobs_per_path(node_storage: np.ndarray, node_job: np.ndarray, n_paths: int) -> np.ndarray:
-    """Per storage path, how many distinct jobs have nodes on it (0 where none)."""
-    on = (node_storage >= 0) & (node_job >= 0)
-    n_jobs = int(node_job.max()) + 1 if on.any() else 1
-    pairs = np.unique(node_storage[on].astype(np.int64) * n_jobs + node_job[on])
-    return np.bincount(pairs // n_jobs, minlength=n_paths)
