@@ -203,18 +203,18 @@ def test_checksum_of_a_gpu_model_equals_its_cpu_copys():
     digest must be the one the same bytes give on the CPU (ranks compare digests)."""
     import copy
 
-    from seamguard.runtime import snapshot
+    from seamguard.runtime import checksum
 
     model, opt, _ = _setup()
     _step(model, opt)
     big = torch.nn.Linear(3000, 3000).cuda()   # 36 MB of weights: crosses a chunk with a small one
-    old = snapshot._STAGE_BYTES
-    snapshot._STAGE_BYTES = 1 << 20
-    snapshot._STAGING.clear()
+    old = checksum._STAGE_BYTES
+    checksum._STAGE_BYTES = 1 << 20
+    checksum._STAGING.clear()
     try:
         for m in (model, big):
             assert state_checksum(m) == state_checksum(copy.deepcopy(m).cpu())
             assert state_checksum(m, params_only=True) == state_checksum(copy.deepcopy(m).cpu(), params_only=True)
     finally:
-        snapshot._STAGE_BYTES = old
-        snapshot._STAGING.clear()
+        checksum._STAGE_BYTES = old
+        checksum._STAGING.clear()

@@ -30,18 +30,21 @@ class Capture:
         self._settle = settle
         self.copier: threading.Thread | None = None
         self.event: Any = None   # CUDA: recorded on the side stream after the last copy
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None   # set by the copier thread, read after its join
         self.done = False
+        self._lock = threading.Lock()   # FSDP2: the pipeline and the training thread both wait
 
     def wait(self) -> Any:
-        """Block until every byte is in the slot, then make it the latest snapshot."""
-        if not self.done:
-            if self.copier is not None:
-                self.copier.join()
-            if self.event is not None:
-                self.event.synchronize()
-            self.done = True
-            self._settle(self)
+        """Block until every byte is in the slot, then make it the latest snapshot (once,
+        whichever thread waits first)."""
+        with self._lock:
+            if not self.done:
+                if self.copier is not None:
+                    self.copier.join()
+                if self.event is not None:
+                    self.event.synchronize()
+                self.done = True
+                self._settle(self)
         if self.error is not None:
             raise RuntimeError(f"snapshot copy of step {self.step} failed: {self.error}") from self.error
         return self.slot

@@ -69,8 +69,9 @@ class SnapshotPipeline:
         self._queue: queue.Queue = queue.Queue()
         self._store: dist.Store | None = None
         self._push_target: tuple[int, int, str] = (-1, -1, "")  # (gen, holder, its address)
-        self._persister: subprocess.Popen | None = None
-        self._pending: dict[int, int] = {}  # slot index -> step, while the persister writes it
+        self._persister: subprocess.Popen | None = None   # under _proc_lock: started by two threads
+        self._proc_lock = threading.Lock()
+        self._pending: dict[int, int] = {}  # slot index -> step, while the persister writes it (under slots.cond)
         self._counts_lock = threading.Lock()
         self._counts = {"replica_bytes_sent": 0, "persisted": 0, "persist_errors": 0}
         self.spare_model_on_gpu = threading.Event()   # set by the training thread at register()
@@ -83,14 +84,18 @@ class SnapshotPipeline:
 
     def busy(self) -> bool:
         """Snapshots handed over and not yet through the pipeline."""
-        return bool(self._queue.unfinished_tasks)
+        with self._queue.mutex:
+            return bool(self._queue.unfinished_tasks)
 
     def unsettled(self) -> bool:
         """Snapshots still on their way to the holder or to storage; False once the
         persister died (its failure is noted, training goes on)."""
-        if self._persister is not None and self._persister.poll() is not None:
-            return False
-        return self.busy() or bool(self._pending)
+        with self._proc_lock:
+            if self._persister is not None and self._persister.poll() is not None:
+                return False
+        with self.slots.cond:
+            pending = bool(self._pending)
+        return self.busy() or pending
 
     def counts(self) -> dict[str, int]:
         with self._counts_lock:
@@ -99,12 +104,14 @@ class SnapshotPipeline:
     def close(self, timeout_s: float) -> None:
         """Stop the pipeline thread and let the persister finish (bounded)."""
         self._queue.put(None)
-        if self._persister is not None and self._persister.poll() is None:
-            self._persister.stdin.close()
+        with self._proc_lock:
+            proc = self._persister
+        if proc is not None and proc.poll() is None:
+            proc.stdin.close()
             try:
-                self._persister.wait(timeout=timeout_s)
+                proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                self._persister.kill()
+                proc.kill()
 
     # ---------------------------------------------------------------- the pipeline thread
     def _loop(self) -> None:
@@ -119,14 +126,14 @@ class SnapshotPipeline:
             try:
                 if cap is not None:
                     cap.wait()
-                if slot.step != item.step:
+                if not self._holds(slot, item.step):
                     continue
                 with self._phases.phase("bg_hash"):
                     manifest = self.slots.build_manifest(slot, item.rank, item.world_size)
                 self.slots.publish_manifest(slot, manifest, item.role)
                 with self._phases.phase("bg_push"):
                     self._replicate(slot, manifest, item)
-                if item.persist is not None and slot.step == item.step:
+                if item.persist is not None and self._holds(slot, item.step):
                     self._persist(slot, manifest, item.persist)
             except (OSError, replica.ReplicaError, ValueError, RuntimeError) as exc:
                 self._note("replication_failed", step=item.step, error=str(exc)[:200])
@@ -135,6 +142,12 @@ class SnapshotPipeline:
                     slot.readers -= 1
                     self.slots.cond.notify_all()
                 self._queue.task_done()
+
+    def _holds(self, slot, step: int) -> bool:
+        """The slot still holds ``step`` (read under the store's lock: the training
+        thread's rollbacks and captures change slots' steps)."""
+        with self.slots.cond:
+            return slot.step == step
 
     def _replicate(self, slot, manifest, item: Handoff) -> None:
         if item.holder < 0 or item.gen != self.progress.current.gen or item.world_size < 2:
@@ -150,20 +163,22 @@ class SnapshotPipeline:
 
     # ---------------------------------------------------------------- the persister
     def start_persister(self) -> subprocess.Popen:
-        """The persister process, started (again, if it died) now."""
-        if self._persister is None or self._persister.poll() is not None:
-            if self._persister is not None:
-                self._note("persister_restarted", code=self._persister.returncode)
-                with self.slots.cond:
-                    for idx in self._pending:
-                        self.slots.slots[idx].pinned = False
-                    self._pending.clear()
-                    self.slots.cond.notify_all()
-            self._persister = subprocess.Popen(
-                [sys.executable, "-m", "seamguard.runtime.persist"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, text=True, bufsize=1)
-            threading.Thread(target=self._replies, args=(self._persister,), daemon=True).start()
-        return self._persister
+        """The persister process, started (again, if it died) now: by the training thread
+        at register(), by the pipeline thread at a persist."""
+        with self._proc_lock:
+            if self._persister is None or self._persister.poll() is not None:
+                if self._persister is not None:
+                    self._note("persister_restarted", code=self._persister.returncode)
+                    with self.slots.cond:
+                        for idx in self._pending:
+                            self.slots.slots[idx].pinned = False
+                        self._pending.clear()
+                        self.slots.cond.notify_all()
+                self._persister = subprocess.Popen(
+                    [sys.executable, "-m", "seamguard.runtime.persist"], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, text=True, bufsize=1)
+                threading.Thread(target=self._replies, args=(self._persister,), daemon=True).start()
+            return self._persister
 
     def _persist(self, slot, manifest, root: Path) -> None:
         proc = self.start_persister()

@@ -25,12 +25,12 @@ import torch
 import torch.distributed as dist
 
 from seamguard.runtime import keys, replica
+from seamguard.runtime.checksum import state_checksum
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, identical_ranks
 from seamguard.runtime.rail_sync import RailSync
 from seamguard.runtime.settings import under_roots
 from seamguard.runtime.packing import find_orphans, read_orphan, tensors_of
-from seamguard.runtime.snapshot import state_checksum
 
 
 class RecoveryError(Exception):
@@ -259,11 +259,11 @@ class Recovery:
         if source != "memory":
             rt.replicas.clear()
         rt._set_phase("idle")
-        slot = rt.slots.find(step)
-        if slot is not None and slot.manifest is not None:
+        mine = rt.slots.published(step)
+        if mine is not None:
             with rt.slots.cond:
-                slot.readers += 1
-            rt.pipeline.put(rt.snapshots.handoff(slot, step))  # replicate, do not persist
+                mine[0].readers += 1
+            rt.pipeline.put(rt.snapshots.handoff(mine[0], step))  # replicate, do not persist
 
     def _adopt(self, lost_wid: int, role: int) -> None:
         """List the snapshots the lost worker of ``role`` left in this node's shared
@@ -298,7 +298,8 @@ class Recovery:
             slot = rt.slots.find(step)
             if slot is None:
                 raise RecoveryError(f"worker {rt.wid}: own snapshot of step {step} is gone")
-            manifest = slot.manifest or rt.slots.build_manifest(slot, rt.rank, plan.world_size)
+            mine = rt.slots.published(step)
+            manifest = mine[1] if mine else rt.slots.build_manifest(slot, rt.rank, plan.world_size)
             tensors, meta = tensors_of(manifest, slot.array)
         else:
             return self._fetch_into_slot(plan, role, step)

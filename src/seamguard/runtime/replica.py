@@ -138,7 +138,7 @@ class ReplicaStore:
         with ``live``, also steps for which we hold the role's meta and our own hashed
         snapshot of that step."""
         out: dict[str, list[int]] = {}
-        own = {s.step for s in self.slots.slots if s.step >= 0 and s.manifest is not None}
+        own = self.slots.published_steps()
         with self.lock:
             for role, reps in self.held.items():
                 out[str(role)] = [r.step for r in reps if self._refs_intact(r)]
@@ -172,20 +172,21 @@ class ReplicaStore:
         with self.lock:
             private = self.metas.get(role, {}).get(step)
             part = self.parts.get(role, {}).get(step)
-        own = self.slots.find(step)
-        if (private is None and part is None) or own is None or own.manifest is None:
+        mine = self.slots.published(step)
+        layout = self.slots.layout   # an immutable record, swapped whole
+        if (private is None and part is None) or mine is None or layout is None:
             return None
-        assert self.slots.layout is not None
+        own, own_manifest = mine
         if private is None:
-            e = next(e for e in own.manifest.entries if e.name == META)
+            e = next(e for e in own_manifest.entries if e.name == META)
             private = with_rank_private(bytes(own.array[e.offset:e.offset + e.nbytes]), part)
         entries = []
-        for e in own.manifest.entries:
+        for e in own_manifest.entries:
             data = private.get(e.name)
             if data is None:
                 entries.append(e)
             elif e.name == META:
-                if len(data) > self.slots.layout.meta_capacity:
+                if len(data) > layout.meta_capacity:
                     return None
                 entries.append(TensorEntry(META, "uint8", [len(data)], e.offset, len(data),
                                            hash_bytes(data)))
@@ -194,16 +195,16 @@ class ReplicaStore:
                                            hash_bytes(data)))
             else:
                 return None   # layouts differ: not data-parallel replicas of one model
-        return Manifest(step, own.manifest.rank, own.manifest.world_size, entries), private
+        return Manifest(step, own_manifest.rank, own_manifest.world_size, entries), private
 
     def _refs_intact(self, rep: HeldReplica) -> bool:
         refs = [e for e in rep.manifest.entries if rep.data.get(e.name) is None]
         if not refs:
             return True
-        own = self.slots.find(rep.step)
-        if own is None or own.manifest is None:
+        mine = self.slots.published(rep.step)
+        if mine is None:
             return False
-        own_hash = {e.name: e.xxh3 for e in own.manifest.entries}
+        own_hash = {e.name: e.xxh3 for e in mine[1].entries}
         return all(own_hash.get(e.name) == e.xxh3 for e in refs)
 
     def clear(self) -> None:

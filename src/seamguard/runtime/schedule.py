@@ -161,9 +161,9 @@ class SnapshotSchedule:
         if not rt._live_ok:
             return False
         self.finish_snapshot()
-        slot = rt.slots.find(rt.step)
-        if slot is not None and slot.manifest is not None:
+        if rt.slots.published(rt.step) is not None:
             return True
+        slot = rt.slots.find(rt.step)
         if slot is None:   # else: captured this step, still being hashed by the pipeline
             if rt._private[0] != rt.step:
                 if not rt._at_step_start:
@@ -214,8 +214,7 @@ class SnapshotSchedule:
             cadence.parse((rt._control_keys.at_boundary(rt._last_step_s)[keys.SNAPSHOT_CADENCE] or b"").decode()))
         # under auto, a persist point is snapshotted whatever the interval (the window is 1)
         due = due or (rt.settings.snapshot_auto and self._persist_due(rt.step, consume=False))
-        latest = rt.slots.find(rt.step)
-        if not due or (latest is not None and latest.index == rt.slots.latest):
+        if not due or rt.slots.latest_step() == rt.step:
             return
         self.snap_opt_entries = len(rt.state.optimizer.state)
         rt._set_phase("snapshot")
@@ -377,8 +376,7 @@ class SnapshotSchedule:
         self.maybe_save_dcp()
         self._force_persist = False
         deadline = self._time.monotonic() + rt.settings.recovery_timeout_s
-        while self._time.monotonic() < deadline and (self.pipeline.busy() or any(
-                s.readers or s.pinned for s in rt.slots.slots)):
+        while self._time.monotonic() < deadline and (self.pipeline.busy() or rt.slots.in_use()):
             self._time.sleep(0.01)
 
     def await_replica(self) -> bool:

@@ -14,7 +14,6 @@ memory for CUDA copies, runtime/hostmem.py).
 
 A capture can overlap the step it starts (`SlotStore.begin(..., overlap=True)`):
 `Capture.wait` must return before the optimizer step changes what it copies.
-`state_checksum` is the digest of the live parameters that recovery compares across ranks.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 
 from seamguard.runtime.capture import Capture, start_copy  # noqa: F401 (Capture: importable here as before)
-from seamguard.runtime.fsdp import local
+from seamguard.runtime.checksum import state_checksum  # noqa: F401 (importable here as before)
 from seamguard.runtime.hostmem import (  # noqa: F401 (host_register, host_unregister, populate: importable here as before)
     free_shm_buffer,
     host_register,
@@ -95,9 +94,7 @@ class SlotStore:
     _lent: bool = False   # the prepared slot holds a restore's bytes (`staging`): keep it
     _closed: bool = False
     _epoch: int = 0   # bumped when the slots are dropped: a slot grown for an older epoch is freed
-    made: int = 0
-    """Slots made so far, on any thread: a one-time cost per slot, which
-    --snapshot-every auto leaves out of a snapshot's recurring cost."""
+    _made: int = 0   # slots made so far (`made`)
 
     def _allocate(self, layout: Layout) -> None:
         """Adopt a new layout: the old slots go; new ones are created as captures need
@@ -129,7 +126,7 @@ class SlotStore:
                 slot = None
         if slot is None:
             slot = self._make_slot(nbytes, len(self.slots), map_pages=False)
-            self.made += 1
+            self._made += 1
         self.slots.append(slot)
         return slot
 
@@ -176,7 +173,16 @@ class SlotStore:
 
     @property
     def growing(self) -> bool:
-        return self._growing
+        """A slot is being made on a thread (read by the training thread)."""
+        with self.cond:
+            return self._growing
+
+    @property
+    def made(self) -> int:
+        """Slots made so far, on any thread: a one-time cost per slot, which
+        --snapshot-every auto leaves out of a snapshot's recurring cost."""
+        with self.cond:
+            return self._made
 
     def grow_one(self) -> None:
         """Make one more slot of the current layout on a thread, unless ``n_slots`` exist or
@@ -209,7 +215,7 @@ class SlotStore:
                 elif slot is not None:
                     self._free(slot)
                 self._growing = False   # after the free: a slot grown too late is gone by then
-                self.made += kept
+                self._made += kept
                 if kept and chain:
                     self._grow_in_background()
                 self.cond.notify_all()
@@ -413,10 +419,32 @@ class SlotStore:
                 self.cond.notify_all()
 
     def find(self, step: int) -> Slot | None:
-        for s in self.slots:
-            if s.step == step:
-                return s
-        return None
+        """The slot holding ``step`` (None: none). Any thread: under the condition lock
+        (re-entrant), as slots are added by the grow thread and change hands."""
+        with self.cond:
+            return next((s for s in self.slots if s.step == step), None)
+
+    def published(self, step: int) -> tuple[Slot, Manifest] | None:
+        """This worker's snapshot of ``step`` and its manifest, once published (None:
+        none, or not hashed yet); read together, under the lock."""
+        with self.cond:
+            slot = self.find(step)
+            return None if slot is None or slot.manifest is None else (slot, slot.manifest)
+
+    def published_steps(self) -> set[int]:
+        """Steps of this worker's snapshots whose manifests are published."""
+        with self.cond:
+            return {s.step for s in self.slots if s.step >= 0 and s.manifest is not None}
+
+    def latest_step(self) -> int:
+        """The step of the latest snapshot (-1: none)."""
+        with self.cond:
+            return self.slots[self.latest].step if 0 <= self.latest < len(self.slots) else -1
+
+    def in_use(self) -> bool:
+        """A slot is still read (pipeline, replica server) or written by the persister."""
+        with self.cond:
+            return any(s.readers or s.pinned for s in self.slots)
 
     def steps(self) -> list[int]:
         with self.cond:
@@ -432,40 +460,3 @@ class SlotStore:
                 self.retained = -1   # it belonged to the future being thrown away
             keep = self.find(step)
             self.latest = keep.index if keep else -1
-
-
-def state_checksum(model: torch.nn.Module, params_only: bool = False) -> str:
-    """xxh3 over every model tensor's bytes in state_dict order; with ``params_only``,
-    over the parameters alone: what data-parallel ranks must agree on (buffers such as
-    BatchNorm statistics are per rank)."""
-    import xxhash
-
-    h = xxhash.xxh3_64()
-    tensors = (model.named_parameters() if params_only else model.state_dict().items())
-    for _, v in tensors:
-        v = local(v.detach())
-        if v.is_cuda:
-            _update_from_device(h, v)
-        else:
-            h.update(raw_bytes(v))
-    return h.hexdigest()
-
-
-_STAGE_BYTES = 64 << 20
-_STAGING: dict[Any, torch.Tensor] = {}
-
-
-def _update_from_device(h: Any, t: torch.Tensor) -> None:
-    """Feed a GPU tensor's bytes to ``h`` through one reused page-locked buffer, in
-    chunks (the same digest as hashing them at once). ``.cpu()`` of every tensor into
-    fresh pageable memory made the recovery checksum of 1.6 GB of parameters take
-    1.35-1.6 s on an H100 host (benchmarks/gpu_runtime.py); a DMA copy into pinned
-    memory runs at about 50 GB/s there, so the hash is what is left."""
-    flat = t.contiguous().reshape(-1).view(torch.uint8)
-    buf = _STAGING.get(t.device)
-    if buf is None:
-        buf = _STAGING[t.device] = torch.empty(_STAGE_BYTES, dtype=torch.uint8, pin_memory=True)
-    for i in range(0, flat.numel(), _STAGE_BYTES):
-        n = min(_STAGE_BYTES, flat.numel() - i)
-        buf[:n].copy_(flat[i:i + n])   # synchronous: the chunk is in host memory after it
-        h.update(buf[:n].numpy())
