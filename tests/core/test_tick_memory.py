@@ -1,10 +1,16 @@
 """The controller's allocator setting (control.retain_freed_memory): a tick's large arrays come
 from the process's heap, reused from tick to tick, instead of a fresh mapping each."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import seamguard
+
+_SRC = str(Path(seamguard.__file__).resolve().parents[1])  # the seamguard these tests import, not another install
 
 _PROBE = """
 import sys
@@ -32,7 +38,9 @@ print(before, took, after, again)
 
 
 def _probe(mode: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, timeout=120, check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, timeout=120, check=True,
+                         env=env)
     return out.stdout.split()
 
 
