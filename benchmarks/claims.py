@@ -46,7 +46,7 @@ TAGS = {
     "sim-traffic": "token traffic replayed in a simulation (no model server)",
     "stub-backend": "the backend is a stub that answers at once",
     "one-gpu": "one H100; no NCCL across GPUs",
-    "sim-launchers": "node launchers simulated (asyncio reporters, 3 processes on the same 2 cores as etcd and the coordinator)",
+    "sim-launchers": "node launchers simulated (one sending thread per process, 3 processes on the same 2 cores as etcd and the coordinator)",
 }
 
 #: A value path: '/'-separated keys, '*' for every element of a list or dict. A pair of
@@ -294,6 +294,9 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("membership_false_10k", "membership_load", "false verdicts at 10k ranks (1,250 nodes), liveness over signed links",
           "membership_load_links.json", "summary/links/10000/false_verdicts",
           {"node records in etcd": "summary/aggregated/10000/false_verdicts"}, goal=("<=", 0), n="reps",
+          simulated=("sim-launchers",)),
+    Claim("membership_detect_10k", "membership_load", "silent node seen at 10k ranks (1,250 nodes), s after it stopped",
+          "membership_load_links.json", "summary/links/10000/detect_s", goal=("<=", 2), n="reps",
           simulated=("sim-launchers",)),
     Claim("membership_etcd_cpu_10k", "membership_load", "etcd CPU at 10k ranks, % of a core",
           "membership_load_links.json", "summary/links/10000/server_cpu_pct",
