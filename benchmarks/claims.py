@@ -129,7 +129,7 @@ CLAIMS: tuple[Claim, ...] = (
           better="higher", goal=(">=", 0.95), simulated=("netns-hosts", "bond-standin", "cpu-gloo"),
           exclude="rail_failover_steady_eee42b3*.json"),
     Claim("rail_steady_bond_now", "rail_failover",
-          "the same on eee42b3 (a vote in two store round trips, chunk buffers reused), two --steady 5 runs",
+          "the same on eee42b3 (a vote in two store round trips, chunk buffers reused), three --steady 5 runs",
           "rail_failover_steady_eee42b3*.json",
           ("reps/*/seamguard/steps_per_s", "reps/*/bond_active_backup/steps_per_s"),
           better="higher", goal=(">=", 0.95), simulated=("netns-hosts", "bond-standin", "cpu-gloo")),
