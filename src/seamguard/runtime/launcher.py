@@ -40,7 +40,7 @@ from seamguard.runtime import store as jobstore
 from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.eventlog import EventLog, set_title
 from seamguard.runtime.hintbridge import PLACEMENT_FILE, hint_files, publish_placement
-from seamguard.runtime.liveness import link_key
+from seamguard.runtime.linkwire import link_key
 from seamguard.runtime.metrics import MetricsServer, render
 from seamguard.runtime.nodebeat import COORDINATOR_LOST, NODE_BEAT_READS, NodeBeat
 from seamguard.runtime.nodelink import LinkServer

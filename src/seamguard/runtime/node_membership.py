@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass
 
 from seamguard.runtime.etcd_client import EtcdThread
-from seamguard.runtime.liveness import LivenessHub, NodeReporter, PendingLinks, pending_limit
+from seamguard.runtime.linkwire import PendingLinks, pending_limit
+from seamguard.runtime.liveness import LivenessHub, NodeReporter
 from seamguard.runtime.roster import Roster, Term
 
 log = logging.getLogger("seamguard.membership")

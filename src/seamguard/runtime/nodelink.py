@@ -27,7 +27,7 @@ stale, malformed, oversize) is counted and reported in one line (`on_refused`, a
 one a second); on a link no admitted line has bound to a node it ends that link, which
 is then nobody's loss, so a host that can reach this port but lacks the key can neither
 keep a dead node alive nor get a live one declared lost. Links no admitted line has bound
-are bounded in number and time (`liveness.PendingLinks`): idle sockets cannot exhaust
+are bounded in number and time (`linkwire.PendingLinks`): idle sockets cannot exhaust
 node 0's descriptors or lock a launcher out.
 `LinkServer` (node 0) and `LinkClient` (the other nodes) are called from the launcher's
 loop; neither blocks it (non-blocking sockets on the server, a short bounded connect and
@@ -44,8 +44,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from seamguard.runtime.liveness import BYE, HELLO, MAX_LINE_BYTES, BeatRefused, LinkGate, PendingLinks, hub_address
-from seamguard.runtime.liveness import new_hub_id, parse_hub_address, pending_limit, seal
+from seamguard.runtime.linkwire import BYE, HELLO, MAX_LINE_BYTES, BeatRefused, LinkGate, PendingLinks, hub_address
+from seamguard.runtime.linkwire import new_hub_id, parse_hub_address, pending_limit, seal
 
 CONNECT_TIMEOUT_S = 0.2
 RETRY_S = 1.0
