@@ -71,6 +71,16 @@ class Claim:
     exclude: str | None = None  #: glob of files the results glob must skip
 
 
+def _detection_claims(suffix: str, results: str, recall: str, precision: str) -> tuple[Claim, Claim]:
+    """Recall and precision per alarm of one detection result's held-out arm, beside the operator rules."""
+    arm = "arms/heldout/{}/overall/{}"
+    return tuple(Claim(f"detection_{name}{suffix}", "detection", claim, results, arm.format("seamguard", figure),
+                       {"operator rules": arm.format("operator_rules", figure)}, better="higher",
+                       goal=(">=", 0.95), n=arm.format("seamguard", count), simulated=("twin-telemetry",))
+                 for name, claim, figure, count in (("recall", recall, "recall", "incidents"),
+                                                    ("precision", precision, "precision_per_alarm", "alarms")))
+
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("demo_detected", "demo", "faults detected of the 6 injected, 2,048 GPUs, 30 min, per seed",
           "demo.json", "seeds/*/detected", better="higher", simulated=("twin-telemetry",)),
@@ -230,26 +240,14 @@ CLAIMS: tuple[Claim, ...] = (
           "gpu_runtime_h100.json", "recovery/warm_spare/runs/*/kill_to_step_s",
           {"cold replacement": "recovery/cold_replacement/runs/*/kill_to_step_s"},
           goal=("<=", 2.0), simulated=("one-gpu",)),
-    Claim("detection_recall", "detection",
-          "recall on held-out histories (seeds 1000-1019, the full 20-scenario plan of 256-4,096 GPUs; "
-          "shifted physics, generator 2026.12-2; detector frozen at d54c72a)",
-          "detection_heldout.json", "arms/heldout/seamguard/overall/recall",
-          {"operator rules": "arms/heldout/operator_rules/overall/recall"}, better="higher",
-          goal=(">=", 0.95), n="arms/heldout/seamguard/overall/incidents", simulated=("twin-telemetry",)),
-    Claim("detection_precision", "detection", "precision per alarm (a loop's members once), same histories",
-          "detection_heldout.json", "arms/heldout/seamguard/overall/precision_per_alarm",
-          {"operator rules": "arms/heldout/operator_rules/overall/precision_per_alarm"}, better="higher",
-          goal=(">=", 0.95), n="arms/heldout/seamguard/overall/alarms", simulated=("twin-telemetry",)),
-    Claim("detection_recall_fresh", "detection",
-          "recall on held-out histories never run before (seeds 4000-4019, the same plan and generator, "
-          "the same frozen detector)",
-          "detection_heldout_seeds4000.json", "arms/heldout/seamguard/overall/recall",
-          {"operator rules": "arms/heldout/operator_rules/overall/recall"}, better="higher",
-          goal=(">=", 0.95), n="arms/heldout/seamguard/overall/incidents", simulated=("twin-telemetry",)),
-    Claim("detection_precision_fresh", "detection", "precision per alarm, seeds 4000-4019",
-          "detection_heldout_seeds4000.json", "arms/heldout/seamguard/overall/precision_per_alarm",
-          {"operator rules": "arms/heldout/operator_rules/overall/precision_per_alarm"}, better="higher",
-          goal=(">=", 0.95), n="arms/heldout/seamguard/overall/alarms", simulated=("twin-telemetry",)),
+    *_detection_claims("", "detection_heldout.json",
+                       "recall on held-out histories (seeds 1000-1019, the full 20-scenario plan of 256-4,096 GPUs; "
+                       "shifted physics, generator 2026.12-2; detector frozen at d54c72a)",
+                       "precision per alarm (a loop's members once), same histories"),
+    *_detection_claims("_fresh", "detection_heldout_seeds4000.json",
+                       "recall on held-out histories never run before (seeds 4000-4019, the same plan and "
+                       "generator, the same frozen detector)",
+                       "precision per alarm, seeds 4000-4019"),
     Claim("inference_goodput", "inference_routing",
           "goodput with one KV path slowed, 0.85 of capacity, req/s", "inference_routing_sweep.json",
           "levels/0.85/per_rep/seamguard/*/degraded/goodput_rps",
