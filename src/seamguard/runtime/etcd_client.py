@@ -80,6 +80,12 @@ def _unavailable(exc: BaseException) -> bool:
         grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+def _one_line(exc: BaseException | None) -> str:
+    """``Type: first line of the message`` (at most 200 characters; an empty message is fine)."""
+    first = next(iter(str(exc).splitlines()), "")[:200]
+    return f"{type(exc).__name__}: {first}"
+
+
 class Endpoints:
     """Blocking calls into an etcd cluster for synchronous callers (the job store): one
     aetcd client per endpoint, all on one `EtcdThread`; a call that finds its endpoint
@@ -122,12 +128,10 @@ class Endpoints:
                 return self.io.run(once(), timeout_s)
             except Exception as exc:  # noqa: BLE001 - sorted below: unavailable (retry) or refused
                 if not _unavailable(exc):
-                    raise StoreError(f"etcd {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") \
-                        from None
+                    raise StoreError(f"etcd {name}: {_one_line(exc)}") from None
                 last = exc
                 self._next(at)
-        raise StoreError(f"etcd {name}: no endpoint of {list(self.endpoints)} answered "
-                         f"({type(last).__name__}: {str(last).splitlines()[0][:200] if str(last) else ''})")
+        raise StoreError(f"etcd {name}: no endpoint of {list(self.endpoints)} answered ({_one_line(last)})")
 
     def _next(self, failed: int) -> None:
         with self._lock:
