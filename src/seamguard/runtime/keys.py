@@ -176,6 +176,10 @@ NODE_PREFIX = f"{ROOT}/node/"
 LINK = f"{ROOT}/link"
 """host:port#hub where node 0's launcher (the coordinator) accepts the other node launchers'
 links (runtime/nodelink.py): a link closing without a goodbye is that node's loss."""
+COORDINATOR = f"{ROOT}/coordinator"
+"""With an etcd store: the elected coordinator's node rank, on its launcher's lease
+(runtime/election.py). Its create revision fences the coordinator's writes; the key gone
+(the lease expired) is how the other nodes know the coordinator is lost."""
 LINK_KEY = f"{ROOT}/link-key"
 """The key that signs the links (hex, liveness.link_key of the job's hint key), published
 by node 0 only when its hint key is fresh (no operator's --hint-key-file): the nodes learn

@@ -228,19 +228,32 @@ class EtcdStore(dist.Store):
         """A lease that expires ``ttl_s`` seconds (etcd's minimum applies) after its last keep-alive."""
         return int(self._etcd.call("lease_grant", lambda c: c.lease(ttl_s)).id)
 
-    def keep_alive(self, lease: int) -> float:
-        """Renew a lease; returns its remaining TTL in seconds (0: it had already expired)."""
-        reply = self._etcd.call("lease_keepalive", lambda c: c.refresh_lease(lease))
+    def keep_alive(self, lease: int, timeout_s: float | None = None) -> float:
+        """Renew a lease; returns its remaining TTL in seconds (0: it had already expired).
+        ``timeout_s`` bounds the call (default: the store's request timeout)."""
+        reply = self._etcd.call("lease_keepalive", lambda c: c.refresh_lease(lease), timeout_s)
         return float(reply.TTL) if reply is not None else 0.0
 
     def revoke(self, lease: int) -> None:
         self._etcd.call("lease_revoke", lambda c: c.revoke_lease(lease))
 
-    def put_if_absent(self, key: str, value: str | bytes, lease: int | None = None) -> bool:
-        """Create ``key`` only if nobody has: the primitive of an election. True if we did."""
+    def put_if_absent(self, key: str, value: str | bytes, lease: int | None = None) -> int:
+        """Create ``key`` only if nobody has: the primitive of an election. The key's create
+        revision if we did (an election's fencing token), else 0."""
         full = self._full(key)
-        return bool(self._txn([_absent(full)], [_rpc().RequestOp(request_put=_put(full, _bytes(value), lease))])
-                    .succeeded)
+        reply = self._txn([_absent(full)], [_rpc().RequestOp(request_put=_put(full, _bytes(value), lease))])
+        return int(reply.header.revision) if reply.succeeded else 0
+
+    def put_fenced(self, key: str, value: str | bytes, guard: str, token: int) -> int:
+        """Set ``key`` only while ``guard`` is the key created at revision ``token`` (an
+        elected coordinator's write, runtime/election.py), in one transaction: the store's
+        revision after it (as `put`), or 0, and nothing written, once another holds
+        ``guard`` or nobody does."""
+        rpc = _rpc()
+        cmp = rpc.Compare(key=self._full(guard), target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                          create_revision=token)
+        reply = self._txn([cmp], [rpc.RequestOp(request_put=_put(self._full(key), _bytes(value)))])
+        return int(reply.header.revision) if reply.succeeded else 0
 
     def close(self) -> None:
         self._etcd.close()
