@@ -13,9 +13,11 @@ prints as "not recorded". A new result is one more entry in ``CLAIMS``.
     python benchmarks/claims.py --check    # exit 1 if a doc's figure disagrees with it
 
 The docs carry generated blocks between ``<!-- claims:table begin -->`` and
-``<!-- claims:table end -->`` (the table) or ``<!-- claims:lines begin/end -->`` (one line
-per capability), and inline figures as ``<!-- claim:KEY:FIELD -->text<!-- /claim -->``
-(FIELD: value, opponent, ratio, spread, n). Last line printed: one JSON object.
+``<!-- claims:table end -->`` (the table), ``<!-- claims:lines begin/end -->`` (one line
+per claim) or ``<!-- claims:capabilities begin/end -->`` (one line per capability: its
+claim in ``HEADLINES``), and inline figures as ``<!-- claim:KEY:FIELD -->text<!-- /claim -->``
+(FIELD: one of ``FIELDS``: value, opponent, opponent_value, opponent_spread, ratio,
+ratio_spread, spread, n). Last line printed: one JSON object.
 """
 
 from __future__ import annotations
@@ -248,6 +250,11 @@ CLAIMS: tuple[Claim, ...] = (
                        "recall on held-out histories never run before (seeds 4000-4019, the same plan and "
                        "generator, the same frozen detector)",
                        "precision per alarm, seeds 4000-4019"),
+    Claim("detection_precision_dev", "detection",
+          "precision per alarm on the development seeds 0-19 (the histories the detector was tuned on), "
+          "the same frozen detector", "detection_heldout.json", "arms/dev/seamguard/overall/precision_per_alarm",
+          {"operator rules": "arms/dev/operator_rules/overall/precision_per_alarm"}, better="higher",
+          goal=(">=", 0.95), n="arms/dev/seamguard/overall/alarms", simulated=("twin-telemetry",)),
     Claim("inference_goodput", "inference_routing",
           "goodput with one KV path slowed, 0.85 of capacity, req/s", "inference_routing_sweep.json",
           "levels/0.85/per_rep/seamguard/*/degraded/goodput_rps",
@@ -290,6 +297,26 @@ CLAIMS: tuple[Claim, ...] = (
           "the same leak to seamguard's first step on the key, per held-out seed, s",
           "token_gateway_quick.json", "leaks/stealth/per_seed_time_to_detect_s/seamguard/*",
           simulated=("sim-traffic",)),
+    Claim("token_stealth_owner_rejected", "token_gateway",
+          "the same leak: the leaked key's own user's requests refused in the hour",
+          "token_gateway_quick.json", "leaks/stealth/seamguard/owner_requests_rejected",
+          {"static caps + spend alert": "leaks/stealth/static+alert/owner_requests_rejected"}, n="seeds",
+          simulated=("sim-traffic",)),
+    Claim("token_ramp_tokens", "token_gateway",
+          "geometric ramp (the key's own client, 3.5x every 2 min), held-out seeds, tokens leaked in 30 min",
+          "token_gateway_quick.json", "leaks/ramp/seamguard/leak_tokens",
+          {"static caps + spend alert": "leaks/ramp/static+alert/leak_tokens"}, n="seeds",
+          simulated=("sim-traffic",)),
+    Claim("token_ramp_owner_rejected", "token_gateway",
+          "the ramp: the leaked key's own user's requests refused in the 30 min",
+          "token_gateway_quick.json", "leaks/ramp/seamguard/owner_requests_rejected",
+          {"static caps + spend alert": "leaks/ramp/static+alert/owner_requests_rejected"}, n="seeds",
+          simulated=("sim-traffic",)),
+    Claim("token_leaks_legit_rejected", "token_gateway",
+          "the other keys' requests refused, ramp and stealthy leak (n: the 2 leaks, each a 2-seed median)",
+          "token_gateway_quick.json", "leaks/*/seamguard/legit_requests_rejected",
+          {"static caps + spend alert": "leaks/*/static+alert/legit_requests_rejected"},
+          simulated=("sim-traffic",)),
     Claim("drill_outage", "fault_drill", "actions taken while the telemetry was out (Prometheus down)",
           "fault_drill.json", "summary/actions_during_outage/current", goal=("<=", 0),
           simulated=("twin-telemetry",)),
@@ -324,6 +351,20 @@ CLAIMS: tuple[Claim, ...] = (
           {"no control": "useful_throughput_without_control"}, better="higher",
           simulated=("netns-hosts", "cpu-gloo", "twin-telemetry")),
 )
+
+
+#: Per capability, the one claim its line in docs/benchmarks.md's "One line per capability"
+#: block repeats: the figure against the strongest opponent a competent operator runs,
+#: chosen whichever way it falls (where seamguard loses, that line says so).
+HEADLINES: dict[str, str] = {
+    "demo": "demo_throughput", "tick": "tick_1m", "twin_scale": "twin_ettr",
+    "prometheus_ingest": "prometheus_ingest", "api_latency": "api_summary", "rail_failover": "rail_stall",
+    "failover_training": "train_kill_lost", "gpu_runtime": "gpu_stall", "detection": "detection_recall_fresh",
+    "inference_routing": "inference_opponents_rails", "gateway_overhead": "gateway_added",
+    "agent_overhead": "agent_cpu", "token_gateway": "token_stealth_tokens", "fault_drill": "drill_crashes",
+    "ha_failover": "ha_takeover", "adversary": "adversary_bypassed", "membership_load": "membership_false_10k",
+    "seam_drill": "seam_drill_ratio",
+}
 
 
 class ClaimError(ValueError):
@@ -537,7 +578,7 @@ def _spread(f: Figure | None) -> str:
     return f"{fmt(f.lo)} to {fmt(f.hi)}" if f.lo < 0 else f"{fmt(f.lo)}-{fmt(f.hi)}"
 
 
-FIELDS = ("value", "opponent", "opponent_value", "ratio", "ratio_spread", "spread", "n")
+FIELDS = ("value", "opponent", "opponent_value", "opponent_spread", "ratio", "ratio_spread", "spread", "n")
 
 
 def fields(r: Row) -> dict[str, str]:
@@ -546,6 +587,7 @@ def fields(r: Row) -> dict[str, str]:
         return dict.fromkeys(FIELDS, "missing")
     return {"value": fmt(r.value.median), "opponent": r.opponent or "none in this result",
             "opponent_value": fmt(r.opponent_figure.median) if r.opponent_figure else "—",
+            "opponent_spread": _spread(r.opponent_figure),
             "ratio": (f"{fmt(r.ratio.median)}×" if r.ratio else
                       f"difference {fmt(r.value.median - r.opponent_figure.median)}" if r.opponent_figure
                       else "—"),
@@ -577,10 +619,12 @@ def render_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def render_lines(rows: list[Row]) -> str:
-    """Per claim, one line a skeptic can repeat."""
+def render_lines(rows: list[Row], headlines_only: bool = False) -> str:
+    """Per claim (or per capability: its headline claim), one line a skeptic can repeat."""
     out = []
     for r in rows:
+        if headlines_only and HEADLINES.get(r.claim.capability) != r.claim.key:
+            continue
         c, f = r.claim, fields(r)
         if r.problem:
             out.append(f"- **{c.capability}**: {c.claim}: missing ({r.problem})")
@@ -597,7 +641,7 @@ def render_lines(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-BLOCK = re.compile(r"(<!-- claims:(table|lines) begin -->\n)(.*?)(<!-- claims:\2 end -->)", re.S)
+BLOCK = re.compile(r"(<!-- claims:(table|lines|capabilities) begin -->\n)(.*?)(<!-- claims:\2 end -->)", re.S)
 INLINE = re.compile(r"(<!-- claim:([a-z0-9_]+):([a-z_]+) -->)(.*?)(<!-- /claim -->)", re.S)
 
 
@@ -609,7 +653,8 @@ def render_doc(text: str, rows: list[Row], where: str) -> str:
     if text.count("<!-- claim:") != len(INLINE.findall(text)):
         raise ClaimError(f"{where}: an inline claim marker without <!-- /claim -->")
     by_key = {r.claim.key: fields(r) for r in rows}
-    rendered = {"table": render_table(rows), "lines": render_lines(rows)}
+    rendered = {"table": render_table(rows), "lines": render_lines(rows),
+                "capabilities": render_lines(rows, headlines_only=True)}
 
     def inline(m: re.Match) -> str:
         key, name = m.group(2), m.group(3)
@@ -640,6 +685,31 @@ def check_doc(path: Path, rows: list[Row]) -> list[str]:
     return diffs or [f"{name}: the generated block differs in length from the results'"]
 
 
+#: A measured-looking figure written by hand: a number with a result's unit (s, ms, ×,
+#: requests/s) that is not a goal (after ≤, ≥ or "goal of", or before "goal").
+BARE = re.compile(r"(?<![\w.=≤≥])(?<!≤ )(?<!≥ )(?<!goal of )(\d[\d,]*(?:\.\d+)?)"
+                  r"\s?(?:×|s\b|ms\b|req(?:uests)?/s\b)(?!\s+goal)")
+FENCE = re.compile(r"```.*?```", re.S)
+
+
+def unmarked_figures(text: str, where: str) -> list[str]:
+    """Figures written by hand in a paragraph that quotes the table. The markers' check
+    cannot see them, so a stale one would pass: in the README a paragraph with a claim
+    marker carries no other measured figure (sizes, loads and goals have no result's unit
+    or follow ≤/≥). One line per figure, naming the doc and the line."""
+    out = []
+    clean = BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text))
+    line = 1
+    for para in re.split(r"(\n\s*\n)", clean):
+        if "<!-- claim:" in para:
+            bare = INLINE.sub(lambda m: "\n" * m.group(0).count("\n"), para)
+            out += [f"{where}:{line + bare[:m.start()].count(chr(10))}: a figure written by hand beside the "
+                    f"table's, {m.group(0)!r}: quote it with <!-- claim:KEY:FIELD --> or leave it out"
+                    for m in BARE.finditer(bare)]
+        line += para.count("\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="regenerate the blocks in README.md and docs/benchmarks.md")
@@ -658,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
                     p.write_text(text)
         if args.check:
             disagreements = [d for p in DOCS for d in check_doc(p, rows)]
+            disagreements += unmarked_figures(DOCS[0].read_text(), _name(DOCS[0]))
     except ClaimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

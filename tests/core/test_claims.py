@@ -1,7 +1,8 @@
 """The headline figures in README.md and docs/benchmarks.md are the table that
 benchmarks/claims.py builds from the committed results, and that table is built right:
 the strongest opponent in a result, ratios per paired run, goals missed written as
-missed, fields a result lacks written as "not recorded"."""
+missed, fields a result lacks written as "not recorded", one headline line per capability,
+and no figure written by hand beside the table's in a README paragraph that quotes it."""
 
 from __future__ import annotations
 
@@ -40,6 +41,28 @@ def test_every_claim_reads_its_result_and_every_tag_is_explained():
     assert [r.claim.key for r in rows if r.problem] == []
     assert len({c.key for c in claims.CLAIMS}) == len(claims.CLAIMS)
     assert {t for c in claims.CLAIMS for t in c.simulated} <= set(claims.TAGS)
+
+
+def test_one_headline_line_per_capability_in_the_docs():
+    caps = {c.capability for c in claims.CLAIMS}
+    by_key = {c.key: c for c in claims.CLAIMS}
+    assert set(claims.HEADLINES) == caps
+    assert all(by_key[k].capability == cap for cap, k in claims.HEADLINES.items())
+    lines = claims.render_lines(claims.build_table(), headlines_only=True).splitlines()
+    assert sorted(line.split("**")[1] for line in lines) == sorted(caps)
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    block = doc.split("<!-- claims:capabilities begin -->\n")[1].split("<!-- claims:capabilities end -->")[0]
+    assert block.splitlines() == lines
+
+
+def test_a_figure_written_by_hand_beside_a_marker_is_flagged():
+    text = ("seamguard <!-- claim:k:value -->1.2<!-- /claim --> s, fsync 9.4 s, 0.825× torchft's;\n"
+            "goal ≤ 1.10, the goal of 1.3× and a 4.8 GB state at 0.9 of capacity\n\n"
+            "no marker in this paragraph: 7.5 s\n\n```\n<!-- claim:k:value -->1<!-- /claim --> 3 s\n```\n")
+    flagged = claims.unmarked_figures(text, "doc.md")
+    assert len(flagged) == 2
+    assert flagged[0].startswith("doc.md:1: ") and "'9.4 s'" in flagged[0] and "'0.825×'" in flagged[1]
+    assert claims.unmarked_figures(text.replace("9.4 s, 0.825× torchft's", "no more"), "doc.md") == []
 
 
 def _write(d: Path, name: str, obj: dict) -> None:
