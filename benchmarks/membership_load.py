@@ -45,7 +45,25 @@ schedule (phases spread evenly):
 ``--generator-nice N`` runs the links design's generator processes at nice N (default 0,
 as every other process here): niced generators send their beats later, not sooner,
 which works against the links design's verdicts, not for them.
-Coordinator CPU is its process's user+system time over the window.
+
+``--system-nice N`` (default -20, needs root; the result records what each process ran
+at) runs the processes under test, every design's store server and coordinator alike, at
+nice N. In a job each is a process on a host of its own; here they share 2 cores with
+the simulated launchers and with whatever else the machine runs. At nice 0 and load 10,
+the links coordinator waited for a core longer than it ran (its threads' run-queue time
+176 % of a core against 15 % of CPU) and the silent node's verdict came after the
+window: a measure of the machine, not of the design. The simulated launchers stay at
+nice 0, so a sender starved by the machine still counts against the design.
+
+Coordinator CPU is its process's user+system time over the window; ``*_waiting_pct`` is
+the run-queue time of each role's threads (runnable, no core: the kernel's schedstat) and
+``machine_busy_pct`` every process's CPU on the machine, both in % of one core.
+In the links design the silent node's way through the coordinator is timed
+(`_VerdictProbe`, `detection_split`): its last line's send and read, the hang timeout,
+the pass gaps the hub forgave (a pass more than a quarter of the timeout after the last
+is the coordinator's absence, not the node's silence), how far behind the hub's reading
+was, the wait for the judging pass, and the membership write that published the loss;
+``detect_s`` is the verdict pass's time after the kill.
 The flat and aggregated coordinators sleep 5 ms between passes, as the launcher's loop does. etcd keeps its
 data on tmpfs (/dev/shm): it fsyncs every write, and this machine's shared disk would
 measure the disk, not etcd.
@@ -94,6 +112,7 @@ RANKS_PER_NODE = 8
 HEARTBEAT_S = RuntimeSettings.heartbeat_interval_s   # a rank's heartbeat
 NODE_BEAT_S = LaunchSettings.node_beat_s             # a node's launcher's record (--node-beat-s)
 HANG_TIMEOUT_S = LaunchSettings.hang_timeout_s
+SYSTEM_NICE = -20   # the processes under test: each stands in for its own host (see the docstring)
 COORDINATOR_POLL_S = 0.005  # the launcher's loop sleep between coordinator ticks
 WARMUP_S = 1.0
 KILL_AT = 0.4  # of the window
@@ -128,6 +147,59 @@ def _tcp_server(port_file: str) -> None:
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _renice(pid: int, nice: int) -> int:
+    """Sets every thread of ``pid`` to ``nice`` (threads it starts later inherit it) and
+    returns the nice its main thread has: a value below 0 needs root, and without it the
+    process keeps its own (the result records which it ran at)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+        except (PermissionError, ProcessLookupError):
+            pass
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
+def _waited_s(pid: int) -> float:
+    """Seconds the process's threads spent runnable but waiting for a core (the kernel's
+    schedstat: run-queue time), summed over the threads alive now."""
+    total_ns = 0
+    for f in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total_ns += int(f.read_text().split()[1])
+        except (OSError, IndexError, ValueError):   # a thread that ended meanwhile
+            pass
+    return total_ns / 1e9
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (every process's, all cores), from /proc/stat."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class _Meters:
+    """CPU over the window: each of the benchmark's processes' time on a core and time
+    waiting for one, and the whole machine's busy time, read at its start and its end."""
+
+    def __init__(self, pids: dict[str, list[int]]) -> None:
+        self.pids = pids
+        self.t0 = self._read()
+
+    def _read(self) -> dict:
+        return {"wall": time.monotonic(), "machine": _machine_busy_s(),
+                **{f"{role}_cpu": sum(_cpu_s(p) for p in ps) for role, ps in self.pids.items()},
+                **{f"{role}_waiting": sum(_waited_s(p) for p in ps) for role, ps in self.pids.items()}}
+
+    def stop(self) -> dict[str, float]:
+        """% of one core over the window: ``<role>_cpu_pct``, ``<role>_waiting_pct``, ``machine_busy_pct``."""
+        t1 = self._read()
+        wall_s = t1.pop("wall") - self.t0["wall"]
+        out = {f"{k}_pct": round(100 * (t1[k] - self.t0[k]) / wall_s, 1) for k in t1 if k != "machine"}
+        out["machine_busy_pct"] = round(100 * (t1["machine"] - self.t0["machine"]) / wall_s, 1)
+        return out
 
 
 # ------------------------------------------------------------------------ clients
@@ -188,62 +260,71 @@ def generator(design: str, address: str, nodes: list[int], window_s: float, thre
     out.put(("gen", {"ops": sum(r[0] for r in results), "late": sum(r[1] for r in results)}))
 
 
+def run_schedule(heap: list[tuple[float, int]], act, until_s: float, stop=lambda: False) -> None:
+    """The generators' one scheduling loop: pops each ``(due_s, ident)`` of ``heap`` as it
+    falls due and calls ``act(ident, due_s, now_s)``, which sends and returns the ident's
+    next due time (None: it sends no more), until ``until_s`` or ``stop()``. Sleeps at most
+    2 ms at a time, so ``stop`` is seen that soon. Whether a late sender catches up or
+    starts its schedule again is ``act``'s rule, not the loop's."""
+    while heap:
+        due_s, ident = heap[0]
+        now_s = time.monotonic()
+        if now_s >= until_s or stop():
+            return
+        if due_s > now_s:
+            time.sleep(min(due_s - now_s, 0.002))
+            continue
+        heapq.heappop(heap)
+        next_s = act(ident, due_s, now_s)
+        if next_s is not None:
+            heapq.heappush(heap, (next_s, ident))
+
+
 def _play(design: str, store, nodes: list[int], t0: float, window_s: float,
           node_beat_s: float) -> tuple[int, int]:
-    """One connection's share of the nodes, on schedule; returns (requests, late actions)."""
+    """One connection's share of the nodes, on schedule; returns (requests, late actions)
+    in the window. Flat: one entry per rank (its heartbeat); aggregated: one per node (its
+    launcher's transaction). A sender behind its schedule catches up as fast as the store
+    answers (the saturation this design measures)."""
     from seamguard.runtime import keys
 
     start, end = t0 + WARMUP_S, t0 + WARMUP_S + window_s
     kill_s = start + KILL_AT * window_s
-    heap: list[tuple[float, int, int]] = []  # (due, kind, id): kind 0 a rank's beat, 2 a node beat
     if design == "flat":
-        for n in nodes:
-            for i in range(RANKS_PER_NODE):
-                wid = n * RANKS_PER_NODE + i
-                heap.append((t0 + HEARTBEAT_S * (wid % 97) / 97, 0, wid))
+        period_s = HEARTBEAT_S
+        heap = [(t0 + HEARTBEAT_S * (wid % 97) / 97, wid)
+                for n in nodes for wid in range(n * RANKS_PER_NODE, (n + 1) * RANKS_PER_NODE)]
     else:
         from seamguard.runtime.launcher import NODE_BEAT_READS
 
-        for n in nodes:
-            heap.append((t0 + node_beat_s * (n % 89) / 89, 2, n))
+        period_s = node_beat_s
+        heap = [(t0 + node_beat_s * (n % 89) / 89, n) for n in nodes]
     heapq.heapify(heap)
-    ops = late = 0
+    tally = {"ops": 0, "late": 0}
     counters: dict[int, int] = {}
-    while heap:
-        due, kind, ident = heap[0]
-        now = time.monotonic()
-        if now >= end:
-            break
-        if due > now:
-            time.sleep(min(due - now, 0.002))
-            continue
-        heapq.heappop(heap)
-        if now - due > HEARTBEAT_S:
-            late += 1
-        node = ident // RANKS_PER_NODE if kind == 0 else ident
-        dead = node == 0 and now >= kill_s
+
+    def act(ident: int, due_s: float, now_s: float) -> float:
+        in_window = now_s >= start
+        tally["late"] += in_window and now_s - due_s > HEARTBEAT_S
+        node = ident // RANKS_PER_NODE if design == "flat" else ident
         n = counters[ident] = counters.get(ident, 0) + 1
-        if kind == 0:
-            if not dead:
-                store.set(keys.heartbeat(ident), json.dumps(_beat(n, n, now)))
-                ops += 1
-            heapq.heappush(heap, (due + HEARTBEAT_S, 0, ident))
+        if node == 0 and now_s >= kill_s:
+            return due_s + period_s   # the dead node: its beats stop
+        if design == "flat":
+            store.set(keys.heartbeat(ident), json.dumps(_beat(n, n, now_s)))
         else:
-            if not dead:
-                beats = {}
-                for i in range(RANKS_PER_NODE):  # each rank's latest beat on its own heartbeat schedule
-                    wid = ident * RANKS_PER_NODE + i
-                    phase = HEARTBEAT_S * (wid % 97) / 97
-                    k = int((now - t0 - phase) // HEARTBEAT_S)
-                    beats[wid] = _beat(k, k, t0 + phase + k * HEARTBEAT_S)
-                # as launcher._NodeBeat.maybe_beat on etcd: one transaction
-                store.put_and_read(keys.node_beats(ident), json.dumps({"n": n, "beats": beats}),
-                                   list(NODE_BEAT_READS), [keys.KILL_PREFIX], versions=(keys.node_beats(0),))
-                ops += 1
-            heapq.heappush(heap, (due + node_beat_s, 2, ident))
-        if now < start:
-            ops = late = 0
-    return ops, late
+            beats = {}
+            for wid in range(ident * RANKS_PER_NODE, (ident + 1) * RANKS_PER_NODE):
+                phase = HEARTBEAT_S * (wid % 97) / 97   # each rank's latest beat on its own schedule
+                k = int((now_s - t0 - phase) // HEARTBEAT_S)
+                beats[wid] = _beat(k, k, t0 + phase + k * HEARTBEAT_S)
+            # as launcher._NodeBeat.maybe_beat on etcd: one transaction
+            store.put_and_read(keys.node_beats(ident), json.dumps({"n": n, "beats": beats}),
+                               list(NODE_BEAT_READS), [keys.KILL_PREFIX], versions=(keys.node_beats(0),))
+        tally["ops"] += in_window
+        return due_s + period_s
+    run_schedule(heap, act, end)
+    return tally["ops"], tally["late"]
 
 
 class _Counted:
@@ -352,6 +433,71 @@ def coordinator(design: str, address: str, ranks: int, window_s: float, go, t0_b
 LINK_VICTIM = 1  # node 0 runs the coordinator here; node 1 is the one that goes silent
 
 
+class _VerdictProbe:
+    """Times the silent node's way through the coordinator: the last line of it the hub
+    read, every judging pass (the gap it forgave: the part of the time since the last pass
+    past a quarter of the timeout; how far behind its reading was: `behind_s`), the pass
+    that judged it and why, and the membership write that published the loss to etcd.
+    It wraps this hub's and this roster's methods (instance attributes: the product's code
+    runs unchanged) and only records times."""
+
+    def __init__(self, hub, book, victim: int) -> None:
+        self.last_line_s: float | None = None
+        self.passes: list[tuple[float, float, float]] = []   # (when, forgiven s, behind s)
+        self.verdict: tuple[float, str, float] | None = None   # (when, why, behind s)
+        self.published_s: float | None = None
+        observe, judge, write = hub.observe, hub.judge, book.write
+        quarter_s = hub.tracker.hang_timeout_s / 4
+
+        def observing(report, now_s: float) -> None:
+            if report.node == victim:
+                self.last_line_s = now_s
+            observe(report, now_s)
+
+        def judging(now_s: float):
+            behind_s = hub.behind_s()   # as judge() reads it, before it starts the next pass's
+            forgiven_s = max(0.0, now_s - self.passes[-1][0] - quarter_s) if self.passes else 0.0
+            lost = judge(now_s)
+            self.passes.append((now_s, forgiven_s, behind_s))
+            if self.verdict is None and any(node == victim for node, _, _ in lost):
+                self.verdict = (now_s, next(why for node, _, why in lost if node == victim), behind_s)
+            return lost
+
+        async def writing(new):
+            sent = await write(new)
+            if sent and self.verdict is not None and self.published_s is None and victim not in new:
+                self.published_s = time.monotonic()
+            return sent
+        hub.observe, hub.judge, book.write = observing, judging, writing
+
+
+def detection_split(kill_s: float, last_sent_s: float | None, last_read_s: float | None,
+                    passes: list[tuple[float, float, float]], verdict: tuple[float, str, float] | None,
+                    published_s: float | None, timeout_s: float) -> dict:
+    """Where a silent node's detection time went, in s, from its kill to its loss in etcd:
+    ``last_sent`` (its last line's send, relative to the kill: <= 0), ``read_lag`` (that
+    line's send to the hub reading it), ``timeout``, ``forgiven`` (pass gaps the hub
+    forgave between that read and the verdict), ``behind`` (the verdict pass's reading
+    lag), ``pass_wait`` (the rest: from the deadline so moved to the pass that judged),
+    ``publish`` (the verdict to its membership write); they sum to ``published``, as
+    ``verdict`` sums all but the last. None where the node was not judged."""
+    if verdict is None or last_read_s is None:
+        return {"path": None, "verdict_s": None, "published_s": None}
+    verdict_at_s, why, behind_s = verdict
+    forgiven_s = sum(f for t, f, _ in passes if last_read_s < t <= verdict_at_s)
+    last_sent_s = last_read_s if last_sent_s is None else last_sent_s
+    split = {"last_sent": last_sent_s - kill_s, "read_lag": last_read_s - last_sent_s,
+             "timeout": timeout_s, "forgiven": forgiven_s, "behind": behind_s}
+    if "closed" in why:   # the faster path: its link closed, no timeout
+        split.update(timeout=0.0, forgiven=0.0, behind=0.0)
+    split["pass_wait"] = verdict_at_s - kill_s - sum(split.values())
+    split["publish"] = None if published_s is None else published_s - verdict_at_s
+    return {"path": "link closed" if "closed" in why else "timeout",
+            "verdict_s": round(verdict_at_s - kill_s, 3),
+            "published_s": None if published_s is None else round(published_s - kill_s, 3),
+            **{k: None if v is None else round(v, 3) for k, v in split.items()}}
+
+
 def _bench_link_key() -> bytes:
     from seamguard.runtime.liveness import link_key
 
@@ -377,6 +523,7 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
         task = asyncio.create_task(nm.run(stop))
         while not nm.coordinates:
             await asyncio.sleep(0.05)
+        probe = _VerdictProbe(nm.hub, book, LINK_VICTIM)
         where = Path(os.environ["SG_BENCH_DIR"]) / "hub"
         where.write_text(nm.address)
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
@@ -386,10 +533,10 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
         await asyncio.sleep(max(0.0, start - time.monotonic()))
         rev0, writes0, reports0 = await nm.etcd.call(book.revision()), book.writes, nm.hub.reports
         joined = len(book.members)
-        detect_s = None
-        while time.monotonic() < end:   # the victim's verdict, timed from its kill
-            if detect_s is None and any(x.node == LINK_VICTIM for x in nm.lost):
-                detect_s = time.monotonic() - kill_s
+        seen_s = None
+        while time.monotonic() < end:   # the victim's loss as the launcher's loop sees it (nm.lost)
+            if seen_s is None and any(x.node == LINK_VICTIM for x in nm.lost):
+                seen_s = time.monotonic() - kill_s
             await asyncio.sleep(0.01)
         rev1, writes1, reports1 = await nm.etcd.call(book.revision()), book.writes, nm.hub.reports
         stop.set()
@@ -398,8 +545,10 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
         return {"ops": 0, "reports_s": (reports1 - reports0) / window_s, "etcd_revisions": rev1 - rev0,
                 "etcd_txns": writes1 - writes0, "joined": joined, "false": len(false),
                 "false_nodes": sorted({x.node for x in false}),
-                "refused": sum(nm.hub.gate.refused.values()),
-                "detect_s": None if detect_s is None else round(detect_s, 3)}
+                "refused": sum(nm.hub.gate.refused.values()), "terms": nm.terms,
+                "seen_s": None if seen_s is None else round(seen_s, 3), "kill_s": kill_s,
+                "last_read_s": probe.last_line_s, "verdict": probe.verdict, "published_s": probe.published_s,
+                "passes": [x for x in probe.passes if start <= x[0] < end]}
     out.put(("coord", asyncio.run(play())))
 
 
@@ -441,30 +590,26 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
     t_first = time.monotonic()
     heap = [(t_first + node_beat_s * i / len(nodes), n) for i, n in enumerate(nodes)]   # phases spread
     out.put(("ready", os.getpid()))
-    start = end = kill_s = float("inf")   # the window, once `go` says when
+    start = kill_s = float("inf")   # the window, once `go` says when
     sent_s: dict[int, float] = {}   # node -> when its simulated launcher last sent
     gap_s = {n: 0.0 for n in nodes}   # node -> its longest silence in the window
     sent = 0
-    while heap:
-        due, n = heap[0]
-        now = time.monotonic()
-        if start == float("inf") and go.is_set():
-            start = t0_box.value + WARMUP_S
-            end, kill_s = start + window_s, start + KILL_AT * window_s
-        if now >= end:
-            break
-        if due > now:
-            time.sleep(min(due - now, 0.002))
-            continue
-        heapq.heappop(heap)
-        if n == LINK_VICTIM and now >= kill_s:
-            continue   # a hung host: its launcher stops, its link stays open
-        if n in sent_s and now > start:
-            gap_s[n] = max(gap_s[n], now - max(sent_s[n], start))
+
+    def beat(n: int, due_s: float, now_s: float) -> float | None:
+        """As NodeReporter: on a fixed schedule; one more than a period late starts it again."""
+        nonlocal sent
+        if n == LINK_VICTIM and now_s >= kill_s:
+            return None   # a hung host: its launcher stops, its link stays open
+        if n in sent_s and now_s > start:
+            gap_s[n] = max(gap_s[n], now_s - max(sent_s[n], start))
         send(n)
-        sent_s[n] = now
-        sent += now >= start
-        heapq.heappush(heap, (due + node_beat_s if due + node_beat_s > now else now + node_beat_s, n))
+        sent_s[n] = now_s
+        sent += now_s >= start
+        return due_s + node_beat_s if due_s + node_beat_s > now_s else now_s + node_beat_s
+    run_schedule(heap, beat, float("inf"), stop=go.is_set)   # beating before the window, as the job does
+    start = t0_box.value + WARMUP_S
+    end, kill_s = start + window_s, start + KILL_AT * window_s
+    run_schedule(heap, beat, end)
     for n in nodes:   # a silence still open at the window's end counts too
         gap_s[n] = max(gap_s[n], end - max(sent_s.get(n, start), start))
     for n, link in links.items():   # an orderly end of the job: each says goodbye
@@ -473,10 +618,12 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
         link.close()
     silent = sorted(n for n in nodes if n != LINK_VICTIM and gap_s[n] > HANG_TIMEOUT_S)
     out.put(("gen", {"ops": sent, "late": 0, "silent_nodes": silent, "reconnects": reconnects,
+                     "victim_last_sent_s": sent_s.get(LINK_VICTIM),
                      "gaps_s": {n: round(g, 3) for n, g in gap_s.items()}}))
 
 
-def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_beat_s: float, nice: int = 0) -> dict:
+def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_beat_s: float, nice: int,
+                system_nice: int) -> dict:
     from seamguard.testbed.multinode import EtcdServer
 
     ctx = mp.get_context("spawn")
@@ -492,6 +639,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
     try:
         coord.start()
         coord_pid = out.get(timeout=120)[1]
+        _renice(etcd.pid, system_nice), _renice(coord_pid, system_nice)
         deadline = time.monotonic() + 60
         while not (workdir / "hub").exists():
             if time.monotonic() > deadline:
@@ -499,14 +647,16 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
             time.sleep(0.05)
         for g in gens:
             g.start()
-        for _ in gens:
-            out.get(timeout=180)
+        gen_pids = [out.get(timeout=180)[1] for _ in gens]
         box.value = time.monotonic() + 2 * node_beat_s   # the coordinator has written the joins
         go.set()
         time.sleep(max(0.0, box.value + WARMUP_S - time.monotonic()))
-        cpu0, ccpu0, w0 = _cpu_s(etcd.pid), _cpu_s(coord_pid), time.monotonic()
+        ran_at = {"server_nice": _renice(etcd.pid, system_nice),   # again: threads started since
+                  "coordinator_nice": _renice(coord_pid, system_nice)}
+        meters = _Meters({"server": [etcd.pid], "coordinator": [coord_pid], "generators": gen_pids})
+        load_1m = os.getloadavg()[0]
         time.sleep(window_s)
-        cpu1, ccpu1, w1 = _cpu_s(etcd.pid), _cpu_s(coord_pid), time.monotonic()
+        cpu = meters.stop()
         results = [out.get(timeout=120) for _ in range(len(gens) + 1)]
         for c in [coord, *gens]:
             c.join(30)
@@ -520,17 +670,24 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
     sent = sum(r["ops"] for k, r in results if k == "gen")
     silent = {n for k, r in results if k == "gen" for n in r["silent_nodes"]}
     gaps = {int(n): g for k, r in results if k == "gen" for n, g in r["gaps_s"].items()}
+    last_sent_s = next((r["victim_last_sent_s"] for k, r in results
+                        if k == "gen" and r["victim_last_sent_s"] is not None), None)
+    split = detection_split(co["kill_s"], last_sent_s, co["last_read_s"], co["passes"], co["verdict"],
+                            co["published_s"], HANG_TIMEOUT_S)
+    when = [t for t, _, _ in co["passes"]]
     return {
+        **cpu, **ran_at, "loadavg_1m": round(load_1m, 2), "coordinator_terms": co["terms"],
+        "detection": split, "seen_by_launcher_loop_s": co["seen_s"],
+        "pass_gap_max_s": round(max((b - a for a, b in zip(when, when[1:])), default=0.0), 3),
+        "forgiven_in_window_s": round(sum(f for _, f, _ in co["passes"]), 3),
         "design": "links", "ranks": ranks, "demanded_ops_s": 0, "ops_s": 0, "coordinator_ops_s": 0,
         "link_reports_s": round(co["reports_s"]), "link_reports_sent_s": round(sent / window_s),
         "demanded_link_reports_s": round((ranks // RANKS_PER_NODE) / node_beat_s),
-        "server_cpu_pct": round(100 * (cpu1 - cpu0) / (w1 - w0), 1),
-        "coordinator_cpu_pct": round(100 * (ccpu1 - ccpu0) / (w1 - w0), 1),
         "etcd_revisions_in_window": co["etcd_revisions"], "etcd_txns_in_window": co["etcd_txns"],
         "link_lines_refused": co["refused"],
         "server_cpu_us_per_op": None, "projected_server_cpu_pct": None,
         "staleness_p50_s": None, "staleness_p99_s": None,
-        "detect_s": co["detect_s"], "false_verdicts": co["false"], "coordinator_pass_s": None, "late_actions": 0,
+        "detect_s": split["verdict_s"], "false_verdicts": co["false"], "coordinator_pass_s": None, "late_actions": 0,
         "simulated_launchers_silent": len(silent),
         "simulated_link_reconnects": sum(r["reconnects"] for k, r in results if k == "gen"),
         "false_verdicts_on_nodes_that_sent": len(set(co["false_nodes"]) - silent),
@@ -541,7 +698,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
 
 # ------------------------------------------------------------------------ one trial
 def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, workdir: Path,
-          node_beat_s: float) -> dict:
+          node_beat_s: float, system_nice: int) -> dict:
     ctx = mp.get_context("spawn")
     server, etcd = None, None
     if design == "flat":
@@ -576,10 +733,13 @@ def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, wo
         coord_pid = next(pid for kind, pid in readies if kind == "ready-coord")
         box.value = time.monotonic() + 0.2
         go.set()
+        ran_at = {"server_nice": _renice(server_pid, system_nice), "coordinator_nice": _renice(coord_pid, system_nice)}
         time.sleep(max(0.0, box.value + WARMUP_S - time.monotonic()))
-        cpu0, ccpu0, w0 = _cpu_s(server_pid), _cpu_s(coord_pid), time.monotonic()
+        meters = _Meters({"server": [server_pid], "coordinator": [coord_pid],
+                          "generators": [pid for kind, pid in readies if kind == "ready"]})
+        load_1m = os.getloadavg()[0]
         time.sleep(window_s)
-        cpu1, ccpu1, w1 = _cpu_s(server_pid), _cpu_s(coord_pid), time.monotonic()
+        cpu = meters.stop()
         results = [out.get(timeout=120) for _ in children]
         for c in children:
             c.join(30)
@@ -599,15 +759,15 @@ def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, wo
     ops_coord_s = coord["ops"] / window_s
     stale = sorted(coord["stale"])
     pct = (lambda q: stale[min(len(stale) - 1, int(q * len(stale)))] if stale else None)
+    server_cpu_s = cpu["server_cpu_pct"] / 100 * window_s
     return {
+        **cpu, **ran_at, "loadavg_1m": round(load_1m, 2),
         "design": design, "ranks": ranks,
         "demanded_ops_s": round(demanded_ops_s(design, ranks, node_beat_s)),
         "ops_s": round(ops / window_s),
         "coordinator_ops_s": round(coord["ops"] / window_s),
-        "server_cpu_pct": round(100 * (cpu1 - cpu0) / (w1 - w0), 1),
-        "coordinator_cpu_pct": round(100 * (ccpu1 - ccpu0) / (w1 - w0), 1),
-        "server_cpu_us_per_op": round(1e6 * (cpu1 - cpu0) / max(1, ops), 1),
-        "projected_server_cpu_pct": round(100 * (cpu1 - cpu0) / max(1, ops) * (demanded_ops_s(design, ranks, node_beat_s) + ops_coord_s), 1),
+        "server_cpu_us_per_op": round(1e6 * server_cpu_s / max(1, ops), 1),
+        "projected_server_cpu_pct": round(100 * server_cpu_s / max(1, ops) * (demanded_ops_s(design, ranks, node_beat_s) + ops_coord_s), 1),
         "staleness_p50_s": pct(0.5), "staleness_p99_s": pct(0.99),
         "detect_s": coord["detect_s"], "false_verdicts": coord["false"],
         "coordinator_pass_s": coord["pass_s_p50"], "late_actions": sum(g["late"] for g in gens),
@@ -627,7 +787,9 @@ FIGURES = ("ops_s", "coordinator_ops_s", "server_cpu_pct", "coordinator_cpu_pct"
            "detect_s", "false_verdicts", "coordinator_pass_s",
            "link_reports_s", "link_reports_sent_s", "demanded_link_reports_s", "etcd_revisions_in_window",
            "simulated_launchers_silent", "false_verdicts_on_nodes_that_sent",
-           "false_verdicts_on_nodes_never_silent_half_timeout")
+           "false_verdicts_on_nodes_never_silent_half_timeout",
+           "coordinator_waiting_pct", "generators_cpu_pct", "machine_busy_pct", "loadavg_1m",
+           "pass_gap_max_s", "forgiven_in_window_s")
 DESIGNS = ("flat", "aggregated", "links")
 
 
@@ -675,6 +837,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8, help="store connections (threads) per generator")
     ap.add_argument("--generator-nice", type=int, default=0,
                     help="links: the nice value of the simulated launchers' processes (see the docstring)")
+    ap.add_argument("--system-nice", type=int, default=SYSTEM_NICE,
+                    help="the nice value of the processes under test, every design's store server and coordinator "
+                         "(see the docstring; below 0 needs root)")
     ap.add_argument("--designs", default=",".join(DESIGNS), help=f"comma-separated, of {', '.join(DESIGNS)}")
     ap.add_argument("--out", type=Path, help="result file (default: results/membership_load[_quick].json)")
     args = ap.parse_args()
@@ -696,9 +861,11 @@ def main() -> None:
             order = designs[rep % len(designs):] + designs[:rep % len(designs)]   # rotated every repetition
             for ranks in scales:
                 for design in order:
-                    t = (trial_links(ranks, window_s, args.procs, Path(tmp), args.node_beat_s, args.generator_nice)
+                    t = (trial_links(ranks, window_s, args.procs, Path(tmp), args.node_beat_s, args.generator_nice,
+                                     args.system_nice)
                          if design == "links"
-                         else trial(design, ranks, window_s, args.procs, args.threads, Path(tmp), args.node_beat_s))
+                         else trial(design, ranks, window_s, args.procs, args.threads, Path(tmp), args.node_beat_s,
+                                    args.system_nice))
                     t["rep"] = rep
                     trials.append(t)
                     print(f"rep {rep} {design:10s} {ranks:6d} ranks: {t['ops_s']:8d} store ops/s of "
@@ -712,7 +879,12 @@ def main() -> None:
                           f"{t.get('false_verdicts_on_nodes_never_silent_half_timeout', '-')} of them never silent "
                           f"half of it; "
                           f"{t.get('simulated_launchers_silent', '-')} simulated launchers starved past it), "
-                          f"coordinator pass {t['coordinator_pass_s']} s", flush=True)
+                          f"coordinator pass {t['coordinator_pass_s']} s; coordinator waited for a core "
+                          f"{t['coordinator_waiting_pct']} %, generators {t['generators_cpu_pct']} % CPU, machine busy "
+                          f"{t['machine_busy_pct']} % of a core, load {t['loadavg_1m']}", flush=True)
+                    if "detection" in t:
+                        print(f"    detection: {json.dumps(t['detection'])}; longest pass gap {t['pass_gap_max_s']} s, "
+                              f"forgiven {t['forgiven_in_window_s']} s in the window", flush=True)
     summary = summarize(trials)
     for design in designs:
         for ranks, f in summary.get(design, {}).items():
@@ -724,7 +896,7 @@ def main() -> None:
                   f"false verdicts {_fmt(f['false_verdicts'])}")
     result = {"benchmark": "membership_load", "quick": args.quick, "reps": reps, "window_s": window_s,
               "ranks_per_node": RANKS_PER_NODE, "heartbeat_s": HEARTBEAT_S, "node_beat_s": args.node_beat_s,
-              "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs, "generator_nice": args.generator_nice, "threads_per_generator": args.threads,
+              "hang_timeout_s": HANG_TIMEOUT_S, "generator_procs": args.procs, "generator_nice": args.generator_nice, "system_nice": args.system_nice, "threads_per_generator": args.threads,
               "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in load0],
               "loadavg_end": [round(x, 2) for x in os.getloadavg()],
               "wall_s": round(time.monotonic() - t_start, 1), "summary": summary, "trials": trials}
