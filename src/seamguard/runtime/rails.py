@@ -38,6 +38,7 @@ blocks in the store until every peer has published its address, and a TCPStore c
 serves one request at a time, so builds sharing the job's connection would wait on each
 other and on the votes (a failed start-up build, a probe timed across a vote).
 
+The groups, connections, buffers and the carrier file are runtime/rail_transport.py's.
 Called by training code (see `seamguard/testbed/rails_job.py`) through `RailGroup.allreduce_`
 and `RailGroup.broadcast_`; uses only the public torch.distributed gloo API.
 """
@@ -45,10 +46,8 @@ and `RailGroup.broadcast_`; uses only the public torch.distributed gloo API.
 from __future__ import annotations
 
 import datetime
-import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -71,6 +70,19 @@ from seamguard.runtime.rail_decide import (  # noqa: F401
     op_deadline,
     overdue,
 )
+# the transport it stands on (groups, connections, buffers, carrier) lives in
+# rail_transport.py; the names tests and callers used stay importable from here
+from seamguard.runtime.rail_transport import (  # noqa: F401
+    ChunkBuffers,
+    build_gloo_group,
+    nap,
+    own_connection,
+    probe_bandwidth,
+    read_carrier,
+    vote_connection,
+)
+
+_Buffers = ChunkBuffers
 
 
 # ---- the shell: process groups, watcher, chunk execution, votes ---------------------------
@@ -102,113 +114,6 @@ class _Attempt:
     settled: set[int] = field(default_factory=set)  # chunks whose op finished or never ran
 
 
-def own_connection(store: dist.Store) -> dist.Store:
-    """The store over a connection of its own, for a thread that may block in it.
-
-    A TCPStore client serves one request at a time: while one thread waits in it for a key,
-    every other thread's request on that client waits too. A store implemented in Python
-    (etcd) cannot be cloned and is shared.
-    """
-    try:
-        return store.clone()
-    except (AttributeError, RuntimeError):
-        return store
-
-
-def vote_connection(store: dist.Store, timeout_s: float) -> tuple[dist.Store, bool]:
-    """The connection the votes travel over, and whether its ``multi_get`` waits for the keys
-    within ``timeout_s`` by itself.
-
-    A TCPStore's ``multi_get`` waits for its keys with the connection's timeout, so a clone
-    given the vote timeout needs no separate ``wait`` (one round trip less per vote). Any
-    other store (a prefix over one, etcd's) keeps its own timeout: the caller waits first.
-    """
-    conn = own_connection(store)
-    if isinstance(conn, dist.TCPStore) and conn is not store:
-        conn.set_timeout(datetime.timedelta(seconds=timeout_s))
-        return conn, True
-    return store, False
-
-
-def build_gloo_group(store: dist.Store, key_prefix: str, rank: int, world: int, interface: str,
-                     timeout_s: float) -> dist.ProcessGroup:
-    """A gloo group bound to one interface; `timeout_s` bounds its connect and its ops.
-
-    Connecting blocks in the store until every peer has published its address, so the group
-    gets its own connection (`own_connection`): rails built at once on a rank would otherwise
-    wait on each other, and when a peer's threads started them in the other order, each rank
-    would wait on the other until the timeout fails the rail (seen at start-up on a loaded host).
-    """
-    opts = dist.ProcessGroupGloo._Options()
-    opts._devices = [dist.ProcessGroupGloo.create_device(interface=interface)]
-    opts._timeout = datetime.timedelta(seconds=timeout_s)
-    return dist.ProcessGroupGloo(dist.PrefixStore(key_prefix, own_connection(store)), rank, world, opts)
-
-
-def probe_bandwidth(pg: dist.ProcessGroup, nbytes: int, rounds: int,
-                    clock: Callable[[], float] = time.perf_counter) -> float:
-    """Bytes/s of the fastest of `rounds` allreduces of `nbytes` on a freshly built group.
-
-    The fastest, not one round or the mean: a loaded host only ever slows a round down (a
-    rank scheduled late, a starved thread), which made single probes of healthy rails fall
-    below the bar on the loaded 2-core testbed, while a collapsed link caps every round at
-    its rate, so the best round is the link's.
-    """
-    x = torch.ones(nbytes // 4)
-    best_s = math.inf
-    for _ in range(rounds):
-        t = clock()
-        pg.allreduce([x]).wait()
-        best_s = min(best_s, clock() - t)
-    return nbytes / max(best_s, 1e-9)
-
-
-# how long the training thread waits inside one chunk's op before it looks at the others,
-# the deadlines and the watcher's flags again; completion ends the wait at once
-_NAP_TD = datetime.timedelta(seconds=0.005)
-
-
-def _nap(work: dist.Work) -> None:
-    """Wait up to _NAP_TD for ``work`` in gloo's own wait (C++, no interpreter lock held).
-    An expired wait raises, and so does a failed op: the caller reads the op's state next."""
-    try:
-        work.wait(_NAP_TD)
-    except RuntimeError:
-        pass
-
-
-class _Buffers:
-    """Private chunk buffers, reused between collectives while no op on them was abandoned.
-
-    A chunk runs on a private copy because an abandoned op may still write into it; a buffer
-    whose op finished (or never ran) is handed back and reused, so a steady step allocates
-    nothing; a buffer of an abandoned or failed op is never handed back.
-    """
-
-    def __init__(self, keep: int) -> None:
-        self._free: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
-        self._keep = keep
-
-    def copy_of(self, chunk: torch.Tensor) -> torch.Tensor:
-        free = self._free.get((chunk.numel(), chunk.dtype))
-        buf = free.pop() if free else torch.empty_like(chunk, memory_format=torch.contiguous_format)
-        return buf.copy_(chunk)
-
-    def give_back(self, bufs: list[torch.Tensor]) -> None:
-        for b in bufs:
-            free = self._free.setdefault((b.numel(), b.dtype), [])
-            if len(free) < self._keep:
-                free.append(b)
-
-
-def _read_carrier(iface: str) -> bool:
-    try:
-        with open(f"/sys/class/net/{iface}/carrier") as f:
-            return f.read().strip() == "1"
-    except OSError:  # admin-down interfaces refuse the read
-        return False
-
-
 class RailGroup:
     """One process group per rail, chunked collectives with failover and agreement."""
 
@@ -221,7 +126,7 @@ class RailGroup:
         self._graveyard: list[object] = []  # broken groups keep their threads until gloo times out
         self._lock = threading.Lock()
         self._local_fail = [-1] * n  # gen of each rail this rank has seen fail
-        self._carrier = [_read_carrier(i) for i in settings.interfaces]
+        self._carrier = [read_carrier(i) for i in settings.interfaces]
         now = time.monotonic()
         self._carrier_since = [now] * n
         self._built: dict[int, tuple[int, bool, float]] = {}
@@ -230,7 +135,7 @@ class RailGroup:
         self._stop = threading.Event()
         self._watch_store = own_connection(store)  # the watcher polls while the votes wait
         self._vote_store, self._get_waits = vote_connection(store, settings.vote_timeout_s)
-        self._bufs = _Buffers(keep=2 * settings.n_chunks)
+        self._bufs = ChunkBuffers(keep=2 * settings.n_chunks)
         self._stale_votes: list[str] = []  # this rank's spent vote keys; the watcher deletes them
         self.events: list[dict] = []  # rail transitions, for the job's log
         self.causes: list[dict] = []  # why this rank abandoned chunks (carrier, peer flag, timeout)
@@ -296,7 +201,7 @@ class RailGroup:
         while not self._stop.wait(self.s.poll_s):
             now = time.monotonic()
             for r, iface in enumerate(self.s.interfaces):
-                up = _read_carrier(iface)
+                up = read_carrier(iface)
                 if up != self._carrier[r]:
                     self._carrier[r], self._carrier_since[r] = up, now
                 st = self.agreed.rails[r]
@@ -465,7 +370,7 @@ class RailGroup:
                 if queue[r] and queue[r][0] not in clock:
                     clock[queue[r][0]] = now  # the chunks ahead of it on this rail are done
             if pending:
-                _nap(pending[next(iter(pending))][2])
+                nap(pending[next(iter(pending))][2])
         for r, xs in elapsed.items():
             nbytes = sum(b for b, _ in xs)
             if r not in res.failed and min(b for b, _ in xs) >= self.s.min_gray_bytes:
