@@ -1,13 +1,15 @@
 """Failover benchmark: seamguard runtime vs torchft vs torchrun elastic + DCP, same model and data.
 
-    PYTHONPATH=src python benchmarks/failover_training.py --quick   # 1 rep of 2 kills, small model
+    PYTHONPATH=src python benchmarks/failover_training.py --quick   # ~2 min: 2 kills per system, faulted runs only
     PYTHONPATH=src python benchmarks/failover_training.py           # 4 reps x 5 kills per system
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --quick   # sharded: FSDP2
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --hosts 2 --quick   # 2 hosts, host killed
     PYTHONPATH=src python benchmarks/failover_training.py --fsdp --hosts 2 --hsdp --quick   # the same in HSDP
 
 4 ranks (+1 hot spare for seamguard) train the same MLP on CPU/gloo. A repetition runs
-every system once failure-free and once with SIGKILLs of a non-zero rank. Kills are
+every system once failure-free and once with SIGKILLs of a non-zero rank (``--quick``:
+the faulted run only, one repetition, the small model, no probe run — per-kill figures
+and ratios, nothing that needs a failure-free run; see ``QUICK_SCOPE``). Kills are
 planned from a seeded RNG as (step, rank, phase): the step uniform in its own segment of
 the run, the phase uniform in [0, 1) of a step, so kills land anywhere in the step, the
 boundary window (all-reduce, optimizer step, commit, the next step's snapshot) included;
@@ -670,12 +672,22 @@ def summarize(system: str, reps: list[dict]) -> dict:
                        "wall_ratio": spread(wall), "failure_free_wall_ratio": spread(free)}}
 
 
-def per_kill_and_capacity(system: str, reps: list[dict]) -> dict:
-    """Every kill of every repetition (where it landed, seconds of progress lost, kill to
-    next step, steps redone), and goodput with every provisioned rank charged (a hot
-    spare held idle counts like a training rank), against plain DDP's in the same rep."""
+def per_kill(system: str, reps: list[dict]) -> dict:
+    """Every kill of every repetition: where it landed, seconds of progress lost, kill to
+    next step, steps redone."""
     kills = [f for rep in reps for f in rep["runs"][system]["faults"]["failures"]]
+    return {"lost_s": describe([k.get("lost_s") for k in kills]),
+            "lost_s_boundary": describe([k.get("lost_s") for k in kills if k.get("boundary")]),
+            "lost_s_inside": describe([k.get("lost_s") for k in kills if k.get("boundary") is False]),
+            "resume_s": describe([k["resume_s"] for k in kills]),
+            "steps_lost": describe([k["steps_lost"] for k in kills], 1),
+            "phase_coverage": phase_coverage([k.get("phase") for k in kills]),
+            "kills": len(kills)}
 
+
+def per_kill_and_capacity(system: str, reps: list[dict]) -> dict:
+    """:func:`per_kill`, and goodput with every provisioned rank charged (a hot spare held
+    idle counts like a training rank), against plain DDP's in the same rep."""
     def goodput(run: dict) -> float:
         return goodput_per_rank_s(run["samples"], run["ranks_provisioned"], run["window_s"])
 
@@ -684,13 +696,7 @@ def per_kill_and_capacity(system: str, reps: list[dict]) -> dict:
     fault = [goodput(rep["runs"][system]["faults"]) for rep in reps]
     ranks = reps[0]["runs"][system]["clean"]["ranks_provisioned"]
     return {
-        "per_kill": {"lost_s": describe([k.get("lost_s") for k in kills]),
-                     "lost_s_boundary": describe([k.get("lost_s") for k in kills if k.get("boundary")]),
-                     "lost_s_inside": describe([k.get("lost_s") for k in kills if k.get("boundary") is False]),
-                     "resume_s": describe([k["resume_s"] for k in kills]),
-                     "steps_lost": describe([k["steps_lost"] for k in kills], 1),
-                     "phase_coverage": phase_coverage([k.get("phase") for k in kills]),
-                     "kills": len(kills)},
+        "per_kill": per_kill(system, reps),
         "capacity": {"ranks_provisioned": ranks, "spare_ranks": ranks - WORLD_SIZE,
                      "spare_idle_rank_s": describe([(ranks - WORLD_SIZE) * rep["runs"][system]["faults"]["window_s"]
                                                     for rep in reps], 1),
@@ -707,9 +713,6 @@ def versus(reps: list[dict], summary: dict, opponent: str) -> dict:
     provisioned rank). Reported whichever way it falls."""
     sg, op = summary["seamguard"], summary[opponent]
 
-    def of_medians(a: dict | None, b: dict | None) -> float | None:
-        return round(a["median"] / b["median"], 3) if a and b and b["median"] > 0 else None
-
     def paired(fn) -> dict | None:
         return describe([fn(r, "seamguard") / fn(r, opponent) for r in reps if fn(r, opponent)])
 
@@ -719,13 +722,8 @@ def versus(reps: list[dict], summary: dict, opponent: str) -> dict:
 
     cost_sg, cost_op = sg["spread"]["failure_cost_per_failure_s"], op["spread"]["failure_cost_per_failure_s"]
     return {
-        "lost_s_ratio_of_medians": of_medians(sg["per_kill"]["lost_s"], op["per_kill"]["lost_s"]),
-        "lost_s_median_difference_s": None if not (sg["per_kill"]["lost_s"] and op["per_kill"]["lost_s"])
-        else round(sg["per_kill"]["lost_s"]["median"] - op["per_kill"]["lost_s"]["median"], 3),
-        "resume_s_ratio_of_medians": of_medians(sg["per_kill"]["resume_s"], op["per_kill"]["resume_s"]),
-        "steps_lost_median_difference": None if not (sg["per_kill"]["steps_lost"] and op["per_kill"]["steps_lost"])
-        else round(sg["per_kill"]["steps_lost"]["median"] - op["per_kill"]["steps_lost"]["median"], 2),
-        "failure_cost_per_kill_ratio_of_medians": of_medians(cost_sg, cost_op),
+        **versus_per_kill(sg["per_kill"], op["per_kill"]),
+        "failure_cost_per_kill_ratio_of_medians": _of_medians(cost_sg, cost_op),
         "failure_cost_per_kill_median_difference_s": round(cost_sg["median"] - cost_op["median"], 3),
         "failure_free_wall_ratio": paired(lambda r, s: r["runs"][s]["clean"]["window_s"]),
         "goodput_clean_ratio": paired(lambda r, s: good(r, s, "clean")),
@@ -733,24 +731,41 @@ def versus(reps: list[dict], summary: dict, opponent: str) -> dict:
     }
 
 
+def _of_medians(a: dict | None, b: dict | None) -> float | None:
+    return round(a["median"] / b["median"], 3) if a and b and b["median"] > 0 else None
+
+
+def versus_per_kill(sg: dict, op: dict) -> dict:
+    """seamguard's per-kill figures (:func:`per_kill`) over an opponent's: ratios of the
+    medians over all kills, and differences where a median can be 0."""
+    def difference(key: str, digits: int) -> float | None:
+        return round(sg[key]["median"] - op[key]["median"], digits) if sg[key] and op[key] else None
+
+    return {"lost_s_ratio_of_medians": _of_medians(sg["lost_s"], op["lost_s"]),
+            "lost_s_median_difference_s": difference("lost_s", 3),
+            "resume_s_ratio_of_medians": _of_medians(sg["resume_s"], op["resume_s"]),
+            "steps_lost_median_difference": difference("steps_lost", 2)}
+
+
 def print_per_kill(summary: dict, ran: list[str], versus_each: dict) -> None:
     print(f"\nper kill, median [p10-p90] (min-max), n; goodput = samples per provisioned rank-s "
           f"(spares charged), vs plain DDP in the same rep")
     for s in ran:
-        k, c = summary[s]["per_kill"], summary[s]["capacity"]
+        k, c = summary[s]["per_kill"], summary[s].get("capacity")   # no capacity: --quick
         cov = k["phase_coverage"]
+        cap = (f"; {c['ranks_provisioned']} ranks: goodput vs plain {dfmt(c['goodput_vs_plain_clean'], 'x')} "
+               f"failure-free, {dfmt(c['goodput_vs_plain_faults'], 'x')} with kills") if c else ""
         print(f"{s:10s} lost {dfmt(k['lost_s'], 's')}; next step {dfmt(k['resume_s'], 's')}; redone "
               f"{dfmt(k['steps_lost'])}; phases by tenth {cov['bins']} ({cov['boundary']} of {cov['n']} "
-              f"in the boundary window); {c['ranks_provisioned']} ranks: goodput vs plain "
-              f"{dfmt(c['goodput_vs_plain_clean'], 'x')} failure-free, "
-              f"{dfmt(c['goodput_vs_plain_faults'], 'x')} with kills")
+              f"in the boundary window){cap}")
     for b, v in versus_each.items():
-        print(f"seamguard / {b}: lost per kill {v['lost_s_ratio_of_medians']} (ratio of medians), next step "
-              f"{v['resume_s_ratio_of_medians']}, failure cost per kill "
-              f"{v['failure_cost_per_kill_ratio_of_medians']} (difference "
-              f"{v['failure_cost_per_kill_median_difference_s']} s); paired per rep: failure-free wall "
-              f"{dfmt(v['failure_free_wall_ratio'], 'x')}, goodput {dfmt(v['goodput_clean_ratio'], 'x')} "
-              f"failure-free, {dfmt(v['goodput_faults_ratio'], 'x')} with kills")
+        whole = (f", failure cost per kill {v['failure_cost_per_kill_ratio_of_medians']} (difference "
+                 f"{v['failure_cost_per_kill_median_difference_s']} s); paired per rep: failure-free wall "
+                 f"{dfmt(v['failure_free_wall_ratio'], 'x')}, goodput {dfmt(v['goodput_clean_ratio'], 'x')} "
+                 f"failure-free, {dfmt(v['goodput_faults_ratio'], 'x')} with kills") \
+            if "failure_free_wall_ratio" in v else ""
+        print(f"seamguard / {b}: lost per kill {v['lost_s_ratio_of_medians']} (ratio of medians; difference "
+              f"{v['lost_s_median_difference_s']} s), next step {v['resume_s_ratio_of_medians']}{whole}")
 
 
 def dfmt(d: dict | None, unit: str = "") -> str:
@@ -910,32 +925,14 @@ def main() -> None:  # noqa: C901
               f"{micro['step_stall_overlap_s'] * 1e3:.1f} ms "
               f"(training thread blocked {micro['step_blocked_overlap_s'] * 1e3:.1f} ms)", flush=True)
 
-        base = Config(steps=16 if args.quick else 24, kills=(), ckpt_every=0,
-                      snapshot_every=args.snapshot_every, **small)
-        probe = probe_checkpointing(base, work)
-        step_s = probe["step_s"]
-        segment = 12 if args.quick else max(10, round(args.segment_s / step_s))
-        mttf_s = segment * step_s
-        # Young/Daly with the stall the loop pays per save; never more often than a save
-        # takes to reach disk (one save in flight at a time)
-        interval_s = max(daly_interval_s(probe["save_stall_s"], mttf_s), probe["write_s"])
-        every = max(1, round(interval_s / step_s))
+        base = Config(steps=24, kills=(), ckpt_every=0, snapshot_every=args.snapshot_every, **small)
+        step_s, segment, every, ckpt_info = (quick_plan(micro) if args.quick
+                                             else young_daly_plan(base, work, args.segment_s))
         steps = (kills_per_run + 1) * segment
         cfg = replace(base, steps=steps, ckpt_every=every)
-        ckpt_info = {"saver": "torch.distributed.checkpoint.async_save (thread, own gloo group)",
-                     "loader": "torch.distributed.checkpoint.load",
-                     "interval_rule": "max(seamguard.decide.tiers.daly_interval_s(save_stall_s, "
-                                      "mttf_s), write_s), rounded to steps",
-                     "save_stall_s": round(probe["save_stall_s"], 4),
-                     "blocked_in_async_save_s": round(probe["blocked_s"], 4),
-                     "write_s": round(probe["write_s"], 4), "mttf_s": round(mttf_s, 2),
-                     "interval_s": round(interval_s, 3), "every_steps": every}
-        print(f"probe: step {step_s:.3f}s; DCP async_save stall {probe['save_stall_s']:.3f}s "
-              f"(blocked in the call {probe['blocked_s']:.3f}s), write {probe['write_s']:.3f}s; "
-              f"failure every {segment} steps = {mttf_s:.1f}s of training -> Young/Daly "
-              f"{interval_s:.2f}s = checkpoint every {every} steps", flush=True)
 
-        systems = ["plain", "seamguard", "torchrun"]
+        # --quick: every system's faulted run only (no plain DDP, no failure-free runs)
+        systems = ["seamguard", "torchrun"] if args.quick else ["plain", "seamguard", "torchrun"]
         torchft_note = None
         if args.skip_torchft:
             torchft_note = "skipped (--skip-torchft)"
@@ -960,7 +957,7 @@ def main() -> None:  # noqa: C901
                   f"order {' '.join(order)}", flush=True)
             runs: dict[str, dict] = {}
             for system in order:
-                modes = [False] if system == "plain" else [False, True]
+                modes = [False] if system == "plain" else [True] if args.quick else [False, True]
                 if rep % 2:
                     modes.reverse()   # clean/faulted order alternates too
                 runs[system] = {}
@@ -987,9 +984,9 @@ def main() -> None:  # noqa: C901
             (work / "reps.json").write_text(json.dumps(reps))   # kept with the logs if the summary fails
 
         ran = [s for s in systems if s != "plain"]
-        summary: dict = systems_summary(reps, ran)
-        plain_windows = [r["runs"]["plain"]["clean"]["window_s"] for r in reps]
-        vs, versus_each = summary["seamguard_vs_best_baseline"], summary["seamguard_vs"]
+        summary: dict = quick_summary(reps, ran) if args.quick else systems_summary(reps, ran)
+        plain_windows = [r["runs"]["plain"]["clean"]["window_s"] for r in reps if "plain" in r["runs"]]
+        vs, versus_each = summary.get("seamguard_vs_best_baseline"), summary["seamguard_vs"]
         extra: dict = {}
         if not args.quick and not args.no_job_wide:
             # one-off, after the reps: a crash every rank hits at once (replacements adopt
@@ -1009,15 +1006,8 @@ def main() -> None:  # noqa: C901
                     f"next step {f['resume_s']}s, lost {f['steps_lost']}" for f in r["failures"])
                     + f"; training {r['window_s']:.1f}s", flush=True)
 
-        print(f"\nmedian [min-max] over {args.reps} interleaved reps, {kills_per_run} kill(s) each; "
-              f"plain DDP failure-free training {fmt(spread(plain_windows, 1), 's')}")
-        print(f"{'system':10s} {'failure cost/kill':>22s} {'kill->next step':>22s} "
-              f"{'steps lost':>14s} {'wall vs plain':>22s} {'failure-free vs plain':>22s}")
-        for s in ran:
-            sp = summary[s]["spread"]
-            print(f"{s:10s} {fmt(sp['failure_cost_per_failure_s'], 's'):>22s} "
-                  f"{fmt(sp['resume_s'], 's'):>22s} {fmt(sp['steps_lost']):>14s} "
-                  f"{fmt(sp['wall_ratio'], 'x'):>22s} {fmt(sp['failure_free_wall_ratio'], 'x'):>22s}")
+        if not args.quick:
+            print_whole_runs(summary, ran, args.reps, kills_per_run, plain_windows)
         print_per_kill(summary, ran, versus_each)
         if vs:
             print(f"seamguard / {vs['baseline']} (paired per rep): failure cost "
@@ -1036,6 +1026,7 @@ def main() -> None:  # noqa: C901
             "snapshot_stall_ratio_blocking": round(micro["step_stall_blocking_s"] / micro["save_fsync_s"], 4),
             "restore_speedup": round(micro["torch_load_s"] / micro["restore_ram_s"], 2),
             "mode": "quick" if args.quick else "full",
+            "quick_scope": QUICK_SCOPE if args.quick else None,
             "config": {"world_size": WORLD_SIZE, "snapshot_every": cfg.snapshot_every,
                        "steps": cfg.steps, "reps": args.reps, "kills_per_run": kills_per_run,
                        "segment_steps": segment, "seed": args.seed,
@@ -1068,6 +1059,65 @@ def main() -> None:  # noqa: C901
         shutil.rmtree(work, ignore_errors=True)
 
 
+def young_daly_plan(base: Config, work: Path, segment_s: float) -> tuple[float, int, int, dict]:
+    """The full run's plan from a probe run: step time, steps between kills (``segment_s``
+    of training), and torchrun's DCP interval by Young/Daly for that failure rate."""
+    probe = probe_checkpointing(base, work)
+    step_s = probe["step_s"]
+    segment = max(10, round(segment_s / step_s))
+    mttf_s = segment * step_s
+    # Young/Daly with the stall the loop pays per save; never more often than a save
+    # takes to reach disk (one save in flight at a time)
+    interval_s = max(daly_interval_s(probe["save_stall_s"], mttf_s), probe["write_s"])
+    every = max(1, round(interval_s / step_s))
+    info = {"saver": "torch.distributed.checkpoint.async_save (thread, own gloo group)",
+            "loader": "torch.distributed.checkpoint.load",
+            "interval_rule": "max(seamguard.decide.tiers.daly_interval_s(save_stall_s, "
+                             "mttf_s), write_s), rounded to steps",
+            "save_stall_s": round(probe["save_stall_s"], 4),
+            "blocked_in_async_save_s": round(probe["blocked_s"], 4),
+            "write_s": round(probe["write_s"], 4), "mttf_s": round(mttf_s, 2),
+            "interval_s": round(interval_s, 3), "every_steps": every}
+    print(f"probe: step {step_s:.3f}s; DCP async_save stall {probe['save_stall_s']:.3f}s "
+          f"(blocked in the call {probe['blocked_s']:.3f}s), write {probe['write_s']:.3f}s; "
+          f"failure every {segment} steps = {mttf_s:.1f}s of training -> Young/Daly "
+          f"{interval_s:.2f}s = checkpoint every {every} steps", flush=True)
+    return step_s, segment, every, info
+
+
+#: What --quick leaves out to fit about two minutes: on 2 shared cores process start-up,
+#: not training, is most of a run's time (its 8 launches took 8 min at load 17-23).
+QUICK_SCOPE = ("faulted runs only, one of each system in the rotated order: per-kill figures (progress "
+               "lost, kill to next step, steps redone, where each kill landed) and seamguard's ratios to "
+               "each baseline per kill; no plain DDP or failure-free runs, so no failure cost over whole "
+               "runs, failure-free wall or goodput; no probe run: torchrun saves every 4 steps (the probe's "
+               "cadence), not at the Young/Daly interval")
+QUICK_SEGMENT, QUICK_CKPT_EVERY = 10, 4
+
+
+def quick_plan(micro: dict) -> tuple[float, int, int, dict]:
+    """--quick's plan without a probe run: the killer's first aim from the in-process
+    step time (it aims by the job's own step time once the job has logged 3 steps)."""
+    info = {"saver": "torch.distributed.checkpoint.async_save (thread, own gloo group)",
+            "loader": "torch.distributed.checkpoint.load",
+            "interval_rule": f"--quick: every {QUICK_CKPT_EVERY} steps (no probe run)",
+            "every_steps": QUICK_CKPT_EVERY}
+    print(f"--quick: {QUICK_SCOPE}", flush=True)
+    return micro["train_cycle_s"] / 2, QUICK_SEGMENT, QUICK_CKPT_EVERY, info
+
+
+def print_whole_runs(summary: dict, ran: list[str], reps: int, kills: int, plain_windows: list[float]) -> None:
+    print(f"\nmedian [min-max] over {reps} interleaved reps, {kills} kill(s) each; "
+          f"plain DDP failure-free training {fmt(spread(plain_windows, 1), 's')}")
+    print(f"{'system':10s} {'failure cost/kill':>22s} {'kill->next step':>22s} "
+          f"{'steps lost':>14s} {'wall vs plain':>22s} {'failure-free vs plain':>22s}")
+    for s in ran:
+        sp = summary[s]["spread"]
+        print(f"{s:10s} {fmt(sp['failure_cost_per_failure_s'], 's'):>22s} "
+              f"{fmt(sp['resume_s'], 's'):>22s} {fmt(sp['steps_lost']):>14s} "
+              f"{fmt(sp['wall_ratio'], 'x'):>22s} {fmt(sp['failure_free_wall_ratio'], 'x'):>22s}")
+
+
 def systems_summary(reps: list[dict], ran: list[str]) -> dict:
     """Every system's figures over the repetitions, and seamguard's ratios to the baselines."""
     out: dict = {s: {**summarize(s, reps), **per_kill_and_capacity(s, reps)} for s in ran}
@@ -1076,6 +1126,23 @@ def systems_summary(reps: list[dict], ran: list[str]) -> dict:
     out["seamguard_vs"] = {b: versus(reps, out, b) for b in BASELINES if b in out and "seamguard" in out}
     out["seamguard_no_failure_wall_ratio"] = out.get("seamguard", {}).get("failure_free_wall_ratio")
     out["torchrun_no_failure_wall_ratio"] = out.get("torchrun", {}).get("failure_free_wall_ratio")
+    return out
+
+
+def quick_summary(reps: list[dict], ran: list[str]) -> dict:
+    """--quick's figures: every system's faulted runs only, so per kill (:func:`per_kill`)
+    and seamguard's ratios to each baseline per kill; no failure-free run, so no failure
+    cost over whole runs, failure-free wall or goodput."""
+    out: dict = {}
+    for s in ran:
+        k = per_kill(s, reps)
+        ok_resumes = [f["resume_s"] for rep in reps for f in rep["runs"][s]["faults"]["failures"]
+                      if f["resume_s"] is not None]
+        out[s] = {"per_kill": k, "resume_s_max": max(ok_resumes) if ok_resumes else None,
+                  "steps_lost_max": k["steps_lost"]["max"] if k["steps_lost"] else None,
+                  "unrecovered_failures": k["kills"] - len(ok_resumes)}
+    out["seamguard_vs"] = {b: versus_per_kill(out["seamguard"]["per_kill"], out[b]["per_kill"])
+                           for b in BASELINES if b in out and "seamguard" in out}
     return out
 
 
