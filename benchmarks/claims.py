@@ -294,7 +294,8 @@ CLAIMS: tuple[Claim, ...] = (
           {"static caps + spend alert": "leaks/stealth/static+alert/leak_tokens"}, n="seeds",
           simulated=("sim-traffic",)),
     Claim("token_stealth_detect", "token_gateway",
-          "the same leak to seamguard's first step on the key, per held-out seed, s",
+          "the same leak to seamguard's first step on the key, per held-out seed, s (static caps + spend "
+          "alert: no alert within the hour in any seed)",
           "token_gateway_quick.json", "leaks/stealth/per_seed_time_to_detect_s/seamguard/*",
           simulated=("sim-traffic",)),
     Claim("token_stealth_owner_rejected", "token_gateway",
