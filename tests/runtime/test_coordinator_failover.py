@@ -11,8 +11,13 @@ with exit 0 on the surviving nodes at the script's last step.
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +25,8 @@ from seamguard.runtime import keys
 from seamguard.runtime.election import ACT_SHARE, Deposed, Election, renewed
 from seamguard.runtime.store import EtcdStore, StoreError
 from seamguard.testbed.multinode import EtcdServer
+
+from .conftest import REPO
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -91,3 +98,98 @@ def test_a_holder_cut_off_stops_acting_before_another_candidate_can_take_over(et
         b.resign()
         a_view.store.close()
         b_store.close()
+
+
+STEPS = 90
+NODES, NPROC, SPARES = 3, 1, 1
+LEASE_S = 3   # --coordinator-timeout-s: the coordinator's lease
+
+
+def _launch_node(etcd, node: int, run_id: str, out: Path) -> subprocess.Popen:
+    """One node's launcher on localhost, in a process group of its own (its zygote and
+    workers with it), so that a node can be killed whole."""
+    cmd = [sys.executable, "-m", "seamguard", "launch", "--nproc", str(NPROC), "--spares", str(SPARES),
+           "--nnodes", str(NODES), "--node-rank", str(node), "--master-addr", "127.0.0.1",
+           "--store", f"etcd://{etcd.address}", "--run-id", run_id, "--coordinator-timeout-s", str(LEASE_S),
+           "--events-file", str(out / "events.jsonl"), "--chaos-dir", str(out / "chaos"),
+           "--", str(REPO / "examples" / "train_ddp.py"), "--steps", str(STEPS), "--step-sleep-s", "0.05",
+           "--out", str(out)]
+    log = open(out / f"launcher{node}.log", "wb")
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _steps(out: Path, wid: int) -> list[tuple[int, int]]:
+    """(step, generation) of every step worker ``wid`` committed (the example's own log)."""
+    f = out / f"worker_{wid}.log"
+    rows = [line.split() for line in f.read_text().splitlines()] if f.exists() else []
+    return [(int(r[0]), int(r[4])) for r in rows if len(r) == 5]
+
+
+def _events(out: Path) -> list[dict]:
+    f = out / "events.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+
+
+def _wait(pred, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.2)
+    return pred()
+
+
+def _process(pid: int) -> tuple[int, int] | None:
+    """(pid, its start time in clock ticks since boot): the same pair later is the same
+    process, not one the kernel gave a reused pid. None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return pid, int(stat.rpartition(")")[2].split()[19])
+
+
+def test_node_0_killed_another_launcher_coordinates_and_the_ranks_train_on(etcd, tmp_path):
+    run_id, out = f"failover-{os.getpid()}", tmp_path / "job"
+    out.mkdir()
+    per_node = NPROC + SPARES
+    ranks = {n: [n * per_node + i for i in range(NPROC)] for n in range(NODES)}
+    survivors = ranks[1] + ranks[2]
+    procs = [_launch_node(etcd, n, run_id, out) for n in range(NODES)]
+    store = _store(etcd, f"/seamguard/{run_id}/")
+    try:
+        assert _wait(lambda: max([s for w in survivors for s, _ in _steps(out, w)] or [-1]) >= 15, 150), \
+            (out / "launcher0.log").read_text()[-3000:]
+        pids = {w: _process(int(store.get(keys.worker_pid(w)))) for w in survivors}
+        killed_at = time.time()
+        os.killpg(procs[0].pid, signal.SIGKILL)   # node 0's launcher, its zygote and its workers
+        procs[0].wait(10)
+        before = {w: max(s for s, _ in _steps(out, w)) for w in survivors}
+        took = _wait(lambda: [e for e in _events(out) if e["event"] == "took_over"], 60)
+        resumed = _wait(lambda: [e for e in _events(out) if e["event"] == "resumed" and e["gen"] > 0], 60)
+        assert took and resumed, (out / "launcher1.log").read_text()[-3000:] + (out / "launcher2.log").read_text()[-3000:]
+        assert {w: _process(pids[w][0]) for w in survivors} == pids   # the same processes, recovered in place
+        codes = [p.wait(120) for p in procs[1:]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        store.close()
+    logs = "".join((out / f"launcher{n}.log").read_text()[-2000:] for n in (1, 2))
+    assert codes == [0, 0], logs
+    assert took[0]["from_node"] == 0 and took[0]["node"] in (1, 2), took
+    lost = [e for e in _events(out) if e["event"] == "node_lost"]
+    assert [(e["node"], e["wids"]) for e in lost] == [(0, [0, 1])], lost   # its rank and its spare, one verdict
+    starts = [e["wid"] for e in _events(out) if e["event"] == "worker" and e["kind"] == "started"]
+    assert sorted(starts) == [w for n in range(NODES) for w in ranks[n]]   # the first ranks only: nobody restarted
+    for w in survivors:
+        steps = _steps(out, w)
+        assert steps[-1][0] == STEPS - 1   # every survivor reached the script's last step
+        first_after = next(s for s, g in steps if g > 0)
+        assert before[w] - 1 <= first_after - 1 <= before[w] + 1, (w, before[w], first_after)
+    print(f"lease {LEASE_S} s: took over {took[0]['t'] - killed_at:.2f} s after the kill, generation "
+          f"{resumed[0]['gen']} resumed at step {resumed[0]['step']} {resumed[0]['t'] - killed_at:.2f} s after it")
+    assert (out / "final_checksum.txt").exists()

@@ -5,8 +5,9 @@ real TCP between them, the job-wide store in etcd on a third host.
 restarting the survivors and the final weights are bit-identical to a failure-free run;
 (b) a whole host killed (every process in its namespace): the node is judged lost in one
 verdict, as soon as its launcher's link to the coordinator closes, the other host's spare takes one rank and the job shrinks by the other, as
-membership.next_plan says; (c) the coordinator's host killed: the other node ends its
-part of the job (bounded) and leaves no process behind. Namespaces are deleted and
+membership.next_plan says; (c) the coordinator's host killed: with node 0's TCPStore the
+other node ends its part of the job (bounded) and leaves no process behind; with etcd its
+launcher takes the coordinator over and its ranks train on to the end. Namespaces are deleted and
 checked gone after every test, also when it failed.
 """
 
@@ -118,14 +119,33 @@ def test_host_killed_continues_on_the_other_hosts_spare(cluster):
 
 
 def test_coordinator_host_killed_ends_the_other_node_bounded(cluster):
+    """With node 0's TCPStore (the store dies with node 0: nobody can take over)."""
     tb, etcd, _, _ = cluster
-    job = _job(cluster, "coord")  # coordinator_timeout_s: 10 s (the default)
+    job = _job(cluster, "coord", ("--master-port", "29556"), store="tcp")  # coordinator_timeout_s: 10 s
     assert job.wait_for_step(etcd, 20, 90) >= 20, job.log(0)[-3000:]
     kill_host(tb, 0)
     t0 = time.monotonic()
     codes = job.wait(60)
     assert codes[1] == 1, job.log(1)[-3000:]
     assert time.monotonic() - t0 < 30
-    assert "node 0 (the coordinator) silent" in job.log(1)
+    # its node beat saw node 0 silent, or a store call found node 0's store gone first: one line either way
+    assert "node 0 (the coordinator) silent" in job.log(1) or "lost the job-wide store" in job.log(1)
     assert namespace_pids(tb, 1) == []  # its workers and spares went with it
+
+
+def test_coordinator_host_killed_on_etcd_the_other_node_takes_over(cluster):
+    """With the store in etcd: node 1's launcher is elected once node 0's lease expires,
+    judges node 0 lost, and its own ranks train on to the end, never restarted."""
+    tb, etcd, _, _ = cluster
+    job = _job(cluster, "coord-etcd", ("--coordinator-timeout-s", "3"))
+    assert job.wait_for_step(etcd, 20, 90) >= 20, job.log(0)[-3000:]
+    kill_host(tb, 0)
+    codes = job.wait(120)
+    assert codes[1] == 0, job.log(1)[-3000:]
+    assert [(e["node"], e["from_node"]) for e in _kinds(job, "took_over")] == [(1, 0)]
+    assert [(e["node"], e["wids"]) for e in _kinds(job, "node_lost")] == [(0, [0, 1, 2])]
+    assert sorted(_kinds(job, "plan")[-1]["ranks"]) == [3, 4, 5]   # node 1's spare took a rank; one was dropped
+    starts = [e["wid"] for e in job.events() if e["event"] == "worker" and e["kind"] == "started"]
+    assert sorted(starts) == [0, 1, 3, 4]   # node 1's ranks were not restarted
+    assert (job.out / "final_checksum.txt").exists()
     assert etcd.pid is not None and os.path.exists(f"/proc/{etcd.pid}")  # the store survived

@@ -62,7 +62,14 @@ def launch(
                                          help="Names this run's rendezvous and files (default seamguard)."),
     store: Optional[str] = typer.Option(
         None, "--store", metavar="<tcp|etcd://host:port[,host:port]>",
-        help="The job-wide store: node 0's TCPStore (default), or an etcd cluster (survives any node)."),
+        help="The job-wide store: node 0's TCPStore (default), or an etcd cluster (survives any node). With "
+             "etcd and several nodes the coordinator fails over: when its node is lost another node's launcher "
+             "is elected and the surviving ranks train on; with the TCPStore (on node 0) node 0's loss ends "
+             "the other nodes' part (exit 1)."),
+    coordinator_timeout_s: float = typer.Option(
+        10.0, "--coordinator-timeout-s",
+        help="With several nodes: seconds without the coordinator before the other nodes act (etcd: its "
+             "lease, after which another launcher takes over; TCPStore: they end their part)."),
     node_beat_s: float = typer.Option(0.25, "--node-beat-s",
                                       help="With etcd or several nodes: seconds between a node's aggregated heartbeat records."),
     checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir",
@@ -178,7 +185,7 @@ def launch(
         settings = LaunchSettings(script=script, nproc=rdzv.nproc, spares=spares, nnodes=rdzv.nnodes,
                                   node_rank=rdzv.node_rank, master_addr=rdzv.master_addr,
                                   master_port=rdzv.master_port, run_id=rdzv.run_id, store=rdzv.store,
-                                  node_beat_s=node_beat_s, **limits,
+                                  node_beat_s=node_beat_s, coordinator_timeout_s=coordinator_timeout_s, **limits,
                                   hang_timeout_s=hang_timeout_s, stall_timeout_s=stall_timeout_s,
                                   evacuate_stragglers=evacuate_stragglers, hint_dir=hint_dir,
                                   replenish_spares=replenish_spares, fork_server=fork_server,

@@ -178,6 +178,36 @@ class Coordinator(MembershipWatch, ControlHints):
             self._advance_recovery(now)
         return self.phase
 
+    def take_over(self, dead: int, dead_workers: set[int], grace_s: float) -> str:
+        """Go on with a job whose coordinator, on node ``dead``, was lost (its lease expired,
+        runtime/election.py): the generation, its plan and recovery phase, the joined spares
+        and the hint counters are read back from the store; exits and done marks on the next
+        pass. The dead node's workers (its launch layout's and ``dead_workers``, those its
+        last stored record listed) are lost at once, in one verdict; every other node gets
+        ``grace_s`` to link to this launcher before its silence counts. Returns the phase."""
+        now = self.clock()
+        raw = self._get(keys.GENERATION)
+        plan = None if raw is None else self._get(keys.plan(int(raw)))
+        if plan is None:
+            return self._fail(f"node {dead}'s launcher, the coordinator, was lost before the job's first generation")
+        self.plan = Plan.from_json(plan)
+        self.recoveries = self.plan.gen   # every generation after the first was a recovery
+        self._hints_taken_up_to_now()
+        self._read_joined()
+        gen = self.plan.gen
+        self._resume_written = self._get(keys.resume(gen)) is not None
+        done = [self._get(keys.recovered(gen, w)) for w in self.plan.ranks] if self._resume_written else [None]
+        running = all(r is not None and json.loads(r)["ok"] for r in done)
+        self.phase, self._phase_since_s, self._detected_at_s = ("running" if running else "recovering"), now, now
+        for node in range(self.settings.nnodes):
+            if node not in (dead, self.settings.node_rank):
+                self.nodes.observe(node, -1, self._initial_workers(node), now + grace_s)
+        self.nodes.members[dead] = self._initial_workers(dead) | set(dead_workers)
+        self._links_closed[dead] = "it was the coordinator's node and its lease expired"
+        self.log({"event": "took_over", "node": self.settings.node_rank, "from_node": dead, "gen": gen,
+                  "phase": self.phase})
+        return self.phase
+
     def view(self, job: str) -> JobView:
         """What the job's metrics show now (seamguard.runtime.metrics)."""
         ranks = []

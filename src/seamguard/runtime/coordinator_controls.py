@@ -42,6 +42,15 @@ class ControlHints:
             found.pop(keys.HINT_EVACUATE, None)
         return {k: found[k] for k in HINT_KEYS if k in found}
 
+    def _hints_taken_up_to_now(self) -> None:
+        """A coordinator taking over (Coordinator.take_over): every hint its predecessor
+        could have taken counts as taken (its effects are in the control keys already),
+        so none is carried out twice."""
+        now = dict(zip(HINT_COUNTERS, keys.read_existing(self.store, list(HINT_COUNTERS))))
+        self._hint_checkpoint, self._hint_interval = int(now[keys.HINT_CHECKPOINT]), int(now[keys.HINT_INTERVAL_N])
+        self._hint_target, self._hint_avoid = int(now[keys.HINT_TARGET_N]), int(now[keys.HINT_AVOID_RAILS_N])
+        self._hint_degraded, self._hint_rollback = int(now[keys.HINT_DEGRADED_N]), int(now[keys.HINT_ROLLBACK_N])
+
     def _hint_value(self, key: str, raw: bytes | None = None) -> str | None:
         """The value of the signed hint under ``key`` (read from the store unless given),
         or None when it is unsigned, forged, replayed or stale: refused, one event each."""

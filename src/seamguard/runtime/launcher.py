@@ -26,6 +26,9 @@ the node beat (runtime/nodebeat.py), hint files to store keys (runtime/hintbridg
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import select
 import signal
 import time
@@ -38,6 +41,7 @@ from seamguard import hintauth
 from seamguard.runtime import keys, shm
 from seamguard.runtime import store as jobstore
 from seamguard.runtime.coordinator import Coordinator
+from seamguard.runtime.election import Deposed, Election
 from seamguard.runtime.eventlog import EventLog, set_title
 from seamguard.runtime.hintbridge import PLACEMENT_FILE, hint_files, publish_placement
 from seamguard.runtime.linkwire import link_key
@@ -129,7 +133,7 @@ def launch(s: LaunchSettings) -> int:
         raise LaunchFailed(str(exc), 2) from None
     try:
         return _run(s, store, port, key, links_key or (link_key(key) if master else None), publish)
-    except jobstore.StoreError as exc:
+    except jobstore.LOST as exc:
         raise LaunchFailed(f"run {s.run_id!r} lost the job-wide store ({_one_line(exc)}); its workers were "
                            "stopped, its persisted checkpoints are kept: restart it to resume from them", 1) from None
 
@@ -151,7 +155,11 @@ def _run(s: LaunchSettings, store, port: int, hint_key: bytes, links_key: bytes 
     if keys.peek(store, keys.JOB_DONE) is not None:
         raise LaunchFailed(f"the job-wide store already holds a finished run {s.run_id!r}: "
                            "give every job its own --run-id (e.g. the scheduler's job id)", 2)
-    node = NodeBeat(store, s, links_key) if s.aggregate else None
+    election = _election(s, store)
+    if s.node_rank == 0 and election is not None and not election.campaign():
+        raise LaunchFailed(f"another launcher already coordinates run {s.run_id!r} (its key {keys.COORDINATOR} is "
+                           "held in etcd): give every job its own --run-id", 2)
+    node = NodeBeat(store, s, links_key, elected=election is not None) if s.aggregate else None
     if node is not None:
         node.follow_generations(lambda: jobstore.connect(s.store_url, s.master_addr, port, s.startup_timeout_s))
     events = EventLog(s.log_format, s.events_file)
@@ -174,45 +182,73 @@ def _run(s: LaunchSettings, store, port: int, hint_key: bytes, links_key: bytes 
     server = ForkServer(s.preload) if s.fork_server and s.script[0].endswith(".py") else None
     children = [Child(wid, start_worker(s, server, worker_env(s, port, wid, local, node.address if node else "")))
                 for local, wid in ((i, s.node_rank * per_node + i) for i in range(per_node))]
-    coord, links = (_coordinator(s, job, store, log, hint_key, links_key, publish_link_key)
+    coord, links = (_coordinator(s, job, election.fenced(store) if election else store, log, hint_key, links_key,
+                                 publish_link_key, (s.store_host, s.master_addr), node)
                     if s.node_rank == 0 else (None, None))
-    loop = _Loop(s, store, port, server, node, coord, links, children, log)
+    loop = _Loop(s, store, port, server, node, coord, links, children, log, election=election)
     code = 1
     try:
         code = loop.run()
-        drain(children, timeout_s=30.0, log=log)
+        drain(loop.children, timeout_s=30.0, log=log)
         if node is not None:
             node.link.close(orderly=True)   # this node's part ended as planned: no loss
-        if links is not None:
-            _await_nodes(links, timeout_s=35.0)
-        if coord is not None:
+        if loop.links is not None:
+            _await_nodes(loop.links, timeout_s=35.0)
+        if loop.coord is not None:
             log({"event": "summary", "outcome": "job done" if code == 0 else "JOB FAILED",
-                 "wall_s": round(time.monotonic() - t0, 3), "recoveries": coord.recoveries,
-                 "lost": len(coord.lost)})
+                 "wall_s": round(time.monotonic() - t0, 3), "recoveries": loop.coord.recoveries,
+                 "lost": len(loop.coord.lost)})
     finally:
         loop.close()
+        if election is not None:
+            election.resign()
         events.close()
     return code
 
 
+def _election(s: LaunchSettings, store) -> Election | None:
+    """With several nodes on an etcd store: this launcher's part in electing the coordinator
+    (runtime/election.py; its lease is ``coordinator_timeout_s``, at least etcd's 2 s).
+    With the TCPStore on node 0 the store dies with node 0: nobody could take over."""
+    if s.nnodes < 2 or s.store_url.kind != "etcd":
+        return None
+    return Election(store, s.node_rank, lease_s=max(2, math.ceil(s.coordinator_timeout_s)))
+
+
 def _coordinator(s: LaunchSettings, job: RuntimeSettings, store, log, hint_key: bytes, links_key: bytes | None,
-                 publish_link_key: bool) -> tuple[Coordinator, LinkServer | None]:
-    """Node 0's coordinator and, with several nodes, the server of the other node
-    launchers' links (runtime/nodelink.py), its address (and key) published in the store."""
+                 publish_link_key: bool, hosts: tuple[str, str], node: NodeBeat | None
+                 ) -> tuple[Coordinator, LinkServer | None]:
+    """The coordinator (node 0's, or the launcher's that took over) and, with several nodes,
+    the server of the other node launchers' links (runtime/nodelink.py), bound to
+    ``hosts[0]``, its address (``hosts[1]``) and key published in the store. This node's own
+    record reaches the coordinator in process (``node.own_record``), not through the store."""
     per_node = s.nproc + s.spares
     trainers = [n * per_node + i for n in range(s.nnodes) for i in range(s.nproc)]
     spares = [n * per_node + s.nproc + i for n in range(s.nnodes) for i in range(s.spares)]
     coord = Coordinator(store, s, trainers, spares, job.checkpoint_dir, job.recovery_timeout_s,
                         log, hint_key=hint_key)
+    own = (lambda: {node.node: node.own_record} if node.own_record else {}) if node is not None else dict
+    coord.link_records = own
     links = None
     if s.nnodes > 1:
-        links = LinkServer(s.run_id, links_key, s.store_host, nodes=s.nnodes, on_refused=lambda exc: log(
+        links = LinkServer(s.run_id, links_key, hosts[0], nodes=s.nnodes, on_refused=lambda exc: log(
             {"event": "link_refused", "reason": exc.reason, "detail": str(exc)[:200]}))
-        coord.link_records = lambda: links.records
+        coord.link_records = lambda: {**links.records, **own()}
         if publish_link_key:   # before the address: a node that sees the address sees the key
             store.set(keys.LINK_KEY, links_key.hex())
-        store.set(keys.LINK, links.address(s.master_addr))
+        store.set(keys.LINK, links.address(hosts[1]))
     return coord, links
+
+
+def _taken_over_hint_key(s: LaunchSettings) -> bytes:
+    """The hint key for a launcher that takes the coordinator over: the job's key file where
+    this node can read it (--hint-key-file, or <hint-dir>/.hint-key on shared storage),
+    else a fresh one (hints signed with node 0's key are then refused: docs/runtime.md)."""
+    if s.hint_dir is not None or s.hint_key_file is not None:
+        path = hintauth.key_file_for(s.hint_dir, s.hint_key_file)
+        if path.exists():
+            return hintauth.read_key(path, private=True)
+    return _hint_key(s)
 
 
 @dataclass
@@ -236,14 +272,16 @@ class _Loop:
     pass_s: float = 0.0   # when the coordinator's pass and kill checks last ran
     new_keys: keys.NewKeys = field(default_factory=lambda: keys.NewKeys(full_every_s=0.5))
     exporter: MetricsServer | None = None
+    election: Election | None = None
 
     def __post_init__(self) -> None:
         if self.coord is not None and self.s.metrics_port is not None:
             self.exporter = MetricsServer(self.s.metrics_port)
 
     def run(self) -> int | None:
-        s, coord, links = self.s, self.coord, self.links
+        s = self.s
         while True:
+            coord, links = self.coord, self.links   # a launcher that takes over gets both
             if self.exporter is not None:
                 self.exporter.publish(lambda: render(coord.view(s.run_id)))
             now_s = time.monotonic()
@@ -288,17 +326,58 @@ class _Loop:
         return code
 
     def _coordinate(self, exited: bool, closed: tuple, due: bool) -> int | None:
-        """Node 0: the node beat, hint files, the placement file, the coordinator's pass;
-        the exit code once the job is done or failed."""
-        s, coord = self.s, self.coord
+        """The coordinator's node: the node beat, hint files, the placement file, the
+        coordinator's pass while its term lets it act (an elected one); the exit code once
+        the job is done or failed, or 1 once another launcher coordinates."""
+        s, coord, election = self.s, self.coord, self.election
         if self.node is not None:  # kill requests and the job's end come with the node beat
             self.node.maybe_beat(self.children)
+        if election is not None and not election.may_act():
+            # renewals late (this launcher starved, etcd slow): act again once one gets through;
+            # the lease gone: another launcher may coordinate already
+            return None if election.term().token else self._abandon("its lease expired")
         hint_files(self.store, s.hint_dir, coord.hints, self.log)
         if s.hint_dir is not None and time.monotonic() - self.placement_t > 0.5:
             self.placement = publish_placement(s.hint_dir, coord.view(s.run_id), self.placement)
             self.placement_t = time.monotonic()
-        phase = coord.tick(exited, closed) if due else coord.phase
+        try:
+            phase = coord.tick(exited, closed) if due else coord.phase
+        except Deposed as exc:
+            return self._abandon(str(exc))
         return None if phase not in ("done", "failed") else 0 if phase == "done" else 1
+
+    def _abandon(self, why: str) -> int:
+        """This launcher coordinated and no longer may: it ends its node's part (exit 1, its
+        workers killed) and the coordinator that took over judges the node lost."""
+        self.log({"event": "coordinator_deposed", "reason": why[:300]})
+        self._kill_children()
+        return 1
+
+    def _kill_children(self) -> None:
+        for c in self.children:
+            if c.proc.poll() is None:
+                c.proc.kill()
+
+    def _take_over(self) -> int | None:
+        """The coordinator's key expired (its launcher's node lost): campaign, and if this
+        launcher wins, coordinate from the job's state in the store (Coordinator.take_over):
+        its own link server, its address published (keys.LINK), the other nodes relink to
+        it. Losing the campaign: another launcher won and this one follows it."""
+        s, node = self.s, self.node
+        dead = node.coordinator_node
+        if not self.election.campaign():
+            return None
+        raw = keys.peek(self.store, keys.node_beats(dead))
+        dead_workers = {int(w) for w in json.loads(raw)["beats"]} if raw else set()
+        host = os.environ.get("SEAMGUARD_ADVERTISE_HOST", "127.0.0.1")   # as the workers' own address
+        node.coordinate()
+        self.coord, self.links = _coordinator(s, RuntimeSettings.from_env(s.env), self.election.fenced(self.store),
+                                              self.log, _taken_over_hint_key(s), node.link.key, False,
+                                              (host, host), node)
+        if s.metrics_port is not None:
+            self.exporter = MetricsServer(s.metrics_port)
+        phase = self.coord.take_over(dead, dead_workers, grace_s=s.coordinator_timeout_s)
+        return 1 if phase == "failed" else None
 
     def _follow(self) -> int | None:
         """The other nodes: the job's end as node 0's coordinator sets it (with the node
@@ -307,11 +386,11 @@ class _Loop:
             job_done = self.node.maybe_beat(self.children)
         else:
             job_done = self.store.get(keys.JOB_DONE) if self.store.check([keys.JOB_DONE]) else None
+        if job_done == COORDINATOR_LOST and self.election is not None and self.node.coordinator_node is not None:
+            return self._take_over()   # the store is etcd: a node's launcher takes the coordinator's place
         if job_done == COORDINATOR_LOST:
             self.log({"event": "coordinator_lost", "silent_s": self.s.coordinator_timeout_s})
-            for c in self.children:  # nobody will ever assign them a rank again
-                if c.proc.poll() is None:
-                    c.proc.kill()
+            self._kill_children()  # nobody will ever assign them a rank again
             return 1
         if job_done is not None:
             return 0 if job_done == b"ok" else 1
@@ -326,9 +405,7 @@ class _Loop:
             self.links.close()
         if self.node is not None:
             self.node.link.close(orderly=False)
-        for c in self.children:
-            if c.proc.poll() is None:
-                c.proc.kill()
+        self._kill_children()
         remove_shared_memory(self.s.run_id, self.children)
         if self.server is not None:
             self.server.close()

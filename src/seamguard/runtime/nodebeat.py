@@ -5,8 +5,14 @@ TCPStore their own launcher hosts on 127.0.0.1; every node beat the launcher
 (runtime/launcher.py) sends their latest beats as one record, over its link to node 0's
 launcher (runtime/nodelink.py) or, without one, to the job-wide store (keys.node_beats);
 mirrors the generation and the control counter back into the node's store; carries out
-its children's kill requests; and tells the launcher the job's end, or COORDINATOR_LOST
-once node 0's record has stood still for coordinator_timeout_s.
+its children's kill requests; and tells the launcher the job's end, or COORDINATOR_LOST.
+
+The coordinator's own node hands its record to the coordinator in process (`own_record`).
+With an elected coordinator (an etcd store, runtime/election.py) its record goes to etcd
+only when its workers change (what a successor needs to know of it), and the other nodes
+take the leader key (keys.COORDINATOR, on its lease) as the coordinator's sign of life:
+COORDINATOR_LOST once it is gone. With node 0's TCPStore, node 0 writes its record every
+node beat and COORDINATOR_LOST comes once it has stood still for coordinator_timeout_s.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class NodeBeat:
     of the generation, the node's kill keys, the job's end and node 0's record, which
     tells the other nodes the coordinator is alive), whatever the node's rank count."""
 
-    def __init__(self, job, s: LaunchSettings, links_key: bytes | None = None) -> None:
+    def __init__(self, job, s: LaunchSettings, links_key: bytes | None = None, elected: bool = False) -> None:
         self.job, self.node, self.every_s = job, s.node_rank, s.node_beat_s
         sock = jobstore.listen_socket("127.0.0.1", 0)   # this node's workers only: loopback
         self.local = dist.TCPStore("127.0.0.1", sock.getsockname()[1], None, True, wait_for_workers=False,
@@ -56,9 +62,20 @@ class NodeBeat:
         self._mirror_lock = threading.Lock()
         self._coordinator_timeout_s, self._startup_timeout_s = s.coordinator_timeout_s, s.startup_timeout_s
         self._coordinator: tuple[int | None, float] = (None, time.monotonic())
-        self.link = LinkClient(s.run_id, s.node_rank, links_key)   # to the coordinator (node 0 has none)
-        self._linking = s.node_rank > 0
+        self.link = LinkClient(s.run_id, s.node_rank, links_key)   # to the coordinator (not from its own node)
+        self.elected = elected   # the coordinator holds keys.COORDINATOR (etcd): its sign of life
+        self.quiet = s.store_url.kind == "etcd"   # the coordinator's own record: to etcd only on change
+        self.coordinating = s.node_rank == 0
+        self.coordinator_node: int | None = None   # elected: the holder of keys.COORDINATOR last seen
+        self.own_record: dict | None = None   # the coordinating node's newest record, for its coordinator
+        self._stored_workers: list[str] | None = None
         self._keyless_said = False
+
+    def coordinate(self) -> None:
+        """This node's launcher took the coordinator over: its record goes to the coordinator
+        in process from now on, not over a link."""
+        self.coordinating = True
+        self.link.close(orderly=True)
 
     def maybe_beat(self, children: list[Child]) -> bytes | None:
         """One node beat when due; returns the job's end (JOB_DONE's value) once set."""
@@ -69,16 +86,22 @@ class NodeBeat:
         self.counter += 1
         live = [c for c in children if not c.reported]
         beats = _local_beats(self.local, [c.wid for c in live])
-        record = json.dumps({"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}})
-        linking = self._linking and not self.link.connected
-        singles = [*NODE_BEAT_READS, *([keys.LINK, keys.LINK_KEY] if linking else [])]
-        linked = self.link.send(record.encode())   # over its link: the store is not written
+        own = {"n": self.counter, "beats": {w: json.loads(raw) for w, raw in beats.items()}}
+        record = json.dumps(own)
+        linking = not self.coordinating and not self.link.connected
+        singles = [*NODE_BEAT_READS, *([keys.COORDINATOR] if self.elected else []),
+                   *([keys.LINK, keys.LINK_KEY] if linking else [])]
+        if self.coordinating:
+            self.own_record = own
+            stored = self._store_own(sorted(beats))
+        else:
+            stored = not self.link.send(record.encode())   # over its link: the store is not written
         try:
-            got, kills = self._exchange(None if linked else record, singles, live)
+            got, kills = self._exchange(record if stored else None, singles, live)
         except (RuntimeError, OSError):
             # the job's store cannot be reached (node 0 gone with its TCPStore, etcd down): as
-            # if node 0's record stood still, so coordinator_timeout_s decides, not a traceback
-            return None if self.node == 0 else self._coordinator_silent(self._coordinator[0], now)
+            # if the coordinator's record stood still, so coordinator_timeout_s decides, not a traceback
+            return None if self.coordinating else self._coordinator_silent(self._coordinator[0], now)
         if linking:
             self._connect(got, now)
         self._mirror(got[keys.CONTROL_N], got[keys.GENERATION])
@@ -86,7 +109,30 @@ class NodeBeat:
             if str(c.wid) in kills:
                 c.proc.send_signal(signal.SIGKILL)
         done = got[keys.JOB_DONE]
-        return done if done is not None or self.node == 0 else self._coordinator_silent(got[keys.node_beats(0)], now)
+        if done is not None or self.coordinating:
+            return done
+        if self.elected:
+            return self._coordinator_gone(got[keys.COORDINATOR], now)
+        return self._coordinator_silent(got[keys.node_beats(0)], now)
+
+    def _store_own(self, workers: list[str]) -> bool:
+        """The coordinating node: whether this beat's record goes to the store too. On etcd
+        only when its workers changed (a successor reads who they were); on node 0's
+        TCPStore every beat (the other nodes' sign that the coordinator lives)."""
+        if self.quiet and workers == self._stored_workers:
+            return False
+        self._stored_workers = workers
+        return True
+
+    def _coordinator_gone(self, holder: bytes | None, now: float) -> bytes | None:
+        """Elected: COORDINATOR_LOST once the leader key is gone (its lease expired), or was
+        never there within the start-up bound."""
+        if holder is not None:
+            self.coordinator_node, self._coordinator = int(holder), (holder, now)
+            return None
+        if self.coordinator_node is not None:
+            return COORDINATOR_LOST
+        return self._coordinator_silent(None, now)
 
     def _connect(self, got: dict, now: float) -> None:
         """Open the link once node 0 published its address and this node knows the key."""
@@ -147,8 +193,9 @@ class NodeBeat:
         """Write this node's beat (None: it went over the link); read the job's keys and the
         kill requests for its workers."""
         if hasattr(self.job, "put_and_read"):  # etcd: the whole node beat is one transaction
+            versions = () if self.elected or self.coordinating else (keys.node_beats(0),)
             got, families = self.job.put_and_read(None if record is None else keys.node_beats(self.node), record or "",
-                                                  singles, [keys.KILL_PREFIX], versions=(keys.node_beats(0),))
+                                                  singles, [keys.KILL_PREFIX], versions=versions)
             return got, {k[len(keys.KILL_PREFIX):] for k in families[keys.KILL_PREFIX]}
         if record is not None:
             self.job.set(keys.node_beats(self.node), record)

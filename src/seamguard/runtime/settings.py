@@ -296,9 +296,11 @@ class LaunchSettings:
     not be readable by others); otherwise node 0's launcher writes a fresh random key here,
     or to ``<hint_dir>/.hint-key``, mode 0600 (none of them: only the launcher holds it)."""
     coordinator_timeout_s: float = 10.0
-    """With per-node aggregation: a node whose launcher sees node 0's record (node 0 runs
-    the coordinator) stand still this long ends its part of the job (exit 1) instead of
-    waiting forever; the coordinator is not re-elected (docs/runtime.md, "Many nodes")."""
+    """With several nodes: on an etcd store, the coordinator's lease (runtime/election.py):
+    this long after its launcher's last renewal another node's launcher may take over;
+    on node 0's TCPStore, a node whose launcher sees node 0's record stand still this long
+    ends its part of the job (exit 1) instead of waiting forever (docs/runtime.md,
+    "Coordinator failover")."""
 
     @property
     def store_url(self) -> StoreUrl:

@@ -33,6 +33,9 @@ from seamguard.runtime.etcd_client import Endpoints, StoreError  # noqa: F401 (S
 from seamguard.runtime.settings import StoreUrl, parse_store_url  # noqa: F401 (re-exported)
 
 DEFAULT_TIMEOUT_S = 300.0
+LOST = (StoreError, dist.DistError)
+"""What a launcher's store call raises when the job-wide store is gone: etcd unreachable,
+or node 0's TCPStore closed with node 0 (a broken pipe, a reset connection)."""
 REQUEST_TIMEOUT_S = 10.0
 
 
