@@ -23,6 +23,7 @@ import pytest
 
 from seamguard.runtime import keys
 from seamguard.runtime.election import ACT_SHARE, Deposed, Election, renewed
+from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.store import EtcdStore, StoreError
 from seamguard.testbed.multinode import EtcdServer
 
@@ -193,3 +194,32 @@ def test_node_0_killed_another_launcher_coordinates_and_the_ranks_train_on(etcd,
     print(f"lease {LEASE_S} s: took over {took[0]['t'] - killed_at:.2f} s after the kill, generation "
           f"{resumed[0]['gen']} resumed at step {resumed[0]['step']} {resumed[0]['t'] - killed_at:.2f} s after it")
     assert (out / "final_checksum.txt").exists()
+
+
+class _Exited:
+    """A worker process that already exited with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        self.code, self.pid = code, -1
+
+    def poll(self) -> int:
+        return self.code
+
+    def kill(self) -> None:
+        pass
+
+
+def test_a_node_that_gives_up_waiting_for_the_jobs_end_exits_1_saying_the_outcome_is_unknown():
+    """Node 1's workers all exited 0, but the job's end never reached it (the store holds no
+    keys.JOB_DONE): it must not exit 0 as if it knew the job succeeded."""
+    import torch.distributed as dist
+
+    from seamguard.runtime.launcher import _Loop
+    from seamguard.runtime.supervise import Child
+
+    s = LaunchSettings(script=["x.py"], nproc=1, nnodes=2, node_rank=1, master_port=29500,
+                       coordinator_timeout_s=0.2)
+    events: list[dict] = []
+    loop = _Loop(s, dist.HashStore(), 0, None, None, None, None, [Child(2, _Exited(0))], events.append)
+    assert loop.run() == 1
+    assert [e["event"] for e in events] == ["job_outcome_unknown"]

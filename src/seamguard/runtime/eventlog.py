@@ -63,6 +63,14 @@ def describe(e: dict) -> str:
     if name == "coordinator_lost":
         return (f"node 0 (the coordinator) silent for {e['silent_s']} s: ending this node's part of the job; "
                 "restart the job (etcd kept its store; persisted checkpoints resume it)")
+    if name == "took_over":
+        return (f"node {e['node']}'s launcher coordinates now: node {e['from_node']}'s lease expired "
+                f"(generation {gen}, {e['phase']})")
+    if name == "coordinator_deposed":
+        return f"this launcher coordinates no more ({e['reason']}): ending this node's part of the job"
+    if name == "job_outcome_unknown":
+        return (f"this node's workers ended but the job's end did not reach it within {e['waited_s']} s: "
+                "its outcome is unknown here (exit 1); the coordinator's node logs it")
     if name == "resume_chosen":
         return f"generation {gen} restores from {e['source']} at step {e['step']}"
     if name == "job_done":

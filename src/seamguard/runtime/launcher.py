@@ -293,7 +293,7 @@ class _Loop:
             self.pass_s = now_s if due else self.pass_s
             # kill requests are keys that appear: looked for only when the key count moved
             kills_due = due and self.node is None and self.new_keys.appeared(self.store, now_s)
-            last = self._report(ended, kills_due)
+            self._report(ended, kills_due)
             code = self._coordinate(exited, closed, due) if coord is not None else self._follow()
             if code is not None:
                 return code
@@ -301,16 +301,16 @@ class _Loop:
                 # its workers can end before the job's end reaches this node: wait for it, bounded
                 self.ended_s = self.ended_s if self.ended_s is not None else time.monotonic()
                 if time.monotonic() - self.ended_s > s.coordinator_timeout_s:
-                    return last
+                    # its own workers' codes do not say how the job ended: never report success
+                    self.log({"event": "job_outcome_unknown", "waited_s": s.coordinator_timeout_s})
+                    return 1
             idle(self.server, self.children, _wait_s(coord, self.node, self.pass_s, time.monotonic()),
                  (links,) if links is not None else ())
 
-    def _report(self, ended: dict[int, int | None], kills_due: bool) -> int | None:
+    def _report(self, ended: dict[int, int | None], kills_due: bool) -> None:
         """Write each child's exit code to the store as it ends, start a replacement spare
-        for one that failed (bounded by max_recoveries), carry out kill requests. Returns
-        the code looked at last (None unless the last child ended in this pass): what a
-        node that stops waiting for the job's end exits with."""
-        s, store, code = self.s, self.store, None
+        for one that failed (bounded by max_recoveries), carry out kill requests."""
+        s, store = self.s, self.store
         for c in list(self.children):
             code = None if c.reported else ended.get(c.wid)
             if code is not None:
@@ -323,7 +323,6 @@ class _Loop:
                                                      self.node.address if self.node else ""))
             if kills_due and not c.reported and store.check([keys.kill_request(c.wid)]):
                 c.proc.send_signal(signal.SIGKILL)
-        return code
 
     def _coordinate(self, exited: bool, closed: tuple, due: bool) -> int | None:
         """The coordinator's node: the node beat, hint files, the placement file, the
