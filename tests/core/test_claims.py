@@ -63,6 +63,8 @@ def test_a_figure_written_by_hand_beside_a_marker_is_flagged():
     assert len(flagged) == 2
     assert flagged[0].startswith("doc.md:1: ") and "'9.4 s'" in flagged[0] and "'0.825×'" in flagged[1]
     assert claims.unmarked_figures(text.replace("9.4 s, 0.825× torchft's", "no more"), "doc.md") == []
+    assert claims.unmarked_figures(text, "doc.md", lead="One line") == []    # only headline paragraphs
+    assert len(claims.unmarked_figures("One line: " + text, "doc.md", lead="One line")) == 2
 
 
 def _write(d: Path, name: str, obj: dict) -> None:
