@@ -734,11 +734,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             disagreements = [d for p in DOCS for d in check_doc(p, rows)]
             disagreements += unmarked_figures(DOCS[0].read_text(), _name(DOCS[0]))
+            disagreements += unmarked_figures(DOCS[1].read_text(), _name(DOCS[1]), HEADLINE_LEAD)
     except ClaimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for d in problems + disagreements:
-            disagreements += unmarked_figures(DOCS[1].read_text(), _name(DOCS[1]), HEADLINE_LEAD)
         print(d, file=sys.stderr)
     ok = not (args.check and (problems or disagreements))
     print(json.dumps({"claims": len(rows), "missing": len(problems), "disagreements": len(disagreements),
