@@ -57,7 +57,9 @@ nice 0, so a sender starved by the machine still counts against the design.
 
 Coordinator CPU is its process's user+system time over the window; ``*_waiting_pct`` is
 the run-queue time of each role's threads (runnable, no core: the kernel's schedstat) and
-``machine_busy_pct`` every process's CPU on the machine, both in % of one core.
+``machine_busy_pct`` every process's CPU on the machine, both in % of one core. Waits are
+metered for the processes under test only: a generator's threads end with the window,
+and an ended thread's wait leaves the sum.
 In the links design the silent node's way through the coordinator is timed
 (`_VerdictProbe`, `detection_split`): its last line's send and read, the hang timeout,
 the pass gaps the hub forgave (a pass more than a quarter of the timeout after the last
@@ -181,8 +183,13 @@ def _machine_busy_s() -> float:
 
 
 class _Meters:
-    """CPU over the window: each of the benchmark's processes' time on a core and time
-    waiting for one, and the whole machine's busy time, read at its start and its end."""
+    """CPU over the window: each of the benchmark's processes' time on a core, the time the
+    processes under test waited for one, and the whole machine's busy time, read at its
+    start and its end. Waits are summed over the threads alive at each reading, so only
+    the processes under test are metered (their threads outlive the window; a generator's
+    end with it, and their waits would vanish from the second reading)."""
+
+    WAITED = ("server", "coordinator")
 
     def __init__(self, pids: dict[str, list[int]]) -> None:
         self.pids = pids
@@ -191,7 +198,7 @@ class _Meters:
     def _read(self) -> dict:
         return {"wall": time.monotonic(), "machine": _machine_busy_s(),
                 **{f"{role}_cpu": sum(_cpu_s(p) for p in ps) for role, ps in self.pids.items()},
-                **{f"{role}_waiting": sum(_waited_s(p) for p in ps) for role, ps in self.pids.items()}}
+                **{f"{role}_waiting": sum(_waited_s(p) for p in self.pids[role]) for role in self.WAITED}}
 
     def stop(self) -> dict[str, float]:
         """% of one core over the window: ``<role>_cpu_pct``, ``<role>_waiting_pct``, ``machine_busy_pct``."""
