@@ -269,3 +269,29 @@ def test_a_node_launcher_sleeps_until_its_next_beat():
     node = type("Beat", (), {"next_s": 10.0 + beat_s})()
     assert _wait_s(None, node, pass_s=0.0, now_s=10.0) == pytest.approx(beat_s)
     assert beat_s > STEADY_PASS_S   # before, it woke every STEADY_PASS_S with nothing to do
+
+
+def test_the_coordinators_node_hands_its_record_over_in_process_and_writes_etcd_only_on_change(etcd):
+    """Node 0's launcher runs the coordinator: its record reaches it in process every beat
+    (`own_record`); etcd gets it once, then again only when node 0's workers change (what a
+    successor reads of a dead coordinator's node), not every beat. The other nodes' sign of
+    the coordinator's life is its election key, not this record."""
+    job = _store(etcd, f"/own-{uuid.uuid4().hex[:8]}/")
+    node = _NodeBeat(job, LaunchSettings(script=["x.py"], nproc=2, store=f"etcd://{etcd.address}"))
+    children = [Child(w, FakeProc()) for w in (0, 1)]
+    for w in (0, 1):
+        node.local.set(keys.heartbeat(w), json.dumps({"n": 1, "step": 3}))
+
+    def beat(kids) -> int:
+        node.next_s = 0.0
+        node.maybe_beat(kids)
+        return json.loads(job.get(keys.node_beats(0)))["n"]
+    try:
+        assert beat(children) == 1                              # the first record is stored
+        assert [beat(children) for _ in range(19)] == [1] * 19  # then not, while nothing changes
+        assert node.own_record["n"] == 20 and sorted(node.own_record["beats"]) == ["0", "1"]
+        children[1].reported = True                             # a worker ended: its workers changed
+        assert beat(children) == 21 and beat(children) == 21
+    finally:
+        node.link.close(orderly=False)
+        job.close()
