@@ -559,6 +559,53 @@ def links_coordinator(address: str, ranks: int, window_s: float, node_beat_s: fl
     out.put(("coord", asyncio.run(play())))
 
 
+class _SimulatedLinks:
+    """The simulated launchers' links, one per node: each line signed as `NodeReporter`
+    signs it (its 8 ranks' beats), the sequence numbers rising across reconnects."""
+
+    def __init__(self, host: str, port: int, hub: str, key: bytes) -> None:
+        self.host, self.port, self.hub, self.key = host, port, hub, key
+        self.links: dict[int, socket.socket] = {}
+        self.seq: dict[int, int] = {}
+        self.reconnects = 0
+
+    def _connect(self) -> socket.socket:
+        link = socket.create_connection((self.host, self.port), timeout=10)
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return link
+
+    def send(self, n: int) -> None:
+        """One beat (the first opens the link); a link the hub closed is opened again at
+        once, as NodeReporter would."""
+        from seamguard.runtime.liveness import encode_report
+
+        seq = self.seq[n] = self.seq.get(n, 0) + 1
+        line = encode_report(self.key, "bench", self.hub, n, seq,
+                             {n * RANKS_PER_NODE + i: (seq, seq) for i in range(RANKS_PER_NODE)})
+        if n not in self.links:
+            self.links[n] = self._connect()
+        try:
+            self.links[n].sendall(line)
+        except OSError:
+            self.reconnects += 1
+            self.links[n].close()
+            self.links[n] = self._connect()
+            self.links[n].sendall(line)
+
+    def goodbye(self) -> None:
+        """Each link says goodbye and closes (a link the hub already closed at the window's
+        end, its coordinator done first, says nothing)."""
+        from seamguard.runtime.liveness import BYE, seal
+
+        for n, link in self.links.items():
+            self.seq[n] += 1
+            try:
+                link.sendall(seal(self.key, "bench", self.hub, n, self.seq[n], BYE, time.time_ns()))
+            except OSError:
+                pass
+            link.close()
+
+
 def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s: float, go, t0_box, out,
                     nice: int = 0) -> None:
     """Simulated launchers: one TCP link each, sending what a `NodeReporter` sends (its
@@ -566,34 +613,13 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
     fixed schedule; one thread sends for all of this process's nodes (a heap of due
     times), so a thousand simulated launchers cost the machine their lines, not a
     thousand event-loop timers. They do not campaign (no failover is exercised at scale)."""
-    from seamguard.runtime.liveness import BYE, encode_report, parse_hub_address, seal
+    from seamguard.runtime.liveness import parse_hub_address
 
     host, port, hub = parse_hub_address((Path(os.environ["SG_BENCH_DIR"]) / "hub").read_text())
-    key = _bench_link_key()
     os.nice(nice)
-    links, seq, reconnects = {}, {n: 0 for n in nodes}, 0
-
-    def send(n: int) -> None:
-        """One beat; a link the hub closed is opened again at once (as NodeReporter would)."""
-        nonlocal reconnects
-        seq[n] += 1
-        line = encode_report(key, "bench", hub, n, seq[n],
-                             {n * RANKS_PER_NODE + i: (seq[n], seq[n]) for i in range(RANKS_PER_NODE)})
-        try:
-            links[n].sendall(line)
-        except OSError:
-            reconnects += 1
-            links[n].close()
-            links[n] = connect()
-            links[n].sendall(line)
-
-    def connect() -> socket.socket:
-        link = socket.create_connection((host, port), timeout=10)
-        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return link
+    links = _SimulatedLinks(host, port, hub, _bench_link_key())
     for n in nodes:   # each says its first line as it connects, as a launcher does
-        links[n] = connect()
-        send(n)
+        links.send(n)
     t_first = time.monotonic()
     heap = [(t_first + node_beat_s * i / len(nodes), n) for i, n in enumerate(nodes)]   # phases spread
     out.put(("ready", os.getpid()))
@@ -609,7 +635,7 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
             return None   # a hung host: its launcher stops, its link stays open
         if n in sent_s and now_s > start:
             gap_s[n] = max(gap_s[n], now_s - max(sent_s[n], start))
-        send(n)
+        links.send(n)
         sent_s[n] = now_s
         sent += now_s >= start
         return due_s + node_beat_s if due_s + node_beat_s > now_s else now_s + node_beat_s
@@ -619,15 +645,9 @@ def links_generator(address: str, nodes: list[int], window_s: float, node_beat_s
     run_schedule(heap, beat, end)
     for n in nodes:   # a silence still open at the window's end counts too
         gap_s[n] = max(gap_s[n], end - max(sent_s.get(n, start), start))
-    for n, link in links.items():   # an orderly end of the job: each says goodbye
-        seq[n] += 1
-        try:
-            link.sendall(seal(key, "bench", hub, n, seq[n], BYE, time.time_ns()))
-        except OSError:
-            pass   # the coordinator's window ended first and its hub closed the link: nothing to say
-        link.close()
+    links.goodbye()   # an orderly end of the job
     silent = sorted(n for n in nodes if n != LINK_VICTIM and gap_s[n] > HANG_TIMEOUT_S)
-    out.put(("gen", {"ops": sent, "late": 0, "silent_nodes": silent, "reconnects": reconnects,
+    out.put(("gen", {"ops": sent, "late": 0, "silent_nodes": silent, "reconnects": links.reconnects,
                      "victim_last_sent_s": sent_s.get(LINK_VICTIM),
                      "gaps_s": {n: round(g, 3) for n, g in gap_s.items()}}))
 
@@ -677,17 +697,21 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
         etcd.stop()
         shutil.rmtree(etcd.workdir, ignore_errors=True)
     co = next(r for k, r in results if k == "coord")
-    sent = sum(r["ops"] for k, r in results if k == "gen")
-    silent = {n for k, r in results if k == "gen" for n in r["silent_nodes"]}
-    gaps = {int(n): g for k, r in results if k == "gen" for n, g in r["gaps_s"].items()}
-    last_sent_s = next((r["victim_last_sent_s"] for k, r in results
-                        if k == "gen" and r["victim_last_sent_s"] is not None), None)
+    gens = [r for k, r in results if k == "gen"]
+    return {**cpu, **ran_at, "loadavg_1m": round(load_1m, 2), **_links_row(ranks, window_s, node_beat_s, co, gens)}
+
+
+def _links_row(ranks: int, window_s: float, node_beat_s: float, co: dict, gens: list[dict]) -> dict:
+    """A links trial's figures from what its coordinator and generators reported."""
+    sent = sum(g["ops"] for g in gens)
+    silent = {n for g in gens for n in g["silent_nodes"]}
+    gaps = {int(n): gap for g in gens for n, gap in g["gaps_s"].items()}
+    last_sent_s = next((g["victim_last_sent_s"] for g in gens if g["victim_last_sent_s"] is not None), None)
     split = detection_split(co["kill_s"], last_sent_s, co["last_read_s"], co["passes"], co["verdict"],
                             co["published_s"], HANG_TIMEOUT_S)
     when = [t for t, _, _ in co["passes"]]
     return {
-        **cpu, **ran_at, "loadavg_1m": round(load_1m, 2), "coordinator_terms": co["terms"],
-        "detection": split, "seen_by_launcher_loop_s": co["seen_s"],
+        "coordinator_terms": co["terms"], "detection": split, "seen_by_launcher_loop_s": co["seen_s"],
         "pass_gap_max_s": round(max((b - a for a, b in zip(when, when[1:])), default=0.0), 3),
         "forgiven_in_window_s": round(sum(f for _, f, _ in co["passes"]), 3),
         "design": "links", "ranks": ranks, "demanded_ops_s": 0, "ops_s": 0, "coordinator_ops_s": 0,
@@ -699,7 +723,7 @@ def trial_links(ranks: int, window_s: float, procs: int, workdir: Path, node_bea
         "staleness_p50_s": None, "staleness_p99_s": None,
         "detect_s": split["verdict_s"], "false_verdicts": co["false"], "coordinator_pass_s": None, "late_actions": 0,
         "simulated_launchers_silent": len(silent),
-        "simulated_link_reconnects": sum(r["reconnects"] for k, r in results if k == "gen"),
+        "simulated_link_reconnects": sum(g["reconnects"] for g in gens),
         "false_verdicts_on_nodes_that_sent": len(set(co["false_nodes"]) - silent),
         "false_verdicts_on_nodes_never_silent_half_timeout": sum(
             gaps.get(n, 0.0) <= HANG_TIMEOUT_S / 2 for n in set(co["false_nodes"]) - silent),
@@ -765,19 +789,24 @@ def trial(design: str, ranks: int, window_s: float, procs: int, threads: int, wo
             shutil.rmtree(etcd.workdir, ignore_errors=True)
     coord = next(r for k, r in results if k == "coord")
     gens = [r for k, r in results if k == "gen"]
+    return {**cpu, **ran_at, "loadavg_1m": round(load_1m, 2),
+            **_store_row(design, ranks, window_s, node_beat_s, coord, gens, cpu["server_cpu_pct"] / 100 * window_s)}
+
+
+def _store_row(design: str, ranks: int, window_s: float, node_beat_s: float, coord: dict, gens: list[dict],
+               server_cpu_s: float) -> dict:
+    """A flat or aggregated trial's figures from what its coordinator and generators reported."""
     ops = sum(g["ops"] for g in gens) + coord["ops"]  # requests in the window
-    ops_coord_s = coord["ops"] / window_s
+    demanded_s = demanded_ops_s(design, ranks, node_beat_s)
     stale = sorted(coord["stale"])
     pct = (lambda q: stale[min(len(stale) - 1, int(q * len(stale)))] if stale else None)
-    server_cpu_s = cpu["server_cpu_pct"] / 100 * window_s
     return {
-        **cpu, **ran_at, "loadavg_1m": round(load_1m, 2),
         "design": design, "ranks": ranks,
-        "demanded_ops_s": round(demanded_ops_s(design, ranks, node_beat_s)),
+        "demanded_ops_s": round(demanded_s),
         "ops_s": round(ops / window_s),
         "coordinator_ops_s": round(coord["ops"] / window_s),
         "server_cpu_us_per_op": round(1e6 * server_cpu_s / max(1, ops), 1),
-        "projected_server_cpu_pct": round(100 * server_cpu_s / max(1, ops) * (demanded_ops_s(design, ranks, node_beat_s) + ops_coord_s), 1),
+        "projected_server_cpu_pct": round(100 * server_cpu_s / max(1, ops) * (demanded_s + coord["ops"] / window_s), 1),
         "staleness_p50_s": pct(0.5), "staleness_p99_s": pct(0.99),
         "detect_s": coord["detect_s"], "false_verdicts": coord["false"],
         "coordinator_pass_s": coord["pass_s_p50"], "late_actions": sum(g["late"] for g in gens),

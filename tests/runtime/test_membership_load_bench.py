@@ -91,3 +91,27 @@ def test_probe_times_a_real_hub_verdict_and_the_write_that_publishes_it():
     assert split["forgiven"] == pytest.approx(1.0) and split["verdict_s"] == pytest.approx(2.0)
     asyncio.run(book.write({2: frozenset({16})}))
     assert probe.published_s is not None
+
+
+def test_simulated_links_send_lines_a_real_gate_admits_then_say_goodbye():
+    import socket
+
+    from seamguard.runtime.linkwire import BYE, LinkGate, decode_report, new_hub_id
+
+    key, hub = b"s" * 32, new_hub_id()
+    server = socket.create_server(("127.0.0.1", 0))
+    links = bench._SimulatedLinks("127.0.0.1", server.getsockname()[1], hub, key)
+    links.send(5)
+    peer, _ = server.accept()
+    links.send(5)
+    links.goodbye()
+    data = b""
+    while chunk := peer.recv(65536):
+        data += chunk
+    gate = LinkGate(key, "bench", hub)
+    got = [gate.admit(line + b"\n") for line in data.split(b"\n") if line]
+    assert [(m.node, m.seq) for m in got] == [(5, 1), (5, 2), (5, 3)]
+    assert decode_report(got[1]).beats == {40 + i: (2, 2) for i in range(8)}
+    assert got[2].body == BYE and links.reconnects == 0
+    peer.close()
+    server.close()
