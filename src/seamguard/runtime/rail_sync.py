@@ -103,4 +103,5 @@ class RailSync:
         return group + own
 
     def close(self) -> None:
-        self.group.close()
+        # the generation is over (a peer may be gone): do not wait for the last vote
+        self.group.close(settle=False)

@@ -33,6 +33,16 @@ private buffers are reused from one collective to the next unless an op on one w
 abandoned, and the training thread waits for a chunk inside gloo's own ``wait(timeout)``
 (no interpreter lock held, woken by its completion) instead of napping 1 ms at a time.
 
+One synchronisation a step in the steady state: an all-reduce whose chunks all finished on
+this rank at the first attempt returns at once, and its vote is read on a helper thread
+while the caller computes (`_return_early`, `_settle`). A finished chunk already holds every
+rank's contribution, so the sum cannot change; what a peer may still need is this rank's
+part in a re-run of a chunk it could not finish, which the helper runs from a kept copy of
+the input. The next collective waits for the helper first, so every rank still votes in the
+same rounds and applies the same decisions in the same order; the rare re-run shows in the
+next report (its attempts and failed rails). The ring's wait for the slowest rank is then
+the step's one wait: the vote's second barrier in rank 0's store overlaps the next compute.
+
 Every group is built over a store connection of its own (`build_gloo_group`): building
 blocks in the store until every peer has published its address, and a TCPStore client
 serves one request at a time, so builds sharing the job's connection would wait on each
@@ -70,6 +80,7 @@ from seamguard.runtime.rail_decide import (  # noqa: F401
     op_deadline,
     overdue,
 )
+from seamguard.runtime.rail_chunks import Attempt, ChunkRunner
 # the transport it stands on (groups, connections, buffers, carrier) lives in
 # rail_transport.py; the names tests and callers used stay importable from here
 from seamguard.runtime.rail_transport import (  # noqa: F401
@@ -98,20 +109,31 @@ class CollectiveReport:
     elapsed_s: float
     bytes_per_rail: dict[int, int] = field(default_factory=dict)
     deadline_s: dict[int, float] = field(default_factory=dict)  # per rail, first attempt
-    chunk_s: dict[int, float] = field(default_factory=dict)  # agreed chunk time per rail, first attempt
+    # agreed chunk time per rail, first attempt; this rank's own when the collective returned
+    # before its vote (`RailGroup.allreduce_`)
+    chunk_s: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
-class _Attempt:
-    """This rank's outcome of running the open chunks once; what it votes."""
+class _Open:
+    """A collective until every rank committed every chunk: what its next attempt needs."""
 
-    deadline: dict[int, OpDeadline]  # per usable rail: the agreed deadline this attempt uses
-    ok: dict[int, bool] = field(default_factory=dict)  # chunk -> finished here
-    failed: set[int] = field(default_factory=set)
-    bw: dict[int, float] = field(default_factory=dict)
-    chunk_s: dict[int, float] = field(default_factory=dict)  # as in Vote.chunk_s
-    results: dict[int, torch.Tensor] = field(default_factory=dict)
-    settled: set[int] = field(default_factory=set)  # chunks whose op finished or never ran
+    kind: str
+    step: int
+    src: int
+    avoid: frozenset[int]
+    chunks: list[torch.Tensor]  # the caller's buffer; kept inputs once it returned early
+    wants_sums: bool = True  # False once returned early: the caller holds the sums already
+    t_start: float = field(default_factory=time.monotonic)
+    attempt: int = 0
+    done: list[bool] = field(default_factory=list)
+    used: set[int] = field(default_factory=set)
+    failed_all: set[int] = field(default_factory=set)
+    report: CollectiveReport = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.done = self.done or [False] * len(self.chunks)
+        self.report = CollectiveReport(self.step, 0, [], [], 0.0)
 
 
 class RailGroup:
@@ -136,9 +158,15 @@ class RailGroup:
         self._watch_store = own_connection(store)  # the watcher polls while the votes wait
         self._vote_store, self._get_waits = vote_connection(store, settings.vote_timeout_s)
         self._bufs = ChunkBuffers(keep=2 * settings.n_chunks)
+        self._runner = ChunkRunner(settings, self._bufs, self._rail_now,
+                                   lambda r, gen: self._local_fail[r] >= gen,
+                                   lambda r, gen: self._announce(r, gen, self.store))
         self._stale_votes: list[str] = []  # this rank's spent vote keys; the watcher deletes them
+        self._settling: threading.Thread | None = None  # an early-returned collective's vote (`_settle`)
+        self._settle_error: Exception | None = None
+        self._late: tuple[int, set[int]] = (0, set())  # its extra attempts and failed rails
         self.events: list[dict] = []  # rail transitions, for the job's log
-        self.causes: list[dict] = []  # why this rank abandoned chunks (carrier, peer flag, timeout)
+        self.causes: list[dict] = self._runner.causes  # why this rank abandoned chunks (carrier, peer flag, timeout)
         # Processes start with seconds of skew; gloo's connect timeout is short by design,
         # so meet on the store first.
         store.set(f"{prefix}/arrived/{rank}", "1")
@@ -234,169 +262,194 @@ class RailGroup:
 
     # ---- collectives -----------------------------------------------------------------------
     def allreduce_(self, flat: torch.Tensor, step: int, avoid: frozenset[int] = frozenset()) -> CollectiveReport:
-        """Sum `flat` over all ranks in place; returns once every rank committed the result.
-        ``avoid``: rails to leave out while another is usable (every rank passes the same)."""
-        return self._collective("allreduce", flat, step, 0, avoid)
+        """Sum `flat` over all ranks in place. ``avoid``: rails to leave out while another is
+        usable (every rank passes the same).
+
+        When every chunk finished on this rank at the first attempt (the steady state), it
+        returns before the ranks' vote: the vote, and a re-run of any chunk a peer could not
+        finish (this rank joins in from a kept copy of its input), complete on a helper
+        thread while the caller computes, and the next collective (or `close`) waits for
+        them first. The sum returned never changes: a finished chunk holds every rank's
+        contribution, and a re-run of it gives the same bits. Otherwise it returns once every
+        rank committed every chunk, as `broadcast_` always does."""
+        return self._collective("allreduce", flat, step, 0, avoid, early=True)
 
     def broadcast_(self, flat: torch.Tensor, step: int, src: int = 0) -> CollectiveReport:
         return self._collective("broadcast", flat, step, src)
 
-    def _issue(self, kind: str, pg: dist.ProcessGroup, buf: torch.Tensor, src: int) -> dist.Work:
-        if kind == "allreduce":
-            return pg.allreduce([buf])
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = src, 0
-        return pg.broadcast([buf], opts)
-
     def _collective(self, kind: str, flat: torch.Tensor, step: int, src: int,
-                    avoid: frozenset[int] = frozenset()) -> CollectiveReport:
-        t_start = time.monotonic()
-        chunks = list(torch.tensor_split(flat.view(-1), self.s.n_chunks))
-        done = [False] * len(chunks)
-        used: set[int] = set()
-        failed_all: set[int] = set()
-        bytes_per_rail: dict[int, int] = {}
-        report = CollectiveReport(step, 0, [], [], 0.0, bytes_per_rail)
-        attempt = 0
-        while not all(done):
-            usable = [r for r in self.agreed.usable() if r not in avoid] or self.agreed.usable()
-            if not usable:
-                if time.monotonic() - t_start > self.s.max_wait_no_rail_s:
-                    raise RailsError(f"step {step}: no usable rail for {self.s.max_wait_no_rail_s}s: "
-                                     + "; ".join(f"rail{r} {st.status} {st.reason}"
-                                                 for r, st in enumerate(self.agreed.rails)))
-                time.sleep(min(0.05, self.s.stable_s))
-                self._agree(step, attempt, [False] * len(chunks), [], {}, {})
-                attempt += 1
-                continue
-            todo = [c for c in range(len(chunks)) if not done[c]]
-            res = self._run_chunks(kind, chunks, todo, usable, src)
-            for c in todo:
-                r = usable[c % len(usable)]
-                bytes_per_rail[r] = bytes_per_rail.get(r, 0) + chunks[c].numel() * chunks[c].element_size()
-            oks = [done[c] or res.ok.get(c, False) for c in range(len(chunks))]
-            dec = self._agree(step, attempt, oks, sorted(res.failed), res.bw, res.chunk_s)
-            if not report.deadline_s:
-                report.deadline_s = {r: d.deadline_s for r, d in res.deadline.items()}
-                report.chunk_s = dec.chunk_s
-            failed_all |= set(dec.newly_dead) | res.failed
-            for c in todo:
-                if dec.commit_chunks[c]:
-                    chunks[c].copy_(res.results[c])
-                    done[c] = True
-                    used.add(usable[c % len(usable)])
-            self._bufs.give_back([res.results[c] for c in res.settled])
-            attempt += 1
-        report.attempts, report.rails_used, report.failed_rails = attempt, sorted(used), sorted(failed_all)
-        report.elapsed_s = time.monotonic() - t_start
-        return report
+                    avoid: frozenset[int] = frozenset(), early: bool = False) -> CollectiveReport:
+        late_attempts, late_failed = self._join_settle(step)
+        op = _Open(kind, step, src, avoid, list(torch.tensor_split(flat.view(-1), self.s.n_chunks)))
+        if early:
+            res = self._attempt(op)
+            if res is not None and not res.failed and all(res.ok.get(c, False) for c in range(len(op.chunks))):
+                return self._return_early(op, res, late_attempts, late_failed)
+            if res is not None:
+                self._vote_and_commit(op, res)
+        self._complete(op)
+        rep = op.report
+        rep.attempts = op.attempt + late_attempts
+        rep.rails_used, rep.failed_rails = sorted(op.used), sorted(op.failed_all | late_failed)
+        rep.elapsed_s = time.monotonic() - op.t_start
+        return rep
 
-    def _run_chunks(self, kind: str, chunks: list[torch.Tensor], todo: list[int], usable: list[int],
-                    src: int) -> _Attempt:
-        """Run the chunks `todo` on the usable rails once; give up a rail on its first failure.
+    def _complete(self, op: _Open) -> None:
+        """Attempt and vote until every rank committed every chunk of ``op``."""
+        while not all(op.done):
+            res = self._attempt(op)
+            if res is not None:
+                self._vote_and_commit(op, res)
 
-        A chunk's time counts from when the chunks issued before it on the same rail were
-        done (a rail carrying two chunks gives each its own time). That time, and how long
-        ago a chunk finished on another rail, decide whether it is overdue (`overdue`); the
-        longest such time per rail is voted as the rail's chunk time (`Vote.chunk_s`).
-        """
-        res = _Attempt({r: self.agreed.rails[r].deadline(self.s) for r in usable})
-        pending: dict[int, tuple[int, int, dist.Work, float]] = {}  # chunk -> rail, gen, work, issued
-        queue: dict[int, list[int]] = {r: [] for r in usable}  # rail -> its unresolved chunks, in issue order
-        clock: dict[int, float] = {}  # chunk -> when its own time began (it reached the head of its rail)
-        elapsed: dict[int, list[tuple[int, float]]] = {}
+    def _attempt(self, op: _Open) -> Attempt | None:
+        """Run ``op``'s open chunks once on the usable rails; None when no rail is usable
+        (after a short wait and an empty vote, so that a rebuild can be agreed)."""
+        usable = [r for r in self.agreed.usable() if r not in op.avoid] or self.agreed.usable()
+        if not usable:
+            if time.monotonic() - op.t_start > self.s.max_wait_no_rail_s:
+                raise RailsError(f"step {op.step}: no usable rail for {self.s.max_wait_no_rail_s}s: "
+                                 + "; ".join(f"rail{r} {st.status} {st.reason}"
+                                             for r, st in enumerate(self.agreed.rails)))
+            time.sleep(min(0.05, self.s.stable_s))
+            self._agree(op.step, op.attempt, [False] * len(op.chunks), [], {}, {})
+            op.attempt += 1
+            return None
+        todo = [c for c in range(len(op.chunks)) if not op.done[c]]
+        res = self._run_chunks(op.kind, op.chunks, todo, usable, op.src)
+        res.todo, res.usable = todo, usable
         for c in todo:
             r = usable[c % len(usable)]
-            pg, gen = self.pgs[r], self.agreed.rails[r].gen
-            buf = self._bufs.copy_of(chunks[c])  # private: an abandoned op may still write into it
-            res.results[c] = buf
-            if pg is None or self._local_fail[r] >= gen:
-                res.settled.add(c)
-                res.ok[c] = False
-                res.failed.add(r)
-                continue
-            try:
-                pending[c] = (r, gen, self._issue(kind, pg, buf, src), time.monotonic())
-                queue[r].append(c)
-            except Exception:  # noqa: BLE001
-                res.ok[c] = False
-                res.failed.add(r)
-
-        clock.update({q[0]: pending[q[0]][3] for q in queue.values() if q})
-
-        def took(r: int, dt: float) -> None:
-            res.chunk_s[r] = max(res.chunk_s.get(r, 0.0), dt)
-
-        done_t: dict[int, float] = {}  # rail -> when its first chunk of this attempt finished
-        while pending:
-            now = time.monotonic()
-            for c, (r, gen, work, t0) in list(pending.items()):
-                if work.is_completed():
-                    try:
-                        work.wait()
-                        res.ok[c] = True
-                        res.settled.add(c)
-                        done_t.setdefault(r, now)
-                        elapsed.setdefault(r, []).append((chunks[c].numel() * 4, now - t0))
-                        if c in clock:
-                            took(r, now - clock[c])
-                    except Exception as e:  # noqa: BLE001 - peer gone / gloo timeout
-                        self.causes.append({"rail": r, "gen": gen, "after_s": round(now - t0, 3),
-                                            "cause": f"error: {str(e)[:80]}"})
-                        res.ok[c] = False
-                        res.failed.add(r)
-                        self._announce(r, gen, self.store)
-                else:
-                    why = ""
-                    if self._local_fail[r] >= gen:
-                        cause = "flagged"
-                    elif r in res.failed:
-                        cause = "sibling"
-                    else:
-                        others = [x for q, x in done_t.items() if q != r]
-                        why = overdue(now - clock[c], now - min(others) if others else None,
-                                      res.deadline[r], self.s) if c in clock else ""
-                        if not why:
-                            continue
-                        cause = "timeout"
-                        took(r, now - clock[c])  # it took at least this long
-                    self.causes.append({"rail": r, "gen": gen, "after_s": round(now - t0, 3), "cause": cause,
-                                        **({"why": why} if why else {})})
-                    res.ok[c] = False  # abandoned: the buffer is private, the group gets parked
-                    res.failed.add(r)
-                    self._announce(r, gen, self.store)
-                del pending[c]
-                queue[r].remove(c)
-                if queue[r] and queue[r][0] not in clock:
-                    clock[queue[r][0]] = now  # the chunks ahead of it on this rail are done
-            if pending:
-                nap(pending[next(iter(pending))][2])
-        for r, xs in elapsed.items():
-            nbytes = sum(b for b, _ in xs)
-            if r not in res.failed and min(b for b, _ in xs) >= self.s.min_gray_bytes:
-                res.bw[r] = nbytes / max(max(t for _, t in xs), 1e-9)
+            op.report.bytes_per_rail[r] = (op.report.bytes_per_rail.get(r, 0)
+                                           + op.chunks[c].numel() * op.chunks[c].element_size())
+        if not op.report.deadline_s:
+            op.report.deadline_s = {r: d.deadline_s for r, d in res.deadline.items()}
         return res
+
+    def _vote_and_commit(self, op: _Open, res: Attempt, keys: list[str] | None = None) -> None:
+        """Vote on ``res`` (or read the vote already posted under ``keys``) and commit the
+        chunks every rank finished."""
+        oks = [op.done[c] or res.ok.get(c, False) for c in range(len(op.chunks))]
+        if keys is None:
+            keys = self._post_vote(oks, sorted(res.failed), res.bw, res.chunk_s)
+        dec = self._read_votes(op.step, op.attempt, keys)
+        if not op.report.chunk_s:
+            op.report.chunk_s = dec.chunk_s
+        op.failed_all |= set(dec.newly_dead) | res.failed
+        for c in res.todo:
+            if dec.commit_chunks[c]:
+                if op.wants_sums:
+                    op.chunks[c].copy_(res.results[c])
+                op.done[c] = True
+                op.used.add(res.usable[c % len(res.usable)])
+        self._bufs.give_back([res.results[c] for c in res.settled])
+        op.attempt += 1
+
+    # ---- the early return and the settle behind it -------------------------------------------
+    def _return_early(self, op: _Open, res: Attempt, late_attempts: int, late_failed: set[int]) -> CollectiveReport:
+        """Every chunk finished here: hand the caller the sum, take the vote's round on this
+        thread (so rounds stay in call order on every rank), and send, read and settle the
+        vote on a helper thread."""
+        inputs = [self._bufs.copy_of(c) for c in op.chunks]  # a chunk a peer missed is re-run from these
+        for c, chunk in enumerate(op.chunks):
+            chunk.copy_(res.results[c])
+        n = len(op.chunks)
+        mine, keys = self._cast_vote([True] * n, [], res.bw, res.chunk_s)  # the round, on this thread
+        rep = op.report
+        rep.attempts, rep.failed_rails = 1 + late_attempts, sorted(late_failed)
+        rep.rails_used = sorted({res.usable[c % len(res.usable)] for c in res.todo})
+        rep.chunk_s = dict(res.chunk_s)  # this rank's own; the agreed ones come with the vote
+        rep.elapsed_s = time.monotonic() - op.t_start
+        op.chunks, op.wants_sums = inputs, False
+        self._settling = threading.Thread(target=self._settle, args=(op, res, mine, keys), name="rail-settle",
+                                          daemon=True)
+        self._settling.start()
+        return rep
+
+    def _settle(self, op: _Open, res: Attempt, mine: tuple[str, str], keys: list[str]) -> None:
+        """Read the vote of an early-returned collective; re-run with the peers any chunk one
+        of them could not finish (the result is already the caller's: the re-run only serves
+        the peers). Its extra attempts and failed rails go into the next report."""
+        try:
+            self._vote_store.set(*mine)
+            self._vote_and_commit(op, res, keys)
+            extra = op.attempt
+            self._complete(op)
+            self._late = (op.attempt - extra, op.failed_all)
+        except Exception as exc:  # noqa: BLE001 - raised by the next collective (or close)
+            self._settle_error = exc
+        finally:
+            self._bufs.give_back(op.chunks)
+
+    def _join_settle(self, step: int) -> tuple[int, set[int]]:
+        """Wait (bounded) for the last early-returned collective to settle; its extra
+        attempts and failed rails. Raises RailsError if it failed or did not end in time."""
+        t = self._settling
+        if t is not None:
+            bound_s = 2 * (self.s.vote_timeout_s + self.s.max_wait_no_rail_s)
+            t.join(bound_s)
+            if t.is_alive():
+                raise RailsError(f"step {step}: the previous collective's vote did not settle within {bound_s:g} s")
+            self._settling = None
+        err, self._settle_error = self._settle_error, None
+        if err is not None:
+            raise RailsError(f"step {step}: the previous collective could not be completed: {err}") from err
+        late, self._late = self._late, (0, set())
+        return late
+
+    def _run_chunks(self, kind: str, chunks: list[torch.Tensor], todo: list[int], usable: list[int],
+                    src: int) -> Attempt:
+        return self._runner.run(kind, chunks, todo, usable, src)
+
+    def _rail_now(self, rail: int) -> tuple[dist.ProcessGroup | None, int, OpDeadline]:
+        """The rail's group, its agreed generation and the deadline its chunks get now."""
+        st = self.agreed.rails[rail]
+        return self.pgs[rail], st.gen, st.deadline(self.s)
 
     # ---- agreement ---------------------------------------------------------------------------
     def _agree(self, step: int, attempt: int, ok_chunks: list[bool], failed: list[int],
                bw: dict[int, float], chunk_s: dict[int, float]) -> Decision:
+        return self._read_votes(step, attempt, self._post_vote(ok_chunks, failed, bw, chunk_s))
+
+    def _post_vote(self, ok_chunks: list[bool], failed: list[int], bw: dict[int, float],
+                   chunk_s: dict[int, float]) -> list[str]:
+        """Post this rank's vote of the next round; the round's keys, for `_read_votes`."""
+        (key, payload), keys = self._cast_vote(ok_chunks, failed, bw, chunk_s)
+        self._vote_store.set(key, payload)
+        return keys
+
+    def _cast_vote(self, ok_chunks: list[bool], failed: list[int], bw: dict[int, float],
+                   chunk_s: dict[int, float]) -> tuple[tuple[str, str], list[str]]:
+        """This rank's vote of the next round (its key and text, not sent yet) and the round's keys."""
         now = time.monotonic()
         with self._lock:
             built = dict(self._built)  # latest result per rail; decide() matches it to the gen
         up_for = [(now - self._carrier_since[r]) if self._carrier[r] else 0.0
                   for r in range(len(self.s.interfaces))]
         vote = Vote(self.rank, ok_chunks, failed, up_for, built, bw, now, chunk_s)
-        # one round counter on every rank: all ranks call _agree equally often (same decisions)
+        # one round counter on every rank: all ranks vote equally often (same decisions)
         base = f"{self.prefix}/vote/{self._round}"
         self._round += 1
-        self._vote_store.set(f"{base}/{self.rank}", vote.to_json())
-        keys = [f"{base}/{r}" for r in range(self.world)]
+        if self._round > 2:
+            # this rank read round n-1 before voting in round n, so every rank voted in round
+            # n-1, which each did only after reading round n-2
+            with self._lock:
+                self._stale_votes.append(f"{self.prefix}/vote/{self._round - 3}/{self.rank}")
+        return (f"{base}/{self.rank}", vote.to_json()), [f"{base}/{r}" for r in range(self.world)]
+
+    def _read_votes(self, step: int, attempt: int, keys: list[str]) -> Decision:
+        """Wait (bounded) for every rank's vote under ``keys`` and apply the same `decide`."""
         if not self._get_waits:
             self._vote_store.wait(keys, datetime.timedelta(seconds=self.s.vote_timeout_s))
         votes = [Vote.from_json(b) for b in self._vote_store.multi_get(keys)]
         # a build this rank finished but whose gen the vote did not settle yet stays pending
         building = [r for r, st in enumerate(self.agreed.rails) if st.status == BUILDING]
         dec = decide(self.agreed, votes, self.s)
+        self._note_transitions(step, attempt, dec, building, votes)
+        return dec
+
+    def _note_transitions(self, step: int, attempt: int, dec: Decision, building: list[int],
+                          votes: list[Vote]) -> None:
+        """Act on a decision: park the rails given up, start the agreed rebuilds; log each."""
         for r in building:
             if self.agreed.rails[r].status == DEAD:  # the rebuild or its probe kept the rail out
                 self.events.append({"step": step, "attempt": attempt, "rail": r, "event": "refused",
@@ -415,11 +468,6 @@ class RailGroup:
             self.events.append({"step": step, "attempt": attempt, "rail": r, "event": "in",
                                 "gen": self.agreed.rails[r].gen, **self._probe_figures(r, votes),
                                 "t_wall": time.time()})
-        if self._round > 2:
-            # every rank has read round n-2's votes once it voted in round n-1
-            with self._lock:
-                self._stale_votes.append(f"{self.prefix}/vote/{self._round - 3}/{self.rank}")
-        return dec
 
     def _probe_figures(self, rail: int, votes: list[Vote]) -> dict[str, float]:
         """The probe bandwidth decide() judged a rebuilt rail by, and the bar it had to clear."""
@@ -430,6 +478,13 @@ class RailGroup:
         return {"probe_mb_s": round(min(probes) / 1e6, 2),
                 "bar_mb_s": round(self.s.gray_ratio * self.agreed.bw_ref_bytes_per_s / 1e6, 2)}
 
-    def close(self) -> None:
-        self._stop.set()
-        self._watcher.join(1.0)
+    def close(self, settle: bool = True) -> None:
+        """Stop the watcher. First (``settle``) wait for the last collective's vote and any
+        re-run a peer needs from this rank (bounded, raises as the next collective would); a
+        group given up for a new generation passes False: its peers may be gone."""
+        try:
+            if settle:
+                self._join_settle(-1)
+        finally:
+            self._stop.set()
+            self._watcher.join(1.0)
