@@ -20,9 +20,12 @@ stays within the 0.1 s interactive TPOT target (17 sequences, 98 ms), the mix's 
 output tokens (334, 69): decode-bound at 7.54 req/s. The decode speed is slower than the
 emulator's default (15 ms + 0.4 ms, 64 slots: 46 req/s, prefill-bound) so that the pool, not
 the shared 2-core machine driving every token through Python, is what saturates. The grid of
-levels 0.3, 0.5, 0.7, 0.85, 1.0 and 1.15 of that capacity (mean offered rate, bursts included;
---quick: 0.5 and 1.0) was fixed before any run of the sweep and every level is reported; --rps X
-runs one level at Poisson rate X instead (no sweep).
+levels 0.3, 0.5, 0.7, 0.85, 1.0 and 1.15 of that capacity (mean offered rate, bursts included)
+was fixed before any run of the sweep and every level is reported; --rps X runs one level at
+Poisson rate X instead (no sweep). --quick keeps the design and cuts its size: the headline
+level 0.85 only, 2 repetitions of 16 s runs (p0->d1 slowed from 5 s to 14 s); the result's
+``quick_cuts`` says so. Each run also pays the gateway's start and the drain of the requests
+still in flight at its end (batch outputs up to 256 tokens): ~20 s a run on a loaded machine.
 
 Per level, router and window (nothing degraded = arrivals before the degradation; degraded =
 arrivals while it lasts): SLO attainment (share of requests meeting their class's TTFT and
@@ -56,9 +59,12 @@ generator (no gateway for anyone): ``rails`` — every host's rails visible, so 
 choose among (prefill, decode, rail) paths exactly as seamguard's router does; ``home`` — rails
 hidden from every router, seamguard included, so every KV pull takes the decode instance's home
 rail. Request mixes from seeds OPPONENT_SEED + repetition (7301, 7302, ...: never used while
-developing); levels 0.5 and 0.9 of capacity (--quick: 0.9, the loaded arm, 24 s runs). Every
-repetition is reported per router (median, min, max) with seamguard's ratio to the best opponent
-of its arm, and each repetition where seamguard is the worst router of its arm is listed.
+developing; --opponent-seed picks another first seed); levels 0.5 and 0.9 of capacity (--utilization
+narrows them; --quick: 0.9, the loaded arm, 2 repetitions of 6 s runs, p0->d1 slowed from 2 s to
+5.5 s: a smoke test of every router in both arms, too few requests per window for a figure; its
+16 runs pay ~10 s each of start and drain). Every repetition is reported per router (median, min, max) with seamguard's
+ratio to the best opponent of its arm, and each repetition where seamguard is the worst router of
+its arm is listed.
 
     PYTHONPATH=src python benchmarks/inference_routing.py --opponents --quick
 """
@@ -93,11 +99,14 @@ OPPONENT_SEED = 7301  # first request-mix seed of --opponents; chosen after deve
 OPPONENT_ARMS = {"rails": ("p2c_eject", "prefix_kv", "seamguard"),
                  "home": ("round_robin", "least_outstanding", "p2c_eject", "prefix_kv", "seamguard")}
 OPPONENT_UTILIZATIONS, OPPONENT_QUICK_UTILIZATIONS = (0.5, 0.9), (0.9,)
+OPPONENT_WINDOWS_S = {"full": (60.0, (20.0, 55.0)), "quick": (6.0, (2.0, 5.5))}  # run length, degraded window
 OPPONENTS_SCRIPT = Path(__file__).resolve().parent / "routing_opponents.py"
 
 ROUTERS = ("round_robin", "least_outstanding", "seamguard")
 UTILIZATIONS = (0.3, 0.5, 0.7, 0.85, 1.0, 1.15)  # the sweep's grid, fixed before its first run; every level is reported
-QUICK_UTILIZATIONS = (0.5, 1.0)
+QUICK_UTILIZATIONS = (0.85,)  # the headline level
+WINDOWS_S = {"full": (60.0, (20.0, 55.0)), "quick": (16.0, (5.0, 14.0))}  # run length, degraded window
+REPS = {"full": 3, "quick": 2}  # the median of 3 survives one repetition disturbed by the shared machine
 TARGETS = (0.99, 0.90)  # degraded-window attainment: the issue's goal, and DistServe's goodput target
 SLOW_AT = (0, 1)  # the degraded path: prefill 0 -> decode 1 (PoolBed indices), over rail 1 (d1's home rail)
 SLOW = ("p0", "d1", 1)  # ... as the router names it: prefill, decode, rail
@@ -349,17 +358,35 @@ def summarize_opponents(rows: dict[str, dict[str, list[dict]]], seeds: list[int]
     return out
 
 
+def parse_utilizations(text: str | None, default: tuple[float, ...]) -> list[float]:
+    """--utilization's comma list (fractions of capacity), or the mode's default grid."""
+    try:
+        utils = [float(u) for u in text.split(",") if u] if text else list(default)
+    except ValueError as e:
+        raise SystemExit(f"inference_routing: --utilization {text}: {e}") from None
+    if not utils or any(u <= 0 for u in utils):
+        raise SystemExit(f"inference_routing: --utilization {text}: need positive fractions of capacity")
+    return utils
+
+
+def quick_cuts(full_levels: tuple[float, ...], windows: dict) -> dict:
+    """What --quick left out of the full design, for the result JSON."""
+    return {"full_levels": list(full_levels), "full_reps": REPS["full"], "full_duration_s": windows["full"][0],
+            "full_degraded_window_s": list(windows["full"][1])}
+
+
 def opponents_main(a: argparse.Namespace) -> None:
     """--opponents: both arms, every router, interleaved per repetition and level; one JSON line."""
-    reps = a.reps or (1 if a.quick else 3)
-    duration, deg = (24.0, (8.0, 22.0)) if a.quick else (60.0, (20.0, 55.0))
+    mode = "quick" if a.quick else "full"
+    reps = a.reps or REPS[mode]
+    duration, deg = OPPONENT_WINDOWS_S[mode]
     timing = PoolTiming(prefill_per_token_s=1.0 / a.prefill_tokens_per_s, decode_base_s=a.decode_base_s,
                         decode_per_seq_s=a.decode_per_seq_s)
     shape = LoadSpec(duration_s=duration)
     cap = pool_capacity(timing, PREFILL, DECODE, shape.classes)
-    utils = OPPONENT_QUICK_UTILIZATIONS if a.quick else OPPONENT_UTILIZATIONS
+    utils = parse_utilizations(a.utilization, OPPONENT_QUICK_UTILIZATIONS if a.quick else OPPONENT_UTILIZATIONS)
     slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in shape.classes}
-    seeds = [OPPONENT_SEED + i for i in range(reps)]
+    seeds = [a.opponent_seed + i for i in range(reps)]
     rows = {u: {arm: {r: [] for r in rs} for arm, rs in OPPONENT_ARMS.items()} for u in utils}
     t0, load0 = time.monotonic(), os.getloadavg()[0]
     inst_args = ["--prefill-per-token-s", f"{timing.prefill_per_token_s:.9f}", "--decode-base-s",
@@ -370,6 +397,7 @@ def opponents_main(a: argparse.Namespace) -> None:
                 rps = poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s)
                 for arm, routers in OPPONENT_ARMS.items():
                     for router in routers:
+                        t_run = time.monotonic()
                         res = run_opponent_arm(router, arm, bed, LoadSpec(rate_rps=rps, duration_s=duration), deg,
                                                a.rate_mbit, seed)
                         failed = [e for e in res["events"] if e["rc"] != 0]
@@ -382,7 +410,8 @@ def opponents_main(a: argparse.Namespace) -> None:
                         print(f"rep {rep} (seed {seed}) level {u:g} {arm:5s} {router:18s} healthy "
                               f"{row['healthy'].get('slo_attainment')} degraded {row['degraded'].get('slo_attainment')}"
                               f" goodput {row['degraded'].get('goodput_rps')} decisions {row['actions']['decisions']} "
-                              f"load {os.getloadavg()[0]:.1f}", flush=True)
+                              f"load {os.getloadavg()[0]:.1f} wall {time.monotonic() - t_run:.1f} s (arrivals and "
+                              f"drain {res.get('wall_s')} s)", flush=True)
     levels = {f"{u:g}": {"offered_rps": round(poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s)
                                               + shape.burst_size / shape.burst_every_s, 3),
                          "arms": summarize_opponents(rows[u], seeds),
@@ -399,7 +428,9 @@ def opponents_main(a: argparse.Namespace) -> None:
                   f"per rep {s['seamguard_over_best_per_rep']['per_rep']}; seamguard worst in {s['seamguard_worst_reps']}")
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
-    print(json.dumps({"mode": "opponents", "quick": a.quick, "commit": head, "seeds": seeds, "reps": reps, "levels": levels,
+    cuts = quick_cuts(OPPONENT_UTILIZATIONS, OPPONENT_WINDOWS_S) if a.quick else None
+    print(json.dumps({"comparison": "opponents", "mode": mode, "quick": a.quick, "quick_cuts": cuts, "commit": head,
+                      "seeds": seeds, "reps": reps, "levels": levels,
                       "duration_s": duration, "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit,
                       "capacity_rps": round(cap.pool_rps, 4), "via": "direct", "arms": OPPONENT_ARMS,
                       "wall_s": round(time.monotonic() - t0), "cpus": os.cpu_count(),
@@ -409,9 +440,10 @@ def opponents_main(a: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="the coarse grid 0.5,1.0, one repetition of 36 s per router and level (about 5 min)")
+                    help="level 0.85 only, 2 repetitions of 16 s per router (--opponents: 0.9, 2 repetitions of "
+                         "6 s); measured times in docs/benchmarks.md")
     ap.add_argument("--reps", type=int, default=None,
-                    help="repetitions per level and router (default 1 quick, 3 full: the median of 3 survives one "
+                    help="repetitions per level and router (default 2 quick, 3 full: the median of 3 survives one "
                          "repetition disturbed by the shared machine)")
     ap.add_argument("--utilization", default=None,
                     help="comma list of offered load as fractions of the pool's capacity (default "
@@ -434,6 +466,9 @@ def main() -> None:
     ap.add_argument("--opponents", action="store_true",
                     help="the competent-opponent comparison: both arms (rails, home), seeds from "
                          f"{OPPONENT_SEED}, direct (see the module docstring)")
+    ap.add_argument("--opponent-seed", type=int, default=OPPONENT_SEED,
+                    help=f"--opponents: the first repetition's request-mix seed (default {OPPONENT_SEED}; repetition i "
+                         "uses it + i)")
     a = ap.parse_args()
     if a.opponents:
         opponents_main(a)
@@ -441,8 +476,9 @@ def main() -> None:
     if a.reread:
         reread(Path(a.reread))
         return
-    reps = a.reps or (1 if a.quick else 3)
-    duration, deg = (36.0, (12.0, 32.0)) if a.quick else (60.0, (20.0, 55.0))
+    mode = "quick" if a.quick else "full"
+    reps = a.reps or REPS[mode]
+    duration, deg = WINDOWS_S[mode]
     timing = PoolTiming(prefill_per_token_s=1.0 / a.prefill_tokens_per_s, decode_base_s=a.decode_base_s,
                         decode_per_seq_s=a.decode_per_seq_s, kv_blocking=a.kv_blocking)
     shape = LoadSpec(duration_s=duration)
@@ -451,13 +487,8 @@ def main() -> None:
     if a.rps is not None:
         levels = {f"rps={a.rps:g}": a.rps}
     else:
-        try:
-            grid = QUICK_UTILIZATIONS if a.quick else UTILIZATIONS
-            utils = [float(u) for u in (a.utilization or ",".join(map(str, grid))).split(",") if u]
-            levels = {f"{u:g}": poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s)
-                      for u in utils}
-        except ValueError as e:
-            raise SystemExit(f"inference_routing: --utilization {a.utilization}: {e}") from None
+        utils = parse_utilizations(a.utilization, QUICK_UTILIZATIONS if a.quick else UTILIZATIONS)
+        levels = {f"{u:g}": poisson_rate_for(u, cap.pool_rps, shape.burst_size, shape.burst_every_s) for u in utils}
     slo = {c.name: (c.ttft_slo_s, c.tpot_slo_s) for c in shape.classes}
     t_start = time.monotonic()
     load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
@@ -475,6 +506,7 @@ def main() -> None:
             for lv, rps in levels.items():
                 load = LoadSpec(rate_rps=rps, duration_s=duration)
                 for router in routers:  # interleaved: every router sees every repetition's seed and machine state
+                    t_run = time.monotonic()
                     res = run(router, bed, load, deg, a.rate_mbit, seed=rep, direct=a.direct)
                     if a.records:
                         Path(a.records).mkdir(parents=True, exist_ok=True)
@@ -491,7 +523,8 @@ def main() -> None:
                     print(f"rep {rep} level {lv} {router:18s} healthy {healthy.get('slo_attainment')} "
                           f"degraded {degraded.get('slo_attainment')} goodput {degraded.get('goodput_rps')} "
                           f"errors {degraded.get('errors')} actions {acts[lv][router][-1]} "
-                          f"load {os.getloadavg()[0]:.1f}", flush=True)
+                          f"load {os.getloadavg()[0]:.1f} wall {time.monotonic() - t_run:.1f} s (arrivals and drain "
+                          f"{res.get('wall_s')} s)", flush=True)
 
     print(f"\nwindows: nothing degraded 0-{deg[0]:.0f} s, p0->d1 at {a.rate_mbit} mbit {deg[0]:.0f}-{deg[1]:.0f} s "
           f"(of {duration:.0f} s); {reps} repetition(s), medians"
@@ -526,6 +559,7 @@ def main() -> None:
                           "max_rate_at_target": "the highest grid level (fraction of capacity, req/s) at which the "
                                                 "window's median SLO attainment, and every lower level's, is >= the "
                                                 "target (DistServe, arXiv 2401.09670)"},
+                      "mode": mode, "quick_cuts": quick_cuts(UTILIZATIONS, WINDOWS_S) if a.quick else None,
                       "reps": reps, "duration_s": duration, "degraded_window_s": list(deg), "rate_mbit": a.rate_mbit,
                       "timing": {"prefill_per_token_s": timing.prefill_per_token_s,
                                  "decode_base_s": timing.decode_base_s, "decode_per_seq_s": timing.decode_per_seq_s,

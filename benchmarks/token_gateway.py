@@ -27,14 +27,14 @@ the history would have alerted):
 
 - ramp: the leaked key's own client in a loop that feeds on itself, from the key's usual rate
   growing 3.5x every 2 minutes (capped at 5 requests/s; refused anyway), from one of its own
-  sources; 30 minutes (--quick) or 1 h;
+  sources; 15 minutes (--quick) or 1 h;
 - stealth: a second client following the key's own daily shape at 1.5x its rate, from a source
-  that tried the key once two days before (not new); 1 h (--quick) or to midnight.
+  that tried the key once two days before (not new); 30 minutes (--quick) or to midnight.
 
 Seed s of these leaks the key LEAK_KEYS[s % 3] (three daily shapes); seeds from ``--seed0`` (1000:
 held out — seeds 0-5 were used while developing the detector's bin-by-bin history rule, seeds
 2000-2023 while developing its envelope throttle and rare-source evidence). A third scenario, healthy
-keys (``healthy``), runs the detector alone, its throttle applied, over 2 (--quick) or 3 weeks of one
+keys (``healthy``), runs the detector alone, its throttle applied, over 9 days (--quick) or 3 weeks of one
 key per seed with weekends at 30 %, days +-20 % and 20 % growth a week (odd seeds: clients on 256
 addresses drawn afresh each day): its steps are false flags and what its throttle refused is counted,
 beside the operator's alert-days and the requests its weekly-reset caps refuse.
@@ -53,7 +53,7 @@ Two modes, both printed:
   OpenAI backend, wall clock, the detector's history seeded with the same three simulated
   days ending now; live legitimate traffic at this hour's rates, then the leak.
 
-    PYTHONPATH=src python benchmarks/token_gateway.py --quick   # 2 seeds, shorter replays
+    PYTHONPATH=src python benchmarks/token_gateway.py --quick   # 2 seeds, shorter replays (SCOPE)
     PYTHONPATH=src python benchmarks/token_gateway.py
 
 The last line printed is one JSON object.
@@ -66,6 +66,7 @@ import asyncio
 import heapq
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -410,12 +411,23 @@ async def simulate_leak(system: str, history: list[Req], live: list[Req]) -> tup
 
 LEAK_KEYS = ("chat-mobile", "chat-web", "rag-backend")  # three daily shapes (6-24 h, 7-23 h, 8-19 h)
 
+#: How much of each scenario a run replays. --quick keeps every system, scenario and 2 seeds and
+#: cuts lengths so that it ends in about two minutes on the loaded 2-core machine (most of what is
+#: left is seeding the detector with three days of history, once per seamguard replay).
+SCOPE = {
+    "full": {"seeds": 3, "before_h": 2.0, "after_h": 12.0, "http_before_s": 30.0, "http_after_s": 120.0,
+             "ramp_h": 1.0, "stealth_h": 12.0, "healthy_days": 21},
+    "quick": {"seeds": 2, "before_h": 0.25, "after_h": 0.25, "http_before_s": 5.0, "http_after_s": 25.0,
+              "ramp_h": 0.25, "stealth_h": 0.5, "healthy_days": 9},
+}
+
 
 def run_leaks(seeds: int, quick: bool, seed0: int = 0) -> dict:
     """The ramp and the stealthy leak, each from 12:00 on day 3, seamguard and static+alert interleaved per
     seed; seed s leaks key LEAK_KEYS[s % 3] (seeds 0-5 were used while the detector was developed)."""
     leak_t = 3 * DAY + 12 * HOUR
-    after = {"ramp": 0.5 if quick else 1.0, "stealth": 1.0 if quick else 12.0}
+    scope = SCOPE["quick" if quick else "full"]
+    after = {"ramp": scope["ramp_h"], "stealth": scope["stealth_h"]}
     out: dict = {}
     for scenario, make in (("ramp", ramp_trace), ("stealth", stealth_trace)):
         runs: dict[str, list[dict]] = {"static+alert": [], "seamguard": []}
@@ -448,12 +460,12 @@ HEALTHY_GROWTH_PER_WEEK, HEALTHY_WEEKEND, HEALTHY_DAY_SIGMA = 1.2, 0.3, 0.2
 ROTATING_POOL = 256  # a rotating key's clients: this many addresses, a fresh set each day (a NAT pool, mobile)
 
 
-def healthy_days(key: str, weeks: int, rng: random.Random, rotating: bool = False) -> list[list[Req]]:
+def healthy_days(key: str, days: int, rng: random.Random, rotating: bool = False) -> list[list[Req]]:
     """Per day, a key's legitimate requests as real keys vary: weekends at 30 % of a weekday, each day's
     level lognormal(0, 0.2), growing 20 % a week. ``rotating``: each request from one of 256 addresses
     drawn afresh every day (clients behind a NAT pool or on mobile networks), not the key's 3 clients."""
     out = []
-    for d in range(weeks * 7):
+    for d in range(days):
         level = (HEALTHY_GROWTH_PER_WEEK ** (d / 7) * rng.lognormvariate(0, HEALTHY_DAY_SIGMA)
                  * (HEALTHY_WEEKEND if d % 7 in (5, 6) else 1.0))
         reqs = legit_trace(d * DAY, (d + 1) * DAY, rng, only=key, scale=level)
@@ -521,13 +533,13 @@ def detector_replay(key: str, days: list[list[Req]], first_judged: int) -> dict:
 
 def run_healthy(seeds: int, quick: bool, seed0: int) -> dict:
     """Healthy keys only (one per seed, the three daily shapes in turn; odd seeds' clients rotate
-    addresses): the detector fed every request of ``weeks`` weeks, its throttle applied; a step on any
+    addresses): the detector fed every request of the scope's days, its throttle applied; a step on any
     judged day (from day 7) is a false flag, a refusal a legitimate request refused."""
-    weeks = 2 if quick else 3
+    n_days = SCOPE["quick" if quick else "full"]["healthy_days"]
     rows = []
     for s in range(seed0, seed0 + seeds):
         key = LEAK_KEYS[s % len(LEAK_KEYS)]
-        days = healthy_days(key, weeks, random.Random(s), rotating=s % 2 == 1)
+        days = healthy_days(key, n_days, random.Random(s), rotating=s % 2 == 1)
         got = detector_replay(key, days, 7)
         refused, judged, alerted = static_refusals(days, 7)
         rows.append({"seed": s, "key": key, "rotating_sources": s % 2 == 1, "days_judged": len(days) - 7,
@@ -537,7 +549,7 @@ def run_healthy(seeds: int, quick: bool, seed0: int) -> dict:
                      "seamguard_requests_refused_by_detector": got["refused"],
                      "static_alert_days": len(alerted), "static_requests_refused": refused})
         print(f"healthy seed {s}: {rows[-1]}", file=sys.stderr)
-    return {"weeks": weeks, "growth_per_week": HEALTHY_GROWTH_PER_WEEK, "weekend_level": HEALTHY_WEEKEND,
+    return {"weeks": round(n_days / 7, 2), "days": n_days, "growth_per_week": HEALTHY_GROWTH_PER_WEEK, "weekend_level": HEALTHY_WEEKEND,
             "day_sigma": HEALTHY_DAY_SIGMA, "per_seed": rows,
             **{f: sum(r[f] for r in rows) for f in ("days_judged", "requests_judged", "seamguard_flags",
                                                      "seamguard_suspensions", "seamguard_requests_refused",
@@ -579,7 +591,7 @@ def stealth_detector_only(seeds: int, seed0: int) -> dict:
 
 
 def print_healthy(h: dict) -> None:
-    print(f"\nhealthy keys ({h['weeks']} weeks: weekends at {h['weekend_level']:g}, days +-{h['day_sigma']:g}, "
+    print(f"\nhealthy keys ({h['weeks']:g} weeks: weekends at {h['weekend_level']:g}, days +-{h['day_sigma']:g}, "
           f"{h['growth_per_week']:g}x a week; judged from day 7): {h['days_judged']} key-days, "
           f"{h['requests_judged']} requests")
     print(f"  static+alert: {h['static_alert_days']} alert-days, {h['static_requests_refused']} requests refused by "
@@ -622,18 +634,19 @@ def print_leaks(res: dict) -> None:
               f"{','.join(r['seamguard']['detected_by']):>28}")
         for k in ("static+alert", "seamguard"):
             per = r["per_seed_time_to_detect_s"][k]
-            hit = [x for x in per if x is not None and x <= HOUR]
-            print(f"{k}: detected within the hour in {len(hit)} of {len(per)} seeds "
+            within_s = min(HOUR, r["hours_after"] * HOUR)
+            hit = [x for x in per if x is not None and x <= within_s]
+            print(f"{k}: detected within {within_s / 60:g} min in {len(hit)} of {len(per)} seeds "
                   f"{r['seeds']} (keys {','.join(r[k]['leaked_key'])}); per seed {per}")
 
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2 seeds (full: 3); 30 min before and after the leak "
-                                                         "(full: 2 h, then to midnight); 45 s over HTTP (full: "
-                                                         "120 s); ramp 30 min, stealth 1 h (full: 1 h, to midnight); "
-                                                         "healthy keys 2 weeks (full: 3)")
+    ap.add_argument("--quick", action="store_true", help="about 2 min: 2 seeds (full: 3); 15 min before and after "
+                                                         "the leak (full: 2 h, then to midnight); 5 s + 25 s over "
+                                                         "HTTP (full: 30 s + 120 s); ramp 15 min, stealth 30 min "
+                                                         "(full: 1 h, to midnight); healthy keys 9 days (full: 21)")
     ap.add_argument("--seeds", type=int)
     ap.add_argument("--seed0", type=int, default=1000, help="first seed of the ramp and stealthy-leak scenarios "
                                                             "(seeds 0-5 were used while developing the detector: "
@@ -646,18 +659,21 @@ def main() -> None:
         print(json.dumps({"seed0": args.seed0, "detector_only_stealth": stealth_detector_only(args.seeds or 12,
                                                                                               args.seed0)}))
         return
-    seeds = args.seeds or (2 if args.quick else 3)
+    mode = "quick" if args.quick else "full"
+    scope = SCOPE[mode]
+    seeds = args.seeds or scope["seeds"]
     if args.leaks_only:
         leaks = run_leaks(seeds, args.quick, args.seed0)
         healthy = run_healthy(seeds, args.quick, args.seed0)
         print_leaks(leaks)
         print_healthy(healthy)
-        print(json.dumps({"quick": args.quick, "seeds": seeds, "seed0": args.seed0, "leaks": leaks,
+        print(json.dumps({"quick": args.quick, "mode": mode, "scope": scope, "seeds": seeds, "seed0": args.seed0,
+                          "leaks": leaks,
                           "healthy": healthy}))
         return
     # the full run lets the leak go on until midnight: long enough for a static limit to run the
-    # tenant's day out; --quick stops an hour after the leak
-    before_h, after_h = (0.5, 0.5) if args.quick else (2.0, 12.0)
+    # tenant's day out; --quick stops 15 min after the leak
+    before_h, after_h = scope["before_h"], scope["after_h"]
     leak_t = 3 * DAY + 12 * HOUR
     runs: dict[str, list[Tally]] = {"static": [], "seamguard": []}
     t_begin = time.perf_counter()
@@ -674,7 +690,9 @@ def main() -> None:
               file=sys.stderr)
     sim = {k: summarize(v) for k, v in runs.items()}
     sim_s = time.perf_counter() - t_begin
-    out: dict = {"quick": args.quick, "seeds": seeds, "hours_before_leak": before_h, "hours_after_leak": after_h,
+    t_run, load_start = time.perf_counter(), os.getloadavg()[0]
+    out: dict = {"quick": args.quick, "mode": mode, "scope": scope, "seeds": seeds, "hours_before_leak": before_h,
+                 "hours_after_leak": after_h,
                  "zombie_rps": ZOMBIE_RPS, "sim": sim, "sim_wall_s": round(sim_s, 1)}
 
     print(f"\nsimulated time, {seeds} seeds, leak at 12:00 for {after_h:g} h (median [min-max])")
@@ -692,7 +710,7 @@ def main() -> None:
     if not args.no_http:
         rng = random.Random(1000)
         wall0 = time.time()
-        pre, post = (10.0, 45.0) if args.quick else (30.0, 120.0)
+        pre, post = scope["http_before_s"], scope["http_after_s"]
         leak_wall = wall0 + 5.0 + pre
         history = legit_trace(wall0 - 3 * DAY, wall0, rng)
         live = sorted(legit_trace(wall0 + 5.0, leak_wall + post, rng)
@@ -716,6 +734,9 @@ def main() -> None:
                                            and (args.no_http or (out["http"]["time_to_throttle_s"] or 1e9) <= 30))
     out["goal_no_legit_rejected"] = bool(g["legit_requests_rejected_spread"][1] == 0
                                          and (args.no_http or out["http"]["legit_requests_rejected"] == 0))
+    out["wall_s"] = round(time.perf_counter() - t_run, 1)
+    out["loadavg_1m"] = [round(load_start, 1), round(os.getloadavg()[0], 1)]
+    out["cpus"] = os.cpu_count()
     print(json.dumps(out))
 
 

@@ -128,3 +128,40 @@ def test_opponents_register_by_name():
     finally:  # the table is the gateway's: leave it as other tests expect it
         ROUTERS.clear()
         ROUTERS.update(before)
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("inference_routing", ROOT / "benchmarks" / "inference_routing.py")
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = m
+    spec.loader.exec_module(m)
+    return m
+
+
+def test_quick_keeps_every_router_and_arm_repeated_on_levels_of_the_full_design():
+    bench = _bench()
+    assert bench.REPS["quick"] >= 2
+    assert set(bench.QUICK_UTILIZATIONS) <= set(bench.UTILIZATIONS)
+    assert set(bench.OPPONENT_QUICK_UTILIZATIONS) <= set(bench.OPPONENT_UTILIZATIONS)
+    assert {"round_robin", "least_outstanding", "seamguard", *ops.OPPONENTS} <= {
+        r for arm in bench.OPPONENT_ARMS.values() for r in arm}
+    for windows in (bench.WINDOWS_S, bench.OPPONENT_WINDOWS_S):
+        for duration_s, (start_s, end_s) in windows.values():
+            assert 0.0 < start_s < end_s <= duration_s  # a healthy window, then the degraded one, inside the run
+        assert windows["quick"][0] < windows["full"][0]
+    cuts = bench.quick_cuts(bench.OPPONENT_UTILIZATIONS, bench.OPPONENT_WINDOWS_S)
+    assert cuts["full_levels"] == list(bench.OPPONENT_UTILIZATIONS)
+    assert cuts["full_duration_s"] == bench.OPPONENT_WINDOWS_S["full"][0] > bench.OPPONENT_WINDOWS_S["quick"][0]
+
+
+def test_a_bad_utilization_list_is_one_line_naming_it():
+    bench = _bench()
+    assert bench.parse_utilizations("0.5, 0.9", (0.3,)) == [0.5, 0.9]
+    assert bench.parse_utilizations(None, (0.3,)) == [0.3]
+    for bad in ("0.5,x", "-0.5", ","):
+        try:
+            bench.parse_utilizations(bad, (0.3,))
+        except SystemExit as e:
+            assert bad in str(e) and "\n" not in str(e)
+        else:
+            raise AssertionError(f"{bad!r} accepted")
