@@ -8,16 +8,19 @@ listening on 127.0.0.1 for a one-node job and on ``--master-addr`` (or ``--store
 otherwise, never on every interface; it creates the job's hint key and takes only hint
 files signed with it (seamguard/hintauth.py).
 With etcd or several nodes the membership is aggregated per node: workers beat to a
-TCPStore their own launcher hosts on 127.0.0.1, and the launcher writes one record for
-the node to the job-wide store every node beat (docs/runtime.md, "Many nodes"), and mirrors
+TCPStore their own launcher hosts on 127.0.0.1, and the launcher sends one record for
+the node every node beat (over its link, docs/runtime.md "Many nodes"), and mirrors
 each new generation into its node's store the moment it is announced. Every
 node's launcher reports its children's exits to the store the moment
 `waitpid` sees them (this is how a killed rank is detected in milliseconds), carries out
 kill requests for its own children, and turns hint files into store keys. Every node's
-launcher but node 0's holds a TCP link to node 0's (runtime/nodelink.py): when a node's
-processes die, its kernel closes the link and the coordinator judges the node lost at
-once instead of after its record's timeout. At start a launcher removes the snapshot
-slots that killed launchers left in /dev/shm (runtime/shm.py).
+launcher but the coordinator's holds a TCP link to the coordinator's (runtime/nodelink.py):
+when a node's processes die, its kernel closes the link and the coordinator judges the
+node lost at once instead of after its record's timeout. With several nodes on etcd the
+coordinator is elected (runtime/election.py): node 0's launcher holds the key first, and
+when its lease expires another launcher takes the coordinator over (`_Loop._take_over`,
+Coordinator.take_over) without restarting a rank. At start a launcher removes the
+snapshot slots that killed launchers left in /dev/shm (runtime/shm.py).
 
 This module is the launch itself: opening the store and keys, the pass loop and when each
 part runs. The parts are their own modules: the worker processes (runtime/supervise.py),

@@ -336,6 +336,8 @@ class LaunchSettings:
         url = parse_store_url(self.store, self.run_id)
         if self.nnodes > 1 and self.master_port == 0 and url.kind == "tcp":
             raise ValueError("multi-node launch needs an explicit --master-port (or --store etcd://…)")
+        if not self.coordinator_timeout_s > 0:
+            raise ValueError(f"--coordinator-timeout-s must be > 0 seconds, got {self.coordinator_timeout_s}")
         if not 0 < self.node_beat_s <= self.hang_timeout_s / 2:
             raise ValueError(f"node_beat_s must be in (0, hang_timeout_s/2 = {self.hang_timeout_s / 2}], "
                              f"got {self.node_beat_s}")
