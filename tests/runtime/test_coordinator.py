@@ -424,3 +424,21 @@ def test_a_fixed_snapshot_interval_is_never_changed():
     c, store, clock, log = _auto_job(cost_s=None, auto=False)
     _beat_costs(c, store, clock, [0.8, 0.8], range(1, 12))
     assert keys.SNAPSHOT_CADENCE not in store.d and not [e for e in log if e["event"] == "snapshot_interval"]
+
+
+def test_a_launcher_taking_the_coordinator_over_reads_the_job_back_and_judges_the_dead_node_at_once():
+    """Node 0's coordinator ran generation 0 and died; node 1's launcher was elected. Its
+    Coordinator starts from the store alone: the running generation, then node 0's rank
+    and spare lost in one verdict and node 1's spare in the lost rank's place."""
+    _, store, clock, _ = _two_nodes()
+    store.add(keys.HINT_CHECKPOINT, 1)   # a hint its predecessor could already have taken
+    log = []
+    s = LaunchSettings(script=["x.py"], nproc=1, spares=1, nnodes=2, node_rank=1, master_port=29500)
+    c = Coordinator(store, s, [0, 2], [1, 3], None, 30.0, log.append, clock=clock)
+    assert c.take_over(0, set(), grace_s=5.0) == "running"
+    assert (c.plan.gen, c._hint_checkpoint) == (0, 1)
+    clock.t += 0.05
+    c.tick()
+    assert [(e["node"], e["wids"]) for e in log if e["event"] == "node_lost"] == [(0, [0, 1])]
+    assert c.plan.gen == 1 and c.plan.ranks == [3, 2]   # node 1's spare took rank 0; w2 kept rank 1
+    assert store.check([keys.plan(1)])
