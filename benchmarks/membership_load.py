@@ -62,9 +62,10 @@ metered for the processes under test only: a generator's threads end with the wi
 and an ended thread's wait leaves the sum.
 In the links design the silent node's way through the coordinator is timed
 (`_VerdictProbe`, `detection_split`): its last line's send and read, the hang timeout,
-the pass gaps the hub forgave (a pass more than a quarter of the timeout after the last
-is the coordinator's absence, not the node's silence), how far behind the hub's reading
-was, the wait for the judging pass, and the membership write that published the loss;
+the pass gaps the hub forgave (a pass more than the timeout after the last: the
+coordinator's host frozen, not the node silent), the wait for the judging pass, that
+pass's reading of what had arrived before it judged, and the membership write that
+published the loss;
 ``detect_s`` is the verdict pass's time after the kill.
 The flat and aggregated coordinators sleep 5 ms between passes, as the launcher's loop does. etcd keeps its
 data on tmpfs (/dev/shm): it fsyncs every write, and this machine's shared disk would
@@ -442,32 +443,30 @@ LINK_VICTIM = 1  # node 0 runs the coordinator here; node 1 is the one that goes
 
 class _VerdictProbe:
     """Times the silent node's way through the coordinator: the last line of it the hub
-    read, every judging pass (the gap it forgave: the part of the time since the last pass
-    past a quarter of the timeout; how far behind its reading was: `behind_s`), the pass
-    that judged it and why, and the membership write that published the loss to etcd.
-    It wraps this hub's and this roster's methods (instance attributes: the product's code
-    runs unchanged) and only records times."""
+    read, every judging pass (as of when; the gap the hub forgave: `forgiven_s`; how long
+    it read before judging: `read_through_s`), the pass that judged it and why, and the
+    membership write that published the loss to etcd. It wraps this hub's and this
+    roster's methods (instance attributes: the product's code runs unchanged) and only
+    records times."""
 
     def __init__(self, hub, book, victim: int) -> None:
         self.last_line_s: float | None = None
-        self.passes: list[tuple[float, float, float]] = []   # (when, forgiven s, behind s)
-        self.verdict: tuple[float, str, float] | None = None   # (when, why, behind s)
+        self.passes: list[tuple[float, float, float]] = []   # (as of, forgiven s, read-through s)
+        self.verdict: tuple[float, str, float] | None = None   # (when, why, read-through s)
         self.published_s: float | None = None
         observe, judge, write = hub.observe, hub.judge, book.write
-        quarter_s = hub.tracker.hang_timeout_s / 4
 
         def observing(report, now_s: float) -> None:
             if report.node == victim:
                 self.last_line_s = now_s
             observe(report, now_s)
 
-        def judging(now_s: float):
-            behind_s = hub.behind_s()   # as judge() reads it, before it starts the next pass's
-            forgiven_s = max(0.0, now_s - self.passes[-1][0] - quarter_s) if self.passes else 0.0
-            lost = judge(now_s)
-            self.passes.append((now_s, forgiven_s, behind_s))
+        def judging(as_of_s: float, *spared):
+            lost = judge(as_of_s, *spared)
+            read_s = hub.read_through_s   # judge_now sets it before it judges
+            self.passes.append((as_of_s, hub.forgiven_s, read_s))
             if self.verdict is None and any(node == victim for node, _, _ in lost):
-                self.verdict = (now_s, next(why for node, _, why in lost if node == victim), behind_s)
+                self.verdict = (as_of_s + read_s, next(why for node, _, why in lost if node == victim), read_s)
             return lost
 
         async def writing(new):
@@ -484,19 +483,19 @@ def detection_split(kill_s: float, last_sent_s: float | None, last_read_s: float
     """Where a silent node's detection time went, in s, from its kill to its loss in etcd:
     ``last_sent`` (its last line's send, relative to the kill: <= 0), ``read_lag`` (that
     line's send to the hub reading it), ``timeout``, ``forgiven`` (pass gaps the hub
-    forgave between that read and the verdict), ``behind`` (the verdict pass's reading
-    lag), ``pass_wait`` (the rest: from the deadline so moved to the pass that judged),
-    ``publish`` (the verdict to its membership write); they sum to ``published``, as
-    ``verdict`` sums all but the last. None where the node was not judged."""
+    forgave between that read and the verdict), ``pass_wait`` (from the deadline so moved
+    to the moment the judging pass judged as of), ``read_through`` (that pass reading what
+    had arrived by then), ``publish`` (the verdict to its membership write); they sum to
+    ``published``, as ``verdict`` sums all but the last. None where the node was not judged."""
     if verdict is None or last_read_s is None:
         return {"path": None, "verdict_s": None, "published_s": None}
-    verdict_at_s, why, behind_s = verdict
-    forgiven_s = sum(f for t, f, _ in passes if last_read_s < t <= verdict_at_s)
+    verdict_at_s, why, read_s = verdict
+    forgiven_s = sum(f for t, f, _ in passes if last_read_s < t <= verdict_at_s - read_s)
     last_sent_s = last_read_s if last_sent_s is None else last_sent_s
     split = {"last_sent": last_sent_s - kill_s, "read_lag": last_read_s - last_sent_s,
-             "timeout": timeout_s, "forgiven": forgiven_s, "behind": behind_s}
+             "timeout": timeout_s, "forgiven": forgiven_s, "read_through": read_s}
     if "closed" in why:   # the faster path: its link closed, no timeout
-        split.update(timeout=0.0, forgiven=0.0, behind=0.0)
+        split.update(timeout=0.0, forgiven=0.0)
     split["pass_wait"] = verdict_at_s - kill_s - sum(split.values())
     split["publish"] = None if published_s is None else published_s - verdict_at_s
     return {"path": "link closed" if "closed" in why else "timeout",

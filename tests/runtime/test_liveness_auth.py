@@ -10,6 +10,7 @@ reason and keeps running. No torch, no etcd.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from seamguard.runtime.liveness import (
     BeatRefused,
     LinkGate,
     LivenessHub,
+    NodeReport,
     NodeReporter,
     PendingLinks,
     decode_report,
@@ -193,31 +195,102 @@ def test_launch_link_client_without_the_key_does_not_connect():
         server.close()
 
 
-def test_a_hub_reading_late_judges_silence_as_of_where_its_reading_is():
-    """The coordinator short of CPU reads its links late: the send times on the lines say by
-    how much, and a silence is not judged on lines that may still be queued."""
-    hub = LivenessHub(RUN, hang_timeout_s=1.0, key=KEY)
-    mono = 0.0
+async def _hub_with_queued_lines(nodes: int, clock, read_bytes: int):
+    """A hub that read each node's first line (at its clock's 100.0) and had nothing more
+    arrive until 100.9; then every node's second line arrives and waits in its socket (the
+    hub's loop has not run since). Each line is longer than ``read_bytes``: it takes
+    several reads, split across them."""
+    hub = LivenessHub(RUN, hang_timeout_s=1.0, key=KEY, clock=clock, read_bytes=read_bytes)
+    await hub.start()
+    host, port, _ = parse_hub_address(hub.address)
+    socks = [socket.create_connection((host, port), timeout=1.0) for _ in range(nodes)]
+    for n, sock in enumerate(socks, 1):
+        sock.sendall(encode_report(KEY, RUN, hub.hub, n, 1, {8 * n + w: (1, 1) for w in range(8)}))
+    for _ in range(500):   # bounded: until the hub read them all
+        if hub.reports == nodes:
+            break
+        await asyncio.sleep(0.01)
+    return hub, socks
 
-    def line(node: int, seq: int, sent_s: float, read_s: float) -> None:
-        hub.note_delay(node, int(sent_s * 1e9), int(read_s * 1e9))
-        hub.observe(decode_report(hub.gate.admit(encode_report(KEY, RUN, hub.hub, node, seq, {node: (seq, seq)},
-                                                                t_ns=int(time.time_ns())))), read_s)
+
+def test_a_line_that_arrived_before_the_pass_but_is_read_during_it_is_no_verdict():
+    """The coordinator judges as of the moment its pass starts, once every line that had
+    arrived by then is read, however many sockets, and however many reads a line takes: a
+    hub short of CPU judges late, never on a line still queued in its sockets."""
+    now = [100.0]
+
+    async def scenario():
+        hub, socks = await _hub_with_queued_lines(40, lambda: now[0], read_bytes=64)
+        assert await hub.judge_now() == []
+        now[0] = 100.9
+        assert await hub.judge_now() == []   # 0.9 s silent: within the timeout
+        for n, sock in enumerate(socks, 1):   # arrive now; read only in the next pass
+            sock.sendall(encode_report(KEY, RUN, hub.hub, n, 2, {8 * n + w: (2, 2) for w in range(8)}))
+        time.sleep(0.05)   # loopback: the bytes are in the hub's sockets
+        now[0] = 101.2     # past every first line's deadline; 0.3 s since the last pass, not forgiven
+        verdicts = await hub.judge_now()
+        reports = hub.reports
+        for sock in socks:
+            sock.close()
+        await hub.close()
+        return verdicts, reports
+    verdicts, reports = asyncio.run(scenario())
+    assert verdicts == [] and reports == 80
+
+
+def test_a_backlog_the_pass_cannot_read_within_its_cap_spares_its_nodes_that_pass():
+    now = [100.0]
+
+    async def scenario():
+        hub, socks = await _hub_with_queued_lines(3, lambda: now[0], read_bytes=64)
+        assert await hub.judge_now() == []
+        for n, sock in enumerate(socks, 1):
+            sock.sendall(encode_report(KEY, RUN, hub.hub, n, 2, {8 * n + w: (2, 2) for w in range(8)}))
+        time.sleep(0.05)
+        now[0] = 101.2   # the clock stands still: the cap (0 s) is reached after one more read
+        spared = await hub.judge_now(cap_s=0.0)
+        unread = hub.reports
+        rest = await hub.judge_now()   # the next pass reads the rest first
+        for sock in socks:
+            sock.close()
+        await hub.close()
+        return spared, unread, rest, hub.reports
+    spared, unread, rest, reports = asyncio.run(scenario())
+    assert spared == [] and unread == 3          # the second lines not read yet, their nodes not judged
+    assert rest == [] and reports == 6
+
+
+def test_a_starved_pass_shorter_than_the_timeout_does_not_delay_the_verdict():
+    """A pass that comes 0.9 s after the last (the coordinator had no CPU) forgives nothing:
+    the silent node is judged at the first pass past its timeout, as on an idle host."""
+    hub = LivenessHub(RUN, hang_timeout_s=1.0, key=KEY)
+    passes_s = [0.0, 0.9] + [round(0.9 + 0.125 * i, 3) for i in range(1, 16)]
     verdicts = []
-    seq = 0
-    while mono < 3.0:
-        seq += 1
-        # node 2 beats every 0.1 s; the hub reads its lines 0.8 s late from 0.5 s to 1.7 s
-        late_s = 0.8 if 0.5 <= mono < 1.7 else 0.0
-        line(2, seq, mono - late_s, mono)
-        if mono < 0.3:
-            line(1, seq, mono, mono)   # node 1 beats, then falls silent at 0.3 s
-        verdicts += [(n, round(mono, 1)) for n, _, _ in hub.judge(mono)]
-        mono = round(mono + 0.1, 1)
-    # without the lag, node 1 (last read at 0.2 s) was due at 1.3 s; the hub was 0.8 s behind then,
-    # so it is judged once its reading caught up, and node 2, which never stopped, never
+    for at_s in passes_s:
+        hub.observe(NodeReport(2, int(at_s * 1000), {16: (1, 1)}), at_s)   # node 2 beats throughout
+        if at_s == 0.0:
+            hub.observe(NodeReport(1, 0, {8: (1, 1)}), at_s)   # node 1's last line
+        verdicts += [(n, at_s) for n, _, _ in hub.judge(at_s)]
     assert [n for n, _ in verdicts] == [1]
-    assert verdicts[0][1] >= 1.7
+    assert 1.0 < verdicts[0][1] <= 1.0 + 0.125   # the timeout plus at most one pass
+
+
+def test_a_freeze_longer_than_the_timeout_is_forgiven_in_full():
+    """The coordinator's whole host stopped for 1.5 s (its network stack too: lines sent
+    meanwhile come after it resumes): nobody is judged for it; a node silent before it is
+    judged a timeout of the coordinator's waking time after its last line."""
+    hub = LivenessHub(RUN, hang_timeout_s=1.0, key=KEY)
+    for n in (1, 2):
+        hub.observe(NodeReport(n, 0, {8 * n: (1, 1)}), 0.0)
+    assert hub.judge(0.1) == []
+    assert hub.judge(1.6) == [] and hub.forgiven_s == pytest.approx(1.5)
+    verdicts = []
+    for i in range(1, 16):
+        at_s = round(1.6 + 0.125 * i, 3)
+        hub.observe(NodeReport(2, i, {16: (1, 1)}), at_s - 0.05)   # node 2's lines come again
+        verdicts += [(n, at_s) for n, _, _ in hub.judge(at_s)]
+    assert [n for n, _ in verdicts] == [1]
+    assert 2.5 < verdicts[0][1] <= 2.5 + 0.125   # 0.0 + 1.5 forgiven + 1.0 timeout, then a pass
 
 
 # ---- idle links: a flood of sockets that never say a line (nobody's loss, bounded, timed out)

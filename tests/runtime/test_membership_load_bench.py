@@ -45,11 +45,11 @@ def test_split_adds_up_and_counts_only_the_gaps_forgiven_after_the_last_line():
     passes = [(10.0, 0.5, 0.0),      # before the last line: not this node's
               (10.6, 0.3, 0.1), (11.2, 0.2, 0.0), (12.0, 0.0, 0.25)]
     split = bench.detection_split(kill_s=10.2, last_sent_s=10.1, last_read_s=10.15, passes=passes,
-                                  verdict=(12.0, "no report for 1.2 s", 0.25), published_s=12.05, timeout_s=1.0)
-    assert split["path"] == "timeout"
+                                  verdict=(12.25, "no report for 1.2 s", 0.25), published_s=12.3, timeout_s=1.0)
+    assert split["path"] == "timeout"   # the verdict pass: as of 12.0, after 0.25 s of reading
     assert split["forgiven"] == pytest.approx(0.5)
-    assert split["behind"] == pytest.approx(0.25)
-    parts = ("last_sent", "read_lag", "timeout", "forgiven", "behind", "pass_wait")
+    assert split["read_through"] == pytest.approx(0.25)
+    parts = ("last_sent", "read_lag", "timeout", "forgiven", "read_through", "pass_wait")
     assert sum(split[k] for k in parts) == pytest.approx(split["verdict_s"], abs=2e-3)
     assert split["verdict_s"] + split["publish"] == pytest.approx(split["published_s"], abs=2e-3)
 
@@ -79,16 +79,15 @@ def test_probe_times_a_real_hub_verdict_and_the_write_that_publishes_it():
         hub.observe(NodeReport(node, 1, {node * 8: (1, 1)}), 100.0)
     hub.judge(100.1)
     hub.observe(NodeReport(2, 2, {16: (2, 2)}), 100.9)
-    hub.judge(100.9)   # 0.8 s since the last pass: 0.55 s of it forgiven
-    hub.observe(NodeReport(2, 3, {16: (3, 3)}), 101.6)
-    assert hub.judge(101.6) == [] and probe.verdict is None   # 0.45 s forgiven: node 1 silent 0.6 s as judged
-    assert hub.judge(101.8) == []
-    lost = hub.judge(102.05)
+    assert hub.judge(100.9) == []   # 0.8 s since the last pass: shorter than the timeout, not forgiven
+    hub.observe(NodeReport(2, 3, {16: (3, 3)}), 102.3)
+    assert hub.judge(102.3) == [] and probe.verdict is None   # 1.4 s: a frozen host, forgiven in full
+    lost = hub.judge(102.45)   # node 1 silent 2.45 s, 1.05 s of it as judged
     assert [n for n, _, _ in lost] == [1]
-    assert probe.last_line_s == 100.0 and probe.verdict[0] == 102.05 and "no report" in probe.verdict[1]
-    assert [round(f, 3) for _, f, _ in probe.passes] == [0.0, 0.55, 0.45, 0.0, 0.0]
+    assert probe.last_line_s == 100.0 and probe.verdict[0] == 102.45 and "no report" in probe.verdict[1]
+    assert [round(f, 3) for _, f, _ in probe.passes] == [0.0, 0.0, 1.4, 0.0]
     split = bench.detection_split(100.05, 99.95, probe.last_line_s, probe.passes, probe.verdict, None, 1.0)
-    assert split["forgiven"] == pytest.approx(1.0) and split["verdict_s"] == pytest.approx(2.0)
+    assert split["forgiven"] == pytest.approx(1.4) and split["verdict_s"] == pytest.approx(2.4)
     asyncio.run(book.write({2: frozenset({16})}))
     assert probe.published_s is not None
 

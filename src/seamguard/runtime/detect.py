@@ -158,12 +158,13 @@ class NodeTracker:
         self.lost.add(node)
         return set(self.members.get(node, default_members))
 
-    def verdicts(self, now_s: float) -> list[tuple[int, set[int], float]]:
-        """Nodes newly judged lost: (node, its workers, seconds silent); each reported once."""
+    def verdicts(self, now_s: float, spared: set[int] = frozenset()) -> list[tuple[int, set[int], float]]:
+        """Nodes newly judged lost: (node, its workers, seconds silent); each reported once.
+        ``spared`` are not judged this time (the observer has not read all they sent)."""
         out = []
         for node, (_, since_s) in self.counters.items():
             silent = now_s - since_s
-            if node not in self.lost and node != self.own_node and silent > self.hang_timeout_s:
+            if node not in self.lost and node != self.own_node and node not in spared and silent > self.hang_timeout_s:
                 self.lost.add(node)
                 out.append((node, self.members.get(node, set()), silent))
         return out

@@ -37,7 +37,6 @@ launcher out. The wire itself (signing, admission, that bound) is `runtime/linkw
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -69,30 +68,32 @@ from seamguard.runtime.linkwire import (  # noqa: F401 - re-exported: the links'
     decode_report,
 )
 
+READ_BYTES = 256 * 1024
+"""One read of a link takes at most this much (asyncio's own default); a read that fills it
+may have left bytes in the socket."""
+
 
 class LivenessHub:
     """The coordinator's end: every node's link, one `NodeTracker` judging them.
 
-    `judge(now_s)` returns the nodes newly lost (silent past the hang timeout, or whose
-    link closed without a goodbye), each once, with the workers their last report listed.
-    A pass that comes late (the coordinator got no CPU) is nobody's silence: the gap past
-    a quarter of the timeout is forgiven, as the coordinator's tick does. A link is bound
-    to a node by its first admitted line; a refused line on an unbound link drops it, on
-    a bound one (its node's own launcher, e.g. a clock that jumped) it is only skipped.
-    Links not bound yet are bounded in number and in time (`PendingLinks`); a node that
-    reconnects supersedes its old link, which is closed and is no loss.
+    `judge_now()` (on the hub's loop) returns the nodes newly lost (silent past the hang
+    timeout, or whose link closed without a goodbye), each once, with the workers their
+    last report listed. A link is bound to a node by its first admitted line; a refused
+    line on an unbound link drops it, on a bound one (its node's own launcher, e.g. a
+    clock that jumped) it is only skipped. Links not bound yet are bounded in number and
+    in time (`PendingLinks`); a node that reconnects supersedes its old link, which is
+    closed and is no loss.
 
-    A hub that reads late (its process short of CPU, lines queued in its sockets) is
-    nobody's silence either: every line says when it was sent, so the hub knows how far
-    behind its reading is — a line's delay beyond the least delay seen from its node
-    (that floor absorbs clock offset and network latency) — and judges silences as of
-    the moment its reading has reached (`behind_s`: the median of the last pass's excess
-    delays), not as of now. A loss is then judged that much later, never on lines still
-    queued."""
+    A verdict never comes from the hub's own lateness. A node is judged as of a moment
+    taken before reading (``as_of_s``), and only once every byte that had arrived in its
+    sockets by then has been read (`read_through`): a hub short of CPU judges late, never
+    on a line still queued. A pass gap longer than the timeout is forgiven in full: the
+    whole host was frozen (suspended, paused), its network stack with it, so a line sent
+    meanwhile may not have reached the sockets yet."""
 
     def __init__(self, run_id: str, hang_timeout_s: float, key: bytes, own_node: int | None = None,
                  clock: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns,
-                 pending: PendingLinks | None = None) -> None:
+                 pending: PendingLinks | None = None, read_bytes: int = READ_BYTES) -> None:
         self.run_id = run_id
         self.pending = PendingLinks() if pending is None else pending   # links not bound to a node yet: bounded, timed
         self.clock = clock
@@ -105,8 +106,11 @@ class LivenessHub:
         self._closed: list[int] = []
         self._links: dict[int, _Link] = {}   # node -> its current link
         self._last_judge_s: float | None = None
-        self._floor_s: dict[int, float] = {}   # node -> least delay (receipt - send) seen
-        self._excess_s: list[float] = []   # this pass's lines' delays beyond their node's floor
+        self.forgiven_s = 0.0   # the last pass's gap forgiven (a freeze longer than the timeout)
+        self.read_through_s = 0.0   # the last `judge_now`'s reading, from its moment to its verdicts
+        self._iteration = 0   # counts `read_through`'s loop iterations
+        self._cut_short: dict[_Link, int] = {}   # link -> the iteration whose read filled the buffer
+        self._read_into = memoryview(bytearray(read_bytes))   # every link's reads land here, one at a time
         self._server: asyncio.base_events.Server | None = None
         self._open: set[_Link] = set()   # every link open now, bound or not
 
@@ -137,32 +141,53 @@ class LivenessHub:
         """Nodes heard and not lost: node -> the workers its last report listed."""
         return {n: set(w) for n, w in self.tracker.members.items() if n not in self.tracker.lost}
 
-    def note_delay(self, node: int, sent_ns: int, received_ns: int) -> None:
-        """Record how late a line of ``node`` was read (see the class docstring)."""
-        delay_s = (received_ns - sent_ns) / 1e9
-        floor_s = min(self._floor_s.get(node, delay_s), delay_s)
-        self._floor_s[node] = floor_s
-        if len(self._excess_s) < 100_000:   # a pass's worth; bounded should judge() not come
-            self._excess_s.append(delay_s - floor_s)
+    async def judge_now(self, cap_s: float | None = None) -> list[tuple[int, set[int], str]]:
+        """`judge` as of now, once everything that had arrived by now is read (`read_through`,
+        at most ``cap_s``: a quarter of the timeout unless given)."""
+        as_of_s = self.clock()
+        spared = await self.read_through(self.tracker.hang_timeout_s / 4 if cap_s is None else cap_s)
+        self.read_through_s = self.clock() - as_of_s
+        return self.judge(as_of_s, spared)
 
-    def behind_s(self) -> float:
-        """How far the last pass's reading lagged the senders (0 when no line came)."""
-        return statistics.median(self._excess_s) if self._excess_s else 0.0
+    async def read_through(self, cap_s: float) -> set[int]:
+        """Return once every byte in the links' sockets when it was called has been read;
+        the nodes whose links still had bytes left when ``cap_s`` ran out (spared this pass).
 
-    def judge(self, now_s: float) -> list[tuple[int, set[int], str]]:
+        The selector loop polls every socket once an iteration and reads each readable one
+        once, at most a buffer's worth (`_Link.get_buffer`), after the callbacks already
+        scheduled (this coroutine's resumption among them). So after two yields every
+        socket readable at the call has been read once; one whose read filled the buffer
+        may hold more (a backlog; a line split across reads) and gets another iteration,
+        until no read of the last iteration was cut short or the cap is reached."""
+        deadline_s = self.clock() + cap_s
+        await asyncio.sleep(0)   # into an iteration whose poll comes after the call
+        while True:
+            self._iteration += 1
+            await asyncio.sleep(0)   # that iteration's reads have run
+            self._cut_short = {link: i for link, i in self._cut_short.items() if i == self._iteration}
+            if not self._cut_short:
+                return set()
+            if self.clock() >= deadline_s:
+                return {link.node for link in self._cut_short if link.node is not None}
+
+    def judge(self, as_of_s: float, spared: set[int] = frozenset()) -> list[tuple[int, set[int], str]]:
+        """The nodes newly lost as of ``as_of_s`` (see the class docstring), ``spared`` not
+        judged silent this pass. Call it once every line that arrived by ``as_of_s`` is
+        read (`judge_now` does)."""
         timeout_s = self.tracker.hang_timeout_s
-        if self._last_judge_s is not None and now_s - self._last_judge_s > timeout_s / 4:
-            self.tracker.observer_paused(now_s - self._last_judge_s - timeout_s / 4)
-        self._last_judge_s = now_s
-        as_of_s = now_s - self.behind_s()
-        self._excess_s = []
+        gap_s = 0.0 if self._last_judge_s is None else as_of_s - self._last_judge_s
+        self.forgiven_s = gap_s if gap_s > timeout_s else 0.0
+        if self.forgiven_s:
+            self.tracker.observer_paused(self.forgiven_s)
+        self._last_judge_s = as_of_s
         out = []
         for node in self._closed:
             workers = self.tracker.link_closed(node, set())
             if workers is not None:
                 out.append((node, workers, "its launcher's link closed without a goodbye"))
         self._closed.clear()
-        out += [(n, w, f"no report for {silent:.2f} s") for n, w, silent in self.tracker.verdicts(as_of_s)]
+        out += [(n, w, f"no report for {silent:.2f} s")
+                for n, w, silent in self.tracker.verdicts(as_of_s, spared)]
         return out
 
     def _admit(self, line: bytes, bound: int | None) -> tuple[int | None, bool]:
@@ -184,7 +209,6 @@ class LivenessHub:
         if msg.body == BYE:
             return msg.node, True
         if report is not None:
-            self.note_delay(msg.node, msg.t_ns, self.gate.wall_ns())
             self.observe(report, self.clock())
         return msg.node, False
 
@@ -221,8 +245,16 @@ class LivenessHub:
             return False
         return True
 
+    def _read(self, link: _Link, cut_short: bool) -> None:
+        """A read of ``link``: ``cut_short`` when it filled the buffer (more may be queued)."""
+        if cut_short:
+            self._cut_short[link] = self._iteration
+        else:
+            self._cut_short.pop(link, None)
+
     def _lost(self, link: _Link) -> None:
         self._open.discard(link)
+        self._cut_short.pop(link, None)
         self.pending.settled(link)
         if link.timer is not None:
             link.timer.cancel()
@@ -233,13 +265,14 @@ class LivenessHub:
                 self._closed.append(node)
 
 
-class _Link(asyncio.Protocol):
+class _Link(asyncio.BufferedProtocol):
     """One launcher's link as the hub reads it: whole lines out of the byte stream, each
     handed to the hub as it arrives (no task or stream per link: at thousands of links the
-    hub's CPU goes to the lines, not to waking a reader per line)."""
+    hub's CPU goes to the lines, not to waking a reader per line). It reads into its own
+    buffer, so it knows when a read filled it (`LivenessHub.read_through`)."""
 
     def __init__(self, hub: LivenessHub) -> None:
-        self.hub = hub
+        self.hub = hub   # its buffer: the selector loop copies each read out (buffer_updated) before the next
         self.node: int | None = None   # bound by its first admitted line
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None   # its first line's deadline
@@ -249,8 +282,12 @@ class _Link(asyncio.Protocol):
         self.transport = transport
         self.hub._opened(self)
 
-    def data_received(self, data: bytes) -> None:
-        *lines, self._buf = (self._buf + data).split(b"\n")
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.hub._read_into   # one for all links: each read is copied out before the next
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.hub._read(self, nbytes == len(self.hub._read_into))
+        *lines, self._buf = (self._buf + bytes(self.hub._read_into[:nbytes])).split(b"\n")
         for line in lines:
             if not self.hub._line(self, line + b"\n"):
                 self.transport.close()

@@ -11,9 +11,11 @@ launcher runs them, so the coordinator is no longer fixed on node 0. Each launch
   address, so a failover needs no extra traffic while a coordinator lives;
 - once elected: rebuilds the membership from etcd (`Roster.load`), gives every node it
   lists one hang timeout plus ``takeover_grace_s`` to reconnect, then every
-  ``beat_s / 2`` judges the links and writes the membership to etcd if it changed
-  (nodes lost or joined), and renews its lease every ``lease_s / 4``; a failed renewal
-  steps it down (its hub closes, the launchers look again).
+  ``beat_s / 2`` judges the links (as of the pass's start, once every line that had
+  arrived by then is read: a coordinator short of CPU judges late, never falsely) and
+  writes the membership to etcd if it changed (nodes lost or joined), and renews its
+  lease every ``lease_s / 4``; a failed renewal steps it down (its hub closes, the
+  launchers look again).
 
 `lost` lists each verdict (node, workers, why, coordinator's node) for the launcher to act
 on; ranks are never restarted by a failover itself.
@@ -112,7 +114,7 @@ class NodeMembership:
         keeper = asyncio.wrap_future(self.etcd.submit(self._keep_lease(stop)))   # on the etcd thread
         try:
             while not stop.is_set() and not keeper.done():
-                for node, workers, why in hub.judge(time.monotonic()):
+                for node, workers, why in await hub.judge_now():   # once what had arrived is read
                     self.lost.append(Loss(node, frozenset(workers), why, self.node))
                 await self._write_members(hub)
                 try:
