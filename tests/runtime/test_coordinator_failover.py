@@ -223,3 +223,41 @@ def test_a_node_that_gives_up_waiting_for_the_jobs_end_exits_1_saying_the_outcom
     loop = _Loop(s, dist.HashStore(), 0, None, None, None, None, [Child(2, _Exited(0))], events.append)
     assert loop.run() == 1
     assert [e["event"] for e in events] == ["job_outcome_unknown"]
+
+
+class _Running(_Exited):
+    """A worker process still running; ``kill`` ends it."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.code = None
+
+    def kill(self) -> None:
+        self.code = -9
+
+
+def test_a_coordinator_whose_write_is_refused_ends_its_node_and_writes_nothing_more():
+    """Another launcher took over while this one still ran its coordinator: the fenced write
+    raises Deposed, the launcher says so in one event, kills its workers and exits 1."""
+    from seamguard.runtime.launcher import _Loop
+    from seamguard.runtime.supervise import Child
+
+    class Refused:
+        phase = "running"
+
+        def tick(self, exited, closed):
+            raise Deposed("node 0 coordinates no more: its write of 'sg/gen' was refused")
+
+        hints = None
+
+    class Valid:
+        def may_act(self):
+            return True
+
+    s = LaunchSettings(script=["x.py"], nproc=1, nnodes=2, node_rank=0, master_port=29500)
+    events: list[dict] = []
+    worker = _Running()
+    loop = _Loop(s, None, 0, None, None, Refused(), None, [Child(0, worker)], events.append, election=Valid())
+    assert loop._coordinate(exited=False, closed=(), due=True) == 1
+    assert [e["event"] for e in events] == ["coordinator_deposed"] and "refused" in events[0]["reason"]
+    assert worker.poll() == -9   # its workers go with it: the new coordinator judges the node lost
