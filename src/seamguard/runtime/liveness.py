@@ -109,6 +109,7 @@ class LivenessHub:
         self.forgiven_s = 0.0   # the last pass's gap forgiven (a freeze longer than the timeout)
         self.read_through_s = 0.0   # the last `judge_now`'s reading, from its moment to its verdicts
         self._iteration = 0   # counts `read_through`'s loop iterations
+        self._passing = asyncio.Lock()   # one `read_through` at a time: they share the count
         self._cut_short: dict[_Link, int] = {}   # link -> the iteration whose read filled the buffer
         self._read_into = memoryview(bytearray(read_bytes))   # every link's reads land here, one at a time
         self._server: asyncio.base_events.Server | None = None
@@ -143,11 +144,12 @@ class LivenessHub:
 
     async def judge_now(self, cap_s: float | None = None) -> list[tuple[int, set[int], str]]:
         """`judge` as of now, once everything that had arrived by now is read (`read_through`,
-        at most ``cap_s``: a quarter of the timeout unless given)."""
-        as_of_s = self.clock()
-        spared = await self.read_through(self.tracker.hang_timeout_s / 4 if cap_s is None else cap_s)
-        self.read_through_s = self.clock() - as_of_s
-        return self.judge(as_of_s, spared)
+        at most ``cap_s``: a quarter of the timeout unless given). Passes run one at a time."""
+        async with self._passing:
+            as_of_s = self.clock()
+            spared = await self.read_through(self.tracker.hang_timeout_s / 4 if cap_s is None else cap_s)
+            self.read_through_s = self.clock() - as_of_s
+            return self.judge(as_of_s, spared)
 
     async def read_through(self, cap_s: float) -> set[int]:
         """Return once every byte in the links' sockets when it was called has been read;
