@@ -56,6 +56,7 @@ and `RailGroup.broadcast_`; uses only the public torch.distributed gloo API.
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -162,7 +163,12 @@ class RailGroup:
                                    lambda r, gen: self._local_fail[r] >= gen,
                                    lambda r, gen: self._announce(r, gen, self.store))
         self._stale_votes: list[str] = []  # this rank's spent vote keys; the watcher deletes them
-        self._settling: threading.Thread | None = None  # an early-returned collective's vote (`_settle`)
+        # an early-returned collective's vote, settled by one long-lived helper thread (`_settle`):
+        # handing it over wakes the thread, where starting one a step waited for it to be scheduled
+        self._settle_jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._settle_done = threading.Event()
+        self._settle_done.set()
+        self._settler: threading.Thread | None = None
         self._settle_error: Exception | None = None
         self._late: tuple[int, set[int]] = (0, set())  # its extra attempts and failed rails
         self.events: list[dict] = []  # rail transitions, for the job's log
@@ -346,31 +352,38 @@ class RailGroup:
 
     # ---- the early return and the settle behind it -------------------------------------------
     def _return_early(self, op: _Open, res: Attempt, late_attempts: int, late_failed: set[int]) -> CollectiveReport:
-        """Every chunk finished here: hand the caller the sum, take the vote's round on this
-        thread (so rounds stay in call order on every rank), and send, read and settle the
-        vote on a helper thread."""
+        """Every chunk finished here: hand the caller the sum, send the vote, and leave reading
+        and settling it to the helper thread."""
         inputs = [self._bufs.copy_of(c) for c in op.chunks]  # a chunk a peer missed is re-run from these
         for c, chunk in enumerate(op.chunks):
             chunk.copy_(res.results[c])
         n = len(op.chunks)
-        mine, keys = self._cast_vote([True] * n, [], res.bw, res.chunk_s)  # the round, on this thread
+        # sent on this thread: rounds stay in call order on every rank, and no peer's read waits
+        # for this rank's helper to be scheduled
+        keys = self._post_vote([True] * n, [], res.bw, res.chunk_s)
         rep = op.report
         rep.attempts, rep.failed_rails = 1 + late_attempts, sorted(late_failed)
         rep.rails_used = sorted({res.usable[c % len(res.usable)] for c in res.todo})
         rep.chunk_s = dict(res.chunk_s)  # this rank's own; the agreed ones come with the vote
         rep.elapsed_s = time.monotonic() - op.t_start
         op.chunks, op.wants_sums = inputs, False
-        self._settling = threading.Thread(target=self._settle, args=(op, res, mine, keys), name="rail-settle",
-                                          daemon=True)
-        self._settling.start()
+        if self._settler is None:
+            self._settler = threading.Thread(target=self._settle_loop, name="rail-settle", daemon=True)
+            self._settler.start()
+        self._settle_done.clear()
+        self._settle_jobs.put((op, res, keys))
         return rep
 
-    def _settle(self, op: _Open, res: Attempt, mine: tuple[str, str], keys: list[str]) -> None:
+    def _settle_loop(self) -> None:
+        while (job := self._settle_jobs.get()) is not None:
+            self._settle(*job)
+            self._settle_done.set()
+
+    def _settle(self, op: _Open, res: Attempt, keys: list[str]) -> None:
         """Read the vote of an early-returned collective; re-run with the peers any chunk one
         of them could not finish (the result is already the caller's: the re-run only serves
         the peers). Its extra attempts and failed rails go into the next report."""
         try:
-            self._vote_store.set(*mine)
             self._vote_and_commit(op, res, keys)
             extra = op.attempt
             self._complete(op)
@@ -383,13 +396,9 @@ class RailGroup:
     def _join_settle(self, step: int) -> tuple[int, set[int]]:
         """Wait (bounded) for the last early-returned collective to settle; its extra
         attempts and failed rails. Raises RailsError if it failed or did not end in time."""
-        t = self._settling
-        if t is not None:
-            bound_s = 2 * (self.s.vote_timeout_s + self.s.max_wait_no_rail_s)
-            t.join(bound_s)
-            if t.is_alive():
-                raise RailsError(f"step {step}: the previous collective's vote did not settle within {bound_s:g} s")
-            self._settling = None
+        bound_s = 2 * (self.s.vote_timeout_s + self.s.max_wait_no_rail_s)
+        if not self._settle_done.wait(bound_s):
+            raise RailsError(f"step {step}: the previous collective's vote did not settle within {bound_s:g} s")
         err, self._settle_error = self._settle_error, None
         if err is not None:
             raise RailsError(f"step {step}: the previous collective could not be completed: {err}") from err
@@ -413,13 +422,6 @@ class RailGroup:
     def _post_vote(self, ok_chunks: list[bool], failed: list[int], bw: dict[int, float],
                    chunk_s: dict[int, float]) -> list[str]:
         """Post this rank's vote of the next round; the round's keys, for `_read_votes`."""
-        (key, payload), keys = self._cast_vote(ok_chunks, failed, bw, chunk_s)
-        self._vote_store.set(key, payload)
-        return keys
-
-    def _cast_vote(self, ok_chunks: list[bool], failed: list[int], bw: dict[int, float],
-                   chunk_s: dict[int, float]) -> tuple[tuple[str, str], list[str]]:
-        """This rank's vote of the next round (its key and text, not sent yet) and the round's keys."""
         now = time.monotonic()
         with self._lock:
             built = dict(self._built)  # latest result per rail; decide() matches it to the gen
@@ -434,7 +436,8 @@ class RailGroup:
             # n-1, which each did only after reading round n-2
             with self._lock:
                 self._stale_votes.append(f"{self.prefix}/vote/{self._round - 3}/{self.rank}")
-        return (f"{base}/{self.rank}", vote.to_json()), [f"{base}/{r}" for r in range(self.world)]
+        self._vote_store.set(f"{base}/{self.rank}", vote.to_json())
+        return [f"{base}/{r}" for r in range(self.world)]
 
     def _read_votes(self, step: int, attempt: int, keys: list[str]) -> Decision:
         """Wait (bounded) for every rank's vote under ``keys`` and apply the same `decide`."""
@@ -487,4 +490,5 @@ class RailGroup:
                 self._join_settle(-1)
         finally:
             self._stop.set()
+            self._settle_jobs.put(None)  # the helper ends once it is idle
             self._watcher.join(1.0)
