@@ -14,6 +14,22 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    """An etcd server on loopback for one test module (Debian's etcd, started and stopped here)."""
+    from seamguard.testbed.multinode import EtcdServer
+    with EtcdServer.loopback(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+def etcd_store(etcd, prefix: str, timeout_s: float = 5.0):
+    """A job store client on ``etcd`` under ``prefix``."""
+    import datetime
+    from seamguard.runtime.store import EtcdStore
+    host, port = etcd.address.rsplit(":", 1)
+    return EtcdStore(((host, int(port)),), prefix, datetime.timedelta(seconds=timeout_s))
+
+
 @dataclass
 class Run:
     code: int

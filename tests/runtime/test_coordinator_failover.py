@@ -10,7 +10,6 @@ with exit 0 on the surviving nodes at the script's last step.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -24,23 +23,11 @@ import pytest
 from seamguard.runtime import keys
 from seamguard.runtime.election import ACT_SHARE, Deposed, Election, renewed
 from seamguard.runtime.settings import LaunchSettings
-from seamguard.runtime.store import EtcdStore, StoreError
-from seamguard.testbed.multinode import EtcdServer
+from seamguard.runtime.store import StoreError
 
-from .conftest import REPO
+from .conftest import REPO, etcd_store
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with EtcdServer.loopback(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
-def _store(etcd, prefix: str) -> EtcdStore:
-    host, port = etcd.address.rsplit(":", 1)
-    return EtcdStore(((host, int(port)),), prefix, datetime.timedelta(seconds=5))
 
 
 class _CutOff:
@@ -67,7 +54,7 @@ def test_a_term_allows_acting_for_two_thirds_of_the_lease_after_the_renewal_was_
 
 def test_a_holder_cut_off_stops_acting_before_another_candidate_can_take_over(etcd):
     prefix = f"/elect-{os.getpid()}/"
-    a_view, b_store = _CutOff(_store(etcd, prefix)), _store(etcd, prefix)
+    a_view, b_store = _CutOff(etcd_store(etcd, prefix)), etcd_store(etcd, prefix)
     a, b = Election(a_view, node=0, lease_s=2), Election(b_store, node=1, lease_s=2)
     try:
         assert a.campaign() and a.may_act()
@@ -159,7 +146,7 @@ def test_node_0_killed_another_launcher_coordinates_and_the_ranks_train_on(etcd,
     ranks = {n: [n * per_node + i for i in range(NPROC)] for n in range(NODES)}
     survivors = ranks[1] + ranks[2]
     procs = [_launch_node(etcd, n, run_id, out) for n in range(NODES)]
-    store = _store(etcd, f"/seamguard/{run_id}/")
+    store = etcd_store(etcd, f"/seamguard/{run_id}/")
     try:
         assert _wait(lambda: max([s for w in survivors for s, _ in _steps(out, w)] or [-1]) >= 15, 150), \
             (out / "launcher0.log").read_text()[-3000:]

@@ -4,7 +4,6 @@ evacuation, a lost node)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import signal
 import time
@@ -18,21 +17,10 @@ from seamguard.runtime.coordinator import Coordinator
 from seamguard.runtime.launcher import STEADY_PASS_S, Child, _NodeBeat, _wait_s
 from seamguard.runtime.settings import LaunchSettings
 from seamguard.runtime.store import EtcdStore
-from seamguard.testbed.multinode import EtcdServer
 from tests.runtime.coordinator_helpers import run_first_generation
+from tests.runtime.conftest import etcd_store
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with EtcdServer.loopback(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
-def _store(etcd, prefix: str) -> EtcdStore:
-    host, port = etcd.address.rsplit(":", 1)
-    return EtcdStore(((host, int(port)),), prefix, datetime.timedelta(seconds=5))
 
 
 class Clock:
@@ -81,7 +69,7 @@ def _running(etcd, events: list, mirror=None, nodes: int = 1):
     (coordinator, its store, a second handle for what others write, clock). One node:
     ranks w0 w1, spare w2; two: a rank and a spare a node (w0 w1 | w2 w3)."""
     prefix = f"/traffic-{uuid.uuid4().hex[:8]}/"
-    store, other, clock = _store(etcd, prefix), _store(etcd, prefix), Clock()
+    store, other, clock = etcd_store(etcd, prefix), etcd_store(etcd, prefix), Clock()
     if mirror is not None:
         store.mirror = lambda p: mirror.setdefault("copy", LaggingMirror(store, p))
     s = LaunchSettings(script=["x.py"], nproc=3 - nodes, spares=nodes - 1 if nodes > 1 else 0, nnodes=nodes,
@@ -194,7 +182,7 @@ class CountedLocal:
 
 def test_a_node_beat_is_one_etcd_request_and_two_local_ones(etcd):
     prefix = f"/beat-{uuid.uuid4().hex[:8]}/"
-    job, other = _store(etcd, prefix), _store(etcd, prefix)
+    job, other = etcd_store(etcd, prefix), etcd_store(etcd, prefix)
     s = LaunchSettings(script=["x.py"], nproc=2, spares=1, store=f"etcd://{etcd.address}")
     node = _NodeBeat(job, s)
     children = [Child(w, FakeProc()) for w in (0, 1, 2)]
@@ -233,10 +221,10 @@ def test_a_new_generation_reaches_the_nodes_store_without_a_node_beat(etcd):
     the generation, a wake key for every generation up to it) with no node beat run, and
     at the job's end mirrors the wake key that carries it and stops."""
     prefix = f"/follow-{uuid.uuid4().hex[:8]}/"
-    job, other = _store(etcd, prefix), _store(etcd, prefix)
+    job, other = etcd_store(etcd, prefix), etcd_store(etcd, prefix)
     node = _NodeBeat(job, LaunchSettings(script=["x.py"], nproc=1, store=f"etcd://{etcd.address}"))
     other.set(keys.CONTROL_N, "0")
-    node.follow_generations(lambda: _store(etcd, prefix))
+    node.follow_generations(lambda: etcd_store(etcd, prefix))
     other.set(keys.GENERATION, "0")   # the coordinator's order: the generation, then its wake key
     other.set(keys.wake(0), "1")
     assert _until_local(node, keys.wake(0)) == b"1"
@@ -256,7 +244,7 @@ def test_a_new_generation_reaches_the_nodes_store_without_a_node_beat(etcd):
 
 
 def test_a_node_beat_reads_a_worker_that_has_not_beaten_yet_as_absent(etcd):
-    job = _store(etcd, f"/beat-{uuid.uuid4().hex[:8]}/")
+    job = etcd_store(etcd, f"/beat-{uuid.uuid4().hex[:8]}/")
     node = _NodeBeat(job, LaunchSettings(script=["x.py"], nproc=2, store=f"etcd://{etcd.address}"))
     node.local.set(keys.heartbeat(0), json.dumps({"n": 1, "step": 3}))
     node.maybe_beat([Child(w, FakeProc()) for w in (0, 1)])
@@ -276,7 +264,7 @@ def test_the_coordinators_node_hands_its_record_over_in_process_and_writes_etcd_
     (`own_record`); etcd gets it once, then again only when node 0's workers change (what a
     successor reads of a dead coordinator's node), not every beat. The other nodes' sign of
     the coordinator's life is its election key, not this record."""
-    job = _store(etcd, f"/own-{uuid.uuid4().hex[:8]}/")
+    job = etcd_store(etcd, f"/own-{uuid.uuid4().hex[:8]}/")
     node = _NodeBeat(job, LaunchSettings(script=["x.py"], nproc=2, store=f"etcd://{etcd.address}"))
     children = [Child(w, FakeProc()) for w in (0, 1)]
     for w in (0, 1):

@@ -20,17 +20,10 @@ from seamguard import hintauth
 from seamguard.runtime import roster as roster_mod
 from seamguard.runtime.liveness import BeatRefused, LinkGate, decode_report, encode_report, link_key
 from seamguard.runtime.node_membership import NodeMembership
-from seamguard.testbed.multinode import EtcdServer
 
 pytestmark = pytest.mark.timeout(120)
 HANG_TIMEOUT_S = 1.0
 KEY = link_key(b"k" * 32)
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with EtcdServer.loopback(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
 
 
 def _endpoint(etcd) -> tuple[str, int]:

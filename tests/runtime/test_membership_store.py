@@ -19,20 +19,9 @@ from seamguard.runtime import keys
 from seamguard.runtime.detect import NodeTracker
 from seamguard.runtime.settings import LaunchSettings, parse_store_url
 from seamguard.runtime.store import EtcdStore
-from seamguard.testbed.multinode import EtcdServer
+from tests.runtime.conftest import etcd_store
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with EtcdServer.loopback(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
-def _store(etcd, prefix: str, timeout_s: float = 5.0) -> EtcdStore:
-    host, port = etcd.address.rsplit(":", 1)
-    return EtcdStore(((host, int(port)),), prefix, datetime.timedelta(seconds=timeout_s))
 
 
 def test_parse_store_url():
@@ -53,7 +42,7 @@ def test_settings_reject_a_node_beat_the_hang_timeout_cannot_see():
 
 
 def test_store_operations(etcd):
-    s = _store(etcd, "/ops/")
+    s = etcd_store(etcd, "/ops/")
     s.set("a", "1")
     assert s.get("a") == b"1" and s.check(["a"]) and not s.check(["a", "b"])
     assert s.add("n", 2) == 2 and s.add("n", 3) == 5
@@ -62,13 +51,13 @@ def test_store_operations(etcd):
     assert s.compare_set("c", "v1", "v2") == b"v2"
     assert s.peek("missing") is None and s.peek("a") == b"1"
     assert s.get_prefix("") == {"a": b"1", "n": b"5", "c": b"v2"}
-    assert _store(etcd, "/other/").get_prefix("") == {}  # jobs are apart by prefix
+    assert etcd_store(etcd, "/other/").get_prefix("") == {}  # jobs are apart by prefix
     assert s.delete_key("a") and not s.check(["a"])
 
 
 def test_concurrent_adds_never_lose_an_increment(etcd):
     def bump():
-        s = _store(etcd, "/adds/")
+        s = etcd_store(etcd, "/adds/")
         for _ in range(25):
             s.add("n", 1)
 
@@ -77,12 +66,12 @@ def test_concurrent_adds_never_lose_an_increment(etcd):
         t.start()
     for t in threads:
         t.join()
-    assert _store(etcd, "/adds/").get("n") == b"100"
+    assert etcd_store(etcd, "/adds/").get("n") == b"100"
 
 
 def test_wait_blocks_until_the_key_is_set_and_times_out_otherwise(etcd):
-    s = _store(etcd, "/wait/")
-    threading.Timer(0.3, lambda: _store(etcd, "/wait/").set("late", "x")).start()
+    s = etcd_store(etcd, "/wait/")
+    threading.Timer(0.3, lambda: etcd_store(etcd, "/wait/").set("late", "x")).start()
     t0 = time.monotonic()
     s.wait(["late"], datetime.timedelta(seconds=5))
     assert 0.2 < time.monotonic() - t0 < 4.0
@@ -95,7 +84,7 @@ def test_wait_blocks_until_the_key_is_set_and_times_out_otherwise(etcd):
 
 def test_read_family_matches_on_etcd_and_on_a_tcpstore(etcd):
     tcp = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    e = _store(etcd, "/family/")
+    e = etcd_store(etcd, "/family/")
     for store in (tcp, e):
         store.set(keys.exit_code(3), "0")
         store.set(keys.exit_code(12), "-9")
@@ -160,7 +149,7 @@ def test_a_lost_node_stays_lost():
 
 
 def test_prefix_mirror_follows_writes_in_order(etcd):
-    s = _store(etcd, "/mirror/")
+    s = etcd_store(etcd, "/mirror/")
     s.set("sg/node/0", "a")
     m = s.mirror("sg/")
     try:
@@ -183,7 +172,7 @@ def test_prefix_mirror_follows_writes_in_order(etcd):
 
 
 def test_put_and_read_is_one_transaction_of_a_node_beat(etcd):
-    s = _store(etcd, "/beat/")
+    s = etcd_store(etcd, "/beat/")
     s.set(keys.GENERATION, "3")
     s.set(keys.kill_request(7), "1")
     got, fam = s.put_and_read(keys.node_beats(1), '{"n": 5}', [keys.GENERATION, keys.JOB_DONE], [keys.KILL_PREFIX])
