@@ -200,6 +200,18 @@ def test_stepless_time_around_a_generation_bump_is_restart(bump, cause) -> None:
         assert any("generation advanced" in s.why for s in g.spans if s.cause == RS)
 
 
+def test_stepless_time_before_a_bump_that_steps_back_is_the_same_recovery() -> None:
+    # a worker lost at 100 s: no step until 120 s, when the job resumes 2 steps back in the
+    # sample where the generation advances (a scrape that missed the recovering phase)
+    t = np.arange(0.0, 300.0 + 1e-9, 5.0)
+    step = np.where(t < 100, t, np.where(t < 120, 100.0, t - 22.0))
+    gen = np.where(t >= 120, 1.0, 0.0)
+    g = attribute("j", 0, 300, JobSeries.of(t, step, generation=gen))
+    check_tiles(g)
+    assert g.by_cause_s[UN] == 0
+    assert g.by_cause_s[RS] >= 20
+
+
 def test_ledger_rows_become_episodes_of_the_jobs_entities_only() -> None:
     from seamguard.goodput.evidence import episodes_from_ledger
 

@@ -60,7 +60,8 @@ def test_launch_with_kills_adds_up_and_charges_the_kills_to_restart_and_rollback
                 and s["start_s"] > first_step]
         # a kill's cost is restart or rollback; a recovery faster than the scrapes (a hot spare restores
         # from peers) leaves no gap at all, and then nothing near it is left unexplained or charged elsewhere
-        assert all(s["cause"] in ("productive", "checkpoint_stall", "restart", "rollback") for s in near), (k, near)
+        assert all(s["cause"] in ("productive", "checkpoint_stall", "restart", "rollback") for s in near), (
+            k, [(s["cause"], s["seam"], round(s["start_s"] - k, 2), round(s["end_s"] - k, 2)) for s in near])
     stray = [s for s in lost if s["start_s"] > first_step + 1e-6
              and not any(k - 1 <= s["start_s"] <= k + RECOVERY_S for k in kills)]
     assert not stray, stray

@@ -237,10 +237,11 @@ def _intervals(s: JobSeries) -> tuple[list[_Interval], float | None]:
 def _recoveries(ivs: list[_Interval], bumped: list[bool]) -> list[_Interval]:
     """Mark the intervals of each in-job recovery: the one where the generation advanced and
     the intervals without a step just before it (losing a worker, noticing) and just after
-    (restoring, re-forming the group)."""
+    (restoring, re-forming the group). The bump may come in the interval where the step went
+    back (the job resumed from an older step): the stepless time beside it is the same recovery's."""
     mark = [False] * len(ivs)
     for i, b in enumerate(bumped):
-        if not b or ivs[i].kind not in ("stalled", "progress"):
+        if not b or ivs[i].kind == "gap":
             continue
         mark[i] = True
         for rng in (range(i - 1, -1, -1), range(i + 1, len(ivs))):
