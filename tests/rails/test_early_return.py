@@ -11,13 +11,13 @@ count the extra attempt. Two ranks as threads over loopback, real gloo and a rea
 from __future__ import annotations
 
 import datetime
-import threading
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from seamguard.runtime.rails import RailGroup, RailSettings
+from tests.rails.two_ranks import run_two_ranks
 
 STEPS, LOST_STEP = 6, 3
 
@@ -59,13 +59,7 @@ def _rank(port: int, rank: int, out: dict) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_peer_that_missed_a_chunk_gets_it_from_an_early_returned_rank():
-    server = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
-    out: dict = {}
-    threads = [threading.Thread(target=_rank, args=(server.port, r, out)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90.0)
+    _, out = run_two_ranks(_rank, join_s=90.0)
     assert set(out) == {0, 1}, out
     for step in range(STEPS):
         want = torch.arange(4096, dtype=torch.float32) * 3 + 2 * step

@@ -11,7 +11,6 @@ loopback (both rails on ``lo``), real gloo groups and a real TCPStore.
 from __future__ import annotations
 
 import datetime
-import threading
 import time
 
 import pytest
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from seamguard.runtime.rails import RailGroup, RailSettings
+from tests.rails.two_ranks import run_two_ranks
 
 STEPS = 8
 
@@ -44,13 +44,7 @@ def _rank(port: int, rank: int, out: dict) -> None:
 
 @pytest.mark.timeout(90)
 def test_spent_votes_are_deleted_by_the_watcher_and_sums_hold():
-    server = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
-    out: dict = {}
-    threads = [threading.Thread(target=_rank, args=(server.port, r, out)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60.0)
+    server, out = run_two_ranks(_rank, join_s=60.0)
     assert set(out) == {0, 1}, out
     for rank in range(2):
         sums, rounds = out[rank]
