@@ -27,7 +27,7 @@ def _settings(endpoint: str, name: str, key: str) -> LeaseSettings:
 
 
 def test_a_term_allows_acting_only_before_its_deadline():
-    t = Term(token=7, act_until_mono=100.0)
+    t = Term(token=7, act_until_s=100.0)
     assert t.may_act(99.9) and not t.may_act(100.0)
     assert not Term().may_act(0.0)  # following: token 0
 

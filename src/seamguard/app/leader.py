@@ -29,10 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger("seamguard.leader")
+from seamguard.lease import ACT_SHARE, RENEWALS_PER_LEASE, Term, renewed
 
-ACT_SHARE = 2.0 / 3.0  # of the lease: how long after a renewal's send the leader may still act
-RENEWALS_PER_LEASE = 4
+log = logging.getLogger("seamguard.leader")
 
 
 @dataclass(frozen=True)
@@ -78,19 +77,7 @@ class LeaseSettings:
         return out
 
 
-@dataclass(frozen=True)
-class Term:
-    """What the elector last knew: this replica leads with ``token`` until ``act_until_mono``
-    (monotonic seconds), or not at all (token 0)."""
-
-    token: int = 0
-    act_until_mono: float = 0.0
-
-    def may_act(self, now_mono: float) -> bool:
-        return self.token > 0 and now_mono < self.act_until_mono
-
-
-FOLLOWING = Term()
+FOLLOWING = Term()  # what the elector knows while it does not lead
 
 
 class Elector:
@@ -208,7 +195,7 @@ class Elector:
             return False
         self._lease_id = lease.id
         token = self._token = int(responses[0].response_put.header.revision)
-        self._publish(Term(token, sent + self.settings.act_window_s))
+        self._publish(renewed(token, sent, self.settings.lease_s))
         log.warning("%s leads: lease %x, token %d", self.settings.name, lease.id, token)
         return True
 
@@ -222,7 +209,7 @@ class Elector:
             self._lease_id, self._token = None, 0
             self._publish(FOLLOWING)
             return
-        self._publish(Term(token, sent + min(reply.TTL, self.settings.lease_s) * ACT_SHARE))
+        self._publish(renewed(token, sent, min(reply.TTL, self.settings.lease_s)))
         if self._failing:
             log.warning("etcd answers again; %s still leads (token %d)", self.settings.name, token)
             self._failing = False

@@ -21,9 +21,9 @@ transaction that compares the leader key's create revision with the term's token
 coordinator that lost its term cannot write a plan, a resume choice or the job's end
 after another took over; it raises `Deposed` instead.
 
-The control plane's HA controller (app/leader.py) uses the same lease arithmetic; the
-runtime does not import the control plane, so this is its own small version on the job
-store's client (runtime/store.py, aetcd).
+The control plane's HA controller (app/leader.py) uses the same lease arithmetic
+(seamguard/lease.py, in the bottom layer both may import); the election itself is this
+module's, on the job store's client (runtime/store.py, aetcd).
 """
 
 from __future__ import annotations
@@ -31,34 +31,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from seamguard.lease import ACT_SHARE, RENEWALS_PER_LEASE, Term, renewed  # noqa: F401 - ACT_SHARE: for callers
 from seamguard.runtime import keys
-
-ACT_SHARE = 2.0 / 3.0   # of the lease: how long after a renewal's send the holder may still act
-RENEWALS_PER_LEASE = 4
 
 
 class Deposed(RuntimeError):
     """A fenced write found another launcher's term (or none): this one coordinates no more."""
-
-
-@dataclass(frozen=True)
-class Term:
-    """What the holder last knew: it coordinates with ``token`` until ``act_until_s``
-    (monotonic seconds), or not at all (token 0)."""
-
-    token: int = 0
-    act_until_s: float = 0.0
-
-    def may_act(self, now_s: float) -> bool:
-        return self.token > 0 and now_s < self.act_until_s
-
-
-def renewed(token: int, sent_s: float, lease_s: float) -> Term:
-    """The term a lease renewal (or grant) sent at ``sent_s`` gives: acting stops a third of
-    a lease before the lease can end."""
-    return Term(token, sent_s + lease_s * ACT_SHARE)
 
 
 class Election:
