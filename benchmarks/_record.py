@@ -35,7 +35,9 @@ def provenance(repo: Path = RESULTS_DIR.parent) -> dict:
     """The code's commit (``+dirty`` when src/ or benchmarks/ differ from it), the 1-minute
     load average, the CPU count and the UTC time."""
     commit = _git("rev-parse", "--short", "HEAD", repo=repo)
-    if commit and _git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks", repo=repo):
+    # ":/" roots the paths at the checkout's top: git runs in benchmarks/, where "src" named
+    # benchmarks/src, which does not exist, so a changed src/ went unnoticed
+    if commit and _git("status", "--porcelain", "--untracked-files=no", "--", ":/src", ":/benchmarks", repo=repo):
         commit += "+dirty"
     return {"commit": commit, "loadavg_1m": round(os.getloadavg()[0], 2),
             "cpus": os.cpu_count(), "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

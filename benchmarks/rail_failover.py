@@ -3,7 +3,11 @@
 Systems, all the same model, data and update on the same namespaced testbed (4 hosts x
 2 rails), the flaps on the primary rail (rail0):
 
-* ``seamguard``: `seamguard/testbed/rails_job.py` over `RailGroup` (both rails, agreed failover).
+* ``seamguard``: `seamguard/testbed/rails_job.py` over `RailGroup` (both rails, agreed failover),
+  each all-reduce striped over both rails (the default).
+* ``seamguard_standby``: the same job with ``RailSettings(chunks=1)`` (`seamguard launch
+  --rail-mode standby`): one rail carries the all-reduce, the other takes over when it fails,
+  the bond's own mode. Run by ``--steady`` always, by a flapped run with ``--standby``.
 * ``bond_active_backup``: the user's first try, no code change — every host's rails
   bonded in active-backup mode, miimon 100 ms (`TestbedSpec(bond=True)`: the kernel's
   bond where the kernel has one, else the testbed's stand-in), plain DDP over gloo on
@@ -32,10 +36,10 @@ baseline within a repetition. The last stdout line is one JSON object.
 
     PYTHONPATH=src python benchmarks/rail_failover.py --quick --out DIR
     PYTHONPATH=src python benchmarks/rail_failover.py --recompute DIR   # figures again, no runs
-    PYTHONPATH=src python benchmarks/rail_failover.py --steady 5 --out DIR  # flap-free pairs only
+    PYTHONPATH=src python benchmarks/rail_failover.py --steady 5 --out DIR  # flap-free rounds only
 
-``--steady N`` runs only flap-free runs of seamguard and the bond, N pairs back to back
-(the order alternating), so each pair's steps/s ratio compares two runs under the same
+``--steady N`` runs only flap-free runs of both seamguard modes and the bond, N rounds back
+to back (the order rotating), so each round's steps/s ratios compare runs under the same
 load: the steady-state cost of the rails, which a flapped repetition's rotated order
 measures minutes apart.
 """
@@ -77,7 +81,8 @@ class Baseline:
 BASELINES = {"bond_active_backup": Baseline(True, BOND_IF, None),
              "default_timeout": Baseline(False, "rail0", None),
              "single_rail_restart": Baseline(False, "rail0", 5.0)}
-SYSTEMS = ["seamguard", *BASELINES]
+SEAMGUARD = {"seamguard": {}, "seamguard_standby": {"chunks": 1}}  # name -> RailSettings overrides
+SYSTEMS = ["seamguard", *BASELINES]  # --standby adds seamguard_standby
 
 
 @dataclass
@@ -112,9 +117,9 @@ def flap_schedule(seed: int, flaps: int, min_s: float, max_s: float) -> list[Fau
     return out
 
 
-def run_seamguard(steps: int, faults: list[Fault], out: Path) -> Run:
+def run_seamguard(steps: int, faults: list[Fault], out: Path, settings: dict) -> Run:
     with Testbed(TestbedSpec(hosts=HOSTS, rails=RAILS)) as tb:
-        res = run_rail_job(tb, JobSpec(steps=steps, timeout_s=300), faults, out)
+        res = run_rail_job(tb, JobSpec(steps=steps, timeout_s=300, settings=settings), faults, out)
     if not res.ok:
         raise SystemExit(f"seamguard run failed: {res.returncodes}\n{res.stderr_tail}")
     return Run([s["t_wall"] for s in res.steps], [s["rails"] for s in res.steps], res.faults, 0, True, steps,
@@ -192,7 +197,7 @@ def run_baseline(b: Baseline, steps: int, faults: list[Fault], out: Path, deadli
 
 
 def run_system(name: str, steps: int, faults: list[Fault], out: Path, deadline_s: float) -> Run:
-    r = run_seamguard(steps, faults, out) if name == "seamguard" else \
+    r = run_seamguard(steps, faults, out, SEAMGUARD[name]) if name in SEAMGUARD else \
         run_baseline(BASELINES[name], steps, faults, out, deadline_s)
     (out / "run.json").write_text(json.dumps({  # what the figures are computed from, to recompute them
         "commits": r.commits, "restarts": r.restarts, "completed": r.completed, "steps": r.steps, "t_end": r.t_end,
@@ -329,21 +334,22 @@ def run_repetition(rep: int, faults: list[Fault], quick: bool, ff_steps: int, ho
     return {"faults": [f.__dict__ for f in faults], **res}
 
 
-def steady_pairs(pairs: int, steps: int, root: Path) -> dict:
-    """Flap-free runs of seamguard and the bond back to back, the order alternating per pair;
-    per pair the ratio of their steps/s (see ``--steady``)."""
+def steady_pairs(rounds: int, steps: int, root: Path) -> dict:
+    """Flap-free runs of both seamguard modes and the bond back to back, the order rotating
+    per round; per round each mode's steps/s over the bond's (see ``--steady``)."""
+    names = [*SEAMGUARD, "bond_active_backup"]
     reps = []
-    for i in range(pairs):
-        order = ["seamguard", "bond_active_backup"][::1 if i % 2 == 0 else -1]
+    for i in range(rounds):
+        order = names[i % len(names):] + names[:i % len(names)]
         rate = {n: steady_rate(run_system(n, steps, [], root / f"s{i}" / n, 120)) for n in order}
-        ratio = rate["seamguard"] / rate["bond_active_backup"]
-        reps.append({**{n: {"steps_per_s": rate[n]} for n in order}, "ratio": ratio,
-                     "loadavg_1m": round(os.getloadavg()[0], 2)})
-        print(f"pair {i}: {' then '.join(f'{n} {rate[n]:.1f} steps/s' for n in order)}: seamguard/bond "
-              f"{ratio:.3f} (load {reps[-1]['loadavg_1m']})", flush=True)
-    return {"reps": reps, "summary": {n: {"steps_per_s": spread([r[n]["steps_per_s"] for r in reps])}
-                                      for n in ("seamguard", "bond_active_backup")}
-            | {"ratio_seamguard_over_bond": spread([r["ratio"] for r in reps])}}
+        ratios = {f"ratio_{n}": rate[n] / rate["bond_active_backup"] for n in SEAMGUARD}
+        reps.append({**{n: {"steps_per_s": rate[n]} for n in order}, **ratios,
+                     "ratio": ratios["ratio_seamguard"], "loadavg_1m": round(os.getloadavg()[0], 2)})
+        print(f"round {i}: {' then '.join(f'{n} {rate[n]:.1f} steps/s' for n in order)}: over the bond "
+              + ", ".join(f"{k[6:]} {v:.3f}" for k, v in ratios.items())
+              + f" (load {reps[-1]['loadavg_1m']})", flush=True)
+    return {"reps": reps, "summary": {n: {"steps_per_s": spread([r[n]["steps_per_s"] for r in reps])} for n in names}
+            | {f"ratio_{n}_over_bond": spread([r[f"ratio_{n}"] for r in reps]) for n in SEAMGUARD}}
 
 
 def print_summary(summary: dict, reps: int) -> None:
@@ -371,13 +377,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="keep the runs' logs and a JSON of every figure here")
     ap.add_argument("--recompute", type=Path, default=None, help="no runs: figures from an earlier --out")
     ap.add_argument("--steady", type=int, default=0, metavar="N",
-                    help="only N flap-free pairs of seamguard and the bond, back to back")
+                    help="only N flap-free rounds of both seamguard modes and the bond, back to back")
+    ap.add_argument("--standby", action="store_true",
+                    help="flapped repetitions run seamguard_standby (one rail carries, one waits) too")
     a = ap.parse_args()
+    if a.standby:
+        SYSTEMS.insert(1, "seamguard_standby")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: testbeds and jobs are removed
     if a.steady:
         started = provenance()
         with tempfile.TemporaryDirectory(prefix="rail_bench") as d:
-            res = {"quick": a.quick, "pairs": a.steady, **steady_pairs(a.steady, 150, a.out or Path(d))}
+            res = {"quick": a.quick, "rounds": a.steady, **steady_pairs(a.steady, 150, a.out or Path(d))}
         if a.out:
             write_result(a.out / "rail_failover_steady.json", res, started)
         print(json.dumps(res["summary"]))

@@ -146,3 +146,22 @@ def test_record_writes_a_commands_last_line_with_provenance_and_nothing_on_failu
     assert rec.main(["--out", str(bad), "--", sys.executable, "-c", "print('no json')"]) == 2
     assert rec.main(["--out", str(bad), "--", sys.executable, "-c", "raise SystemExit(3)"]) == 2
     assert not bad.exists()
+
+
+def test_provenance_marks_a_changed_src_or_benchmarks_as_dirty(tmp_path):
+    rec = _record()
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "b.py").write_text("y = 1\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    bench = tmp_path / "benchmarks"  # provenance runs git from the benchmarks folder
+    assert not rec.provenance(bench)["commit"].endswith("+dirty")
+    (tmp_path / "src" / "a.py").write_text("x = 2\n")
+    assert rec.provenance(bench)["commit"].endswith("+dirty")
+    subprocess.run([*git, "checkout", "-q", "--", "src"], check=True)
+    (bench / "b.py").write_text("y = 2\n")
+    assert rec.provenance(bench)["commit"].endswith("+dirty")

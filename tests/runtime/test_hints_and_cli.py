@@ -230,6 +230,20 @@ def test_snapshot_every_takes_steps_or_auto_and_nothing_else():
         "error: --snapshot-every: expected a number of steps or auto, got 'often' (see 'seamguard launch --help')"]
 
 
+
+def test_rail_mode_is_stripe_or_standby_and_reaches_the_rails():
+    from seamguard.runtime.settings import RAIL_MODES, RuntimeSettings
+
+    r = subprocess.run([sys.executable, "-m", "seamguard", "launch", "--rails", "rail0,rail1", "--rail-mode", "bond",
+                        "--", str(REPO / "examples" / "train_ddp.py")], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: --rail-mode must be one of stripe, standby, got 'bond' (see 'seamguard launch --help')"]
+    # the mode travels to the workers and sets the rails' chunking (one chunk: one rail carries)
+    env = RuntimeSettings(rails=("rail0", "rail1"), rail_mode="standby").to_env()
+    assert RAIL_MODES[RuntimeSettings.from_env(env).rail_mode] == 1
+    assert RAIL_MODES[RuntimeSettings.from_env({}).rail_mode] == 0
+
 @pytest.mark.timeout(240)
 def test_draining_a_node_evacuates_its_ranks_to_hot_spares(tmp_path, clean_checksums):
     # The controller drains a node (e.g. XIDs before it falls off the bus): the runtime

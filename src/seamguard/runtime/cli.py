@@ -108,6 +108,9 @@ def launch(
     rails: str = typer.Option("", "--rails", metavar="<if0,if1,…>",
                               help="Rail interfaces for the gradient all-reduce, with rail failover "
                                    "(a flap costs chunks re-run on another rail, not a recovery)."),
+    rail_mode: str = typer.Option("stripe", "--rail-mode", metavar="stripe|standby",
+                                  help="stripe: every rail carries a share of each all-reduce; standby: "
+                                       "one rail carries it, the others take over when it fails."),
     no_dedup: bool = typer.Option(False, "--no-dedup", help="Send full replicas."),
     step_guard: bool = typer.Option(
         True, "--step-guard/--no-step-guard",
@@ -174,7 +177,7 @@ def launch(
                              collective_timeout_s=collective_timeout_s,
                              dedup_replicas=not no_dedup, overlap_snapshots=overlap_snapshots,
                              step_guard=step_guard, crash_capture=crash_capture,
-                             rails=tuple(filter(None, rails.split(","))),
+                             rails=tuple(filter(None, rails.split(","))), rail_mode=rail_mode,
                              checkpoint_roots=tuple(r.strip() for r in checkpoint_roots.split(",") if r.strip()))
         env = rt.to_env()
         if chaos:

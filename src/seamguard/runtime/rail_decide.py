@@ -27,7 +27,12 @@ class RailSettings:
     interfaces: tuple[str, ...]
     """Rail interface names inside the host, index = rail id (e.g. ("rail0", "rail1"))."""
     chunks: int = 0
-    """Fixed number of chunks per collective; 0 = one per rail. Never depends on health."""
+    """Fixed number of chunks per collective; 0 = one per rail (striped: every rail carries a
+    share). 1 = active-standby: one chunk, on the first usable rail, the others idle until it
+    fails (the bond's mode; on a host whose links are not the bottleneck a second ring only
+    costs CPU, measured in docs/benchmarks.md); a slow-but-working rail is then caught only
+    by the deadline ceiling, as there is no second rail's time to compare. Never depends on
+    health, so the sums are bit-identical whatever rail carried them."""
     op_deadline_min_s: float = 0.5
     """Floor of the per-chunk deadline: a host that is merely slow is not a rail failure. On
     the loaded 2-core testbed a healthy rail's chunk finished up to 0.63 s after the other

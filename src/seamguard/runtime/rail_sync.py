@@ -39,8 +39,8 @@ class RailSync:
     """``allreduce(flat, step, cancelled)`` on this generation's rails; ``close()`` when it ends."""
 
     def __init__(self, store: dist.Store, gen: int, rank: int, world: int, interfaces: tuple[str, ...],
-                 start_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
-        settings = RailSettings(interfaces=interfaces, start_timeout_s=start_timeout_s)
+                 start_timeout_s: float, clock: Clock = SYSTEM_CLOCK, chunks: int = 0) -> None:
+        settings = RailSettings(interfaces=interfaces, start_timeout_s=start_timeout_s, chunks=chunks)
         self.group = RailGroup(store, rank, world, settings, prefix=rail_prefix(gen))
         self.interfaces = interfaces
         self.last: CollectiveReport | None = None

@@ -9,7 +9,9 @@ carried them) and the chunks run concurrently on the usable rails.
 
 A rail is given up when
   * its carrier drops (a watcher thread polls ``/sys/class/net/<if>/carrier``),
-  * a peer announced that it gave the rail up (a store key, polled by the same thread),
+  * a peer announced that it gave the rail up (`announce`: numbered store keys, each
+    claimed by a compare-and-set; a follower thread waits inside the store for the next
+    number, so a healthy job sends the store nothing for them),
   * a chunk on it misses its deadline (silent failures: a dead switch). The deadline counts
     once a chunk on another rail has finished (until then a late chunk most likely waits
     for a slow peer, and waits up to the ceiling) and adapts to the rail's recent chunk
@@ -95,6 +97,9 @@ from seamguard.runtime.rail_transport import (  # noqa: F401
 )
 
 _Buffers = ChunkBuffers
+# how long the follower waits inside the store for the next announcement before it waits
+# again; `close` wakes it sooner (each expiry logs a warning in torch's TCPStore client)
+_FOLLOW_WAIT = datetime.timedelta(hours=1)
 
 
 # ---- the shell: process groups, watcher, chunk execution, votes ---------------------------
@@ -156,7 +161,9 @@ class RailGroup:
         self._builders: dict[int, threading.Thread] = {}
         self._round = 0
         self._stop = threading.Event()
-        self._watch_store = own_connection(store)  # the watcher polls while the votes wait
+        self._watch_store = own_connection(store)  # the watcher's writes while the votes wait
+        self._follow_store = own_connection(store)  # blocked in the store until a peer announces
+        self._announced = 0  # how many announcements (numbered from 1) the follower has read
         self._vote_store, self._get_waits = vote_connection(store, settings.vote_timeout_s)
         self._bufs = ChunkBuffers(keep=2 * settings.n_chunks)
         self._runner = ChunkRunner(settings, self._bufs, self._rail_now,
@@ -184,6 +191,8 @@ class RailGroup:
             t.join(self.s.gloo_timeout_s + 5.0)
         self._watcher = threading.Thread(target=self._watch, name="rail-watcher", daemon=True)
         self._watcher.start()
+        self._follower = threading.Thread(target=self._follow, name="rail-follower", daemon=True)
+        self._follower.start()
         # agree on the starting set of rails
         self._agree(-1, 0, [True] * self.s.n_chunks, [], {}, {})
 
@@ -217,19 +226,46 @@ class RailGroup:
             self._graveyard.append(pg)
             self.pgs[rail] = None
 
-    # ---- the watcher: carrier and peers' announcements ------------------------------
-    def _fail_key(self, rail: int, gen: int) -> str:
-        return f"{self.prefix}/fail/{rail}/{gen}"
-
+    # ---- the watcher: carrier; the follower: peers' announcements ------------------------
     def _announce(self, rail: int, gen: int, store: dist.Store) -> None:
         with self._lock:
             if self._local_fail[rail] >= gen:
                 return
             self._local_fail[rail] = gen
         try:
-            store.set(self._fail_key(rail, gen), str(self.rank))
+            self._post_announcement(f"{rail} {gen} {self.rank}", store)
         except Exception:  # noqa: BLE001 - peers still learn it from the vote
             pass
+
+    def _post_announcement(self, text: str, store: dist.Store) -> None:
+        """Claim the next free announcement number for ``text`` (compare-and-set on an absent
+        key: two ranks announcing at once take two numbers, and no number is ever left empty)."""
+        with self._lock:
+            n = self._announced + 1
+        while True:
+            if store.compare_set(self._announcement_key(n), "", text) == text.encode():
+                return
+            n += 1
+
+    def _announcement_key(self, n: int) -> str:
+        return f"{self.prefix}/announce/{n}"
+
+    def _follow(self) -> None:
+        """Read peers' announcements in number order, each by a wait inside the store (no
+        polling); ends once the group is closed (`close` posts one to wake it)."""
+        while not self._stop.is_set():
+            key = self._announcement_key(self._announced + 1)
+            try:
+                self._follow_store.wait([key], _FOLLOW_WAIT)
+                words = self._follow_store.get(key).decode().split()
+            except Exception:  # noqa: BLE001 - the wait's timeout, or the store is gone: the vote still agrees
+                self._stop.wait(self.s.poll_s)
+                continue
+            with self._lock:
+                self._announced += 1
+                if words[0] != "closed":  # "<rail> <gen> <rank>"; "closed <rank>" only wakes
+                    rail, gen = int(words[0]), int(words[1])
+                    self._local_fail[rail] = max(self._local_fail[rail], gen)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.s.poll_s):
@@ -239,20 +275,10 @@ class RailGroup:
                 if up != self._carrier[r]:
                     self._carrier[r], self._carrier_since[r] = up, now
                 st = self.agreed.rails[r]
-                if st.status != LIVE:
-                    continue
-                gen = st.gen
-                if not up:
-                    if self._local_fail[r] < gen:
-                        self.causes.append({"rail": r, "gen": gen, "cause": "carrier", "t_wall": time.time()})
-                    self._announce(r, gen, self._watch_store)
-                elif self._local_fail[r] < gen:
-                    try:
-                        if self._watch_store.check([self._fail_key(r, gen)]):
-                            with self._lock:
-                                self._local_fail[r] = max(self._local_fail[r], gen)
-                    except Exception:  # noqa: BLE001 - store hiccup: the vote still agrees
-                        pass
+                if not up and st.status == LIVE:
+                    if self._local_fail[r] < st.gen:
+                        self.causes.append({"rail": r, "gen": st.gen, "cause": "carrier", "t_wall": time.time()})
+                    self._announce(r, st.gen, self._watch_store)
             self._delete_stale_votes()
 
     def _delete_stale_votes(self) -> None:
@@ -492,3 +518,7 @@ class RailGroup:
             self._stop.set()
             self._settle_jobs.put(None)  # the helper ends once it is idle
             self._watcher.join(1.0)
+            try:  # wake the follower; peers skip a "closed" announcement
+                self._post_announcement(f"closed {self.rank}", self._watch_store)
+            except Exception:  # noqa: BLE001 - the store is gone: so is the follower's wait
+                pass

@@ -29,7 +29,7 @@ from seamguard.runtime.checksum import state_checksum
 from seamguard.runtime.manifest import CheckpointError, read_checkpoint
 from seamguard.runtime.membership import Plan, identical_ranks
 from seamguard.runtime.rail_sync import RailSync
-from seamguard.runtime.settings import under_roots
+from seamguard.runtime.settings import RAIL_MODES, under_roots
 from seamguard.runtime.packing import find_orphans, read_orphan, tensors_of
 
 
@@ -240,7 +240,8 @@ class Recovery:
         if rt.settings.rails:
             rt.collectives.close_rails(self._graveyard)
             rt.collectives.rails = RailSync(rt.store, gen, rank, plan.world_size, rt.settings.rails,
-                                            rt.settings.recovery_timeout_s, self._time)
+                                            rt.settings.recovery_timeout_s, self._time,
+                                            chunks=RAIL_MODES[rt.settings.rail_mode])
             lap("form_rails")
 
     def _resume_at(self, step: int, source: str) -> None:

@@ -110,6 +110,8 @@ def parse_store_url(text: str, run_id: str) -> StoreUrl:
 
 
 SETTINGS_ENV = "SEAMGUARD_SETTINGS"
+# how rails share the gradient all-reduce (RuntimeSettings.rail_mode -> RailSettings.chunks)
+RAIL_MODES = {"stripe": 0, "standby": 1}
 """The environment variable that carries a job's RuntimeSettings from the launch to its
 workers and coordinator (JSON: RuntimeSettings.to_env / from_env)."""
 
@@ -159,6 +161,9 @@ class RuntimeSettings:
     rails: tuple[str, ...] = ()
     """Rail interfaces (e.g. ("rail0", "rail1")) the gradient all-reduce runs over with
     rail failover (runtime/rail_sync.py); empty: the job's one gloo group."""
+    rail_mode: str = "stripe"
+    """"stripe": every rail carries a share of each all-reduce; "standby": one rail carries
+    it, the others wait for it to fail (`RailSettings.chunks`)."""
     checkpoint_roots: tuple[str, ...] = ()
     """Absolute directories every checkpoint directory of the job must be under (its own,
     and any a ``checkpoint_dir`` hint moves it to); empty: the parent of
@@ -211,6 +216,8 @@ class RuntimeSettings:
                              f"{','.join(self.checkpoint_roots)}")
         if any(not r or "," in r for r in self.rails):
             raise ValueError(f"rails must be interface names, got {list(self.rails)}")
+        if self.rail_mode not in RAIL_MODES:
+            raise ValueError(f"--rail-mode must be one of {', '.join(RAIL_MODES)}, got {self.rail_mode!r}")
         if self.snapshot_every_steps < 1:
             raise ValueError(f"snapshot_every_steps must be >= 1, got {self.snapshot_every_steps}")
         if self.persist_every_steps < 0:
