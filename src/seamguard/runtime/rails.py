@@ -100,6 +100,7 @@ _Buffers = ChunkBuffers
 # how long the follower waits inside the store for the next announcement before it waits
 # again; `close` wakes it sooner (each expiry logs a warning in torch's TCPStore client)
 _FOLLOW_WAIT = datetime.timedelta(hours=1)
+_FOLLOW_RETRY_S = 0.5  # after a failed wait: the votes carry every give-up meanwhile
 
 
 # ---- the shell: process groups, watcher, chunk execution, votes ---------------------------
@@ -259,7 +260,7 @@ class RailGroup:
                 self._follow_store.wait([key], _FOLLOW_WAIT)
                 words = self._follow_store.get(key).decode().split()
             except Exception:  # noqa: BLE001 - the wait's timeout, or the store is gone: the vote still agrees
-                self._stop.wait(self.s.poll_s)
+                self._stop.wait(_FOLLOW_RETRY_S)  # a store that is gone fails every wait at once
                 continue
             with self._lock:
                 self._announced += 1
