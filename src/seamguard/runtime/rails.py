@@ -262,10 +262,13 @@ class RailGroup:
             except Exception:  # noqa: BLE001 - the wait's timeout, or the store is gone: the vote still agrees
                 self._stop.wait(_FOLLOW_RETRY_S)  # a store that is gone fails every wait at once
                 continue
+            try:  # "<rail> <gen> <rank>"; "closed <rank>" only wakes, and what cannot be read is skipped
+                rail, gen = (int(w) for w in words[:2])
+            except ValueError:
+                rail, gen = -1, -1
             with self._lock:
                 self._announced += 1
-                if words[0] != "closed":  # "<rail> <gen> <rank>"; "closed <rank>" only wakes
-                    rail, gen = int(words[0]), int(words[1])
+                if 0 <= rail < len(self._local_fail):
                     self._local_fail[rail] = max(self._local_fail[rail], gen)
 
     def _watch(self) -> None:
