@@ -110,10 +110,11 @@ def parse_store_url(text: str, run_id: str) -> StoreUrl:
 
 
 SETTINGS_ENV = "SEAMGUARD_SETTINGS"
-# how rails share the gradient all-reduce (RuntimeSettings.rail_mode -> RailSettings.chunks)
-RAIL_MODES = {"stripe": 0, "standby": 1}
 """The environment variable that carries a job's RuntimeSettings from the launch to its
 workers and coordinator (JSON: RuntimeSettings.to_env / from_env)."""
+
+RAIL_MODES = {"stripe": 0, "standby": 1}
+"""How rails share the gradient all-reduce: RuntimeSettings.rail_mode -> RailSettings.chunks."""
 
 
 @dataclass(frozen=True)
